@@ -1,0 +1,1 @@
+"""balancer (see DESIGN.md)."""

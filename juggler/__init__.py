@@ -1,0 +1,1 @@
+"""juggler (see DESIGN.md)."""

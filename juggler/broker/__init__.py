@@ -1,0 +1,1 @@
+"""juggler/broker (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""rpc (see DESIGN.md)."""

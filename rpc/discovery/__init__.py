@@ -1,0 +1,1 @@
+"""rpc/discovery (see DESIGN.md)."""

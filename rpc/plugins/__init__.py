@@ -1,0 +1,1 @@
+"""rpc/plugins (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""rpc/transport (see DESIGN.md)."""

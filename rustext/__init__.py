@@ -1,0 +1,31 @@
+"""rustext: the native hot paths, behind a typed facade.
+
+The compiled module is the private ``rustext._native``; this package
+re-exports its public names (see ``_native.pyi`` for the typed API).
+
+- framing   length-prefixed stream splitter (``FrameDecoder``)
+- rpcx      rpcx message codec
+- juggler   juggler.0 envelope codec (args stay raw JSON bytes)
+- timer     min-heap of deadlines (``DeadlineHeap``)
+- balancer  the HTTP load balancer's data plane
+"""
+
+from rustext._native import (
+    BalancerConfigError,
+    BalancerError,
+    DecodeError,
+    FrameTooLarge,
+    JugglerDecodeError,
+    RpcxDecodeError,
+    RustextError,
+)
+
+__all__ = [
+    "BalancerConfigError",
+    "BalancerError",
+    "DecodeError",
+    "FrameTooLarge",
+    "JugglerDecodeError",
+    "RpcxDecodeError",
+    "RustextError",
+]

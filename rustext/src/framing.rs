@@ -1,0 +1,10 @@
+//! framing (to be implemented).
+
+#[cfg(feature = "python")]
+pub mod python {
+    use pyo3::prelude::*;
+
+    pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+        Ok(())
+    }
+}

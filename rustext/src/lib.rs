@@ -1,0 +1,39 @@
+//! rustext: the native hot paths of the suite, each a sans-I/O core.
+//!
+//! Layout (one module, one concept):
+//! - [`framing`]  length-prefixed stream splitter: feed bytes, get whole frames back.
+//! - [`rpcx`]     rpcx message encode/decode (see shared/protocols/rpcx.md).
+//! - [`juggler`]  juggler.0 envelope parse/build; `args` stay raw JSON bytes.
+//! - [`timer`]    min-heap of deadlines: add / cancel / pop_expired(now).
+//! - [`balancer`] the HTTP load balancer's data plane (tokio + hyper, own threads).
+//! - [`errors`]   the Python exception tree; Rust errors are enums converted only here.
+//!
+//! The pure-Rust cores build and test without Python (`cargo test`); the PyO3
+//! bindings live behind the `python` feature, which maturin turns on, and are
+//! exposed as the private module `rustext._native` behind the typed facade
+//! `rustext/__init__.py`.
+
+pub mod balancer;
+pub mod framing;
+pub mod juggler;
+pub mod rpcx;
+pub mod timer;
+
+#[cfg(feature = "python")]
+pub mod errors;
+
+#[cfg(feature = "python")]
+mod python {
+    use pyo3::prelude::*;
+
+    #[pymodule]
+    fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        crate::errors::register(m)?;
+        crate::framing::python::register(m)?;
+        crate::rpcx::python::register(m)?;
+        crate::juggler::python::register(m)?;
+        crate::timer::python::register(m)?;
+        crate::balancer::python::register(m)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,1 @@
+"""seq (see DESIGN.md)."""

@@ -1,0 +1,32 @@
+"""The distribution installs and its parts import."""
+
+import subprocess
+import sys
+
+import rustext
+
+
+def test_error_tree() -> None:
+    assert issubclass(rustext.DecodeError, rustext.RustextError)
+    assert issubclass(rustext.DecodeError, ValueError)
+    assert issubclass(rustext.FrameTooLarge, rustext.DecodeError)
+    assert issubclass(rustext.BalancerConfigError, ValueError)
+    assert not issubclass(rustext.BalancerError, ValueError)
+
+
+def test_redis_fixture(redis_url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.ping() is True
+    finally:
+        client.close()
+
+
+def test_cli_help_runs_as_subprocess() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "cli", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0
+    assert "juggler" in out.stdout
