@@ -29,3 +29,16 @@ __all__ = [
     "RpcxDecodeError",
     "RustextError",
 ]
+
+# Each area below adds its own import block and extends __all__, so that
+# parallel work on different areas merges without conflicts.
+
+# --- framing ---
+
+# --- rpcx ---
+
+# --- juggler ---
+
+# --- timer ---
+
+# --- balancer ---
