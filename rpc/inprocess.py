@@ -50,10 +50,10 @@ class InProcessNetwork:
         return session
 
     async def __call__(self, address: str, request: Message, timeout: float | None) -> Message | None:
+        self.calls[address] = self.calls.get(address, 0) + 1  # attempts, dead servers included
         dispatcher = self._servers.get(address)
         if dispatcher is None:
             raise TransportError(f"connection refused: {address}", TransportErrorKind.CONNECT)
-        self.calls[address] = self.calls.get(address, 0) + 1
         session = await self._session(address, dispatcher)
         msg = dataclasses.replace(request, seq=next(self._seq), metadata=dict(request.metadata))
         try:

@@ -35,6 +35,7 @@ class MessageStatus(enum.IntEnum):
 
 class SerializeType(enum.IntEnum):
     RAW = 0
+    NONE = 0  # rpcx's name for raw bytes (SerializeNone)
     JSON = 1
     PROTOBUF = 2
     MSGPACK = 3

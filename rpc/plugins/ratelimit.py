@@ -39,7 +39,7 @@ class TokenBucket:
         if elapsed > 0:
             self._tokens = min(self.burst, self._tokens + elapsed * self.rate)
             self._last = now
-        if self._tokens >= n:
+        if self._tokens >= n - 1e-9:  # float drift must not lose a whole token
             self._tokens -= n
             return True
         return False
