@@ -383,3 +383,35 @@ async def test_register_function() -> None:
     with pytest.raises(ValueError):
         d.registry.register_function("Util", echo)
     await d.aclose()
+
+
+_fuzz_dispatcher = ServiceDispatcher(max_sync_workers=1)
+_fuzz_dispatcher.registry.register(Arith(), "Arith")
+_fuzz_dispatcher.registry.register(Hello(), "Hello")
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    service=st.sampled_from(["Arith", "Hello", "Nope", ""]),
+    method=st.sampled_from(["Mul", "Add", "Say", "", "x"]),
+    payload=st.binary(max_size=64) | st.sampled_from([b'{"A":1,"B":2}', b'{"A":"1"}', b"[]", b"null"]),
+    st_=st.sampled_from(list(SerializeType)),
+    metadata=st.dictionaries(st.sampled_from([META_SERVER_TIMEOUT, META_AUTH, "k"]), st.text(max_size=8), max_size=3),
+    oneway=st.booleans(),
+    heartbeat=st.booleans(),
+)
+def test_dispatch_never_raises(service, method, payload, st_, metadata, oneway, heartbeat) -> None:
+    msg = Message(service_path=service, service_method=method, payload=payload, serialize_type=st_,
+                  metadata=metadata, oneway=oneway, heartbeat=heartbeat, seq=1)
+    out = asyncio.run(_fuzz_dispatcher.dispatch(msg))
+    if heartbeat:
+        assert out.reply is not None and out.reply.heartbeat
+    elif oneway:
+        assert out.reply is None
+    else:
+        assert out.reply is not None and out.reply.seq == 1
+        assert out.reply.is_error == (META_ERROR in out.reply.metadata)
