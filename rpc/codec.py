@@ -122,9 +122,13 @@ class JSONCodec:
 
     serialize_type = SerializeType.JSON
 
+    def __init__(self) -> None:
+        # one encoder, not one per call (json.dumps with options builds a new one)
+        self._encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_to_plain).encode
+
     def encode(self, obj: Any) -> bytes:
         try:
-            return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=_to_plain).encode()
+            return self._encode(obj).encode()
         except (TypeError, ValueError) as exc:
             raise CodecError(f"cannot encode JSON: {exc}") from exc
 
@@ -136,7 +140,7 @@ class JSONCodec:
                 value = None
             else:
                 try:
-                    value = json.loads(data)
+                    value = json.loads(bytes(data).decode("utf-8"))  # JSON payloads are UTF-8 (RFC 8259)
                 except (ValueError, UnicodeDecodeError) as exc:
                     raise CodecError(f"invalid JSON payload: {exc}") from exc
             return value if shape is None else shape(value)

@@ -1,8 +1,9 @@
 """The plugin container: hooks at every step of serving a connection.
 
 A plugin is any object; it takes part in a step by defining the method of
-that step's name. Hooks may be plain functions or coroutines (a coroutine is
-awaited). Per step, plugins run in the order they were added. The container
+that step's name. A hook is a plain method or an ``async def`` method (the
+kind is resolved once, when the plugin is added: a plain method must not
+return an awaitable). Per step, plugins run in the order they were added. The container
 resolves each step's bound methods once (on ``add``/``remove``), so a step no
 plugin implements costs one empty-tuple check per request.
 
@@ -78,7 +79,7 @@ class PluginContainer:
 
     def hooks(self, name: str) -> tuple[Any, ...]:
         """The bound methods of hook ``name``, in plugin order."""
-        return getattr(self, "_" + name)
+        return tuple(hook for hook, _ in getattr(self, "_" + name))
 
     def has(self, name: str) -> bool:
         return bool(getattr(self, "_" + name))
@@ -86,7 +87,9 @@ class PluginContainer:
     def _rebuild(self) -> None:
         for name in HOOKS:
             bound = tuple(
-                getattr(p, name) for p in self._plugins if callable(getattr(p, name, None))
+                (getattr(p, name), inspect.iscoroutinefunction(getattr(p, name)))
+                for p in self._plugins
+                if callable(getattr(p, name, None))
             )
             setattr(self, "_" + name, bound)
 
@@ -94,29 +97,29 @@ class PluginContainer:
 
     async def run(self, name: str, *args: Any) -> None:
         """Run every ``name`` hook; exceptions propagate (the step rejects)."""
-        for hook in getattr(self, "_" + name):
-            result = hook(*args)
-            if inspect.isawaitable(result):
-                await result
+        for hook, is_async in getattr(self, "_" + name):
+            if is_async:
+                await hook(*args)
+            else:
+                hook(*args)
 
     async def run_logged(self, name: str, *args: Any) -> None:
         """Run every ``name`` hook; an exception is logged and the next hook runs."""
-        for hook in getattr(self, "_" + name):
+        for hook, is_async in getattr(self, "_" + name):
             try:
-                result = hook(*args)
-                if inspect.isawaitable(result):
-                    await result
+                if is_async:
+                    await hook(*args)
+                else:
+                    hook(*args)
             except Exception:
                 log.exception("plugin hook %s failed", getattr(hook, "__qualname__", name))
 
     async def all_true(self, name: str, *args: Any) -> bool:
         """Run ``name`` hooks until one returns falsy (``on_conn_accept``,
         ``authenticate``); a raising hook counts as a refusal."""
-        for hook in getattr(self, "_" + name):
+        for hook, is_async in getattr(self, "_" + name):
             try:
-                result = hook(*args)
-                if inspect.isawaitable(result):
-                    result = await result
+                result = (await hook(*args)) if is_async else hook(*args)
             except Exception as exc:
                 log.info("plugin hook %s refused: %s", getattr(hook, "__qualname__", name), exc)
                 return False
