@@ -141,7 +141,7 @@ class JSONCodec:
             else:
                 try:
                     value = json.loads(bytes(data).decode("utf-8"))  # JSON payloads are UTF-8 (RFC 8259)
-                except (ValueError, UnicodeDecodeError) as exc:
+                except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # deep nesting
                     raise CodecError(f"invalid JSON payload: {exc}") from exc
             return value if shape is None else shape(value)
 
@@ -171,7 +171,8 @@ class MsgpackCodec:
             else:
                 try:
                     value = msgpack.unpackb(data, raw=False, strict_map_key=False)
-                except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+                except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+                    # TypeError: a map key that Python cannot hash (an array or map)
                     raise CodecError(f"invalid msgpack payload: {exc}") from exc
             return value if shape is None else shape(value)
 

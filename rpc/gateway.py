@@ -255,7 +255,7 @@ class Gateway:
     async def _jsonrpc(self, req: HTTPRequest, peer: Peer | None) -> HTTPResponse:
         try:
             body = json.loads(req.body.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             return _json_response(_jsonrpc_error(None, PARSE_ERROR, f"parse error: {exc}"))
         extra = dict(parse_qsl(req.headers.get(X_META), keep_blank_values=True))
         auth = req.headers.get("Authorization")
@@ -299,7 +299,7 @@ class Gateway:
             return _jsonrpc_error(rid, code, text)
         try:
             result = json.loads(res.payload) if res.payload else None
-        except ValueError:
+        except (ValueError, RecursionError):
             return _jsonrpc_error(rid, INTERNAL_ERROR, "handler reply is not JSON")
         return {"jsonrpc": "2.0", "id": rid, "result": result}
 

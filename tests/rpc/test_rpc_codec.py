@@ -111,3 +111,12 @@ def test_roundtrip(value: Any) -> None:
         assert codec.decode(codec.encode(value)) == value
     assert json.loads(JSONCodec().encode(value)) == value
     assert msgpack.unpackb(MsgpackCodec().encode(value)) == value
+
+
+def test_hostile_payloads_are_codec_errors() -> None:
+    with pytest.raises(CodecError):
+        MsgpackCodec().decode(b"\x81\x80\x01")  # a map as a map key (unhashable)
+    with pytest.raises(CodecError):
+        JSONCodec().decode(b"[" * 200_000)  # nesting deeper than the recursion limit
+    with pytest.raises(CodecError):
+        MsgpackCodec().decode(b"\x91" * 200_000)
