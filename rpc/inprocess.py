@@ -27,6 +27,7 @@ class InProcessNetwork:
         self._sessions: dict[str, ServerSession] = {}
         self._seq = itertools.count(1)
         self.calls: dict[str, int] = {}
+        self._connecting = asyncio.Lock()
 
     def add(self, address: str, dispatcher: ServiceDispatcher) -> None:
         self._servers[address] = dispatcher
@@ -41,13 +42,17 @@ class InProcessNetwork:
 
     async def _session(self, address: str, dispatcher: ServiceDispatcher) -> ServerSession:
         session = self._sessions.get(address)
-        if session is None:
-            session = dispatcher.session(Peer(address="inprocess", local_address=address))
-            if not await session.accept():
-                await session.close()
-                raise TransportError(f"{address} refused the connection", TransportErrorKind.CONNECT)
-            self._sessions[address] = session
-        return session
+        if session is not None:
+            return session
+        async with self._connecting:  # one connection per address, even under concurrent calls
+            session = self._sessions.get(address)
+            if session is None:
+                session = dispatcher.session(Peer(address="inprocess", local_address=address))
+                if not await session.accept():
+                    await session.close()
+                    raise TransportError(f"{address} refused the connection", TransportErrorKind.CONNECT)
+                self._sessions[address] = session
+            return session
 
     async def __call__(self, address: str, request: Message, timeout: float | None) -> Message | None:
         self.calls[address] = self.calls.get(address, 0) + 1  # attempts, dead servers included

@@ -193,7 +193,11 @@ class WatchingDiscovery(Discovery):
                 async with asyncio.timeout(self.refresh_interval):
                     await self._changed.wait()
             self._changed.clear()
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception:  # a bug or an unexpected reply must not end the refreshing
+                self.fetch_errors += 1
+                log.exception("registry refresh failed")
 
     async def _watch_loop(self) -> None:
         backoff = 0.1
