@@ -364,6 +364,11 @@ class GatewayServer:
         self._conns[task] = False
         try:
             await self.serve_connection(reader, writer)
+        except asyncio.CancelledError:
+            # aclose() cancels idle connections; ending normally keeps asyncio's
+            # stream callback from reporting the cancellation as an error
+            if not self._closing:
+                raise
         finally:
             self._conns.pop(task, None)
 

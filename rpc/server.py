@@ -130,3 +130,28 @@ class Server:
                 log.exception("closing registrar failed")
         await self.dispatcher.aclose()
         return drained
+
+
+def load_app(spec: str, server: Server) -> None:
+    """Load ``module:object`` into ``server``.
+
+    ``object`` may be a service object or class (registered under its class
+    name), a function ``f(server)`` that registers what it wants, or a
+    ``dict`` name → service object. ``module:object.attr`` paths work.
+    """
+    import importlib
+    import inspect
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"app must be module:object, got {spec!r}")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if isinstance(obj, dict):
+        for name, service in obj.items():
+            server.register(service, name)
+    elif inspect.isfunction(obj):
+        obj(server)
+    else:
+        server.register(obj)
