@@ -169,3 +169,32 @@ async def test_failfast_fails_fast_on_a_killed_server_process(node_processes) ->
         with pytest.raises(ServiceError):
             await xc.call("Nope", None)
     await caller.aclose()
+
+
+async def test_deadline_propagates_to_the_server_handler() -> None:
+    cancelled = asyncio.Event()
+    seen: list[str] = []
+
+    class Sleeper:
+        async def Nap(self, ctx: Context, args: float) -> str:
+            seen.append(ctx.metadata.get("__ServerTimeout", ""))
+            try:
+                await asyncio.sleep(args)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+            return "rested"
+
+    d = ServiceDispatcher()
+    d.registry.register(Sleeper())
+    async with GatewayServer(Gateway(d)) as server:
+        caller = HTTPCaller()
+        xc = XClient("Sleeper", StaticDiscovery([f"http://127.0.0.1:{server.port}"]), caller)
+        async with xc:
+            with pytest.raises((CallTimeout, ServiceError)):
+                await xc.call("Nap", 30, timeout=0.2)
+            await asyncio.wait_for(cancelled.wait(), 5)  # the server gave up too: no orphan work
+            assert 0 < int(seen[0]) <= 200
+            assert await xc.call("Nap", 0, timeout=5) == "rested"
+        await caller.aclose()
+    await d.aclose()
