@@ -11,7 +11,6 @@ add their own cost on top of this per request.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 
 import uvloop

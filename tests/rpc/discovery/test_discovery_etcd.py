@@ -144,3 +144,47 @@ def test_endpoint_validation() -> None:
     assert EtcdHTTP("127.0.0.1:2379").port == 2379
     with pytest.raises(ValueError):
         EtcdHTTP("https://x:1")
+
+
+async def test_xclient_follows_etcd_registry(etcd_endpoint: str, base: str) -> None:
+    from typing import Any
+
+    from rpc.failmode import FailMode
+    from rpc.inprocess import InProcessNetwork
+    from rpc.service import Context, ServiceDispatcher
+    from rpc.xclient import XClient, XClientOptions
+
+    class Node:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def Who(self, ctx: Context, args: Any) -> str:
+            return self.name
+
+    net = InProcessNetwork()
+    dispatchers = []
+    reg = EtcdRegistrar(etcd_endpoint, base=base, ttl=10)
+    for addr in (A, B):
+        d = ServiceDispatcher()
+        d.registry.register(Node(addr[-4:]), "Node")
+        net.add(addr, d)
+        dispatchers.append(d)
+        await reg.register("Node", addr)
+    disc = EtcdDiscovery(etcd_endpoint, "Node", base=base, refresh_interval=60)
+    await disc.start()
+    xc = XClient("Node", disc, net, options=XClientOptions(fail_mode=FailMode.FAILOVER))
+    try:
+        await xc.start()
+        await wait_servers(disc, lambda s: len(s) == 2)
+        assert {await xc.call("Who", None) for _ in range(20)} == {"7001", "7002"}
+        await reg.unregister("Node", A)
+        await wait_servers(disc, lambda s: A not in s)
+        assert set(xc.servers) == {B}
+        assert {await xc.call("Who", None) for _ in range(5)} == {"7002"}
+    finally:
+        await xc.aclose()
+        await disc.aclose()
+        await reg.aclose()
+        await net.aclose()
+        for d in dispatchers:
+            await d.aclose()
