@@ -23,6 +23,8 @@ EPILOG = """examples:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", metavar="HOST:PORT", help="rpcx protocol listener (served by rpc.transport)")
     p.add_argument("--gateway", metavar="HOST:PORT", help="HTTP gateway (X-RPCX-* and JSON-RPC 2.0) on its own port")
+    p.add_argument("--grpc", metavar="HOST:PORT",
+                   help="also serve the benchmark's Hello.Say over grpc.aio (the reference peer of `rpc bench`)")
     app = p.add_mutually_exclusive_group(required=True)
     app.add_argument("--app", metavar="MODULE:OBJECT", help="service object/class, dict, or f(server)")
     app.add_argument("--example", choices=("bench", "arith"), help="bench: Hello.Say (protobuf); arith: Arith.Mul/Add (JSON)")
@@ -77,8 +79,8 @@ async def serve(args: argparse.Namespace) -> int:
     from rpc.server import Server, load_app
 
     log = logging.getLogger("rpc.serve")
-    if not args.listen and not args.gateway:
-        print("error: give --listen and/or --gateway", file=sys.stderr)
+    if not args.listen and not args.gateway and not args.grpc:
+        print("error: give --listen, --gateway and/or --grpc", file=sys.stderr)
         return 2
     plugins: list[object] = []
     metrics = None
@@ -119,6 +121,7 @@ async def serve(args: argparse.Namespace) -> int:
 
     listener = None
     gateway = None
+    grpc_server = None
     metrics_httpd = None
     try:
         if args.listen:
@@ -130,6 +133,12 @@ async def serve(args: argparse.Namespace) -> int:
             host, port = _hostport(args.gateway, "--gateway")
             gateway = GatewayServer(Gateway(server.dispatcher), host, port)
             await gateway.start()
+        if args.grpc:
+            from rpc.grpc_peer import start_grpc_server
+
+            host, port = _hostport(args.grpc, "--grpc")
+            grpc_server, port = await start_grpc_server(host, port)
+            args.grpc = f"{host}:{port}"
         if metrics is not None:
             from prometheus_client import start_http_server
 
@@ -141,6 +150,7 @@ async def serve(args: argparse.Namespace) -> int:
             x for x in (
                 f"rpcx on {args.listen}" if args.listen else "",
                 f"http gateway on {gateway.host}:{gateway.port}" if gateway else "",
+                f"grpc.aio Hello.Say on {args.grpc}" if grpc_server is not None else "",
                 f"metrics on :{args.metrics_port}" if metrics is not None else "",
             ) if x
         )
@@ -162,6 +172,8 @@ async def serve(args: argparse.Namespace) -> int:
                     await gateway.aclose(drain_timeout=1.0)
 
         drained = await server.shutdown(_Both(), timeout=args.shutdown_timeout)
+        if grpc_server is not None:
+            await grpc_server.stop(grace=1.0)
         if metrics_httpd is not None:
             metrics_httpd.shutdown()
             metrics_httpd.server_close()

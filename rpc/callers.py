@@ -2,6 +2,7 @@
 
 - ``http://host:port``   rpcx's HTTP gateway (``rpc.gateway_client.HTTPCaller``),
                          ours or a Go rpcx server's
+- ``grpc://host:port``   grpc.aio (``rpc.grpc_peer``): the benchmark's reference peer
 - ``inproc:NAME``        an in-process dispatcher serving the examples
                          (``Hello``, ``Arith``): client and service layer alone
 - ``tcp@host:port`` / ``host:port``   the rpcx binary protocol: provided by
@@ -47,7 +48,14 @@ async def _inproc(address: str, pool: int) -> tuple[Caller, Closer]:
     return net, close
 
 
-SCHEMES: dict[str, Factory] = {"http": _http, "inproc": _inproc}
+async def _grpc(address: str, pool: int) -> tuple[Caller, Closer]:
+    from rpc.grpc_peer import GrpcCaller
+
+    caller = GrpcCaller(pool=pool)
+    return caller, caller.aclose
+
+
+SCHEMES: dict[str, Factory] = {"http": _http, "inproc": _inproc, "grpc": _grpc}
 
 
 def scheme_of(address: str) -> str:
@@ -55,6 +63,8 @@ def scheme_of(address: str) -> str:
         return "http"
     if address.startswith("inproc:"):
         return "inproc"
+    if address.startswith("grpc://"):
+        return "grpc"
     return "rpcx"
 
 

@@ -85,7 +85,7 @@ def test_serve_call_and_graceful_stop(redis_url: str) -> None:
 
 def test_serve_needs_a_listener() -> None:
     res = run_cli("cli.rpc_serve", "--example", "arith")
-    assert res.returncode == 2 and "--listen and/or --gateway" in res.stderr
+    assert res.returncode == 2 and "--listen, --gateway and/or --grpc" in res.stderr
 
 
 @pytest.mark.parametrize("processes", ["1", "2"])
