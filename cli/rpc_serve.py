@@ -33,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-limit", type=float, metavar="REQ_PER_S", help="server-wide request rate limit")
     p.add_argument("--conn-rate-limit", type=float, metavar="CONN_PER_S", help="accepted connections per second")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST", help="interface of /metrics (default 0.0.0.0)")
     p.add_argument("--access-log", action="store_true", help="log one line per request")
     reg = p.add_mutually_exclusive_group()
     reg.add_argument("--redis", metavar="URL", help="register in this Redis registry")
@@ -142,7 +143,7 @@ async def serve(args: argparse.Namespace) -> int:
         if metrics is not None:
             from prometheus_client import start_http_server
 
-            metrics_httpd, _ = start_http_server(args.metrics_port, addr="0.0.0.0", registry=metrics.registry)
+            metrics_httpd, _ = start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
         advertise = args.advertise or (f"tcp@{args.listen}" if args.listen else None)
         if registrars and advertise:
             await server.publish(advertise)

@@ -11,8 +11,14 @@ Layout (one module per concept):
 - ``selector``   random, round robin, smooth weighted RR, latency, consistent hash, user-defined
 - ``failmode``   failfast / failover / failtry / failbackup with retries
 - ``breaker``    per-server circuit breaker (consecutive failures or failure rate, half-open probe)
+- ``client``     Client: calls to one server over a ServerCaller
 - ``xclient``    XClient: discovery + selector + fail mode + breakers over a ServerCaller
 - ``inprocess``  an in-process ServerCaller (XClient straight onto local dispatchers)
+- ``gateway``    HTTP gateway (rpcx X-RPCX-* API, JSON-RPC 2.0), its HTTP/1.1 parser and server
+- ``gateway_client``  HTTPCaller: a ServerCaller over the HTTP gateway
+- ``grpc_peer``  grpc.aio Hello.Say server and GrpcCaller (the benchmark's reference)
+- ``callers``    which ServerCaller serves an address (http://, grpc://, inproc:, rpcx)
+- ``bench``      the benchmark client's engine (load, percentiles, processes, report)
 - ``discovery/`` static, Redis and etcd registries, file-cached fallback
 - ``examples``   Hello.Say (rpcx benchmark, protobuf) and Arith.Mul/Add (JSON)
 - ``proto/``     generated protobuf messages of the examples

@@ -42,7 +42,7 @@ def test_serve_call_and_graceful_stop(redis_url: str) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli.rpc_serve", "--example", "arith", "--gateway", f"127.0.0.1:{gw}",
          "--redis", redis_url, "--advertise", "tcp@127.0.0.1:18972", "--metadata", "weight=3",
-         "--metrics-port", str(metrics), "--auth", "tok"],
+         "--metrics-port", str(metrics), "--metrics-host", "127.0.0.1", "--auth", "tok"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.getcwd(),
     )
     r = redis.Redis.from_url(redis_url)
