@@ -137,6 +137,11 @@ class HTTPParser:
         self._pending: HTTPRequest | None = None
         self._need = 0
 
+    @property
+    def partial(self) -> bool:
+        """Part of a request is buffered (a request has begun but not completed)."""
+        return bool(self._buf) or self._pending is not None
+
     def feed(self, data: bytes) -> list[HTTPRequest]:
         self._buf += data
         out: list[HTTPRequest] = []
@@ -320,8 +325,9 @@ class GatewayServer:
     """The gateway on its own TCP port (``start``/``aclose``; ``async with``).
 
     Each connection is served request by request (HTTP/1.1 keep-alive);
-    ``idle_timeout`` closes idle connections, ``max_connections`` bounds
-    them (extra connections get 503). Closing stops accepting, then closes
+    ``idle_timeout`` closes idle connections, ``request_timeout`` bounds the
+    time to receive one request once it has begun (slow senders get 408),
+    ``max_connections`` bounds connections (extra ones get 503). Closing stops accepting, then closes
     idle connections and waits up to ``drain_timeout`` for requests in flight.
     """
 
@@ -332,6 +338,7 @@ class GatewayServer:
         port: int = 0,
         *,
         idle_timeout: float = 60.0,
+        request_timeout: float = 30.0,
         max_connections: int = 1024,
         max_body: int = 4 * 1024 * 1024,
     ) -> None:
@@ -339,6 +346,7 @@ class GatewayServer:
         self.host = host
         self.port = port
         self.idle_timeout = idle_timeout
+        self.request_timeout = request_timeout
         self.max_connections = max_connections
         self.max_body = max_body
         self._server: asyncio.Server | None = None
@@ -381,6 +389,7 @@ class GatewayServer:
         data = initial
         task = asyncio.current_task()
         conns = self._conns
+        begun: float | None = None
         try:
             while True:
                 try:
@@ -406,10 +415,22 @@ class GatewayServer:
                     conns[task] = False
                 if self._server is None and self._closing:
                     return
+                loop = asyncio.get_running_loop()
+                if parser.partial:
+                    if begun is None:
+                        begun = loop.time()
+                    wait = begun + self.request_timeout - loop.time()
+                else:
+                    begun = None
+                    wait = self.idle_timeout
                 try:
-                    async with asyncio.timeout(self.idle_timeout):
+                    async with asyncio.timeout(max(wait, 0)):
                         data = await reader.read(65536)
                 except TimeoutError:
+                    if parser.partial:
+                        writer.write(HTTPResponse(408, body=b"request timeout\n").to_bytes(keep_alive=False))
+                        with contextlib.suppress(OSError):
+                            await writer.drain()
                     return
                 if not data:
                     return

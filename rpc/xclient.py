@@ -18,6 +18,9 @@ Calls::
         replies = await xc.broadcast("Reload", {})                       # every server must succeed
         first = await xc.fork("Mul", {"A": 1, "B": 2})                   # first success wins
 
+The discovery is the caller's to start and close (it may be shared by several
+XClients); ``XClient.start`` subscribes to it.
+
 ``timeout`` (seconds; None = ``options.timeout``; None there = no deadline)
 bounds the whole call including retries, and is sent to the server as
 ``__ServerTimeout`` (the remaining milliseconds of each try).

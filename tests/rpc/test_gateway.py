@@ -218,3 +218,13 @@ async def test_gateway_server_keep_alive_and_close(gateway: Gateway) -> None:
     assert await asyncio.wait_for(reader.read(), 5) == b""
     writer.close()
     await writer.wait_closed()
+
+
+async def test_gateway_server_times_out_slow_requests(gateway: Gateway) -> None:
+    async with GatewayServer(gateway, request_timeout=0.2) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"POST /Arith HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")  # never completes
+        head = await asyncio.wait_for(reader.read(), 5)
+        assert head.startswith(b"HTTP/1.1 408")
+        writer.close()
+        await writer.wait_closed()
