@@ -5,7 +5,8 @@ by a *type* (a handler's argument annotation, a client's ``reply_type``):
 
 - raw (0): payloads are bytes; ``bytes``/``bytearray``/``memoryview`` encode as is.
 - JSON (1) and msgpack (3): any JSON/msgpack value; a dataclass type is built
-  from the decoded mapping (and encoded through ``dataclasses.asdict``);
+  from the decoded mapping (and encoded through ``dataclasses.asdict``), a
+  protobuf message type through its JSON mapping (proto field names);
   ``int``/``float``/``str``/``bool``/``list``/``dict`` are checked.
 - protobuf (2): the type must be a protobuf ``Message`` class
   (``FromString``/``SerializeToString``), like rpcx's PBCodec.
@@ -45,9 +46,14 @@ def _is_protobuf_type(type_: Any) -> bool:
 
 
 def _to_plain(obj: Any) -> Any:
-    """``default=`` hook: dataclasses become dicts."""
+    """``default=`` hook: dataclasses and protobuf messages become dicts."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return dataclasses.asdict(obj)
+    if _is_protobuf_type(type(obj)):
+        from google.protobuf import json_format
+
+        # proto field names, as protoc-gen-go's json tags (what a Go rpcx JSON codec emits)
+        return json_format.MessageToDict(obj, preserving_proto_field_name=True)
     raise TypeError(f"cannot serialize {type(obj).__name__}")
 
 
@@ -73,6 +79,20 @@ def _shape(type_: Any) -> Callable[[Any], Any] | None:
                 raise CodecError(f"cannot build {cls.__name__}: {exc}") from exc
 
         return build
+    if _is_protobuf_type(type_):
+        from google.protobuf import json_format
+
+        pb_cls = type_
+
+        def parse(value: Any) -> Any:
+            if not isinstance(value, dict):
+                raise CodecError(f"expected an object for {pb_cls.__name__}, got {type(value).__name__}")
+            try:
+                return json_format.ParseDict(value, pb_cls())
+            except json_format.ParseError as exc:
+                raise CodecError(f"cannot build {pb_cls.__name__}: {exc}") from exc
+
+        return parse
     if type_ in _CHECKED:
         expected = type_
 

@@ -120,3 +120,16 @@ def test_hostile_payloads_are_codec_errors() -> None:
         JSONCodec().decode(b"[" * 200_000)  # nesting deeper than the recursion limit
     with pytest.raises(CodecError):
         MsgpackCodec().decode(b"\x91" * 200_000)
+
+
+def test_protobuf_messages_through_json_and_msgpack() -> None:
+    msg = benchmark_request()
+    for codec in (JSONCodec(), MsgpackCodec()):
+        data = codec.encode(msg)
+        plain = codec.decode(data)
+        assert plain["field1"] == msg.field1 and plain["field2"] == 100000
+        assert codec.decode(data, BenchmarkMessage) == msg
+        with pytest.raises(CodecError):
+            codec.decode(codec.encode({"field2": "not a number"}), BenchmarkMessage)
+        with pytest.raises(CodecError):
+            codec.decode(codec.encode([1]), BenchmarkMessage)

@@ -415,3 +415,14 @@ def test_dispatch_never_raises(service, method, payload, st_, metadata, oneway, 
     else:
         assert out.reply is not None and out.reply.seq == 1
         assert out.reply.is_error == (META_ERROR in out.reply.metadata)
+
+
+async def test_protobuf_handler_called_with_json() -> None:
+    import json as _json
+
+    d = ServiceDispatcher()
+    d.registry.register(Hello(), "Hello")
+    res = (await d.dispatch(req("Hello", "Say", b'{"field1":"x","field2":1,"field3":3}'))).reply
+    assert res is not None and not res.is_error
+    assert _json.loads(res.payload)["field1"] == "OK" and _json.loads(res.payload)["field3"] == 3
+    await d.aclose()
