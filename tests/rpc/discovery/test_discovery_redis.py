@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,6 +132,7 @@ async def test_registry_outage_keeps_known_servers() -> None:
         await disc.aclose()
         await reg.aclose()  # cannot unregister: logged, not raised
         server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)
 
 
 class Node:
@@ -171,3 +173,25 @@ async def test_xclient_with_redis_registry_and_failover(redis_url: str) -> None:
         await net.aclose()
         for d in dispatchers:
             await d.aclose()
+
+
+async def test_discovery_recovers_after_registry_restart() -> None:
+    server = start_redis()
+    port = server.port
+    disc = RedisDiscovery(server.url, "Arith", refresh_interval=0.2)
+    reg = None
+    try:
+        await disc.start()
+        await asyncio.to_thread(server.stop)
+        shutil.rmtree(server.dir, ignore_errors=True)
+        assert not await disc.refresh()  # down: nothing changes
+        server = await asyncio.to_thread(start_redis, None, port)  # back, empty
+        reg = RedisRegistrar(server.url, ttl=10)
+        await reg.register("Arith", A)
+        assert await wait_servers(disc, lambda s: A in s, timeout=15) == {A: ""}
+    finally:
+        await disc.aclose()
+        if reg is not None:
+            await reg.aclose()
+        server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)
