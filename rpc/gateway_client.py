@@ -47,6 +47,10 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+class _StaleConnection(Exception):
+    """A reused keep-alive connection was already closed by the server."""
+
+
 class _Conn:
     __slots__ = ("reader", "writer")
 
@@ -92,15 +96,27 @@ class HTTPCaller:
 
     async def _exchange(self, address: str, request: Message) -> Message | None:
         idle = self._idle.setdefault(address, [])
-        conn = idle.pop() if idle else await self._connect(address)
+        while idle:
+            # a kept-alive connection the server closed meanwhile fails before any
+            # byte of a response: then (and only then) try again on a new one
+            conn = idle.pop()
+            try:
+                return await self._on(conn, address, request, idle)
+            except _StaleConnection:
+                continue
+        return await self._on(await self._connect(address), address, request, idle, fresh=True)
+
+    async def _on(self, conn: _Conn, address: str, request: Message, idle: list[_Conn], fresh: bool = False) -> Message | None:
         ok = False
         try:
             conn.writer.write(self._encode(address, request))
             try:
                 await conn.writer.drain()
             except OSError as exc:
+                if not fresh:
+                    raise _StaleConnection() from exc
                 raise TransportError(f"write to {address} failed: {exc}", TransportErrorKind.WRITE) from exc
-            res, reusable = await self._read(address, conn, request)
+            res, reusable = await self._read(address, conn, request, fresh)
             ok = reusable
             return None if request.oneway else res
         finally:
@@ -134,10 +150,12 @@ class HTTPCaller:
                 raise ValueError("header values must not contain line breaks")
         return ("\r\n".join(headers) + "\r\n\r\n").encode("utf-8") + request.payload
 
-    async def _read(self, address: str, conn: _Conn, request: Message) -> tuple[Message, bool]:
+    async def _read(self, address: str, conn: _Conn, request: Message, fresh: bool) -> tuple[Message, bool]:
         try:
             head = await conn.reader.readuntil(b"\r\n\r\n")
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError) as exc:
+            if not fresh and isinstance(exc, asyncio.IncompleteReadError) and not exc.partial:
+                raise _StaleConnection() from exc
             raise TransportError(f"connection to {address} lost: {exc}", TransportErrorKind.CLOSED) from exc
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)

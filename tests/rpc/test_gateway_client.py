@@ -198,3 +198,18 @@ async def test_deadline_propagates_to_the_server_handler() -> None:
             assert await xc.call("Nap", 0, timeout=5) == "rested"
         await caller.aclose()
     await d.aclose()
+
+
+async def test_http_caller_survives_server_closing_idle_connections() -> None:
+    d = ServiceDispatcher()
+    d.registry.register(Arith(), "Arith")
+    async with GatewayServer(Gateway(d), idle_timeout=0.05) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        caller = HTTPCaller(pool=1)
+        msg = Message(service_path="Arith", service_method="Add", payload=b'{"A":1,"B":1}')
+        assert (await caller(url, msg, 5)).payload == b'{"C":2}'
+        conn = caller._idle[url][0]
+        assert await asyncio.wait_for(conn.reader.read(), 5) == b""  # the server closed it (idle)
+        assert (await caller(url, msg, 5)).payload == b'{"C":2}'  # a new connection, no error
+        await caller.aclose()
+    await d.aclose()
