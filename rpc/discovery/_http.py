@@ -10,6 +10,7 @@ size and time.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -110,10 +111,11 @@ async def stream_json(
             async with asyncio.timeout(timeout):
                 raise HTTPError(status, await _body(reader, headers))
         decoder = json.JSONDecoder()
+        text = codecs.getincrementaldecoder("utf-8")()  # a chunk may end inside a character
         buf = ""
         source = _chunks(reader) if headers.get("transfer-encoding", "").lower() == "chunked" else _raw(reader)
         async for chunk in source:
-            buf += chunk.decode()
+            buf += text.decode(chunk)
             while True:
                 stripped = buf.lstrip()
                 if not stripped:
