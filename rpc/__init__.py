@@ -1,1 +1,26 @@
-"""rpc (see DESIGN.md)."""
+"""rpc: an rpcx-compatible RPC framework with service governance.
+
+Layout (one module per concept):
+
+- ``errors``     the exception tree (RpcError, ServiceError never retried, TransportError, ...)
+- ``message``    the rpcx message model (types, flags, seq, path/method, metadata, payload)
+- ``codec``      payload codecs by serialize type: raw, JSON, protobuf (by annotation), msgpack
+- ``service``    registered services, Context, ServiceDispatcher (message → response), ServerSession
+- ``server``     Server: services + plugins + registry publication + graceful shutdown order
+- ``plugins/``   hook container, auth, connection/request rate limits, Prometheus metrics, access log
+- ``selector``   random, round robin, smooth weighted RR, latency, consistent hash, user-defined
+- ``failmode``   failfast / failover / failtry / failbackup with retries
+- ``breaker``    per-server circuit breaker (consecutive failures or failure rate, half-open probe)
+- ``client``     Client: calls to one server over a ServerCaller
+- ``xclient``    XClient: discovery + selector + fail mode + breakers over a ServerCaller
+- ``inprocess``  an in-process ServerCaller (XClient straight onto local dispatchers)
+- ``gateway``    HTTP gateway (rpcx X-RPCX-* API, JSON-RPC 2.0), its HTTP/1.1 parser and server
+- ``gateway_client``  HTTPCaller: a ServerCaller over the HTTP gateway
+- ``grpc_peer``  grpc.aio Hello.Say server and GrpcCaller (the benchmark's reference)
+- ``callers``    which ServerCaller serves an address (http://, grpc://, inproc:, rpcx)
+- ``bench``      the benchmark client's engine (load, percentiles, processes, report)
+- ``discovery/`` static, Redis and etcd registries, file-cached fallback
+- ``examples``   Hello.Say (rpcx benchmark, protobuf) and Arith.Mul/Add (JSON)
+- ``proto/``     generated protobuf messages of the examples
+- ``transport/`` the multiplexed network transport (TCP, unix, in-process channels, pool)
+"""

@@ -1,0 +1,73 @@
+"""``juggler rpc bench``: the benchmark client (rpcx-benchmark's report).
+
+Wired by ``cli/rpc.py`` (``rpc_bench.register(rpc_subparsers)``); also runs
+alone: ``python -m cli.rpc_bench inproc:bench -c 100 -n 100000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EPILOG = """examples:
+  juggler rpc bench 127.0.0.1:8972 -c 100 -n 1000000 --pool 10 --processes 2   # vs `rpc serve --example bench`
+  juggler rpc bench http://127.0.0.1:8080 -c 50 -n 20000                        # through the HTTP gateway
+  juggler rpc bench inproc:bench -n 200000                                     # client + service layer, no network
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("address", metavar="ADDR", help="host:port (rpcx), http://host:port (gateway) or inproc:NAME")
+    p.add_argument("-c", "--concurrency", type=int, default=100, help="concurrent callers (default 100)")
+    p.add_argument("-n", "--total", type=int, default=100_000, help="total calls (default 100000)")
+    p.add_argument("--pool", type=int, default=10, help="connections per client process (default 10)")
+    p.add_argument("--processes", type=int, default=1, help="client processes sharing -c and -n (default 1)")
+    p.add_argument("--example", choices=("bench", "arith"), default="bench",
+                   help="bench: Hello.Say with the 581-byte protobuf message; arith: Arith.Mul JSON")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per-call deadline (default 10 s)")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "bench", help="benchmark client (TPS, latency percentiles)", description=__doc__.splitlines()[0],
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rpc.bench import BenchTarget, format_report, run_bench
+    from rpc.callers import SCHEMES, scheme_of
+    from rpc.message import SerializeType
+
+    if args.concurrency < 1 or args.total < 1 or args.pool < 1 or args.processes < 1:
+        print("error: -c, -n, --pool and --processes must be >= 1", file=sys.stderr)
+        return 2
+    if scheme_of(args.address) not in SCHEMES:
+        print(f"error: no caller for {args.address!r} in this build (rpcx needs rpc.transport)", file=sys.stderr)
+        return 2
+    if args.example == "bench":
+        from rpc.examples import benchmark_request
+
+        target = BenchTarget(args.address, "Hello", "Say", SerializeType.PROTOBUF,
+                             benchmark_request().SerializeToString(), pool=args.pool, timeout=args.timeout)
+    else:
+        target = BenchTarget(args.address, "Arith", "Mul", SerializeType.JSON, b'{"A":7,"B":6}',
+                             pool=args.pool, timeout=args.timeout)
+    result = run_bench(target, concurrency=args.concurrency, total=args.total, processes=args.processes)
+    print(format_report(result, concurrency=args.concurrency, processes=args.processes))
+    return 0 if result.errors == 0 else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="juggler rpc bench", description=__doc__.splitlines()[0],
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""``juggler rpc call``: call one method and print the reply as JSON.
+
+Wired by ``cli/rpc.py`` (``rpc_call.register(rpc_subparsers)``); also runs
+alone: ``python -m cli.rpc_call http://127.0.0.1:8080 Arith.Mul '{"A":6,"B":7}'``.
+Exit code 0 on a reply, 1 when the call failed (``(error) ...`` on stderr), 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EPILOG = """examples:
+  juggler rpc call 127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}'                # rpcx protocol
+  juggler rpc call http://127.0.0.1:8080 Arith.Mul '{"A":6,"B":7}'         # HTTP gateway (ours or Go rpcx's)
+  juggler rpc call http://127.0.0.1:8080 Arith.Add '{"A":1,"B":2}' --codec msgpack --timeout 2
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("address", metavar="ADDR", help="host:port or tcp@host:port (rpcx), http://host:port (gateway)")
+    p.add_argument("target", metavar="Service.Method")
+    p.add_argument("args", metavar="JSON", nargs="?", default="null", help="the argument as JSON (default null)")
+    p.add_argument("--codec", choices=("json", "msgpack"), default="json", help="payload codec (default json)")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="call deadline (default 5 s)")
+    p.add_argument("--auth", metavar="TOKEN", help="__AUTH token")
+    p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="request metadata (repeatable)")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "call", help="call a method and print the reply as JSON", description=__doc__.splitlines()[0],
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(value).decode()}
+    if isinstance(value, dict):
+        return {str(_jsonable(k)): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+async def call(args: argparse.Namespace) -> int:
+    from rpc.callers import open_caller
+    from rpc.codec import CodecRegistry, serialize_type_from_name
+    from rpc.errors import RpcError
+    from rpc.message import META_AUTH, META_SERVER_TIMEOUT, Message
+
+    service, dot, method = args.target.rpartition(".")
+    if not dot or not service or not method:
+        print("error: target must be Service.Method", file=sys.stderr)
+        return 2
+    try:
+        value = json.loads(args.args)
+    except ValueError as exc:
+        print(f"error: JSON argument: {exc}", file=sys.stderr)
+        return 2
+    metadata: dict[str, str] = {}
+    for item in args.meta:
+        k, sep, v = item.partition("=")
+        if not sep:
+            print(f"error: --meta needs KEY=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        metadata[k] = v
+    if args.auth:
+        metadata[META_AUTH] = args.auth
+    metadata[META_SERVER_TIMEOUT] = str(max(1, int(args.timeout * 1000)))
+    st = serialize_type_from_name(args.codec)
+    codec = CodecRegistry().get(st)
+    try:
+        caller, close = await open_caller(args.address)
+    except (LookupError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        res = await caller(args.address, Message(service_path=service, service_method=method, serialize_type=st,
+                                                 metadata=metadata, payload=codec.encode(value)), args.timeout)
+        if res is None:
+            raise RpcError("no reply")
+        if res.is_error:
+            print(f"(error) {res.error_text}", file=sys.stderr)
+            return 1
+        reply = codec.decode(res.payload)
+    except (RpcError, ValueError) as exc:
+        print(f"(error) {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await close()
+    print(json.dumps(_jsonable(reply), ensure_ascii=False))
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvloop
+
+    return uvloop.run(call(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="juggler rpc call", description=__doc__.splitlines()[0],
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

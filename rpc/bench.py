@@ -1,0 +1,203 @@
+"""The benchmark client's engine (``juggler rpc bench``), like rpcx-benchmark's.
+
+``C`` concurrent callers share ``N`` calls; each call's latency is recorded
+(nanoseconds); the report gives TPS and mean / median / p99 / p99.9 / max /
+min latency, plus the client's own CPU time (so that a client-bound run is
+visible). Several worker processes (``processes``) split ``C`` and ``N`` so
+that the client is not the bottleneck; their latencies are merged before
+the percentiles are taken.
+
+A target says what to call and through which caller::
+
+    BenchTarget(address="http://127.0.0.1:8972", service="Hello", method="Say",
+                serialize_type=SerializeType.PROTOBUF, payload=benchmark_request().SerializeToString())
+
+The caller comes from ``rpc.callers`` by the address's scheme (``http://``
+gateway, ``inproc:`` examples in process; the rpcx transport adds
+``tcp@host:port`` when it lands).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import resource
+import time
+from array import array
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from rpc.callers import open_caller
+from rpc.message import Message, SerializeType
+
+@dataclass(frozen=True)
+class BenchTarget:
+    address: str
+    service: str
+    method: str
+    serialize_type: SerializeType
+    payload: bytes
+    pool: int = 10
+    timeout: float | None = 10.0
+
+
+@dataclass
+class BenchResult:
+    sent: int = 0
+    ok: int = 0
+    errors: int = 0
+    elapsed: float = 0.0
+    latencies_ns: array = field(default_factory=lambda: array("q"))
+    cpu_user: float = 0.0
+    cpu_sys: float = 0.0
+    first_error: str | None = None
+
+    @property
+    def tps(self) -> float:
+        return self.ok / self.elapsed if self.elapsed > 0 else 0.0
+
+    def merge(self, other: BenchResult) -> None:
+        self.sent += other.sent
+        self.ok += other.ok
+        self.errors += other.errors
+        self.elapsed = max(self.elapsed, other.elapsed)
+        self.latencies_ns.extend(other.latencies_ns)
+        self.cpu_user += other.cpu_user
+        self.cpu_sys += other.cpu_sys
+        self.first_error = self.first_error or other.first_error
+
+    def summary(self) -> dict[str, float]:
+        """Latency statistics in nanoseconds (nearest-rank percentiles)."""
+        values = sorted(self.latencies_ns)
+        if not values:
+            return {"mean": 0, "median": 0, "p99": 0, "p99.9": 0, "max": 0, "min": 0}
+        return {
+            "mean": sum(values) / len(values),
+            "median": percentile(values, 50),
+            "p99": percentile(values, 99),
+            "p99.9": percentile(values, 99.9),
+            "max": values[-1],
+            "min": values[0],
+        }
+
+
+def percentile(sorted_values: list[int], p: float) -> int:
+    """Nearest-rank percentile of an ascending list (``p`` in [0, 100])."""
+    if not sorted_values:
+        raise ValueError("no values")
+    if not 0 <= p <= 100:
+        raise ValueError("p must be in [0, 100]")
+    rank = max(1, -(-len(sorted_values) * p // 100))  # ceil(n * p / 100), at least 1
+    return sorted_values[int(rank) - 1]
+
+
+def format_report(result: BenchResult, *, concurrency: int, processes: int = 1) -> str:
+    s = result.summary()
+    ms = {k: v / 1e6 for k, v in s.items()}
+    cpu = result.cpu_user + result.cpu_sys
+    lines = [
+        f"took {result.elapsed * 1000:.0f} ms for {result.sent} requests "
+        f"(concurrency {concurrency}, {processes} client process(es))",
+        f"sent     requests    : {result.sent}",
+        f"received requests_OK : {result.ok}",
+        f"errors               : {result.errors}" + (f" (first: {result.first_error})" if result.first_error else ""),
+        f"throughput  (TPS)    : {result.tps:.0f}",
+        "mean: {mean:.0f} ns, median: {median:.0f} ns, p99: {p99:.0f} ns, p99.9: {p999:.0f} ns, "
+        "max: {max:.0f} ns, min: {min:.0f} ns".format(p999=s["p99.9"], **{k: v for k, v in s.items() if k != "p99.9"}),
+        "mean: {mean:.3f} ms, median: {median:.3f} ms, p99: {p99:.3f} ms, p99.9: {p999:.3f} ms, "
+        "max: {max:.3f} ms, min: {min:.3f} ms".format(p999=ms["p99.9"], **{k: v for k, v in ms.items() if k != "p99.9"}),
+        f"client CPU           : {cpu:.2f} s ({100 * cpu / result.elapsed if result.elapsed else 0:.0f}% of one core)",
+    ]
+    return "\n".join(lines)
+
+
+async def run_load(
+    call: Callable[[], Awaitable[Any]], *, concurrency: int, total: int
+) -> BenchResult:
+    """Run ``total`` calls with ``concurrency`` concurrent callers."""
+    if concurrency < 1 or total < 0:
+        raise ValueError("concurrency must be >= 1 and total >= 0")
+    result = BenchResult()
+    lat = result.latencies_ns
+    remaining = total
+    clock = time.perf_counter_ns
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            result.sent += 1
+            t0 = clock()
+            try:
+                await call()
+            except Exception as exc:
+                result.errors += 1
+                if result.first_error is None:
+                    result.first_error = f"{type(exc).__name__}: {exc}"
+                continue
+            lat.append(clock() - t0)
+            result.ok += 1
+
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, max(total, 1)))))
+    result.elapsed = time.perf_counter() - start
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    result.cpu_user = ru1.ru_utime - ru0.ru_utime
+    result.cpu_sys = ru1.ru_stime - ru0.ru_stime
+    return result
+
+
+async def bench_target(target: BenchTarget, *, concurrency: int, total: int) -> BenchResult:
+    """Run the load against ``target`` in this process."""
+    caller, close = await open_caller(target.address, pool=target.pool)
+    template = Message(
+        service_path=target.service,
+        service_method=target.method,
+        serialize_type=target.serialize_type,
+        payload=target.payload,
+    )
+    address, timeout = target.address, target.timeout
+
+    async def call() -> None:
+        res = await caller(address, template, timeout)
+        if res is not None and res.is_error:
+            raise RuntimeError(res.error_text)
+
+    try:
+        return await run_load(call, concurrency=concurrency, total=total)
+    finally:
+        await close()
+
+
+def _worker(target: BenchTarget, concurrency: int, total: int) -> BenchResult:
+    try:
+        import uvloop
+
+        return uvloop.run(bench_target(target, concurrency=concurrency, total=total))
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        return asyncio.run(bench_target(target, concurrency=concurrency, total=total))
+
+
+def run_bench(target: BenchTarget, *, concurrency: int, total: int, processes: int = 1) -> BenchResult:
+    """Run the benchmark with ``processes`` client processes (1 = this one)."""
+    if processes < 1:
+        raise ValueError("processes must be >= 1")
+    if processes == 1:
+        return _worker(target, concurrency, total)
+    shares = [(concurrency // processes + (i < concurrency % processes), total // processes + (i < total % processes))
+              for i in range(processes)]
+    ctx = multiprocessing.get_context("spawn")
+    merged = BenchResult()
+    with ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:
+        futures = [pool.submit(_worker, target, max(1, c), n) for c, n in shares]
+        for fut in futures:
+            merged.merge(fut.result())
+    return merged
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -1,0 +1,79 @@
+"""``ServerCaller`` by address: which caller serves an address.
+
+- ``http://host:port``   rpcx's HTTP gateway (``rpc.gateway_client.HTTPCaller``),
+                         ours or a Go rpcx server's
+- ``grpc://host:port``   grpc.aio (``rpc.grpc_peer``): the benchmark's reference peer
+- ``inproc:NAME``        an in-process dispatcher serving the examples
+                         (``Hello``, ``Arith``): client and service layer alone
+- ``tcp@host:port`` / ``host:port``   the rpcx binary protocol: provided by
+                         ``rpc.transport`` (issue 4); register its factory
+                         under ``"rpcx"`` in ``SCHEMES`` when it lands
+
+``open_caller(address, pool=)`` returns ``(caller, aclose)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from rpc.message import Message
+
+Caller = Callable[[str, Message, "float | None"], Awaitable["Message | None"]]
+Closer = Callable[[], Awaitable[None]]
+Factory = Callable[[str, int], Awaitable[tuple[Caller, Closer]]]
+
+
+async def _http(address: str, pool: int) -> tuple[Caller, Closer]:
+    from rpc.gateway_client import HTTPCaller
+
+    caller = HTTPCaller(pool=pool)
+    return caller, caller.aclose
+
+
+async def _inproc(address: str, pool: int) -> tuple[Caller, Closer]:
+    from rpc.examples import register_example
+    from rpc.inprocess import InProcessNetwork
+    from rpc.service import ServiceDispatcher
+
+    dispatcher = ServiceDispatcher()
+    for name in ("bench", "arith"):
+        register_example(dispatcher.registry, name)
+    net = InProcessNetwork()
+    net.add(address, dispatcher)
+
+    async def close() -> None:
+        await net.aclose()
+        await dispatcher.aclose()
+
+    return net, close
+
+
+async def _grpc(address: str, pool: int) -> tuple[Caller, Closer]:
+    from rpc.grpc_peer import GrpcCaller
+
+    caller = GrpcCaller(pool=pool)
+    return caller, caller.aclose
+
+
+SCHEMES: dict[str, Factory] = {"http": _http, "inproc": _inproc, "grpc": _grpc}
+
+
+def scheme_of(address: str) -> str:
+    if address.startswith("http://"):
+        return "http"
+    if address.startswith("inproc:"):
+        return "inproc"
+    if address.startswith("grpc://"):
+        return "grpc"
+    return "rpcx"
+
+
+async def open_caller(address: str, *, pool: int = 1) -> tuple[Caller, Closer]:
+    scheme = scheme_of(address)
+    factory = SCHEMES.get(scheme)
+    if factory is None:
+        raise LookupError(
+            f"no caller for {address!r}: the rpcx binary protocol needs rpc.transport, "
+            f"not in this build (available: {', '.join(f'{s}:' for s in SCHEMES)})"
+        )
+    return await factory(address, pool)

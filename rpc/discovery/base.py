@@ -1,0 +1,224 @@
+"""Discovery interfaces, static discovery, and the watching base of registries.
+
+Client side, a ``Discovery`` knows the servers of one service: a mapping
+address → rpcx metadata string (``"weight=2&state=active"``). Subscribers
+are called with the new mapping whenever it changes. Server side, a
+``Registrar`` publishes (service, address, metadata) and keeps it alive.
+
+Addresses follow rpcx: ``network@host:port`` (``tcp@127.0.0.1:8972``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
+
+from rpc.discovery.cache import FileCache
+from rpc.errors import RegistryError, RegistryUnavailable
+
+log = logging.getLogger("rpc.discovery")
+
+Subscriber = Callable[[dict[str, str]], None]
+
+
+class Discovery:
+    """Servers of one service, with change subscriptions.
+
+    ``servers()`` is a snapshot; ``subscribe(fn)`` returns an unsubscribe
+    function. Subclasses call ``_publish`` with each new mapping.
+    """
+
+    def __init__(self) -> None:
+        self._servers: dict[str, str] = {}
+        self._subscribers: list[Subscriber] = []
+
+    def servers(self) -> dict[str, str]:
+        return dict(self._servers)
+
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
+        self._subscribers.append(fn)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._subscribers.remove(fn)
+
+        return unsubscribe
+
+    def _publish(self, servers: Mapping[str, str]) -> bool:
+        """Set the servers; notify subscribers when they changed. True if changed."""
+        new = dict(servers)
+        if new == self._servers:
+            return False
+        self._servers = new
+        for fn in list(self._subscribers):
+            try:
+                fn(dict(new))
+            except Exception:
+                log.exception("discovery subscriber failed")
+        return True
+
+    async def start(self) -> None:
+        """Begin discovering (idempotent)."""
+
+    async def aclose(self) -> None:
+        """Stop discovering (idempotent)."""
+
+    async def __aenter__(self) -> Discovery:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _normalize(servers: Mapping[str, str] | Iterable[str]) -> dict[str, str]:
+    if isinstance(servers, Mapping):
+        return {str(a): str(m) for a, m in servers.items()}
+    return {str(a): "" for a in servers}
+
+
+class StaticDiscovery(Discovery):
+    """A fixed list of servers (rpcx's peer-to-peer and multiple-servers
+    discovery); ``update`` replaces it and notifies subscribers."""
+
+    def __init__(self, servers: Mapping[str, str] | Iterable[str] = ()) -> None:
+        super().__init__()
+        self._servers = _normalize(servers)
+
+    @classmethod
+    def peer(cls, address: str, metadata: str = "") -> StaticDiscovery:
+        """One server (rpcx's Peer2PeerDiscovery)."""
+        return cls({address: metadata})
+
+    def update(self, servers: Mapping[str, str] | Iterable[str]) -> None:
+        self._publish(_normalize(servers))
+
+
+class Registrar(Protocol):
+    """Server side of a registry."""
+
+    async def register(self, service: str, address: str, metadata: str = "") -> None:
+        """Publish (service, address) with metadata; kept alive until unregistered."""
+
+    async def unregister(self, service: str, address: str) -> None:
+        """Remove the entry now (before the server stops accepting)."""
+
+    async def aclose(self) -> None:
+        """Unregister everything still registered and stop heartbeats (idempotent)."""
+
+
+class WatchingDiscovery(Discovery):
+    """Base of registry discoveries: fetch now, then on each watch event and at
+    least every ``refresh_interval`` seconds.
+
+    When the registry is unreachable, the last known servers stay in use; at
+    start, they come from ``cache`` (a ``FileCache``) if one is given and the
+    registry cannot be reached (else ``start`` raises ``RegistryUnavailable``).
+    Every successful fetch is written to the cache.
+
+    Subclasses implement ``_fetch()`` and ``_watch(changed)`` (a long-running
+    coroutine that sets ``changed`` on a change notification and returns or
+    raises when its connection ends; it is restarted with backoff).
+    """
+
+    def __init__(self, *, refresh_interval: float = 0.5, cache: FileCache | None = None) -> None:
+        super().__init__()
+        if refresh_interval <= 0:
+            raise ValueError("refresh_interval must be > 0")
+        self.refresh_interval = refresh_interval
+        self.cache = cache
+        self.from_cache = False  # the servers in use came from the cache (registry unreachable)
+        self._changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self.fetch_errors = 0
+
+    async def _fetch(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    async def _watch(self, changed: asyncio.Event) -> None:
+        raise NotImplementedError
+
+    async def _close_backend(self) -> None:
+        """Release the subclass's connections."""
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        try:
+            servers = await self._fetch()
+        except RegistryError as exc:
+            cached = self.cache.load() if self.cache is not None else None
+            if cached is None:
+                await self._close_backend()
+                raise RegistryUnavailable(f"registry unreachable and no cache: {exc}") from exc
+            log.warning("registry unreachable (%s): using %d cached server(s)", exc, len(cached))
+            self.from_cache = True
+            self._publish(cached)
+        else:
+            self._accept(servers)
+        self._started = True
+        self._tasks = [
+            asyncio.create_task(self._refresh_loop(), name="discovery-refresh"),
+            asyncio.create_task(self._watch_loop(), name="discovery-watch"),
+        ]
+
+    async def refresh(self) -> bool:
+        """Fetch now; True when it succeeded."""
+        try:
+            servers = await self._fetch()
+        except RegistryError as exc:
+            self.fetch_errors += 1
+            log.warning("registry fetch failed (keeping %d known server(s)): %s", len(self._servers), exc)
+            return False
+        self._accept(servers)
+        return True
+
+    def _accept(self, servers: dict[str, str]) -> None:
+        self.from_cache = False
+        self._publish(servers)
+        if self.cache is not None:
+            try:
+                self.cache.save(servers)
+            except OSError as exc:
+                log.warning("cannot write discovery cache %s: %s", self.cache.path, exc)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.refresh_interval):
+                    await self._changed.wait()
+            self._changed.clear()
+            try:
+                await self.refresh()
+            except Exception:  # a bug or an unexpected reply must not end the refreshing
+                self.fetch_errors += 1
+                log.exception("registry refresh failed")
+
+    async def _watch_loop(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                await self._watch(self._changed)
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("registry watch ended (%s); retrying in %.1fs", exc, backoff)
+            await asyncio.sleep(backoff * (0.5 + random.random()))
+            backoff = min(backoff * 2, 5.0)
+            self._changed.set()  # we may have missed events while not watching
+
+    async def aclose(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._started = False
+        await self._close_backend()

@@ -1,0 +1,123 @@
+"""Python-side rpcx message model (protocols/rpcx.md), independent of the codec.
+
+``Message`` carries the logical fields of an rpcx frame: the payload here is
+always the *uncompressed* payload; ``compress_type`` says how the codec puts
+it on the wire. The service layer, plugins and client governance work on this
+model; the wire codec (``rustext`` rpcx, driven by ``rpc.transport``)
+converts frames to and from it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+# Reserved metadata keys.
+META_ERROR = "__rpcx_error__"
+META_AUTH = "__AUTH"
+META_SERVER_TIMEOUT = "__ServerTimeout"
+
+
+class MessageType(enum.IntEnum):
+    REQUEST = 0
+    RESPONSE = 1
+
+
+class CompressType(enum.IntEnum):
+    NONE = 0
+    GZIP = 1
+
+
+class MessageStatus(enum.IntEnum):
+    NORMAL = 0
+    ERROR = 1
+
+
+class SerializeType(enum.IntEnum):
+    RAW = 0
+    NONE = 0  # rpcx's name for raw bytes (SerializeNone)
+    JSON = 1
+    PROTOBUF = 2
+    MSGPACK = 3
+    THRIFT = 4
+
+
+@dataclass(slots=True)
+class Message:
+    """One rpcx message. ``seq`` is allocated by the transport for requests.
+
+    ``metadata`` is a plain ``dict[str, str]``: when a key repeats on the wire,
+    the last value wins (as in rpcx).
+    """
+
+    message_type: MessageType = MessageType.REQUEST
+    heartbeat: bool = False
+    oneway: bool = False
+    compress_type: CompressType = CompressType.NONE
+    status: MessageStatus = MessageStatus.NORMAL
+    serialize_type: SerializeType = SerializeType.JSON
+    seq: int = 0
+    service_path: str = ""
+    service_method: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+    payload: bytes = b""
+
+    @property
+    def is_request(self) -> bool:
+        return self.message_type == MessageType.REQUEST
+
+    @property
+    def is_error(self) -> bool:
+        return self.status == MessageStatus.ERROR
+
+    @property
+    def error_text(self) -> str | None:
+        """``__rpcx_error__`` of an error response (None when status is normal)."""
+        if self.status != MessageStatus.ERROR:
+            return None
+        return self.metadata.get(META_ERROR, "")
+
+    def reply(self, payload: bytes = b"", metadata: dict[str, str] | None = None) -> Message:
+        """A normal response to this request: same seq, path, method, serialize and
+        compress types (rpcx answers in the request's formats)."""
+        return Message(
+            message_type=MessageType.RESPONSE,
+            heartbeat=self.heartbeat,
+            oneway=False,
+            compress_type=self.compress_type,
+            status=MessageStatus.NORMAL,
+            serialize_type=self.serialize_type,
+            seq=self.seq,
+            service_path=self.service_path,
+            service_method=self.service_method,
+            metadata={} if metadata is None else metadata,
+            payload=payload,
+        )
+
+    def error_reply(self, text: str, metadata: dict[str, str] | None = None) -> Message:
+        """An error response: status error, ``__rpcx_error__`` = text, empty payload."""
+        res = self.reply(b"", dict(metadata) if metadata else {})
+        res.status = MessageStatus.ERROR
+        res.metadata[META_ERROR] = text
+        return res
+
+    def heartbeat_reply(self) -> Message:
+        """rpcx echoes a heartbeat: the same frame turned into a response."""
+        return Message(
+            message_type=MessageType.RESPONSE,
+            heartbeat=True,
+            oneway=self.oneway,
+            compress_type=self.compress_type,
+            status=self.status,
+            serialize_type=self.serialize_type,
+            seq=self.seq,
+            service_path=self.service_path,
+            service_method=self.service_method,
+            metadata=dict(self.metadata),
+            payload=self.payload,
+        )
+
+
+def heartbeat_request(seq: int = 0) -> Message:
+    """A heartbeat request (what an rpcx client sends to keep a connection alive)."""
+    return Message(heartbeat=True, seq=seq, serialize_type=SerializeType.RAW)

@@ -1,0 +1,190 @@
+"""etcd v3 registry against a real etcd (Debian's etcd-server), through its
+JSON gateway: lease + keepalive, watch, expiry of a killed server, lease
+loss recovery, deregistration, cache fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from rpc.discovery import FileCache
+from rpc.discovery.etcd import EtcdDiscovery, EtcdHTTP, EtcdRegistrar, prefix_end
+from rpc.errors import RegistryUnavailable
+from tests.conftest import free_port
+from tests.rpc.discovery.helpers import wait_servers
+
+A, B = "tcp@127.0.0.1:7001", "tcp@127.0.0.1:7002"
+_bases = itertools.count()
+
+
+@pytest.fixture
+def base() -> str:
+    """A fresh key prefix per test (the etcd is shared by the session)."""
+    return f"/rpcx-test-{os.getpid()}-{next(_bases)}"
+
+
+def test_prefix_end() -> None:
+    assert prefix_end(b"/rpcx/Arith/") == b"/rpcx/Arith0"
+    assert prefix_end(b"a\xff") == b"b"
+    assert prefix_end(b"\xff") == b"\x00"
+
+
+async def test_register_watch_unregister(etcd_endpoint: str, base: str) -> None:
+    reg = EtcdRegistrar(etcd_endpoint, base=base, ttl=10)
+    disc = EtcdDiscovery(etcd_endpoint, "Arith", base=base, refresh_interval=60)  # changes come by watch
+    await disc.start()
+    try:
+        await reg.register("Arith", A, "weight=2")
+        await reg.register("Arith", B)
+        await reg.register("Arithmetic", A)  # another service sharing the prefix's start
+        assert await wait_servers(disc, lambda s: len(s) == 2) == {A: "weight=2", B: ""}
+        await reg.unregister("Arith", A)
+        assert await wait_servers(disc, lambda s: A not in s) == {B: ""}
+        lease = reg.lease
+        await reg.aclose()
+        assert await wait_servers(disc, lambda s: not s) == {}
+        # the lease is revoked too
+        res = await EtcdHTTP(etcd_endpoint).post("/v3/lease/timetolive", {"ID": lease})
+        assert int(res.get("TTL", -1)) == -1
+    finally:
+        await disc.aclose()
+        await reg.aclose()
+
+
+REGISTER_FOREVER = """
+import asyncio, sys
+from rpc.discovery.etcd import EtcdRegistrar
+async def main():
+    reg = EtcdRegistrar(sys.argv[1], base=sys.argv[2], ttl=2)
+    await reg.register("Arith", sys.argv[3])
+    print("registered", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+async def test_killed_server_lease_expires(etcd_endpoint: str, base: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REGISTER_FOREVER, etcd_endpoint, base, B], stdout=subprocess.PIPE, cwd=os.getcwd()
+    )
+    disc = EtcdDiscovery(etcd_endpoint, "Arith", base=base, refresh_interval=60)
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 20)
+        assert line.strip() == b"registered"
+        await disc.start()
+        assert B in await wait_servers(disc, lambda s: B in s)
+        os.kill(proc.pid, signal.SIGKILL)  # no deregistration: the lease expiry must do it
+        assert await wait_servers(disc, lambda s: B not in s, timeout=15) == {}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=5)
+        proc.stdout.close()
+        await disc.aclose()
+
+
+async def test_keepalive_recovers_a_lost_lease(etcd_endpoint: str, base: str) -> None:
+    reg = EtcdRegistrar(etcd_endpoint, base=base, ttl=10, heartbeat=9)
+    disc = EtcdDiscovery(etcd_endpoint, "Arith", base=base, refresh_interval=60)
+    await disc.start()
+    try:
+        await reg.register("Arith", A, "w")
+        await wait_servers(disc, lambda s: A in s)
+        await reg.http.post("/v3/lease/revoke", {"ID": reg.lease})  # e.g. expired during a partition
+        await wait_servers(disc, lambda s: not s)
+        old = reg.lease
+        await reg.keepalive()
+        assert reg.lease != old
+        assert await wait_servers(disc, lambda s: A in s) == {A: "w"}
+    finally:
+        await disc.aclose()
+        await reg.aclose()
+
+
+async def test_keys_follow_rpcx_layout(etcd_endpoint: str, base: str) -> None:
+    reg = EtcdRegistrar(etcd_endpoint, base=base, ttl=10)
+    try:
+        await reg.register("Arith", A, "weight=1")
+        key = f"{base}/Arith/{A}".encode()
+        res = await reg.http.post("/v3/kv/range", {"key": base64.b64encode(key).decode()})
+        assert base64.b64decode(res["kvs"][0]["value"]) == b"weight=1"
+        assert res["kvs"][0]["lease"] == reg.lease
+    finally:
+        await reg.aclose()
+
+
+async def test_cache_fallback(etcd_endpoint: str, base: str, tmp_path) -> None:
+    cache = FileCache(tmp_path / "arith.json")
+    reg = EtcdRegistrar(etcd_endpoint, base=base, ttl=10)
+    await reg.register("Arith", A)
+    disc = EtcdDiscovery(etcd_endpoint, "Arith", base=base, cache=cache)
+    await disc.start()
+    await disc.aclose()
+    await reg.aclose()
+    dead = f"http://127.0.0.1:{free_port()}"
+    fallback = EtcdDiscovery(dead, "Arith", base=base, cache=cache)
+    await fallback.start()
+    try:
+        assert fallback.from_cache and fallback.servers() == {A: ""}
+        assert not await fallback.refresh()
+    finally:
+        await fallback.aclose()
+    with pytest.raises(RegistryUnavailable):
+        await EtcdDiscovery(dead, "Arith", base=base).start()
+
+
+def test_endpoint_validation() -> None:
+    assert EtcdHTTP("127.0.0.1:2379").port == 2379
+    with pytest.raises(ValueError):
+        EtcdHTTP("https://x:1")
+
+
+async def test_xclient_follows_etcd_registry(etcd_endpoint: str, base: str) -> None:
+    from typing import Any
+
+    from rpc.failmode import FailMode
+    from rpc.inprocess import InProcessNetwork
+    from rpc.service import Context, ServiceDispatcher
+    from rpc.xclient import XClient, XClientOptions
+
+    class Node:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def Who(self, ctx: Context, args: Any) -> str:
+            return self.name
+
+    net = InProcessNetwork()
+    dispatchers = []
+    reg = EtcdRegistrar(etcd_endpoint, base=base, ttl=10)
+    for addr in (A, B):
+        d = ServiceDispatcher()
+        d.registry.register(Node(addr[-4:]), "Node")
+        net.add(addr, d)
+        dispatchers.append(d)
+        await reg.register("Node", addr)
+    disc = EtcdDiscovery(etcd_endpoint, "Node", base=base, refresh_interval=60)
+    await disc.start()
+    xc = XClient("Node", disc, net, options=XClientOptions(fail_mode=FailMode.FAILOVER))
+    try:
+        await xc.start()
+        await wait_servers(disc, lambda s: len(s) == 2)
+        assert {await xc.call("Who", None) for _ in range(20)} == {"7001", "7002"}
+        await reg.unregister("Node", A)
+        await wait_servers(disc, lambda s: A not in s)
+        assert set(xc.servers) == {B}
+        assert {await xc.call("Who", None) for _ in range(5)} == {"7002"}
+    finally:
+        await xc.aclose()
+        await disc.aclose()
+        await reg.aclose()
+        await net.aclose()
+        for d in dispatchers:
+            await d.aclose()

@@ -1,0 +1,101 @@
+"""The rpc CLI modules as real processes: serve (HTTP gateway, Redis
+registration, metrics, SIGTERM shutdown), call, bench."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+import redis
+
+from cli import rpc_bench, rpc_call, rpc_serve
+from tests.conftest import free_port, wait_for_port
+
+
+def run_cli(module: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=os.getcwd())
+
+
+def test_register_adds_subcommands() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    for m in (rpc_serve, rpc_call, rpc_bench):
+        m.register(sub)
+    args = parser.parse_args(["call", "http://h:1", "Arith.Mul", "{}", "--codec", "msgpack"])
+    assert args.func is rpc_call.run and args.codec == "msgpack"
+    args = parser.parse_args(["serve", "--example", "bench", "--gateway", "127.0.0.1:1"])
+    assert args.func is rpc_serve.run
+    args = parser.parse_args(["bench", "inproc:x", "-c", "5"])
+    assert args.func is rpc_bench.run and args.concurrency == 5
+
+
+def test_serve_call_and_graceful_stop(redis_url: str) -> None:
+    gw, metrics = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.rpc_serve", "--example", "arith", "--gateway", f"127.0.0.1:{gw}",
+         "--redis", redis_url, "--advertise", "tcp@127.0.0.1:18972", "--metadata", "weight=3",
+         "--metrics-port", str(metrics), "--metrics-host", "127.0.0.1", "--auth", "tok"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.getcwd(),
+    )
+    r = redis.Redis.from_url(redis_url)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("rpc serve: http gateway on 127.0.0.1:"), line
+        wait_for_port(gw, proc=proc)
+        assert r.get("/rpcx/Arith/tcp@127.0.0.1:18972") == b"weight=3"
+
+        url = f"http://127.0.0.1:{gw}"
+        ok = run_cli("cli.rpc_call", url, "Arith.Mul", '{"A":6,"B":7}', "--auth", "tok")
+        assert ok.returncode == 0 and json.loads(ok.stdout) == {"C": 42}, ok.stderr
+        mp = run_cli("cli.rpc_call", url, "Arith.Add", '{"A":1,"B":2}', "--auth", "tok", "--codec", "msgpack")
+        assert mp.returncode == 0 and json.loads(mp.stdout) == {"C": 3}, mp.stderr
+        denied = run_cli("cli.rpc_call", url, "Arith.Mul", '{"A":1,"B":2}')
+        assert denied.returncode == 1 and "auth failed" in denied.stderr
+        missing = run_cli("cli.rpc_call", url, "Nope.X", "{}", "--auth", "tok")
+        assert missing.returncode == 1 and "can't find service Nope" in missing.stderr
+        usage = run_cli("cli.rpc_call", url, "NoDot", "{}")
+        assert usage.returncode == 2
+        rpcx = run_cli("cli.rpc_call", "127.0.0.1:1", "Arith.Mul", "{}")
+        assert rpcx.returncode == 2 and "rpc.transport" in rpcx.stderr
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        assert 'rpc_server_requests_total{method="Mul",service="Arith"} 1.0' in text
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert "shutting down" in proc.stdout.read()
+        assert r.exists("/rpcx/Arith/tcp@127.0.0.1:18972") == 0  # deregistered on shutdown
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+        proc.stdout.close()
+        proc.stderr.close()
+        r.close()
+
+
+def test_serve_needs_a_listener() -> None:
+    res = run_cli("cli.rpc_serve", "--example", "arith")
+    assert res.returncode == 2 and "--listen, --gateway and/or --grpc" in res.stderr
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_bench_in_process(processes: str) -> None:
+    res = run_cli("cli.rpc_bench", "inproc:bench", "-c", "20", "-n", "2000", "--processes", processes)
+    assert res.returncode == 0, res.stderr
+    assert "received requests_OK : 2000" in res.stdout and "throughput  (TPS)" in res.stdout
+    assert "p99.9:" in res.stdout and "client CPU" in res.stdout
+
+
+def test_bench_rejects_rpcx_without_transport() -> None:
+    res = run_cli("cli.rpc_bench", "127.0.0.1:1", "-n", "10")
+    assert res.returncode == 2
