@@ -61,7 +61,9 @@ class _ServerListener(Listener):
         await self._server.wait_closed()
 
 
-def _tune(transport: asyncio.BaseTransport) -> None:
+def tune_socket(transport: asyncio.BaseTransport) -> None:
+    """TCP_NODELAY: requests are whole messages written once per loop turn,
+    so Nagle would only add latency."""
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -71,7 +73,7 @@ class TcpChannel(Channel):
     async def connect(self, endpoint: Endpoint, factory: ProtocolFactory) -> tuple[asyncio.BaseTransport, asyncio.Protocol]:
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.create_connection(factory, endpoint.host, endpoint.port)
-        _tune(transport)
+        tune_socket(transport)
         return transport, protocol
 
     async def listen(self, endpoint: Endpoint, factory: ProtocolFactory) -> Listener:

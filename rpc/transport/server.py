@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from rpc.transport.channels import InProcNetwork, Listener, channel_for
+from rpc.transport.channels import InProcNetwork, Listener, channel_for, tune_socket
 from rpc.transport.config import ServerConfig
 from rpc.transport.connection import Connection, Handler, HandlerLimiter, expire
 from rpc.transport.endpoint import Endpoint
@@ -80,6 +80,7 @@ class TransportServer:
         orig = conn.connection_made
 
         def made(transport: asyncio.BaseTransport) -> None:
+            tune_socket(transport)
             orig(transport)
             conn.name = f"{self.endpoint}<-{transport.get_extra_info('peername')}"
             if self._closing or len(self.connections) >= self.config.max_connections:

@@ -145,21 +145,6 @@ impl Header {
         }
         Ok(())
     }
-
-    fn write(&self, out: &mut Vec<u8>) {
-        let mut b2 = (self.compress << 2) | self.status;
-        if self.response {
-            b2 |= 0x80;
-        }
-        if self.heartbeat {
-            b2 |= 0x40;
-        }
-        if self.oneway {
-            b2 |= 0x20;
-        }
-        out.extend_from_slice(&[MAGIC, 0, b2, self.serialize << 4]);
-        out.extend_from_slice(&self.seq.to_be_bytes());
-    }
 }
 
 /// A decoded message borrowing from the frame (the payload is owned only
@@ -347,10 +332,103 @@ fn gzip(payload: &[u8]) -> Vec<u8> {
     enc.finish().expect("writing to a Vec cannot fail")
 }
 
-fn put_u32(out: &mut Vec<u8>, n: usize, what: &str) -> Result<(), RpcxError> {
-    let n = u32::try_from(n).map_err(|_| RpcxError::Invalid(format!("{what} longer than 4 GiB")))?;
-    out.extend_from_slice(&n.to_be_bytes());
+/// Where an encoder writes: a growing `Vec` or a preallocated slice.
+pub trait Sink {
+    fn put(&mut self, b: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    #[inline]
+    fn put(&mut self, b: &[u8]) {
+        self.extend_from_slice(b);
+    }
+}
+
+/// A slice filled front to back (its length must be the frame's exact size).
+pub struct SliceSink<'a> {
+    pub buf: &'a mut [u8],
+    pub pos: usize,
+}
+
+impl Sink for SliceSink<'_> {
+    #[inline]
+    fn put(&mut self, b: &[u8]) {
+        self.buf[self.pos..self.pos + b.len()].copy_from_slice(b);
+        self.pos += b.len();
+    }
+}
+
+fn check_u32(n: usize, what: &str) -> Result<(), RpcxError> {
+    if n > u32::MAX as usize {
+        return Err(RpcxError::Invalid(format!("{what} longer than 4 GiB")));
+    }
     Ok(())
+}
+
+/// Size of the whole frame whose (already compressed, if gzip) payload has
+/// `wire_len` bytes; validates the header and every length field.
+pub fn frame_size<K: AsRef<str>, V: AsRef<str>>(
+    header: &Header,
+    service_path: &str,
+    service_method: &str,
+    metadata: &[(K, V)],
+    wire_len: usize,
+) -> Result<usize, RpcxError> {
+    header.validate()?;
+    check_u32(service_path.len(), "service path")?;
+    check_u32(service_method.len(), "service method")?;
+    let mut meta_len = 0usize;
+    for (k, v) in metadata {
+        check_u32(k.as_ref().len(), "metadata key")?;
+        check_u32(v.as_ref().len(), "metadata value")?;
+        meta_len += 8 + k.as_ref().len() + v.as_ref().len();
+    }
+    check_u32(meta_len, "metadata")?;
+    check_u32(wire_len, "payload")?;
+    let total = 16 + service_path.len() + service_method.len() + meta_len + wire_len;
+    check_u32(total, "message")?;
+    Ok(HEADER_LEN + total)
+}
+
+/// Write a frame whose size `frame_size` accepted (`size` is its result).
+pub fn write_frame<K: AsRef<str>, V: AsRef<str>, S: Sink>(
+    header: &Header,
+    service_path: &str,
+    service_method: &str,
+    metadata: &[(K, V)],
+    wire: &[u8],
+    size: usize,
+    out: &mut S,
+) {
+    let meta_len: usize = metadata.iter().map(|(k, v)| 8 + k.as_ref().len() + v.as_ref().len()).sum();
+    let mut b2 = (header.compress << 2) | header.status;
+    if header.response {
+        b2 |= 0x80;
+    }
+    if header.heartbeat {
+        b2 |= 0x40;
+    }
+    if header.oneway {
+        b2 |= 0x20;
+    }
+    out.put(&[MAGIC, 0, b2, header.serialize << 4]);
+    out.put(&header.seq.to_be_bytes());
+    let be = |n: usize| (n as u32).to_be_bytes();
+    out.put(&be(size - HEADER_LEN));
+    out.put(&be(service_path.len()));
+    out.put(service_path.as_bytes());
+    out.put(&be(service_method.len()));
+    out.put(service_method.as_bytes());
+    out.put(&be(meta_len));
+    for (k, v) in metadata {
+        let (k, v) = (k.as_ref(), v.as_ref());
+        out.put(&be(k.len()));
+        out.put(k.as_bytes());
+        out.put(&be(v.len()));
+        out.put(v.as_bytes());
+    }
+    out.put(&be(wire.len()));
+    out.put(wire);
 }
 
 /// Append one frame to `out` (on error `out` is left as it was).
@@ -370,33 +448,10 @@ pub fn encode_into<K: AsRef<str>, V: AsRef<str>>(
     } else {
         payload
     };
-    let meta_len: usize = metadata.iter().map(|(k, v)| 8 + k.as_ref().len() + v.as_ref().len()).sum();
-    let total = 16 + service_path.len() + service_method.len() + meta_len + wire.len();
-    let start = out.len();
-    out.reserve(HEADER_LEN + total);
-    header.write(out);
-    let r = (|| {
-        put_u32(out, total, "message")?;
-        put_u32(out, service_path.len(), "service path")?;
-        out.extend_from_slice(service_path.as_bytes());
-        put_u32(out, service_method.len(), "service method")?;
-        out.extend_from_slice(service_method.as_bytes());
-        put_u32(out, meta_len, "metadata")?;
-        for (k, v) in metadata {
-            let (k, v) = (k.as_ref(), v.as_ref());
-            put_u32(out, k.len(), "metadata key")?;
-            out.extend_from_slice(k.as_bytes());
-            put_u32(out, v.len(), "metadata value")?;
-            out.extend_from_slice(v.as_bytes());
-        }
-        put_u32(out, wire.len(), "payload")?;
-        out.extend_from_slice(wire);
-        Ok(())
-    })();
-    if r.is_err() {
-        out.truncate(start);
-    }
-    r
+    let size = frame_size(header, service_path, service_method, metadata, wire.len())?;
+    out.reserve(size);
+    write_frame(header, service_path, service_method, metadata, wire, size, out);
+    Ok(())
 }
 
 impl Message {
@@ -711,6 +766,36 @@ pub mod python {
             }
             encode_into(&self.header(), path, method, &self.meta, self.payload.as_bytes(py), out).map_err(rpcx_err)
         }
+
+        fn reply_header(&self, error: bool) -> Header {
+            let mut h = self.header();
+            h.response = true;
+            h.oneway = false;
+            h.status = if error { STATUS_ERROR } else { STATUS_NORMAL };
+            h
+        }
+    }
+
+    /// One frame straight into a Python bytes object (no intermediate buffer
+    /// unless the payload is gzip-compressed).
+    fn encode_py<'py>(
+        py: Python<'py>,
+        h: &Header,
+        path: &str,
+        method: &str,
+        meta: &[(String, String)],
+        payload: &[u8],
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        if h.compress == COMPRESS_GZIP {
+            let mut out = Vec::new();
+            encode_into(h, path, method, meta, payload, &mut out).map_err(rpcx_err)?;
+            return Ok(PyBytes::new(py, &out));
+        }
+        let size = frame_size(h, path, method, meta, payload.len()).map_err(rpcx_err)?;
+        PyBytes::new_with(py, size, |buf| {
+            write_frame(h, path, method, meta, payload, size, &mut SliceSink { buf, pos: 0 });
+            Ok(())
+        })
     }
 
     fn meta_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<(String, String)>> {
@@ -802,9 +887,12 @@ pub mod python {
         }
 
         fn encode<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-            let mut out = Vec::new();
-            self.encode_to(py, &mut out)?;
-            Ok(PyBytes::new(py, &out))
+            if self.message_type > 1 {
+                return Err(PyValueError::new_err("message_type must be 0 (request) or 1 (response)"));
+            }
+            let path = self.service_path.bind(py).to_str()?;
+            let method = self.service_method.bind(py).to_str()?;
+            encode_py(py, &self.header(), path, method, &self.meta, self.payload.as_bytes(py))
         }
 
         /// The response frame to this request, built without a Python message:
@@ -818,9 +906,17 @@ pub mod python {
             error: Option<&str>,
             metadata: Option<&Bound<'py, PyAny>>,
         ) -> PyResult<Bound<'py, PyBytes>> {
-            let mut out = Vec::new();
-            self.reply_to(py, payload, error, metadata, &mut out)?;
-            Ok(PyBytes::new(py, &out))
+            let mut meta = meta_from_py(metadata)?;
+            if let Some(e) = error {
+                meta.push((ERROR_KEY.to_owned(), e.to_owned()));
+            }
+            let h = self.reply_header(error.is_some());
+            let path = self.service_path.bind(py).to_str()?;
+            let method = self.service_method.bind(py).to_str()?;
+            match payload {
+                None => encode_py(py, &h, path, method, &meta, b""),
+                Some(p) => with_bytes(p, |p| encode_py(py, &h, path, method, &meta, p)),
+            }
         }
 
         /// The response to this request as a message (see `encode_reply`).
@@ -871,33 +967,6 @@ pub mod python {
         }
     }
 
-    impl PyMessage {
-        fn reply_to(
-            &self,
-            py: Python<'_>,
-            payload: Option<&Bound<'_, PyAny>>,
-            error: Option<&str>,
-            metadata: Option<&Bound<'_, PyAny>>,
-            out: &mut Vec<u8>,
-        ) -> PyResult<()> {
-            let mut meta = meta_from_py(metadata)?;
-            let mut h = self.header();
-            h.response = true;
-            h.oneway = false;
-            h.status = STATUS_NORMAL;
-            if let Some(e) = error {
-                meta.push((ERROR_KEY.to_owned(), e.to_owned()));
-                h.status = STATUS_ERROR;
-            }
-            let path = self.service_path.bind(py).to_str()?;
-            let method = self.service_method.bind(py).to_str()?;
-            match payload {
-                None => encode_into(&h, path, method, &meta, b"", out).map_err(rpcx_err),
-                Some(p) => with_bytes(p, |p| encode_into(&h, path, method, &meta, p, out).map_err(rpcx_err)),
-            }
-        }
-    }
-
     /// Decode exactly one frame.
     #[pyfunction]
     #[pyo3(signature = (frame, *, max_message_len=64<<20, max_decompressed=64<<20))]
@@ -922,10 +991,21 @@ pub mod python {
     }
 
     /// Encode many replies in one call: `items` is an iterable of
-    /// `(request, payload)` or `(request, payload, error)`; returns one buffer.
+    /// `(request, payload)` or `(request, payload, error)`; returns one buffer,
+    /// written in place (one allocation for the whole batch).
     #[pyfunction]
     fn encode_rpcx_replies<'py>(py: Python<'py>, items: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
-        let mut out = Vec::new();
+        struct Item<'py> {
+            header: Header,
+            path: Bound<'py, PyString>,
+            method: Bound<'py, PyString>,
+            meta: Vec<(String, String)>,
+            payload: Option<Bound<'py, PyBytes>>,
+            gz: Option<Vec<u8>>,
+            size: usize,
+        }
+        let mut batch: Vec<Item<'py>> = Vec::new();
+        let mut total = 0usize;
         for it in items.try_iter()? {
             let it = it?;
             let t = it.cast::<PyTuple>()?;
@@ -936,10 +1016,36 @@ pub mod python {
             let req = req.cast::<PyMessage>()?.borrow();
             let payload = t.get_item(1)?;
             let error: Option<String> = if t.len() == 3 { t.get_item(2)?.extract()? } else { None };
-            let payload = if payload.is_none() { None } else { Some(&payload) };
-            req.reply_to(py, payload, error.as_deref(), None, &mut out)?;
+            let payload: Option<Bound<'py, PyBytes>> = if payload.is_none() {
+                None
+            } else if let Ok(b) = payload.cast::<PyBytes>() {
+                Some(b.clone())
+            } else {
+                Some(with_bytes(&payload, |b| Ok(PyBytes::new(py, b)))?)
+            };
+            let mut meta = Vec::new();
+            if let Some(e) = error.as_deref() {
+                meta.push((ERROR_KEY.to_owned(), e.to_owned()));
+            }
+            let header = req.reply_header(error.is_some());
+            let path = req.service_path.bind(py).clone();
+            let method = req.service_method.bind(py).clone();
+            let raw: &[u8] = payload.as_ref().map(|p| p.as_bytes()).unwrap_or(b"");
+            let gz = (header.compress == COMPRESS_GZIP).then(|| gzip(raw));
+            let wire_len = gz.as_ref().map(|g| g.len()).unwrap_or(raw.len());
+            let size = frame_size(&header, path.to_str()?, method.to_str()?, &meta, wire_len).map_err(rpcx_err)?;
+            total += size;
+            batch.push(Item { header, path, method, meta, payload, gz, size });
         }
-        Ok(PyBytes::new(py, &out))
+        PyBytes::new_with(py, total, |buf| {
+            let mut sink = SliceSink { buf, pos: 0 };
+            for item in &batch {
+                let raw: &[u8] = item.payload.as_ref().map(|p| p.as_bytes()).unwrap_or(b"");
+                let wire = item.gz.as_deref().unwrap_or(raw);
+                write_frame(&item.header, item.path.to_str()?, item.method.to_str()?, &item.meta, wire, item.size, &mut sink);
+            }
+            Ok(())
+        })
     }
 
     /// Stream decoder (see `rustext._native.pyi`).
