@@ -12,6 +12,7 @@ Map:
 - ``pool``        TransportPool: one connection per endpoint, health, reconnect
 - ``errors``      the exception tree (root TransportError)
 - ``config``      ConnectionConfig, ServerConfig, PoolConfig
+- ``tuning``      tune_malloc(): keep large buffers off fresh mmaps (large messages)
 - ``bench``       the transport-bench engine behind ``juggler rpc transport-bench``
 """
 
@@ -34,6 +35,7 @@ from rpc.transport.pool import Health, TransportPool
 from rpc.transport.registry import ProtocolRegistry, TransportProtocol
 from rpc.transport.server import TransportServer
 from rpc.transport.timer import DeadlineScheduler
+from rpc.transport.tuning import tune_malloc
 from rpc.transport.wire import FrameMessage, FrameWire, RpcxWire, Wire
 
 __all__ = [
@@ -73,4 +75,5 @@ __all__ = [
     "Wire",
     "channel_for",
     "connect",
+    "tune_malloc",
 ]

@@ -9,7 +9,8 @@ and server in separate processes, next to a raw-socket reference.
   ``inflight`` payloads then reading them all back.
 - iperf3 (when installed): one-way loopback bandwidth, for scale.
 
-Reported per run: requests/s, MB/s (payload bytes per second, one
+Both sides of both measurements run with ``tune_malloc()`` (see
+``rpc.transport.tuning``). Reported per run: requests/s, MB/s (payload bytes per second, one
 direction), p50/p99 latency, CPU (% of one core) and peak RSS of each side.
 """
 
@@ -123,6 +124,10 @@ async def _until_stdin_closes() -> None:
 
 def serve_main(argv: list[str]) -> None:
     import uvloop
+
+    from rpc.transport.tuning import tune_malloc
+
+    tune_malloc()  # both servers (transport and raw) run with the same tuning
 
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["transport", "raw"])
@@ -264,6 +269,10 @@ def _client_raw(endpoint: str, payload: int, inflight: int, duration: float) -> 
 def run_one(kind: str, channel: str, payload: int, inflight: int, duration: float, protocol: str = "rpcx") -> Result:
     """One measurement (``kind`` transport or raw) with its own server process."""
     import uvloop
+
+    from rpc.transport.tuning import tune_malloc
+
+    tune_malloc()  # the client side of both measurements alike
 
     tmp = tempfile.mkdtemp(prefix="tbench-")
     server = _Server(kind, _endpoint(channel, tmp), protocol)
