@@ -143,6 +143,7 @@ class Connection(asyncio.Protocol):
         self._closing = False  # no new requests
         self._lost = False
         self._lost_exc: BaseException | None = None
+        self._bad = False  # bad input seen: ignore whatever still arrives
         self._closed: asyncio.Future[None] = self._loop.create_future()
         self._idle: asyncio.Future[None] | None = None
 
@@ -182,6 +183,8 @@ class Connection(asyncio.Protocol):
             pass
 
     def data_received(self, data: bytes) -> None:
+        if self._lost or self._bad:
+            return
         try:
             messages = self._decoder.feed(data)
         except rustext.DecodeError as exc:
@@ -273,6 +276,10 @@ class Connection(asyncio.Protocol):
             return None if msg.oneway else (msg, msg.payload, None)
         if self._handler is None:
             return None if msg.oneway else (msg, None, "no handler for requests on this connection")
+        if self._closing:
+            # Draining: finish what runs, refuse what is new (so a drain ends
+            # even under steady load).
+            return None if msg.oneway else (msg, None, "connection is closing")
         if self._backlog or self._active >= self.config.max_handlers or (
             self._limiter is not None and not self._limiter.try_acquire()
         ):
@@ -356,6 +363,7 @@ class Connection(asyncio.Protocol):
         return self._payload.dumps(value)
 
     def _bad_input(self, exc: Exception) -> None:
+        self._bad = True
         log.warning("closing connection %s: bad input: %s", self.name or self.peername(), exc)
         self._lost_exc = ProtocolError(f"connection closed after bad input: {exc}")
         self._closing = True

@@ -119,11 +119,10 @@ class TransportServer:
         try:
             if self._listener is not None:
                 self._listener.close()
-                await self._listener.wait_closed() if self.endpoint.kind == "inproc" else None
             conns = list(self.connections)
             if conns:
                 await asyncio.gather(*(c.aclose(timeout) for c in conns), return_exceptions=True)
-            if self._listener is not None and self.endpoint.kind != "inproc":
+            if self._listener is not None:
                 try:
                     await asyncio.wait_for(self._listener.wait_closed(), 5)
                 except TimeoutError:

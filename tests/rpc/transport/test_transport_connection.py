@@ -344,3 +344,35 @@ async def test_ids_never_collide_after_wrap(inproc: InProcNetwork, no_leaks: Non
         assert a.seq == (1 << 64) - 1 and b.seq == 2
         gate.set()
         assert (await held).payload == b"hold"
+
+
+async def test_drain_refuses_new_requests_under_load(endpoint: str, inproc: InProcNetwork, no_leaks: None) -> None:
+    """While the server drains, requests already running finish and new ones
+    are refused at once, so the drain ends although the client keeps sending."""
+    started = asyncio.Event()
+
+    async def handler(conn: Any, msg: Any) -> bytes:
+        if msg.payload == b"long":
+            started.set()
+            await asyncio.sleep(0.1)
+        return msg.payload
+
+    srv = TransportServer(endpoint, handler, inproc=inproc)
+    await srv.start()
+    async with TransportPool(inproc=inproc) as pool:
+        conn = await pool.get(srv.endpoint)
+        long = asyncio.ensure_future(conn.request(b"long"))
+        await started.wait()
+        closing = asyncio.ensure_future(srv.aclose(timeout=10))
+        refused = 0
+        while not closing.done():
+            try:
+                await conn.request(b"more", timeout=5)
+            except RemoteError as exc:
+                assert "closing" in str(exc)
+                refused += 1
+            except ConnectionLost:
+                break
+        await asyncio.wait_for(closing, 10)
+        assert (await long).payload == b"long"
+        assert refused > 0
