@@ -119,6 +119,11 @@ impl<K> DeadlineHeap<K> {
         out
     }
 
+    /// Every scheduled key, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.heap.iter().filter_map(|n| self.slots[n.slot as usize].key.as_ref())
+    }
+
     pub fn clear(&mut self) -> Vec<K> {
         let mut out = Vec::with_capacity(self.heap.len());
         while !self.heap.is_empty() {
@@ -254,8 +259,10 @@ mod tests {
 #[cfg(feature = "python")]
 pub mod python {
     use super::*;
+    use pyo3::gc::PyVisit;
     use pyo3::prelude::*;
     use pyo3::types::PyList;
+    use pyo3::PyTraverseError;
 
     /// Min-heap of deadlines keyed by Python objects (see `rustext._native.pyi`).
     #[pyclass(module = "rustext", name = "DeadlineHeap")]
@@ -296,6 +303,19 @@ pub mod python {
 
         fn __len__(&self) -> usize {
             self.inner.len()
+        }
+
+        // Keys may refer back to the heap's owner (a connection holding its
+        // scheduler): let the GC see them so such cycles can be collected.
+        fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+            for k in self.inner.keys() {
+                visit.call(k)?;
+            }
+            Ok(())
+        }
+
+        fn __clear__(&mut self) {
+            drop(self.inner.clear());
         }
 
         fn __bool__(&self) -> bool {

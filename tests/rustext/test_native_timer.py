@@ -63,3 +63,19 @@ def test_matches_sorted_model(script: list[tuple[str, int, int]]) -> None:
             model = [m for m in model if m[0] > t]
         assert len(h) == len(model)
         assert h.next_deadline() == (min(m[0] for m in model) if model else None)
+
+
+def test_cycles_through_keys_are_collected() -> None:
+    import gc
+    import weakref
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    owner.heap = DeadlineHeap()  # type: ignore[attr-defined]
+    owner.heap.add(1, (owner, 1))  # type: ignore[attr-defined]
+    ref = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert ref() is None
