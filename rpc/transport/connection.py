@@ -98,7 +98,10 @@ class HandlerLimiter:
             pass
 
 
-class Connection(asyncio.Protocol):
+_READ_BUFFER = 256 * 1024
+
+
+class Connection(asyncio.BufferedProtocol):
     """See the module docstring. Create through ``TransportServer`` or
     ``TransportPool`` (or ``connect()``), not directly."""
 
@@ -144,6 +147,10 @@ class Connection(asyncio.Protocol):
         self._lost = False
         self._lost_exc: BaseException | None = None
         self._bad = False  # bad input seen: ignore whatever still arrives
+        # One read buffer per connection, reused for every read (the channel
+        # reads into it; the decoder copies out only what frames need).
+        self._rbuf = bytearray(_READ_BUFFER)
+        self._rview = memoryview(self._rbuf)
         self._closed: asyncio.Future[None] = self._loop.create_future()
         self._idle: asyncio.Future[None] | None = None
 
@@ -182,7 +189,13 @@ class Connection(asyncio.Protocol):
         except (AttributeError, NotImplementedError):
             pass
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._rview
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._rview[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
         if self._lost or self._bad:
             return
         try:
