@@ -376,3 +376,29 @@ async def test_drain_refuses_new_requests_under_load(endpoint: str, inproc: InPr
         await asyncio.wait_for(closing, 10)
         assert (await long).payload == b"long"
         assert refused > 0
+
+
+async def test_max_connections_refuses_extra(inproc: InProcNetwork, caplog: pytest.LogCaptureFixture, no_leaks: None) -> None:
+    caplog.set_level(logging.WARNING, "rpc.transport.server")
+    async with TransportServer("inproc://mc", echo, inproc=inproc, config=ServerConfig(max_connections=1)) as srv:
+        async with TransportPool(inproc=inproc) as p1, TransportPool(inproc=inproc) as p2:
+            first = await p1.get(srv.endpoint)
+            second = await p2.get(srv.endpoint)
+            await asyncio.wait_for(second.wait_closed(), 10)
+            assert "max_connections" in caplog.text
+            assert (await first.request(b"ok")).payload == b"ok"
+            assert len(srv.connections) == 1
+
+
+async def test_unix_listener_replaces_stale_socket_file(tmp_path: Any, no_leaks: None) -> None:
+    import socket as pysocket
+
+    path = str(tmp_path / "stale.sock")
+    stale = pysocket.socket(pysocket.AF_UNIX)
+    stale.bind(path)  # a socket file left behind by a dead process
+    stale.close()
+    async with TransportServer(f"unix://{path}", echo) as srv, TransportPool() as pool:
+        assert (await pool.request(srv.endpoint, b"u")).payload == b"u"
+    import os
+
+    assert not os.path.exists(path), "the listener removes its socket file on close"
