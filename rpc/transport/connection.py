@@ -126,7 +126,7 @@ class Connection(asyncio.BufferedProtocol):
         self._handler = handler
         self._limiter = limiter
         self._on_close = on_close
-        self._loop = asyncio.get_event_loop()
+        self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         # request side
         self._pending: dict[int, tuple[Any, int | None]] = {}
