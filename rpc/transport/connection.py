@@ -58,6 +58,17 @@ _MAX_SEQ = (1 << 64) - 1
 _BYTES = (bytes, bytearray, memoryview)
 
 
+def _fresh(exc: BaseException) -> BaseException:
+    """A new instance per waiter: one shared exception raised in many tasks
+    would accumulate all their tracebacks."""
+    try:
+        new = type(exc)(*exc.args)
+    except Exception:
+        return exc
+    new.__cause__ = exc.__cause__
+    return new
+
+
 class _Default:
     pass
 
@@ -242,7 +253,7 @@ class Connection(asyncio.BufferedProtocol):
         for waiter, th in pending.values():
             if th is not None:
                 self._scheduler.cancel(th)
-            self._fail(waiter, reason)
+            self._fail(waiter, _fresh(reason))
         for t in list(self._tasks):
             t.cancel()
         self._backlog.clear()
@@ -252,7 +263,7 @@ class Connection(asyncio.BufferedProtocol):
         self._out_bytes = 0
         for f in self._room_waiters:
             if not f.done():
-                f.set_exception(reason)
+                f.set_exception(_fresh(reason))
                 f.exception()  # a waiter may be gone; do not warn about it
         self._room_waiters.clear()
         self._check_idle()
