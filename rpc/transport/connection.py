@@ -439,7 +439,7 @@ class Connection(asyncio.BufferedProtocol):
     async def _wait_room(self, timeout: float | None) -> None:
         while not self._has_room():
             if self._lost:
-                raise self._lost_exc or ConnectionLost("connection lost")
+                raise _fresh(self._lost_exc) if self._lost_exc else ConnectionLost("connection lost")
             if self.config.send_policy == "fail":
                 raise QueueFull(f"send queue of {self.name or self.peername()} is full ({self.send_queue_size} bytes)")
             f: asyncio.Future[None] = self._loop.create_future()
@@ -452,7 +452,7 @@ class Connection(asyncio.BufferedProtocol):
     def _check_open(self) -> None:
         if self._closing or self._lost or self.transport is None:
             if self._lost_exc is not None and self._lost:
-                raise self._lost_exc
+                raise _fresh(self._lost_exc)
             raise TransportClosed(f"connection {self.name or self.peername()} is closed")
 
     def _alloc_seq(self) -> int:
