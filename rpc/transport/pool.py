@@ -17,12 +17,11 @@ import asyncio
 import enum
 import logging
 import random
-from collections.abc import Iterable
 from typing import Any
 
 from rpc.transport.channels import InProcNetwork
 from rpc.transport.config import PoolConfig
-from rpc.transport.connection import DEFAULT, Connection, Handler, connect, expire
+from rpc.transport.connection import Connection, Handler, connect, expire
 from rpc.transport.endpoint import Endpoint
 from rpc.transport.errors import TransportClosed, Unavailable
 from rpc.transport.registry import ProtocolRegistry, TransportProtocol
@@ -216,8 +215,4 @@ class TransportPool:
         await self.aclose()
 
 
-def endpoints(items: Iterable[str | Endpoint]) -> list[Endpoint]:
-    return [Endpoint.parse(i) for i in items]
-
-
-__all__ = ["DEFAULT", "Health", "TransportPool"]
+__all__ = ["Health", "TransportPool"]
