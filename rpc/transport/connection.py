@@ -349,7 +349,10 @@ class Connection(asyncio.BufferedProtocol):
         self._release()
         if msg.oneway:
             return None
-        return (msg, self._encode_result(result), None)
+        try:
+            return (msg, self._encode_result(result), None)
+        except Exception as exc:
+            return (msg, None, f"cannot encode result: {exc}")
 
     async def _finish(self, msg: Any, result: Awaitable[Any]) -> None:
         try:

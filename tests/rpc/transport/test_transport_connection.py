@@ -402,3 +402,15 @@ async def test_unix_listener_replaces_stale_socket_file(tmp_path: Any, no_leaks:
     import os
 
     assert not os.path.exists(path), "the listener removes its socket file on close"
+
+
+async def test_unencodable_result_is_an_error_reply(inproc: InProcNetwork, no_leaks: None) -> None:
+    async def async_bad(conn: Any, msg: Any) -> Any:
+        return "a str is not raw bytes"
+
+    for handler in (lambda conn, msg: object(), async_bad):
+        async with TransportServer("inproc://enc", handler, inproc=inproc) as srv, TransportPool(inproc=inproc) as pool:
+            conn = await pool.get(srv.endpoint)
+            with pytest.raises(RemoteError, match="cannot encode"):
+                await conn.request(b"")
+            assert conn.is_open
