@@ -56,6 +56,7 @@ from rustext._native import (  # noqa: E402
     decode_rpcx,
     encode_rpcx_many,
     encode_rpcx_replies,
+    encode_rpcx_request,
 )
 
 __all__ += [
@@ -75,6 +76,7 @@ __all__ += [
     "decode_rpcx",
     "encode_rpcx_many",
     "encode_rpcx_replies",
+    "encode_rpcx_request",
 ]
 
 # --- juggler ---

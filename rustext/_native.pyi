@@ -130,6 +130,20 @@ def decode_rpcx(
     """Decode exactly one frame. RpcxDecodeError on malformed input, FrameTooLarge
     when the total length exceeds ``max_message_len``."""
 
+def encode_rpcx_request(
+    seq: int,
+    payload: Buffer,
+    *,
+    service_path: str = "",
+    service_method: str = "",
+    metadata: Iterable[tuple[str, str]] | Mapping[str, str] | None = None,
+    serialize_type: int = 0,
+    oneway: bool = False,
+    heartbeat: bool = False,
+    compress_type: int = 0,
+) -> bytes:
+    """A request frame in one call (no RpcxMessage built): the client's hot path."""
+
 def encode_rpcx_many(messages: Iterable[RpcxMessage]) -> bytes:
     """Encode many messages into one buffer (one write)."""
 

@@ -71,16 +71,16 @@ class RpcxWire(Wire):
         metadata: Iterable[tuple[str, str]] | None = None,
         serialize_type: int = 0,
     ) -> bytes:
-        return rustext.RpcxMessage(
-            seq=seq,
-            oneway=oneway,
-            heartbeat=heartbeat,
+        return rustext.encode_rpcx_request(
+            seq,
+            payload,
             service_path=service_path,
             service_method=service_method,
             metadata=metadata,
             serialize_type=serialize_type,
-            payload=payload,
-        ).encode()
+            oneway=oneway,
+            heartbeat=heartbeat,
+        )
 
     def encode_replies(self, items: Sequence[tuple[Any, Any, str | None]]) -> bytes:
         return rustext.encode_rpcx_replies(items)

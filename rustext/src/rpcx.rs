@@ -978,6 +978,37 @@ pub mod python {
         })
     }
 
+    /// A request frame in one call, without building an `RpcxMessage`
+    /// (the client's hot path).
+    #[pyfunction]
+    #[pyo3(signature = (seq, payload, *, service_path="", service_method="", metadata=None,
+                        serialize_type=0, oneway=false, heartbeat=false, compress_type=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn encode_rpcx_request<'py>(
+        py: Python<'py>,
+        seq: u64,
+        payload: &Bound<'py, PyAny>,
+        service_path: &str,
+        service_method: &str,
+        metadata: Option<&Bound<'py, PyAny>>,
+        serialize_type: u8,
+        oneway: bool,
+        heartbeat: bool,
+        compress_type: u8,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let meta = meta_from_py(metadata)?;
+        let h = Header {
+            response: false,
+            heartbeat,
+            oneway,
+            compress: compress_type,
+            status: STATUS_NORMAL,
+            serialize: serialize_type,
+            seq,
+        };
+        with_bytes(payload, |p| encode_py(py, &h, service_path, service_method, &meta, p))
+    }
+
     /// Encode many messages into one buffer (one write).
     #[pyfunction]
     fn encode_rpcx_many<'py>(py: Python<'py>, messages: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
@@ -1103,6 +1134,7 @@ pub mod python {
         m.add_class::<PyStream>()?;
         m.add_function(wrap_pyfunction!(decode_rpcx, m)?)?;
         m.add_function(wrap_pyfunction!(encode_rpcx_many, m)?)?;
+        m.add_function(wrap_pyfunction!(encode_rpcx_request, m)?)?;
         m.add_function(wrap_pyfunction!(encode_rpcx_replies, m)?)?;
         m.add("RPCX_REQUEST", 0)?;
         m.add("RPCX_RESPONSE", 1)?;

@@ -262,6 +262,13 @@ messages = st.builds(
 @settings(max_examples=200, deadline=None)
 def test_roundtrip(m: RpcxMessage) -> None:
     assert decode_rpcx(m.encode()) == m
+    if m.message_type == rustext.RPCX_REQUEST and m.status == 0:
+        fast = rustext.encode_rpcx_request(
+            m.seq, m.payload, service_path=m.service_path, service_method=m.service_method,
+            metadata=m.metadata, serialize_type=m.serialize_type, oneway=m.oneway,
+            heartbeat=m.heartbeat, compress_type=m.compress_type,
+        )
+        assert decode_rpcx(fast) == m
 
 
 @given(st.lists(messages, max_size=5), st.lists(st.integers(0, 4000), max_size=8))
