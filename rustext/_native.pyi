@@ -1,9 +1,5 @@
 """Typed stub of the compiled module ``rustext._native``."""
 
-from collections.abc import Iterable, Mapping
-from typing_extensions import Buffer
-from typing import Any, Literal
-
 # --- errors -------------------------------------------------------------
 class RustextError(Exception): ...
 class DecodeError(RustextError, ValueError): ...
@@ -14,6 +10,12 @@ class BalancerError(RustextError): ...
 class BalancerConfigError(BalancerError, ValueError): ...
 
 # --- framing ------------------------------------------------------------
+# (imports used by the framing, rpcx and timer sections)
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from typing_extensions import Buffer
+
 class FrameDecoder:
     """Length-field stream splitter and encoder (sans-I/O).
 
