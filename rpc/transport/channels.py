@@ -62,11 +62,13 @@ class _ServerListener(Listener):
 
 
 def tune_socket(transport: asyncio.BaseTransport) -> None:
-    """TCP_NODELAY: requests are whole messages written once per loop turn,
-    so Nagle would only add latency."""
+    """TCP_NODELAY (requests are whole messages written once per loop turn,
+    so Nagle would only add latency) and SO_KEEPALIVE (dead peers are found
+    eventually even without the pool's heartbeats)."""
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
 
 class TcpChannel(Channel):

@@ -66,7 +66,10 @@ class PoolConfig:
     ``backoff_initial * backoff_factor**n`` capped at ``backoff_max`` with
     ±``jitter`` (fraction) randomisation; after ``down_after`` consecutive
     failures the endpoint is *down*: callers fail fast while the pool keeps
-    retrying at ``backoff_max``."""
+    retrying at ``backoff_max``. With ``heartbeat_interval`` set, the pool
+    sends a heartbeat on each working connection that often; one unanswered
+    within ``heartbeat_timeout`` closes the connection (its requests fail at
+    once) and reconnecting starts: a silent peer is found without traffic."""
 
     connection: ConnectionConfig = ConnectionConfig()
     connect_timeout: float = 5.0
@@ -75,8 +78,14 @@ class PoolConfig:
     backoff_max: float = 5.0
     jitter: float = 0.2
     down_after: int = 3
+    heartbeat_interval: float | None = None
+    heartbeat_timeout: float = 5.0
 
     def __post_init__(self) -> None:
+        if self.heartbeat_interval is not None and self.heartbeat_interval <= 0:
+            raise ValueError("heartbeat_interval must be positive or None")
+        if self.heartbeat_timeout <= 0:
+            raise ValueError("heartbeat_timeout must be positive")
         if self.connect_timeout <= 0:
             raise ValueError("connect_timeout must be positive")
         if self.backoff_initial <= 0 or self.backoff_max < self.backoff_initial:

@@ -23,7 +23,7 @@ from rpc.transport.channels import InProcNetwork
 from rpc.transport.config import PoolConfig
 from rpc.transport.connection import Connection, Handler, connect, expire
 from rpc.transport.endpoint import Endpoint
-from rpc.transport.errors import TransportClosed, Unavailable
+from rpc.transport.errors import RequestTimeout, TransportClosed, TransportError, Unavailable
 from rpc.transport.registry import ProtocolRegistry, TransportProtocol
 from rpc.transport.timer import DeadlineScheduler
 
@@ -43,6 +43,7 @@ class _Entry:
         self.connecting: asyncio.Future[Connection] | None = None
         self.failures = 0
         self.reconnect: asyncio.Task[None] | None = None
+        self.heartbeat: asyncio.Task[None] | None = None
         self.last_error: BaseException | None = None
         self.working = asyncio.Event()
 
@@ -141,7 +142,29 @@ class TransportPool:
         entry.last_error = None
         entry.working.set()
         log.info("connected to %s", ep)
+        if self.config.heartbeat_interval is not None:
+            if entry.heartbeat is not None:
+                entry.heartbeat.cancel()
+            entry.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(ep, conn))
         return conn
+
+    async def _heartbeat(self, ep: Endpoint, conn: Connection) -> None:
+        """Ping ``conn`` every ``heartbeat_interval``; close it when a ping goes
+        unanswered (the close fails its requests and starts reconnecting)."""
+        interval = self.config.heartbeat_interval
+        assert interval is not None
+        while conn.is_open and not self._closed:
+            await asyncio.sleep(interval)
+            if not conn.is_open or self._closed:
+                return
+            try:
+                await conn.heartbeat(timeout=self.config.heartbeat_timeout)
+            except RequestTimeout:
+                log.warning("%s: heartbeat unanswered for %.3fs; closing the connection", ep, self.config.heartbeat_timeout)
+                conn.close()
+                return
+            except TransportError:
+                return
 
     def _on_failure(self, ep: Endpoint, entry: _Entry) -> None:
         entry.failures += 1
@@ -198,7 +221,7 @@ class TransportPool:
         if self._closed:
             return
         self._closed = True
-        tasks = [e.reconnect for e in self._entries.values() if e.reconnect is not None]
+        tasks = [t for e in self._entries.values() for t in (e.reconnect, e.heartbeat) if t is not None]
         for t in tasks:
             t.cancel()
         connecting = [e.connecting for e in self._entries.values() if e.connecting is not None]

@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 
 from rpc.transport import (
+    ConnectionConfig,
     ConnectionLost,
     Health,
     InProcNetwork,
     PoolConfig,
+    ServerConfig,
     TransportClosed,
     TransportPool,
     TransportServer,
@@ -103,3 +105,29 @@ async def test_peer_crash_fails_in_flight_at_once(peer_process: Any, no_leaks: N
         conn2 = await pool.wait_working(again.endpoint, 20)
         assert (await conn2.request(b"back")).payload == b"back"
         again.kill()
+
+
+async def test_heartbeat_detects_silent_peer(inproc: InProcNetwork, no_leaks: None) -> None:
+    """A peer that stops reading (but keeps the connection open) is found by
+    the pool's heartbeat: the connection is closed, its in-flight requests
+    fail with ConnectionLost before their deadline, and the pool reconnects."""
+    server_conns: list[Any] = []
+
+    async def never(conn: Any, msg: Any) -> None:
+        await asyncio.sleep(30)
+
+    cfg = PoolConfig(heartbeat_interval=0.02, heartbeat_timeout=0.05, backoff_initial=0.01, backoff_max=0.05)
+    scfg = ServerConfig(connection=ConnectionConfig(drain_timeout=0.01))
+    async with TransportServer("inproc://hb", never, inproc=inproc, on_connection=server_conns.append, config=scfg) as srv:
+        async with TransportPool(inproc=inproc, config=cfg) as pool:
+            conn = await pool.get(srv.endpoint)
+            for _ in range(5):  # heartbeats are answered while the peer reads
+                await asyncio.sleep(0.02)
+            assert conn.is_open
+            inflight = asyncio.ensure_future(conn.request(b"", timeout=30))
+            await asyncio.sleep(0.01)
+            server_conns[0].transport.pause_reading()  # the peer goes silent
+            with pytest.raises(ConnectionLost):
+                await asyncio.wait_for(inflight, 10)
+            again = await pool.wait_working(srv.endpoint, 10)
+            assert again is not conn
