@@ -392,7 +392,9 @@ class Connection(asyncio.BufferedProtocol):
     def _bad_input(self, exc: Exception) -> None:
         self._bad = True
         log.warning("closing connection %s: bad input: %s", self.name or self.peername(), exc)
-        self._lost_exc = ProtocolError(f"connection closed after bad input: {exc}")
+        lost = ConnectionLost(f"connection closed after bad input: {exc}")
+        lost.__cause__ = ProtocolError(str(exc))
+        self._lost_exc = lost
         self._closing = True
         if self.transport is not None:
             self.transport.abort()

@@ -44,4 +44,5 @@ class RemoteError(TransportError):
 
 
 class ProtocolError(TransportError, ValueError):
-    """Malformed or oversized input from the peer."""
+    """Malformed or oversized input from the peer. The connection is closed;
+    its in-flight requests fail with ConnectionLost caused by this."""

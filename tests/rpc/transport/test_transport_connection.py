@@ -414,3 +414,23 @@ async def test_unencodable_result_is_an_error_reply(inproc: InProcNetwork, no_le
             with pytest.raises(RemoteError, match="cannot encode"):
                 await conn.request(b"")
             assert conn.is_open
+
+
+async def test_garbage_from_server_fails_client_requests_with_connection_lost(inproc: InProcNetwork, no_leaks: None) -> None:
+    from rpc.transport import ProtocolError
+
+    server_conns: list[Any] = []
+
+    async def never(conn: Any, msg: Any) -> None:
+        await asyncio.sleep(30)
+
+    cfg = ServerConfig(connection=ConnectionConfig(drain_timeout=0.01))
+    async with TransportServer("inproc://g", never, inproc=inproc, on_connection=server_conns.append, config=cfg) as srv:
+        async with TransportPool(inproc=inproc) as pool:
+            conn = await pool.get(srv.endpoint)
+            inflight = asyncio.ensure_future(conn.request(b"", timeout=30))
+            await asyncio.sleep(0.01)
+            server_conns[0].transport.write(b"\x09garbage")
+            with pytest.raises(ConnectionLost) as info:
+                await asyncio.wait_for(inflight, 10)
+            assert isinstance(info.value.__cause__, ProtocolError)
