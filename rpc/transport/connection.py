@@ -152,6 +152,7 @@ class Connection(asyncio.BufferedProtocol):
         self._active = 0
         self._backlog: deque[Any] = deque()
         self._reading_paused = False
+        self._draining = False
         self._tasks: set[asyncio.Task[Any]] = set()
         # lifecycle
         self._closing = False  # no new requests
@@ -320,14 +321,22 @@ class Connection(asyncio.BufferedProtocol):
             self._limiter.wait(self)
 
     def _drain_backlog(self) -> None:
-        """Start queued requests while both limits allow (called on release)."""
-        while self._backlog and not self._lost and self._active < self.config.max_handlers:
-            if self._limiter is not None and not self._limiter.try_acquire():
-                self._limiter.wait(self)
-                return
-            r = self._run(self._backlog.popleft())
-            if r is not None:
-                self._send_replies([r])
+        """Start queued requests while both limits allow (called on release).
+        Not re-entered: a sync handler releasing its slot inside the loop
+        lets the loop continue instead of recursing once per queued request."""
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self._backlog and not self._lost and self._active < self.config.max_handlers:
+                if self._limiter is not None and not self._limiter.try_acquire():
+                    self._limiter.wait(self)
+                    return
+                r = self._run(self._backlog.popleft())
+                if r is not None:
+                    self._send_replies([r])
+        finally:
+            self._draining = False
         if not self._backlog and self._reading_paused and not self._lost and self.transport is not None:
             self._reading_paused = False
             self.transport.resume_reading()

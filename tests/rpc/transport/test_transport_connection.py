@@ -434,3 +434,29 @@ async def test_garbage_from_server_fails_client_requests_with_connection_lost(in
             with pytest.raises(ConnectionLost) as info:
                 await asyncio.wait_for(inflight, 10)
             assert isinstance(info.value.__cause__, ProtocolError)
+
+
+async def test_long_backlog_of_sync_handlers_does_not_recurse(inproc: InProcNetwork, no_leaks: None) -> None:
+    """Thousands of queued requests behind a full server-wide limit, then
+    drained by sync handlers: no recursion per queued request."""
+    gate = asyncio.Event()
+
+    def handler(conn: Any, msg: Any) -> Any:
+        if msg.payload == b"block":
+            async def wait() -> bytes:
+                await gate.wait()
+                return b"unblocked"
+            return wait()
+        return msg.payload
+
+    cfg = ServerConfig(max_handlers=1, connection=ConnectionConfig(max_handlers=1))
+    async with TransportServer("inproc://deep", handler, inproc=inproc, config=cfg) as srv, TransportPool(inproc=inproc) as pool:
+        conn = await pool.get(srv.endpoint)
+        blocker = asyncio.ensure_future(conn.request(b"block"))
+        await asyncio.sleep(0.01)
+        many = [conn.submit(b"%d" % i) for i in range(3000)]
+        await asyncio.sleep(0.01)
+        gate.set()
+        assert (await blocker).payload == b"unblocked"
+        results = await asyncio.wait_for(asyncio.gather(*many), 30)  # type: ignore[arg-type]
+        assert [r.payload for r in results] == [b"%d" % i for i in range(3000)]
