@@ -34,11 +34,56 @@ __all__ = [
 # parallel work on different areas merges without conflicts.
 
 # --- framing ---
+from rustext._native import FrameDecoder  # noqa: E402
+
+__all__ += ["FrameDecoder"]
 
 # --- rpcx ---
+from rustext._native import (  # noqa: E402
+    RPCX_COMPRESS_GZIP,
+    RPCX_COMPRESS_NONE,
+    RPCX_REQUEST,
+    RPCX_RESPONSE,
+    RPCX_SERIALIZE_JSON,
+    RPCX_SERIALIZE_MSGPACK,
+    RPCX_SERIALIZE_PROTOBUF,
+    RPCX_SERIALIZE_RAW,
+    RPCX_SERIALIZE_THRIFT,
+    RPCX_STATUS_ERROR,
+    RPCX_STATUS_NORMAL,
+    RpcxMessage,
+    RpcxStream,
+    decode_rpcx,
+    encode_rpcx_many,
+    encode_rpcx_replies,
+    encode_rpcx_request,
+)
+
+__all__ += [
+    "RPCX_COMPRESS_GZIP",
+    "RPCX_COMPRESS_NONE",
+    "RPCX_REQUEST",
+    "RPCX_RESPONSE",
+    "RPCX_SERIALIZE_JSON",
+    "RPCX_SERIALIZE_MSGPACK",
+    "RPCX_SERIALIZE_PROTOBUF",
+    "RPCX_SERIALIZE_RAW",
+    "RPCX_SERIALIZE_THRIFT",
+    "RPCX_STATUS_ERROR",
+    "RPCX_STATUS_NORMAL",
+    "RpcxMessage",
+    "RpcxStream",
+    "decode_rpcx",
+    "encode_rpcx_many",
+    "encode_rpcx_replies",
+    "encode_rpcx_request",
+]
 
 # --- juggler ---
 
 # --- timer ---
+from rustext._native import DeadlineHeap  # noqa: E402
+
+__all__ += ["DeadlineHeap"]
 
 # --- balancer ---

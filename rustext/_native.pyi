@@ -10,8 +10,162 @@ class BalancerError(RustextError): ...
 class BalancerConfigError(BalancerError, ValueError): ...
 
 # --- framing ------------------------------------------------------------
+# (imports used by the framing, rpcx and timer sections)
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from typing_extensions import Buffer
+
+class FrameDecoder:
+    """Length-field stream splitter and encoder (sans-I/O).
+
+    A frame is ``header (offset bytes) | length field (width bytes) | body``; the
+    field holds ``len(body) - adjust``. ``feed`` takes any chunk of the stream
+    and returns every frame completed by it, in order: bodies when
+    ``strip_header`` (the default), whole frames otherwise (e.g. rpcx: offset=12,
+    width=4, strip_header=False). A body over ``max_frame`` raises
+    ``FrameTooLarge`` as soon as the length field is readable, before any of the
+    body is buffered; after any error the decoder is failed for good.
+    """
+
+    def __init__(
+        self,
+        *,
+        width: int = 4,
+        endian: Literal["big", "little"] = "big",
+        offset: int = 0,
+        adjust: int = 0,
+        max_frame: int = 16 * 1024 * 1024,
+        strip_header: bool = True,
+    ) -> None: ...
+    def feed(self, data: Buffer) -> list[bytes]: ...
+    def encode(self, body: Buffer, header: bytes | None = None) -> bytes:
+        """One frame; ``header`` must be exactly ``offset`` bytes."""
+    def encode_many(self, bodies: Iterable[Buffer]) -> bytes:
+        """Frames for every body (offset must be 0), concatenated (one write)."""
+    @property
+    def buffered(self) -> int:
+        """Bytes held for an incomplete frame."""
+    @property
+    def failed(self) -> bool: ...
+    @property
+    def max_frame(self) -> int: ...
 
 # --- rpcx ---------------------------------------------------------------
+RPCX_REQUEST: int  # 0
+RPCX_RESPONSE: int  # 1
+RPCX_COMPRESS_NONE: int  # 0
+RPCX_COMPRESS_GZIP: int  # 1
+RPCX_STATUS_NORMAL: int  # 0
+RPCX_STATUS_ERROR: int  # 1
+RPCX_SERIALIZE_RAW: int  # 0
+RPCX_SERIALIZE_JSON: int  # 1
+RPCX_SERIALIZE_PROTOBUF: int  # 2
+RPCX_SERIALIZE_MSGPACK: int  # 3
+RPCX_SERIALIZE_THRIFT: int  # 4
+
+class RpcxMessage:
+    """One rpcx message (protocols/rpcx.md). ``payload`` is the logical
+    (uncompressed) payload; it is gzip-compressed on encode when
+    ``compress_type == RPCX_COMPRESS_GZIP``. ``metadata`` is ordered pairs.
+    Equality compares every field."""
+
+    message_type: int  # RPCX_REQUEST / RPCX_RESPONSE
+    heartbeat: bool
+    oneway: bool
+    compress_type: int  # 0 none, 1 gzip
+    status: int  # 0 normal, 1 error (2 bits)
+    serialize_type: int  # 0..15
+    seq: int  # u64
+    service_path: str
+    service_method: str
+    payload: bytes
+    def __init__(
+        self,
+        *,
+        message_type: int = 0,
+        heartbeat: bool = False,
+        oneway: bool = False,
+        compress_type: int = 0,
+        status: int = 0,
+        serialize_type: int = 0,
+        seq: int = 0,
+        service_path: str | None = None,
+        service_method: str | None = None,
+        metadata: Iterable[tuple[str, str]] | Mapping[str, str] | None = None,
+        payload: bytes | None = None,
+    ) -> None: ...
+    @property
+    def metadata(self) -> list[tuple[str, str]]: ...
+    @metadata.setter
+    def metadata(self, value: Iterable[tuple[str, str]] | Mapping[str, str]) -> None: ...
+    def get_meta(self, key: str, default: str | None = None) -> str | None: ...
+    @property
+    def is_response(self) -> bool: ...
+    @property
+    def error(self) -> str | None:
+        """``__rpcx_error__`` of an error response (status 1), else None."""
+    def encode(self) -> bytes:
+        """The frame; ValueError for out-of-range fields."""
+    def encode_reply(
+        self,
+        payload: Buffer | None = None,
+        *,
+        error: str | None = None,
+        metadata: Iterable[tuple[str, str]] | Mapping[str, str] | None = None,
+    ) -> bytes:
+        """The response frame to this request in one call: seq, path, method,
+        serialize and compress type are the request's (as rpcx does); ``error``
+        sets status error and ``__rpcx_error__``."""
+    def reply(
+        self,
+        payload: bytes | None = None,
+        *,
+        error: str | None = None,
+        metadata: Iterable[tuple[str, str]] | Mapping[str, str] | None = None,
+    ) -> RpcxMessage:
+        """The response as a message (see ``encode_reply``)."""
+
+def decode_rpcx(
+    frame: Buffer, *, max_message_len: int = 64 << 20, max_decompressed: int = 64 << 20
+) -> RpcxMessage:
+    """Decode exactly one frame. RpcxDecodeError on malformed input, FrameTooLarge
+    when the total length exceeds ``max_message_len``."""
+
+def encode_rpcx_request(
+    seq: int,
+    payload: Buffer,
+    *,
+    service_path: str = "",
+    service_method: str = "",
+    metadata: Iterable[tuple[str, str]] | Mapping[str, str] | None = None,
+    serialize_type: int = 0,
+    oneway: bool = False,
+    heartbeat: bool = False,
+    compress_type: int = 0,
+) -> bytes:
+    """A request frame in one call (no RpcxMessage built): the client's hot path."""
+
+def encode_rpcx_many(messages: Iterable[RpcxMessage]) -> bytes:
+    """Encode many messages into one buffer (one write)."""
+
+def encode_rpcx_replies(
+    items: Iterable[tuple[RpcxMessage, Buffer | None] | tuple[RpcxMessage, Buffer | None, str | None]],
+) -> bytes:
+    """Responses to many requests, ``(request, payload[, error])``, in one buffer."""
+
+class RpcxStream:
+    """Stream decoder: ``feed`` a read buffer, get every message it completes.
+    A wrong magic byte fails at once; a total length over ``max_message_len``
+    raises FrameTooLarge before the body is buffered. Failed for good after an
+    error."""
+
+    def __init__(self, *, max_message_len: int = 64 << 20, max_decompressed: int = 64 << 20) -> None: ...
+    def feed(self, data: Buffer) -> list[RpcxMessage]: ...
+    @property
+    def buffered(self) -> int: ...
+    @property
+    def failed(self) -> bool: ...
 
 # --- juggler ------------------------------------------------------------
 # juggler.0 message types (protocols/juggler.md).
@@ -67,5 +221,22 @@ def new_uuid() -> str:
 
 
 # --- timer --------------------------------------------------------------
+class DeadlineHeap:
+    """Indexed min-heap of deadlines (integers in the caller's unit, e.g. ms).
+
+    ``add`` and ``cancel`` are O(log n); ``pop_expired(now)`` returns every key
+    with ``deadline <= now``, earliest first, ties in insertion order. Handles
+    are never reused: cancelling a fired or cancelled handle returns False."""
+
+    def __init__(self) -> None: ...
+    def add(self, deadline: int, key: object) -> int: ...
+    def cancel(self, handle: int) -> bool: ...
+    def __contains__(self, handle: int) -> bool: ...
+    def pop_expired(self, now: int) -> list[Any]: ...
+    def next_deadline(self) -> int | None: ...
+    def clear(self) -> list[Any]:
+        """Remove everything; the keys, in deadline order."""
+    def __len__(self) -> int: ...
+    def __bool__(self) -> bool: ...
 
 # --- balancer -----------------------------------------------------------

@@ -1,1 +1,79 @@
-"""rpc/transport (see DESIGN.md)."""
+"""rpc.transport: a multiplexed, full-duplex transport (ListenRain-style).
+
+Map:
+- ``endpoint``    Endpoint: tcp://host:port, unix:///path, inproc://name (the pool key)
+- ``channels``    byte streams behind one interface: TCP, Unix, in-process (InProcNetwork)
+- ``wire``        packet + message layer per protocol: rpcx (rustext codec), frame (rustext framing)
+- ``payload``     payload codecs: raw, JSON, msgpack, protobuf
+- ``registry``    ProtocolRegistry: protocol name → wire + payload codec
+- ``timer``       DeadlineScheduler: request deadlines on the rustext min-heap, one loop timer
+- ``connection``  Connection: multiplexing, request styles, back-pressure, lifecycle
+- ``server``      TransportServer: accept, serve, push, drain
+- ``pool``        TransportPool: one connection per endpoint, health, reconnect
+- ``errors``      the exception tree (root TransportError)
+- ``config``      ConnectionConfig, ServerConfig, PoolConfig
+- ``tuning``      tune_malloc(): keep large buffers off fresh mmaps (large messages)
+- ``bench``       the transport-bench engine behind ``juggler rpc transport-bench``
+"""
+
+from rpc.transport.channels import Channel, InProcNetwork, Listener, TcpChannel, UnixChannel, channel_for
+from rpc.transport.config import ConnectionConfig, PoolConfig, ServerConfig
+from rpc.transport.connection import Connection, HandlerLimiter, connect
+from rpc.transport.endpoint import Endpoint
+from rpc.transport.errors import (
+    ConnectionLost,
+    ProtocolError,
+    QueueFull,
+    RemoteError,
+    RequestTimeout,
+    TransportClosed,
+    TransportError,
+    Unavailable,
+)
+from rpc.transport.payload import JsonCodec, MsgpackCodec, PayloadCodec, ProtobufCodec, RawCodec
+from rpc.transport.pool import Health, TransportPool
+from rpc.transport.registry import ProtocolRegistry, TransportProtocol
+from rpc.transport.server import TransportServer
+from rpc.transport.timer import DeadlineScheduler
+from rpc.transport.tuning import tune_malloc
+from rpc.transport.wire import FrameMessage, FrameWire, RpcxWire, Wire
+
+__all__ = [
+    "Channel",
+    "Connection",
+    "ConnectionConfig",
+    "ConnectionLost",
+    "DeadlineScheduler",
+    "Endpoint",
+    "FrameMessage",
+    "FrameWire",
+    "HandlerLimiter",
+    "Health",
+    "InProcNetwork",
+    "JsonCodec",
+    "Listener",
+    "MsgpackCodec",
+    "PayloadCodec",
+    "PoolConfig",
+    "ProtobufCodec",
+    "ProtocolError",
+    "ProtocolRegistry",
+    "QueueFull",
+    "RawCodec",
+    "RemoteError",
+    "RequestTimeout",
+    "RpcxWire",
+    "ServerConfig",
+    "TcpChannel",
+    "TransportClosed",
+    "TransportError",
+    "TransportPool",
+    "TransportProtocol",
+    "TransportServer",
+    "UnixChannel",
+    "Unavailable",
+    "Wire",
+    "channel_for",
+    "connect",
+    "tune_malloc",
+]

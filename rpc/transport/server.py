@@ -1,0 +1,133 @@
+"""TransportServer: accept connections on one endpoint and serve requests.
+
+Each accepted connection is a full-duplex ``Connection``: the handler answers
+the peer's requests, and the server may push requests to the peer
+(``server.connections`` / ``on_connection``). Bounds: ``max_connections``
+(extra ones are closed at once), handlers per connection and per server.
+``aclose()`` stops accepting, drains every connection up to a deadline, then
+closes what is left; it is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from rpc.transport.channels import InProcNetwork, Listener, channel_for, tune_socket
+from rpc.transport.config import ServerConfig
+from rpc.transport.connection import Connection, Handler, HandlerLimiter, expire
+from rpc.transport.endpoint import Endpoint
+from rpc.transport.errors import TransportClosed
+from rpc.transport.registry import ProtocolRegistry, TransportProtocol
+from rpc.transport.timer import DeadlineScheduler
+
+log = logging.getLogger("rpc.transport.server")
+
+
+class TransportServer:
+    def __init__(
+        self,
+        endpoint: str | Endpoint,
+        handler: Handler | None,
+        *,
+        protocol: str | TransportProtocol = "rpcx",
+        registry: ProtocolRegistry | None = None,
+        config: ServerConfig | None = None,
+        inproc: InProcNetwork | None = None,
+        on_connection: Callable[[Connection], None] | None = None,
+    ) -> None:
+        self.endpoint = Endpoint.parse(endpoint)
+        self.protocol = (registry or ProtocolRegistry.default()).get(protocol)
+        self.config = config or ServerConfig()
+        self._handler = handler
+        self._inproc = inproc
+        self._on_connection = on_connection
+        self._limiter = HandlerLimiter(self.config.max_handlers)
+        self._listener: Listener | None = None
+        self._scheduler: DeadlineScheduler | None = None
+        self.connections: set[Connection] = set()
+        self._closing = False
+        self._closed: asyncio.Future[None] | None = None
+
+    async def start(self) -> Endpoint:
+        """Listen; returns the bound endpoint (the real port for tcp port 0)."""
+        if self._listener is not None:
+            return self._listener.endpoint
+        if self._closing:
+            raise TransportClosed("server is closed")
+        loop = asyncio.get_running_loop()
+        self._scheduler = DeadlineScheduler(loop, expire)
+        channel = channel_for(self.endpoint, self._inproc)
+        self._listener = await channel.listen(self.endpoint, self._make_connection)
+        self.endpoint = self._listener.endpoint
+        log.info("transport server listening on %s (protocol %s)", self.endpoint, self.protocol.name)
+        return self.endpoint
+
+    def _make_connection(self) -> Connection:
+        assert self._scheduler is not None
+        conn = Connection(
+            self.protocol,
+            self.config.connection,
+            self._scheduler,
+            handler=self._handler,
+            limiter=self._limiter,
+            on_close=self._forget,
+            name=f"{self.endpoint}<-peer",
+        )
+        # Registered once the channel hands it its transport.
+        orig = conn.connection_made
+
+        def made(transport: asyncio.BaseTransport) -> None:
+            tune_socket(transport)
+            orig(transport)
+            conn.name = f"{self.endpoint}<-{transport.get_extra_info('peername')}"
+            if self._closing or len(self.connections) >= self.config.max_connections:
+                log.warning("refusing connection from %s: %s", transport.get_extra_info("peername"),
+                            "server closing" if self._closing else "max_connections reached")
+                conn.close()
+                return
+            self.connections.add(conn)
+            if self._on_connection is not None:
+                try:
+                    self._on_connection(conn)
+                except Exception:
+                    log.exception("on_connection callback failed")
+
+        conn.connection_made = made  # type: ignore[method-assign]
+        return conn
+
+    def _forget(self, conn: Connection, exc: BaseException | None) -> None:
+        self.connections.discard(conn)
+
+    async def __aenter__(self) -> TransportServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self, timeout: float | None = None) -> None:
+        """Stop accepting, drain connections up to ``timeout`` (default the
+        connection config's ``drain_timeout``), close the rest. Idempotent."""
+        if self._closed is not None:
+            await asyncio.shield(self._closed)
+            return
+        self._closing = True
+        self._closed = asyncio.get_running_loop().create_future()
+        try:
+            if self._listener is not None:
+                self._listener.close()
+            conns = list(self.connections)
+            if conns:
+                await asyncio.gather(*(c.aclose(timeout) for c in conns), return_exceptions=True)
+            if self._listener is not None:
+                try:
+                    await asyncio.wait_for(self._listener.wait_closed(), 5)
+                except TimeoutError:
+                    log.warning("listener on %s did not close in time", self.endpoint)
+            if self._scheduler is not None:
+                self._scheduler.close()
+        finally:
+            self._closed.set_result(None)
