@@ -13,6 +13,9 @@ import importlib
 from typing import Any
 
 SUBCOMMANDS: dict[str, str] = {
+    "serve": "cli.rpc_serve",
+    "call": "cli.rpc_call",
+    "bench": "cli.rpc_bench",
     "transport-bench": "cli.rpc_transport_bench",
 }
 
