@@ -2,24 +2,49 @@
 
 One round for name `x`, asked for n IDs in total:
 
-1. read the high-water mark from a read quorum R (this member counted once,
-   only when it votes) and keep the maximum h;
-2. compare-and-set every member from h to h + n (a member accepts only if
-   its value is ≤ h, and says yes after fsync); this member's own store is
-   one of them;
-3. on W yeses the round owns [h, h + n); otherwise it backs off (full
-   jitter, doubling up to a cap) and retries until the requests' deadlines.
-   The replies of a failed compare-and-set carry each member's value; when
-   R of them answered, their maximum is the next h (a read quorum), so a
-   retry skips the read.
+1. read: h = the maximum high-water mark over a read quorum R;
+2. compare-and-set every member from h to h + n: a member accepts only if
+   its value is ≤ h, and says yes after its fsync; this member's own store
+   is one of them;
+3. on W yeses the round owns [h, h + n); otherwise it retries until the
+   requests' deadlines.
+
+How the read is done. Every compare-and-set reply carries the member's
+value, so a compare-and-set is also a read: W yeses are W ≥ R members that
+hold nothing above h (a read quorum whose maximum is at most h), and a
+failed one that got R answers gives the next h (their maximum). So when
+this member votes, a round proposes h = max(its own value, what the last
+round learned) and lets the compare-and-set confirm it against a quorum;
+an explicit read of R members (this one counted once) is made only when
+this member does not vote or when fewer than R members answered. This
+saves one network round trip per ID and is no weaker: safety never rests
+on the read at all (below), only the choice of an h that will be accepted.
+
+Retries: a conflict (another coordinator took h) is retried at once with
+the values learned; further failures back off with full jitter (uniform in
+[0, min(cap, base·2^k)]), so competing coordinators spread out instead of
+colliding forever (no livelock; ``stats`` counts conflicts and attempts).
 
 Why it is safe whatever sizes are mixed: any two write quorums share a
 member; that member accepted both writes, the second only if its value (the
 first write's end) was ≤ the second's h, so the two ranges cannot overlap.
 
-Requests for the same name that arrive while a round is running are served
-together by the next round (their sizes added, the range split in arrival
-order): under load, one quorum round serves many requests. A request that
+A preferred coordinator per name avoids those conflicts in the first place:
+the name's hash picks one member (``preferred``); the others forward their
+batched requests for that name to it (one ``Acquire`` peer call per batch)
+and split the range it returns. If it cannot be reached they run rounds
+themselves (it is a preference for speed, not a leader: correctness never
+depends on it) and try it again after a backoff.
+
+Requests for the same name that arrive together are served by one round
+(their sizes added, the range split in arrival order), and up to
+``max_inflight`` rounds per name run at once, each proposing the value the
+previous one is moving to (this member applies its own compare-and-set at
+once, so its value already says where the last round ends): members take
+them in order and their fsyncs are shared. Any two acknowledged ranges are
+still disjoint (the argument above does not care about timing), and a range
+acknowledged after another one was is above it, so each client's stream
+stays increasing. A request that
 is cancelled or expires leaves its share as a gap, never reused.
 """
 
@@ -28,9 +53,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import grpc
 
 from seq._proto import rrpeer_pb2 as peer_pb
 from seq.errors import SeqExhausted, StoreError
@@ -48,6 +76,7 @@ class _Request:
     n: int
     fut: asyncio.Future[Range | None]
     deadline: float
+    forward: bool
 
 
 @dataclass
@@ -57,6 +86,8 @@ class CoordinatorStats:
     rounds_conflict: int = 0  # lost a compare-and-set race (contention)
     rounds_no_quorum: int = 0  # too few members answered
     requests_expired: int = 0
+    forwarded: int = 0  # batches served by the preferred coordinator
+    forward_failures: int = 0
     ids_issued: int = 0
     max_attempts: int = 0  # most attempts one round needed
     attempts_hist: dict[int, int] = field(default_factory=dict)
@@ -76,6 +107,8 @@ class Coordinator:
         store: Store,
         votes: Callable[[], bool],
         peers: Sequence[PeerStub],
+        peer_addrs: Sequence[str] = (),
+        self_addr: str = "",
         cluster: str,
         read_quorum: int,
         write_quorum: int,
@@ -83,11 +116,19 @@ class Coordinator:
         backoff_base: float,
         backoff_cap: float,
         on_store_failure: Callable[[BaseException], None],
+        max_inflight: int = 1,
         rng: random.Random | None = None,
     ) -> None:
         self._store = store
         self._votes = votes
         self._peers = list(peers)
+        # Preferred coordinator per name: hash over the sorted member list (same on every member).
+        by_addr = dict(zip(peer_addrs, self._peers))
+        self._ring: list[tuple[str, PeerStub | None]] = (
+            [(a, by_addr.get(a)) for a in sorted((self_addr, *peer_addrs))] if peer_addrs else []
+        )
+        self._down_until: dict[str, float] = {}
+        self._down_count: dict[str, int] = {}
         self._cluster = cluster
         self._r = read_quorum
         self._w = write_quorum
@@ -97,10 +138,18 @@ class Coordinator:
         self._on_store_failure = on_store_failure
         self._rng = rng or random.Random()
         self._queues: dict[str, list[_Request]] = {}
-        self._drivers: dict[str, asyncio.Task[None]] = {}
+        self._inflight: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._max_inflight = max_inflight
         self.stats = CoordinatorStats()
 
-    async def acquire(self, name: str, n: int, deadline: float) -> Range | None:
+    def preferred(self, name: str) -> tuple[str, PeerStub | None] | None:
+        """The member that coordinates `name` by preference (stub None: this one)."""
+        if not self._ring:
+            return None
+        return self._ring[zlib.crc32(name.encode()) % len(self._ring)]
+
+    async def acquire(self, name: str, n: int, deadline: float, *, forward: bool = True) -> Range | None:
         """[from, to) with to - from == n, or None when no quorum was reached by `deadline`.
 
         `deadline` is on the loop's clock. Cancelling the caller is safe: its
@@ -108,14 +157,21 @@ class Coordinator:
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Range | None] = loop.create_future()
-        self._queues.setdefault(name, []).append(_Request(n, fut, deadline))
+        self._queues.setdefault(name, []).append(_Request(n, fut, deadline, forward))
         self.stats.requests += 1
-        if name not in self._drivers:
-            self._drivers[name] = loop.create_task(self._drive(name), name=f"seq-round-{name}")
+        self._kick(name)
         return await fut
 
+    def _kick(self, name: str) -> None:
+        """Start a round for `name` if requests wait and fewer than max_inflight run."""
+        if name in self._queues and self._inflight.get(name, 0) < self._max_inflight:
+            self._inflight[name] = self._inflight.get(name, 0) + 1
+            t = asyncio.get_running_loop().create_task(self._round(name), name=f"seq-round-{name}")
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
     async def aclose(self) -> None:
-        tasks = list(self._drivers.values())
+        tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -125,14 +181,12 @@ class Coordinator:
                     r.fut.set_result(None)
         self._queues.clear()
 
-    async def _drive(self, name: str) -> None:
+    async def _round(self, name: str) -> None:
         batch: list[_Request] = []
         try:
-            while name in self._queues:
-                batch = []
-                await self._serve(name, batch)
+            await self._serve(name, batch)
         except BaseException as exc:
-            for r in batch + self._queues.pop(name, []):
+            for r in batch:
                 if not r.fut.done():
                     if isinstance(exc, Exception):
                         r.fut.set_exception(exc)
@@ -140,9 +194,15 @@ class Coordinator:
                         r.fut.set_result(None)
             if not isinstance(exc, Exception):
                 raise
-            log.exception("round for %r failed", name)
+            if not isinstance(exc, SeqExhausted):
+                log.exception("round for %r failed", name)
         finally:
-            self._drivers.pop(name, None)
+            left = self._inflight.get(name, 1) - 1
+            if left:
+                self._inflight[name] = left
+            else:
+                self._inflight.pop(name, None)
+            self._kick(name)
 
     async def _serve(self, name: str, batch: list[_Request]) -> None:
         loop = asyncio.get_running_loop()
@@ -166,7 +226,21 @@ class Coordinator:
             total = sum(r.n for r in batch)
             deadline = max(r.deadline for r in batch)
             attempt += 1
-            h = hint if hint is not None else await self._read(name, deadline)
+            pref = self.preferred(name)
+            if pref is not None and pref[1] is not None and all(r.forward for r in batch):
+                addr, stub = pref
+                if self._down_until.get(addr, 0.0) <= now:
+                    got = await self._forward(addr, stub, name, total, deadline)
+                    if got is not None:
+                        self._split(batch, got[0])
+                        self.stats.forwarded += 1
+                        return
+            if self._votes():
+                h = self._store.get(name)
+                if hint is not None and hint > h:
+                    h = hint
+            else:
+                h = hint if hint is not None else await self._read(name, deadline)
             if h is None:
                 self.stats.rounds_no_quorum += 1
             else:
@@ -178,11 +252,7 @@ class Coordinator:
                     return
                 won, hint = await self._write(name, h, h + total, deadline)
                 if won:
-                    start = h
-                    for r in batch:
-                        if not r.fut.done():
-                            r.fut.set_result((start, start + r.n))
-                        start += r.n
+                    self._split(batch, h)
                     self.stats.rounds_won += 1
                     self.stats.ids_issued += total
                     self.stats.max_attempts = max(self.stats.max_attempts, attempt)
@@ -192,11 +262,42 @@ class Coordinator:
                     self.stats.rounds_no_quorum += 1
                 else:
                     self.stats.rounds_conflict += 1
-            # Full jitter: uniform in [0, min(cap, base * 2^attempt)], never past the first deadline.
-            window = min(self._cap, self._base * (1 << min(attempt, 16)))
+            if attempt == 1 and hint is not None:
+                continue  # a first conflict: retry at once with the values just learned
+            # Full jitter: uniform in [0, min(cap, base * 2^k)], never past the first deadline.
+            window = min(self._cap, self._base * (1 << min(attempt - 1, 16)))
             first = min((r.deadline for r in batch if not r.fut.done()), default=now)
             delay = min(self._rng.uniform(0, window), max(0.0, first - loop.time()))
             await asyncio.sleep(delay)
+
+    @staticmethod
+    def _split(batch: list[_Request], start: int) -> None:
+        for r in batch:
+            if not r.fut.done():
+                r.fut.set_result((start, start + r.n))
+            start += r.n
+
+    async def _forward(self, addr: str, stub: PeerStub, name: str, total: int, deadline: float) -> Range | None:
+        loop = asyncio.get_running_loop()
+        timeout = min(deadline - loop.time(), 2 * self._peer_timeout)
+        if timeout <= 0:
+            return None
+        req = peer_pb.AcquireRequest(cluster=self._cluster, name=name, count=total)
+        try:
+            rep = await stub.Acquire(req, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
+                raise SeqExhausted(exc.details() or "exhausted") from exc
+            k = self._down_count.get(addr, 0) + 1
+            self._down_count[addr] = k
+            self._down_until[addr] = loop.time() + min(5.0, 0.25 * (1 << min(k - 1, 5))) * (0.5 + self._rng.random() / 2)
+            self.stats.forward_failures += 1
+            return None
+        if rep.status != peer_pb.OK or rep.to_id - rep.from_id != total or rep.from_id == 0:
+            self.stats.forward_failures += 1
+            return None  # no quorum there (or not its name): try a round here
+        self._down_count.pop(addr, None)
+        return rep.from_id, rep.to_id
 
     def _timeout(self, deadline: float) -> float:
         return min(self._peer_timeout, deadline - asyncio.get_running_loop().time())

@@ -73,6 +73,8 @@ class ServerConfig:
     max_range: int = 1 << 32  # largest range_size accepted
     compact_bytes: int = 4 << 20  # compact the log past this size
     join_poll: float = 0.2  # how often a joining member polls the others
+    forward: bool = True  # forward NextID batches to the name's preferred coordinator
+    max_inflight: int = 1  # concurrent rounds per name (1: bigger batches, best when CPU-bound)
 
     def __post_init__(self) -> None:
         _check_addr(self.listen)
@@ -88,6 +90,8 @@ class ServerConfig:
         for name in ("default_timeout", "peer_timeout", "backoff_base", "backoff_cap", "join_poll"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.max_inflight < 1:
+            raise ValueError("max_inflight must be >= 1")
         if not 1 <= self.max_range <= MAX_VALUE:
             raise ValueError("max_range out of range")
 
@@ -186,6 +190,8 @@ class RRServer:
             store=self._store,
             votes=lambda: self._state == "ready",
             peers=self._peers,
+            peer_addrs=cfg.peers if cfg.forward else (),
+            self_addr=cfg.self_address,
             cluster=cfg.cluster,
             read_quorum=cfg.quorum,
             write_quorum=cfg.quorum,
@@ -193,12 +199,13 @@ class RRServer:
             backoff_base=cfg.backoff_base,
             backoff_cap=cfg.backoff_cap,
             on_store_failure=self._store_failed,
+            max_inflight=cfg.max_inflight,
         )
         self._server = grpc.aio.server(options=CHANNEL_OPTIONS)
         self._server.add_generic_rpc_handlers(
             (
                 api_handler(self._next_id, self._cur_id, self._set_id),
-                peer_handler(self._peer_read, self._peer_cas, self._peer_snapshot),
+                peer_handler(self._peer_read, self._peer_cas, self._peer_snapshot, self._peer_acquire),
             )
         )
         try:
@@ -381,6 +388,31 @@ class RRServer:
             self._store_failed(exc)
             await context.abort(grpc.StatusCode.INTERNAL, str(exc))
         return peer_pb.CasReply(ok=ok, current=cur)
+
+    async def _peer_acquire(
+        self, request: peer_pb.AcquireRequest, context: grpc.aio.ServicerContext
+    ) -> peer_pb.AcquireReply:
+        if request.cluster != self.config.cluster:
+            return peer_pb.AcquireReply(status=peer_pb.WRONG_CLUSTER)
+        await self._bad_name(request.name, context)
+        n = request.count
+        if not 1 <= n <= MAX_VALUE:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad count")
+        remaining = context.time_remaining()
+        timeout = self.config.default_timeout if remaining is None else remaining
+        timeout -= min(0.05, timeout * 0.1)
+        assert self._coordinator is not None
+        try:
+            r = await self._coordinator.acquire(
+                request.name, n, asyncio.get_running_loop().time() + timeout, forward=False
+            )
+        except SeqExhausted as exc:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+        if r is None:
+            return peer_pb.AcquireReply()
+        return peer_pb.AcquireReply(from_id=r[0], to_id=r[1])
 
     async def _peer_snapshot(
         self, request: peer_pb.SnapshotRequest, context: grpc.aio.ServicerContext

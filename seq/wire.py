@@ -55,13 +55,14 @@ def api_handler(next_id: Handler, cur_id: Handler, set_id: Handler) -> grpc.Gene
     )
 
 
-def peer_handler(read: Handler, cas: Handler, snapshot: Handler) -> grpc.GenericRpcHandler:
+def peer_handler(read: Handler, cas: Handler, snapshot: Handler, acquire: Handler) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(
         PEER_SERVICE,
         {
             "Read": _unary(read, peer_pb.ReadRequest, peer_pb.ReadReply),
             "CompareAndSet": _unary(cas, peer_pb.CasRequest, peer_pb.CasReply),
             "Snapshot": _unary(snapshot, peer_pb.SnapshotRequest, peer_pb.SnapshotReply),
+            "Acquire": _unary(acquire, peer_pb.AcquireRequest, peer_pb.AcquireReply),
         },
     )
 
@@ -96,3 +97,4 @@ class PeerStub:
         self.Read = m("Read", peer_pb.ReadReply)
         self.CompareAndSet = m("CompareAndSet", peer_pb.CasReply)
         self.Snapshot = m("Snapshot", peer_pb.SnapshotReply)
+        self.Acquire = m("Acquire", peer_pb.AcquireReply)

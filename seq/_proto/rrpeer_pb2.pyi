@@ -63,6 +63,26 @@ class CasReply(_message.Message):
     current: int
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., ok: _Optional[bool] = ..., current: _Optional[int] = ...) -> None: ...
 
+class AcquireRequest(_message.Message):
+    __slots__ = ("cluster", "name", "count")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    name: str
+    count: int
+    def __init__(self, cluster: _Optional[str] = ..., name: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class AcquireReply(_message.Message):
+    __slots__ = ("status", "from_id", "to_id")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    from_id: int
+    to_id: int
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ...) -> None: ...
+
 class SnapshotRequest(_message.Message):
     __slots__ = ("cluster",)
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
