@@ -44,6 +44,9 @@ def register(subparsers: Any) -> None:
                       help="data lost: catch up from ALL other members before voting")
     s.add_argument("--timeout", type=float, default=5.0, help="NextID deadline when the client sends none (s)")
     s.add_argument("--peer-timeout", type=float, default=1.0, help="bound of one member-to-member call (s)")
+    s.add_argument("--no-forward", action="store_true",
+                   help="coordinate every request here instead of forwarding to the name's preferred member")
+    s.add_argument("--max-inflight", type=int, default=1, help="concurrent quorum rounds per name")
     s.add_argument("--log-level", default="INFO")
     s.set_defaults(func=run_server)
 
@@ -95,6 +98,7 @@ def run_server(args: argparse.Namespace) -> int:
             listen=args.listen, data_dir=args.data, peers=tuple(_addrs(args.peers)), advertise=args.advertise,
             mode="bootstrap" if args.bootstrap else "rejoin" if args.rejoin else "normal",
             default_timeout=args.timeout, peer_timeout=args.peer_timeout,
+            forward=not args.no_forward, max_inflight=args.max_inflight,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

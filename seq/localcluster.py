@@ -33,6 +33,7 @@ class Member:
     data: str
     log_path: str
     proc: subprocess.Popen[bytes] | None = None
+    log_offset: int = 0  # where the current run's output starts in log_path
 
     @property
     def alive(self) -> bool:
@@ -78,6 +79,7 @@ class LocalCluster:
         m = self.members[i]
         assert not m.alive, f"member {i} already running"
         logf = open(m.log_path, "ab")
+        m.log_offset = logf.seek(0, os.SEEK_END)
         try:
             m.proc = subprocess.Popen(self.command(i, *flags), stdout=logf, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL)
@@ -114,10 +116,13 @@ class LocalCluster:
         assert not self.members[i].alive
         shutil.rmtree(self.members[i].data, ignore_errors=True)
 
-    def output(self, i: int) -> str:
+    def output(self, i: int, *, all_runs: bool = False) -> str:
+        """What member i printed in its current (or last) run; every run with `all_runs`."""
         try:
-            with open(self.members[i].log_path, encoding="utf-8", errors="replace") as f:
-                return f.read()
+            with open(self.members[i].log_path, "rb") as f:
+                if not all_runs:
+                    f.seek(self.members[i].log_offset)
+                return f.read().decode("utf-8", "replace")
         except FileNotFoundError:
             return ""
 

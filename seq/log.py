@@ -3,7 +3,7 @@
 A log file is a header followed by batches; one batch is one group commit::
 
     header  = b"RRSEQLOG" u32le(version=1)
-    batch   = u32le(len(payload)) u32le(crc32(payload)) payload
+    batch   = u32le(len(payload)) u32le(crc32(u32le(len(payload)) payload)) payload
     payload = entry*
     entry   = u16le(len(name)) name(utf-8) u64le(value)
 
@@ -55,7 +55,12 @@ def encode_batch(entries: Iterable[tuple[str, int]]) -> bytes:
     payload = b"".join(parts)
     if len(payload) > MAX_BATCH:
         raise ValueError("batch too large")
-    return _BATCH_HEAD.pack(len(payload), zlib.crc32(payload)) + payload
+    return _BATCH_HEAD.pack(len(payload), _crc(len(payload), payload)) + payload
+
+
+def _crc(length: int, payload: bytes) -> int:
+    # The length is covered too, so a zero-filled tail (length 0, crc 0) never passes as a batch.
+    return zlib.crc32(payload, zlib.crc32(struct.pack("<I", length)))
 
 
 def _decode_payload(payload: bytes, into: dict[str, int]) -> None:
@@ -83,9 +88,9 @@ def _valid_batch_at(data: bytes, pos: int) -> bool:
         return False
     length, crc = _BATCH_HEAD.unpack_from(data, pos)
     end = pos + _BATCH_HEAD.size + length
-    if length == 0 or length > MAX_BATCH or end > len(data):
+    if length > MAX_BATCH or end > len(data):
         return False
-    return zlib.crc32(data[pos + _BATCH_HEAD.size : end]) == crc
+    return _crc(length, data[pos + _BATCH_HEAD.size : end]) == crc
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +121,8 @@ def decode_log(data: bytes) -> Decoded:
         if end > size:
             return Decoded(values, pos, True)
         payload = data[pos + _BATCH_HEAD.size : end]
-        if length == 0 or length > MAX_BATCH or zlib.crc32(payload) != crc:
-            if length != 0 and length <= MAX_BATCH and _valid_batch_at(data, end):
+        if length > MAX_BATCH or _crc(length, payload) != crc:
+            if length <= MAX_BATCH and _valid_batch_at(data, end):
                 raise StoreCorrupt(f"damaged batch at offset {pos} followed by valid data")
             return Decoded(values, pos, True)
         _decode_payload(payload, values)

@@ -303,6 +303,8 @@ class Store:
         if snapshot is not None:
             self._compact(snapshot)
             return
+        if not dirty:
+            return  # nothing changed (e.g. a catch-up that learned nothing): nothing to make durable
         data = encode_batch(dirty.items())
         view = memoryview(data)
         while view:
