@@ -184,3 +184,23 @@ def test_cli_help() -> None:
     assert out.returncode == 0 and "server" in out.stdout and "bench" in out.stdout
     out = run_cli("server", "--help")
     assert "--bootstrap" in out.stdout and "--rejoin" in out.stdout
+
+
+async def test_wiped_member_and_stale_member_never_reissue(fresh_cluster: LocalCluster) -> None:
+    """The case rrseq.md warns about: an empty member plus one that missed the last writes
+    form a quorum. The wiped member must have caught up from all others before voting."""
+    c = fresh_cluster
+    async with RRSeq("stale", 0, c.addrs, timeout=10) as s:
+        ids = await draw(s, 50)
+        c.kill(2)  # member 2 misses what follows
+        ids += await draw(s, 50)
+    c.kill(0)
+    c.wipe(0)
+    c.start(2)
+    c.start(0, "--rejoin")
+    await c.wait_ready(0, 2)
+    c.kill(1)  # the only member that has every write is gone: quorums are {0, 2}
+    async with RRSeq("stale", 0, c.addrs, timeout=10) as s:
+        after = await draw(s, 20)
+    assert after[0] > ids[-1]
+    assert strictly_increasing(after)
