@@ -47,6 +47,7 @@ def register(subparsers: Any) -> None:
     s.add_argument("--no-forward", action="store_true",
                    help="coordinate every request here instead of forwarding to the name's preferred member")
     s.add_argument("--max-inflight", type=int, default=1, help="concurrent quorum rounds per name")
+    s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
     s.add_argument("--log-level", default="INFO")
     s.set_defaults(func=run_server)
 
@@ -109,7 +110,7 @@ def run_server(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await serve(config, stop)
+        await serve(config, stop, metrics_port=args.metrics_port)
 
     try:
         _run(main())

@@ -423,16 +423,24 @@ class RRServer:
         return peer_pb.SnapshotReply(state=_PEER_STATE[self._state], values=self._store.snapshot())
 
 
-async def run_server(config: ServerConfig, stop: asyncio.Event) -> None:
+async def run_server(config: ServerConfig, stop: asyncio.Event, *, metrics_port: int | None = None) -> None:
     """Run one member until `stop` is set (the CLI's SIGINT/SIGTERM) or it must stop."""
     server = RRServer(config)
     await server.start()
+    httpd = None
+    if metrics_port is not None:
+        from seq.metrics import serve_metrics
+
+        httpd = serve_metrics(server, metrics_port)
+        log.info("metrics on http://127.0.0.1:%d/metrics", metrics_port)
     serve = asyncio.ensure_future(server.serve_forever())
     stopper = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({serve, stopper}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopper.cancel()
+        if httpd is not None:
+            httpd.shutdown()
         await server.aclose()
         s = server.stats
         log.info(

@@ -204,3 +204,24 @@ async def test_wiped_member_and_stale_member_never_reissue(fresh_cluster: LocalC
         after = await draw(s, 20)
     assert after[0] > ids[-1]
     assert strictly_increasing(after)
+
+
+async def test_metrics_endpoint(tmp_path_factory: pytest.TempPathFactory) -> None:
+    import urllib.request
+
+    from seq.localcluster import free_port
+
+    c = LocalCluster(1, root=str(tmp_path_factory.mktemp("metrics")))
+    port = free_port()
+    try:
+        c.start(0, "--bootstrap", "--metrics-port", str(port))
+        await c.wait_ready()
+        async with RRSeq("m", 0, c.addrs) as s:
+            await draw(s, 3)
+        body = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        )
+    finally:
+        c.close()
+    assert 'seq_rounds_total{result="won"} 3.0' in body
+    assert "seq_ready 1.0" in body
