@@ -225,3 +225,17 @@ async def test_metrics_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Non
         c.close()
     assert 'seq_rounds_total{result="won"} 3.0' in body
     assert "seq_ready 1.0" in body
+
+
+async def test_end_of_the_id_space_is_a_clear_error(cluster: LocalCluster) -> None:
+    from seq import SeqExhausted
+
+    top = (1 << 63) - 5
+    for a in cluster.addrs:
+        async with grpc.aio.insecure_channel(a) as ch:
+            assert (await ApiStub(ch).SetID(pb.SetIDRequest(name="full", new_id=top), timeout=5)).success
+    async with RRSeq("full", 3, cluster.addrs) as s:
+        assert [await s.next() for _ in range(3)] == [top, top + 1, top + 2]
+        with pytest.raises(SeqExhausted):
+            for _ in range(3):
+                await s.next()
