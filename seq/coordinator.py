@@ -141,6 +141,7 @@ class Coordinator:
         self._inflight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._max_inflight = max_inflight
+        self._closed = False
         self.stats = CoordinatorStats()
 
     def preferred(self, name: str) -> tuple[str, PeerStub | None] | None:
@@ -155,6 +156,8 @@ class Coordinator:
         `deadline` is on the loop's clock. Cancelling the caller is safe: its
         share of a round in flight becomes a gap.
         """
+        if self._closed:
+            return None
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Range | None] = loop.create_future()
         self._queues.setdefault(name, []).append(_Request(n, fut, deadline, forward))
@@ -164,6 +167,8 @@ class Coordinator:
 
     def _kick(self, name: str) -> None:
         """Start a round for `name` if requests wait and fewer than max_inflight run."""
+        if self._closed:
+            return
         if name in self._queues and self._inflight.get(name, 0) < self._max_inflight:
             self._inflight[name] = self._inflight.get(name, 0) + 1
             t = asyncio.get_running_loop().create_task(self._round(name), name=f"seq-round-{name}")
@@ -171,6 +176,8 @@ class Coordinator:
             t.add_done_callback(self._tasks.discard)
 
     async def aclose(self) -> None:
+        """Cancel the rounds; waiting requests get None (no range). Idempotent."""
+        self._closed = True
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()

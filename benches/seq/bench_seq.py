@@ -27,6 +27,7 @@ from seq.localcluster import LocalCluster
 from seq.simple import LocalCounter
 
 RESULTS: dict[tuple[str, int, int], dict[str, float]] = {}
+CONTENTION: list[str] = []
 
 TOTAL = {  # IDs per round, all clients together
     ("simple", 0): 200_000, ("simple", 2): 200_000, ("simple", 1024): 200_000,
@@ -73,6 +74,8 @@ def _summary(stats: list[str]) -> None:
         print(f"buf 0, 32 clients: {r0['ids_per_s']:,.0f} IDs/s (target >= 3,000), p99 {r0['p99_ms']:.2f} ms (target <= 10)")
     for s in stats:
         print("server:", s)
+    for line in CONTENTION:
+        print(line)
 
 
 async def _draw(seqs: list[BufferedSeq], per_client: int, lat: list[int] | None) -> list[list[int]]:
@@ -146,3 +149,29 @@ def test_ns_per_id(benchmark, loop, cluster, impl: str, buf: int, clients: int) 
         r["p50_ms"], r["p99_ms"] = _pct(lat, 0.5), _pct(lat, 0.99)
     benchmark.extra_info.update(r)
     RESULTS[(impl, buf, clients)] = r
+
+
+def test_contention_without_forwarding(tmp_path_factory: pytest.TempPathFactory, loop: asyncio.AbstractEventLoop) -> None:
+    """Livelock check: every member coordinates (--no-forward), 32 buf-0 clients race on one
+    name. Reports throughput, latency, lost rounds (conflicts) and the most attempts a round took."""
+    from seq.bench import measure
+
+    c = LocalCluster(3, root=str(tmp_path_factory.mktemp("seqrace")))
+    c.start_all("--bootstrap", "--no-forward")
+    try:
+        loop.run_until_complete(c.wait_ready(timeout=60))
+        r = loop.run_until_complete(measure(lambda: RRSeq("race", 0, c.addrs, timeout=10), 32, per_client=150))
+    finally:
+        for i in range(3):
+            c.stop(i)
+        stats = [line.split("stopped: ")[1] for i in range(3) for line in c.output(i).splitlines() if "stopped: " in line]
+        c.close()
+    won = sum(int(x.split("rounds_won=")[1].split()[0]) for x in stats)
+    lost = sum(int(x.split("conflicts=")[1].split()[0]) for x in stats)
+    worst = max(int(x.split("max_attempts=")[1].split()[0]) for x in stats)
+    CONTENTION.append(
+        f"contention (--no-forward, buf 0, 32 clients): {r.ids_per_s:,.0f} IDs/s, p50 {r.p50_ms:.2f} ms, "
+        f"p99 {r.p99_ms:.2f} ms, max {r.max_ms:.2f} ms; rounds won {won}, lost to conflicts {lost} "
+        f"({lost / max(1, won + lost):.0%}), most attempts for one round {worst}"
+    )
+    assert won > 0
