@@ -239,3 +239,15 @@ async def test_end_of_the_id_space_is_a_clear_error(cluster: LocalCluster) -> No
         with pytest.raises(SeqExhausted):
             for _ in range(3):
                 await s.next()
+
+
+async def test_client_skips_an_unreachable_server_with_backoff(cluster: LocalCluster) -> None:
+    from seq.localcluster import free_port
+
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    async with RRSeq("skip", 0, [dead, *cluster.addrs], timeout=10) as s:
+        got = await draw(s, 30)
+        bad = s._servers[0]
+        assert bad.failures >= 1  # tried once, round robin ...
+        assert bad.failures < 5  # ... then skipped while its backoff runs, not hammered
+    assert got == list(range(1, 31))
