@@ -4,7 +4,11 @@ Map (see ../shared/protocols/rrseq.md and the README's "Seq" section):
 
 - ``server.py``      RRServer: one member (public ``pb.RRAPI`` + member-to-member ``RRPeer``),
                      ServerConfig, data-dir start checks, join (bootstrap / catch-up)
-- ``coordinator.py`` NextID rounds: read quorum, compare-and-set write quorum, retries
+- ``coordinator.py`` NextID rounds: read quorum, compare-and-set write quorum, retries, forwarding
+- ``quorum.py``      vote counting of one round (sans-I/O)
+- ``metrics.py``     Prometheus endpoint of a member
+- ``localcluster.py`` N server processes on loopback (tests, benches, ``juggler seq bench``)
+- ``bench.py``       measurements shared by ``juggler seq bench`` and benches/seq
 - ``store.py``       durable name → value map: group-committed fsync'd log, compaction, meta
 - ``log.py``         the log's byte format and recovery (sans-I/O)
 - ``buffered.py``    the double buffer shared by the two sequences

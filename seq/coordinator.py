@@ -63,6 +63,7 @@ import grpc
 from seq._proto import rrpeer_pb2 as peer_pb
 from seq.errors import SeqExhausted, StoreError
 from seq.log import MAX_VALUE
+from seq.quorum import Outcome, ReadTally, WriteTally
 from seq.store import Store
 from seq.wire import PeerStub
 
@@ -311,36 +312,34 @@ class Coordinator:
 
     async def _read(self, name: str, deadline: float) -> int | None:
         """Max value over a read quorum, or None."""
-        values: list[int] = []
+        tally = ReadTally(asked=len(self._peers) + 1, read_quorum=self._r)
         if self._votes():
-            values.append(self._store.get(name))
-        need = self._r - len(values)
-        if need <= 0:
-            return max(values)
+            tally.answered(self._store.get(name))
+        else:
+            tally.failed()
         timeout = self._timeout(deadline)
-        if timeout <= 0 or len(self._peers) < need:
-            return None
-        req = peer_pb.ReadRequest(cluster=self._cluster, name=name)
-        pending = {asyncio.ensure_future(p.Read(req, timeout=timeout)) for p in self._peers}
+        pending: set[asyncio.Future[Any]] = set()
+        if tally.outcome is Outcome.PENDING and timeout > 0:
+            req = peer_pb.ReadRequest(cluster=self._cluster, name=name)
+            pending = {asyncio.ensure_future(p.Read(req, timeout=timeout)) for p in self._peers}
         try:
-            while pending and need > 0 and len(pending) >= need:
+            while pending and tally.outcome is Outcome.PENDING:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for t in done:
-                    if t.cancelled() or t.exception() is not None:
-                        continue
-                    rep = t.result()
-                    if rep.status == peer_pb.OK:
-                        values.append(rep.value)
-                        need -= 1
+                    rep = None if t.cancelled() or t.exception() is not None else t.result()
+                    if rep is not None and rep.status == peer_pb.OK:
+                        tally.answered(rep.value)
+                    else:
+                        tally.failed()
         finally:
             for t in pending:
                 t.add_done_callback(_consume)
-        return max(values) if need <= 0 else None
+        return tally.value()
 
     async def _write(self, name: str, h: int, new: int, deadline: float) -> tuple[bool, int | None]:
-        """Compare-and-set h → new on every member; (won, next h hint or None)."""
-        currents: list[int] = []
-        pending: set[asyncio.Future[Any]] = set()
+        """Compare-and-set h → new on every member; (won, next h or None)."""
+        tally = WriteTally(asked=len(self._peers) + 1, write_quorum=self._w, read_quorum=self._r)
+        member: dict[asyncio.Future[Any], int] = {}
         local: asyncio.Future[None] | None = None
         if self._votes():
             try:
@@ -348,36 +347,47 @@ class Coordinator:
             except StoreError as exc:
                 self._on_store_failure(exc)
                 raise
-            currents.append(cur)
             if accepted and fut is not None:
+                tally.observe(0, cur)  # its yes counts once on disk
                 local = fut
-                pending.add(fut)
+                member[fut] = 0
+            else:
+                tally.rejected(0, cur)
+        else:
+            tally.failed(0)
         timeout = self._timeout(deadline)
         if timeout > 0:
             req = peer_pb.CasRequest(cluster=self._cluster, name=name, expected=h, new_value=new)
-            pending.update(asyncio.ensure_future(p.CompareAndSet(req, timeout=timeout)) for p in self._peers)
-        yes = 0
+            for i, p in enumerate(self._peers, 1):
+                member[asyncio.ensure_future(p.CompareAndSet(req, timeout=timeout))] = i
+        else:
+            for i in range(1, len(self._peers) + 1):
+                tally.failed(i)
+        pending = set(member)
         try:
-            while pending and yes < self._w and yes + len(pending) >= self._w:
+            while pending and tally.outcome is Outcome.PENDING:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for t in done:
+                    i = member[t]
                     if t is local:
-                        if t.exception() is not None:
-                            self._on_store_failure(t.exception())  # type: ignore[arg-type]
+                        exc = t.exception()
+                        if exc is not None:
+                            self._on_store_failure(exc)
+                            tally.failed(i)
                         else:
-                            yes += 1
+                            tally.accepted(i)
                         continue
-                    if t.cancelled() or t.exception() is not None:
-                        continue
-                    rep = t.result()
-                    if rep.status == peer_pb.OK:
-                        currents.append(rep.current)
-                        if rep.ok:
-                            yes += 1
+                    rep = None if t.cancelled() or t.exception() is not None else t.result()
+                    if rep is None or rep.status != peer_pb.OK:
+                        tally.failed(i)
+                    elif rep.ok:
+                        tally.accepted(i, rep.current)
+                    else:
+                        tally.rejected(i, rep.current)
         finally:
             for t in pending:
                 if t is not local:
                     t.add_done_callback(_consume)
-        if yes >= self._w:
+        if tally.outcome is Outcome.WON:
             return True, None
-        return False, (max(currents) if len(currents) >= self._r else None)
+        return False, tally.next_h()
