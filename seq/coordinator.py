@@ -235,18 +235,17 @@ class Coordinator:
             deadline = max(r.deadline for r in batch)
             attempt += 1
             pref = self.preferred(name)
-            if pref is not None and pref[1] is not None and all(r.forward for r in batch):
+            if pref is not None and all(r.forward for r in batch):
                 addr, stub = pref
-                if self._down_until.get(addr, 0.0) <= now:
+                if stub is not None and self._down_until.get(addr, 0.0) <= now:
                     got = await self._forward(addr, stub, name, total, deadline)
                     if got is not None:
                         self._split(batch, got[0])
                         self.stats.forwarded += 1
                         return
+            h: int | None
             if self._votes():
-                h = self._store.get(name)
-                if hint is not None and hint > h:
-                    h = hint
+                h = max(self._store.get(name), hint or 0)
             else:
                 h = hint if hint is not None else await self._read(name, deadline)
             if h is None:
@@ -370,9 +369,9 @@ class Coordinator:
                 for t in done:
                     i = member[t]
                     if t is local:
-                        exc = t.exception()
-                        if exc is not None:
-                            self._on_store_failure(exc)
+                        err = t.exception()
+                        if err is not None:
+                            self._on_store_failure(err)
                             tally.failed(i)
                         else:
                             tally.accepted(i)
