@@ -30,8 +30,10 @@ store). All idempotent.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import logging
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -156,6 +158,18 @@ def prepare_data_dir(config: ServerConfig) -> tuple[State, bool]:
     return state, state != "ready"
 
 
+def lock_data_dir(directory: str) -> int:
+    """Hold an exclusive lock on `directory` for this process (released on exit, even kill -9)."""
+    os.makedirs(directory, exist_ok=True)
+    fd = os.open(os.path.join(directory, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        os.close(fd)
+        raise UnsafeStart(f"{directory} is in use by another process") from exc
+    return fd
+
+
 class RRServer:
     """One member. See the module docstring for states and lifecycle."""
 
@@ -172,6 +186,7 @@ class RRServer:
         self._stopped = asyncio.Event()
         self._fatal: BaseException | None = None
         self._closing = False
+        self._lock_fd: int | None = None
         self.port = 0
 
     # -- lifecycle ------------------------------------------------------------
@@ -179,6 +194,15 @@ class RRServer:
     async def start(self) -> None:
         cfg = self.config
         loop = asyncio.get_running_loop()
+        self._lock_fd = lock_data_dir(cfg.data_dir)
+        try:
+            await self._start(loop)
+        except BaseException:
+            await self.aclose(grace=0)
+            raise
+
+    async def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        cfg = self.config
         self._state, create = await loop.run_in_executor(None, prepare_data_dir, cfg)
         self._store = await loop.run_in_executor(
             None, lambda: Store.open(cfg.data_dir, create=create, compact_bytes=cfg.compact_bytes)
@@ -262,6 +286,9 @@ class RRServer:
             await c.close()
         if self._store is not None:
             await self._store.aclose()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
         self._stopped.set()
 
     def _store_failed(self, exc: BaseException) -> None:

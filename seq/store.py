@@ -4,6 +4,7 @@ Layout of a data directory::
 
     meta.json        {"version": 1, "state": ..., "cluster": ...}, replaced atomically
     log.<gen>        append-only log (format in :mod:`seq.log`); one current generation
+    LOCK             flock'd by the server process using the directory (seq.server)
 
 Durability rules:
 

@@ -14,7 +14,7 @@ import pytest
 from seq import RRSeq, SeqUnavailable
 from seq._proto import rrpeer_pb2 as peer_pb
 from seq._proto import rrseq_pb2 as pb
-from seq.localcluster import LocalCluster
+from seq.localcluster import LocalCluster, free_port
 from seq.wire import ApiStub
 
 from collections.abc import Awaitable, Callable
@@ -171,6 +171,12 @@ def test_unsafe_starts_are_refused(fresh_cluster: LocalCluster) -> None:
     cmd[cmd.index("--peers") + 1] = f"{c.addrs[1]},127.0.0.1:1"
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "member list" in out.stderr
+    # a second process on a data dir in use
+    c.start(0)
+    cmd = c.command(0)
+    cmd[cmd.index("--listen") + 1] = f"127.0.0.1:{free_port()}"
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "in use" in out.stderr
 
 
 def test_cli_client_prints_ids(cluster: LocalCluster) -> None:
@@ -209,7 +215,6 @@ async def test_wiped_member_and_stale_member_never_reissue(fresh_cluster: LocalC
 async def test_metrics_endpoint(tmp_path_factory: pytest.TempPathFactory) -> None:
     import urllib.request
 
-    from seq.localcluster import free_port
 
     c = LocalCluster(1, root=str(tmp_path_factory.mktemp("metrics")))
     port = free_port()
@@ -242,7 +247,6 @@ async def test_end_of_the_id_space_is_a_clear_error(cluster: LocalCluster) -> No
 
 
 async def test_client_skips_an_unreachable_server_with_backoff(cluster: LocalCluster) -> None:
-    from seq.localcluster import free_port
 
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
     async with RRSeq("skip", 0, [dead, *cluster.addrs], timeout=10) as s:
