@@ -159,7 +159,7 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
                           timeout=timeout)
 
 
-def test_unsafe_starts_are_refused(fresh_cluster: LocalCluster) -> None:
+async def test_unsafe_starts_are_refused(fresh_cluster: LocalCluster) -> None:
     c = fresh_cluster
     c.stop(0)
     # --bootstrap on an initialized data dir
@@ -173,6 +173,7 @@ def test_unsafe_starts_are_refused(fresh_cluster: LocalCluster) -> None:
     assert out.returncode == 2 and "member list" in out.stderr
     # a second process on a data dir in use
     c.start(0)
+    await c.wait_ready(0)
     cmd = c.command(0)
     cmd[cmd.index("--listen") + 1] = f"127.0.0.1:{free_port()}"
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
