@@ -120,7 +120,11 @@ class BufferedSeq:
 
     def _prefetch(self) -> None:
         if self._fetch_task is None and self._queued is None and not self._closed:
-            self._start_fetch(self.buf_size)
+            now = self._fetch_now(self.buf_size)
+            if now is not None:
+                self._install(now)  # a local source: no task needed
+            else:
+                self._start_fetch(self.buf_size)
 
     def _start_fetch(self, n: int) -> None:
         self._fetch_task = asyncio.get_running_loop().create_task(self._run_fetch(n))

@@ -29,9 +29,8 @@ from seq.simple import LocalCounter
 RESULTS: dict[tuple[str, int, int], dict[str, float]] = {}
 CONTENTION: list[str] = []
 
-TOTAL = {  # IDs per round, all clients together
-    ("simple", 0): 200_000, ("simple", 2): 200_000, ("simple", 1024): 200_000,
-    ("rr", 0): 600, ("rr", 2): 1_200, ("rr", 1024): 200_000,
+TOTAL = {  # IDs per round, all clients together, by (impl, buf, clients)
+    ("rr", 0, 1): 600, ("rr", 0, 32): 3_200, ("rr", 2, 1): 1_200, ("rr", 2, 32): 6_400,
 }
 
 
@@ -100,7 +99,7 @@ async def _draw(seqs: list[BufferedSeq], per_client: int, lat: list[int] | None)
 @pytest.mark.parametrize("buf", [0, 2, 1024])
 @pytest.mark.parametrize("impl", ["simple", "rr"])
 def test_ns_per_id(benchmark, loop, cluster, impl: str, buf: int, clients: int) -> None:  # type: ignore[no-untyped-def]
-    per_client = TOTAL[(impl, buf)] // clients
+    per_client = TOTAL.get((impl, buf, clients), 200_000) // clients
     record_latency = buf < 1024
     live: list[BufferedSeq] = []
     lat: list[int] = []
@@ -137,7 +136,7 @@ def test_ns_per_id(benchmark, loop, cluster, impl: str, buf: int, clients: int) 
             assert all(a < b for a, b in zip(st, st[1:]))
             seen.update(st)
 
-    rounds = 3 if impl == "rr" and buf < 1024 else 5
+    rounds = 3 if impl == "rr" and buf < 1024 else 7
     benchmark.pedantic(run, setup=setup, rounds=rounds, iterations=1, warmup_rounds=0)
     close_live()
     ids = per_client * clients
