@@ -19,7 +19,7 @@ Membership and data states (``meta.json``):
 Refused starts (:class:`UnsafeStart`): an empty data dir without
 ``--bootstrap``/``--rejoin``; ``--bootstrap`` on an initialized dir; a log
 missing under a ready meta; a member list different from the one the dir
-was initialized with.
+was initialized with; a data dir locked by another process.
 
 Lifecycle: ``await start()``, ``await wait_ready()``, ``await serve_forever()``
 (returns on ``aclose()``, raises if the store failed), ``await aclose()``
