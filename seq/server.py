@@ -44,7 +44,7 @@ from seq._proto import rrseq_pb2 as pb
 from seq.coordinator import Coordinator, CoordinatorStats
 from seq.errors import SeqExhausted, StoreError, UnsafeStart
 from seq.log import MAX_NAME, MAX_VALUE
-from seq.store import Meta, State, Store, log_generations, read_meta, write_meta
+from seq.store import Meta, State, Store, ensure_dir, log_generations, read_meta, write_meta
 from seq.wire import CHANNEL_OPTIONS, PeerStub, api_handler, peer_handler
 
 log = logging.getLogger("seq.server")
@@ -160,7 +160,7 @@ def prepare_data_dir(config: ServerConfig) -> tuple[State, bool]:
 
 def lock_data_dir(directory: str) -> int:
     """Hold an exclusive lock on `directory` for this process (released on exit, even kill -9)."""
-    os.makedirs(directory, exist_ok=True)
+    ensure_dir(directory)
     fd = os.open(os.path.join(directory, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -55,6 +55,14 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def ensure_dir(path: str) -> None:
+    """Create `path` if missing, with its entry made durable in the parent (power loss)."""
+    if os.path.isdir(path):
+        return
+    os.makedirs(path, exist_ok=True)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
 def _write_atomic(directory: str, name: str, data: bytes) -> None:
     """temp + fsync + rename + directory fsync."""
     tmp = os.path.join(directory, name + ".tmp")
@@ -91,7 +99,7 @@ def read_meta(directory: str) -> Meta | None:
 
 
 def write_meta(directory: str, meta: Meta) -> None:
-    os.makedirs(directory, exist_ok=True)
+    ensure_dir(directory)
     body = json.dumps({"version": 1, "state": meta.state, "cluster": meta.cluster}).encode()
     _write_atomic(directory, META, body)
 
@@ -147,7 +155,7 @@ class Store:
         `create` allows starting an empty log when none exists; otherwise a
         missing log is :class:`StoreCorrupt` (the data was lost).
         """
-        os.makedirs(directory, exist_ok=True)
+        ensure_dir(directory)
         for name in os.listdir(directory):
             if _TMP_RE.match(name):  # an interrupted compaction or meta write
                 os.unlink(os.path.join(directory, name))
