@@ -1,1 +1,51 @@
-"""seq (see DESIGN.md)."""
+"""seq: a durable distributed sequence (ID) service over read/write quorums.
+
+Map (see ../shared/protocols/rrseq.md and the README's "Seq" section):
+
+- ``server.py``      RRServer: one member (public ``pb.RRAPI`` + member-to-member ``RRPeer``),
+                     ServerConfig, data-dir start checks, join (bootstrap / catch-up)
+- ``coordinator.py`` NextID rounds: read quorum, compare-and-set write quorum, retries, forwarding
+- ``quorum.py``      vote counting of one round (sans-I/O)
+- ``metrics.py``     Prometheus endpoint of a member
+- ``localcluster.py`` N server processes on loopback (tests, benches, ``juggler seq bench``)
+- ``bench.py``       measurements shared by ``juggler seq bench`` and benches/seq
+- ``store.py``       durable name → value map: group-committed fsync'd log, compaction, meta
+- ``log.py``         the log's byte format and recovery (sans-I/O)
+- ``buffered.py``    the double buffer shared by the two sequences
+- ``client.py``      RRSeq, the cluster client
+- ``simple.py``      SimpleBufSeq, the single-process baseline
+- ``wire.py``        gRPC glue over the generated messages in ``_proto/``
+- ``errors.py``      the exception tree
+"""
+
+from seq.buffered import BufferedSeq
+from seq.client import RRSeq
+from seq.errors import (
+    SeqClosed,
+    SeqError,
+    SeqExhausted,
+    SeqInconsistent,
+    SeqUnavailable,
+    StoreCorrupt,
+    StoreError,
+    UnsafeStart,
+)
+from seq.server import RRServer, ServerConfig
+from seq.simple import LocalCounter, SimpleBufSeq
+
+__all__ = [
+    "BufferedSeq",
+    "RRSeq",
+    "RRServer",
+    "SeqClosed",
+    "SeqError",
+    "SeqExhausted",
+    "SeqInconsistent",
+    "SeqUnavailable",
+    "ServerConfig",
+    "SimpleBufSeq",
+    "LocalCounter",
+    "StoreCorrupt",
+    "StoreError",
+    "UnsafeStart",
+]

@@ -1,0 +1,150 @@
+"""``juggler seq``: server / client / bench for the sequence service (seq/)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+EPILOG = """examples:
+  # a brand-new 3-member cluster (one terminal each)
+  juggler seq server --listen 127.0.0.1:19001 --data /var/lib/seq1 --peers 127.0.0.1:19002,127.0.0.1:19003 --bootstrap
+  juggler seq server --listen 127.0.0.1:19002 --data /var/lib/seq2 --peers 127.0.0.1:19001,127.0.0.1:19003 --bootstrap
+  juggler seq server --listen 127.0.0.1:19003 --data /var/lib/seq3 --peers 127.0.0.1:19001,127.0.0.1:19002 --bootstrap
+  # later restarts: same command without --bootstrap; after losing a data dir: --rejoin
+  juggler seq client myseq --servers 127.0.0.1:19001,127.0.0.1:19002,127.0.0.1:19003 --buf 100 --count 5
+  juggler seq bench --clients 32 --buf 0 --duration 3      # starts its own 3-member cluster
+"""
+
+
+def _addrs(value: str) -> list[str]:
+    return [a.strip() for a in value.split(",") if a.strip()]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "seq",
+        help="sequence service: server / client / bench",
+        description="RRSeq: unique increasing IDs from a cluster with read/write quorums.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="seq_command", metavar="SUBCOMMAND")
+
+    s = sub.add_parser("server", help="run one cluster member", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--listen", required=True, metavar="HOST:PORT")
+    s.add_argument("--data", required=True, metavar="DIR", help="data directory (log + meta.json)")
+    s.add_argument("--peers", default="", metavar="HOST:PORT,...", help="the OTHER members")
+    s.add_argument("--advertise", metavar="HOST:PORT", help="this member's address as peers list it (default --listen)")
+    mode = s.add_mutually_exclusive_group()
+    mode.add_argument("--bootstrap", action="store_true",
+                      help="empty data dir, brand-new cluster: start once all members answer")
+    mode.add_argument("--rejoin", action="store_true",
+                      help="data lost: catch up from ALL other members before voting")
+    s.add_argument("--timeout", type=float, default=5.0, help="NextID deadline when the client sends none (s)")
+    s.add_argument("--peer-timeout", type=float, default=1.0, help="bound of one member-to-member call (s)")
+    s.add_argument("--no-forward", action="store_true",
+                   help="coordinate every request here instead of forwarding to the name's preferred member")
+    s.add_argument("--max-inflight", type=int, default=1, help="concurrent quorum rounds per name")
+    s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
+    s.add_argument("--log-level", default="INFO")
+    s.set_defaults(func=run_server)
+
+    c = sub.add_parser("client", help="draw IDs and print them, one a line")
+    c.add_argument("name", help="sequence name")
+    c.add_argument("--servers", required=True, metavar="HOST:PORT,...")
+    c.add_argument("--buf", type=int, default=0, help="buffer size (IDs fetched ahead)")
+    c.add_argument("--count", type=int, default=10, help="IDs to draw (0: until interrupted)")
+    c.add_argument("--timeout", type=float, default=5.0, help="bound of one fetch (s)")
+    c.set_defaults(func=run_client)
+
+    b = sub.add_parser("bench", help="IDs/s and latency, RRSeq vs SimpleBufSeq")
+    b.add_argument("--servers", default="", metavar="HOST:PORT,...", help="default: start a local 3-member cluster")
+    b.add_argument("--clients", type=int, default=32)
+    b.add_argument("--buf", type=int, default=0)
+    b.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+    b.add_argument("--name", default="bench")
+    b.set_defaults(func=run_bench)
+
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _run(coro: Any) -> Any:
+    import asyncio
+    import os
+
+    if os.environ.get("SEQ_LOOP", "uvloop") == "uvloop":
+        try:
+            import uvloop
+
+            return uvloop.run(coro)
+        except ImportError:  # pragma: no cover
+            pass
+    return asyncio.run(coro)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from seq.errors import SeqError, UnsafeStart
+    from seq.server import ServerConfig, run_server as serve
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = ServerConfig(
+            listen=args.listen, data_dir=args.data, peers=tuple(_addrs(args.peers)), advertise=args.advertise,
+            mode="bootstrap" if args.bootstrap else "rejoin" if args.rejoin else "normal",
+            default_timeout=args.timeout, peer_timeout=args.peer_timeout,
+            forward=not args.no_forward, max_inflight=args.max_inflight,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(config, stop, metrics_port=args.metrics_port)
+
+    try:
+        _run(main())
+    except UnsafeStart as exc:
+        print(f"error: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    except (SeqError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_client(args: argparse.Namespace) -> int:
+    from seq.client import RRSeq
+    from seq.errors import SeqError
+
+    async def main() -> int:
+        async with RRSeq(args.name, args.buf, _addrs(args.servers), timeout=args.timeout) as s:
+            k = 0
+            async for i in s.stream():
+                print(i, flush=args.count == 0)
+                k += 1
+                if args.count and k >= args.count:
+                    break
+        return 0
+
+    try:
+        return int(_run(main()))
+    except SeqError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from seq.bench import bench_main
+
+    return int(_run(bench_main(args.servers and _addrs(args.servers), args.clients, args.buf, args.duration, args.name)))

@@ -1,0 +1,181 @@
+"""The buffer shared by :class:`seq.RRSeq` and :class:`seq.SimpleBufSeq`.
+
+A sequence hands out IDs from a current range ``[cur, end)`` and keeps at
+most one more range queued. With ``buf_size`` ≥ 1 it asks for ``buf_size``
+IDs at a time and starts fetching the next range in the background as soon
+as half of the current one is used (double buffering), so consumers rarely
+wait. With ``buf_size`` 0 nothing is fetched ahead: each fetch asks for as
+many IDs as there are callers waiting at that moment (one for a lone
+caller), so no ID is taken that no one asked for.
+
+At most one fetch is in flight, and ranges are used in the order they were
+obtained, so the IDs one sequence hands out are strictly increasing, in the
+order ``next()`` returns them, whichever task calls it. A range below an
+ID already handed out is refused (:class:`SeqInconsistent`).
+
+Safe to share among tasks of one event loop. Not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from seq.errors import SeqClosed, SeqError, SeqInconsistent
+
+log = logging.getLogger("seq.client")
+
+
+class BufferedSeq:
+    """Base class: subclasses implement :meth:`_fetch` (and may implement :meth:`_fetch_now`)."""
+
+    def __init__(self, buf_size: int) -> None:
+        if buf_size < 0:
+            raise ValueError("buf_size must be >= 0")
+        self.buf_size = buf_size
+        self._cur = 0
+        self._end = 0
+        self._refill_at = -1  # handing out this ID starts a background fetch
+        self._queued: tuple[int, int] | None = None
+        self._fetch_task: asyncio.Task[BaseException | None] | None = None
+        self._waiting = 0
+        self._high = 0  # one past the highest ID ever obtained: ranges must start at or above it
+        self._closed = False
+
+    # -- to implement -----------------------------------------------------------
+
+    async def _fetch(self, n: int) -> tuple[int, int]:
+        """Obtain a fresh range [from, to) of n IDs, or raise a SeqError."""
+        raise NotImplementedError
+
+    def _fetch_now(self, n: int) -> tuple[int, int] | None:
+        """A range without waiting, when the source is local (None: use _fetch)."""
+        return None
+
+    async def _close_source(self) -> None:
+        pass
+
+    # -- public API -------------------------------------------------------------
+
+    async def next(self) -> int:
+        """The next ID. Raises SeqUnavailable (no range before the deadline) or SeqClosed."""
+        cur = self._cur
+        if cur < self._end:
+            self._cur = cur + 1
+            if cur == self._refill_at:
+                self._prefetch()
+            return cur
+        return await self._next_slow()
+
+    async def stream(self) -> AsyncIterator[int]:
+        """``async for id in seq.stream()``: IDs until the sequence is closed (ends quietly)."""
+        while True:
+            cur = self._cur
+            if cur < self._end:
+                self._cur = cur + 1
+                if cur == self._refill_at:
+                    self._prefetch()
+                yield cur
+                continue
+            try:
+                cur = await self._next_slow()
+            except SeqClosed:
+                return
+            yield cur
+
+    async def aclose(self) -> None:
+        """Stop fetching; waiting callers get SeqClosed. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._cur = self._end = 0
+        self._queued = None
+        if self._fetch_task is not None:
+            self._fetch_task.cancel()
+            await asyncio.gather(self._fetch_task, return_exceptions=True)
+        await self._close_source()
+
+    async def __aenter__(self) -> BufferedSeq:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- internals --------------------------------------------------------------
+
+    def _install(self, rng: tuple[int, int]) -> None:
+        lo, hi = rng
+        if lo < self._high or hi <= lo:
+            raise SeqInconsistent(f"range [{lo}, {hi}) is below ID {self._high - 1} already obtained")
+        self._high = hi
+        if self._cur < self._end:
+            self._queued = rng
+            return
+        self._set_current(lo, hi)
+
+    def _set_current(self, lo: int, hi: int) -> None:
+        self._cur, self._end = lo, hi
+        self._refill_at = max(lo, hi - 1 - self.buf_size // 2) if self.buf_size else -1
+
+    def _prefetch(self) -> None:
+        if self._fetch_task is None and self._queued is None and not self._closed:
+            now = self._fetch_now(self.buf_size)
+            if now is not None:
+                self._install(now)  # a local source: no task needed
+            else:
+                self._start_fetch(self.buf_size)
+
+    def _start_fetch(self, n: int) -> None:
+        self._fetch_task = asyncio.get_running_loop().create_task(self._run_fetch(n))
+
+    async def _run_fetch(self, n: int) -> BaseException | None:
+        """Fetch and install one range; returns the error (for the waiters) instead of raising."""
+        try:
+            rng = await self._fetch(n)
+            if not self._closed:
+                self._install(rng)
+            return None
+        except SeqError as exc:
+            if self._waiting == 0:
+                log.warning("background fetch failed: %s", exc)
+            return exc
+        finally:
+            self._fetch_task = None
+
+    async def _next_slow(self) -> int:
+        while True:
+            if self._closed:
+                raise SeqClosed("sequence is closed")
+            cur = self._cur
+            if cur < self._end:
+                self._cur = cur + 1
+                if cur == self._refill_at:
+                    self._prefetch()
+                return cur
+            if self._queued is not None:
+                lo, hi = self._queued
+                self._queued = None
+                self._set_current(lo, hi)
+                continue
+            if self._fetch_task is None:
+                n = max(self.buf_size, self._waiting + 1)
+                now = self._fetch_now(n)
+                if now is not None:
+                    self._install(now)
+                    continue
+                self._start_fetch(n)
+            task = self._fetch_task
+            assert task is not None
+            self._waiting += 1
+            try:
+                err = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if self._closed and (me is None or not me.cancelling()):
+                    raise SeqClosed("sequence is closed") from None
+                raise
+            finally:
+                self._waiting -= 1
+            if err is not None and self._cur >= self._end and self._queued is None:
+                raise err

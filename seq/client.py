@@ -1,0 +1,117 @@
+"""RRSeq: the client of an RRSeq cluster, with a double buffer (see :mod:`seq.buffered`).
+
+Servers are tried round robin. A server that fails (unreachable, error,
+timeout) is skipped for a backoff that doubles per consecutive failure (100
+ms up to 5 s, with jitter); a server that answers "no quorum" ([0, 0)) is
+skipped briefly too. When every server is being skipped, the client sleeps
+until the first one may be tried again, never spinning, and a fetch that
+cannot complete within `timeout` raises :class:`SeqUnavailable` with the
+last reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+
+import grpc
+
+from seq._proto import rrseq_pb2 as pb
+from seq.buffered import BufferedSeq
+from seq.errors import SeqExhausted, SeqUnavailable
+from seq.wire import CHANNEL_OPTIONS, ApiStub
+
+
+class _Server:
+    __slots__ = ("addr", "channel", "stub", "failures", "retry_at")
+
+    def __init__(self, addr: str) -> None:
+        self.addr = addr
+        self.channel = grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
+        self.stub = ApiStub(self.channel)
+        self.failures = 0
+        self.retry_at = 0.0
+
+
+class RRSeq(BufferedSeq):
+    """IDs of sequence `name` from the servers `servers` (HOST:PORT).
+
+    `timeout` bounds one fetch (all retries included); `attempt_timeout`
+    bounds one server's answer (default: a third of `timeout`), so one hung
+    server cannot use a whole fetch's time.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        buf_size: int,
+        servers: Sequence[str],
+        *,
+        timeout: float = 5.0,
+        attempt_timeout: float | None = None,
+        backoff_min: float = 0.1,
+        backoff_max: float = 5.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        super().__init__(buf_size)
+        if not servers:
+            raise ValueError("at least one server")
+        if timeout <= 0:
+            raise ValueError("timeout must be > 0")
+        self.name = name
+        self.timeout = timeout
+        self.attempt_timeout = attempt_timeout or timeout / 3
+        self._backoff_min = backoff_min
+        self._backoff_max = backoff_max
+        self._rng = rng or random.Random()
+        self._servers = [_Server(a) for a in servers]
+        self._rr = 0
+
+    async def _fetch(self, n: int) -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        req = pb.NextIDRequest(name=self.name, range_size=n)
+        reason = "no server tried"
+        while True:
+            now = loop.time()
+            if now >= deadline:
+                raise SeqUnavailable(f"no range of {self.name!r} within {self.timeout}s: {reason}")
+            server = self._pick(now)
+            if server is None:
+                wake = min(s.retry_at for s in self._servers)
+                await asyncio.sleep(max(0.0, min(wake, deadline) - now))
+                continue
+            try:
+                rep = await server.stub.NextID(req, timeout=min(self.attempt_timeout, deadline - now))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
+                    raise SeqExhausted(exc.details() or "sequence exhausted") from exc
+                reason = f"{server.addr}: {exc.code().name} {exc.details()}"
+                self._failed(server, loop.time())
+                continue
+            if rep.to_id <= rep.from_id or rep.from_id == 0:
+                reason = f"{server.addr}: no quorum"
+                self._failed(server, loop.time(), soft=True)
+                continue
+            server.failures = 0
+            return rep.from_id, rep.to_id
+
+    def _pick(self, now: float) -> _Server | None:
+        k = len(self._servers)
+        for i in range(k):
+            s = self._servers[(self._rr + i) % k]
+            if s.retry_at <= now:
+                self._rr = (self._rr + i + 1) % k
+                return s
+        return None
+
+    def _failed(self, server: _Server, now: float, *, soft: bool = False) -> None:
+        server.failures += 1
+        base = self._backoff_min if soft else self._backoff_min * (1 << min(server.failures - 1, 10))
+        delay = min(self._backoff_max, base)
+        server.retry_at = now + delay * (0.5 + self._rng.random() / 2)
+
+    async def _close_source(self) -> None:
+        for s in self._servers:
+            await s.channel.close()

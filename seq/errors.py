@@ -1,0 +1,50 @@
+"""The seq exception tree (house style rule 4).
+
+    SeqError
+    ├── SeqUnavailable (ConnectionError)   no quorum / no server before the deadline
+    ├── SeqClosed (RuntimeError)           the sequence or server was closed
+    ├── SeqInconsistent                    the cluster handed out a range below one already seen
+    ├── SeqExhausted (OverflowError)       the 63-bit ID space of a name is used up
+    ├── UnsafeStart (RuntimeError)         a server refuses to start (data dir vs flags)
+    └── StoreError (OSError)               the durable store failed (write or fsync)
+        └── StoreCorrupt (ValueError)      the log is damaged beyond a torn tail
+"""
+
+from __future__ import annotations
+
+
+class SeqError(Exception):
+    """Root of every error raised by the seq package."""
+
+
+class SeqUnavailable(SeqError, ConnectionError):
+    """No range could be obtained before the deadline (no quorum, no reachable server)."""
+
+
+class SeqClosed(SeqError, RuntimeError):
+    """The sequence (or server) is closed."""
+
+
+class SeqInconsistent(SeqError):
+    """The cluster returned a range below an ID already handed out.
+
+    Only possible after a majority of members lost their data (see README,
+    "majority data loss"); the client refuses the range rather than hand out
+    an ID twice.
+    """
+
+
+class SeqExhausted(SeqError, OverflowError):
+    """The sequence reached the end of the 63-bit ID space."""
+
+
+class UnsafeStart(SeqError, RuntimeError):
+    """The server refuses to start: its data directory and flags do not fit together."""
+
+
+class StoreError(SeqError, OSError):
+    """The durable store could not write or fsync; it refuses further writes."""
+
+
+class StoreCorrupt(StoreError, ValueError):
+    """The log is damaged somewhere other than a torn tail: refuse to guess."""

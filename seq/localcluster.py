@@ -1,0 +1,162 @@
+"""LocalCluster: N ``juggler seq server`` processes on loopback, for tests, benches and
+``juggler seq bench``. Real processes, real data directories; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from seq._proto import rrpeer_pb2 as peer_pb
+from seq.wire import PeerStub
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Member:
+    addr: str
+    data: str
+    log_path: str
+    proc: subprocess.Popen[bytes] | None = None
+    log_offset: int = 0  # where the current run's output starts in log_path
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class LocalCluster:
+    """`n` members with data dirs under `root` (a temp dir by default)."""
+
+    n: int = 3
+    root: str = ""
+    members: list[Member] = field(default_factory=list)
+    python: str = sys.executable
+    _own_root: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.root:
+            self.root = tempfile.mkdtemp(prefix="seq-cluster-")
+            self._own_root = True
+        if not self.members:
+            for i in range(self.n):
+                port = free_port()
+                self.members.append(
+                    Member(
+                        addr=f"127.0.0.1:{port}",
+                        data=os.path.join(self.root, f"node{i}"),
+                        log_path=os.path.join(self.root, f"node{i}.log"),
+                    )
+                )
+
+    @property
+    def addrs(self) -> list[str]:
+        return [m.addr for m in self.members]
+
+    def command(self, i: int, *flags: str) -> list[str]:
+        m = self.members[i]
+        peers = ",".join(a for j, a in enumerate(self.addrs) if j != i)
+        return [self.python, "-m", "cli", "seq", "server", "--listen", m.addr, "--data", m.data,
+                "--peers", peers, *flags]
+
+    def start(self, i: int, *flags: str) -> subprocess.Popen[bytes]:
+        m = self.members[i]
+        assert not m.alive, f"member {i} already running"
+        logf = open(m.log_path, "ab")
+        m.log_offset = logf.seek(0, os.SEEK_END)
+        try:
+            m.proc = subprocess.Popen(self.command(i, *flags), stdout=logf, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL)
+        finally:
+            logf.close()
+        return m.proc
+
+    def start_all(self, *flags: str) -> None:
+        for i in range(self.n):
+            self.start(i, *flags)
+
+    def kill(self, i: int) -> None:
+        """kill -9."""
+        m = self.members[i]
+        if m.proc is not None and m.proc.poll() is None:
+            m.proc.send_signal(signal.SIGKILL)
+            m.proc.wait(timeout=10)
+
+    def stop(self, i: int, timeout: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL after `timeout`; the exit code."""
+        m = self.members[i]
+        if m.proc is None:
+            return None
+        if m.proc.poll() is None:
+            m.proc.send_signal(signal.SIGTERM)
+            try:
+                m.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                m.proc.kill()
+                m.proc.wait(timeout=10)
+        return m.proc.returncode
+
+    def wipe(self, i: int) -> None:
+        assert not self.members[i].alive
+        shutil.rmtree(self.members[i].data, ignore_errors=True)
+
+    def output(self, i: int, *, all_runs: bool = False) -> str:
+        """What member i printed in its current (or last) run; every run with `all_runs`."""
+        try:
+            with open(self.members[i].log_path, "rb") as f:
+                if not all_runs:
+                    f.seek(self.members[i].log_offset)
+                return f.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+    async def state(self, i: int, timeout: float = 1.0) -> int | None:
+        """The member's RRPeer state (peer_pb.READY, ...), or None if it does not answer."""
+        from seq.server import ServerConfig
+
+        peers = tuple(a for j, a in enumerate(self.addrs) if j != i)
+        cluster = ServerConfig(listen=self.addrs[i], data_dir="-", peers=peers).cluster
+        async with grpc.aio.insecure_channel(self.addrs[i]) as ch:
+            try:
+                rep = await PeerStub(ch).Snapshot(peer_pb.SnapshotRequest(cluster=cluster), timeout=timeout)
+            except grpc.aio.AioRpcError:
+                return None
+        return rep.state
+
+    async def wait_ready(self, *indices: int, timeout: float = 30.0) -> None:
+        """Until the given members (default: all) vote; raises TimeoutError with their logs."""
+        idx = indices or tuple(range(self.n))
+        deadline = time.monotonic() + timeout
+        for i in idx:
+            while True:
+                m = self.members[i]
+                if m.proc is not None and m.proc.poll() is not None:
+                    raise RuntimeError(f"member {i} exited with {m.proc.returncode}:\n{self.output(i)}")
+                if await self.state(i) == peer_pb.READY:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"member {i} not ready after {timeout}s:\n{self.output(i)}")
+                await asyncio.sleep(0.05)
+
+    def close(self) -> None:
+        """Stop every member (SIGTERM, then SIGKILL) and remove a temp root."""
+        for i in range(self.n):
+            self.stop(i, timeout=5.0)
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)

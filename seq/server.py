@@ -1,0 +1,479 @@
+"""RRServer: one member of an RRSeq cluster (rrseq.md).
+
+It serves the public ``pb.RRAPI`` (``GRPCNextID``/``GRPCCurID``/
+``GRPCSetID``) and the member-to-member ``rrseq.peer.v1.RRPeer`` on the
+same port. NextID is coordinated by :class:`seq.coordinator.Coordinator`;
+the member's own values live in :class:`seq.store.Store`.
+
+Membership and data states (``meta.json``):
+
+- ``ready``: votes in read and write quorums.
+- ``bootstrapping``: a brand-new member (``--bootstrap``, empty data dir).
+  It waits until every other member answers; if none holds data it becomes
+  ready with an empty store, otherwise it catches up like a rejoining one.
+- ``catching_up``: a member whose data was lost (``--rejoin``). It does not
+  vote until it has merged the state of *all* other members (every
+  acknowledged range is on at least one of them) with at least one of them
+  ready, made that durable, and only then marks itself ready.
+
+Refused starts (:class:`UnsafeStart`): an empty data dir without
+``--bootstrap``/``--rejoin``; ``--bootstrap`` on an initialized dir; a log
+missing under a ready meta; a member list different from the one the dir
+was initialized with; a data dir locked by another process.
+
+Lifecycle: ``await start()``, ``await wait_ready()``, ``await serve_forever()``
+(returns on ``aclose()``, raises if the store failed), ``await aclose()``
+(stops accepting, drains in-flight RPCs within the grace period, flushes the
+store). All idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+import grpc
+
+from seq._proto import rrpeer_pb2 as peer_pb
+from seq._proto import rrseq_pb2 as pb
+from seq.coordinator import Coordinator, CoordinatorStats
+from seq.errors import SeqExhausted, StoreError, UnsafeStart
+from seq.log import MAX_NAME, MAX_VALUE
+from seq.store import Meta, State, Store, ensure_dir, log_generations, read_meta, write_meta
+from seq.wire import CHANNEL_OPTIONS, PeerStub, api_handler, peer_handler
+
+log = logging.getLogger("seq.server")
+
+Mode = Literal["normal", "bootstrap", "rejoin"]
+
+
+def _check_addr(addr: str) -> str:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {addr!r}")
+    return addr
+
+
+@dataclass(kw_only=True)
+class ServerConfig:
+    """Configuration of one member. Times in seconds."""
+
+    listen: str  # HOST:PORT to bind
+    data_dir: str
+    peers: tuple[str, ...] = ()  # the OTHER members, HOST:PORT as they listen
+    advertise: str | None = None  # this member's address as peers list it (default: listen)
+    mode: Mode = "normal"
+    default_timeout: float = 5.0  # NextID deadline when the client sends none
+    peer_timeout: float = 1.0  # bound of one member-to-member RPC
+    backoff_base: float = 0.001  # first retry window of a lost round
+    backoff_cap: float = 0.05  # largest retry window
+    max_range: int = 1 << 32  # largest range_size accepted
+    compact_bytes: int = 4 << 20  # compact the log past this size
+    join_poll: float = 0.2  # how often a joining member polls the others
+    forward: bool = True  # forward NextID batches to the name's preferred coordinator
+    max_inflight: int = 1  # concurrent rounds per name (1: bigger batches, best when CPU-bound)
+
+    def __post_init__(self) -> None:
+        _check_addr(self.listen)
+        self.peers = tuple(_check_addr(p) for p in self.peers)
+        if self.advertise is not None:
+            _check_addr(self.advertise)
+        if self.self_address in self.peers:
+            raise ValueError("--peers lists the other members only, not this one")
+        if len(set(self.peers)) != len(self.peers):
+            raise ValueError("duplicate peer")
+        if self.mode not in ("normal", "bootstrap", "rejoin"):
+            raise ValueError(f"bad mode {self.mode!r}")
+        for name in ("default_timeout", "peer_timeout", "backoff_base", "backoff_cap", "join_poll"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.max_inflight < 1:
+            raise ValueError("max_inflight must be >= 1")
+        if not 1 <= self.max_range <= MAX_VALUE:
+            raise ValueError("max_range out of range")
+
+    @property
+    def self_address(self) -> str:
+        return self.advertise or self.listen
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return tuple(sorted((self.self_address, *self.peers)))
+
+    @property
+    def cluster(self) -> str:
+        """Fingerprint of the member list: members configured differently refuse each other."""
+        return hashlib.sha256(",".join(self.members).encode()).hexdigest()[:16]
+
+    @property
+    def quorum(self) -> int:
+        """R = W = N // 2 + 1, so R + W > N."""
+        return len(self.members) // 2 + 1
+
+
+_PEER_STATE = {"bootstrapping": peer_pb.BOOTSTRAPPING, "catching_up": peer_pb.CATCHING_UP, "ready": peer_pb.READY}
+
+
+def prepare_data_dir(config: ServerConfig) -> tuple[State, bool]:
+    """Check the data dir against the flags; write meta for a new member.
+
+    Returns (state, whether the store may start from an empty log).
+    Raises :class:`UnsafeStart` when starting would be unsafe.
+    """
+    d, mode, cluster = config.data_dir, config.mode, config.cluster
+    meta = read_meta(d)
+    gens = log_generations(d)
+    if meta is None:
+        if gens and mode != "rejoin":
+            raise UnsafeStart(f"{d} holds a log but no meta.json (damaged): start with --rejoin")
+        if not gens and mode == "normal":
+            raise UnsafeStart(
+                f"{d} holds no data. A member of a brand-new cluster starts with --bootstrap; "
+                "a member whose data was lost starts with --rejoin (it catches up from all "
+                "other members before it votes)"
+            )
+        if len(config.members) == 1 and mode == "rejoin":
+            raise UnsafeStart("a single-member cluster has no one to catch up from")
+        state: State = "bootstrapping" if mode == "bootstrap" else "catching_up"
+        write_meta(d, Meta(state=state, cluster=cluster))
+        return state, True
+    if meta.cluster != cluster:
+        raise UnsafeStart(
+            f"{d} belongs to a cluster with another member list (fingerprint {meta.cluster}, "
+            f"configured {cluster}): membership changes are not supported"
+        )
+    if mode == "bootstrap" and meta.state == "ready":
+        raise UnsafeStart(f"{d} is already initialized: --bootstrap is only for a brand-new cluster")
+    state = meta.state
+    if mode == "rejoin" and state != "catching_up":
+        state = "catching_up"
+        write_meta(d, Meta(state=state, cluster=cluster))
+    if state == "ready" and not gens:
+        raise UnsafeStart(f"{d}: meta.json says ready but the log is gone (data lost): start with --rejoin")
+    return state, state != "ready"
+
+
+def lock_data_dir(directory: str) -> int:
+    """Hold an exclusive lock on `directory` for this process (released on exit, even kill -9)."""
+    ensure_dir(directory)
+    fd = os.open(os.path.join(directory, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        os.close(fd)
+        raise UnsafeStart(f"{directory} is in use by another process") from exc
+    return fd
+
+
+class RRServer:
+    """One member. See the module docstring for states and lifecycle."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self._state: State = "bootstrapping"
+        self._store: Store | None = None
+        self._server: grpc.aio.Server | None = None
+        self._channels: list[grpc.aio.Channel] = []
+        self._peers: list[PeerStub] = []
+        self._coordinator: Coordinator | None = None
+        self._join_task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._fatal: BaseException | None = None
+        self._closing = False
+        self._lock_fd: int | None = None
+        self.port = 0
+
+    # -- lifecycle ------------------------------------------------------------
+
+    async def start(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        self._lock_fd = lock_data_dir(cfg.data_dir)
+        try:
+            await self._start(loop)
+        except BaseException:
+            await self.aclose(grace=0)
+            raise
+
+    async def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        cfg = self.config
+        self._state, create = await loop.run_in_executor(None, prepare_data_dir, cfg)
+        self._store = await loop.run_in_executor(
+            None, lambda: Store.open(cfg.data_dir, create=create, compact_bytes=cfg.compact_bytes)
+        )
+        self._store.start()
+        self._channels = [grpc.aio.insecure_channel(p, options=CHANNEL_OPTIONS) for p in cfg.peers]
+        self._peers = [PeerStub(c) for c in self._channels]
+        self._coordinator = Coordinator(
+            store=self._store,
+            votes=lambda: self._state == "ready",
+            peers=self._peers,
+            peer_addrs=cfg.peers if cfg.forward else (),
+            self_addr=cfg.self_address,
+            cluster=cfg.cluster,
+            read_quorum=cfg.quorum,
+            write_quorum=cfg.quorum,
+            peer_timeout=cfg.peer_timeout,
+            backoff_base=cfg.backoff_base,
+            backoff_cap=cfg.backoff_cap,
+            on_store_failure=self._store_failed,
+            max_inflight=cfg.max_inflight,
+        )
+        self._server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        self._server.add_generic_rpc_handlers(
+            (
+                api_handler(self._next_id, self._cur_id, self._set_id),
+                peer_handler(self._peer_read, self._peer_cas, self._peer_snapshot, self._peer_acquire),
+            )
+        )
+        try:
+            self.port = self._server.add_insecure_port(cfg.listen)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {cfg.listen}: {exc}") from exc
+        await self._server.start()
+        log.info(
+            "seq server listening on %s (members %s, state %s, data %s)",
+            cfg.listen, ",".join(cfg.members), self._state, cfg.data_dir,
+        )
+        if self._state == "ready":
+            self._ready.set()
+        else:
+            self._join_task = loop.create_task(self._join(), name="seq-join")
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Until this member votes (bootstrap or catch-up done)."""
+        await asyncio.wait_for(self._ready.wait(), timeout)
+
+    async def serve_forever(self) -> None:
+        """Until aclose(); raises StoreError/UnsafeStart if the member had to stop."""
+        await self._stopped.wait()
+        if self._fatal is not None:
+            raise self._fatal
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def stats(self) -> CoordinatorStats:
+        assert self._coordinator is not None
+        return self._coordinator.stats
+
+    @property
+    def store(self) -> Store:
+        assert self._store is not None
+        return self._store
+
+    async def aclose(self, grace: float = 2.0) -> None:
+        if self._closing:
+            await self._stopped.wait()
+            return
+        self._closing = True
+        if self._join_task is not None:
+            self._join_task.cancel()
+            await asyncio.gather(self._join_task, return_exceptions=True)
+        if self._server is not None:
+            await self._server.stop(grace)
+        if self._coordinator is not None:
+            await self._coordinator.aclose()
+        for c in self._channels:
+            await c.close()
+        if self._store is not None:
+            await self._store.aclose()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        self._stopped.set()
+
+    def _store_failed(self, exc: BaseException) -> None:
+        if self._fatal is None:
+            self._fatal = StoreError(f"store failed: {exc}")
+            log.critical("stopping: %s", self._fatal)
+            asyncio.get_running_loop().create_task(self.aclose(grace=0.5))
+
+    # -- joining ----------------------------------------------------------------
+
+    async def _join(self) -> None:
+        cfg = self.config
+        assert self._store is not None
+        loop = asyncio.get_running_loop()
+        last_log = 0.0
+        req = peer_pb.SnapshotRequest(cluster=cfg.cluster)
+        while True:
+            replies = await asyncio.gather(
+                *(p.Snapshot(req, timeout=max(cfg.peer_timeout, 5.0)) for p in self._peers),
+                return_exceptions=True,
+            )
+            waiting_for = [a for a, r in zip(cfg.peers, replies) if isinstance(r, BaseException)]
+            wrong = [a for a, r in zip(cfg.peers, replies) if not isinstance(r, BaseException) and r.status == peer_pb.WRONG_CLUSTER]
+            if wrong:
+                self._fatal = UnsafeStart(f"members {wrong} are configured with another member list")
+                log.critical("%s", self._fatal)
+                loop.create_task(self.aclose(grace=0.5))
+                return
+            ok = [r for r in replies if not isinstance(r, BaseException)]
+            reason = ""
+            if waiting_for:
+                reason = f"waiting for all other members to answer (missing {','.join(waiting_for)})"
+            elif self._state == "catching_up" and ok and not any(r.state == peer_pb.READY for r in ok):
+                reason = (
+                    "waiting for a ready member: no other member votes (if every member lost its "
+                    "data this is a majority data loss, see README)"
+                )
+            if not reason:
+                break
+            if loop.time() - last_log > 5.0:
+                log.warning("not voting yet (%s): %s", self._state, reason)
+                last_log = loop.time()
+            await asyncio.sleep(cfg.join_poll)
+        merged: dict[str, int] = {}
+        for r in ok:
+            for name, value in r.values.items():
+                if value > merged.get(name, 0):
+                    merged[name] = value
+        if self._state == "bootstrapping" and merged:
+            log.warning("--bootstrap, but the cluster already holds data: catching up from all members instead")
+        await self._store.merge(merged)
+        await loop.run_in_executor(None, write_meta, cfg.data_dir, Meta(state="ready", cluster=cfg.cluster))
+        log.info("%s done: merged %d names from %d members; now voting", self._state, len(merged), len(ok))
+        self._state = "ready"
+        self._ready.set()
+
+    # -- RRAPI ------------------------------------------------------------------
+
+    @staticmethod
+    async def _bad_name(name: str, context: grpc.aio.ServicerContext) -> None:
+        if len(name.encode()) > MAX_NAME:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"name longer than {MAX_NAME} bytes")
+
+    async def _next_id(self, request: pb.NextIDRequest, context: grpc.aio.ServicerContext) -> pb.NextIDReply:
+        await self._bad_name(request.name, context)
+        n = max(1, request.range_size)
+        if n > self.config.max_range:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"range_size above {self.config.max_range}")
+        remaining = context.time_remaining()
+        timeout = self.config.default_timeout if remaining is None else remaining
+        # Answer [0, 0) a little before the caller's deadline so it sees "no quorum", not a timeout.
+        timeout -= min(0.05, timeout * 0.1)
+        assert self._coordinator is not None
+        try:
+            r = await self._coordinator.acquire(request.name, n, asyncio.get_running_loop().time() + timeout)
+        except SeqExhausted as exc:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+        if r is None:
+            return pb.NextIDReply()
+        return pb.NextIDReply(from_id=r[0], to_id=r[1])
+
+    async def _cur_id(self, request: pb.CurIDRequest, context: grpc.aio.ServicerContext) -> pb.CurIDReply:
+        await self._bad_name(request.name, context)
+        assert self._store is not None
+        return pb.CurIDReply(cur_id=self._store.get(request.name))
+
+    async def _set_id(self, request: pb.SetIDRequest, context: grpc.aio.ServicerContext) -> pb.SetIDReply:
+        """This member only, forward only (rrseq.md); durable before success."""
+        await self._bad_name(request.name, context)
+        assert self._store is not None
+        try:
+            ok, fut = self._store.advance(request.name, request.new_id)
+            if fut is not None:
+                await fut
+        except StoreError as exc:
+            self._store_failed(exc)
+            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+        return pb.SetIDReply(success=ok)
+
+    # -- RRPeer -----------------------------------------------------------------
+
+    async def _peer_read(self, request: peer_pb.ReadRequest, context: grpc.aio.ServicerContext) -> peer_pb.ReadReply:
+        if request.cluster != self.config.cluster:
+            return peer_pb.ReadReply(status=peer_pb.WRONG_CLUSTER)
+        if self._state != "ready":
+            return peer_pb.ReadReply(status=peer_pb.NOT_READY)
+        assert self._store is not None
+        return peer_pb.ReadReply(value=self._store.get(request.name))
+
+    async def _peer_cas(self, request: peer_pb.CasRequest, context: grpc.aio.ServicerContext) -> peer_pb.CasReply:
+        if request.cluster != self.config.cluster:
+            return peer_pb.CasReply(status=peer_pb.WRONG_CLUSTER)
+        if self._state != "ready":
+            return peer_pb.CasReply(status=peer_pb.NOT_READY)
+        await self._bad_name(request.name, context)
+        assert self._store is not None
+        try:
+            ok, cur, fut = self._store.cas(request.name, request.expected, request.new_value)
+            if fut is not None:
+                await fut
+        except StoreError as exc:
+            self._store_failed(exc)
+            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+        return peer_pb.CasReply(ok=ok, current=cur)
+
+    async def _peer_acquire(
+        self, request: peer_pb.AcquireRequest, context: grpc.aio.ServicerContext
+    ) -> peer_pb.AcquireReply:
+        if request.cluster != self.config.cluster:
+            return peer_pb.AcquireReply(status=peer_pb.WRONG_CLUSTER)
+        await self._bad_name(request.name, context)
+        n = request.count
+        if not 1 <= n <= MAX_VALUE:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad count")
+        remaining = context.time_remaining()
+        timeout = self.config.default_timeout if remaining is None else remaining
+        timeout -= min(0.05, timeout * 0.1)
+        assert self._coordinator is not None
+        try:
+            r = await self._coordinator.acquire(
+                request.name, n, asyncio.get_running_loop().time() + timeout, forward=False
+            )
+        except SeqExhausted as exc:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+        if r is None:
+            return peer_pb.AcquireReply()
+        return peer_pb.AcquireReply(from_id=r[0], to_id=r[1])
+
+    async def _peer_snapshot(
+        self, request: peer_pb.SnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> peer_pb.SnapshotReply:
+        if request.cluster != self.config.cluster:
+            return peer_pb.SnapshotReply(status=peer_pb.WRONG_CLUSTER)
+        assert self._store is not None
+        return peer_pb.SnapshotReply(state=_PEER_STATE[self._state], values=self._store.snapshot())
+
+
+async def run_server(config: ServerConfig, stop: asyncio.Event, *, metrics_port: int | None = None) -> None:
+    """Run one member until `stop` is set (the CLI's SIGINT/SIGTERM) or it must stop."""
+    server = RRServer(config)
+    await server.start()
+    httpd = None
+    if metrics_port is not None:
+        from seq.metrics import serve_metrics
+
+        httpd = serve_metrics(server, metrics_port)
+        log.info("metrics on http://127.0.0.1:%d/metrics", metrics_port)
+    serve = asyncio.ensure_future(server.serve_forever())
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({serve, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        if httpd is not None:
+            httpd.shutdown()
+        await server.aclose()
+        s = server.stats
+        log.info(
+            "stopped: requests=%d rounds_won=%d conflicts=%d no_quorum=%d expired=%d ids=%d "
+            "max_attempts=%d fsync_batches=%d writes=%d",
+            s.requests, s.rounds_won, s.rounds_conflict, s.rounds_no_quorum, s.requests_expired,
+            s.ids_issued, s.max_attempts, server.store.fsyncs, server.store.writes,
+        )
+    await serve  # re-raises a fatal error
