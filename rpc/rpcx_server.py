@@ -357,9 +357,16 @@ class RpcxServer:
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
         writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-        task = loop.create_task(self._gateway_server.serve_connection(reader, writer, first))
+        gw = self._gateway_server
+        task = loop.create_task(gw.serve_connection(reader, writer, first))
+        gw._conns[task] = False  # the gateway marks it busy while a request runs
         self._gateway_tasks.add(task)
-        task.add_done_callback(self._gateway_tasks.discard)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._gateway_tasks.discard(t)
+            gw._conns.pop(t, None)
+
+        task.add_done_callback(done)
 
     # -- rpc.server.Listener -------------------------------------------------------------
     async def stop_accepting(self) -> None:
@@ -367,6 +374,12 @@ class RpcxServer:
 
     async def close_connections(self) -> None:
         await self._transport.aclose()
+        gw = self._gateway_server
+        if gw is not None:
+            gw._closing = True
+            for t, busy in list(gw._conns.items()):
+                if not busy:
+                    t.cancel()  # idle keep-alive HTTP connection: nothing to drain
         tasks = list(self._gateway_tasks)
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=self._transport.config.connection.drain_timeout)

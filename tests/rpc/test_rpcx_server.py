@@ -199,3 +199,21 @@ def test_addresses() -> None:
 def test_one_error_tree() -> None:
     for cls in (terr.TransportError, terr.ConnectionLost, terr.RequestTimeout, terr.RemoteError, terr.ProtocolError):
         assert issubclass(cls, RpcError)
+
+
+async def test_http_on_the_rpcx_port_and_quick_close_of_idle_http() -> None:
+    from rpc.gateway import Gateway
+    from rpc.gateway_client import HTTPCaller
+
+    server = Server()
+    register_example(server.registry, "arith")
+    rpcx = RpcxServer(server, "tcp@127.0.0.1:0", gateway=Gateway(server.dispatcher))
+    await rpcx.start()
+    http = HTTPCaller()
+    try:
+        url = f"http://127.0.0.1:{rpcx.endpoint.port}"
+        assert await Client(url, http).call("Arith", "Mul", {"A": 6, "B": 7}, timeout=5) == {"C": 42}
+        # the kept-alive HTTP connection is idle: closing does not wait for it
+        await asyncio.wait_for(server.shutdown(rpcx, timeout=5), 2)
+    finally:
+        await http.aclose()
