@@ -347,3 +347,20 @@ def test_cli_call_and_bench_over_rpcx(servers: list[Served]) -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "received requests_OK : 2000" in out.stdout
+
+
+async def test_oversized_message_closes_the_connection(servers: list[Served]) -> None:
+    s = serve(*APP, "--max-message", "4096")
+    servers.append(s)
+    async with Client(s.address, RpcxCaller(), close_caller=True) as client:
+        with pytest.raises(TransportError):
+            await client.call("Probe", "Note", "x" * 10_000, timeout=5)
+        # a fresh connection serves normal calls
+        for _ in range(50):
+            try:
+                assert await client.call("Arith", "Add", {"A": 1, "B": 1}, timeout=5) == {"C": 2}
+                break
+            except TransportError:
+                await asyncio.sleep(0.05)
+        else:
+            pytest.fail("no reconnect after the oversized message")

@@ -71,6 +71,14 @@ async def test_our_client_calls_a_go_server(go_server: str) -> None:
         assert hb.heartbeat
 
 
+def test_cli_call_against_a_go_server(go_server: str) -> None:
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "cli", "rpc", "call", go_server, "Arith.Mul", '{"A":6,"B":7}',
+                          "--codec", "msgpack", "--timeout", "3"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == '{"C": 42}', res.stderr
+
+
 async def test_xclient_across_go_and_python_servers(go_server: str) -> None:
     ours: Served = serve("--example", "arith")
     caller = RpcxCaller()
