@@ -269,11 +269,12 @@ async def test_redis_registry_drives_an_xclient(redis_url: str, servers: list[Se
         async with xc:
             await until(lambda s: set(s) == {a.address})
             pid_a = (await xc.call("Who", None, timeout=5))["pid"]
+            assert pid_a == a.proc.pid
             b = serve(*APP, *reg)
             servers.append(b)
             await until(lambda s: set(s) == {a.address, b.address})
             pids = {(await xc.call("Who", None, timeout=5))["pid"] for _ in range(10)}
-            assert pids == {pid_a, b.proc.pid} or len(pids) == 2
+            assert pids == {pid_a, b.proc.pid}
             a.signal(signal.SIGTERM)  # graceful: unregisters first
             assert a.wait() == 0
             await until(lambda s: set(s) == {b.address})
@@ -284,6 +285,38 @@ async def test_redis_registry_drives_an_xclient(redis_url: str, servers: list[Se
             await until(lambda s: not s)
             with pytest.raises(NoServerAvailable):
                 await xc.call("Who", None, timeout=1)
+    finally:
+        await caller.aclose()
+        await discovery.aclose()
+
+
+async def test_etcd_registry_drives_an_xclient(etcd_endpoint: str, servers: list[Served]) -> None:
+    from rpc.discovery.etcd import EtcdDiscovery
+
+    reg = ("--etcd", etcd_endpoint, "--base", "/rpcx-e2e", "--ttl", "5")
+    a, b = serve(*APP, *reg), serve(*APP, *reg)
+    servers += [a, b]
+    discovery = EtcdDiscovery(etcd_endpoint, "Probe", base="/rpcx-e2e", refresh_interval=0.1)
+    caller = RpcxCaller(connect_timeout=2)
+    xc = XClient("Probe", discovery, caller, selector=RoundRobinSelector(),
+                 options=XClientOptions(fail_mode=FailMode.FAILOVER, retries=3))
+    try:
+        await discovery.start()
+        async with xc:
+            for _ in range(100):
+                if set(xc.servers) == {a.address, b.address}:
+                    break
+                await asyncio.sleep(0.05)
+            assert set(xc.servers) == {a.address, b.address}
+            assert {(await xc.call("Who", None, timeout=5))["pid"] for _ in range(6)} == {a.proc.pid, b.proc.pid}
+            a.signal(signal.SIGTERM)
+            assert a.wait() == 0
+            for _ in range(100):
+                if set(xc.servers) == {b.address}:
+                    break
+                await asyncio.sleep(0.05)
+            assert set(xc.servers) == {b.address}
+            assert {(await xc.call("Who", None, timeout=5))["pid"] for _ in range(4)} == {b.proc.pid}
     finally:
         await caller.aclose()
         await discovery.aclose()
