@@ -130,7 +130,7 @@ class RpcxServerConnection(Connection):
                 self.session.closed = True
                 self._plugins.run_logged_now("on_conn_close", self.peer)
             else:
-                self._loop.create_task(self.session.close())
+                self._spawn(self.session.close())
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = self._loop.create_task(coro)
@@ -229,12 +229,13 @@ class RpcxServerConnection(Connection):
                 result = (raw, res.payload, None)
             if self._plugins._post_write:
                 self._written(msg, res)
-        if outcome.close:
-            if result is not None:
-                self._send_replies([result])
-                result = None
+        if outcome.close and not self._closing:
+            # Failed auth: run nothing more from this peer (later requests are
+            # answered "connection is closing"), let the replies already made
+            # for this read buffer go out, then close.
             log.info("closing connection from %s: auth failed", self.peer.address)
-            self.close()
+            self._closing = True
+            self._loop.call_soon(self.close)
         return result
 
     def _written(self, msg: Message, res: Message) -> None:

@@ -217,3 +217,28 @@ async def test_http_on_the_rpcx_port_and_quick_close_of_idle_http() -> None:
         await asyncio.wait_for(server.shutdown(rpcx, timeout=5), 2)
     finally:
         await http.aclose()
+
+
+async def test_failed_auth_in_a_pipelined_buffer() -> None:
+    """Two requests in one write, the second with a bad token: the first is
+    answered, the second gets "auth failed", then the server closes."""
+    import rustext
+
+    from rpc.plugins import AuthPlugin
+
+    server = Server(plugins=[AuthPlugin(["good"])])
+    register_example(server.registry, "arith")
+    async with RpcxServer(server, "tcp@127.0.0.1:0") as rpcx:
+        reader, writer = await asyncio.open_connection("127.0.0.1", rpcx.endpoint.port)
+        frames = b"".join(
+            rustext.encode_rpcx_request(seq, b'{"A":2,"B":3}', service_path="Arith", service_method="Mul",
+                                        metadata=[("__AUTH", token)], serialize_type=1)
+            for seq, token in ((1, "good"), (2, "bad"))
+        )
+        writer.write(frames)
+        data = await asyncio.wait_for(reader.read(-1), 5)  # until the server closes
+        writer.close()
+        replies = {m.seq: m for m in rustext.RpcxStream().feed(data)}
+        assert replies[1].status == 0 and replies[1].payload == b'{"C":6}'
+        assert replies[2].status == 1 and replies[2].error == "auth failed"
+    await server.dispatcher.aclose()
