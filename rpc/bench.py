@@ -12,9 +12,9 @@ A target says what to call and through which caller::
     BenchTarget(address="http://127.0.0.1:8972", service="Hello", method="Say",
                 serialize_type=SerializeType.PROTOBUF, payload=benchmark_request().SerializeToString())
 
-The caller comes from ``rpc.callers`` by the address's scheme (``http://``
-gateway, ``inproc:`` examples in process; the rpcx transport adds
-``tcp@host:port`` when it lands).
+The caller comes from ``rpc.callers`` by the address's scheme (``host:port``
+/ ``tcp@`` / ``unix@`` rpcx protocol, ``http://`` gateway, ``grpc://``,
+``inproc:`` examples in process).
 """
 
 from __future__ import annotations

@@ -79,7 +79,6 @@ async def open_caller(address: str, *, pool: int = 1) -> tuple[Caller, Closer]:
     factory = SCHEMES.get(scheme)
     if factory is None:
         raise LookupError(
-            f"no caller for {address!r}: the rpcx binary protocol needs rpc.transport, "
-            f"not in this build (available: {', '.join(f'{s}:' for s in SCHEMES)})"
+            f"no caller for {address!r} (available: {', '.join(SCHEMES)})"
         )
     return await factory(address, pool)
