@@ -4,6 +4,9 @@
 server's CPU time for each part.
 
     python benches/rpc/bench_rpcx.py -c 100 -n 200000 --pool 10 --processes 2 --grpc-n 20000
+
+``--pool`` is the total number of connections: rpcx gets ``pool / processes``
+per client process (10 = 2 × 5), grpc.aio one process with all of them.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("-c", type=int, default=100)
     p.add_argument("-n", type=int, default=200_000)
-    p.add_argument("--pool", type=int, default=10)
+    p.add_argument("--pool", type=int, default=10, help="connections in total (split across rpcx client processes)")
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--grpc-n", type=int, default=20_000)
     a = p.parse_args()
@@ -44,10 +47,11 @@ def main() -> int:
     try:
         wait_for_port(rpcx, proc=server)
         wait_for_port(grpc, proc=server)
-        for label, addr, n, procs in (("rpcx", f"127.0.0.1:{rpcx}", a.n, a.processes),
-                                      ("grpc.aio", f"grpc://127.0.0.1:{grpc}", a.grpc_n, 1)):
+        per_process = max(1, a.pool // a.processes)
+        for label, addr, n, procs, pool in (("rpcx", f"127.0.0.1:{rpcx}", a.n, a.processes, per_process),
+                                            ("grpc.aio", f"grpc://127.0.0.1:{grpc}", a.grpc_n, 1, a.pool)):
             cmd = [sys.executable, "-m", "cli", "rpc", "bench", addr, "-c", str(a.c), "-n", str(n),
-                   "--pool", str(a.pool), "--processes", str(procs)]
+                   "--pool", str(pool), "--processes", str(procs)]
             print(f"== {label}: {' '.join(cmd[2:])}", flush=True)
             c0, t0 = cpu_seconds(server.pid), time.monotonic()
             subprocess.run(cmd, cwd=ROOT, check=False)
