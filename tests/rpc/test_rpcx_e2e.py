@@ -397,3 +397,30 @@ async def test_oversized_message_closes_the_connection(servers: list[Served]) ->
                 await asyncio.sleep(0.05)
         else:
             pytest.fail("no reconnect after the oversized message")
+
+
+async def test_metrics_and_access_log_over_rpcx(servers: list[Served]) -> None:
+    import urllib.request
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    s = serve(*APP, "--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--access-log")
+    servers.append(s)
+    async with Client(s.address, RpcxCaller(), close_caller=True) as client:
+        for i in range(3):
+            await client.call("Arith", "Mul", {"A": i, "B": 2}, timeout=5)
+        with pytest.raises(ServiceError):
+            await client.call("Arith", "Mul", {"A": "x"}, timeout=5)
+
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                return resp.read().decode()
+
+        text = await asyncio.to_thread(scrape)
+    assert 'rpc_server_requests_total{method="Mul",service="Arith"} 4.0' in text
+    assert 'rpc_server_errors_total{method="Mul",service="Arith"} 1.0' in text
+    assert "rpc_server_connections 1.0" in text
+    s.signal(signal.SIGTERM)
+    assert s.wait() == 0
+    assert "Arith.Mul" in s.stderr()  # access log lines

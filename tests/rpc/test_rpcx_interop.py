@@ -101,3 +101,18 @@ def test_go_client_calls_our_server(go_peer: Path) -> None:
         assert res.stdout.strip() == '{"C":42}'
     finally:
         ours.stop()
+
+
+def test_our_server_pushes_to_a_go_bidirectional_client(go_peer: Path) -> None:
+    """A Go rpcx bidirectional XClient (with heartbeats every 50 ms) calls
+    Probe.Push on our server and receives the pushed messages."""
+    ours: Served = serve("--app", "tests.rpc.rpcx_app:setup")
+    try:
+        res = subprocess.run([str(go_peer), "push", ours.address.removeprefix("tcp@"), "3"],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.splitlines() == [
+            '{"pushed":3}', 'Client Event {"i":0}', 'Client Event {"i":1}', 'Client Event {"i":2}', "ok",
+        ]
+    finally:
+        ours.stop()

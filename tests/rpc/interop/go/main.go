@@ -2,6 +2,8 @@
 //
 //	go run . server ADDR         serve Arith.Mul / Arith.Add (JSON) on ADDR until killed; prints "ready"
 //	go run . client ADDR A B     call Arith.Mul(A, B) over rpcx and print the reply as JSON
+//	go run . push ADDR N         with heartbeats every 50 ms, call Probe.Push({"n": N}) on a
+//	                             bidirectional client; print the reply, then each pushed message
 package main
 
 import (
@@ -81,6 +83,43 @@ func main() {
 		}
 		out, _ := json.Marshal(reply)
 		fmt.Println(string(out))
+	case "push":
+		n, _ := strconv.Atoi(os.Args[3])
+		opt := client.DefaultOption
+		opt.SerializeType = protocol.JSON
+		opt.Heartbeat = true
+		opt.HeartbeatInterval = 50 * time.Millisecond
+		d, err := client.NewPeer2PeerDiscovery("tcp@"+os.Args[2], "")
+		if err != nil {
+			panic(err)
+		}
+		ch := make(chan *protocol.Message, n+1)
+		xc := client.NewBidirectionalXClient("Probe", client.Failfast, client.RandomSelect, d, opt, ch)
+		defer xc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		reply := map[string]int{}
+		if err := xc.Call(ctx, "Push", map[string]int{"n": n}, &reply); err != nil {
+			fmt.Fprintln(os.Stderr, "call failed:", err)
+			os.Exit(1)
+		}
+		out, _ := json.Marshal(reply)
+		fmt.Println(string(out))
+		for i := 0; i < n; i++ {
+			select {
+			case m := <-ch:
+				fmt.Println(m.ServicePath, m.ServiceMethod, string(m.Payload))
+			case <-time.After(5 * time.Second):
+				fmt.Fprintln(os.Stderr, "no push")
+				os.Exit(1)
+			}
+		}
+		time.Sleep(200 * time.Millisecond) // a few heartbeats, then one more call on the same connection
+		if err := xc.Call(ctx, "Push", map[string]int{"n": 0}, &reply); err != nil {
+			fmt.Fprintln(os.Stderr, "call after heartbeats failed:", err)
+			os.Exit(1)
+		}
+		fmt.Println("ok")
 	default:
 		os.Exit(2)
 	}
