@@ -424,3 +424,40 @@ async def test_metrics_and_access_log_over_rpcx(servers: list[Served]) -> None:
     s.signal(signal.SIGTERM)
     assert s.wait() == 0
     assert "Arith.Mul" in s.stderr()  # access log lines
+
+
+async def test_rolling_shutdown_under_load_loses_nothing(servers: list[Served]) -> None:
+    """Two servers under steady load through a failover XClient; one is shut
+    down gracefully (SIGTERM) mid-run: every call succeeds — in-flight ones
+    drain, refused ones are retried on the other server."""
+    a, b = serve(*APP), serve(*APP)
+    servers += [a, b]
+    caller = RpcxCaller(pool=2, connect_timeout=2)
+    xc = _xclient([a.address, b.address], FailMode.FAILOVER, caller)
+    stop = asyncio.Event()
+    results: list[Any] = []
+
+    async def worker() -> None:
+        while not stop.is_set():
+            try:
+                results.append(await xc.call("Sleep", {"ms": 5}, timeout=10))
+            except RpcError as exc:
+                results.append(exc)
+
+    try:
+        async with xc:
+            workers = [asyncio.ensure_future(worker()) for _ in range(20)]
+            while len(results) < 200:
+                await asyncio.sleep(0.01)
+            a.signal(signal.SIGTERM)
+            assert await asyncio.to_thread(a.wait) == 0
+            n = len(results)
+            while len(results) < n + 200:
+                await asyncio.sleep(0.01)
+            stop.set()
+            await asyncio.gather(*workers)
+    finally:
+        await caller.aclose()
+    failed = [r for r in results if isinstance(r, Exception)]
+    assert not failed, failed[:3]
+    assert {r["pid"] for r in results[-100:]} == {b.proc.pid}
