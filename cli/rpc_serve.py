@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-message", type=int, default=64 << 20, metavar="BYTES",
                    help="largest rpcx message and largest inflated gzip payload accepted (default 64 MiB)")
     p.add_argument("--max-connections", type=int, default=10_000, help="rpcx connections at once (default 10000)")
+    p.add_argument("--idle-timeout", type=float, metavar="S",
+                   help="close rpcx connections silent that long (no request, no heartbeat; default never)")
     p.add_argument("--gateway", metavar="HOST:PORT", help="HTTP gateway (X-RPCX-* and JSON-RPC 2.0) on its own port")
     p.add_argument("--grpc", metavar="HOST:PORT",
                    help="also serve the benchmark's Hello.Say over grpc.aio (the reference peer of `rpc bench`)")
@@ -68,14 +70,17 @@ def _hostport(value: str, flag: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-async def _start_rpcx_listener(server: Any, address: str, *, http: bool = True, config: Any = None) -> Any:
+async def _start_rpcx_listener(
+    server: Any, address: str, *, http: bool = True, config: Any = None, idle_timeout: float | None = None
+) -> Any:
     """Start the rpcx listener (``rpc.rpcx_server.RpcxServer``) on ``address``
     (``HOST:PORT``, ``tcp@HOST:PORT`` or ``unix@/path``); with ``http`` the
     HTTP gateway answers on the same port (first byte not rpcx's 0x08)."""
     from rpc.gateway import Gateway
     from rpc.rpcx_server import RpcxServer
 
-    rpcx = RpcxServer(server, address, gateway=Gateway(server.dispatcher) if http else None, config=config)
+    rpcx = RpcxServer(server, address, gateway=Gateway(server.dispatcher) if http else None, config=config,
+                      idle_timeout=idle_timeout)
     await rpcx.start()
     return rpcx
 
@@ -146,7 +151,11 @@ async def serve(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
-            listener = await _start_rpcx_listener(server, args.listen, http=not args.no_http, config=config)
+            if args.idle_timeout is not None and args.idle_timeout <= 0:
+                print("error: --idle-timeout must be > 0", file=sys.stderr)
+                return 2
+            listener = await _start_rpcx_listener(server, args.listen, http=not args.no_http, config=config,
+                                                  idle_timeout=args.idle_timeout)
             args.listen = listener.address.partition("@")[2]  # the bound port when 0 was asked
         if args.gateway:
             from rpc.gateway import Gateway, GatewayServer

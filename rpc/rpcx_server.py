@@ -85,6 +85,7 @@ class RpcxServerConnection(Connection):
         self.session: ServerSession = dispatcher.session(self.peer)
         self._accepted = True
         self._sniffing = rpcx is not None and rpcx.gateway is not None
+        self.last_read = self._loop.time()
 
     # --- accept / close --------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -140,6 +141,7 @@ class RpcxServerConnection(Connection):
 
     # --- reading ---------------------------------------------------------------------
     def data_received(self, data: bytes | memoryview) -> None:
+        self.last_read = self._loop.time()
         if self._sniffing:
             self._sniffing = False
             if len(data) and data[0] != RPCX_MAGIC and self._rpcx is not None and self.transport is not None:
@@ -291,6 +293,8 @@ class RpcxServer:
     ``config`` bounds connections and handlers (``rpc.transport.ServerConfig``;
     ``config.connection.drain_timeout`` is the per-connection drain at close).
     ``gateway`` (an ``rpc.gateway.Gateway``) serves HTTP on the same port.
+    ``idle_timeout`` (seconds): a connection that sends nothing for that
+    long (clients keep it with heartbeats) and has no call running is closed.
     """
 
     def __init__(
@@ -300,7 +304,12 @@ class RpcxServer:
         *,
         config: ServerConfig | None = None,
         gateway: Any = None,
+        idle_timeout: float | None = None,
     ) -> None:
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise ValueError("idle_timeout must be > 0 or None")
+        self.idle_timeout = idle_timeout
+        self._reaper: asyncio.Task[None] | None = None
         self.dispatcher: ServiceDispatcher = server if isinstance(server, ServiceDispatcher) else server.dispatcher
         self.gateway = gateway
         self._gateway_server: Any = None
@@ -341,7 +350,22 @@ class RpcxServer:
             from rpc.gateway import GatewayServer
 
             self._gateway_server = GatewayServer(self.gateway)
+        if self.idle_timeout is not None and self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap(self.idle_timeout))
         return ep
+
+    async def _reap(self, idle: float) -> None:
+        """Close connections that sent nothing (not even a heartbeat) for
+        ``idle`` seconds and have no call running: rpcx's read timeout,
+        which drops dead or silent clients."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(idle / 4)
+            now = loop.time()
+            for conn in self.connections:
+                if now - conn.last_read > idle and not conn.handlers_running and not conn.in_flight:
+                    log.info("closing connection from %s: idle for %.1fs", conn.peer.address, now - conn.last_read)
+                    conn.close()
 
     # -- HTTP on the same port ------------------------------------------------------------
     def _to_gateway(self, conn: RpcxServerConnection, first: bytes) -> None:
@@ -372,6 +396,10 @@ class RpcxServer:
     # -- rpc.server.Listener -------------------------------------------------------------
     async def stop_accepting(self) -> None:
         self._transport.stop_accepting()
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.cancel()
+            await asyncio.gather(reaper, return_exceptions=True)
 
     async def close_connections(self) -> None:
         await self._transport.aclose()

@@ -242,3 +242,24 @@ async def test_failed_auth_in_a_pipelined_buffer() -> None:
         assert replies[1].status == 0 and replies[1].payload == b'{"C":6}'
         assert replies[2].status == 1 and replies[2].error == "auth failed"
     await server.dispatcher.aclose()
+
+
+async def test_idle_timeout_drops_silent_clients_not_heartbeating_ones() -> None:
+    server = Server()
+    register_example(server.registry, "arith")
+    async with RpcxServer(server, "tcp@127.0.0.1:0", idle_timeout=1.0) as rpcx:
+        silent, beating = RpcxCaller(), RpcxCaller(heartbeat_interval=0.05)
+        try:
+            for caller in (silent, beating):
+                assert await Client(rpcx.address, caller).call("Arith", "Add", {"A": 1, "B": 1}, timeout=5) == {"C": 2}
+            quiet = await silent.connection(rpcx.address)
+            alive = await beating.connection(rpcx.address)
+            await asyncio.wait_for(quiet.wait_closed(), 5)  # closed by the server after 1 s of silence
+            assert alive.is_open  # its heartbeats kept it (it was checked at least once meanwhile)
+            assert await Client(rpcx.address, beating).call("Arith", "Add", {"A": 2, "B": 2}, timeout=5) == {"C": 4}
+        finally:
+            await silent.aclose()
+            await beating.aclose()
+    await server.dispatcher.aclose()
+    with pytest.raises(ValueError):
+        RpcxServer(server, "tcp@127.0.0.1:0", idle_timeout=0)
