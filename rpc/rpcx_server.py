@@ -14,8 +14,10 @@ with one ``ServerSession`` (plugins' connection hooks, auth, deadlines)::
 
 Per connection (``RpcxServerConnection``), in rpcx's order:
 
-- accept: ``on_conn_accept`` hooks (False closes the connection at once;
-  while async hooks run, reading is paused);
+- accept: ``on_conn_accept`` hooks (False closes the connection at once,
+  and its ``on_conn_close`` hooks do not run; while async hooks run, reading
+  is paused); a connection the transport refuses (``max_connections``,
+  closing) runs no hook;
 - each read buffer: ``pre_read`` hooks once, then every request it holds is
   decoded in one Rust call;
 - heartbeat: ``on_heartbeat`` hooks, then the frame is echoed as a response;
@@ -83,7 +85,7 @@ class RpcxServerConnection(Connection):
         self._rpcx = rpcx
         self.peer = Peer(send=self._push)
         self.session: ServerSession = dispatcher.session(self.peer)
-        self._accepted = True
+        self._accepted = False  # on_conn_accept said yes: on_conn_close will run
         self._sniffing = rpcx is not None and rpcx.gateway is not None
         self.last_read = self._loop.time()
 
@@ -97,13 +99,15 @@ class RpcxServerConnection(Connection):
         """Run the ``on_conn_accept`` hooks (called once the server registered us)."""
         hooks = self._plugins._on_conn_accept
         if not hooks:
+            self._accepted = True
             return
         if _hooks_sync(hooks):
             if not self._plugins.all_true_now("on_conn_accept", self.peer):
                 log.info("connection from %s refused by a plugin", self.peer.address)
                 self.close()
+                return
+            self._accepted = True
             return
-        self._accepted = False
         if self.transport is not None:
             self.transport.pause_reading()
         self._spawn(self._accept())
@@ -123,7 +127,7 @@ class RpcxServerConnection(Connection):
     def connection_lost(self, exc: Exception | None) -> None:
         was_lost = self._lost
         super().connection_lost(exc)
-        if not was_lost and not self.session.closed:
+        if not was_lost and self._accepted and not self.session.closed:
             hooks = self._plugins._on_conn_close
             if not hooks:
                 self.session.closed = True

@@ -263,3 +263,31 @@ async def test_idle_timeout_drops_silent_clients_not_heartbeating_ones() -> None
     await server.dispatcher.aclose()
     with pytest.raises(ValueError):
         RpcxServer(server, "tcp@127.0.0.1:0", idle_timeout=0)
+
+
+async def test_refused_connections_run_no_close_hook() -> None:
+    from rpc.transport.config import ServerConfig
+
+    plugin = Recorder()
+    refuse_second = Refuse()
+    server = Server(plugins=[plugin])
+    register_example(server.registry, "arith")
+    async with RpcxServer(server, "tcp@127.0.0.1:0", config=ServerConfig(max_connections=1)) as rpcx:
+        first, second = RpcxCaller(), RpcxCaller(connect_timeout=2)
+        try:
+            assert await Client(rpcx.address, first).call("Arith", "Add", {"A": 1, "B": 1}, timeout=5) == {"C": 2}
+            with pytest.raises(TransportError):  # over max_connections: closed by the transport
+                await Client(rpcx.address, second).call("Arith", "Add", {"A": 1, "B": 1}, timeout=5)
+        finally:
+            await first.aclose()
+            await second.aclose()
+        await _until(lambda: "close" in plugin.events)
+        server.add_plugin(refuse_second)  # now a plugin refuses: no close hook either
+        third = RpcxCaller(connect_timeout=2)
+        try:
+            with pytest.raises(TransportError):
+                await Client(rpcx.address, third).call("Arith", "Add", {"A": 1, "B": 1}, timeout=5)
+        finally:
+            await third.aclose()
+    assert plugin.events.count("accept") == 2 and plugin.events.count("close") == 1
+    await server.dispatcher.aclose()
