@@ -16,7 +16,10 @@ EPILOG = """examples:
   juggler rpc serve --listen 127.0.0.1:8972 --example arith --gateway 127.0.0.1:8080
   juggler rpc serve --listen 0.0.0.0:8972 --app myapp.services:Arith \\
       --redis redis://127.0.0.1:6379/0 --advertise tcp@10.0.0.5:8972 --metrics-port 9100
+  juggler rpc serve --listen unix@/tmp/arith.sock --example arith --idle-timeout 90
   curl -s http://127.0.0.1:8080/Arith -H 'X-RPCX-ServiceMethod: Mul' -H 'X-RPCX-SerializeType: 1' -d '{"A":6,"B":7}'
+  curl -s http://127.0.0.1:8972/Arith -H 'X-RPCX-ServiceMethod: Mul' -H 'X-RPCX-SerializeType: 1' -d '{"A":6,"B":7}'
+      # the same HTTP API answered on the rpcx port (unless --no-http)
 """
 
 
