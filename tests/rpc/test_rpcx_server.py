@@ -291,3 +291,22 @@ async def test_refused_connections_run_no_close_hook() -> None:
             await third.aclose()
     assert plugin.events.count("accept") == 2 and plugin.events.count("close") == 1
     await server.dispatcher.aclose()
+
+
+@pytest.mark.parametrize("garbage", [b"\x08\x00" + bytes(range(256)) * 4, b"\x00\xff garbage \r\n\r\n", b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"])
+async def test_garbage_closes_only_that_connection(garbage: bytes) -> None:
+    from rpc.gateway import Gateway
+
+    server = Server()
+    register_example(server.registry, "arith")
+    async with RpcxServer(server, "tcp@127.0.0.1:0", gateway=Gateway(server.dispatcher)) as rpcx:
+        async with Client(rpcx.address, RpcxCaller(), close_caller=True) as client:
+            assert await client.call("Arith", "Add", {"A": 1, "B": 1}, timeout=5) == {"C": 2}
+            reader, writer = await asyncio.open_connection("127.0.0.1", rpcx.endpoint.port)
+            writer.write(garbage)
+            data = await asyncio.wait_for(reader.read(-1), 5)  # the server answers (HTTP) or not, and closes
+            writer.close()
+            if garbage[0] != 0x08:
+                assert data.startswith(b"HTTP/1.1 4")
+            assert await client.call("Arith", "Add", {"A": 2, "B": 2}, timeout=5) == {"C": 4}
+    await server.dispatcher.aclose()
