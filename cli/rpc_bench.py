@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: -c, -n, --pool and --processes must be >= 1", file=sys.stderr)
         return 2
     if scheme_of(args.address) not in SCHEMES:
-        print(f"error: no caller for {args.address!r} in this build (rpcx needs rpc.transport)", file=sys.stderr)
+        print(f"error: no caller for {args.address!r}", file=sys.stderr)
         return 2
     if args.example == "bench":
         from rpc.examples import benchmark_request

@@ -16,12 +16,23 @@ EPILOG = """examples:
   juggler rpc serve --listen 127.0.0.1:8972 --example arith --gateway 127.0.0.1:8080
   juggler rpc serve --listen 0.0.0.0:8972 --app myapp.services:Arith \\
       --redis redis://127.0.0.1:6379/0 --advertise tcp@10.0.0.5:8972 --metrics-port 9100
+  juggler rpc serve --listen unix@/tmp/arith.sock --example arith --idle-timeout 90
   curl -s http://127.0.0.1:8080/Arith -H 'X-RPCX-ServiceMethod: Mul' -H 'X-RPCX-SerializeType: 1' -d '{"A":6,"B":7}'
+  curl -s http://127.0.0.1:8972/Arith -H 'X-RPCX-ServiceMethod: Mul' -H 'X-RPCX-SerializeType: 1' -d '{"A":6,"B":7}'
+      # the same HTTP API answered on the rpcx port (unless --no-http)
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", metavar="HOST:PORT", help="rpcx protocol listener (served by rpc.transport)")
+    p.add_argument("--listen", metavar="HOST:PORT",
+                   help="rpcx protocol listener: HOST:PORT, tcp@HOST:PORT or unix@/path "
+                        "(HTTP gateway requests on the same port are answered too)")
+    p.add_argument("--no-http", action="store_true", help="do not answer HTTP on the --listen port")
+    p.add_argument("--max-message", type=int, default=64 << 20, metavar="BYTES",
+                   help="largest rpcx message and largest inflated gzip payload accepted (default 64 MiB)")
+    p.add_argument("--max-connections", type=int, default=10_000, help="rpcx connections at once (default 10000)")
+    p.add_argument("--idle-timeout", type=float, metavar="S",
+                   help="close rpcx connections silent that long (no request, no heartbeat; default never)")
     p.add_argument("--gateway", metavar="HOST:PORT", help="HTTP gateway (X-RPCX-* and JSON-RPC 2.0) on its own port")
     p.add_argument("--grpc", metavar="HOST:PORT",
                    help="also serve the benchmark's Hello.Say over grpc.aio (the reference peer of `rpc bench`)")
@@ -62,12 +73,19 @@ def _hostport(value: str, flag: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-async def _start_rpcx_listener(server: Any, host: str, port: int) -> Any:
-    """WIRING POINT for rpc.transport: start the rpcx listener driving
-    ``server.dispatcher.session(peer)`` per connection and return a
-    ``rpc.server.Listener`` (stop_accepting / close_connections)."""
-    raise SystemExit("--listen needs rpc.transport (the rpcx network listener), not in this build; "
-                     "use --gateway for HTTP")
+async def _start_rpcx_listener(
+    server: Any, address: str, *, http: bool = True, config: Any = None, idle_timeout: float | None = None
+) -> Any:
+    """Start the rpcx listener (``rpc.rpcx_server.RpcxServer``) on ``address``
+    (``HOST:PORT``, ``tcp@HOST:PORT`` or ``unix@/path``); with ``http`` the
+    HTTP gateway answers on the same port (first byte not rpcx's 0x08)."""
+    from rpc.gateway import Gateway
+    from rpc.rpcx_server import RpcxServer
+
+    rpcx = RpcxServer(server, address, gateway=Gateway(server.dispatcher) if http else None, config=config,
+                      idle_timeout=idle_timeout)
+    await rpcx.start()
+    return rpcx
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -126,8 +144,22 @@ async def serve(args: argparse.Namespace) -> int:
     metrics_httpd = None
     try:
         if args.listen:
-            host, port = _hostport(args.listen, "--listen")
-            listener = await _start_rpcx_listener(server, host, port)
+            from rpc.transport.config import ConnectionConfig, ServerConfig
+
+            try:
+                config = ServerConfig(
+                    connection=ConnectionConfig(max_frame=args.max_message, max_decompressed=args.max_message),
+                    max_connections=args.max_connections,
+                )
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            if args.idle_timeout is not None and args.idle_timeout <= 0:
+                print("error: --idle-timeout must be > 0", file=sys.stderr)
+                return 2
+            listener = await _start_rpcx_listener(server, args.listen, http=not args.no_http, config=config,
+                                                  idle_timeout=args.idle_timeout)
+            args.listen = listener.address.partition("@")[2]  # the bound port when 0 was asked
         if args.gateway:
             from rpc.gateway import Gateway, GatewayServer
 
@@ -144,12 +176,12 @@ async def serve(args: argparse.Namespace) -> int:
             from prometheus_client import start_http_server
 
             metrics_httpd, _ = start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
-        advertise = args.advertise or (f"tcp@{args.listen}" if args.listen else None)
+        advertise = args.advertise or (listener.address if listener is not None else None)
         if registrars and advertise:
             await server.publish(advertise)
         where = ", ".join(
             x for x in (
-                f"rpcx on {args.listen}" if args.listen else "",
+                f"rpcx on {listener.address}" if listener is not None else "",
                 f"http gateway on {gateway.host}:{gateway.port}" if gateway else "",
                 f"grpc.aio Hello.Say on {args.grpc}" if grpc_server is not None else "",
                 f"metrics on :{args.metrics_port}" if metrics is not None else "",

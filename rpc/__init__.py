@@ -17,6 +17,8 @@ Layout (one module per concept):
 - ``gateway``    HTTP gateway (rpcx X-RPCX-* API, JSON-RPC 2.0), its HTTP/1.1 parser and server
 - ``gateway_client``  HTTPCaller: a ServerCaller over the HTTP gateway
 - ``grpc_peer``  grpc.aio Hello.Say server and GrpcCaller (the benchmark's reference)
+- ``rpcx_server`` RpcxServer: the services over rpc.transport (rpcx wire, HTTP sniffed on the same port)
+- ``rpcx_client`` RpcxCaller: the ServerCaller of the rpcx protocol (pool, heartbeats, server push)
 - ``callers``    which ServerCaller serves an address (http://, grpc://, inproc:, rpcx)
 - ``bench``      the benchmark client's engine (load, percentiles, processes, report)
 - ``discovery/`` static, Redis and etcd registries, file-cached fallback

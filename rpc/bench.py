@@ -12,9 +12,9 @@ A target says what to call and through which caller::
     BenchTarget(address="http://127.0.0.1:8972", service="Hello", method="Say",
                 serialize_type=SerializeType.PROTOBUF, payload=benchmark_request().SerializeToString())
 
-The caller comes from ``rpc.callers`` by the address's scheme (``http://``
-gateway, ``inproc:`` examples in process; the rpcx transport adds
-``tcp@host:port`` when it lands).
+The caller comes from ``rpc.callers`` by the address's scheme (``host:port``
+/ ``tcp@`` / ``unix@`` rpcx protocol, ``http://`` gateway, ``grpc://``,
+``inproc:`` examples in process).
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class BenchResult:
     cpu_user: float = 0.0
     cpu_sys: float = 0.0
     first_error: str | None = None
+    started: float = 0.0  # wall clock (time.time()) of the first call, 0 = unknown
+    ended: float = 0.0  # wall clock when the last call finished
 
     @property
     def tps(self) -> float:
@@ -63,7 +65,15 @@ class BenchResult:
         self.sent += other.sent
         self.ok += other.ok
         self.errors += other.errors
-        self.elapsed = max(self.elapsed, other.elapsed)
+        if self.started and other.started:
+            # the window in which any process was calling: processes that did
+            # not overlap must not look like parallel throughput
+            self.started = min(self.started, other.started)
+            self.ended = max(self.ended, other.ended)
+            self.elapsed = self.ended - self.started
+        else:
+            self.started, self.ended = other.started, other.ended
+            self.elapsed = max(self.elapsed, other.elapsed)
         self.latencies_ns.extend(other.latencies_ns)
         self.cpu_user += other.cpu_user
         self.cpu_sys += other.cpu_sys
@@ -142,17 +152,23 @@ async def run_load(
             result.ok += 1
 
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    result.started = time.time()
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(min(concurrency, max(total, 1)))))
     result.elapsed = time.perf_counter() - start
+    result.ended = result.started + result.elapsed
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     result.cpu_user = ru1.ru_utime - ru0.ru_utime
     result.cpu_sys = ru1.ru_stime - ru0.ru_stime
     return result
 
 
-async def bench_target(target: BenchTarget, *, concurrency: int, total: int) -> BenchResult:
-    """Run the load against ``target`` in this process."""
+async def bench_target(
+    target: BenchTarget, *, concurrency: int, total: int, start_at: float | None = None
+) -> BenchResult:
+    """Run the load against ``target`` in this process. ``start_at`` (wall
+    clock): warm up (connect) first, then start the load at that time, so
+    that several processes load the server together."""
     caller, close = await open_caller(target.address, pool=target.pool)
     template = Message(
         service_path=target.service,
@@ -168,18 +184,31 @@ async def bench_target(target: BenchTarget, *, concurrency: int, total: int) -> 
             raise RuntimeError(res.error_text)
 
     try:
+        if start_at is not None:
+            for _ in range(target.pool):  # open the pool's connections before the clock starts
+                try:
+                    await call()
+                except Exception:
+                    break
+            delay = start_at - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
         return await run_load(call, concurrency=concurrency, total=total)
     finally:
         await close()
 
 
-def _worker(target: BenchTarget, concurrency: int, total: int) -> BenchResult:
+def _worker(target: BenchTarget, concurrency: int, total: int, start_at: float | None = None) -> BenchResult:
     try:
         import uvloop
 
-        return uvloop.run(bench_target(target, concurrency=concurrency, total=total))
+        return uvloop.run(bench_target(target, concurrency=concurrency, total=total, start_at=start_at))
     except ImportError:  # pragma: no cover - uvloop is a dependency
-        return asyncio.run(bench_target(target, concurrency=concurrency, total=total))
+        return asyncio.run(bench_target(target, concurrency=concurrency, total=total, start_at=start_at))
+
+
+def _ready(_: int) -> int:
+    return os.getpid()
 
 
 def run_bench(target: BenchTarget, *, concurrency: int, total: int, processes: int = 1) -> BenchResult:
@@ -193,7 +222,11 @@ def run_bench(target: BenchTarget, *, concurrency: int, total: int, processes: i
     ctx = multiprocessing.get_context("spawn")
     merged = BenchResult()
     with ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:
-        futures = [pool.submit(_worker, target, max(1, c), n) for c, n in shares]
+        # start the processes first (imports take a while on a loaded machine),
+        # then give them one common start time
+        list(pool.map(_ready, range(processes)))
+        start_at = time.time() + 1.0
+        futures = [pool.submit(_worker, target, max(1, c), n, start_at) for c, n in shares]
         for fut in futures:
             merged.merge(fut.result())
     return merged

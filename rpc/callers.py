@@ -5,9 +5,8 @@
 - ``grpc://host:port``   grpc.aio (``rpc.grpc_peer``): the benchmark's reference peer
 - ``inproc:NAME``        an in-process dispatcher serving the examples
                          (``Hello``, ``Arith``): client and service layer alone
-- ``tcp@host:port`` / ``host:port``   the rpcx binary protocol: provided by
-                         ``rpc.transport`` (issue 4); register its factory
-                         under ``"rpcx"`` in ``SCHEMES`` when it lands
+- ``tcp@host:port`` / ``host:port`` / ``unix@/path``   the rpcx binary protocol
+                         over ``rpc.transport`` (``rpc.rpcx_client.RpcxCaller``)
 
 ``open_caller(address, pool=)`` returns ``(caller, aclose)``.
 """
@@ -55,7 +54,14 @@ async def _grpc(address: str, pool: int) -> tuple[Caller, Closer]:
     return caller, caller.aclose
 
 
-SCHEMES: dict[str, Factory] = {"http": _http, "inproc": _inproc, "grpc": _grpc}
+async def _rpcx(address: str, pool: int) -> tuple[Caller, Closer]:
+    from rpc.rpcx_client import RpcxCaller
+
+    caller = RpcxCaller(pool=pool)
+    return caller, caller.aclose
+
+
+SCHEMES: dict[str, Factory] = {"http": _http, "inproc": _inproc, "grpc": _grpc, "rpcx": _rpcx}
 
 
 def scheme_of(address: str) -> str:
@@ -73,7 +79,6 @@ async def open_caller(address: str, *, pool: int = 1) -> tuple[Caller, Closer]:
     factory = SCHEMES.get(scheme)
     if factory is None:
         raise LookupError(
-            f"no caller for {address!r}: the rpcx binary protocol needs rpc.transport, "
-            f"not in this build (available: {', '.join(f'{s}:' for s in SCHEMES)})"
+            f"no caller for {address!r} (available: {', '.join(SCHEMES)})"
         )
     return await factory(address, pool)

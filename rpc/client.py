@@ -2,7 +2,7 @@
 
 ``Client(address, caller)`` encodes arguments with the configured codec,
 adds ``__AUTH`` and ``__ServerTimeout``, sends through a ``ServerCaller``
-(the transport's for ``tcp@host:port``, ``HTTPCaller`` for the HTTP
+(``RpcxCaller`` for ``tcp@host:port``, ``HTTPCaller`` for the HTTP
 gateway, ``GrpcCaller``... see ``rpc.callers``), and decodes the reply::
 
     async with Client("http://127.0.0.1:8080", HTTPCaller()) as client:

@@ -121,3 +121,30 @@ class Message:
 def heartbeat_request(seq: int = 0) -> Message:
     """A heartbeat request (what an rpcx client sends to keep a connection alive)."""
     return Message(heartbeat=True, seq=seq, serialize_type=SerializeType.RAW)
+
+
+_TYPES = {0: MessageType.REQUEST, 1: MessageType.RESPONSE}
+_COMPRESS = {0: CompressType.NONE, 1: CompressType.GZIP}
+_STATUS = {0: MessageStatus.NORMAL, 1: MessageStatus.ERROR}
+_SERIALIZE = {int(t): t for t in SerializeType}
+
+
+def from_wire(m: object) -> Message:
+    """A ``Message`` from a decoded wire message (``rustext.RpcxMessage`` or
+    anything with its attributes). Unknown serialize types stay plain ints;
+    a status other than 0/1 counts as an error."""
+    md = m.metadata  # type: ignore[attr-defined]
+    st = m.serialize_type  # type: ignore[attr-defined]
+    return Message(
+        _TYPES[m.message_type],  # type: ignore[attr-defined]
+        m.heartbeat,  # type: ignore[attr-defined]
+        m.oneway,  # type: ignore[attr-defined]
+        _COMPRESS.get(m.compress_type, m.compress_type),  # type: ignore[attr-defined, arg-type]
+        _STATUS.get(m.status, MessageStatus.ERROR),  # type: ignore[attr-defined]
+        _SERIALIZE.get(st, st),  # type: ignore[arg-type]
+        m.seq,  # type: ignore[attr-defined]
+        m.service_path,  # type: ignore[attr-defined]
+        m.service_method,  # type: ignore[attr-defined]
+        dict(md) if md else {},
+        m.payload,  # type: ignore[attr-defined]
+    )

@@ -2,11 +2,12 @@
 graceful shutdown in rpcx's order.
 
 The network side (accepting TCP/unix connections, framing, the rpcx codec)
-is the transport's (``rpc.transport``); it plugs in through ``Listener``::
+is ``rpc.rpcx_server.RpcxServer`` over ``rpc.transport``; it plugs in
+through ``Listener``::
 
     server = Server(registrars=[RedisRegistrar(url)])
     server.register(Arith(), metadata="weight=2")
-    listener = <transport listener driving server.dispatcher.session(peer) per connection>
+    listener = RpcxServer(server, "tcp@0.0.0.0:8972"); await listener.start()
     await server.publish("tcp@10.0.0.5:8972")       # announce every service
     ...
     await server.shutdown(listener, timeout=10)     # see below

@@ -382,6 +382,94 @@ class ServiceDispatcher:
             if self._in_flight == 0 and self._idle is not None:
                 self._idle.set()
 
+    def dispatch_now(self, msg: Message, peer: Peer) -> Outcome | None:
+        """The whole request without awaiting, when nothing on its path can
+        wait: the method is a ``@fast`` sync handler (or does not exist) and
+        every hook of the request's steps is a plain method
+        (``plugins.request_path_sync``). Returns None, having run nothing, when
+        the request needs ``dispatch()``. Heartbeats always go to ``dispatch``.
+        ``post_write`` hooks are the transport's to run (``ServerSession.written``)."""
+        if msg.heartbeat or msg.message_type != MessageType.REQUEST:
+            return None
+        plugins = self.plugins
+        if not plugins.request_path_sync:
+            return None
+        service = self.registry.get(msg.service_path)
+        spec = service.methods.get(msg.service_method) if service is not None else None
+        if spec is not None and (spec.is_async or not spec.inline):
+            return None
+        if plugins._post_read:
+            try:
+                plugins.run_now("post_read", peer, msg)
+            except Exception as exc:
+                return self._error_outcome(msg, exc)
+        metadata = msg.metadata
+        ctx = Context(
+            msg.service_path,
+            msg.service_method,
+            seq=msg.seq,
+            metadata=metadata,
+            deadline=self._deadline(metadata),
+            peer=peer,
+            serialize_type=msg.serialize_type,
+            codecs=self.codecs,
+        )
+        if plugins._authenticate:
+            if not plugins.all_true_now("authenticate", ctx, metadata.get(META_AUTH)):
+                return Outcome(None if msg.oneway else msg.error_reply("auth failed"), close=True)
+        if self.closing:
+            return self._error_outcome(msg, ServerClosing("server is shutting down"))
+        args: Any = None
+        reply_obj: Any = None
+        error: BaseException | None = None
+        try:
+            if service is None:
+                raise UnknownService(msg.service_path)
+            if spec is None:
+                raise UnknownMethod(msg.service_method)
+            codec = self.codecs.get(msg.serialize_type)
+            decoder = spec.decoders.get(msg.serialize_type)
+            if decoder is None:
+                decoder = spec.decoders[msg.serialize_type] = codec.decoder_for(spec.arg_type)
+            args = decoder(msg.payload)
+            if plugins._pre_call:
+                plugins.run_now("pre_call", ctx, args)
+            reply_obj = spec.func(ctx, args)
+            payload = b"" if msg.oneway else codec.encode(reply_obj)
+        except Exception as exc:
+            error = exc
+        if plugins._post_call:
+            try:
+                plugins.run_now("post_call", ctx, args, None if error else reply_obj, error)
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            if not isinstance(error, RpcError):
+                log.error("%s.%s raised", msg.service_path, msg.service_method, exc_info=error)
+            return self._error_outcome(msg, error, ctx)
+        if msg.oneway:
+            return _NOTHING
+        res = msg.reply(payload, ctx.reply_metadata)
+        if plugins._pre_write:
+            try:
+                plugins.run_now("pre_write", ctx, msg, res)
+            except Exception as exc:
+                return self._error_outcome(msg, exc, ctx)
+        return Outcome(res)
+
+    def _deadline(self, metadata: dict[str, str]) -> float | None:
+        raw_timeout = metadata.get(META_SERVER_TIMEOUT) if metadata else None
+        if raw_timeout is not None:
+            try:
+                ms = int(raw_timeout)
+            except ValueError:
+                ms = 0
+            if ms > 0:
+                return asyncio.get_running_loop().time() + ms / 1000.0
+        elif self.handler_timeout is not None:
+            return asyncio.get_running_loop().time() + self.handler_timeout
+        return None
+
     async def _call(self, msg: Message, peer: Peer) -> Outcome:
         plugins = self.plugins
         metadata = msg.metadata

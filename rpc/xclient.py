@@ -3,8 +3,9 @@
 XClient composes discovery (which servers), a selector (which one now), a
 fail mode with retries (what to do on failure), and a circuit breaker per
 server, over a ``ServerCaller``: the function that sends one request
-``Message`` to one server address and returns its response. The transport's
-client provides the real ``ServerCaller`` (``rpc.transport``); an in-process
+``Message`` to one server address and returns its response:
+``rpc.rpcx_client.RpcxCaller`` over the network (rpcx protocol),
+``HTTPCaller`` over the HTTP gateway; an in-process
 one (a ``ServiceDispatcher`` behind a function) serves embedded use and tests.
 
 Calls::

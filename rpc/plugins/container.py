@@ -58,6 +58,9 @@ class PluginContainer:
 
     def __init__(self, plugins: list[object] | None = None) -> None:
         self._plugins: list[object] = []
+        #: every hook of a request's steps (post_read .. post_write) is a plain
+        #: method: the transport may serve a request without a task
+        self.request_path_sync = True
         for name in HOOKS:
             setattr(self, "_" + name, ())
         for plugin in plugins or ():
@@ -92,6 +95,36 @@ class PluginContainer:
                 if callable(getattr(p, name, None))
             )
             setattr(self, "_" + name, bound)
+        self.request_path_sync = not any(
+            is_async
+            for name in ("post_read", "authenticate", "pre_call", "post_call", "pre_write", "post_write")
+            for _, is_async in getattr(self, "_" + name)
+        )
+
+    def run_now(self, name: str, *args: Any) -> None:
+        """Run every ``name`` hook, all plain methods (``request_path_sync``);
+        exceptions propagate."""
+        for hook, _ in getattr(self, "_" + name):
+            hook(*args)
+
+    def all_true_now(self, name: str, *args: Any) -> bool:
+        """``all_true`` for plain-method hooks."""
+        for hook, _ in getattr(self, "_" + name):
+            try:
+                result = hook(*args)
+            except Exception as exc:
+                log.info("plugin hook %s refused: %s", getattr(hook, "__qualname__", name), exc)
+                return False
+            if result is False or (name == "authenticate" and not result):
+                return False
+        return True
+
+    def run_logged_now(self, name: str, *args: Any) -> None:
+        for hook, _ in getattr(self, "_" + name):
+            try:
+                hook(*args)
+            except Exception:
+                log.exception("plugin hook %s failed", getattr(hook, "__qualname__", name))
 
     # -- running hooks -----------------------------------------------------
 

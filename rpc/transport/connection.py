@@ -286,7 +286,9 @@ class Connection(asyncio.BufferedProtocol):
         if th is not None:
             self._scheduler.cancel(th)
         if msg.status:
-            self._fail(waiter, RemoteError(msg.error or "remote error"))
+            err = RemoteError(msg.error or "remote error")
+            err.response = msg  # the whole error response (reply metadata)
+            self._fail(waiter, err)
         elif type(waiter) is asyncio.Future or isinstance(waiter, asyncio.Future):
             if not waiter.done():
                 waiter.set_result(msg)
@@ -490,6 +492,7 @@ class Connection(asyncio.BufferedProtocol):
         timeout: float | None = DEFAULT,
         callback: Callable[[Any, BaseException | None], None] | None = None,
         serialize_type: int | None = None,
+        compress_type: int = 0,
     ) -> asyncio.Future[Any] | None:
         """Send a request now and return a future of the response message
         (callback style: ``fut.add_done_callback`` or pass ``callback(msg, exc)``,
@@ -498,7 +501,9 @@ class Connection(asyncio.BufferedProtocol):
         self._check_open()
         if not self._has_room():
             raise QueueFull(f"send queue of {self.name or self.peername()} is full")
-        return self._submit(payload, service_path, service_method, metadata, self._timeout(timeout), callback, serialize_type)
+        return self._submit(
+            payload, service_path, service_method, metadata, self._timeout(timeout), callback, serialize_type, compress_type
+        )
 
     def _submit(
         self,
@@ -509,6 +514,7 @@ class Connection(asyncio.BufferedProtocol):
         timeout: float | None,
         callback: Callable[[Any, BaseException | None], None] | None,
         serialize_type: int | None,
+        compress_type: int = 0,
     ) -> asyncio.Future[Any] | None:
         seq = self._alloc_seq()
         data = self._wire.encode_request(
@@ -518,6 +524,7 @@ class Connection(asyncio.BufferedProtocol):
             service_method=service_method,
             metadata=metadata,
             serialize_type=self._payload.serialize_type if serialize_type is None else serialize_type,
+            compress_type=compress_type,
         )
         waiter: Any = callback if callback is not None else self._loop.create_future()
         th = self._scheduler.add(timeout, (self, seq)) if timeout is not None else None
@@ -534,6 +541,7 @@ class Connection(asyncio.BufferedProtocol):
         metadata: Iterable[tuple[str, str]] | None = None,
         timeout: float | None = DEFAULT,
         serialize_type: int | None = None,
+        compress_type: int = 0,
     ) -> Any:
         """Send a request and await its response message (``.payload`` holds
         the bytes). Raises RequestTimeout, RemoteError, ConnectionLost,
@@ -544,7 +552,7 @@ class Connection(asyncio.BufferedProtocol):
         if not self._has_room():
             await self._wait_room(timeout)
             self._check_open()
-        fut = self._submit(payload, service_path, service_method, metadata, timeout, None, serialize_type)
+        fut = self._submit(payload, service_path, service_method, metadata, timeout, None, serialize_type, compress_type)
         assert fut is not None
         try:
             return await fut
@@ -568,6 +576,7 @@ class Connection(asyncio.BufferedProtocol):
         metadata: Iterable[tuple[str, str]] | None = None,
         serialize_type: int | None = None,
         timeout: float | None = DEFAULT,
+        compress_type: int = 0,
     ) -> None:
         """Fire-and-forget (a oneway message: the peer sends no reply). Waits
         only for room in the send queue (per policy, bounded by ``timeout``)."""
@@ -583,6 +592,7 @@ class Connection(asyncio.BufferedProtocol):
             service_method=service_method,
             metadata=metadata,
             serialize_type=self._payload.serialize_type if serialize_type is None else serialize_type,
+            compress_type=compress_type,
         )
         self._send(data)
 

@@ -1,7 +1,7 @@
 """Exception tree of rpc.transport.
 
 ```
-TransportError(Exception)
+TransportError(rpc.errors.RpcError)
 ├── ConnectionLost(TransportError, ConnectionError)   the connection died; in-flight requests fail with it
 │   └── TransportClosed(ConnectionLost)               closed locally (close/aclose); no new requests
 ├── Unavailable(TransportError, ConnectionError)      the pool cannot reach an endpoint (down / backing off)
@@ -14,9 +14,14 @@ TransportError(Exception)
 
 from __future__ import annotations
 
+from rpc.errors import RpcError
 
-class TransportError(Exception):
-    """Root of every error raised by rpc.transport."""
+
+class TransportError(RpcError):
+    """Root of every error raised by rpc.transport. It is an ``RpcError``, so
+    one ``except RpcError`` catches the whole rpc package. (Not to be confused
+    with ``rpc.errors.TransportError``, the retryable error the rpc callers
+    raise: ``rpc.rpcx_client`` maps these onto that one.)"""
 
 
 class ConnectionLost(TransportError, ConnectionError):
@@ -41,6 +46,8 @@ class QueueFull(TransportError):
 
 class RemoteError(TransportError):
     """The peer answered with an error status; ``args[0]`` is its error text."""
+
+    response: object = None  # the error response message, when there is one
 
 
 class ProtocolError(TransportError, ValueError):

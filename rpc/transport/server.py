@@ -37,6 +37,7 @@ class TransportServer:
         config: ServerConfig | None = None,
         inproc: InProcNetwork | None = None,
         on_connection: Callable[[Connection], None] | None = None,
+        connection_factory: Callable[..., Connection] = Connection,
     ) -> None:
         self.endpoint = Endpoint.parse(endpoint)
         self.protocol = (registry or ProtocolRegistry.default()).get(protocol)
@@ -44,6 +45,7 @@ class TransportServer:
         self._handler = handler
         self._inproc = inproc
         self._on_connection = on_connection
+        self._connection_factory = connection_factory
         self._limiter = HandlerLimiter(self.config.max_handlers)
         self._listener: Listener | None = None
         self._scheduler: DeadlineScheduler | None = None
@@ -67,7 +69,7 @@ class TransportServer:
 
     def _make_connection(self) -> Connection:
         assert self._scheduler is not None
-        conn = Connection(
+        conn = self._connection_factory(
             self.protocol,
             self.config.connection,
             self._scheduler,
@@ -107,6 +109,13 @@ class TransportServer:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
+
+    def stop_accepting(self) -> None:
+        """Close the listener (idempotent): connections already accepted go on
+        being served; new ones are refused. ``aclose()`` finishes the job."""
+        self._closing = True
+        if self._listener is not None:
+            self._listener.close()
 
     async def aclose(self, timeout: float | None = None) -> None:
         """Stop accepting, drain connections up to ``timeout`` (default the

@@ -46,6 +46,7 @@ class Wire(ABC):
         service_method: str = "",
         metadata: Iterable[tuple[str, str]] | None = None,
         serialize_type: int = 0,
+        compress_type: int = 0,
     ) -> bytes: ...
 
     @abstractmethod
@@ -70,6 +71,7 @@ class RpcxWire(Wire):
         service_method: str = "",
         metadata: Iterable[tuple[str, str]] | None = None,
         serialize_type: int = 0,
+        compress_type: int = 0,
     ) -> bytes:
         return rustext.encode_rpcx_request(
             seq,
@@ -80,6 +82,7 @@ class RpcxWire(Wire):
             serialize_type=serialize_type,
             oneway=oneway,
             heartbeat=heartbeat,
+            compress_type=compress_type,
         )
 
     def encode_replies(self, items: Sequence[tuple[Any, Any, str | None]]) -> bytes:
@@ -158,6 +161,7 @@ class FrameWire(Wire):
         service_method: str = "",
         metadata: Iterable[tuple[str, str]] | None = None,
         serialize_type: int = 0,
+        compress_type: int = 0,
     ) -> bytes:
         flags = (F_ONEWAY if oneway else 0) | (F_HEARTBEAT if heartbeat else 0)
         return _frame(flags, seq, payload)

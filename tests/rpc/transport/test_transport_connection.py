@@ -13,6 +13,7 @@ from rpc.transport import (
     ConnectionConfig,
     ConnectionLost,
     InProcNetwork,
+    PoolConfig,
     QueueFull,
     RemoteError,
     RequestTimeout,
@@ -460,3 +461,25 @@ async def test_long_backlog_of_sync_handlers_does_not_recurse(inproc: InProcNetw
         assert (await blocker).payload == b"unblocked"
         results = await asyncio.wait_for(asyncio.gather(*many), 30)  # type: ignore[arg-type]
         assert [r.payload for r in results] == [b"%d" % i for i in range(3000)]
+
+
+async def test_stop_accepting_keeps_serving_accepted_connections(no_leaks: None) -> None:
+    from rpc.transport import Connection, Unavailable
+
+    made: list[Connection] = []
+
+    class Counting(Connection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    async with TransportServer("tcp://127.0.0.1:0", echo, connection_factory=Counting) as srv:
+        async with TransportPool(config=PoolConfig(connect_timeout=2, down_after=1)) as p1, \
+                TransportPool(config=PoolConfig(connect_timeout=2, down_after=1)) as p2:
+            first = await p1.get(srv.endpoint)
+            assert len(made) == 1 and made[0] in srv.connections
+            srv.stop_accepting()
+            srv.stop_accepting()  # idempotent
+            assert (await first.request(b"still")).payload == b"still"
+            with pytest.raises(Unavailable):
+                await p2.get(srv.endpoint)

@@ -1,0 +1,126 @@
+// Interop peer for tests/rpc/test_rpcx_interop.py: a Go rpcx server or client.
+//
+//	go run . server ADDR         serve Arith.Mul / Arith.Add (JSON) on ADDR until killed; prints "ready"
+//	go run . client ADDR A B     call Arith.Mul(A, B) over rpcx and print the reply as JSON
+//	go run . push ADDR N         with heartbeats every 50 ms, call Probe.Push({"n": N}) on a
+//	                             bidirectional client; print the reply, then each pushed message
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/smallnest/rpcx/client"
+	"github.com/smallnest/rpcx/protocol"
+	"github.com/smallnest/rpcx/server"
+	"github.com/smallnest/rpcx/share"
+)
+
+type Args struct {
+	A int `json:"A"`
+	B int `json:"B"`
+}
+
+type Reply struct {
+	C int `json:"C"`
+}
+
+type Arith struct{}
+
+func (t *Arith) Mul(ctx context.Context, args *Args, reply *Reply) error {
+	reply.C = args.A * args.B
+	return nil
+}
+
+func (t *Arith) Add(ctx context.Context, args *Args, reply *Reply) error {
+	reply.C = args.A + args.B
+	return nil
+}
+
+func main() {
+	if len(os.Args) < 3 {
+		fmt.Fprintln(os.Stderr, "usage: server ADDR | client ADDR A B")
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "server":
+		s := server.NewServer()
+		if err := s.RegisterName("Arith", new(Arith), ""); err != nil {
+			panic(err)
+		}
+		go func() {
+			for s.Address() == nil {
+				time.Sleep(10 * time.Millisecond)
+			}
+			fmt.Println("ready", s.Address().String())
+		}()
+		if err := s.Serve("tcp", os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	case "client":
+		a, _ := strconv.Atoi(os.Args[3])
+		b, _ := strconv.Atoi(os.Args[4])
+		opt := client.DefaultOption
+		opt.SerializeType = protocol.JSON
+		d, err := client.NewPeer2PeerDiscovery("tcp@"+os.Args[2], "")
+		if err != nil {
+			panic(err)
+		}
+		xc := client.NewXClient("Arith", client.Failfast, client.RandomSelect, d, opt)
+		defer xc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ctx = context.WithValue(ctx, share.ReqMetaDataKey, map[string]string{"k": "v"})
+		reply := &Reply{}
+		if err := xc.Call(ctx, "Mul", &Args{A: a, B: b}, reply); err != nil {
+			fmt.Fprintln(os.Stderr, "call failed:", err)
+			os.Exit(1)
+		}
+		out, _ := json.Marshal(reply)
+		fmt.Println(string(out))
+	case "push":
+		n, _ := strconv.Atoi(os.Args[3])
+		opt := client.DefaultOption
+		opt.SerializeType = protocol.JSON
+		opt.Heartbeat = true
+		opt.HeartbeatInterval = 50 * time.Millisecond
+		d, err := client.NewPeer2PeerDiscovery("tcp@"+os.Args[2], "")
+		if err != nil {
+			panic(err)
+		}
+		ch := make(chan *protocol.Message, n+1)
+		xc := client.NewBidirectionalXClient("Probe", client.Failfast, client.RandomSelect, d, opt, ch)
+		defer xc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		reply := map[string]int{}
+		if err := xc.Call(ctx, "Push", map[string]int{"n": n}, &reply); err != nil {
+			fmt.Fprintln(os.Stderr, "call failed:", err)
+			os.Exit(1)
+		}
+		out, _ := json.Marshal(reply)
+		fmt.Println(string(out))
+		for i := 0; i < n; i++ {
+			select {
+			case m := <-ch:
+				fmt.Println(m.ServicePath, m.ServiceMethod, string(m.Payload))
+			case <-time.After(5 * time.Second):
+				fmt.Fprintln(os.Stderr, "no push")
+				os.Exit(1)
+			}
+		}
+		time.Sleep(200 * time.Millisecond) // a few heartbeats, then one more call on the same connection
+		if err := xc.Call(ctx, "Push", map[string]int{"n": 0}, &reply); err != nil {
+			fmt.Fprintln(os.Stderr, "call after heartbeats failed:", err)
+			os.Exit(1)
+		}
+		fmt.Println("ok")
+	default:
+		os.Exit(2)
+	}
+}

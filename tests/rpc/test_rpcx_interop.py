@@ -1,0 +1,118 @@
+"""Interop with Go rpcx (github.com/smallnest/rpcx v1.9.1): our client → a Go
+rpcx server, a Go rpcx client → our server. The Go peer
+(``tests/rpc/interop/go``) is built into a temporary directory; the test is
+skipped only when ``go`` is not installed (the build needs the Go module
+proxy or a warm module cache)."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rpc.client import Client
+from rpc.discovery.base import StaticDiscovery
+from rpc.errors import ServiceError
+from rpc.message import SerializeType
+from rpc.rpcx_client import RpcxCaller
+from rpc.xclient import XClient, XClientOptions
+from tests.conftest import free_port
+from tests.rpc.test_rpcx_e2e import Served, serve
+
+GO_DIR = Path(__file__).parent / "interop" / "go"
+
+
+@pytest.fixture(scope="module")
+def go_peer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("Go is not installed: the rpcx interop peer cannot be built")
+    out = tmp_path_factory.mktemp("go") / "rpcx-interop"
+    res = subprocess.run([go, "build", "-o", str(out), "."], cwd=GO_DIR, capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "CGO_ENABLED": "0"})
+    assert res.returncode == 0, f"go build failed:\n{res.stderr}"
+    return out
+
+
+@pytest.fixture
+def go_server(go_peer: Path) -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen([str(go_peer), "server", f"127.0.0.1:{port}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        assert sel.select(timeout=30), "the Go server did not start"
+        assert proc.stdout.readline().startswith("ready"), "the Go server did not start"
+        yield f"tcp@127.0.0.1:{port}"
+    finally:
+        sel.close()
+        proc.kill()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+
+
+async def test_our_client_calls_a_go_server(go_server: str) -> None:
+    caller = RpcxCaller(pool=2)
+    async with Client(go_server, caller, close_caller=True) as client:
+        assert await client.call("Arith", "Mul", {"A": 6, "B": 7}, timeout=5) == {"C": 42}
+        mp = Client(go_server, caller, serialize_type=SerializeType.MSGPACK)
+        assert await mp.call("Arith", "Add", {"A": 6, "B": 7}, timeout=5) == {"C": 13}
+        with pytest.raises(ServiceError, match="can't find method Nope"):
+            await client.call("Arith", "Nope", {}, timeout=5)
+        conn = await caller.connection(go_server)
+        hb = await conn.heartbeat(b"hb", timeout=5)  # the Go server echoes heartbeats
+        assert hb.heartbeat
+
+
+def test_cli_call_against_a_go_server(go_server: str) -> None:
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "cli", "rpc", "call", go_server, "Arith.Mul", '{"A":6,"B":7}',
+                          "--codec", "msgpack", "--timeout", "3"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == '{"C": 42}', res.stderr
+
+
+async def test_xclient_across_go_and_python_servers(go_server: str) -> None:
+    ours: Served = serve("--example", "arith")
+    caller = RpcxCaller()
+    try:
+        xc = XClient("Arith", StaticDiscovery([go_server, ours.address]), caller, options=XClientOptions())
+        async with xc:
+            replies = await xc.broadcast("Mul", {"A": 6, "B": 7}, timeout=5)
+            assert replies == {go_server: {"C": 42}, ours.address: {"C": 42}}
+    finally:
+        await caller.aclose()
+        ours.stop()
+
+
+def test_go_client_calls_our_server(go_peer: Path) -> None:
+    ours: Served = serve("--example", "arith")
+    try:
+        res = subprocess.run([str(go_peer), "client", ours.address.removeprefix("tcp@"), "6", "7"],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == '{"C":42}'
+    finally:
+        ours.stop()
+
+
+def test_our_server_pushes_to_a_go_bidirectional_client(go_peer: Path) -> None:
+    """A Go rpcx bidirectional XClient (with heartbeats every 50 ms) calls
+    Probe.Push on our server and receives the pushed messages."""
+    ours: Served = serve("--app", "tests.rpc.rpcx_app:setup")
+    try:
+        res = subprocess.run([str(go_peer), "push", ours.address.removeprefix("tcp@"), "3"],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.splitlines() == [
+            '{"pushed":3}', 'Client Event {"i":0}', 'Client Event {"i":1}', 'Client Event {"i":2}', "ok",
+        ]
+    finally:
+        ours.stop()
