@@ -1,0 +1,721 @@
+"""The Redis broker: the exact key layout and scripts of upstream juggler.
+
+Keys (protocols/juggler.md; hash tags keep a list and its TTL keys in one
+cluster slot):
+
+- ``juggler:calls:{URI}``                           LIST of call payloads
+- ``juggler:calls:timeout:{URI}:<msg_uuid>``        TTL key of one call
+- ``juggler:results:{CONN_UUID}``                   LIST of result payloads
+- ``juggler:results:timeout:{CONN_UUID}:<msg_uuid>`` TTL key of one result
+
+The push and pop-check Lua scripts are byte-identical to upstream's, so their
+EVALSHA hashes (``b0cdecc8…``, ``f17b6ff7…``) are the same and a Go server,
+Go callee or Go client of the original works through the same Redis.
+
+Resources, per process (upstream used two Redis connections per websocket):
+
+- a small pool of command connections (``pool_size``, default 2) with
+  implicit pipelining: every push, pop check and PUBLISH issued during one
+  event-loop turn goes out in one write;
+- ONE results listener for the process-wide routing key ``conn_uuid``:
+  ``BLMPOP`` (Redis >= 7; ``BRPOP`` + ``RPOP count`` before) takes up to
+  ``result_batch`` results at once, their pop checks are pipelined, and each
+  unexpired result goes to the ``on_result`` sink, which routes it by
+  ``msg_uuid``;
+- ONE pub-sub connection fanning events out to every local subscriber, with
+  reference-counted ``SUBSCRIBE``/``PSUBSCRIBE`` (a channel is subscribed in
+  Redis while at least one local subscriber wants it); it reconnects and
+  re-subscribes by itself;
+- one blocking connection per ``calls()`` stream of a callee, popping up to
+  ``call_batch`` calls at once.
+
+TTL semantics: a call's TTL key lives ``timeout_ms``; a popped call or result
+whose TTL key is gone (PTTL <= 0) has expired and is dropped (counted in
+``stats``). A callee stores its result with the call's remaining time.
+
+Call lists nobody serves: upstream lets them grow forever (the TTL keys
+expire, the entries stay). Here each URI's list holds at most ``call_cap``
+calls (default 10,000): past that, CALLs to that URI are refused with
+"list capacity exceeded" (the server's NACK 500), so a caller learns nobody
+consumes them instead of filling Redis. Stale entries cost nothing more: a
+callee that comes later pops them, finds their TTL keys gone and drops them
+without running them. ``call_cap=0`` restores upstream's unbounded lists.
+Results lists are bounded the same way by ``result_cap``.
+
+Redis Cluster (a later step): every key of one call shares the URI's slot and
+every key of one result the routing key's slot; :func:`key_slot` and
+:func:`group_by_slot` give the grouping a blocking pop over several URIs needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from juggler.broker.base import (
+    BrokerError,
+    Call,
+    CapacityExceeded,
+    Event,
+    EventHandler,
+    Result,
+    ResultHandler,
+)
+from juggler.broker.resp import (
+    RedisAddress,
+    RedisConnectionError,
+    RedisReplyError,
+    RespConnection,
+    RespPool,
+    Script,
+)
+
+__all__ = [
+    "POP_CHECK_SCRIPT",
+    "PUSH_SCRIPT",
+    "RedisBroker",
+    "RedisBrokerConfig",
+    "RedisBrokerStats",
+    "call_key",
+    "call_ttl_key",
+    "group_by_slot",
+    "key_slot",
+    "result_key",
+    "result_ttl_key",
+]
+
+log = logging.getLogger("juggler.broker.redis")
+
+# Upstream's scripts, byte for byte (same SHA1, so EVALSHA is shared with Go peers).
+PUSH_SCRIPT = Script(
+    "\n\tredis.call(\"SET\", KEYS[1], ARGV[1], \"PX\", tonumber(ARGV[1]))\n"
+    "\tlocal res = redis.call(\"LPUSH\", KEYS[2], ARGV[2])\n"
+    "\tlocal limit = tonumber(ARGV[3])\n"
+    "\tif res > limit and limit > 0 then\n"
+    "\t\tlocal diff = res - limit\n"
+    "\t\tredis.call(\"LTRIM\", KEYS[2], diff, limit + diff)\n"
+    "\t\treturn redis.error_reply(\"list capacity exceeded\")\n"
+    "\tend\n"
+    "\treturn res\n"
+)
+POP_CHECK_SCRIPT = Script(
+    "\n\tlocal res = redis.call(\"PTTL\", KEYS[1])\n"
+    "\tredis.call(\"DEL\", KEYS[1])\n"
+    "\treturn res\n"
+)
+# Puts calls a stopping callee had popped but not started back at the head of
+# their list, with their TTL keys restored to the time they have left.
+REQUEUE_SCRIPT = Script(
+    "redis.call(\"SET\", KEYS[1], ARGV[1], \"PX\", tonumber(ARGV[1]))\n"
+    "return redis.call(\"RPUSH\", KEYS[2], ARGV[2])\n"
+)
+
+CAPACITY_MESSAGE = "list capacity exceeded"
+
+
+def call_key(uri: str) -> str:
+    return "juggler:calls:{" + uri + "}"
+
+
+def call_ttl_key(uri: str, msg_uuid: str) -> str:
+    return "juggler:calls:timeout:{" + uri + "}:" + msg_uuid
+
+
+def result_key(conn_uuid: str) -> str:
+    return "juggler:results:{" + conn_uuid + "}"
+
+
+def result_ttl_key(conn_uuid: str, msg_uuid: str) -> str:
+    return "juggler:results:timeout:{" + conn_uuid + "}:" + msg_uuid
+
+
+def _crc16(data: bytes) -> int:
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else (crc << 1)
+            crc &= 0xFFFF
+    return crc
+
+
+def key_slot(key: str | bytes) -> int:
+    """The Redis Cluster hash slot of `key` (hash tags honoured)."""
+    k = key.encode() if isinstance(key, str) else key
+    start = k.find(b"{")
+    if start >= 0:
+        end = k.find(b"}", start + 1)
+        if end > start + 1:
+            k = k[start + 1 : end]
+    return _crc16(k) % 16384
+
+
+def group_by_slot(uris: Iterable[str]) -> dict[int, list[str]]:
+    """URIs grouped by the slot of their call list: one blocking pop per group
+    in a cluster (all keys of one BRPOP/BLMPOP must share a slot)."""
+    groups: dict[int, list[str]] = {}
+    for uri in uris:
+        groups.setdefault(key_slot(call_key(uri)), []).append(uri)
+    return groups
+
+
+def _codec() -> Any:
+    import rustext
+
+    return rustext
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RedisBrokerConfig:
+    """Redis broker options (defaults in brackets)."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    #: max calls queued per URI; 0 = unbounded (upstream) [10000]
+    call_cap: int = 10_000
+    #: max results queued per routing key; 0 = unbounded [100000]
+    result_cap: int = 100_000
+    #: calls a callee stream pops at once [32]
+    call_batch: int = 32
+    #: results the listener pops at once [512]
+    result_batch: int = 512
+    #: seconds one blocking pop waits before it is re-issued [2.0]
+    block_timeout: float = 2.0
+    #: seconds without a reply before a connection is declared dead [10.0]
+    command_timeout: float = 10.0
+    connect_timeout: float = 5.0
+    #: command connections shared by the process [2]
+    pool_size: int = 2
+    #: the routing key of this process's calls (a fresh UUID when None)
+    conn_uuid: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.call_cap < 0 or self.result_cap < 0:
+            raise ValueError("capacities must be >= 0")
+        if self.call_batch < 1 or self.result_batch < 1:
+            raise ValueError("batches must be >= 1")
+        if self.block_timeout <= 0:
+            raise ValueError("block_timeout must be > 0")
+        if self.pool_size < 1:
+            raise ValueError("pool_size must be >= 1")
+        RedisAddress.from_url(self.url)
+
+
+@dataclass(slots=True)
+class RedisBrokerStats:
+    calls: int = 0  # calls pushed
+    call_failures: int = 0  # pushes refused (capacity, Redis errors)
+    results_received: int = 0  # results popped and routed
+    expired_results: int = 0  # results popped with their TTL gone
+    calls_popped: int = 0  # calls handed to callees
+    expired_calls: int = 0  # calls popped with their TTL gone
+    results_sent: int = 0  # results pushed by callees
+    published: int = 0
+    events: int = 0  # events delivered to local subscribers
+    redis_subscriptions: int = 0  # channels + patterns subscribed in Redis now
+
+
+@dataclass(slots=True)
+class _Sub:
+    handlers: dict[object, EventHandler] = field(default_factory=dict)
+    confirms: deque[asyncio.Future[None]] = field(default_factory=deque)
+
+
+class RedisBroker:
+    """CallerBroker + CalleeBroker + PubSubBroker over one Redis (see module doc).
+
+    Lifecycle: ``await start()`` (connects, loads the scripts), then use;
+    ``await aclose()`` stops the listeners and closes every connection
+    (idempotent). Also an async context manager.
+    """
+
+    def __init__(self, config: RedisBrokerConfig | None = None, **kw: Any) -> None:
+        self.config = config or RedisBrokerConfig(**kw)
+        self.address = RedisAddress.from_url(self.config.url)
+        self._conn_uuid = self.config.conn_uuid or _codec().new_uuid()
+        self.stats = RedisBrokerStats()
+        self.pool = RespPool(
+            self.address, size=self.config.pool_size, command_timeout=self.config.command_timeout,
+            connect_timeout=self.config.connect_timeout,
+        )
+        self._result_handler: ResultHandler | None = None
+        self._results_task: asyncio.Task[None] | None = None
+        self._pubsub: RespConnection | None = None
+        self._pubsub_task: asyncio.Task[None] | None = None
+        self._pubsub_ready: asyncio.Event | None = None
+        self._subs: dict[tuple[bool, str], _Sub] = {}
+        self._by_subscriber: dict[object, set[tuple[bool, str]]] = {}
+        self._blocking: set[RespConnection] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._has_blmpop = True
+        self._started = False
+        self._closed = False
+
+    # lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect and load the scripts; starts the results listener if a sink is set."""
+        if self._started:
+            return
+        self._started = True
+        info = await self.pool.execute("INFO", "server")
+        version = _redis_version(info)
+        self._has_blmpop = version >= (7, 0)
+        if version < (6, 2):
+            log.warning("Redis %s: RPOP with a count needs 6.2; batching is off", ".".join(map(str, version)))
+        for script in (PUSH_SCRIPT, POP_CHECK_SCRIPT, REQUEUE_SCRIPT):
+            await self.pool.execute("SCRIPT", "LOAD", script.body)
+        self._version = version
+        if self._result_handler is not None:
+            self._start_results()
+
+    async def __aenter__(self) -> RedisBroker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [t for t in (self._results_task, self._pubsub_task, *self._tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+        for conn in list(self._blocking):
+            conn.close()
+        if self._pubsub is not None:
+            self._pubsub.close()
+        for sub in self._subs.values():
+            for f in sub.confirms:
+                _fail_future(f, BrokerError("broker closed"))
+        await self.pool.aclose()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # CallerBroker --------------------------------------------------------------
+
+    @property
+    def conn_uuid(self) -> str:
+        return self._conn_uuid
+
+    async def call(self, msg_uuid: str, uri: str, args: bytes | None, timeout_ms: int) -> None:
+        if timeout_ms <= 0:
+            self.stats.call_failures += 1
+            raise BrokerError(f"invalid call timeout: {timeout_ms} ms")
+        payload = _codec().build_call_payload(self._conn_uuid, msg_uuid, uri, args)
+        try:
+            await self.pool.evalsha(
+                PUSH_SCRIPT, (call_ttl_key(uri, msg_uuid), call_key(uri)), (timeout_ms, payload, self.config.call_cap)
+            )
+        except RedisReplyError as exc:
+            self.stats.call_failures += 1
+            if CAPACITY_MESSAGE in str(exc):
+                raise CapacityExceeded(CAPACITY_MESSAGE) from exc
+            raise BrokerError(str(exc)) from exc
+        except RedisConnectionError:
+            self.stats.call_failures += 1
+            raise
+        self.stats.calls += 1
+
+    def on_result(self, handler: ResultHandler) -> None:
+        self._result_handler = handler
+        if self._started and not self._closed:
+            self._start_results()
+
+    def _start_results(self) -> None:
+        if self._results_task is None:
+            self._results_task = asyncio.get_running_loop().create_task(
+                self._results_loop(), name="juggler-redis-results"
+            )
+
+    async def _results_loop(self) -> None:
+        key = result_key(self._conn_uuid)
+        async for payloads in self._blocking_pops([key], self.config.result_batch, "results"):
+            self._spawn(self._route_results(payloads))
+
+    async def _route_results(self, payloads: list[bytes]) -> None:
+        codec = _codec()
+        parsed = []
+        for raw in payloads:
+            try:
+                parsed.append(codec.parse_call_payload(raw))
+            except ValueError as exc:
+                log.warning("dropping an invalid result payload: %s", exc)
+        if not parsed:
+            return
+        try:
+            pttls = await self.pool.evalsha_many(
+                POP_CHECK_SCRIPT, [((result_ttl_key(p.conn_uuid, p.msg_uuid),), ()) for p in parsed]
+            )
+        except BrokerError as exc:
+            log.warning("pop check of %d results failed, dropping them: %s", len(parsed), exc)
+            return
+        handler = self._result_handler
+        for p, pttl in zip(parsed, pttls, strict=True):
+            if isinstance(pttl, Exception) or pttl <= 0:
+                self.stats.expired_results += 1
+                continue
+            self.stats.results_received += 1
+            if handler is not None:
+                try:
+                    handler(Result(conn_uuid=p.conn_uuid, msg_uuid=p.msg_uuid, uri=p.uri, args=p.args))
+                except Exception:
+                    log.exception("result handler failed")
+
+    async def _blocking_pops(self, keys: list[str], batch: int, what: str) -> AsyncIterator[list[bytes]]:
+        """Yield batches of popped payloads from `keys` (right end first), forever.
+
+        One dedicated connection; on failure it reconnects with a backoff.
+        A cancelled pop whose reply is still in flight is not lost: the
+        reply is handed to :meth:`_orphaned` (calls go back to their lists).
+        """
+        backoff = 0.05
+        conn: RespConnection | None = None
+        block = self.config.block_timeout
+        try:
+            while not self._closed:
+                if conn is None or conn.closed:
+                    try:
+                        conn = await RespConnection.open(
+                            self.address, connect_timeout=self.config.connect_timeout,
+                            command_timeout=self.config.command_timeout,
+                        )
+                        self._blocking.add(conn)
+                        backoff = 0.05
+                    except BrokerError as exc:
+                        log.warning("%s listener: %s; retrying in %.2fs", what, exc, backoff)
+                        await asyncio.sleep(backoff)
+                        backoff = min(backoff * 2, 2.0)
+                        continue
+                timeout = block + self.config.command_timeout
+                if self._has_blmpop:
+                    fut = conn.execute("BLMPOP", block, len(keys), *keys, "RIGHT", "COUNT", batch, timeout=timeout)
+                else:
+                    fut = conn.execute("BRPOP", *keys, block, timeout=timeout)
+                try:
+                    reply = await asyncio.shield(fut)
+                except asyncio.CancelledError:
+                    fut.add_done_callback(lambda f, c=conn: self._orphaned(f, c))
+                    conn = None
+                    raise
+                except RedisReplyError as exc:
+                    if self._has_blmpop and "unknown command" in str(exc).lower():
+                        self._has_blmpop = False
+                        continue
+                    log.warning("%s listener: %s", what, exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
+                except BrokerError as exc:
+                    log.warning("%s listener lost its connection: %s", what, exc)
+                    continue
+                if reply is None:
+                    continue
+                key, items = reply
+                if self._has_blmpop:
+                    payloads = list(items)
+                else:
+                    payloads = [items]
+                    if batch > 1:
+                        try:
+                            more = await conn.execute("RPOP", key, batch - 1)
+                        except BrokerError:
+                            more = None
+                        if more:
+                            payloads.extend(more)
+                yield payloads
+        finally:
+            if conn is not None:
+                self._blocking.discard(conn)
+                conn.close()
+
+    def _orphaned(self, fut: asyncio.Future[Any], conn: RespConnection) -> None:
+        """The reply of a cancelled blocking pop: put calls back, drop results."""
+        self._blocking.discard(conn)
+        conn.close()
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        reply = fut.result()
+        if not reply:
+            return
+        key, items = reply
+        payloads = list(items) if isinstance(items, list) else [items]
+        key_s = key.decode() if isinstance(key, bytes) else key
+        if key_s.startswith("juggler:calls:") and not self._closed:
+            asyncio.get_running_loop().create_task(self._requeue_raw(key_s, payloads))
+        else:
+            log.info("dropping %d popped payloads of %s after cancellation", len(payloads), key_s)
+
+    async def _requeue_raw(self, list_key: str, payloads: list[bytes]) -> None:
+        """Calls popped without a pop check yet: their TTL keys are intact, so
+        they go back as they were (RPUSH: next to be popped)."""
+        try:
+            conn = await self.pool.connection()
+            futs = [conn.execute("RPUSH", list_key, p) for p in reversed(payloads)]
+            await asyncio.gather(*futs)
+        except BrokerError as exc:
+            log.warning("could not requeue %d calls on %s: %s", len(payloads), list_key, exc)
+
+    # CalleeBroker --------------------------------------------------------------
+
+    async def calls(self, uris: list[str]) -> AsyncIterator[Call]:  # type: ignore[override]
+        """Yield unexpired calls for `uris` (one blocking connection).
+
+        Calls are popped up to ``call_batch`` at a time; when the consumer
+        closes the stream, the calls popped but not yet yielded are put back
+        at the head of their lists with their remaining TTL.
+        """
+        if not uris:
+            raise ValueError("no URI")
+        codec = _codec()
+        keys = [call_key(u) for u in uris]
+        buffered: deque[tuple[Any, int, float]] = deque()
+        try:
+            async for payloads in self._blocking_pops(keys, self.config.call_batch, "calls"):
+                parsed = []
+                for raw in payloads:
+                    try:
+                        parsed.append(codec.parse_call_payload(raw))
+                    except ValueError as exc:
+                        log.warning("dropping an invalid call payload: %s", exc)
+                if not parsed:
+                    continue
+                try:
+                    pttls = await self.pool.evalsha_many(
+                        POP_CHECK_SCRIPT, [((call_ttl_key(p.uri, p.msg_uuid),), ()) for p in parsed]
+                    )
+                except BrokerError as exc:
+                    log.warning("pop check of %d calls failed, dropping them: %s", len(parsed), exc)
+                    continue
+                now = time.monotonic()
+                for p, pttl in zip(parsed, pttls, strict=True):
+                    if isinstance(pttl, Exception) or pttl <= 0:
+                        self.stats.expired_calls += 1
+                        continue
+                    buffered.append((p, pttl, now))
+                while buffered:
+                    p, pttl, at = buffered[0]
+                    left = pttl - int((time.monotonic() - at) * 1000)
+                    buffered.popleft()
+                    if left <= 0:
+                        self.stats.expired_calls += 1
+                        continue
+                    self.stats.calls_popped += 1
+                    yield Call(conn_uuid=p.conn_uuid, msg_uuid=p.msg_uuid, uri=p.uri, args=p.args, ttl_ms=left)
+        finally:
+            if buffered and not self.pool.closed:
+                items = list(buffered)
+                buffered.clear()
+                await self._requeue(items)
+
+    async def _requeue(self, items: list[tuple[Any, int, float]]) -> None:
+        codec = _codec()
+        calls = []
+        for p, pttl, at in reversed(items):
+            left = pttl - int((time.monotonic() - at) * 1000)
+            if left <= 0:
+                self.stats.expired_calls += 1
+                continue
+            payload = codec.build_call_payload(p.conn_uuid, p.msg_uuid, p.uri, p.args)
+            calls.append(((call_ttl_key(p.uri, p.msg_uuid), call_key(p.uri)), (left, payload)))
+        try:
+            await asyncio.shield(self.pool.evalsha_many(REQUEUE_SCRIPT, calls))
+        except BrokerError as exc:
+            log.warning("could not requeue %d calls: %s", len(calls), exc)
+
+    async def send_result(self, result: Result, ttl_ms: int) -> None:
+        if ttl_ms <= 0:
+            return
+        payload = _codec().build_call_payload(result.conn_uuid, result.msg_uuid, result.uri, result.args)
+        try:
+            await self.pool.evalsha(
+                PUSH_SCRIPT,
+                (result_ttl_key(result.conn_uuid, result.msg_uuid), result_key(result.conn_uuid)),
+                (ttl_ms, payload, self.config.result_cap),
+            )
+        except RedisReplyError as exc:
+            if CAPACITY_MESSAGE in str(exc):
+                raise CapacityExceeded(CAPACITY_MESSAGE) from exc
+            raise BrokerError(str(exc)) from exc
+        self.stats.results_sent += 1
+
+    # PubSubBroker --------------------------------------------------------------
+
+    async def publish(self, channel: str, msg_uuid: str, args: bytes | None) -> None:
+        payload = _codec().build_pub_payload(msg_uuid, args)
+        try:
+            await self.pool.execute("PUBLISH", channel, payload)
+        except RedisReplyError as exc:
+            raise BrokerError(str(exc)) from exc
+        self.stats.published += 1
+
+    async def subscribe(self, subscriber: object, channel: str, pattern: bool, handler: EventHandler) -> None:
+        key = (bool(pattern), channel)
+        sub = self._subs.get(key)
+        first = sub is None or not sub.handlers
+        if sub is None:
+            sub = self._subs[key] = _Sub()
+        sub.handlers[subscriber] = handler
+        self._by_subscriber.setdefault(subscriber, set()).add(key)
+        try:
+            if first:
+                conn = await self._pubsub_conn()
+                fut = asyncio.get_running_loop().create_future()
+                sub.confirms.append(fut)
+                conn.send_push("PSUBSCRIBE" if pattern else "SUBSCRIBE", channel)
+                await asyncio.wait_for(asyncio.shield(fut), self.config.command_timeout)
+            elif sub.confirms:
+                await asyncio.wait_for(asyncio.shield(sub.confirms[-1]), self.config.command_timeout)
+        except (BrokerError, TimeoutError) as exc:
+            await self.unsubscribe(subscriber, channel, pattern)
+            raise BrokerError(f"subscribe failed: {exc}") from exc
+
+    async def unsubscribe(self, subscriber: object, channel: str, pattern: bool) -> None:
+        key = (bool(pattern), channel)
+        sub = self._subs.get(key)
+        keys = self._by_subscriber.get(subscriber)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_subscriber[subscriber]
+        if sub is None or subscriber not in sub.handlers:
+            return
+        del sub.handlers[subscriber]
+        if not sub.handlers:
+            if not sub.confirms:
+                del self._subs[key]
+            conn = self._pubsub
+            if conn is not None and not conn.closed:
+                conn.send_push("PUNSUBSCRIBE" if pattern else "UNSUBSCRIBE", channel)
+
+    async def unsubscribe_all(self, subscriber: object) -> None:
+        for pattern, channel in list(self._by_subscriber.get(subscriber, ())):
+            await self.unsubscribe(subscriber, channel, pattern)
+
+    async def _pubsub_conn(self) -> RespConnection:
+        if self._closed:
+            raise BrokerError("broker closed")
+        if self._pubsub_task is None:
+            self._pubsub_ready = asyncio.Event()
+            self._pubsub_task = asyncio.get_running_loop().create_task(self._pubsub_loop(), name="juggler-redis-pubsub")
+        assert self._pubsub_ready is not None
+        if not (self._pubsub is not None and not self._pubsub.closed):
+            try:
+                await asyncio.wait_for(self._pubsub_ready.wait(), self.config.connect_timeout)
+            except TimeoutError:
+                raise BrokerError("no pub-sub connection to Redis") from None
+        assert self._pubsub is not None
+        return self._pubsub
+
+    async def _pubsub_loop(self) -> None:
+        """Keep the one pub-sub connection up; re-subscribe after a reconnect."""
+        backoff = 0.05
+        assert self._pubsub_ready is not None
+        while not self._closed:
+            lost = asyncio.get_running_loop().create_future()
+            try:
+                conn = await RespConnection.open(
+                    self.address, connect_timeout=self.config.connect_timeout, command_timeout=None,
+                    on_push=self._on_push,
+                    on_close=lambda c, exc: lost.done() or lost.set_result(exc),
+                )
+            except BrokerError as exc:
+                log.warning("pub-sub connection: %s; retrying in %.2fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.05
+            self._pubsub = conn
+            # re-subscribe what local subscribers still want (after a reconnect)
+            for (pattern, channel), sub in list(self._subs.items()):
+                if sub.handlers:
+                    conn.send_push("PSUBSCRIBE" if pattern else "SUBSCRIBE", channel)
+                    if not sub.confirms:
+                        sub.confirms.append(asyncio.get_running_loop().create_future())
+            self._pubsub_ready.set()
+            try:
+                exc = await lost
+            finally:
+                conn.close()
+            self._pubsub_ready.clear()
+            self.stats.redis_subscriptions = 0
+            if not self._closed:
+                log.warning("pub-sub connection lost (%s); reconnecting", exc)
+                # subscriptions being confirmed fail (their SUB gets NACK 500);
+                # established ones are re-subscribed by the reconnect
+                for key, sub in list(self._subs.items()):
+                    while sub.confirms:
+                        _fail_future(sub.confirms.popleft(), BrokerError("pub-sub connection lost"))
+                    if not sub.handlers:
+                        del self._subs[key]
+
+    def _on_push(self, reply: Any) -> None:
+        if not isinstance(reply, list) or not reply:
+            return
+        kind = reply[0]
+        if kind == b"message":
+            ch = reply[1].decode("utf-8", "replace")
+            self._deliver(ch, None, ch, reply[2])
+            return
+        if kind == b"pmessage":
+            pat = reply[1].decode("utf-8", "replace")
+            self._deliver(reply[2].decode("utf-8", "replace"), pat, pat, reply[3])
+            return
+        if kind in (b"subscribe", b"psubscribe"):
+            key = (kind == b"psubscribe", reply[1].decode("utf-8", "replace"))
+            sub = self._subs.get(key)
+            self.stats.redis_subscriptions = int(reply[2])
+            if sub is not None and sub.confirms:
+                fut = sub.confirms.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+                if not sub.handlers and not sub.confirms:
+                    self._subs.pop(key, None)
+            return
+        if kind in (b"unsubscribe", b"punsubscribe"):
+            self.stats.redis_subscriptions = int(reply[2])
+
+    def _deliver(self, channel: str, pattern: str | None, sub_name: str, data: bytes) -> None:
+        sub = self._subs.get((pattern is not None, sub_name))
+        if sub is None or not sub.handlers:
+            return
+        try:
+            msg_uuid, args = _codec().parse_pub_payload(data)
+        except ValueError as exc:
+            log.debug("dropping an invalid pub-sub payload on %s: %s", channel, exc)
+            return
+        event = Event(channel=channel, pattern=pattern, msg_uuid=msg_uuid, args=args)
+        for handler in list(sub.handlers.values()):
+            self.stats.events += 1
+            try:
+                handler(event)
+            except Exception:
+                log.exception("event handler failed")
+
+
+def _fail_future(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+        fut.exception()  # retrieved: nobody may be waiting any more
+
+
+def _redis_version(info: bytes) -> tuple[int, ...]:
+    for line in info.split(b"\r\n"):
+        if line.startswith(b"redis_version:"):
+            try:
+                return tuple(int(x) for x in line.split(b":", 1)[1].split(b".")[:3])
+            except ValueError:
+                break
+    return (0, 0, 0)
