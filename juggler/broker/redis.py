@@ -342,17 +342,15 @@ class RedisBroker:
 
     async def _results_loop(self) -> None:
         key = result_key(self._conn_uuid)
-        async for payloads in self._blocking_pops([key], self.config.result_batch, "results"):
-            self._spawn(self._route_results(payloads))
+        pops = self._blocking_pops([key], self.config.result_batch, "results")
+        try:
+            async for payloads in pops:
+                self._spawn(self._route_results(payloads))
+        finally:
+            await pops.aclose()
 
     async def _route_results(self, payloads: list[bytes]) -> None:
-        codec = _codec()
-        parsed = []
-        for raw in payloads:
-            try:
-                parsed.append(codec.parse_call_payload(raw))
-            except ValueError as exc:
-                log.warning("dropping an invalid result payload: %s", exc)
+        parsed = _parse_payloads(payloads, "result")
         if not parsed:
             return
         try:
@@ -479,17 +477,12 @@ class RedisBroker:
         """
         if not uris:
             raise ValueError("no URI")
-        codec = _codec()
         keys = [call_key(u) for u in uris]
         buffered: deque[tuple[Any, int, float]] = deque()
+        pops = self._blocking_pops(keys, self.config.call_batch, "calls")
         try:
-            async for payloads in self._blocking_pops(keys, self.config.call_batch, "calls"):
-                parsed = []
-                for raw in payloads:
-                    try:
-                        parsed.append(codec.parse_call_payload(raw))
-                    except ValueError as exc:
-                        log.warning("dropping an invalid call payload: %s", exc)
+            async for payloads in pops:
+                parsed = _parse_payloads(payloads, "call")
                 if not parsed:
                     continue
                 try:
@@ -515,6 +508,7 @@ class RedisBroker:
                     self.stats.calls_popped += 1
                     yield Call(conn_uuid=p.conn_uuid, msg_uuid=p.msg_uuid, uri=p.uri, args=p.args, ttl_ms=left)
         finally:
+            await pops.aclose()
             if buffered and not self.pool.closed:
                 items = list(buffered)
                 buffered.clear()
@@ -703,6 +697,15 @@ class RedisBroker:
                 handler(event)
             except Exception:
                 log.exception("event handler failed")
+
+
+def _parse_payloads(payloads: list[bytes], what: str) -> list[Any]:
+    """Parse call/result payloads in one crossing into Rust; invalid ones are logged and dropped."""
+    parsed = _codec().parse_call_payloads(payloads)
+    good = [p for p in parsed if p is not None]
+    if len(good) != len(parsed):
+        log.warning("dropping %d invalid %s payloads", len(parsed) - len(good), what)
+    return good
 
 
 def _fail_future(fut: asyncio.Future[Any], exc: BaseException) -> None:
