@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 __all__ = ["Conn", "ConnState", "Handler", "Middleware"]
 
 log = logging.getLogger("juggler.conn")
+# websockets' own per-connection lines ("connection open", …): quiet unless asked
+_ws_log = logging.getLogger("juggler.conn.ws")
 
 CALL, PUB, SUB, UNSB = rustext.CALL, rustext.PUB, rustext.SUB, rustext.UNSB
 NACK, ACK, RES, EVNT = rustext.NACK, rustext.ACK, rustext.RES, rustext.EVNT
@@ -108,7 +110,7 @@ class Conn(asyncio.Protocol):
         self.proto = ServerProtocol(
             select_subprotocol=self._select_subprotocol,
             max_size=cfg.read_limit or None,
-            logger=log,
+            logger=_ws_log,
         )
         self._out: list[bytes] = []
         self._flush_scheduled = False
