@@ -306,10 +306,11 @@ class Client:
 
     def _closed(self, exc: BaseException | None) -> ConnectionClosed:
         if self._closed_exc is None:
-            detail = ""
-            if isinstance(exc, WsConnectionClosed):
-                rcvd = exc.rcvd
-                detail = f" (code {rcvd.code}{': ' + rcvd.reason if rcvd.reason else ''})" if rcvd else " (no close frame)"
+            rcvd = exc.rcvd if isinstance(exc, WsConnectionClosed) else self.ws.protocol.close_rcvd
+            if rcvd is not None:
+                detail = f" (code {rcvd.code}{': ' + rcvd.reason if rcvd.reason else ''})"
+            else:
+                detail = " (no close frame)"
             self._closed_exc = ConnectionClosed(f"connection closed{detail}")
             for p in list(self._pending.values()):
                 for fut in (p.ack, p.res):

@@ -59,7 +59,7 @@ HELP = """commands (connections are numbered from 1):
   pub ID CHANNEL [ARGS]             publish ARGS on CHANNEL
   sub | psub ID CHANNEL             subscribe to a channel | a pattern (news.*)
   unsb | punsb ID CHANNEL           unsubscribe from a channel | a pattern
-  wait ID [TIMEOUT]                 wait for the next event on ID [5s]
+  wait ID [TIMEOUT]                 wait for the next event on ID, or its closing [5s]
   sleep DURATION                    pause (scripts)
   list                              the open connections
 ARGS: JSON as typed ("500" is a string, 500 a number, {"a":1} an object),
@@ -267,11 +267,15 @@ class Repl:
         transport = conn.client.ws.transport
         transport.abort()
         await conn.client.wait_closed()
+        if conn.watcher is not None:
+            await conn.watcher
 
     async def do_close(self, rest: str) -> None:
         cid, _, text = rest.partition(" ")
         conn = self._conn(cid)
         await conn.client.aclose(1000, text.strip())
+        if conn.watcher is not None:
+            await conn.watcher
 
     async def do_send(self, rest: str) -> None:
         cid, _, text = rest.partition(" ")
@@ -379,6 +383,8 @@ class Repl:
             raise ReplError(f"no event on [{conn.id}] within {first_word_duration(timeout)}") from None
         if conn.events_seen > conn.events_waited:
             conn.events_waited += 1
+        elif conn.watcher is not None:
+            await conn.watcher  # closed: its line is printed before the next command
 
 
 def first_word_duration(seconds: float) -> str:
