@@ -108,7 +108,8 @@ class Conn(asyncio.Protocol):
         self._offered: list[str] = []
         cfg = self.config
         self.proto = ServerProtocol(
-            select_subprotocol=self._select_subprotocol,
+            # a plain function: websockets binds it to the protocol object
+            select_subprotocol=lambda _proto, offered: self._select_subprotocol(offered),
             max_size=cfg.read_limit or None,
             logger=_ws_log,
         )
