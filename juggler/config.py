@@ -153,7 +153,10 @@ def config_from_dict(data: dict[str, Any]) -> AppConfig:
     unknown = sorted(set(data) - {"server", "redis", "memory", "metrics"})
     if unknown:
         raise ValueError(f"unknown section(s): {', '.join(unknown)}")
-    server = dict(data.get("server", {}))
+    server = data.get("server", {})
+    if not isinstance(server, dict):
+        raise ValueError("[server] must be a table")
+    server = dict(server)
     if "listen" in server:
         server["host"], server["port"] = parse_listen(server.pop("listen"))
     redis = None
