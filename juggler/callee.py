@@ -222,6 +222,9 @@ class Callee:
         self._running: set[asyncio.Task[None]] = set()
         self._pump: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._outbox: list[tuple[Result, int]] = []
+        self._flush_scheduled = False
+        self._flushing: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._closed = False
 
@@ -250,8 +253,9 @@ class Callee:
         if self._pump is not None and not self._pump.done():
             self._pump.cancel()
             await asyncio.wait([self._pump])
-        if self._running:
-            done, pending = await asyncio.wait(set(self._running), timeout=timeout)
+        self._flush_outbox()
+        if self._running or self._flushing:
+            done, pending = await asyncio.wait(self._running | self._flushing, timeout=timeout)
             for t in pending:
                 t.cancel()
             if pending:
@@ -286,6 +290,15 @@ class Callee:
                     raise
                 deadline = loop.time() + call.ttl_ms / 1000.0
                 self.stats.calls += 1
+                entry = self.app.get(call.uri)
+                if entry is not None and entry.inline:
+                    # fast path: cheap functions run right here, no task per call;
+                    # their results are stored in batches once per loop turn
+                    try:
+                        self._run_inline(call, entry, deadline)
+                    finally:
+                        self._slots.release()
+                    continue
                 task = loop.create_task(self._execute(call, deadline))
                 self._running.add(task)
                 task.add_done_callback(self._done)
@@ -301,6 +314,67 @@ class Callee:
                     await asyncio.shield(aclose())
                 except Exception:
                     self._log.exception("callee: closing the call stream failed")
+
+    def _run_inline(self, call: Call, entry: _Entry, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.time() >= deadline:
+            self.stats.expired += 1
+            return
+        args = self._call_sync(call, entry)
+        remaining_ms = int((deadline - loop.time()) * 1000)
+        if remaining_ms <= 0:
+            self.stats.expired += 1
+            return
+        self._outbox.append(
+            (Result(conn_uuid=call.conn_uuid, msg_uuid=call.msg_uuid, uri=call.uri, args=args), remaining_ms)
+        )
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush_outbox)
+
+    def _flush_outbox(self) -> None:
+        self._flush_scheduled = False
+        batch, self._outbox = self._outbox, []
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._store_batch(batch))
+            self._flushing.add(task)
+            task.add_done_callback(self._flushing.discard)
+
+    async def _store_batch(self, batch: list[tuple[Result, int]]) -> None:
+        send_many = getattr(self.broker, "send_results", None)
+        if send_many is not None:
+            try:
+                outcomes = await send_many(batch)
+            except Exception as exc:
+                outcomes = [exc] * len(batch)
+        else:
+            outcomes = await asyncio.gather(
+                *(self.broker.send_result(r, ttl) for r, ttl in batch), return_exceptions=True
+            )
+        for (result, _), outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                self.stats.store_failures += 1
+                self._log.warning("storing the result of %s %s failed: %s", result.msg_uuid, result.uri, outcome)
+            else:
+                self.stats.results += 1
+
+    def _call_sync(self, call: Call, entry: _Entry) -> bytes:
+        try:
+            value = entry.fn(call.args if entry.raw else (None if call.args is None else json.loads(call.args)))
+            return self._encode(entry, value)
+        except Exception as exc:
+            self.stats.errors += 1
+            return error_result(str(exc) or type(exc).__name__)
+
+    @staticmethod
+    def _encode(entry: _Entry, value: Any) -> bytes:
+        if entry.raw:
+            if isinstance(value, str):
+                value = value.encode()
+            if not isinstance(value, bytes | bytearray | memoryview):
+                raise TypeError(f"a raw function must return JSON bytes, got {type(value).__name__}")
+            return bytes(value)
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
@@ -350,13 +424,7 @@ class Callee:
                 if self._executor is None:
                     self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="juggler-callee")
                 value = await asyncio.get_running_loop().run_in_executor(self._executor, entry.fn, arg)
-            if entry.raw:
-                if isinstance(value, str):
-                    value = value.encode()
-                if not isinstance(value, bytes | bytearray | memoryview):
-                    raise TypeError(f"a raw function must return JSON bytes, got {type(value).__name__}")
-                return bytes(value)
-            return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+            return self._encode(entry, value)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -108,6 +108,16 @@ POP_CHECK_SCRIPT = Script(
     "\tredis.call(\"DEL\", KEYS[1])\n"
     "\treturn res\n"
 )
+# The pop check of a whole popped batch in one script run: upstream's
+# PTTL + DEL for each key (all keys of one list share its hash slot).
+POP_CHECK_MANY_SCRIPT = Script(
+    "local res = {}\n"
+    "for i, k in ipairs(KEYS) do\n"
+    "\tres[i] = redis.call(\"PTTL\", k)\n"
+    "end\n"
+    "redis.call(\"DEL\", unpack(KEYS))\n"
+    "return res\n"
+)
 # Puts calls a stopping callee had popped but not started back at the head of
 # their list, with their TTL keys restored to the time they have left.
 REQUEUE_SCRIPT = Script(
@@ -267,7 +277,7 @@ class RedisBroker:
         self._has_blmpop = version >= (7, 0)
         if version < (6, 2):
             log.warning("Redis %s: RPOP with a count needs 6.2; batching is off", ".".join(map(str, version)))
-        for script in (PUSH_SCRIPT, POP_CHECK_SCRIPT, REQUEUE_SCRIPT):
+        for script in (PUSH_SCRIPT, POP_CHECK_SCRIPT, POP_CHECK_MANY_SCRIPT, REQUEUE_SCRIPT):
             await self.pool.execute("SCRIPT", "LOAD", script.body)
         self._version = version
         if self._result_handler is not None:
@@ -354,9 +364,7 @@ class RedisBroker:
         if not parsed:
             return
         try:
-            pttls = await self.pool.evalsha_many(
-                POP_CHECK_SCRIPT, [((result_ttl_key(p.conn_uuid, p.msg_uuid),), ()) for p in parsed]
-            )
+            pttls = await self._pop_check([result_ttl_key(p.conn_uuid, p.msg_uuid) for p in parsed])
         except BrokerError as exc:
             log.warning("pop check of %d results failed, dropping them: %s", len(parsed), exc)
             return
@@ -439,6 +447,12 @@ class RedisBroker:
                 self._blocking.discard(conn)
                 conn.close()
 
+    async def _pop_check(self, ttl_keys: list[str]) -> list[Any]:
+        """PTTL + DEL of each key (upstream's pop check), one script run per batch."""
+        if len(ttl_keys) == 1:
+            return [await self.pool.evalsha(POP_CHECK_SCRIPT, ttl_keys, ())]
+        return list(await self.pool.evalsha(POP_CHECK_MANY_SCRIPT, ttl_keys, ()))
+
     def _orphaned(self, fut: asyncio.Future[Any], conn: RespConnection) -> None:
         """The reply of a cancelled blocking pop: put calls back, drop results."""
         self._blocking.discard(conn)
@@ -486,9 +500,7 @@ class RedisBroker:
                 if not parsed:
                     continue
                 try:
-                    pttls = await self.pool.evalsha_many(
-                        POP_CHECK_SCRIPT, [((call_ttl_key(p.uri, p.msg_uuid),), ()) for p in parsed]
-                    )
+                    pttls = await self._pop_check([call_ttl_key(p.uri, p.msg_uuid) for p in parsed])
                 except BrokerError as exc:
                     log.warning("pop check of %d calls failed, dropping them: %s", len(parsed), exc)
                     continue
@@ -544,6 +556,24 @@ class RedisBroker:
                 raise CapacityExceeded(CAPACITY_MESSAGE) from exc
             raise BrokerError(str(exc)) from exc
         self.stats.results_sent += 1
+
+    async def send_results(self, batch: list[tuple[Result, int]]) -> list[BaseException | None]:
+        """Store many results in one pipelined write; per-item outcome (None = stored)."""
+        codec = _codec()
+        calls = []
+        for result, ttl_ms in batch:
+            payload = codec.build_call_payload(result.conn_uuid, result.msg_uuid, result.uri, result.args)
+            calls.append(((result_ttl_key(result.conn_uuid, result.msg_uuid), result_key(result.conn_uuid)),
+                          (max(1, ttl_ms), payload, self.config.result_cap)))
+        replies = await self.pool.evalsha_many(PUSH_SCRIPT, calls)
+        out: list[BaseException | None] = []
+        for reply in replies:
+            if isinstance(reply, RedisReplyError):
+                out.append(CapacityExceeded(CAPACITY_MESSAGE) if CAPACITY_MESSAGE in str(reply) else BrokerError(str(reply)))
+            else:
+                self.stats.results_sent += 1
+                out.append(None)
+        return out
 
     # PubSubBroker --------------------------------------------------------------
 
