@@ -419,6 +419,12 @@ class Conn(asyncio.Protocol):
         if self._chained:
             if self._closed:
                 return
+            if len(self._inbox) >= 4 * self.config.max_pending:
+                # the handler chain cannot keep up with what this client is sent
+                log.warning("connection %s: %d messages queued; dropping the connection",
+                            self.remote, len(self._inbox))
+                self._abort()
+                return
             self._inbox.append(Outgoing(msg_type, for_uuid, frame))
             if self._worker is None:
                 self._worker = self.loop.create_task(self._work())
@@ -451,8 +457,9 @@ class Conn(asyncio.Protocol):
     def _flush(self) -> None:
         self._flush_scheduled = False
         transport = self.transport
-        if transport is None or self._closed:
+        if transport is None or self._closed or transport.is_closing():
             self._out.clear()
+            self.proto.data_to_send()
             return
         chunks = self._out
         self._out = []
