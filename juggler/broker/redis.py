@@ -260,6 +260,8 @@ class RedisBroker:
         self._subs: dict[tuple[bool, str], _Sub] = {}
         self._by_subscriber: dict[object, set[tuple[bool, str]]] = {}
         self._blocking: set[RespConnection] = set()
+        self._orphans: set[asyncio.Future[Any]] = set()
+        self._requeues: set[asyncio.Task[None]] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._has_blmpop = True
         self._started = False
@@ -299,6 +301,11 @@ class RedisBroker:
             t.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
+        if self._orphans:
+            # blocking pops still in flight may hold calls: let them answer
+            await asyncio.wait(set(self._orphans), timeout=self.config.block_timeout + 1.0)
+        if self._requeues:
+            await asyncio.wait(set(self._requeues), timeout=self.config.command_timeout)
         for conn in list(self._blocking):
             conn.close()
         if self._pubsub is not None:
@@ -352,22 +359,16 @@ class RedisBroker:
 
     async def _results_loop(self) -> None:
         key = result_key(self._conn_uuid)
-        pops = self._blocking_pops([key], self.config.result_batch, "results")
+        pops = self._blocking_pops(
+            [key], self.config.result_batch, "results", lambda p: result_ttl_key(p.conn_uuid, p.msg_uuid)
+        )
         try:
-            async for payloads in pops:
-                self._spawn(self._route_results(payloads))
+            async for parsed, pttls in pops:
+                self._route_results(parsed, pttls)
         finally:
             await pops.aclose()
 
-    async def _route_results(self, payloads: list[bytes]) -> None:
-        parsed = _parse_payloads(payloads, "result")
-        if not parsed:
-            return
-        try:
-            pttls = await self._pop_check([result_ttl_key(p.conn_uuid, p.msg_uuid) for p in parsed])
-        except BrokerError as exc:
-            log.warning("pop check of %d results failed, dropping them: %s", len(parsed), exc)
-            return
+    def _route_results(self, parsed: list[Any], pttls: list[Any]) -> None:
         handler = self._result_handler
         for p, pttl in zip(parsed, pttls, strict=True):
             if isinstance(pttl, Exception) or pttl <= 0:
@@ -380,43 +381,55 @@ class RedisBroker:
                 except Exception:
                     log.exception("result handler failed")
 
-    async def _blocking_pops(self, keys: list[str], batch: int, what: str) -> AsyncIterator[list[bytes]]:
-        """Yield batches of popped payloads from `keys` (right end first), forever.
+    async def _blocking_pops(
+        self, keys: list[str], batch: int, what: str, ttl_key: Any, leftovers: list[tuple[bytes, bytes]] | None = None
+    ) -> AsyncIterator[tuple[list[Any], list[Any]]]:
+        """Yield (parsed payloads, their pop-check PTTLs) popped from `keys`, forever.
 
-        One dedicated connection; on failure it reconnects with a backoff.
-        A cancelled pop whose reply is still in flight is not lost: the
-        reply is handed to :meth:`_orphaned` (calls go back to their lists).
+        One dedicated connection. With Redis >= 7 each batch's pop check and
+        the next ``BLMPOP`` go out in one write on that connection (Redis
+        runs the check, then blocks), so a batch costs one round trip. On
+        failure it reconnects with a backoff. A pop whose reply is still in
+        flight when the stream is cancelled or closed is not lost: with
+        `leftovers` given, the pop is cut short with ``CLIENT UNBLOCK`` and
+        whatever it popped (unchecked, TTL keys intact) is appended there;
+        otherwise the reply goes to :meth:`_orphaned` when it comes.
         """
         backoff = 0.05
         conn: RespConnection | None = None
         block = self.config.block_timeout
+        timeout = block + self.config.command_timeout
+        fut: asyncio.Future[Any] | None = None
+
+        def blocking_pop(c: RespConnection) -> asyncio.Future[Any]:
+            if self._has_blmpop:
+                return c.execute("BLMPOP", block, len(keys), *keys, "RIGHT", "COUNT", batch, timeout=timeout)
+            return c.execute("BRPOP", *keys, block, timeout=timeout)
+
         try:
             while not self._closed:
                 if conn is None or conn.closed:
+                    fut = None
                     try:
                         conn = await RespConnection.open(
                             self.address, connect_timeout=self.config.connect_timeout,
                             command_timeout=self.config.command_timeout,
                         )
                         self._blocking.add(conn)
+                        client_id = await conn.execute("CLIENT", "ID")
                         backoff = 0.05
                     except BrokerError as exc:
                         log.warning("%s listener: %s; retrying in %.2fs", what, exc, backoff)
                         await asyncio.sleep(backoff)
                         backoff = min(backoff * 2, 2.0)
                         continue
-                timeout = block + self.config.command_timeout
-                if self._has_blmpop:
-                    fut = conn.execute("BLMPOP", block, len(keys), *keys, "RIGHT", "COUNT", batch, timeout=timeout)
-                else:
-                    fut = conn.execute("BRPOP", *keys, block, timeout=timeout)
+                if fut is None:
+                    fut = blocking_pop(conn)
                 try:
                     reply = await asyncio.shield(fut)
-                except asyncio.CancelledError:
-                    fut.add_done_callback(lambda f, c=conn: self._orphaned(f, c))
-                    conn = None
-                    raise
+                    fut = None
                 except RedisReplyError as exc:
+                    fut = None
                     if self._has_blmpop and "unknown command" in str(exc).lower():
                         self._has_blmpop = False
                         continue
@@ -425,6 +438,7 @@ class RedisBroker:
                     backoff = min(backoff * 2, 2.0)
                     continue
                 except BrokerError as exc:
+                    fut = None
                     log.warning("%s listener lost its connection: %s", what, exc)
                     continue
                 if reply is None:
@@ -441,11 +455,60 @@ class RedisBroker:
                             more = None
                         if more:
                             payloads.extend(more)
-                yield payloads
+                parsed = _parse_payloads(payloads, what)
+                if not parsed:
+                    continue
+                ttl_keys = [ttl_key(p) for p in parsed]
+                script = POP_CHECK_MANY_SCRIPT if len(ttl_keys) > 1 else POP_CHECK_SCRIPT
+                (check,) = conn.execute_packed(script.pack(ttl_keys, ()))
+                if self._has_blmpop:
+                    fut = blocking_pop(conn)  # same write as the check
+                try:
+                    pttls = await asyncio.shield(check)
+                except asyncio.CancelledError:
+                    if what == "calls":
+                        # popped and being checked: put them back once the check answers
+                        check.add_done_callback(lambda f, ps=parsed: self._requeue_checked(ps, f))
+                    raise
+                except RedisReplyError as exc:
+                    if not str(exc).startswith("NOSCRIPT"):
+                        log.warning("pop check of %d %s failed, dropping them: %s", len(parsed), what, exc)
+                        continue
+                    try:
+                        pttls = await self.pool.evalsha(script, ttl_keys, ())
+                    except BrokerError as exc2:
+                        log.warning("pop check of %d %s failed, dropping them: %s", len(parsed), what, exc2)
+                        continue
+                except BrokerError as exc:
+                    log.warning("pop check of %d %s failed, dropping them: %s", len(parsed), what, exc)
+                    continue
+                if not isinstance(pttls, list):
+                    pttls = [pttls]
+                yield parsed, pttls
         finally:
+            if conn is not None and fut is not None and leftovers is not None and not self.pool.closed:
+                # a pop is in flight: cut it short, keep what it popped
+                try:
+                    if not fut.done():
+                        await asyncio.wait_for(self.pool.execute("CLIENT", "UNBLOCK", client_id), 2.0)
+                    reply = await asyncio.wait_for(asyncio.shield(fut), 2.0)
+                    if reply:
+                        k, items = reply
+                        leftovers.extend((k, item) for item in (items if isinstance(items, list) else [items]))
+                    fut = None
+                except (BrokerError, TimeoutError):
+                    pass  # the orphan path below
             if conn is not None:
-                self._blocking.discard(conn)
-                conn.close()
+                if fut is not None and what == "calls":
+                    # a pop is in flight: the calls it may bring must not be lost
+                    if fut.done():
+                        self._orphaned(fut, conn)
+                    else:
+                        self._orphans.add(fut)
+                        fut.add_done_callback(lambda f, c=conn: self._orphaned(f, c))
+                else:
+                    self._blocking.discard(conn)
+                    conn.close()
 
     async def _pop_check(self, ttl_keys: list[str]) -> list[Any]:
         """PTTL + DEL of each key (upstream's pop check), one script run per batch."""
@@ -453,8 +516,21 @@ class RedisBroker:
             return [await self.pool.evalsha(POP_CHECK_SCRIPT, ttl_keys, ())]
         return list(await self.pool.evalsha(POP_CHECK_MANY_SCRIPT, ttl_keys, ()))
 
+    def _requeue_checked(self, parsed: list[Any], check: asyncio.Future[Any]) -> None:
+        if self.pool.closed or check.cancelled() or check.exception() is not None:
+            return
+        pttls = check.result()
+        pttls = pttls if isinstance(pttls, list) else [pttls]
+        now = time.monotonic()
+        items = [(p, t, now) for p, t in zip(parsed, pttls, strict=True) if isinstance(t, int) and t > 0]
+        if items:
+            task = asyncio.get_running_loop().create_task(self._requeue(items))
+            self._requeues.add(task)
+            task.add_done_callback(self._requeues.discard)
+
     def _orphaned(self, fut: asyncio.Future[Any], conn: RespConnection) -> None:
         """The reply of a cancelled blocking pop: put calls back, drop results."""
+        self._orphans.discard(fut)
         self._blocking.discard(conn)
         conn.close()
         if fut.cancelled() or fut.exception() is not None:
@@ -465,10 +541,20 @@ class RedisBroker:
         key, items = reply
         payloads = list(items) if isinstance(items, list) else [items]
         key_s = key.decode() if isinstance(key, bytes) else key
-        if key_s.startswith("juggler:calls:") and not self._closed:
-            asyncio.get_running_loop().create_task(self._requeue_raw(key_s, payloads))
+        if key_s.startswith("juggler:calls:") and not self.pool.closed:
+            task = asyncio.get_running_loop().create_task(self._requeue_raw(key_s, payloads))
+            self._requeues.add(task)
+            task.add_done_callback(self._requeues.discard)
         else:
             log.info("dropping %d popped payloads of %s after cancellation", len(payloads), key_s)
+
+    async def _requeue_raw_list(self, popped: list[tuple[bytes, bytes]]) -> None:
+        """Calls popped but never pop-checked (TTL keys intact), back to their lists as they were."""
+        by_key: dict[str, list[bytes]] = {}
+        for key, payload in popped:
+            by_key.setdefault(key.decode(), []).append(payload)
+        for key, items in by_key.items():
+            await asyncio.shield(self._requeue_raw(key, items))
 
     async def _requeue_raw(self, list_key: str, payloads: list[bytes]) -> None:
         """Calls popped without a pop check yet: their TTL keys are intact, so
@@ -493,17 +579,12 @@ class RedisBroker:
             raise ValueError("no URI")
         keys = [call_key(u) for u in uris]
         buffered: deque[tuple[Any, int, float]] = deque()
-        pops = self._blocking_pops(keys, self.config.call_batch, "calls")
+        leftovers: list[tuple[bytes, bytes]] = []
+        pops = self._blocking_pops(
+            keys, self.config.call_batch, "calls", lambda p: call_ttl_key(p.uri, p.msg_uuid), leftovers
+        )
         try:
-            async for payloads in pops:
-                parsed = _parse_payloads(payloads, "call")
-                if not parsed:
-                    continue
-                try:
-                    pttls = await self._pop_check([call_ttl_key(p.uri, p.msg_uuid) for p in parsed])
-                except BrokerError as exc:
-                    log.warning("pop check of %d calls failed, dropping them: %s", len(parsed), exc)
-                    continue
+            async for parsed, pttls in pops:
                 now = time.monotonic()
                 for p, pttl in zip(parsed, pttls, strict=True):
                     if isinstance(pttl, Exception) or pttl <= 0:
@@ -521,6 +602,10 @@ class RedisBroker:
                     yield Call(conn_uuid=p.conn_uuid, msg_uuid=p.msg_uuid, uri=p.uri, args=p.args, ttl_ms=left)
         finally:
             await pops.aclose()
+            if leftovers and not self.pool.closed:
+                # popped after the buffered ones: they go back first, the
+                # buffered ones after them, so the list's order is kept
+                await self._requeue_raw_list(leftovers)
             if buffered and not self.pool.closed:
                 items = list(buffered)
                 buffered.clear()

@@ -41,7 +41,7 @@ class Tally:
     received: Counter[int] = field(default_factory=Counter)
     # (for_uuid, channel, pattern) -> count
     events: Counter[tuple[str, str, str | None]] = field(default_factory=Counter)
-    # channel -> list of [sub_acked_at, unsb_sent_at | None]
+    # channel -> list of [sub_sent_at, sub_acked_at, unsb_sent_at | None, unsb_acked_at | None]
     subs: dict[str, list[list[float | None]]] = field(default_factory=dict)
 
 
@@ -69,9 +69,10 @@ async def client_loop(i: int, url: str, deadline: float, pubs: list[Pub], rng: r
     t = Tally()
     c = await connect(url, on_message=make_on_message(t))
     own = f"own.{i}"
+    t0 = time.monotonic()
     await c.sub(own)
     t.sent += 1
-    t.subs[own] = [[time.monotonic(), None]]
+    t.subs[own] = [[t0, time.monotonic(), None, None]]
     n = 0
     while time.monotonic() < deadline:
         n += 1
@@ -110,18 +111,21 @@ async def client_loop(i: int, url: str, deadline: float, pubs: list[Pub], rng: r
         elif op < 0.70:
             ch = rng.choice(CHANNELS)
             t.sent += 1
+            sent_at = time.monotonic()
             await c.sub(ch)
-            now = time.monotonic()
             spans = t.subs.setdefault(ch, [])
-            if not spans or spans[-1][1] is not None:
-                spans.append([now, None])
+            if not spans or spans[-1][2] is not None:
+                spans.append([sent_at, time.monotonic(), None, None])
         elif op < 0.80:
             ch = rng.choice(CHANNELS)
             spans = t.subs.get(ch)
-            if spans and spans[-1][1] is None:
-                spans[-1][1] = time.monotonic()
+            span = spans[-1] if spans and spans[-1][2] is None else None
+            if span is not None:
+                span[2] = time.monotonic()
             t.sent += 1
             await c.unsb(ch)
+            if span is not None:
+                span[3] = time.monotonic()
         else:
             ch = rng.choice(CHANNELS + [f"own.{rng.randrange(CLIENTS)}"])
             args = {"from": i, "n": n}
@@ -205,9 +209,10 @@ async def test_random_traffic_reconciles_exactly(redis_url: str) -> None:
         owner = tallies[int(p.channel.split(".")[1])]
         assert owner.events[(p.uuid, p.channel, None)] == 1
 
-    # random SUB/UNSB: nothing twice; nothing outside a subscription; everything
+    # random SUB/UNSB: nothing twice; nothing outside a subscription (SUB sent
+    # before the PUB was acked, UNSB acked after the PUB was sent); everything
     # inside a subscription that spanned the whole PUB (SUB acked before the PUB
-    # was sent, no UNSB sent before the end of the run) was received
+    # was sent, no UNSB before the end of the run) was received
     by_uuid = {p.uuid: p for p in pubs}
     for t in tallies:
         for (u, ch, pattern), count in t.events.items():
@@ -215,7 +220,7 @@ async def test_random_traffic_reconciles_exactly(redis_url: str) -> None:
             assert pattern is None
             p = by_uuid[u]
             spans = t.subs.get(ch, [])
-            assert any(s <= p.acked_at and (e is None or e >= p.sent_at) for s, e in spans), (ch, spans, p)
+            assert any(s0 <= p.acked_at and (e1 is None or e1 >= p.sent_at) for s0, _, _, e1 in spans), (ch, spans, p)
         for p in ch_pubs:
-            if any(s <= p.sent_at and e is None for s, e in t.subs.get(p.channel, [])):
+            if any(s1 <= p.sent_at and e0 is None for _, s1, e0, _ in t.subs.get(p.channel, [])):
                 assert t.events[(p.uuid, p.channel, None)] == 1
