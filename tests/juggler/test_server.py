@@ -540,3 +540,37 @@ async def test_replay_capture_protocol_errors(shared_dir: str) -> None:
         await bystander.send(call("test.echo", "alive")[1])
         assert (await recv(bystander))["meta"]["type"] == 8
         assert server.stats.protocol_errors == len(errors)
+
+
+async def test_backpressure_keeps_order_with_a_tiny_inbox() -> None:
+    async with stack(max_pending=2) as server, ws(server) as c:
+        uids = []
+        for i in range(100):
+            uid, f = call("test.echo", i)
+            uids.append(uid)
+            await c.send(f)
+        acks, res = [], 0
+        while len(acks) < 100 or res < 100:
+            m = await recv(c)
+            if m["meta"]["type"] == 8:
+                acks.append(m["payload"]["for"])
+            else:
+                res += 1
+        assert acks == uids
+
+
+async def test_a_reader_that_does_not_read_is_dropped() -> None:
+    async with stack(max_write_buffer=64 * 1024, callees=False) as server:
+        async with ws(server, max_queue=1) as lazy, ws(server) as pub:
+            await lazy.send(rustext.build_sub(rustext.new_uuid(), "flood").decode())
+            await recv(lazy)
+            big = json.dumps("x" * 20_000).encode()
+            for _ in range(1500):  # ~30 MB: more than the socket buffers hold
+                await pub.send(rustext.build_pub(rustext.new_uuid(), "flood", big).decode())
+            for _ in range(1500):
+                await recv(pub)
+            for _ in range(200):
+                if server.stats.connections_active == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert server.stats.connections_active == 1  # the lazy one is gone, the publisher is not
