@@ -15,7 +15,9 @@ several processes (each its own event loop) and merges the figures.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import math
 import multiprocessing as mp
 import sys
@@ -25,6 +27,7 @@ from array import array
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlparse
 
 __all__ = ["LoadConfig", "LoadReport", "run_load"]
 
@@ -115,23 +118,182 @@ def _percentiles(lat_us: array) -> dict[str, float]:
     }
 
 
+class _WsClient(asyncio.Protocol):
+    """A minimal websocket client (RFC 6455) for the load tool only.
+
+    Why not the ``websockets`` package here: the load tool must cost less
+    CPU than what it measures. Text frames out (masked with a zero key, so
+    masking is free), text frames in, ping → pong, close; the closed loop
+    runs inside ``data_received`` with no task or future per call.
+    """
+
+    def __init__(self, url: str, subprotocol: str, on_frame: Callable[[str], None]) -> None:
+        u = urlparse(url)
+        if u.scheme != "ws":
+            raise ValueError("the load tool speaks ws:// only")
+        self.host = u.hostname or "127.0.0.1"
+        self.port = u.port or 80
+        self.path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        self.subprotocol = subprotocol
+        self.on_frame = on_frame
+        self.transport: asyncio.Transport | None = None
+        self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._buf = bytearray()
+        self._handshake = True
+        self._frag: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.transport.write((
+            f"GET {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            f"Sec-WebSocket-Protocol: {self.subprotocol}\r\n\r\n"
+        ).encode())
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        if self._handshake:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(buf[:end]).decode("latin-1").lower()
+            del buf[: end + 4]
+            if not head.startswith("http/1.1 101") or f"sec-websocket-protocol: {self.subprotocol}" not in head:
+                if not self.opened.done():
+                    self.opened.set_exception(ConnectionError(f"handshake refused: {head.splitlines()[0]!r}"))
+                self.transport.close()  # type: ignore[union-attr]
+                return
+            self._handshake = False
+            if not self.opened.done():
+                self.opened.set_result(None)
+        while True:
+            n = len(buf)
+            if n < 2:
+                return
+            b0, b1 = buf[0], buf[1]
+            length = b1 & 0x7F
+            pos = 2
+            if length == 126:
+                if n < 4:
+                    return
+                length = int.from_bytes(buf[2:4], "big")
+                pos = 4
+            elif length == 127:
+                if n < 10:
+                    return
+                length = int.from_bytes(buf[2:10], "big")
+                pos = 10
+            if b1 & 0x80:
+                pos += 4  # a masked server frame: not expected, unmasked below
+            if n < pos + length:
+                return
+            payload = bytes(buf[pos : pos + length])
+            if b1 & 0x80:
+                mask = buf[pos - 4 : pos]
+                payload = bytes(c ^ mask[i % 4] for i, c in enumerate(payload))
+            del buf[: pos + length]
+            opcode = b0 & 0x0F
+            if opcode in (1, 0):
+                self._frag.append(payload)
+                if b0 & 0x80:
+                    text = b"".join(self._frag).decode("utf-8", "replace")
+                    self._frag.clear()
+                    self.on_frame(text)
+            elif opcode == 9:
+                self._send(0xA, payload)
+            elif opcode == 8:
+                self._send(0x8, payload[:2])
+                self.transport.close()  # type: ignore[union-attr]
+                return
+
+    def _send(self, opcode: int, payload: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        n = len(payload)
+        if n < 126:
+            head = bytes((0x80 | opcode, 0x80 | n))
+        elif n < 65536:
+            head = bytes((0x80 | opcode, 0x80 | 126)) + n.to_bytes(2, "big")
+        else:
+            head = bytes((0x80 | opcode, 0x80 | 127)) + n.to_bytes(8, "big")
+        self.transport.write(head + b"\x00\x00\x00\x00" + payload)
+
+    def send_text(self, text: str) -> None:
+        self._send(0x1, text.encode())
+
+    def close(self) -> None:
+        self._send(0x8, (1000).to_bytes(2, "big"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.opened.done():
+            self.opened.set_exception(ConnectionError(f"connection lost: {exc or 'closed'}"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    @property
+    def is_open(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing() and not self._handshake
+
+
 class _Conn:
-    """One connection: sends CALLs, classifies server frames cheaply."""
+    """One connection's calls: classifies server frames by string search."""
 
-    __slots__ = ("ws", "pending", "lat", "counters", "late", "waiter", "template")
+    __slots__ = ("ws", "pending", "lat", "counters", "late", "template", "end", "timeout",
+                 "closed_loop", "current", "timer", "done", "loop")
 
-    def __init__(self, ws: Any, counters: Any, lat: array, template: str) -> None:
-        self.ws = ws
+    def __init__(self, counters: Any, lat: array, template: str, end: float, timeout: float, closed_loop: bool) -> None:
+        self.ws: _WsClient | None = None
         self.pending: dict[str, float] = {}
         self.lat = lat
         self.counters = counters
         self.late = 0
-        self.waiter: asyncio.Future[None] | None = None
         self.template = template
+        self.end = end
+        self.timeout = timeout
+        self.closed_loop = closed_loop
+        self.current: str | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[None] = self.loop.create_future()
 
-    def new_frame(self) -> tuple[str, str]:
+    def send_call(self) -> None:
+        ws = self.ws
+        if ws is None or not ws.is_open:
+            self._finish()
+            return
         u = str(uuidlib.uuid4())
-        return u, self.template % u
+        self.pending[u] = time.perf_counter()
+        ws.send_text(self.template % u)
+        self.counters[_CALLS] += 1
+        if self.closed_loop:
+            self.current = u
+            self.timer = self.loop.call_later(self.timeout, self._expire, u)
+
+    def _expire(self, u: str) -> None:
+        if self.pending.pop(u, None) is not None:
+            self.counters[_EXPIRED] += 1
+            self._next()
+
+    def _next(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if time.perf_counter() < self.end:
+            self.send_call()
+        else:
+            self._finish()
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _settled(self, for_uuid: str) -> None:
+        if self.closed_loop and for_uuid == self.current:
+            self.current = None
+            self._next()
 
     def on_frame(self, frame: str) -> None:
         # {"meta":{"type":9,"uuid":"..."},"payload":{"for":"<uuid>",...}} — both
@@ -145,22 +307,26 @@ class _Conn:
         for_uuid = frame[j + 7 : j + 43]
         if t == "8,":
             self.counters[_ACKS] += 1
+        elif t == "9,":
+            self._result(for_uuid)
+        elif t == "7,":
+            self._nack(for_uuid)
+        else:
+            self._slow(frame)
+
+    def _result(self, for_uuid: str) -> None:
+        t0 = self.pending.pop(for_uuid, None)
+        if t0 is None:
+            self.late += 1
             return
-        if t == "9,":
-            t0 = self.pending.pop(for_uuid, None)
-            if t0 is None:
-                self.late += 1
-                return
-            self.lat.append(int((time.perf_counter() - t0) * 1e6))
-            self.counters[_RESULTS] += 1
-            self._wake()
-            return
-        if t == "7,":
-            self.counters[_NACKS] += 1
-            if self.pending.pop(for_uuid, None) is not None:
-                self._wake()
-            return
-        self._slow(frame)
+        self.lat.append(int((time.perf_counter() - t0) * 1e6))
+        self.counters[_RESULTS] += 1
+        self._settled(for_uuid)
+
+    def _nack(self, for_uuid: str) -> None:
+        self.counters[_NACKS] += 1
+        if self.pending.pop(for_uuid, None) is not None:
+            self._settled(for_uuid)
 
     def _slow(self, frame: str) -> None:
         try:
@@ -172,30 +338,15 @@ class _Conn:
         if t == 8:
             self.counters[_ACKS] += 1
         elif t == 9:
-            t0 = self.pending.pop(for_uuid, None)
-            if t0 is None:
-                self.late += 1
-            else:
-                self.lat.append(int((time.perf_counter() - t0) * 1e6))
-                self.counters[_RESULTS] += 1
-                self._wake()
+            self._result(for_uuid)
         elif t == 7:
-            self.counters[_NACKS] += 1
-            if self.pending.pop(for_uuid, None) is not None:
-                self._wake()
-
-    def _wake(self) -> None:
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+            self._nack(for_uuid)
 
 
 async def _worker(cfg: LoadConfig, nconns: int, rate: float, counters: Any, start_at: float) -> dict[str, Any]:
-    from websockets.asyncio.client import connect as ws_connect
-
+    loop = asyncio.get_running_loop()
     lat = array("q")
     errors: list[str] = []
-    conns: list[_Conn] = []
     template = (
         '{"meta":{"type":1,"uuid":"%s"},"payload":{"uri":'
         + json.dumps(cfg.uri).replace("%", "%%")
@@ -203,16 +354,22 @@ async def _worker(cfg: LoadConfig, nconns: int, rate: float, counters: Any, star
         + ',"args":' + json.dumps(json.loads(cfg.payload), separators=(",", ":")).replace("%", "%%")
         + "}}"
     )
+    closed_loop = rate <= 0
+    conns: list[_Conn] = []
 
     async def open_one() -> None:
+        c = _Conn(counters, lat, template, float("inf"), cfg.timeout, closed_loop)
         try:
-            ws = await ws_connect(cfg.url, subprotocols=["juggler.0"], compression=None,  # type: ignore[list-item]
-                                  open_timeout=cfg.open_timeout, ping_interval=None, max_size=None)
+            ws = _WsClient(cfg.url, "juggler.0", c.on_frame)
+            await asyncio.wait_for(loop.create_connection(lambda: ws, ws.host, ws.port), cfg.open_timeout)
+            await asyncio.wait_for(ws.opened, cfg.open_timeout)
         except Exception as exc:
             counters[_ERRORS] += 1
             errors.append(f"connect: {exc}")
             return
-        conns.append(_Conn(ws, counters, lat, template))
+        c.ws = ws
+        ws.closed.add_done_callback(lambda _f, c=c: c._finish())
+        conns.append(c)
 
     await asyncio.gather(*(open_one() for _ in range(nconns)))
     if not conns:
@@ -223,41 +380,19 @@ async def _worker(cfg: LoadConfig, nconns: int, rate: float, counters: Any, star
     if delay > 0:
         await asyncio.sleep(delay)
     end = time.perf_counter() + cfg.duration
+    for c in conns:
+        c.end = end
 
-    async def reader(c: _Conn) -> None:
-        try:
-            async for frame in c.ws:
-                if isinstance(frame, str):
-                    c.on_frame(frame)
-        except Exception as exc:  # connection dropped
-            counters[_ERRORS] += 1
-            errors.append(f"receive: {exc}")
-        finally:
-            c._wake()
-
-    async def closed_loop(c: _Conn) -> None:
-        loop = asyncio.get_running_loop()
-        timeout = cfg.timeout
-        while time.perf_counter() < end:
-            u, frame = c.new_frame()
-            c.waiter = loop.create_future()
-            c.pending[u] = time.perf_counter()
-            try:
-                await c.ws.send(frame)
-            except Exception as exc:
+    if closed_loop:
+        for c in conns:
+            c.send_call()
+        await asyncio.gather(*(c.done for c in conns))
+        for c in conns:  # a connection that dropped mid-call
+            if c.pending:
                 counters[_ERRORS] += 1
-                errors.append(f"send: {exc}")
-                return
-            counters[_CALLS] += 1
-            handle = loop.call_later(timeout, c._wake)
-            await c.waiter
-            handle.cancel()
-            if c.pending.pop(u, None) is not None:
-                counters[_EXPIRED] += 1
-                if c.ws.state.name != "OPEN":
-                    return
-
-    async def open_loop(cs: list[_Conn]) -> None:
+                errors.append("connection closed with a call pending")
+                c.pending.clear()
+    else:
         sent = 0
         t0 = time.perf_counter()
         i = 0
@@ -267,50 +402,35 @@ async def _worker(cfg: LoadConfig, nconns: int, rate: float, counters: Any, star
                 break
             due = int((now - t0) * rate) - sent
             for _ in range(max(0, due)):
-                c = cs[i % len(cs)]
+                c = conns[i % len(conns)]
                 i += 1
-                u, frame = c.new_frame()
-                c.pending[u] = time.perf_counter()
-                try:
-                    await c.ws.send(frame)
-                except Exception as exc:
-                    counters[_ERRORS] += 1
-                    errors.append(f"send: {exc}")
-                    c.pending.pop(u, None)
-                    continue
-                counters[_CALLS] += 1
+                c.send_call()
                 sent += 1
-            # expire what is overdue
             limit = time.perf_counter() - cfg.timeout
-            for c in cs:
-                old = [u for u, ts in c.pending.items() if ts < limit] if c.pending else ()
-                for u in old:
-                    del c.pending[u]
-                    counters[_EXPIRED] += 1
+            for c in conns:
+                if c.pending:
+                    for u in [u for u, ts in c.pending.items() if ts < limit]:
+                        del c.pending[u]
+                        counters[_EXPIRED] += 1
             await asyncio.sleep(0.002)
         # let the last calls finish or expire
-        while any(c.pending for c in cs):
+        while any(c.pending for c in conns):
             limit = time.perf_counter() - cfg.timeout
-            for c in cs:
+            for c in conns:
                 for u in [u for u, ts in c.pending.items() if ts < limit]:
                     del c.pending[u]
                     counters[_EXPIRED] += 1
             await asyncio.sleep(0.01)
-
-    readers = [asyncio.create_task(reader(c)) for c in conns]
-    if rate > 0:
-        await open_loop(conns)
-    else:
-        await asyncio.gather(*(closed_loop(c) for c in conns))
     late = sum(c.late for c in conns)
     for c in conns:
-        try:
-            await asyncio.wait_for(c.ws.close(), 2)
-        except Exception:
-            pass
-    for r in readers:
-        r.cancel()
-    await asyncio.gather(*readers, return_exceptions=True)
+        if c.ws is not None:
+            c.ws.close()
+    closing = [c.ws.closed for c in conns if c.ws is not None]
+    if closing:
+        await asyncio.wait(closing, timeout=2)
+    for c in conns:
+        if c.ws is not None and c.ws.transport is not None:
+            c.ws.transport.abort()
     return {"lat": lat.tobytes(), "late": late, "errors": errors[:20]}
 
 
