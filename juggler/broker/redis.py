@@ -68,7 +68,6 @@ from juggler.broker.base import (
 )
 from juggler.broker.resp import (
     RedisAddress,
-    RedisConnectionError,
     RedisReplyError,
     RespConnection,
     RespPool,
@@ -116,6 +115,26 @@ POP_CHECK_MANY_SCRIPT = Script(
     "\tres[i] = redis.call(\"PTTL\", k)\n"
     "end\n"
     "redis.call(\"DEL\", unpack(KEYS))\n"
+    "return res\n"
+)
+# Upstream's push (SET PX + LPUSH + capacity check) for several items of one
+# list in one script run: KEYS = list, ttl keys; ARGV = cap, then ms and
+# payload per item. Per item: the list length, or 0 when the list was full
+# (that item is trimmed away again, as upstream does).
+PUSH_MANY_SCRIPT = Script(
+    "local limit = tonumber(ARGV[1])\n"
+    "local res = {}\n"
+    "for i = 2, #KEYS do\n"
+    "\tlocal ms = ARGV[2 * i - 2]\n"
+    "\tredis.call(\"SET\", KEYS[i], ms, \"PX\", tonumber(ms))\n"
+    "\tlocal n = redis.call(\"LPUSH\", KEYS[1], ARGV[2 * i - 1])\n"
+    "\tif n > limit and limit > 0 then\n"
+    "\t\tredis.call(\"LTRIM\", KEYS[1], 1, limit)\n"
+    "\t\tres[i - 1] = 0\n"
+    "\telse\n"
+    "\t\tres[i - 1] = n\n"
+    "\tend\n"
+    "end\n"
     "return res\n"
 )
 # Puts calls a stopping callee had popped but not started back at the head of
@@ -261,6 +280,8 @@ class RedisBroker:
         self._by_subscriber: dict[object, set[tuple[bool, str]]] = {}
         self._blocking: set[RespConnection] = set()
         self._orphans: set[asyncio.Future[Any]] = set()
+        self._call_batch: dict[str, list[tuple[str, int, bytes, asyncio.Future[Any]]]] = {}
+        self._call_flush_scheduled = False
         self._requeues: set[asyncio.Task[None]] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._has_blmpop = True
@@ -279,7 +300,7 @@ class RedisBroker:
         self._has_blmpop = version >= (7, 0)
         if version < (6, 2):
             log.warning("Redis %s: RPOP with a count needs 6.2; batching is off", ".".join(map(str, version)))
-        for script in (PUSH_SCRIPT, POP_CHECK_SCRIPT, POP_CHECK_MANY_SCRIPT, REQUEUE_SCRIPT):
+        for script in (PUSH_SCRIPT, PUSH_MANY_SCRIPT, POP_CHECK_SCRIPT, POP_CHECK_MANY_SCRIPT, REQUEUE_SCRIPT):
             await self.pool.execute("SCRIPT", "LOAD", script.body)
         self._version = version
         if self._result_handler is not None:
@@ -328,23 +349,103 @@ class RedisBroker:
         return self._conn_uuid
 
     async def call(self, msg_uuid: str, uri: str, args: bytes | None, timeout_ms: int) -> None:
+        """Queue a call. Calls made during one event-loop turn are pushed
+        together: one script run per URI (upstream's script when alone)."""
         if timeout_ms <= 0:
             self.stats.call_failures += 1
             raise BrokerError(f"invalid call timeout: {timeout_ms} ms")
+        if self._closed:
+            raise BrokerError("broker closed")
         payload = _codec().build_call_payload(self._conn_uuid, msg_uuid, uri, args)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._call_batch.setdefault(call_key(uri), []).append((call_ttl_key(uri, msg_uuid), timeout_ms, payload, fut))
+        if not self._call_flush_scheduled:
+            self._call_flush_scheduled = True
+            loop.call_soon(self._flush_calls)
         try:
-            await self.pool.evalsha(
-                PUSH_SCRIPT, (call_ttl_key(uri, msg_uuid), call_key(uri)), (timeout_ms, payload, self.config.call_cap)
-            )
-        except RedisReplyError as exc:
-            self.stats.call_failures += 1
-            if CAPACITY_MESSAGE in str(exc):
-                raise CapacityExceeded(CAPACITY_MESSAGE) from exc
-            raise BrokerError(str(exc)) from exc
-        except RedisConnectionError:
+            await fut
+        except BrokerError:
             self.stats.call_failures += 1
             raise
         self.stats.calls += 1
+
+    def _flush_calls(self) -> None:
+        self._call_flush_scheduled = False
+        groups, self._call_batch = self._call_batch, {}
+        if groups:
+            self._spawn(self._push_groups(groups, self.config.call_cap))
+
+    async def _push_groups(
+        self, groups: dict[str, list[tuple[str, int, bytes, asyncio.Future[Any]]]], cap: int
+    ) -> None:
+        """Push each list's items with one script run; settle each item's future."""
+        try:
+            await self._push_groups_now(groups, cap)
+        finally:
+            for items in groups.values():
+                for *_, fut in items:
+                    if not fut.done():
+                        fut.set_exception(BrokerError("broker closed"))
+                        fut.exception()
+
+    async def _push_groups_now(
+        self, groups: dict[str, list[tuple[str, int, bytes, asyncio.Future[Any]]]], cap: int
+    ) -> None:
+        try:
+            conn = await self.pool.connection()
+        except BaseException as exc:
+            err = exc if isinstance(exc, BrokerError) else BrokerError(str(exc))
+            for items in groups.values():
+                for *_, fut in items:
+                    if not fut.done():
+                        fut.set_exception(err)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        sent: list[tuple[Script, tuple[Any, ...], tuple[Any, ...], list[Any], asyncio.Future[Any]]] = []
+        for list_key, items in groups.items():
+            if len(items) == 1:
+                ttl_key, ms, payload, _ = items[0]
+                script: Script = PUSH_SCRIPT
+                keys: tuple[Any, ...] = (ttl_key, list_key)
+                argv: tuple[Any, ...] = (ms, payload, cap)
+            else:
+                script = PUSH_MANY_SCRIPT
+                keys = (list_key, *(it[0] for it in items))
+                argv = (cap, *(x for it in items for x in (it[1], it[2])))
+            (f,) = conn.execute_packed(script.pack(keys, argv))
+            sent.append((script, keys, argv, items, f))
+        for script, keys, argv, items, f in sent:
+            try:
+                try:
+                    reply = await f
+                except RedisReplyError as exc:
+                    if not str(exc).startswith("NOSCRIPT"):
+                        raise
+                    (f2,) = conn.execute_packed(script.pack_eval(keys, argv))
+                    reply = await f2
+            except RedisReplyError as exc:
+                err: BrokerError = (
+                    CapacityExceeded(CAPACITY_MESSAGE) if CAPACITY_MESSAGE in str(exc) else BrokerError(str(exc))
+                )
+                for *_, fut in items:
+                    if not fut.done():
+                        fut.set_exception(err)
+                continue
+            except BrokerError as exc:
+                for *_, fut in items:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            replies = reply if isinstance(reply, list) else [reply]
+            for (*_, fut), n in zip(items, replies, strict=True):
+                if fut.done():
+                    continue
+                if n == 0:
+                    fut.set_exception(CapacityExceeded(CAPACITY_MESSAGE))
+                else:
+                    fut.set_result(n)
 
     def on_result(self, handler: ResultHandler) -> None:
         self._result_handler = handler
@@ -643,21 +744,26 @@ class RedisBroker:
         self.stats.results_sent += 1
 
     async def send_results(self, batch: list[tuple[Result, int]]) -> list[BaseException | None]:
-        """Store many results in one pipelined write; per-item outcome (None = stored)."""
+        """Store many results at once (one script run per caller's list);
+        per-item outcome (None = stored)."""
         codec = _codec()
-        calls = []
+        loop = asyncio.get_running_loop()
+        groups: dict[str, list[tuple[str, int, bytes, asyncio.Future[Any]]]] = {}
+        futs = []
         for result, ttl_ms in batch:
             payload = codec.build_call_payload(result.conn_uuid, result.msg_uuid, result.uri, result.args)
-            calls.append(((result_ttl_key(result.conn_uuid, result.msg_uuid), result_key(result.conn_uuid)),
-                          (max(1, ttl_ms), payload, self.config.result_cap)))
-        replies = await self.pool.evalsha_many(PUSH_SCRIPT, calls)
+            fut = loop.create_future()
+            futs.append(fut)
+            groups.setdefault(result_key(result.conn_uuid), []).append(
+                (result_ttl_key(result.conn_uuid, result.msg_uuid), max(1, ttl_ms), payload, fut)
+            )
+        await self._push_groups(groups, self.config.result_cap)
         out: list[BaseException | None] = []
-        for reply in replies:
-            if isinstance(reply, RedisReplyError):
-                out.append(CapacityExceeded(CAPACITY_MESSAGE) if CAPACITY_MESSAGE in str(reply) else BrokerError(str(reply)))
-            else:
+        for fut in futs:
+            exc = fut.exception()
+            if exc is None:
                 self.stats.results_sent += 1
-                out.append(None)
+            out.append(exc)
         return out
 
     # PubSubBroker --------------------------------------------------------------

@@ -320,3 +320,35 @@ async def test_pubsub_survives_a_killed_connection(broker: RedisBroker, r: aredi
     await wait_until(lambda: _numsub_is(r, "resub", 1))
     await broker.publish("resub", U1, b"1")
     await wait_until(lambda: _true(len(got) == 1))
+
+
+async def test_calls_of_one_loop_turn_are_pushed_together(redis_url: str, r: aredis.Redis) -> None:
+    ids = [f"00000000-0000-4000-8000-{i:012d}" for i in range(5)]
+    async with RedisBroker(url=redis_url, call_cap=3, conn_uuid=CONN) as b:
+        await r.config_resetstat()
+        outcomes = await asyncio.gather(
+            *(b.call(u, "many.uri", b'"%d"' % i, 5000) for i, u in enumerate(ids)), return_exceptions=True
+        )
+        stats = await r.info("commandstats")
+    assert outcomes[:3] == [None, None, None]
+    assert all(isinstance(o, CapacityExceeded) for o in outcomes[3:])
+    assert stats["cmdstat_evalsha"]["calls"] == 1  # one script run for the five
+    items = [json.loads(x) for x in await r.lrange(call_key("many.uri"), 0, -1)]
+    assert [(x["msg_uuid"], x["args"]) for x in items[::-1]] == [(ids[i], str(i)) for i in range(3)]
+    for i, u in enumerate(ids):
+        assert await r.get(call_ttl_key("many.uri", u)) == b"5000"  # as upstream: the TTL key stays even when refused
+
+
+async def test_send_results_batches_per_caller(redis_url: str, r: aredis.Redis) -> None:
+    other = "55e1ed51-23af-49a4-bbfd-1e9eac477f0f"
+    async with RedisBroker(url=redis_url) as b:
+        out = await b.send_results([
+            (Result(conn_uuid=CONN, msg_uuid=U1, uri="u", args=b"1"), 3000),
+            (Result(conn_uuid=other, msg_uuid=U2, uri="u", args=None), 2000),
+            (Result(conn_uuid=CONN, msg_uuid=U2, uri="u", args=b'"x"'), 1000),
+        ])
+    assert out == [None, None, None]
+    assert [json.loads(x)["msg_uuid"] for x in await r.lrange(result_key(CONN), 0, -1)] == [U2, U1]
+    assert json.loads((await r.lrange(result_key(other), 0, -1))[0]) == {"conn_uuid": other, "msg_uuid": U2, "uri": "u"}
+    assert await r.get(result_ttl_key(CONN, U1)) == b"3000"
+    assert await r.get(result_ttl_key(other, U2)) == b"2000"
