@@ -1,9 +1,13 @@
 """One websocket connection of the juggler server.
 
-A thin asyncio ``Protocol`` driving websockets' sans-I/O ``ServerProtocol``:
-bytes in → handshake / frames; frames out are written by us, coalesced per
-event-loop turn into one ``transport.write``. No task per connection while
-idle: a worker task exists only while messages are queued.
+A thin asyncio ``Protocol``. The opening handshake goes through websockets'
+sans-I/O ``ServerProtocol`` (HTTP parsing, validation, the 101 response);
+after it, frames are read and written here directly (RFC 6455: masked client
+frames, unmasked server frames, ping/pong, the closing handshake), because
+the generic parser costs more per message than everything else the server
+does. Frames out are coalesced per event-loop turn into one
+``transport.write``. No task per connection while idle: a worker task exists
+only while messages are queued.
 
 Contract:
 
@@ -33,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 import rustext
 from websockets.frames import Opcode
 from websockets.http11 import Request
-from websockets.protocol import State
 from websockets.server import ServerProtocol
+from websockets.speedups import apply_mask
 
 from juggler.broker.base import Event
 from juggler.protocol import (
@@ -81,6 +85,11 @@ Middleware = Callable[["Conn", Message, Handler], Awaitable[None]]
 _BAD = object()  # inbox marker: bad input after the queued messages
 
 
+def _close_frame(code: int, reason: str = "") -> bytes:
+    body = code.to_bytes(2, "big") + reason.encode()[:123]
+    return bytes((0x88, len(body))) + body
+
+
 def _ws_header(n: int) -> bytes:
     if n < 126:
         return bytes((0x81, n))
@@ -118,6 +127,11 @@ class Conn(asyncio.Protocol):
         self._inbox: deque[Any] = deque()
         self._worker: asyncio.Task[None] | None = None
         self._frag: list[bytes] | None = None
+        self._frag_size = 0
+        self._rbuf = bytearray()
+        self._fast = False  # handshake done: frames are parsed here, not by websockets
+        self._open = False  # data frames may be written
+        self._close_sent = False
         self._doomed = False  # bad input seen: ignore the rest
         self._closed = False
         self._paused = False
@@ -150,6 +164,11 @@ class Conn(asyncio.Protocol):
         if self._closed:
             return
         self._last_read = self.loop.time()
+        if self._fast:
+            self._frames_in(data)
+            if self._out:
+                self._flush()
+            return
         proto = self.proto
         proto.receive_data(data)
         for ev in proto.events_received():
@@ -162,6 +181,8 @@ class Conn(asyncio.Protocol):
         self._flush()
 
     def eof_received(self) -> bool:
+        if self._fast:
+            return False
         self.proto.receive_eof()
         self.proto.events_received()
         self._flush()
@@ -232,6 +253,7 @@ class Conn(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self.state = ConnState.CONNECTED
+        self._fast = self._open = True
         self.server._conn_connected(self)
         if self.config.read_timeout:
             self._timer = self.loop.call_later(self.config.read_timeout, self._read_timed_out)
@@ -266,6 +288,107 @@ class Conn(asyncio.Protocol):
             self._abort()
 
     # incoming -------------------------------------------------------------------
+
+    def _frames_in(self, data: bytes) -> None:
+        """Parse client frames (RFC 6455 §5) from `data` plus what was left over."""
+        buf = self._rbuf
+        if buf:
+            buf += data
+            view: Any = buf
+        else:
+            view = data
+        n = len(view)
+        pos = 0
+        limit = self.config.read_limit
+        while n - pos >= 2 and not (self._doomed or self._closed):
+            b0 = view[pos]
+            b1 = view[pos + 1]
+            ln = b1 & 0x7F
+            if ln < 126:
+                hdr = 2
+            elif ln == 126:
+                if n - pos < 4:
+                    break
+                ln = (view[pos + 2] << 8) | view[pos + 3]
+                hdr = 4
+            else:
+                if n - pos < 10:
+                    break
+                ln = int.from_bytes(view[pos + 2:pos + 10], "big")
+                hdr = 10
+            if b0 & 0x70 or not b1 & 0x80:
+                self._fail(1002, "protocol error")  # RSV bits, or an unmasked client frame
+                return
+            if limit and ln + self._frag_size > limit:
+                self._fail(1009, "message too big")
+                return
+            end = pos + hdr + 4 + ln
+            if end > n:
+                break
+            payload = apply_mask(view[pos + hdr + 4:end], view[pos + hdr:pos + hdr + 4])
+            pos = end
+            self._frame(b0 & 0x80, b0 & 0x0F, payload)
+        if pos >= n:
+            if buf:
+                buf.clear()
+        elif buf:
+            del buf[:pos]
+        else:
+            self._rbuf = bytearray(view[pos:])
+
+    def _frame(self, fin: int, op: int, payload: bytes) -> None:
+        if op == 1:  # text
+            if self._frag is not None:
+                self._fail(1002, "expected a continuation frame")
+            elif fin:
+                self._on_text(payload)
+            else:
+                self._frag = [payload]
+                self._frag_size = len(payload)
+        elif op == 0:  # continuation
+            if self._frag is None:
+                self._fail(1002, "unexpected continuation frame")
+                return
+            self._frag.append(payload)
+            self._frag_size += len(payload)
+            if fin:
+                text = b"".join(self._frag)
+                self._frag = None
+                self._frag_size = 0
+                self._on_text(text)
+        elif op == 2:
+            self._bad_input("binary frame")
+        elif op >= 8 and (not fin or len(payload) > 125):
+            self._fail(1002, "invalid control frame")
+        elif op == 9:  # ping
+            if self._open:
+                self._out.append(bytes((0x8A, len(payload))) + payload)
+        elif op == 10:  # pong
+            pass
+        elif op == 8:  # close
+            if len(payload) == 1:
+                self._fail(1002, "invalid close frame")
+                return
+            if not self._close_sent:  # echo the peer's code, then drop TCP (server side)
+                self._open = False
+                self._close_sent = True
+                self._out.append(bytes((0x88, min(len(payload), 2))) + payload[:2])
+            self._flush()
+            self._close_transport()
+        else:
+            self._fail(1002, f"reserved opcode {op}")
+
+    def _fail(self, code: int, reason: str) -> None:
+        """Fail the connection: close frame with `code`, then drop TCP."""
+        self._doomed = True
+        self.stats.protocol_errors += 1
+        log.info("connection %s: closing (%d %s)", self.remote, code, reason)
+        if self._open:
+            self._open = False
+            self._close_sent = True
+            self._out.append(_close_frame(code, reason))
+        self._flush()
+        self._close_transport()
 
     def _on_frame(self, frame: Any) -> None:
         op = frame.opcode
@@ -437,7 +560,7 @@ class Conn(asyncio.Protocol):
 
     def write(self, msg_type: int, frame: bytes) -> bool:
         """Write one text frame now (coalesced with the others of this loop turn)."""
-        if self._closed or self.proto.state is not State.OPEN:
+        if not self._open:
             return False
         n = len(frame)
         limit = self.config.write_limit
@@ -486,8 +609,10 @@ class Conn(asyncio.Protocol):
         ``close_timeout`` if the peer does not answer. Idempotent."""
         if self._closed:
             return
-        if self.proto.state is State.OPEN:
-            self.proto.send_close(code, reason)
+        if self._open:
+            self._open = False
+            self._close_sent = True
+            self._out.append(_close_frame(code, reason))
             self._flush()
             self.loop.call_later(self.config.close_timeout or 1.0, self._abort)
         else:

@@ -574,3 +574,34 @@ async def test_a_reader_that_does_not_read_is_dropped() -> None:
                     break
                 await asyncio.sleep(0.05)
             assert server.stats.connections_active == 1  # the lazy one is gone, the publisher is not
+
+
+async def test_ping_pong_and_fragmented_messages() -> None:
+    async with stack() as server, ws(server) as c:
+        pong = await c.ping(b"hello")
+        await asyncio.wait_for(pong, 5)
+        uid, f = call("test.echo", "fragmented " * 50)
+        await c.send([f[:10], f[10:200], f[200:]])  # one message in three frames
+        assert (await recv(c))["payload"]["for"] == uid
+        assert (await recv(c))["payload"]["args"] == "fragmented " * 50
+
+
+@pytest.mark.parametrize(
+    "raw,code",
+    [
+        (b"\xc1\x80abcd", 1002),  # RSV1 set (no extension negotiated)
+        (b"\x81\x05hello", 1002),  # unmasked client frame
+        (b"\x83\x80abcd", 1002),  # reserved opcode
+        (b"\x09\x80abcd", 1002),  # fragmented ping
+        (b"\x80\x80abcd", 1002),  # continuation without a start
+        (b"\x81\xff" + (2**40).to_bytes(8, "big") + b"abcd", 1009),  # declared length over read_limit
+    ],
+)
+async def test_frame_protocol_errors_close_only_that_connection(raw: bytes, code: int) -> None:
+    async with stack() as server, ws(server) as good, ws(server) as bad:
+        bad.transport.write(raw)
+        with pytest.raises(ConnectionClosed) as info:
+            await recv(bad)
+        assert info.value.rcvd is not None and info.value.rcvd.code == code
+        await good.send(call("test.echo", "ok")[1])
+        assert (await recv(good))["meta"]["type"] == 8
