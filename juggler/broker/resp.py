@@ -329,6 +329,7 @@ class RespConnection:
         for fut, _ in pending:
             if not fut.done():
                 fut.set_exception(exc)
+                fut.exception()  # waiters still get it; a future nobody awaits any more stays quiet
         self._wbuf.clear()
         if self._transport is not None:
             self._transport.abort()
