@@ -487,6 +487,11 @@ class Conn(asyncio.Protocol):
                 self.nack(msg, 500, f"invalid call timeout: {msg.timeout_ns} ns")
                 return
             server = self.server
+            other = server._pending.get(msg.uuid)
+            if other is not None and other[0] is not self and not other[0].closed:
+                # results route by msg_uuid: another connection's live call keeps it
+                self.nack(msg, 500, "duplicate message uuid")
+                return
             server._pending_add(msg.uuid, self, ms)
             try:
                 await self.broker.call(msg.uuid, uri, msg.args, ms)

@@ -605,3 +605,15 @@ async def test_frame_protocol_errors_close_only_that_connection(raw: bytes, code
         assert info.value.rcvd is not None and info.value.rcvd.code == code
         await good.send(call("test.echo", "ok")[1])
         assert (await recv(good))["meta"]["type"] == 8
+
+
+async def test_a_call_uuid_in_use_by_another_connection_is_refused() -> None:
+    async with stack() as server, ws(server) as a, ws(server) as b:
+        uid, f = call("test.delay", "300")
+        await a.send(f)
+        assert (await recv(a))["meta"]["type"] == 8
+        await b.send(call("test.echo", "steal", uid=uid)[1])  # same uuid, other connection
+        nack = await recv(b)
+        assert nack["meta"]["type"] == 7 and nack["payload"]["message"] == "duplicate message uuid"
+        res = await recv(a)  # the result still goes to the caller
+        assert res["payload"] == {"for": uid, "uri": "test.delay", "args": 300}
