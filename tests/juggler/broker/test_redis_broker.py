@@ -352,3 +352,48 @@ async def test_send_results_batches_per_caller(redis_url: str, r: aredis.Redis) 
     assert json.loads((await r.lrange(result_key(other), 0, -1))[0]) == {"conn_uuid": other, "msg_uuid": U2, "uri": "u"}
     assert await r.get(result_ttl_key(CONN, U1)) == b"3000"
     assert await r.get(result_ttl_key(other, U2)) == b"2000"
+
+
+async def test_recovers_after_a_redis_restart() -> None:
+    from conftest import free_port, start_redis
+
+    port = free_port()
+    server = start_redis(port=port)
+    url = f"redis://127.0.0.1:{port}/0"
+    got_results: list[Result] = []
+    got_events: list[Event] = []
+    b = RedisBroker(RedisBrokerConfig(url=url, block_timeout=0.3, conn_uuid=CONN, connect_timeout=1.0))
+    try:
+        b.on_result(got_results.append)
+        await b.start()
+        await b.subscribe("S", "restart.ch", False, got_events.append)
+        server.stop()
+        with pytest.raises(BrokerError):
+            await b.call(U1, "x", b"1", 1000)  # refused while Redis is down: the server NACKs
+        server = start_redis(port=port)
+        r = aredis.Redis.from_url(url)
+        try:
+            async def call_ok() -> bool:
+                try:
+                    await b.call(U1, "x", b"1", 1000)
+                    return True
+                except BrokerError:
+                    return False
+
+            await wait_until(call_ok, timeout=15)
+            # the pub-sub connection came back and re-subscribed by itself
+            await wait_until(lambda: _numsub_is(r, "restart.ch", 1), timeout=15)
+            await r.publish("restart.ch", json.dumps({"msg_uuid": U2, "args": 1}))
+            await wait_until(lambda: _true(len(got_events) == 1))
+            # and so did the results listener
+            payload = '{"conn_uuid":"%s","msg_uuid":"%s","uri":"x","args":2}' % (CONN, U2)
+            await upstream_push(r, result_ttl_key(CONN, U2), result_key(CONN), 5000, payload)
+            await wait_until(lambda: _true(len(got_results) == 1), timeout=15)
+        finally:
+            await r.aclose()
+    finally:
+        await b.aclose()
+        server.stop()
+        import shutil
+
+        shutil.rmtree(server.dir, ignore_errors=True)
