@@ -625,6 +625,7 @@ class Conn(asyncio.Protocol):
             self._close_transport()
 
     def _close_transport(self) -> None:
+        self._open = False
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
