@@ -359,6 +359,7 @@ async def test_recovers_after_a_redis_restart() -> None:
 
     port = free_port()
     server = start_redis(port=port)
+    dirs = []
     url = f"redis://127.0.0.1:{port}/0"
     got_results: list[Result] = []
     got_events: list[Event] = []
@@ -368,6 +369,7 @@ async def test_recovers_after_a_redis_restart() -> None:
         await b.start()
         await b.subscribe("S", "restart.ch", False, got_events.append)
         server.stop()
+        dirs.append(server.dir)
         with pytest.raises(BrokerError):
             await b.call(U1, "x", b"1", 1000)  # refused while Redis is down: the server NACKs
         server = start_redis(port=port)
@@ -396,4 +398,5 @@ async def test_recovers_after_a_redis_restart() -> None:
         server.stop()
         import shutil
 
-        shutil.rmtree(server.dir, ignore_errors=True)
+        for d in [*dirs, server.dir]:
+            shutil.rmtree(d, ignore_errors=True)
