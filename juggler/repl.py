@@ -92,18 +92,27 @@ def parse_duration(text: str) -> float:
     return total
 
 
+def _strict_json(text: str) -> None:
+    """json.loads, minus Python's NaN/Infinity extensions (not JSON)."""
+
+    def no_constants(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    json.loads(text, parse_constant=no_constants)
+
+
 def parse_args_json(text: str) -> str:
     """The JSON text to send for ARGS as typed (see the module doc)."""
     text = text.strip()
     if len(text) >= 2 and text.startswith("`") and text.endswith("`"):
         raw = text[1:-1].strip()
         try:
-            json.loads(raw)
+            _strict_json(raw)
         except ValueError as exc:
             raise ReplError(f"invalid JSON between backticks: {exc}") from None
         return raw
     try:
-        json.loads(text)
+        _strict_json(text)
         return text
     except ValueError:
         return json.dumps(text, ensure_ascii=False)

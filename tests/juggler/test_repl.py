@@ -41,6 +41,7 @@ def test_parse_duration_rejects(bad: str) -> None:
         ("hello world", '"hello world"'),  # not JSON: sent as a string
         ("héllo", '"héllo"'),
         ("null", "null"),
+        ("NaN", '"NaN"'),  # not JSON (a Python extension): a string
     ],
 )
 def test_parse_args_json(typed: str, sent: str) -> None:
@@ -140,3 +141,25 @@ def test_repl_eof_exits_and_close_and_bad_frames(up_url: str) -> None:
     assert "[3] >>> 16 random bytes (binary frame)" in lines
     assert any(ln.startswith("[3] connection closed") for ln in lines), out
     assert "no open connection" in lines
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(st.text(max_size=200))
+def test_parse_args_json_always_gives_json_or_a_repl_error(text: str) -> None:
+    try:
+        sent = parse_args_json(text)
+    except ReplError:
+        assert text.strip().startswith("`")
+        return
+    json.loads(sent, parse_constant=lambda name: pytest.fail(f"{name} sent"))
+
+
+@given(st.text(max_size=30))
+def test_parse_duration_never_crashes(text: str) -> None:
+    try:
+        assert parse_duration(text) >= 0
+    except ReplError:
+        pass
