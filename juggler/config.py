@@ -16,6 +16,7 @@ section; unknown keys are errors (a typo must not be silently ignored)::
     slow_threshold = 0.5        # seconds; slower messages are logged, 0 = off
     call_timeout_ms = 60000     # default CALL timeout (upstream: 1 minute)
     max_pending = 1024          # messages queued per connection before reading pauses
+    max_subscriptions = 1000    # channels + patterns per connection (more: NACK 500), 0 = none
     max_write_buffer = 16777216 # bytes buffered per connection before it is closed
     close_timeout = 5           # seconds to drain connections at shutdown
 
@@ -86,6 +87,8 @@ class ServerConfig:
     call_timeout_ms: int = 60_000
     #: incoming messages queued per connection before reading pauses
     max_pending: int = 1024
+    #: channels + patterns one connection may subscribe (more: NACK 500); 0 = no limit
+    max_subscriptions: int = 1000
     #: bytes buffered for one slow reader before its connection is closed
     max_write_buffer: int = 16 << 20
     #: seconds connections get to close at shutdown before they are dropped
@@ -106,6 +109,8 @@ class ServerConfig:
             raise ValueError("handshake_timeout must be > 0")
         if self.call_timeout_ms < 1:
             raise ValueError("call_timeout_ms must be >= 1")
+        if self.max_subscriptions < 0:
+            raise ValueError("max_subscriptions must be >= 0")
         if self.max_pending < 1:
             raise ValueError("max_pending must be >= 1")
 

@@ -128,6 +128,7 @@ class Conn(asyncio.Protocol):
         self._worker: asyncio.Task[None] | None = None
         self._frag: list[bytes] | None = None
         self._frag_size = 0
+        self._subs: set[tuple[bool, str]] = set()  # (pattern, channel) subscribed
         self._rbuf = bytearray()
         self._fast = False  # handshake done: frames are parsed here, not by websockets
         self._open = False  # data frames may be written
@@ -510,13 +511,20 @@ class Conn(asyncio.Protocol):
             self.stats.publishes += 1
             self.send(ACK, msg.uuid, _build_ack(msg.uuid, PUB, msg.channel))
         elif t == SUB:
+            key = (msg.pattern, msg.channel)
+            cap = self.config.max_subscriptions
+            if cap and key not in self._subs and len(self._subs) >= cap:
+                self.nack(msg, 500, f"too many subscriptions (max {cap})")
+                return
             try:
                 await self.pubsub.subscribe(self, msg.channel, msg.pattern, self._on_event)
             except Exception as exc:
                 self.nack(msg, 500, str(exc) or type(exc).__name__)
                 return
+            self._subs.add(key)
             self.send(ACK, msg.uuid, _build_ack(msg.uuid, SUB, msg.channel))
         elif t == UNSB:
+            self._subs.discard((msg.pattern, msg.channel))
             try:
                 await self.pubsub.unsubscribe(self, msg.channel, msg.pattern)
             except Exception as exc:

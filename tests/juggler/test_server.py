@@ -617,3 +617,17 @@ async def test_a_call_uuid_in_use_by_another_connection_is_refused() -> None:
         assert nack["meta"]["type"] == 7 and nack["payload"]["message"] == "duplicate message uuid"
         res = await recv(a)  # the result still goes to the caller
         assert res["payload"] == {"for": uid, "uri": "test.delay", "args": 300}
+
+
+async def test_subscriptions_per_connection_are_capped() -> None:
+    async with stack(max_subscriptions=2, callees=False) as server, ws(server) as c:
+        for ch in ("a", "b", "a"):  # re-subscribing counts once
+            await c.send(rustext.build_sub(rustext.new_uuid(), ch).decode())
+            assert (await recv(c))["meta"]["type"] == 8
+        await c.send(rustext.build_sub(rustext.new_uuid(), "c").decode())
+        nack = await recv(c)
+        assert nack["meta"]["type"] == 7 and "too many subscriptions" in nack["payload"]["message"]
+        await c.send(rustext.build_unsb(rustext.new_uuid(), "a").decode())
+        await recv(c)
+        await c.send(rustext.build_sub(rustext.new_uuid(), "c").decode())
+        assert (await recv(c))["meta"]["type"] == 8
