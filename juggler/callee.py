@@ -181,6 +181,11 @@ def make_test_app(extra_delay: int = 0) -> CalleeApp:
     return app
 
 
+def _is_invalid_result(exc: BaseException) -> bool:
+    """The broker refused a result because it is not JSON (the codec's ValueError)."""
+    return isinstance(exc, ValueError) or str(exc).startswith("invalid result")
+
+
 # --- the runtime ------------------------------------------------------------
 
 
@@ -351,12 +356,29 @@ class Callee:
             outcomes = await asyncio.gather(
                 *(self.broker.send_result(r, ttl) for r, ttl in batch), return_exceptions=True
             )
-        for (result, _), outcome in zip(batch, outcomes, strict=True):
+        for (result, ttl_ms), outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, BaseException):
+                if _is_invalid_result(outcome):
+                    await self._store_invalid(result, ttl_ms)
+                    continue
                 self.stats.store_failures += 1
                 self._log.warning("storing the result of %s %s failed: %s", result.msg_uuid, result.uri, outcome)
             else:
                 self.stats.results += 1
+
+    async def _store_invalid(self, result: Result, ttl_ms: int) -> None:
+        """A function returned something that is not JSON: the caller gets an error result."""
+        self.stats.errors += 1
+        try:
+            await self.broker.send_result(
+                Result(conn_uuid=result.conn_uuid, msg_uuid=result.msg_uuid, uri=result.uri,
+                       args=error_result("the function's result is not valid JSON")),
+                ttl_ms,
+            )
+            self.stats.results += 1
+        except Exception as exc:
+            self.stats.store_failures += 1
+            self._log.warning("storing the result of %s %s failed: %s", result.msg_uuid, result.uri, exc)
 
     def _call_sync(self, call: Call, entry: _Entry) -> bytes:
         try:
@@ -374,7 +396,7 @@ class Callee:
             if not isinstance(value, bytes | bytearray | memoryview):
                 raise TypeError(f"a raw function must return JSON bytes, got {type(value).__name__}")
             return bytes(value)
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
@@ -395,12 +417,13 @@ class Callee:
             self.stats.expired += 1
             self._log.debug("expired call %s %s: no result stored", call.msg_uuid, call.uri)
             return
+        result = Result(conn_uuid=call.conn_uuid, msg_uuid=call.msg_uuid, uri=call.uri, args=args)
         try:
-            await self.broker.send_result(
-                Result(conn_uuid=call.conn_uuid, msg_uuid=call.msg_uuid, uri=call.uri, args=args),
-                remaining_ms,
-            )
+            await self.broker.send_result(result, remaining_ms)
         except Exception as exc:
+            if _is_invalid_result(exc):
+                await self._store_invalid(result, remaining_ms)
+                return
             self.stats.store_failures += 1
             self._log.warning("storing the result of %s %s failed: %s", call.msg_uuid, call.uri, exc)
             return

@@ -72,7 +72,7 @@ def new_uuid() -> str:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def encode_message(msg_type: int, msg_uuid: str, payload: Mapping[str, Any], raw_args: str | None = None) -> str:

@@ -730,7 +730,10 @@ class RedisBroker:
     async def send_result(self, result: Result, ttl_ms: int) -> None:
         if ttl_ms <= 0:
             return
-        payload = _codec().build_call_payload(result.conn_uuid, result.msg_uuid, result.uri, result.args)
+        try:
+            payload = _codec().build_call_payload(result.conn_uuid, result.msg_uuid, result.uri, result.args)
+        except ValueError as exc:
+            raise BrokerError(f"invalid result: {exc}") from exc
         try:
             await self.pool.evalsha(
                 PUSH_SCRIPT,
@@ -751,9 +754,13 @@ class RedisBroker:
         groups: dict[str, list[tuple[str, int, bytes, asyncio.Future[Any]]]] = {}
         futs = []
         for result, ttl_ms in batch:
-            payload = codec.build_call_payload(result.conn_uuid, result.msg_uuid, result.uri, result.args)
             fut = loop.create_future()
             futs.append(fut)
+            try:
+                payload = codec.build_call_payload(result.conn_uuid, result.msg_uuid, result.uri, result.args)
+            except ValueError as exc:  # not JSON, not a UUID: this item only
+                fut.set_exception(BrokerError(f"invalid result: {exc}"))
+                continue
             groups.setdefault(result_key(result.conn_uuid), []).append(
                 (result_ttl_key(result.conn_uuid, result.msg_uuid), max(1, ttl_ms), payload, fut)
             )

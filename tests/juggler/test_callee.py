@@ -104,6 +104,9 @@ async def test_function_kinds_and_errors(h: Harness) -> None:
 
     app.register("k.fail", fail)
     app.register("k.badraw", lambda raw: 42, raw=True, inline=True)
+    app.register("k.notjson", lambda raw: b"{nope", raw=True, inline=True)
+    app.register("k.notjson.async", _notjson, raw=True)
+    app.register("k.nan", lambda args: float("nan"))
     async with Callee(h.callee_broker, app, workers=2):
         await h.caller.call(uid(1), "k.async", b'{"a":1,"b":2}', 5000)
         await h.caller.call(uid(2), "k.sync", b"[1,2]", 5000)
@@ -115,6 +118,14 @@ async def test_function_kinds_and_errors(h: Harness) -> None:
         assert await h.result(uid(3)) == b"[null]"
         assert await h.result(uid(4)) == error_result("it broke") == b'{"error":{"message":"it broke"}}'
         assert b"raw function must return" in (await h.result(uid(5)) or b"")
+        for i, uri in ((6, "k.notjson"), (7, "k.notjson.async"), (8, "k.nan")):
+            await h.caller.call(uid(i), uri, b"1", 5000)
+            err = json.loads(await h.result(uid(i)) or b"null")
+            assert set(err) == {"error"}, (uri, err)
+
+
+async def _notjson(raw: bytes | None) -> bytes:
+    return b"not json"
 
 
 async def test_unknown_uri_is_an_error_result(h: Harness) -> None:
