@@ -44,10 +44,16 @@ def run(args: argparse.Namespace) -> int:
     from juggler.load import LoadConfig, main_progress_printer, run_load
     from juggler.repl import ReplError, parse_duration
 
+    def seconds(text: str) -> float:
+        try:
+            return float(text)  # a bare number is seconds
+        except ValueError:
+            return parse_duration(text)
+
     try:
         cfg = LoadConfig(
-            url=args.url, connections=args.connections, duration=parse_duration(args.duration),
-            rate=args.rate, uri=args.uri, payload=args.payload, timeout=parse_duration(args.timeout),
+            url=args.url, connections=args.connections, duration=seconds(args.duration),
+            rate=args.rate, uri=args.uri, payload=args.payload, timeout=seconds(args.timeout),
             procs=args.procs,
         )
     except (ValueError, ReplError) as exc:
