@@ -294,7 +294,6 @@ class RedisBroker:
         """Connect and load the scripts; starts the results listener if a sink is set."""
         if self._started:
             return
-        self._started = True
         info = await self.pool.execute("INFO", "server")
         version = _redis_version(info)
         self._has_blmpop = version >= (7, 0)
@@ -303,6 +302,7 @@ class RedisBroker:
         for script in (PUSH_SCRIPT, PUSH_MANY_SCRIPT, POP_CHECK_SCRIPT, POP_CHECK_MANY_SCRIPT, REQUEUE_SCRIPT):
             await self.pool.execute("SCRIPT", "LOAD", script.body)
         self._version = version
+        self._started = True
         if self._result_handler is not None:
             self._start_results()
 
@@ -317,11 +317,16 @@ class RedisBroker:
         if self._closed:
             return
         self._closed = True
-        tasks = [t for t in (self._results_task, self._pubsub_task, *self._tasks) if t is not None]
-        for t in tasks:
+        listeners = [t for t in (self._results_task, self._pubsub_task) if t is not None]
+        for t in listeners:
             t.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=5.0)
+        if listeners:
+            await asyncio.wait(listeners, timeout=5.0)
+        if self._tasks:
+            # pushes in flight are short: let them answer their callers
+            _, late = await asyncio.wait(set(self._tasks), timeout=self.config.command_timeout)
+            for t in late:
+                t.cancel()
         if self._orphans:
             # blocking pops still in flight may hold calls: let them answer
             await asyncio.wait(set(self._orphans), timeout=self.config.block_timeout + 1.0)
