@@ -30,6 +30,8 @@ def register(subparsers: Any) -> None:
                    help="max results queued per caller, 0 = unbounded [%(default)s]")
     p.add_argument("--drain-timeout", type=float, default=10.0, metavar="S",
                    help="on SIGINT/SIGTERM, seconds to let running calls finish [%(default)s]")
+    p.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
+                   help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = off)")
     p.add_argument("--log-level", default="INFO", help="[%(default)s]")
     p.set_defaults(func=run)
 
@@ -69,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        metrics = None
+        if args.metrics_port:
+            metrics = _serve_metrics(callee, broker, args.metrics_port)
         await callee.start()
         logging.getLogger("juggler.callee").info(
             "serving %d URIs (%s) from %s with %d workers",
@@ -87,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         await asyncio.wait([waiter])
         await callee.aclose()
         await broker.aclose()
+        if metrics is not None:
+            metrics.close()
         s = callee.stats
         logging.getLogger("juggler.callee").info(
             "stopped: %d calls, %d results, %d errors, %d expired", s.calls, s.results, s.errors, s.expired
@@ -94,3 +101,30 @@ def run(args: argparse.Namespace) -> int:
         return code
 
     return uvloop.run(main())
+
+
+def _serve_metrics(callee: Any, broker: Any, port: int) -> Any:
+    """Prometheus metrics of one callee process, read from its counters at scrape time."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.registry import Collector, CollectorRegistry
+
+    from juggler.metrics import serve_metrics
+
+    class CalleeCollector(Collector):
+        def collect(self):  # type: ignore[no-untyped-def]
+            s = callee.stats
+            b = broker.stats
+            yield CounterMetricFamily("juggler_callee_calls", "Calls taken from the broker", value=s.calls)
+            yield CounterMetricFamily("juggler_callee_results", "Results stored", value=s.results)
+            yield CounterMetricFamily("juggler_callee_errors", "Results that are errors", value=s.errors)
+            yield CounterMetricFamily(
+                "juggler_callee_expired", "Calls skipped or results dropped because the TTL ran out",
+                value=s.expired + b.expired_calls,
+            )
+            yield CounterMetricFamily("juggler_callee_store_failures", "Results the broker failed to store",
+                                      value=s.store_failures)
+            yield GaugeMetricFamily("juggler_callee_running", "Calls running now", value=s.running)
+
+    registry = CollectorRegistry()
+    registry.register(CalleeCollector())
+    return serve_metrics(registry, port)

@@ -247,9 +247,13 @@ def test_callee_needs_workers_and_uris() -> None:
 
 async def test_cli_callee_serves_calls_pushed_like_the_go_server(redis_url: str) -> None:
     """`juggler callee` as a real process; calls pushed exactly as upstream's server does."""
+    from conftest import free_port
+
     env = dict(os.environ)
+    mport = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "callee", "--redis", redis_url, "--workers", "8", "-n", "2"],
+        [sys.executable, "-m", "cli", "callee", "--redis", redis_url, "--workers", "8", "-n", "2",
+         "--metrics-port", str(mport)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
     )
     r = aredis.Redis.from_url(redis_url)
@@ -272,6 +276,18 @@ async def test_cli_callee_serves_calls_pushed_like_the_go_server(redis_url: str)
                     p = json.loads(item[1])
                     got[p["msg_uuid"]] = p["args"]
         assert got == {uid(1): "hello", uid(2): "cba", uid(3): 5}
+        import urllib.request
+
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10) as resp:
+                return resp.read().decode()
+
+        # the result is in Redis a moment before the callee counts it: poll (bounded)
+        async with asyncio.timeout(10):
+            while "juggler_callee_results_total 3.0" not in (body := await asyncio.to_thread(scrape)):
+                await asyncio.sleep(0.05)
+        assert "juggler_callee_calls_total 3.0" in body
+        assert "juggler_callee_running 0.0" in body
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     finally:
