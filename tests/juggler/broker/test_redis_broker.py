@@ -400,3 +400,36 @@ async def test_recovers_after_a_redis_restart() -> None:
 
         for d in [*dirs, server.dir]:
             shutil.rmtree(d, ignore_errors=True)
+
+
+async def test_brpop_fallback_for_redis_before_7(redis_url: str) -> None:
+    """Redis 6.2 has no BLMPOP: BRPOP + RPOP count, same results."""
+    got: list[Result] = []
+    done = asyncio.Event()
+    async with RedisBroker(url=redis_url, conn_uuid=CONN, block_timeout=0.3) as caller, \
+            RedisBroker(url=redis_url, block_timeout=0.3, call_batch=4) as callee:
+        caller._has_blmpop = False
+        callee._has_blmpop = False
+
+        def on(res: Result) -> None:
+            got.append(res)
+            if len(got) == 6:
+                done.set()
+
+        caller.on_result(on)
+        ids = [f"00000000-0000-4000-8000-{i:012d}" for i in range(6)]
+        for u in ids:
+            await caller.call(u, "fb.uri", b'"x"', 5000)
+        stream = callee.calls(["fb.uri"])
+        seen = []
+        async with asyncio.timeout(5):
+            while len(seen) < 6:
+                call = await stream.__anext__()
+                seen.append(call.msg_uuid)
+                await callee.send_result(Result(conn_uuid=call.conn_uuid, msg_uuid=call.msg_uuid, uri=call.uri,
+                                                args=b'"ok"'), call.ttl_ms)
+        await stream.aclose()
+        assert seen == ids  # FIFO through the batches
+        async with asyncio.timeout(5):
+            await done.wait()
+    assert sorted(r.msg_uuid for r in got) == ids
