@@ -454,7 +454,7 @@ def run_load(cfg: LoadConfig, progress: Callable[[str], None] | None = None) -> 
     shares = [cfg.connections // procs + (1 if i < cfg.connections % procs else 0) for i in range(procs)]
     start_at = time.time() + (1.5 if procs > 1 else 0.3)
     results: list[dict[str, Any]] = []
-    t_start = time.perf_counter()
+    t_start = time.perf_counter() + (start_at - time.time())  # when the calls start
 
     def totals() -> list[int]:
         return [sum(c[i] for c in counters_all) for i in range(_NSLOTS)]
@@ -480,7 +480,7 @@ def run_load(cfg: LoadConfig, progress: Callable[[str], None] | None = None) -> 
         last, last_t = totals(), 0.0
         while th.is_alive():
             th.join(1.0)
-            if progress is not None and th.is_alive():
+            if progress is not None and th.is_alive() and time.perf_counter() > t_start:
                 el = time.perf_counter() - t_start
                 progress(line(el, last, last_t))
                 last, last_t = totals(), el
@@ -511,7 +511,7 @@ def run_load(cfg: LoadConfig, progress: Callable[[str], None] | None = None) -> 
             if pending and len(pending) > 1:
                 time.sleep(0.2)
             el = time.perf_counter() - t_start
-            if progress is not None and el - last_t >= 1.0 and pending:
+            if progress is not None and el - last_t >= 1.0 and pending and el > 0:
                 progress(line(el, last, last_t))
                 last, last_t = totals(), el
         for p in workers:
