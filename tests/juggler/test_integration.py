@@ -224,3 +224,26 @@ async def test_random_traffic_reconciles_exactly(redis_url: str) -> None:
         for p in ch_pubs:
             if any(s1 <= p.sent_at and e0 is None for _, s1, e0, _ in t.subs.get(p.channel, [])):
                 assert t.events[(p.uuid, p.channel, None)] == 1
+
+
+async def test_unserved_uri_is_bounded_by_call_cap(redis_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Calls to a URI nobody serves fill its list up to call_cap, then NACK 500."""
+    import redis.asyncio as aredis
+
+    from juggler.client import CALL
+    from juggler.errors import CallNacked
+
+    cfg = tmp_path / "juggler.toml"
+    cfg.write_text(f'[redis]\nurl = "{redis_url}"\ncall_cap = 2\n')
+    with juggler_server(redis_url, "--config", str(cfg)) as url:
+        async with connect(url) as c:
+            for _ in range(2):
+                await c._acked(CALL, {"uri": "nobody.serves", "timeout": 5_000_000_000}, '"x"', 10)
+            with pytest.raises(CallNacked) as info:
+                await c._acked(CALL, {"uri": "nobody.serves", "timeout": 5_000_000_000}, '"x"', 10)
+            assert (info.value.code, info.value.message) == (500, "list capacity exceeded")
+    r = aredis.Redis.from_url(redis_url)
+    try:
+        assert await r.llen("juggler:calls:{nobody.serves}") == 2
+    finally:
+        await r.aclose()
