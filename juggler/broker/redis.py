@@ -507,7 +507,13 @@ class RedisBroker:
         timeout = block + self.config.command_timeout
         fut: asyncio.Future[Any] | None = None
 
+        keys = list(keys)
+
         def blocking_pop(c: RespConnection) -> asyncio.Future[Any]:
+            # BLMPOP/BRPOP serve the first non-empty key: rotating the order
+            # keeps one busy URI from starving the others
+            if len(keys) > 1:
+                keys.append(keys.pop(0))
             if self._has_blmpop:
                 return c.execute("BLMPOP", block, len(keys), *keys, "RIGHT", "COUNT", batch, timeout=timeout)
             return c.execute("BRPOP", *keys, block, timeout=timeout)

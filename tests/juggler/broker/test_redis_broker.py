@@ -433,3 +433,17 @@ async def test_brpop_fallback_for_redis_before_7(redis_url: str) -> None:
         async with asyncio.timeout(5):
             await done.wait()
     assert sorted(r.msg_uuid for r in got) == ids
+
+
+async def test_a_busy_uri_does_not_starve_the_others(redis_url: str, r: aredis.Redis) -> None:
+    async with RedisBroker(url=redis_url, block_timeout=0.3, call_batch=5) as b:
+        for i in range(50):
+            await b.call(f"00000000-0000-4000-8000-{i:012d}", "busy.uri", b"1", 10_000)
+        await b.call(U1, "quiet.uri", b"2", 10_000)
+        stream = b.calls(["busy.uri", "quiet.uri"])
+        seen = []
+        async with asyncio.timeout(5):
+            while U1 not in seen:
+                seen.append((await stream.__anext__()).msg_uuid)
+        await stream.aclose()
+        assert len(seen) <= 15  # served within a few batches, not after the 50 busy ones
