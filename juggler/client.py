@@ -217,25 +217,29 @@ class Client:
     # receiving ------------------------------------------------------------------
 
     async def events(self) -> AsyncIterator[ClientEvent]:
-        """Events as they arrive, until the connection closes."""
+        """Events as they arrive, until the connection closes (one consumer at a time)."""
         while True:
-            if self._events:
-                yield self._events.popleft()
-                continue
-            if self._closed_exc is not None:
-                return
-            self._event_waiter = self._loop.create_future()
             try:
-                await self._event_waiter
-            finally:
-                self._event_waiter = None
+                yield await self._next_event()
+            except ConnectionClosed:
+                return
 
     async def next_event(self, timeout: float | None = None) -> ClientEvent:
         """The next event; raises TimeoutError after `timeout` s, ConnectionClosed at the end."""
         async with asyncio.timeout(timeout):
-            async for ev in self.events():
-                return ev
-        raise self._closed_exc or ConnectionClosed("connection closed")
+            return await self._next_event()
+
+    async def _next_event(self) -> ClientEvent:
+        while True:
+            if self._events:
+                return self._events.popleft()
+            if self._closed_exc is not None:
+                raise self._closed_exc
+            waiter = self._event_waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._event_waiter = None
 
     async def _read_loop(self) -> None:
         exc: BaseException | None = None

@@ -249,9 +249,23 @@ class RedisBrokerStats:
 
 
 @dataclass(slots=True)
+class _Barrier:
+    """A SUBSCRIBE (or a PING) sent on the pub-sub connection, and the local
+    subscribers that become active when Redis answers it."""
+
+    fut: asyncio.Future[None]
+    activate: list[tuple[tuple[bool, str], object]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class _Sub:
+    """One channel or pattern: its active local handlers, the ones waiting for
+    their barrier, and where its Redis subscription stands."""
+
     handlers: dict[object, EventHandler] = field(default_factory=dict)
-    confirms: deque[asyncio.Future[None]] = field(default_factory=deque)
+    pending: dict[object, EventHandler] = field(default_factory=dict)
+    confirms: deque[_Barrier] = field(default_factory=deque)  # one per SUBSCRIBE in flight
+    state: str = "idle"  # idle (not subscribed / UNSUBSCRIBE sent) | subscribing | subscribed
 
 
 class RedisBroker:
@@ -277,6 +291,7 @@ class RedisBroker:
         self._pubsub_task: asyncio.Task[None] | None = None
         self._pubsub_ready: asyncio.Event | None = None
         self._subs: dict[tuple[bool, str], _Sub] = {}
+        self._pings: deque[_Barrier] = deque()  # PINGs in flight on the pub-sub connection
         self._by_subscriber: dict[object, set[tuple[bool, str]]] = {}
         self._blocking: set[RespConnection] = set()
         self._orphans: set[asyncio.Future[Any]] = set()
@@ -337,8 +352,10 @@ class RedisBroker:
         if self._pubsub is not None:
             self._pubsub.close()
         for sub in self._subs.values():
-            for f in sub.confirms:
-                _fail_future(f, BrokerError("broker closed"))
+            for b in sub.confirms:
+                _fail_future(b.fut, BrokerError("broker closed"))
+        for b in self._pings:
+            _fail_future(b.fut, BrokerError("broker closed"))
         await self.pool.aclose()
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -795,43 +812,79 @@ class RedisBroker:
         self.stats.published += 1
 
     async def subscribe(self, subscriber: object, channel: str, pattern: bool, handler: EventHandler) -> None:
+        """Subscribe `subscriber`; returns once Redis has it subscribed.
+
+        Sharing one Redis connection keeps Redis' own semantics: a new local
+        subscriber gets exactly the messages published after its
+        subscription took effect, as it would on a connection of its own. A
+        first subscriber waits for Redis' SUBSCRIBE confirmation; joining a
+        channel already subscribed waits for a PING sent behind it. Either
+        barrier activates the subscriber in the same step that reads the
+        reply, so no message slips between them.
+        """
         key = (bool(pattern), channel)
+        by = self._by_subscriber.setdefault(subscriber, set())
         sub = self._subs.get(key)
-        first = sub is None or not sub.handlers
+        if sub is not None and subscriber in sub.handlers:
+            sub.handlers[subscriber] = handler  # subscribing twice counts once
+            by.add(key)
+            return
+        by.add(key)
+        try:
+            conn = await self._pubsub_conn()
+        except BrokerError:
+            await self.unsubscribe(subscriber, channel, pattern)
+            raise
+        if key not in self._by_subscriber.get(subscriber, ()):
+            return  # unsubscribed while we waited for the connection
+        sub = self._subs.get(key)
         if sub is None:
             sub = self._subs[key] = _Sub()
-        sub.handlers[subscriber] = handler
-        self._by_subscriber.setdefault(subscriber, set()).add(key)
+        if subscriber in sub.handlers:
+            sub.handlers[subscriber] = handler
+            return
+        sub.pending[subscriber] = handler
+        loop = asyncio.get_running_loop()
+        if sub.state == "subscribed":
+            barrier = _Barrier(loop.create_future(), [(key, subscriber)])
+            self._pings.append(barrier)
+            conn.send_push("PING")
+        elif sub.state == "subscribing" and sub.confirms:
+            barrier = sub.confirms[-1]
+            barrier.activate.append((key, subscriber))
+        else:
+            barrier = _Barrier(loop.create_future(), [(key, subscriber)])
+            sub.confirms.append(barrier)
+            sub.state = "subscribing"
+            conn.send_push("PSUBSCRIBE" if pattern else "SUBSCRIBE", channel)
         try:
-            if first:
-                conn = await self._pubsub_conn()
-                fut = asyncio.get_running_loop().create_future()
-                sub.confirms.append(fut)
-                conn.send_push("PSUBSCRIBE" if pattern else "SUBSCRIBE", channel)
-                await asyncio.wait_for(asyncio.shield(fut), self.config.command_timeout)
-            elif sub.confirms:
-                await asyncio.wait_for(asyncio.shield(sub.confirms[-1]), self.config.command_timeout)
+            await asyncio.wait_for(asyncio.shield(barrier.fut), self.config.command_timeout)
         except (BrokerError, TimeoutError) as exc:
             await self.unsubscribe(subscriber, channel, pattern)
-            raise BrokerError(f"subscribe failed: {exc}") from exc
+            raise BrokerError(f"subscribe failed: {exc or 'no answer from Redis'}") from exc
 
     async def unsubscribe(self, subscriber: object, channel: str, pattern: bool) -> None:
+        """Remove one subscription (a no-op when absent); no event reaches it afterwards."""
         key = (bool(pattern), channel)
-        sub = self._subs.get(key)
         keys = self._by_subscriber.get(subscriber)
         if keys is not None:
             keys.discard(key)
             if not keys:
                 del self._by_subscriber[subscriber]
-        if sub is None or subscriber not in sub.handlers:
+        sub = self._subs.get(key)
+        if sub is None:
             return
-        del sub.handlers[subscriber]
-        if not sub.handlers:
-            if not sub.confirms:
-                del self._subs[key]
+        sub.handlers.pop(subscriber, None)
+        sub.pending.pop(subscriber, None)
+        if sub.handlers or sub.pending:
+            return
+        if sub.state != "idle":
+            sub.state = "idle"
             conn = self._pubsub
             if conn is not None and not conn.closed:
                 conn.send_push("PUNSUBSCRIBE" if pattern else "UNSUBSCRIBE", channel)
+        if not sub.confirms:
+            del self._subs[key]
 
     async def unsubscribe_all(self, subscriber: object) -> None:
         for pattern, channel in list(self._by_subscriber.get(subscriber, ())):
@@ -850,14 +903,17 @@ class RedisBroker:
             except TimeoutError:
                 raise BrokerError("no pub-sub connection to Redis") from None
         assert self._pubsub is not None
+        if self._pubsub.closed:
+            raise BrokerError("the pub-sub connection to Redis is down")
         return self._pubsub
 
     async def _pubsub_loop(self) -> None:
         """Keep the one pub-sub connection up; re-subscribe after a reconnect."""
         backoff = 0.05
         assert self._pubsub_ready is not None
+        loop = asyncio.get_running_loop()
         while not self._closed:
-            lost = asyncio.get_running_loop().create_future()
+            lost = loop.create_future()
             try:
                 conn = await RespConnection.open(
                     self.address, connect_timeout=self.config.connect_timeout, command_timeout=None,
@@ -874,9 +930,9 @@ class RedisBroker:
             # re-subscribe what local subscribers still want (after a reconnect)
             for (pattern, channel), sub in list(self._subs.items()):
                 if sub.handlers:
+                    sub.confirms.append(_Barrier(loop.create_future()))
+                    sub.state = "subscribing"
                     conn.send_push("PSUBSCRIBE" if pattern else "SUBSCRIBE", channel)
-                    if not sub.confirms:
-                        sub.confirms.append(asyncio.get_running_loop().create_future())
             self._pubsub_ready.set()
             try:
                 exc = await lost
@@ -884,18 +940,36 @@ class RedisBroker:
                 conn.close()
             self._pubsub_ready.clear()
             self.stats.redis_subscriptions = 0
+            # what was in flight will never be answered: subscribers waiting
+            # for it fail (their SUB gets NACK 500); active ones are
+            # re-subscribed by the reconnect
+            err = BrokerError("pub-sub connection lost")
+            pings, self._pings = self._pings, deque()
+            for b in pings:
+                _fail_future(b.fut, err)
+            for key, sub in list(self._subs.items()):
+                while sub.confirms:
+                    _fail_future(sub.confirms.popleft().fut, err)
+                sub.state = "idle"
+                if not sub.handlers and not sub.pending:
+                    del self._subs[key]
             if not self._closed:
                 log.warning("pub-sub connection lost (%s); reconnecting", exc)
-                # subscriptions being confirmed fail (their SUB gets NACK 500);
-                # established ones are re-subscribed by the reconnect
-                for key, sub in list(self._subs.items()):
-                    while sub.confirms:
-                        _fail_future(sub.confirms.popleft(), BrokerError("pub-sub connection lost"))
-                    if not sub.handlers:
-                        del self._subs[key]
+
+    def _activate(self, barrier: _Barrier) -> None:
+        for key, subscriber in barrier.activate:
+            sub = self._subs.get(key)
+            if sub is not None:
+                handler = sub.pending.pop(subscriber, None)
+                if handler is not None:
+                    sub.handlers[subscriber] = handler
+        if not barrier.fut.done():
+            barrier.fut.set_result(None)
 
     def _on_push(self, reply: Any) -> None:
         if not isinstance(reply, list) or not reply:
+            if reply == b"PONG" and self._pings:  # PING outside subscribed mode
+                self._activate(self._pings.popleft())
             return
         kind = reply[0]
         if kind == b"message":
@@ -908,17 +982,20 @@ class RedisBroker:
             return
         if kind in (b"subscribe", b"psubscribe"):
             key = (kind == b"psubscribe", reply[1].decode("utf-8", "replace"))
-            sub = self._subs.get(key)
             self.stats.redis_subscriptions = int(reply[2])
+            sub = self._subs.get(key)
             if sub is not None and sub.confirms:
-                fut = sub.confirms.popleft()
-                if not fut.done():
-                    fut.set_result(None)
-                if not sub.handlers and not sub.confirms:
-                    self._subs.pop(key, None)
+                self._activate(sub.confirms.popleft())
+                if not sub.confirms and sub.state == "subscribing":
+                    sub.state = "subscribed"
+                if not sub.confirms and not sub.handlers and not sub.pending and sub.state == "idle":
+                    del self._subs[key]
             return
         if kind in (b"unsubscribe", b"punsubscribe"):
             self.stats.redis_subscriptions = int(reply[2])
+            return
+        if kind == b"pong" and self._pings:
+            self._activate(self._pings.popleft())
 
     def _deliver(self, channel: str, pattern: str | None, sub_name: str, data: bytes) -> None:
         sub = self._subs.get((pattern is not None, sub_name))

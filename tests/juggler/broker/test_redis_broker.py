@@ -447,3 +447,38 @@ async def test_a_busy_uri_does_not_starve_the_others(redis_url: str, r: aredis.R
                 seen.append((await stream.__anext__()).msg_uuid)
         await stream.aclose()
         assert len(seen) <= 15  # served within a few batches, not after the 50 busy ones
+
+
+async def test_a_joining_subscriber_gets_only_later_messages(broker: RedisBroker, r: aredis.Redis) -> None:
+    """Redis semantics survive the shared connection: a message already on its
+    way when B subscribes reaches A (subscribed before) but not B."""
+    a: list[Event] = []
+    b: list[Event] = []
+    await broker.subscribe("A", "join.ch", False, a.append)
+    transport = broker._pubsub._transport  # type: ignore[union-attr]
+    transport.pause_reading()  # the broker has not read M1 when B subscribes
+    await r.publish("join.ch", json.dumps({"msg_uuid": U1, "args": "M1"}))
+    joining = asyncio.create_task(broker.subscribe("B", "join.ch", False, b.append))
+    await asyncio.sleep(0.05)  # B's PING is written behind M1
+    assert not joining.done()
+    transport.resume_reading()
+    await asyncio.wait_for(joining, 5)
+    await r.publish("join.ch", json.dumps({"msg_uuid": U2, "args": "M2"}))
+    await wait_until(lambda: _true(len(a) == 2 and len(b) == 1))
+    assert [e.msg_uuid for e in a] == [U1, U2]
+    assert [e.msg_uuid for e in b] == [U2]
+
+
+async def test_subscribe_unsubscribe_subscribe_in_flight(broker: RedisBroker, r: aredis.Redis) -> None:
+    """SUB, UNSB, SUB before Redis answered: the channel ends up subscribed once."""
+    got: list[Event] = []
+    t1 = asyncio.create_task(broker.subscribe("A", "flip.ch", False, got.append))
+    await asyncio.sleep(0)
+    await broker.unsubscribe("A", "flip.ch", False)
+    t2 = asyncio.create_task(broker.subscribe("B", "flip.ch", False, got.append))
+    await asyncio.wait_for(asyncio.gather(t1, t2), 5)
+    await wait_until(lambda: _numsub_is(r, "flip.ch", 1))
+    await broker.publish("flip.ch", U1, b"1")
+    await wait_until(lambda: _true(len(got) == 1))
+    await broker.unsubscribe("B", "flip.ch", False)
+    await wait_until(lambda: _numsub_is(r, "flip.ch", 0))
