@@ -219,6 +219,8 @@ class RedisBrokerConfig:
     connect_timeout: float = 5.0
     #: command connections shared by the process [2]
     pool_size: int = 2
+    #: seconds between health PINGs on the pub-sub connection [15.0]
+    pubsub_health_interval: float = 15.0
     #: the routing key of this process's calls (a fresh UUID when None)
     conn_uuid: str | None = None
 
@@ -227,8 +229,8 @@ class RedisBrokerConfig:
             raise ValueError("capacities must be >= 0")
         if self.call_batch < 1 or self.result_batch < 1:
             raise ValueError("batches must be >= 1")
-        if self.block_timeout <= 0:
-            raise ValueError("block_timeout must be > 0")
+        if self.block_timeout <= 0 or self.pubsub_health_interval <= 0:
+            raise ValueError("block_timeout and pubsub_health_interval must be > 0")
         if self.pool_size < 1:
             raise ValueError("pool_size must be >= 1")
         RedisAddress.from_url(self.url)
@@ -935,7 +937,7 @@ class RedisBroker:
                     conn.send_push("PSUBSCRIBE" if pattern else "SUBSCRIBE", channel)
             self._pubsub_ready.set()
             try:
-                exc = await lost
+                exc = await self._watch_pubsub(conn, lost)
             finally:
                 conn.close()
             self._pubsub_ready.clear()
@@ -955,6 +957,25 @@ class RedisBroker:
                     del self._subs[key]
             if not self._closed:
                 log.warning("pub-sub connection lost (%s); reconnecting", exc)
+
+    async def _watch_pubsub(self, conn: RespConnection, lost: asyncio.Future[Any]) -> Any:
+        """Wait until the pub-sub connection is lost; a PING every
+        ``pubsub_health_interval`` s that gets no answer by the next one
+        declares a silently dead connection lost (then it reconnects)."""
+        loop = asyncio.get_running_loop()
+        probe: _Barrier | None = None
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(lost), self.config.pubsub_health_interval)
+            except TimeoutError:
+                pass
+            if probe is not None and not probe.fut.done():
+                log.warning("pub-sub connection: no answer to PING; reconnecting")
+                conn.close()
+                return await lost
+            probe = _Barrier(loop.create_future())
+            self._pings.append(probe)
+            conn.send_push("PING")
 
     def _activate(self, barrier: _Barrier) -> None:
         for key, subscriber in barrier.activate:

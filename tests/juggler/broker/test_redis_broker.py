@@ -482,3 +482,16 @@ async def test_subscribe_unsubscribe_subscribe_in_flight(broker: RedisBroker, r:
     await wait_until(lambda: _true(len(got) == 1))
     await broker.unsubscribe("B", "flip.ch", False)
     await wait_until(lambda: _numsub_is(r, "flip.ch", 0))
+
+
+async def test_pubsub_health_ping_detects_a_dead_connection(redis_url: str, r: aredis.Redis) -> None:
+    got: list[Event] = []
+    async with RedisBroker(url=redis_url, pubsub_health_interval=0.2) as b:
+        await b.subscribe("S", "health.ch", False, got.append)
+        first = b._pubsub
+        assert first is not None
+        first._transport.pause_reading()  # type: ignore[union-attr]  # a silent, half-dead peer
+        await wait_until(lambda: _true(b._pubsub is not first and b._pubsub is not None
+                                       and not b._pubsub.closed and b.stats.redis_subscriptions == 1))
+        await b.publish("health.ch", U1, b"1")
+        await wait_until(lambda: _true(len(got) == 1))
