@@ -131,6 +131,8 @@ def test_repl_eof_exits_and_close_and_bad_frames(up_url: str) -> None:
         f"connect {up_url}\n"
         "rand 3 16\n"
         "wait 3\n"
+        f"connect {up_url}\n"
+        "disconnect 4\n"  # no close handshake
         "list\n"
         # EOF, no exit
     )
@@ -140,6 +142,7 @@ def test_repl_eof_exits_and_close_and_bad_frames(up_url: str) -> None:
     assert any(ln.startswith("[2] connection closed") and "1000" in ln for ln in lines), out
     assert "[3] >>> 16 random bytes (binary frame)" in lines
     assert any(ln.startswith("[3] connection closed") for ln in lines), out
+    assert "[4] connection closed (no close frame)" in lines, out
     assert "no open connection" in lines
 
 
