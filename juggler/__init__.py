@@ -1,8 +1,13 @@
 """juggler: websocket RPC and pub-sub over Redis, speaking juggler.0.
 
-- protocol.py     message model over rustext's juggler codec
-- server.py       websocket server; conn.py one connection
+- protocol.py     message model over rustext's juggler codec (args stay raw JSON)
+- server.py       websocket server: results routing, handler chain, lifecycle
+- conn.py         one connection: handshake, frames, in-order processing, limits
+- config.py       typed options (ServerConfig, AppConfig) and the TOML loader
+- metrics.py      server counters and their Prometheus exposition
+- runner.py       a server process: broker + server (+ callees) + metrics until a signal
 - broker/         base.py interfaces · memory.py embedded · redis.py Redis (+ cluster)
-- callee.py       callee runtime; client.py asyncio client
+                  · glob.py Redis glob patterns
+- callee.py       callee runtime; client.py asyncio client; repl.py the REPL; load.py load tool
 - errors.py       exception tree
 """

@@ -80,6 +80,48 @@ __all__ += [
 ]
 
 # --- juggler ---
+from rustext._native import (  # noqa: E402
+    ACK,
+    ALL_CLIENT_TYPES,
+    CALL,
+    EVNT,
+    NACK,
+    PUB,
+    RES,
+    SUB,
+    UNSB,
+    CallPayload,
+    ClientMessage,
+    ServerMessage,
+    build_ack,
+    build_call,
+    build_call_payload,
+    build_evnt,
+    build_nack,
+    build_pub,
+    build_pub_payload,
+    build_res,
+    build_sub,
+    build_unsb,
+    canonical_uuid,
+    new_uuid,
+    normalize_json,
+    parse_allowed_messages,
+    parse_call_payload,
+    parse_call_payloads,
+    parse_client_message,
+    parse_pub_payload,
+    parse_server_message,
+)
+
+__all__ += [
+    "ACK", "ALL_CLIENT_TYPES", "CALL", "EVNT", "NACK", "PUB", "RES", "SUB", "UNSB",
+    "CallPayload", "ClientMessage", "ServerMessage",
+    "build_ack", "build_call", "build_call_payload", "build_evnt", "build_nack", "build_pub",
+    "build_pub_payload", "build_res", "build_sub", "build_unsb", "canonical_uuid", "new_uuid",
+    "normalize_json", "parse_allowed_messages", "parse_call_payload", "parse_call_payloads",
+    "parse_client_message", "parse_pub_payload", "parse_server_message",
+]
 
 # --- timer ---
 from rustext._native import DeadlineHeap  # noqa: E402

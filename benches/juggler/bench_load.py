@@ -1,0 +1,181 @@
+"""Juggler end-to-end benchmark: `juggler load` against server + callee + Redis.
+
+Everything runs on this machine, as the issue's target setting: a fresh
+redis-server, `juggler server --redis`, `juggler callee --redis`, then
+`juggler load` (20 connections, closed loop, test.echo). A raw-Redis
+reference is measured in the same run with redis-benchmark: the ceiling of
+the commands one call costs (the push script via EVALSHA, LPUSH/RPOP).
+
+    .venv/bin/python benches/juggler/bench_load.py                 # 10 s, 20 connections
+    .venv/bin/python benches/juggler/bench_load.py -d 20s -c 20 --workers 200 --json
+
+Not a test: it measures and prints, and exits 0 unless something failed to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PUSH_SHA_BODY = (
+    "\n\tredis.call(\"SET\", KEYS[1], ARGV[1], \"PX\", tonumber(ARGV[1]))\n"
+    "\tlocal res = redis.call(\"LPUSH\", KEYS[2], ARGV[2])\n"
+    "\tlocal limit = tonumber(ARGV[3])\n"
+    "\tif res > limit and limit > 0 then\n"
+    "\t\tlocal diff = res - limit\n"
+    "\t\tredis.call(\"LTRIM\", KEYS[2], diff, limit + diff)\n"
+    "\t\treturn redis.error_reply(\"list capacity exceeded\")\n"
+    "\tend\n"
+    "\treturn res\n"
+)
+
+PUSH_SHA = "b0cdecc8e595fb86f90aa79d69ba149d92d94b0b"  # sha1 of PUSH_SHA_BODY (upstream's)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing on port {port}")
+
+
+def juggler_cmd() -> list[str]:
+    return [sys.executable, "-m", "cli"]
+
+
+def redis_reference(port: int, clients: int, n: int) -> dict[str, dict[str, float]]:
+    """redis-benchmark figures: requests/s and p50/p99 (ms) per test."""
+    exe = shutil.which("redis-benchmark")
+    if exe is None:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    tests = {
+        "LPUSH": ["-t", "lpush"],
+        "RPOP": ["-t", "rpop"],
+        "EVALSHA push script": ["-r", "100000", "EVALSHA", PUSH_SHA, "2",
+                                "juggler:calls:timeout:{bench}:__rand_int__", "juggler:calls:{bench}",
+                                # a payload of a call's size, without quotes (they break redis-benchmark's CSV)
+                                "5000", "p" * 130, "0"],
+    }
+    subprocess.run(["redis-cli", "-p", str(port), "SCRIPT", "LOAD", PUSH_SHA_BODY], capture_output=True, timeout=30)
+    for name, args in tests.items():
+        cmd = [exe, "-p", str(port), "-c", str(clients), "-n", str(n), "--csv", *args]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        rows = [r for r in csv.reader(io.StringIO(res.stdout)) if r and r[0] != "test"]
+        if not rows:
+            continue
+        cols = rows[-1]
+        # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+        try:
+            out[name] = {"rps": float(cols[1]), "p50_ms": float(cols[4]), "p99_ms": float(cols[6])}
+        except (IndexError, ValueError):
+            continue
+    subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], capture_output=True, timeout=30)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-d", "--duration", default="10s")
+    ap.add_argument("-c", "--connections", type=int, default=20)
+    ap.add_argument("--workers", type=int, default=200, help="callee workers")
+    ap.add_argument("--callees", type=int, default=1, help="callee processes")
+    ap.add_argument("--procs", type=int, default=1, help="load tool processes")
+    ap.add_argument("--uri", default="test.echo")
+    ap.add_argument("--payload", default='"hello"')
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-reference", action="store_true")
+    args = ap.parse_args(argv)
+
+    workdir = tempfile.mkdtemp(prefix="jbench-")
+    rport, wport = free_port(), free_port()
+    procs: list[subprocess.Popen] = []
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    logs = []
+    try:
+        redis = subprocess.Popen(
+            ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", workdir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(redis)
+        wait_port(rport, redis)
+        url = f"redis://127.0.0.1:{rport}/0"
+        reference = {} if args.no_reference else redis_reference(rport, args.connections, 200_000)
+
+        def start(name: str, cmd: list[str]) -> subprocess.Popen:
+            log = open(os.path.join(workdir, f"{name}.log"), "wb")
+            logs.append(log)
+            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            procs.append(p)
+            return p
+
+        server = start("server", [*juggler_cmd(), "server", "--redis", url, "--listen", f"127.0.0.1:{wport}"])
+        for i in range(args.callees):
+            start(f"callee{i}", [*juggler_cmd(), "callee", "--redis", url, "--workers", str(args.workers)])
+        wait_port(wport, server)
+        time.sleep(1.0)  # let the callees block on their lists
+        load = subprocess.run(
+            [*juggler_cmd(), "load", "--url", f"ws://127.0.0.1:{wport}/ws", "-c", str(args.connections),
+             "-d", args.duration, "--uri", args.uri, "--payload", args.payload, "--procs", str(args.procs),
+             "--json", "--quiet"],
+            capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+        )
+        if load.returncode not in (0, 1) or not load.stdout.strip():
+            print(load.stderr, file=sys.stderr)
+            return 1
+        report = json.loads(load.stdout)
+        result = {"juggler": report, "redis_reference": reference}
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            lat = report["latency_ms"]
+            print(f"juggler (python server + callee x{args.callees} ({args.workers} workers) + redis, "
+                  f"{args.connections} connections closed loop on {args.uri}, {report['duration_s']:g}s):")
+            print(f"  {report['throughput']:,.0f} calls/s  calls {report['calls']} results {report['results']} "
+                  f"nacks {report['nacks']} expired {report['expired']}")
+            if lat:
+                print("  latency ms: " + "  ".join(f"{k} {v:.2f}" for k, v in lat.items()))
+            for name, fig in reference.items():
+                print(f"redis-benchmark {name} (-c {args.connections}): {fig['rps']:,.0f} req/s  "
+                      f"p50 {fig['p50_ms']:.3f} ms  p99 {fig['p99_ms']:.3f} ms")
+        return 0
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+        for f in logs:
+            f.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""``juggler client``: the interactive REPL (see juggler/repl.py)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+EXAMPLES = """examples:
+  juggler client                          # then: connect, call 1 test.echo 5s "hello", help, exit
+  juggler client --connect                # open connection 1 to the default URL at start
+  printf 'connect\\ncall 1 test.echo 5s "hi"\\nexit\\n' | juggler client    # scripted (stdin is a pipe)
+"""
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "client",
+        help="the interactive juggler REPL (connect / call / sub / pub / help / exit)",
+        description="Interactive juggler.0 client. Commands: help, exit, connect, disconnect, close, "
+        "send, rand, call, pub, sub, psub, unsb, punsb, wait, sleep, list. Reads commands "
+        "from stdin when it is not a terminal (each command then waits for its outcome).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--url", default="ws://127.0.0.1:9000/ws", help="default URL of `connect` [%(default)s]")
+    p.add_argument("--connect", action="store_true", help="open a connection to --url at start")
+    p.add_argument("--history", default="~/.juggler_history", metavar="FILE",
+                   help="history file of the interactive prompt [%(default)s]; '' for none")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import sys
+
+    from juggler.repl import Repl
+
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+
+    async def main() -> int:
+        if interactive:
+            return await _interactive(args)
+        repl = Repl(lambda line: print(line, flush=True), wait_outcomes=True, default_url=args.url)
+        try:
+            if args.connect:
+                await repl.execute("connect")
+            loop = asyncio.get_running_loop()
+            while True:
+                line = await loop.run_in_executor(None, sys.stdin.readline)
+                if not line:
+                    break
+                if not await repl.execute(line):
+                    break
+        finally:
+            await repl.aclose()
+        return 0
+
+    try:
+        import uvloop
+
+        return uvloop.run(main())
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _interactive(args: argparse.Namespace) -> int:
+    import os
+
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.completion import WordCompleter
+    from prompt_toolkit.history import FileHistory, InMemoryHistory
+    from prompt_toolkit.patch_stdout import patch_stdout
+
+    from juggler.repl import COMMANDS, Repl
+
+    history: Any = InMemoryHistory()
+    if args.history:
+        try:
+            history = FileHistory(os.path.expanduser(args.history))
+        except OSError:
+            pass
+    session: PromptSession[str] = PromptSession(
+        history=history, completer=WordCompleter(list(COMMANDS), sentence=True)
+    )
+    repl = Repl(print, wait_outcomes=False, default_url=args.url)
+    print("Welcome to the juggler client. Enter ? or help for the available\ncommands. Press ^D (ctrl-D) to exit.")
+    try:
+        with patch_stdout(raw=True):
+            if args.connect:
+                await repl.execute("connect")
+            while True:
+                try:
+                    line = await session.prompt_async("juggler> ")
+                except KeyboardInterrupt:
+                    continue
+                except EOFError:
+                    break
+                if not await repl.execute(line):
+                    break
+    finally:
+        await repl.aclose()
+    return 0

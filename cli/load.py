@@ -1,0 +1,72 @@
+"""``juggler load``: the juggler load generator (see juggler/load.py)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+EXAMPLES = """examples:
+  juggler load                                     # 20 connections, closed loop, test.echo, 10s
+  juggler load -c 50 -d 30s --uri test.delay --payload '"10"'
+  juggler load -r 5000 -d 20s --timeout 1s         # fixed total rate of 5000 calls/s
+  juggler load --procs 2 --json > report.json      # spread over 2 processes, machine-readable
+"""
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "load",
+        help="load generator for a juggler server (calls/s, CALL→RES latency percentiles)",
+        description="Open N websocket connections and send CALLs closed loop (or at a fixed rate); "
+        "report calls, ACKs, NACKs, results, expired calls and CALL→RES latency "
+        "(min/mean/median/p75/p90/p99/max).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--url", default="ws://127.0.0.1:9000/ws", help="[%(default)s]")
+    p.add_argument("-c", "--connections", type=int, default=20, metavar="N", help="connections [%(default)s]")
+    p.add_argument("-d", "--duration", default="10s", metavar="DURATION", help="how long, e.g. 10s, 1m [%(default)s]")
+    p.add_argument("-r", "--rate", type=float, default=0.0, metavar="CALLS_PER_S",
+                   help="total calls per second; 0 = closed loop [%(default)s]")
+    p.add_argument("--uri", default="test.echo", help="[%(default)s]")
+    p.add_argument("--payload", default='"hello"', metavar="JSON", help="the args of each call, JSON [%(default)s]")
+    p.add_argument("--timeout", default="5s", metavar="DURATION", help="call timeout [%(default)s]")
+    p.add_argument("--procs", type=int, default=1, metavar="P",
+                   help="processes to spread the connections over [%(default)s]")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="no live progress line")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from juggler.load import LoadConfig, main_progress_printer, run_load
+    from juggler.repl import ReplError, parse_duration
+
+    def seconds(text: str) -> float:
+        try:
+            return float(text)  # a bare number is seconds
+        except ValueError:
+            return parse_duration(text)
+
+    try:
+        cfg = LoadConfig(
+            url=args.url, connections=args.connections, duration=seconds(args.duration),
+            rate=args.rate, uri=args.uri, payload=args.payload, timeout=seconds(args.timeout),
+            procs=args.procs,
+        )
+    except (ValueError, ReplError) as exc:
+        print(f"juggler load: {exc}", file=sys.stderr)
+        return 2
+    progress = None if args.quiet else main_progress_printer(sys.stderr)
+    report = run_load(cfg, progress)
+    if progress is not None and sys.stderr.isatty():
+        sys.stderr.write("\n")
+    if args.json:
+        print(report.to_json())
+    else:
+        print(report.format())
+    if report.calls == 0:
+        return 1
+    return 0

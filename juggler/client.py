@@ -1,0 +1,420 @@
+"""An asyncio juggler.0 client.
+
+::
+
+    async with connect("ws://127.0.0.1:9000/ws") as client:
+        print(await client.call("test.echo", "hello", timeout=5))
+        await client.sub("news.*", pattern=True)
+        await client.pub("news.a", {"x": 1})
+        async for event in client.events():
+            print(event.channel, event.args)
+
+Contract:
+
+- ``call`` sends a CALL and waits for its RES. It raises :class:`CallNacked`
+  when the server refuses the call and :class:`CallExpired` when no result
+  came within `timeout` (the client's own timer, as the Go client's local
+  "EXP"; a RES arriving later is ignored and counted in ``late_results``).
+  A callee error is a *result*: ``{"error": {"message": ...}}`` is returned.
+- ``sub``/``unsb``/``pub`` return when the server ACKs, raise CallNacked on NACK.
+- Events (EVNT) queue up for :meth:`events` (at most ``max_queued_events``;
+  beyond that the oldest are dropped and counted in ``dropped_events``).
+- Cancelling a call is safe: it only forgets its pending entry.
+- When the connection closes, every waiter fails with
+  :class:`~juggler.errors.ConnectionClosed` and the event iterator ends.
+- ``aclose()`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid as uuidlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed as WsConnectionClosed
+
+from juggler.errors import CallExpired, CallNacked, ConnectionClosed, ProtocolError
+
+__all__ = [
+    "ACK",
+    "CALL",
+    "EVNT",
+    "NACK",
+    "PUB",
+    "RES",
+    "SUB",
+    "SUBPROTOCOL",
+    "UNSB",
+    "Client",
+    "ClientEvent",
+    "connect",
+    "encode_message",
+]
+
+log = logging.getLogger("juggler.client")
+
+SUBPROTOCOL = "juggler.0"
+CALL, PUB, SUB, UNSB, NACK, ACK, RES, EVNT = 1, 2, 3, 4, 7, 8, 9, 10
+TYPE_NAMES = {CALL: "CALL", PUB: "PUB", SUB: "SUB", UNSB: "UNSB", NACK: "NACK", ACK: "ACK", RES: "RES", EVNT: "EVNT"}
+
+_UNSET: Any = object()
+
+
+def new_uuid() -> str:
+    return str(uuidlib.uuid4())
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def encode_message(msg_type: int, msg_uuid: str, payload: Mapping[str, Any], raw_args: str | None = None) -> str:
+    """A client frame. `raw_args` (JSON text) is inserted verbatim as ``args``."""
+    body = _json(payload)
+    if raw_args is not None:
+        body = (body[:-1] + "," if len(body) > 2 else "{") + '"args":' + raw_args + "}"
+    return '{"meta":{"type":%d,"uuid":"%s"},"payload":%s}' % (msg_type, msg_uuid, body)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientEvent:
+    """One EVNT: `args` decoded; `pattern` set when a pattern subscription matched."""
+
+    channel: str
+    pattern: str | None
+    for_uuid: str  # the PUB's uuid
+    args: Any
+
+
+class _Pending:
+    __slots__ = ("ack", "res", "msg_type")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, msg_type: int, want_res: bool) -> None:
+        self.msg_type = msg_type
+        self.ack: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self.res: asyncio.Future[Any] | None = loop.create_future() if want_res else None
+
+
+class Client:
+    """One juggler websocket connection (make it with :func:`connect`)."""
+
+    def __init__(
+        self,
+        ws: ClientConnection,
+        *,
+        default_timeout: float = 60.0,
+        max_queued_events: int = 10_000,
+        on_message: Callable[[dict[str, Any], str], None] | None = None,
+    ) -> None:
+        self.ws = ws
+        self.default_timeout = default_timeout
+        self.max_queued_events = max_queued_events
+        self.on_message = on_message
+        self.late_results = 0
+        self.dropped_events = 0
+        self._loop = asyncio.get_running_loop()
+        self._pending: dict[str, _Pending] = {}
+        self._events: deque[ClientEvent] = deque()
+        self._event_waiter: asyncio.Future[None] | None = None
+        self._closed_exc: ConnectionClosed | None = None
+        self._reader = self._loop.create_task(self._read_loop(), name="juggler-client-reader")
+
+    # properties -----------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed_exc is not None
+
+    @property
+    def subprotocol(self) -> str | None:
+        return self.ws.subprotocol
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._reader)
+
+    # sending --------------------------------------------------------------------
+
+    async def send_raw(self, text: str | bytes) -> None:
+        """Send any frame as is (text for str, binary for bytes)."""
+        self._check_open()
+        try:
+            await self.ws.send(text)
+        except WsConnectionClosed as exc:
+            raise self._closed(exc) from exc
+
+    async def send(self, msg_type: int, payload: Mapping[str, Any], *, raw_args: str | None = None,
+                   msg_uuid: str | None = None) -> str:
+        """Send one message without waiting for anything; returns its uuid."""
+        msg_uuid = msg_uuid or new_uuid()
+        await self.send_raw(encode_message(msg_type, msg_uuid, payload, raw_args))
+        return msg_uuid
+
+    async def call(self, uri: str, args: Any = _UNSET, *, timeout: float | None = None,
+                   raw_args: str | None = None, msg_uuid: str | None = None) -> Any:
+        """Call `uri` and return its (decoded) result; see the module doc.
+
+        `args` is any JSON value (left out of the CALL when not given);
+        `raw_args` is JSON text sent verbatim instead. `timeout` (seconds,
+        default ``default_timeout``) is sent to the server and also bounds
+        the local wait.
+        """
+        if timeout is None:
+            timeout = self.default_timeout
+        if timeout <= 0:
+            raise ValueError("timeout must be > 0")
+        if raw_args is None and args is not _UNSET:
+            raw_args = _json(args)
+        msg_uuid = msg_uuid or new_uuid()
+        pending = _Pending(self._loop, CALL, True)
+        self._pending[msg_uuid] = pending
+        try:
+            await self.send(CALL, {"uri": uri, "timeout": int(timeout * 1e9)}, raw_args=raw_args, msg_uuid=msg_uuid)
+            assert pending.res is not None
+            try:
+                async with asyncio.timeout(timeout):
+                    return await pending.res
+            except TimeoutError:
+                raise CallExpired(f"call {msg_uuid} to {uri} expired after {timeout}s") from None
+        finally:
+            self._pending.pop(msg_uuid, None)
+
+    async def _acked(self, msg_type: int, payload: dict[str, Any], raw_args: str | None, timeout: float | None,
+                     msg_uuid: str | None = None) -> str:
+        msg_uuid = msg_uuid or new_uuid()
+        pending = _Pending(self._loop, msg_type, False)
+        self._pending[msg_uuid] = pending
+        try:
+            await self.send(msg_type, payload, raw_args=raw_args, msg_uuid=msg_uuid)
+            async with asyncio.timeout(timeout if timeout is not None else self.default_timeout):
+                await pending.ack
+            return msg_uuid
+        finally:
+            self._pending.pop(msg_uuid, None)
+
+    async def sub(self, channel: str, pattern: bool = False, *, timeout: float | None = None,
+                  msg_uuid: str | None = None) -> None:
+        """Subscribe (``pattern=True``: `channel` is a Redis glob pattern)."""
+        await self._acked(SUB, {"channel": channel, "pattern": bool(pattern)}, None, timeout, msg_uuid)
+
+    async def unsb(self, channel: str, pattern: bool = False, *, timeout: float | None = None,
+                   msg_uuid: str | None = None) -> None:
+        await self._acked(UNSB, {"channel": channel, "pattern": bool(pattern)}, None, timeout, msg_uuid)
+
+    async def pub(self, channel: str, args: Any = _UNSET, *, raw_args: str | None = None,
+                  timeout: float | None = None, msg_uuid: str | None = None) -> str:
+        """Publish; returns the PUB's uuid (events carry it as ``for_uuid``)."""
+        if raw_args is None and args is not _UNSET:
+            raw_args = _json(args)
+        return await self._acked(PUB, {"channel": channel}, raw_args, timeout, msg_uuid)
+
+    # receiving ------------------------------------------------------------------
+
+    async def events(self) -> AsyncIterator[ClientEvent]:
+        """Events as they arrive, until the connection closes (one consumer at a time)."""
+        while True:
+            try:
+                yield await self._next_event()
+            except ConnectionClosed:
+                return
+
+    async def next_event(self, timeout: float | None = None) -> ClientEvent:
+        """The next event; raises TimeoutError after `timeout` s, ConnectionClosed at the end."""
+        async with asyncio.timeout(timeout):
+            return await self._next_event()
+
+    async def _next_event(self) -> ClientEvent:
+        while True:
+            if self._events:
+                return self._events.popleft()
+            if self._closed_exc is not None:
+                raise self._closed_exc
+            waiter = self._event_waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._event_waiter = None
+
+    async def _read_loop(self) -> None:
+        exc: BaseException | None = None
+        try:
+            async for frame in self.ws:
+                if isinstance(frame, bytes):
+                    log.warning("ignoring a binary frame from the server")
+                    continue
+                try:
+                    msg = json.loads(frame)
+                    self._dispatch(msg, frame)
+                except (ValueError, KeyError, TypeError) as e:
+                    log.warning("ignoring an invalid frame from the server (%s): %.200s", e, frame)
+        except WsConnectionClosed as e:
+            exc = e
+        except Exception as e:  # pragma: no cover - defensive
+            exc = e
+            log.exception("client reader failed")
+        finally:
+            self._closed(exc)
+
+    def _dispatch(self, msg: dict[str, Any], frame: str) -> None:
+        if self.on_message is not None:
+            try:
+                self.on_message(msg, frame)
+            except Exception:
+                log.exception("on_message callback failed")
+        msg_type = msg["meta"]["type"]
+        payload = msg.get("payload") or {}
+        if msg_type == EVNT:
+            self._push_event(ClientEvent(
+                channel=payload.get("channel", ""), pattern=payload.get("pattern") or None,
+                for_uuid=payload.get("for", ""), args=payload.get("args"),
+            ))
+            return
+        pending = self._pending.get(payload.get("for", ""))
+        if msg_type == ACK:
+            if pending is not None and not pending.ack.done():
+                pending.ack.set_result(payload)
+        elif msg_type == NACK:
+            if pending is not None:
+                err = CallNacked(int(payload.get("code", 0)), str(payload.get("message", "")))
+                for fut in (pending.ack, pending.res):
+                    if fut is not None and not fut.done():
+                        fut.set_exception(err)
+                        fut.exception()
+        elif msg_type == RES:
+            if pending is not None and pending.res is not None and not pending.res.done():
+                if not pending.ack.done():
+                    pending.ack.set_result(payload)
+                pending.res.set_result(payload.get("args"))
+            else:
+                self.late_results += 1
+        else:
+            log.debug("ignoring message type %s", msg_type)
+
+    def _push_event(self, ev: ClientEvent) -> None:
+        if len(self._events) >= self.max_queued_events:
+            self._events.popleft()
+            self.dropped_events += 1
+        self._events.append(ev)
+        if self._event_waiter is not None and not self._event_waiter.done():
+            self._event_waiter.set_result(None)
+
+    def _check_open(self) -> None:
+        if self._closed_exc is not None:
+            raise self._closed_exc
+
+    def _closed(self, exc: BaseException | None) -> ConnectionClosed:
+        if self._closed_exc is None:
+            rcvd = exc.rcvd if isinstance(exc, WsConnectionClosed) else self.ws.protocol.close_rcvd
+            if rcvd is not None:
+                detail = f" (code {rcvd.code}{': ' + rcvd.reason if rcvd.reason else ''})"
+            else:
+                detail = " (no close frame)"
+            self._closed_exc = ConnectionClosed(f"connection closed{detail}")
+            for p in list(self._pending.values()):
+                for fut in (p.ack, p.res):
+                    if fut is not None and not fut.done():
+                        fut.set_exception(self._closed_exc)
+                        fut.exception()
+            if self._event_waiter is not None and not self._event_waiter.done():
+                self._event_waiter.set_result(None)
+        return self._closed_exc
+
+    # lifecycle --------------------------------------------------------------------
+
+    async def aclose(self, code: int = 1000, reason: str = "") -> None:
+        """Close the websocket (normal closure) and stop the reader. Idempotent."""
+        try:
+            await self.ws.close(code, reason)
+        except Exception:  # pragma: no cover - already broken
+            pass
+        if not self._reader.done():
+            try:
+                async with asyncio.timeout(5):
+                    await asyncio.shield(self._reader)
+            except TimeoutError:
+                self._reader.cancel()
+        self._closed(None)
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class _Connect:
+    """``await connect(...)`` or ``async with connect(...) as client``."""
+
+    def __init__(self, url: str, kwargs: dict[str, Any]) -> None:
+        self.url = url
+        self.kwargs = kwargs
+        self.client: Client | None = None
+
+    def __await__(self) -> Any:
+        return self._open().__await__()
+
+    async def _open(self) -> Client:
+        kw = dict(self.kwargs)
+        subprotocols: Sequence[str] | None = kw.pop("subprotocols")
+        headers: dict[str, str] = dict(kw.pop("headers") or {})
+        allowed = kw.pop("allowed_messages")
+        if allowed is not None:
+            headers["Juggler-Allowed-Messages"] = ", ".join(allowed)
+        open_timeout = kw.pop("open_timeout")
+        max_size = kw.pop("max_size")
+        try:
+            ws = await ws_connect(
+                self.url,
+                subprotocols=list(subprotocols) if subprotocols else None,  # type: ignore[arg-type]
+                additional_headers=headers or None,
+                compression=None,
+                open_timeout=open_timeout,
+                max_size=max_size,
+                ping_interval=None,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise ConnectionClosed(f"cannot connect to {self.url}: {exc}") from exc
+        except Exception as exc:  # websockets.InvalidHandshake and friends
+            raise ConnectionClosed(f"cannot connect to {self.url}: {exc}") from exc
+        if subprotocols and SUBPROTOCOL in subprotocols and ws.subprotocol is None:
+            await ws.close()
+            raise ProtocolError(f"{self.url} did not negotiate {SUBPROTOCOL}")
+        return Client(ws, **kw)
+
+    async def __aenter__(self) -> Client:
+        self.client = await self._open()
+        return self.client
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+
+def connect(
+    url: str = "ws://127.0.0.1:9000/ws",
+    *,
+    subprotocols: Sequence[str] | None = (SUBPROTOCOL,),
+    headers: Mapping[str, str] | None = None,
+    allowed_messages: Sequence[str] | None = None,
+    default_timeout: float = 60.0,
+    open_timeout: float | None = 10.0,
+    max_size: int | None = 16 * 1024 * 1024,
+    max_queued_events: int = 10_000,
+    on_message: Callable[[dict[str, Any], str], None] | None = None,
+) -> _Connect:
+    """Open a juggler connection; use ``async with`` (or ``await`` then ``aclose()``).
+
+    Raises :class:`ConnectionClosed` when the handshake fails and
+    :class:`ProtocolError` when the server does not negotiate ``juggler.0``.
+    """
+    return _Connect(url, {
+        "subprotocols": subprotocols, "headers": headers, "allowed_messages": allowed_messages,
+        "default_timeout": default_timeout, "open_timeout": open_timeout, "max_size": max_size,
+        "max_queued_events": max_queued_events, "on_message": on_message,
+    })

@@ -1,0 +1,187 @@
+"""Typed configuration of the juggler server, loadable from TOML.
+
+Every option is a keyword-only dataclass field with a documented default and
+is validated in ``__post_init__``. A TOML file maps onto them section by
+section; unknown keys are errors (a typo must not be silently ignored)::
+
+    [server]
+    listen = "127.0.0.1:9000"
+    path = "/ws"
+    allow_empty_subprotocol = false
+    read_limit = 1048576        # bytes per incoming message, 0 = none
+    write_limit = 0             # bytes per outgoing message, 0 = none
+    read_timeout = 0            # seconds without any incoming data, 0 = none
+    write_timeout = 10          # seconds a blocked write may wait, 0 = none
+    handshake_timeout = 10
+    slow_threshold = 0.5        # seconds; slower messages are logged, 0 = off
+    call_timeout_ms = 60000     # default CALL timeout (upstream: 1 minute)
+    max_pending = 1024          # messages queued per connection before reading pauses
+    max_subscriptions = 1000    # channels + patterns per connection (more: NACK 500), 0 = none
+    max_write_buffer = 16777216 # bytes buffered per connection before it is closed
+    close_timeout = 5           # seconds to drain connections at shutdown
+
+    [redis]                      # present = use Redis instead of the in-memory broker
+    url = "redis://127.0.0.1:6379/0"
+    call_cap = 10000
+    result_cap = 100000
+
+    [memory]
+    call_cap = 10000
+    result_cap = 100000
+
+    [metrics]
+    port = 0                     # 0 = no metrics endpoint
+    host = "127.0.0.1"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from juggler.broker.memory import MemoryBrokerConfig
+
+__all__ = ["AppConfig", "MetricsConfig", "ServerConfig", "load_config", "parse_listen"]
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` (or ``:PORT``, ``[v6]:PORT``) → (host, port)."""
+    host, sep, port_s = listen.rpartition(":")
+    if not sep:
+        raise ValueError(f"listen address must be HOST:PORT, got {listen!r}")
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ValueError(f"invalid port in {listen!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range in {listen!r}")
+    return host, port
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServerConfig:
+    """Websocket server options (see the module doc for the TOML form)."""
+
+    host: str = "127.0.0.1"
+    port: int = 9000
+    #: the websocket path; other paths get 404
+    path: str = "/ws"
+    #: serve clients that offer no subprotocol at all (one offering only others is still refused)
+    allow_empty_subprotocol: bool = False
+    #: max bytes of one incoming message (larger: close 1009); 0 = none
+    read_limit: int = 1 << 20
+    #: max bytes of one outgoing message (larger: the connection is closed); 0 = none
+    write_limit: int = 0
+    #: close a connection that sends nothing for this long (s); 0 = never
+    read_timeout: float = 0.0
+    #: close a connection whose writes stay blocked this long (s); 0 = never
+    write_timeout: float = 10.0
+    #: max seconds for the opening handshake
+    handshake_timeout: float = 10.0
+    #: log (and count) messages slower than this (s); 0 = off
+    slow_threshold: float = 0.5
+    #: timeout of a CALL that gives none (or under 1 ms)
+    call_timeout_ms: int = 60_000
+    #: incoming messages queued per connection before reading pauses
+    max_pending: int = 1024
+    #: channels + patterns one connection may subscribe (more: NACK 500); 0 = no limit
+    max_subscriptions: int = 1000
+    #: bytes buffered for one slow reader before its connection is closed
+    max_write_buffer: int = 16 << 20
+    #: seconds connections get to close at shutdown before they are dropped
+    close_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError("port must be in 0..65535")
+        if not self.path.startswith("/"):
+            raise ValueError("path must start with '/'")
+        for name in ("read_limit", "write_limit", "max_write_buffer"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        for name in ("read_timeout", "write_timeout", "slow_threshold", "close_timeout"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.handshake_timeout <= 0:
+            raise ValueError("handshake_timeout must be > 0")
+        if self.call_timeout_ms < 1:
+            raise ValueError("call_timeout_ms must be >= 1")
+        if self.max_subscriptions < 0:
+            raise ValueError("max_subscriptions must be >= 0")
+        if self.max_pending < 1:
+            raise ValueError("max_pending must be >= 1")
+
+    @property
+    def listen(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MetricsConfig:
+    #: Prometheus endpoint port; 0 = none
+    port: int = 0
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError("metrics port must be in 0..65535")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AppConfig:
+    """Everything ``juggler server`` runs with."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    #: the Redis broker's options (juggler.broker.redis.RedisBrokerConfig); None = in-memory broker
+    redis: Any = None
+    memory: MemoryBrokerConfig = field(default_factory=MemoryBrokerConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+
+def _build(cls: type, section: str, data: dict[str, Any]) -> Any:
+    if not isinstance(data, dict):
+        raise ValueError(f"[{section}] must be a table")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown option(s) in [{section}]: {', '.join(unknown)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise ValueError(f"[{section}]: {exc}") from exc
+
+
+def config_from_dict(data: dict[str, Any]) -> AppConfig:
+    unknown = sorted(set(data) - {"server", "redis", "memory", "metrics"})
+    if unknown:
+        raise ValueError(f"unknown section(s): {', '.join(unknown)}")
+    server = data.get("server", {})
+    if not isinstance(server, dict):
+        raise ValueError("[server] must be a table")
+    server = dict(server)
+    if "listen" in server:
+        server["host"], server["port"] = parse_listen(server.pop("listen"))
+    redis = None
+    if "redis" in data:
+        from juggler.broker.redis import RedisBrokerConfig
+
+        redis = _build(RedisBrokerConfig, "redis", data["redis"])
+    return AppConfig(
+        server=_build(ServerConfig, "server", server),
+        redis=redis,
+        memory=_build(MemoryBrokerConfig, "memory", data.get("memory", {})),
+        metrics=_build(MetricsConfig, "metrics", data.get("metrics", {})),
+    )
+
+
+def load_config(path: str) -> AppConfig:
+    """Read a TOML file into an AppConfig; ValueError on any invalid option."""
+    with open(path, "rb") as f:
+        try:
+            data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
+    return config_from_dict(data)

@@ -1,0 +1,110 @@
+"""Run a juggler server process: broker + server (+ callees) + metrics, until a signal.
+
+Shared by ``juggler server`` and ``juggler up`` (cli/). One start-up log line
+says where it listens; SIGINT/SIGTERM stop accepting, close connections
+(1001) within ``close_timeout``, drain the callees, then close the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.registry import CollectorRegistry
+
+from juggler.broker.memory import MemoryBroker
+from juggler.config import AppConfig
+from juggler.metrics import MetricsServer, ServerStats, StatsCollector, broker_source, callee_source, serve_metrics
+from juggler.server import Server
+
+__all__ = ["Running", "run_app", "start_app"]
+
+log = logging.getLogger("juggler.server")
+
+
+@dataclass
+class Running:
+    """What :func:`start_app` started; ``aclose()`` stops it all in order."""
+
+    server: Server
+    broker: Any
+    callee: Any = None
+    metrics: MetricsServer | None = None
+
+    async def aclose(self) -> None:
+        await self.server.aclose()
+        if self.callee is not None:
+            await self.callee.drain(timeout=5.0)
+            await self.callee.aclose()
+        await self.broker.aclose()
+        if self.metrics is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
+
+
+async def start_app(config: AppConfig, *, test_callees: bool = False, callee_workers: int = 200) -> Running:
+    """Start broker, server, optional in-process test callees and metrics."""
+    if config.redis is not None:
+        from juggler.broker.redis import RedisBroker
+
+        broker: Any = RedisBroker(config.redis)
+    else:
+        broker = MemoryBroker(config.memory)
+    await broker.start()
+    callee = None
+    metrics = None
+    stats = ServerStats()
+    server = Server(broker, config.server, stats=stats)
+    try:
+        await server.start()
+        if test_callees:
+            from juggler.callee import Callee, make_test_app
+
+            callee = Callee(broker, make_test_app(), workers=callee_workers)
+            await callee.start()
+        if config.metrics.port:
+            registry = CollectorRegistry(auto_describe=True)
+            sources = [broker_source(broker)]
+            if callee is not None:
+                sources.append(callee_source(callee))
+            registry.register(StatsCollector(stats, *sources))
+            metrics = serve_metrics(registry, config.metrics.port, config.metrics.host)
+    except BaseException:
+        await server.aclose()
+        if callee is not None:
+            await callee.aclose()
+        await broker.aclose()
+        raise
+    return Running(server=server, broker=broker, callee=callee, metrics=metrics)
+
+
+async def run_app(config: AppConfig, *, test_callees: bool = False, callee_workers: int = 200,
+                  banner: str | None = None) -> int:
+    """Run until SIGINT/SIGTERM; returns the exit code."""
+    if not logging.getLogger("juggler.conn.ws").level:
+        logging.getLogger("juggler.conn.ws").setLevel(logging.WARNING)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        running = await start_app(config, test_callees=test_callees, callee_workers=callee_workers)
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    broker_desc = f"redis {config.redis.url}" if config.redis is not None else "in-memory broker"
+    extra = f", metrics on http://{config.metrics.host}:{running.metrics.port}/metrics" if running.metrics else ""
+    callees = ", test callees test.echo/test.reverse/test.delay" if test_callees else ""
+    log.info("juggler server listening on %s (%s%s%s)", running.server.url, broker_desc, callees, extra)
+    if banner:
+        print(banner.format(url=running.server.url), flush=True)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await running.aclose()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return 0
