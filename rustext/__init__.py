@@ -42,3 +42,6 @@ __all__ = [
 # --- timer ---
 
 # --- balancer ---
+from rustext._native import Balancer  # noqa: E402
+
+__all__ += ["Balancer"]

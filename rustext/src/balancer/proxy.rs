@@ -1,0 +1,485 @@
+//! One request through the proxy: pick a backend, forward, stream back.
+//!
+//! Framing toward the client is hyper's: a response without a length goes
+//! chunked to HTTP/1.1 clients and close-delimited (then `Connection: close`)
+//! to HTTP/1.0 ones, which never see chunked encoding. Bodies stream frame by
+//! frame in both directions; nothing is buffered whole.
+
+use std::convert::Infallible;
+use std::error::Error as StdError;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::{PathAndQuery, Scheme};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioIo;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Sleep;
+
+use super::config::Config;
+use super::stats::WorkerStats;
+use super::upstream::{Backend, Key, Upstream};
+
+pub type BoxError = Box<dyn StdError + Send + Sync>;
+pub type HttpClient = Client<HttpConnector, ReqBody>;
+
+/// State shared by every worker of one balancer.
+pub struct Shared {
+    pub config: Config,
+    pub upstream: RwLock<Arc<Upstream>>,
+    pub workers: Vec<Arc<WorkerStats>>,
+    pub epoch: Instant,
+}
+
+impl Shared {
+    #[inline]
+    pub fn upstream(&self) -> Arc<Upstream> {
+        self.upstream.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// One worker thread's view: its own stats and backend connection pool.
+pub struct Worker {
+    pub shared: Arc<Shared>,
+    pub stats: Arc<WorkerStats>,
+    pub client: HttpClient,
+}
+
+/// Per client connection, computed once: the peer and its forwarding headers.
+pub struct Peer {
+    pub ip: IpAddr,
+    xff: HeaderValue,
+    forwarded: String,
+}
+
+impl Peer {
+    pub fn new(addr: SocketAddr) -> Self {
+        let ip = addr.ip();
+        let text = ip.to_string();
+        let forwarded = match ip {
+            IpAddr::V4(_) => format!("for={text};proto=http"),
+            IpAddr::V6(_) => format!("for=\"[{text}]\";proto=http"),
+        };
+        Peer { ip, xff: HeaderValue::from_str(&text).expect("an IP is a valid header value"), forwarded }
+    }
+}
+
+/// Headers that belong to one connection, not to the message (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    if let Some(conn) = h.get(header::CONNECTION) {
+        let listed: Vec<HeaderName> = conn
+            .to_str()
+            .unwrap_or("")
+            .split(',')
+            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .collect();
+        for name in listed {
+            h.remove(name);
+        }
+    }
+    for name in &HOP_BY_HOP {
+        h.remove(name);
+    }
+    h.remove(header::UPGRADE);
+}
+
+fn is_upgrade(h: &HeaderMap) -> bool {
+    h.contains_key(header::UPGRADE)
+        && h.get_all(header::CONNECTION)
+            .iter()
+            .any(|v| v.to_str().unwrap_or("").split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")))
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+
+fn append_list(h: &mut HeaderMap, name: HeaderName, item: &[u8]) {
+    let joined = {
+        let mut prev = h.get_all(&name).iter().peekable();
+        if prev.peek().is_none() {
+            None
+        } else {
+            let mut v = Vec::with_capacity(64);
+            for p in prev {
+                v.extend_from_slice(p.as_bytes());
+                v.extend_from_slice(b", ");
+            }
+            v.extend_from_slice(item);
+            HeaderValue::from_bytes(&v).ok()
+        }
+    };
+    match joined {
+        Some(v) => {
+            h.insert(name, v);
+        }
+        None => {
+            if let Ok(v) = HeaderValue::from_bytes(item) {
+                h.insert(name, v);
+            }
+        }
+    }
+}
+
+fn add_forwarded(h: &mut HeaderMap, peer: &Peer) {
+    if h.contains_key(&X_FORWARDED_FOR) {
+        append_list(h, X_FORWARDED_FOR, peer.xff.as_bytes());
+    } else {
+        h.insert(X_FORWARDED_FOR, peer.xff.clone());
+    }
+    h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    append_list(h, FORWARDED, peer.forwarded.as_bytes());
+}
+
+fn idempotent(m: &Method) -> bool {
+    matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
+}
+
+/// The request body sent to a backend: the client's, counted, or nothing.
+pub enum ReqBody {
+    Client(Incoming, Arc<WorkerStats>),
+    Empty,
+}
+
+impl Body for ReqBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            ReqBody::Client(b, stats) => {
+                let r = Pin::new(b).poll_frame(cx);
+                if let Poll::Ready(Some(Ok(f))) = &r {
+                    if let Some(d) = f.data_ref() {
+                        stats.bytes_in.fetch_add(d.len() as u64, Relaxed);
+                    }
+                }
+                r
+            }
+            ReqBody::Empty => Poll::Ready(None),
+        }
+    }
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ReqBody::Client(b, _) => b.is_end_stream(),
+            ReqBody::Empty => true,
+        }
+    }
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ReqBody::Client(b, _) => b.size_hint(),
+            ReqBody::Empty => SizeHint::with_exact(0),
+        }
+    }
+}
+
+/// Holds a backend slot for as long as its response streams.
+pub struct Lease {
+    backend: Arc<Backend>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Lease {
+    fn new(backend: Arc<Backend>, permit: OwnedSemaphorePermit) -> Self {
+        backend.active.fetch_add(1, Relaxed);
+        Lease { backend, _permit: permit }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.backend.active.fetch_sub(1, Relaxed);
+    }
+}
+
+/// The response body sent to the client.
+pub enum RespBody {
+    Stream(Streaming),
+    Full(Option<Bytes>),
+}
+
+pub struct Streaming {
+    inner: Incoming,
+    lease: Option<Lease>,
+    stats: Arc<WorkerStats>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    bytes: u64,
+    eject: (u32, Duration),
+}
+
+impl Streaming {
+    fn finish(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.backend.stats.bytes_out.fetch_add(self.bytes, Relaxed);
+            self.stats.bytes_out.fetch_add(self.bytes, Relaxed);
+            self.bytes = 0;
+        }
+    }
+}
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+#[derive(Debug)]
+struct TotalTimeout;
+impl std::fmt::Display for TotalTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("total timeout exceeded while streaming the response")
+    }
+}
+impl StdError for TotalTimeout {}
+
+impl Body for RespBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            RespBody::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
+            RespBody::Stream(s) => {
+                if let Some(d) = s.deadline.as_mut() {
+                    if d.as_mut().poll(cx).is_ready() {
+                        s.stats.timeouts.fetch_add(1, Relaxed);
+                        s.finish();
+                        return Poll::Ready(Some(Err(Box::new(TotalTimeout))));
+                    }
+                }
+                match Pin::new(&mut s.inner).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(f))) => {
+                        if let Some(d) = f.data_ref() {
+                            s.bytes += d.len() as u64;
+                        }
+                        Poll::Ready(Some(Ok(f)))
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        // The backend broke mid-body; the client connection is cut.
+                        if let Some(l) = &s.lease {
+                            l.backend.record_failure(s.eject.0, s.eject.1);
+                        }
+                        s.finish();
+                        Poll::Ready(Some(Err(Box::new(e))))
+                    }
+                    Poll::Ready(None) => {
+                        s.finish();
+                        Poll::Ready(None)
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RespBody::Full(b) => b.is_none(),
+            RespBody::Stream(s) => s.inner.is_end_stream(),
+        }
+    }
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RespBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            RespBody::Stream(s) => s.inner.size_hint(),
+        }
+    }
+}
+
+fn error_response(status: StatusCode, msg: &'static str) -> Response<RespBody> {
+    let mut r = Response::new(RespBody::Full(Some(Bytes::from_static(msg.as_bytes()))));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// hyper's service: every outcome is a response (errors become 502/503/504).
+pub async fn handle(w: Arc<Worker>, peer: Arc<Peer>, req: Request<Incoming>) -> Result<Response<RespBody>, Infallible> {
+    let start = Instant::now();
+    w.stats.requests.fetch_add(1, Relaxed);
+    let up = w.shared.upstream();
+    let resp = forward(&w, &up, &peer, req, start).await;
+    w.stats.observe(resp.status().as_u16(), start.elapsed());
+    Ok(resp)
+}
+
+async fn forward(w: &Worker, up: &Upstream, peer: &Peer, mut req: Request<Incoming>, start: Instant) -> Response<RespBody> {
+    let s = &up.settings;
+    let upgrade = is_upgrade(req.headers());
+    let mut client_upgrade = if upgrade { Some(hyper::upgrade::on(&mut req)) } else { None };
+    let (parts, body) = req.into_parts();
+    let method = parts.method;
+    let mut headers = parts.headers;
+    let upgrade_value = if upgrade { headers.get(header::UPGRADE).cloned() } else { None };
+    strip_hop_by_hop(&mut headers);
+    if let Some(v) = upgrade_value {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, v);
+    }
+    add_forwarded(&mut headers, peer);
+    let pq = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+
+    let empty = body.is_end_stream();
+    let mut body = if empty { None } else { Some(body) };
+    let retryable = empty && idempotent(&method) && !upgrade;
+    // Body-less requests may go to another backend: any after a connect
+    // failure (nothing was sent), idempotent ones also after a reset.
+    let attempts = if empty && !upgrade { s.retries as usize + 1 } else { 1 };
+    let deadline = (!s.total_timeout.is_zero()).then(|| start + s.total_timeout);
+
+    let mut tried = 0u64;
+    let mut failed: Option<StatusCode> = None;
+    for attempt in 0..attempts {
+        let key = Key { client_ip: peer.ip, path: pq.path(), headers: &headers };
+        let Some(i) = up.select(&key, tried) else { break };
+        tried |= 1u64 << (i % 64);
+        let backend = up.backends[i].clone();
+        if attempt > 0 {
+            w.stats.retries.fetch_add(1, Relaxed);
+        }
+
+        let permit = match backend.limiter.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => match tokio::time::timeout(s.queue_timeout, backend.limiter.clone().acquire_owned()).await {
+                Ok(Ok(p)) => p,
+                _ => {
+                    w.stats.no_backend.fetch_add(1, Relaxed);
+                    return error_response(StatusCode::SERVICE_UNAVAILABLE, "backend queue full\n");
+                }
+            },
+        };
+        let lease = Lease::new(backend.clone(), permit);
+        backend.stats.requests.fetch_add(1, Relaxed);
+
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(Scheme::HTTP);
+        uri.authority = Some(backend.authority.clone());
+        uri.path_and_query = Some(pq.clone());
+        let last = attempt + 1 == attempts;
+        let mut breq = Request::new(match body.take() {
+            Some(b) => ReqBody::Client(b, w.stats.clone()),
+            None => ReqBody::Empty,
+        });
+        *breq.method_mut() = method.clone();
+        *breq.uri_mut() = Uri::from_parts(uri).expect("scheme, authority and path make a valid URI");
+        *breq.version_mut() = Version::HTTP_11;
+        *breq.headers_mut() = if last { std::mem::take(&mut headers) } else { headers.clone() };
+
+        let mut wait = s.response_timeout;
+        if let Some(d) = deadline {
+            wait = wait.min(d.saturating_duration_since(Instant::now()));
+        }
+        match tokio::time::timeout(wait, w.client.request(breq)).await {
+            Ok(Ok(mut resp)) => {
+                backend.record_success();
+                let class = (resp.status().as_u16() / 100).clamp(1, 5) as usize - 1;
+                backend.stats.responses[class].fetch_add(1, Relaxed);
+                if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+                    if let Some(client_side) = client_upgrade.take() {
+                        let backend_side = hyper::upgrade::on(&mut resp);
+                        tokio::spawn(async move {
+                            let _lease = lease;
+                            if let (Ok(c), Ok(b)) = (client_side.await, backend_side.await) {
+                                let (mut c, mut b) = (TokioIo::new(c), TokioIo::new(b));
+                                let _ = tokio::io::copy_bidirectional(&mut c, &mut b).await;
+                            }
+                        });
+                        let (parts, _) = resp.into_parts();
+                        return Response::from_parts(parts, RespBody::Full(None));
+                    }
+                }
+                strip_hop_by_hop(resp.headers_mut());
+                let (parts, inner) = resp.into_parts();
+                let streaming = Streaming {
+                    inner,
+                    lease: Some(lease),
+                    stats: w.stats.clone(),
+                    deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
+                    bytes: 0,
+                    eject: (s.eject_after, s.eject_cooldown),
+                };
+                return Response::from_parts(parts, RespBody::Stream(streaming));
+            }
+            Ok(Err(e)) => {
+                backend.record_failure(s.eject_after, s.eject_cooldown);
+                drop(lease);
+                failed = Some(StatusCode::BAD_GATEWAY);
+                if retryable || e.is_connect() {
+                    continue;
+                }
+                break;
+            }
+            Err(_) => {
+                backend.record_failure(s.eject_after, s.eject_cooldown);
+                // A timed-out request may have had effects: never replayed.
+                w.stats.timeouts.fetch_add(1, Relaxed);
+                return error_response(StatusCode::GATEWAY_TIMEOUT, "backend timeout\n");
+            }
+        }
+    }
+    match failed {
+        Some(_) => {
+            w.stats.backend_errors.fetch_add(1, Relaxed);
+            error_response(StatusCode::BAD_GATEWAY, "backend unavailable\n")
+        }
+        None => {
+            w.stats.no_backend.fetch_add(1, Relaxed);
+            error_response(StatusCode::SERVICE_UNAVAILABLE, "no backend available\n")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_and_forwarded() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(header::HOST, HeaderValue::from_static("example.com"));
+        h.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
+        strip_hop_by_hop(&mut h);
+        add_forwarded(&mut h, &Peer::new("10.0.0.2:5".parse().unwrap()));
+        assert!(h.get("x-secret").is_none() && h.get(header::TRANSFER_ENCODING).is_none());
+        assert_eq!(h[header::HOST], "example.com");
+        assert_eq!(h["x-forwarded-for"], "1.1.1.1, 10.0.0.2");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["forwarded"], "for=10.0.0.2;proto=http");
+        let mut h6 = HeaderMap::new();
+        add_forwarded(&mut h6, &Peer::new("[::1]:5".parse().unwrap()));
+        assert_eq!(h6["forwarded"], "for=\"[::1]\";proto=http");
+    }
+
+    #[test]
+    fn upgrade_detection() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, Upgrade"));
+        assert!(!is_upgrade(&h));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(is_upgrade(&h));
+    }
+}

@@ -1,0 +1,358 @@
+//! Listeners, worker threads and the lifecycle of a running balancer.
+//!
+//! `workers` threads each run a current-thread tokio runtime with its own
+//! `SO_REUSEPORT` listener on the same address (the kernel spreads
+//! connections), its own backend connection pool and its own stats, so the
+//! request path shares nothing between threads but the upstream snapshot.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use super::config::{Config, Settings};
+use super::proxy::{handle, Peer, Shared, Worker};
+use super::stats::{Totals, WorkerStats};
+use super::upstream::{AdminState, Upstream};
+
+/// A running balancer. Dropping it drains with a zero deadline.
+pub struct Balancer {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    /// `Some(deadline)` once draining started.
+    stop: watch::Sender<Option<Instant>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    update_lock: Mutex<()>,
+}
+
+/// Snapshot of one backend for the control plane.
+#[derive(Clone, Debug)]
+pub struct BackendInfo {
+    pub name: String,
+    pub weight: u32,
+    pub state: &'static str,
+    pub active: i64,
+    pub requests: u64,
+    pub failures: u64,
+    pub ejections: u64,
+    pub responses: [u64; 5],
+    pub bytes_out: u64,
+}
+
+fn listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_reuse_address(true)?;
+    sock.set_reuse_port(true)?;
+    sock.set_nonblocking(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(4096)?;
+    Ok(sock.into())
+}
+
+impl Balancer {
+    /// Bind the listeners and start the workers; errors are returned before
+    /// any thread starts.
+    pub fn start(config: Config) -> Result<Balancer, String> {
+        config.validate()?;
+        let epoch = Instant::now();
+        let upstream = Upstream::new(config.settings.clone(), None, epoch)?;
+        let first = listener(config.listen).map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+        let local_addr = first.local_addr().map_err(|e| e.to_string())?;
+        let mut listeners = vec![first];
+        for _ in 1..config.workers {
+            listeners.push(listener(local_addr).map_err(|e| format!("cannot listen on {local_addr}: {e}"))?);
+        }
+        let workers: Vec<Arc<WorkerStats>> = (0..config.workers).map(|_| Arc::new(WorkerStats::default())).collect();
+        let shared = Arc::new(Shared {
+            config,
+            upstream: RwLock::new(Arc::new(upstream)),
+            workers: workers.clone(),
+            epoch,
+        });
+        let (stop, stop_rx) = watch::channel(None);
+        let mut threads = Vec::new();
+        for (i, (l, stats)) in listeners.into_iter().zip(workers).enumerate() {
+            let shared = shared.clone();
+            let stop_rx = stop_rx.clone();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot build a runtime: {e}"))?;
+            let t = std::thread::Builder::new()
+                .name(format!("balancer-{i}"))
+                .spawn(move || rt.block_on(worker_main(shared, stats, l, stop_rx)))
+                .map_err(|e| format!("cannot start a worker thread: {e}"))?;
+            threads.push(t);
+        }
+        Ok(Balancer { shared, local_addr, stop, threads: Mutex::new(threads), update_lock: Mutex::new(()) })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    pub fn running(&self) -> bool {
+        self.stop.borrow().is_none()
+    }
+
+    /// Replace backends and policy; in-flight requests finish on the old snapshot.
+    pub fn update(&self, settings: Settings) -> Result<(), String> {
+        let _g = self.update_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.shared.upstream();
+        let new = Upstream::new(settings, Some(&old), self.shared.epoch)?;
+        // Backends that left may still serve requests; stop new ones to them.
+        *self.shared.upstream.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
+        Ok(())
+    }
+
+    pub fn settings(&self) -> Settings {
+        self.shared.upstream().settings.clone()
+    }
+
+    /// Administrative state: "up", "drain" or "down".
+    pub fn set_backend_state(&self, name: &str, state: &str) -> Result<(), String> {
+        let s = AdminState::parse(state)?;
+        let up = self.shared.upstream();
+        let b = up.find(name).ok_or_else(|| format!("no backend named {name:?}"))?;
+        b.set_admin(s);
+        Ok(())
+    }
+
+    /// Health as seen by active checks (independent of the admin state).
+    pub fn set_backend_health(&self, name: &str, healthy: bool) -> Result<(), String> {
+        let up = self.shared.upstream();
+        let b = up.find(name).ok_or_else(|| format!("no backend named {name:?}"))?;
+        b.set_healthy(healthy);
+        Ok(())
+    }
+
+    pub fn set_backend_weight(&self, name: &str, weight: u32) -> Result<(), String> {
+        let up = self.shared.upstream();
+        let mut settings = up.settings.clone();
+        let spec = settings
+            .backends
+            .iter_mut()
+            .find(|b| b.name == name)
+            .ok_or_else(|| format!("no backend named {name:?}"))?;
+        spec.weight = weight;
+        drop(up);
+        // Rebuilt so that the hash ring follows the weight.
+        self.update(settings)
+    }
+
+    pub fn backends(&self) -> Vec<BackendInfo> {
+        let up = self.shared.upstream();
+        up.backends
+            .iter()
+            .map(|b| BackendInfo {
+                name: b.name.clone(),
+                weight: b.weight.load(Relaxed),
+                state: b.state_name(),
+                active: b.active.load(Relaxed),
+                requests: b.stats.requests.load(Relaxed),
+                failures: b.stats.failures.load(Relaxed),
+                ejections: b.stats.ejections.load(Relaxed),
+                responses: std::array::from_fn(|i| b.stats.responses[i].load(Relaxed)),
+                bytes_out: b.stats.bytes_out.load(Relaxed),
+            })
+            .collect()
+    }
+
+    pub fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for w in &self.shared.workers {
+            t.add(w);
+        }
+        t
+    }
+
+    pub fn per_worker(&self) -> Vec<Totals> {
+        self.shared
+            .workers
+            .iter()
+            .map(|w| {
+                let mut t = Totals::default();
+                t.add(w);
+                t
+            })
+            .collect()
+    }
+
+    /// Stop accepting, let in-flight exchanges finish within `timeout`, then
+    /// stop the workers. Blocks; idempotent.
+    pub fn drain(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        self.stop.send_if_modified(|v| {
+            if v.is_none() {
+                *v = Some(deadline);
+                true
+            } else {
+                false
+            }
+        });
+        let threads: Vec<_> = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        self.drain(Duration::ZERO);
+    }
+}
+
+fn build_client(config: &Config) -> super::proxy::HttpClient {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.enforce_http(true);
+    http.set_connect_timeout(Some(config.settings.connect_timeout));
+    let mut b = Client::builder(TokioExecutor::new());
+    b.pool_idle_timeout(config.pool_idle_timeout)
+        .pool_max_idle_per_host(config.pool_max_idle)
+        .pool_timer(TokioTimer::new())
+        .retry_canceled_requests(true)
+        .set_host(true);
+    b.build(http)
+}
+
+async fn worker_main(
+    shared: Arc<Shared>,
+    stats: Arc<WorkerStats>,
+    l: std::net::TcpListener,
+    mut stop: watch::Receiver<Option<Instant>>,
+) {
+    let listener = match TcpListener::from_std(l) {
+        Ok(l) => l,
+        Err(_) => return,
+    };
+    let worker = Arc::new(Worker { client: build_client(&shared.config), shared: shared.clone(), stats: stats.clone() });
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((sock, peer)) => {
+                    tokio::spawn(serve_conn(worker.clone(), sock, peer, stop.clone()));
+                }
+                // Out of descriptors or similar: back off instead of spinning.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            },
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    let deadline = stop.borrow().unwrap_or_else(Instant::now);
+    while stats.connections_active.load(Relaxed) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Marks the connection as active on every read or write (idle timeout).
+struct Watched {
+    io: TcpStream,
+    active: Arc<AtomicBool>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        let r = Pin::new(&mut me.io).poll_read(cx, buf);
+        if r.is_ready() {
+            me.active.store(true, Relaxed);
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let me = self.get_mut();
+        let r = Pin::new(&mut me.io).poll_write(cx, buf);
+        if r.is_ready() {
+            me.active.store(true, Relaxed);
+        }
+        r
+    }
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        let me = self.get_mut();
+        let r = Pin::new(&mut me.io).poll_write_vectored(cx, bufs);
+        if r.is_ready() {
+            me.active.store(true, Relaxed);
+        }
+        r
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+struct ConnCount(Arc<WorkerStats>);
+impl Drop for ConnCount {
+    fn drop(&mut self) {
+        self.0.connections_active.fetch_sub(1, Relaxed);
+    }
+}
+
+async fn serve_conn(w: Arc<Worker>, sock: TcpStream, peer: SocketAddr, mut stop: watch::Receiver<Option<Instant>>) {
+    w.stats.connections_total.fetch_add(1, Relaxed);
+    w.stats.connections_active.fetch_add(1, Relaxed);
+    let _count = ConnCount(w.stats.clone());
+    let _ = sock.set_nodelay(true);
+    let cfg = &w.shared.config;
+    let active = Arc::new(AtomicBool::new(true));
+    let io = TokioIo::new(Watched { io: sock, active: active.clone() });
+    let peer = Arc::new(Peer::new(peer));
+    let worker = w.clone();
+    let svc = service_fn(move |req| handle(worker.clone(), peer.clone(), req));
+    let mut builder = http1::Builder::new();
+    builder.timer(TokioTimer::new()).max_buf_size(cfg.max_header_bytes).keep_alive(true);
+    if !cfg.header_timeout.is_zero() {
+        builder.header_read_timeout(cfg.header_timeout);
+    }
+    let conn = builder.serve_connection(io, svc).with_upgrades();
+    tokio::pin!(conn);
+    let idle = cfg.idle_timeout;
+    let mut closing = stop.borrow().is_some();
+    if closing {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => break,
+            _ = tokio::time::sleep(idle), if !idle.is_zero() && !closing => {
+                if !active.swap(false, Relaxed) {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+            _ = stop.changed(), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
