@@ -410,6 +410,8 @@ async fn forward(w: &Worker, up: &Upstream, peer: &Peer, mut req: Request<Incomi
                     }
                 }
                 strip_hop_by_hop(resp.headers_mut());
+                // Our side speaks 1.1; hyper answers 1.0 clients as 1.0 itself.
+                *resp.version_mut() = Version::HTTP_11;
                 let (parts, inner) = resp.into_parts();
                 let streaming = Streaming {
                     inner,
