@@ -5,11 +5,13 @@
 //! - [`config`]   typed, validated configuration (defaults documented there)
 //! - [`upstream`] backends, their state, and the balancing algorithms
 //! - [`proxy`]    one request: choose, forward, stream back, retry
+//! - [`pool`]     keep-alive backend connections, one pool per worker
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
 //! - [`stats`]    per-worker counters and the latency histogram
 //! - `python`     the `rustext.Balancer` class
 
 pub mod config;
+pub mod pool;
 pub mod proxy;
 pub mod server;
 pub mod stats;

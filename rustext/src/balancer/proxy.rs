@@ -16,21 +16,19 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::uri::{PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioIo;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Sleep;
 
 use super::config::Config;
+use super::pool::{Fail, Pool, Sender};
 use super::stats::WorkerStats;
 use super::upstream::{Backend, Key, Upstream};
 
 pub type BoxError = Box<dyn StdError + Send + Sync>;
-pub type HttpClient = Client<HttpConnector, ReqBody>;
 
 /// State shared by every worker of one balancer.
 pub struct Shared {
@@ -38,6 +36,8 @@ pub struct Shared {
     pub upstream: RwLock<Arc<Upstream>>,
     pub workers: Vec<Arc<WorkerStats>>,
     pub epoch: Instant,
+    /// Source of backend ids (pool keys).
+    pub ids: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -51,7 +51,7 @@ impl Shared {
 pub struct Worker {
     pub shared: Arc<Shared>,
     pub stats: Arc<WorkerStats>,
-    pub client: HttpClient,
+    pub pool: Pool,
 }
 
 /// Per client connection, computed once: the peer and its forwarding headers.
@@ -221,25 +221,34 @@ pub enum RespBody {
 pub struct Streaming {
     inner: Incoming,
     lease: Option<Lease>,
-    stats: Arc<WorkerStats>,
+    worker: Arc<Worker>,
+    /// The backend connection, pooled again if the body ends cleanly.
+    conn: Option<Sender>,
     deadline: Option<Pin<Box<Sleep>>>,
     bytes: u64,
     eject: (u32, Duration),
 }
 
 impl Streaming {
-    fn finish(&mut self) {
+    fn finish(&mut self, clean: bool) {
         if let Some(lease) = self.lease.take() {
             lease.backend.stats.bytes_out.fetch_add(self.bytes, Relaxed);
-            self.stats.bytes_out.fetch_add(self.bytes, Relaxed);
+            self.worker.stats.bytes_out.fetch_add(self.bytes, Relaxed);
             self.bytes = 0;
+            if let Some(tx) = self.conn.take() {
+                if clean {
+                    self.worker.pool.put(lease.backend.id, tx);
+                }
+            }
         }
     }
 }
 
 impl Drop for Streaming {
     fn drop(&mut self) {
-        self.finish();
+        // hyper stops polling a body of known length at its last byte.
+        let clean = self.inner.is_end_stream();
+        self.finish(clean);
     }
 }
 
@@ -262,8 +271,8 @@ impl Body for RespBody {
             RespBody::Stream(s) => {
                 if let Some(d) = s.deadline.as_mut() {
                     if d.as_mut().poll(cx).is_ready() {
-                        s.stats.timeouts.fetch_add(1, Relaxed);
-                        s.finish();
+                        s.worker.stats.timeouts.fetch_add(1, Relaxed);
+                        s.finish(false);
                         return Poll::Ready(Some(Err(Box::new(TotalTimeout))));
                     }
                 }
@@ -279,11 +288,11 @@ impl Body for RespBody {
                         if let Some(l) = &s.lease {
                             l.backend.record_failure(s.eject.0, s.eject.1);
                         }
-                        s.finish();
+                        s.finish(false);
                         Poll::Ready(Some(Err(Box::new(e))))
                     }
                     Poll::Ready(None) => {
-                        s.finish();
+                        s.finish(true);
                         Poll::Ready(None)
                     }
                     Poll::Pending => Poll::Pending,
@@ -324,7 +333,45 @@ pub async fn handle(w: Arc<Worker>, peer: Arc<Peer>, req: Request<Incoming>) -> 
     Ok(resp)
 }
 
-async fn forward(w: &Worker, up: &Upstream, peer: &Peer, mut req: Request<Incoming>, start: Instant) -> Response<RespBody> {
+enum Outcome {
+    Response(Response<Incoming>, Sender),
+    /// Nothing was sent: the request can go to another backend as it is.
+    Unsent(Request<ReqBody>, Fail),
+    /// The request (or part of it) went out, then the exchange failed.
+    Sent(Fail),
+}
+
+/// One backend attempt: a pooled connection, or a new one if the pooled
+/// connection turns out closed before the request was written.
+async fn send(w: &Worker, b: &Backend, mut req: Request<ReqBody>, connect: Duration, wait: Duration) -> Outcome {
+    let mut reused_failed = false;
+    loop {
+        let got = if reused_failed {
+            w.pool.connect(b, connect).await.map(|tx| (tx, false))
+        } else {
+            w.pool.acquire(b, connect).await
+        };
+        let (mut tx, reused) = match got {
+            Ok(x) => x,
+            Err(f) => return Outcome::Unsent(req, f),
+        };
+        match tokio::time::timeout(wait, tx.try_send_request(req)).await {
+            Ok(Ok(resp)) => return Outcome::Response(resp, tx),
+            Ok(Err(mut e)) => match e.take_message() {
+                Some(r) if reused => {
+                    // The backend closed an idle connection: not its failure.
+                    req = r;
+                    reused_failed = true;
+                }
+                Some(r) => return Outcome::Unsent(r, Fail::Reset),
+                None => return Outcome::Sent(Fail::Reset),
+            },
+            Err(_) => return Outcome::Sent(Fail::Timeout),
+        }
+    }
+}
+
+async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Peer, mut req: Request<Incoming>, start: Instant) -> Response<RespBody> {
     let s = &up.settings;
     let upgrade = is_upgrade(req.headers());
     let mut client_upgrade = if upgrade { Some(hyper::upgrade::on(&mut req)) } else { None };
@@ -339,18 +386,24 @@ async fn forward(w: &Worker, up: &Upstream, peer: &Peer, mut req: Request<Incomi
     }
     add_forwarded(&mut headers, peer);
     let pq = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let uri = Uri::from(pq.clone());
 
     let empty = body.is_end_stream();
     let mut body = if empty { None } else { Some(body) };
+    // Idempotent body-less requests may be replayed after a reset; any
+    // request moves on to another backend while nothing of it was sent.
     let retryable = empty && idempotent(&method) && !upgrade;
-    // Body-less requests may go to another backend: any after a connect
-    // failure (nothing was sent), idempotent ones also after a reset.
-    let attempts = if empty && !upgrade { s.retries as usize + 1 } else { 1 };
+    let attempts = s.retries as usize + 1;
     let deadline = (!s.total_timeout.is_zero()).then(|| start + s.total_timeout);
 
     let mut tried = 0u64;
-    let mut failed: Option<StatusCode> = None;
+    let mut failed: Option<Fail> = None;
+    let mut pending: Option<Request<ReqBody>> = None;
+    let mut built = false;
     for attempt in 0..attempts {
+        if built && pending.is_none() && !retryable {
+            break; // the request is gone: never replayed
+        }
         let key = Key { client_ip: peer.ip, path: pq.path(), headers: &headers };
         let Some(i) = up.select(&key, tried) else { break };
         tried |= 1u64 << (i % 64);
@@ -372,26 +425,35 @@ async fn forward(w: &Worker, up: &Upstream, peer: &Peer, mut req: Request<Incomi
         let lease = Lease::new(backend.clone(), permit);
         backend.stats.requests.fetch_add(1, Relaxed);
 
-        let mut uri = http::uri::Parts::default();
-        uri.scheme = Some(Scheme::HTTP);
-        uri.authority = Some(backend.authority.clone());
-        uri.path_and_query = Some(pq.clone());
-        let last = attempt + 1 == attempts;
-        let mut breq = Request::new(match body.take() {
-            Some(b) => ReqBody::Client(b, w.stats.clone()),
-            None => ReqBody::Empty,
-        });
-        *breq.method_mut() = method.clone();
-        *breq.uri_mut() = Uri::from_parts(uri).expect("scheme, authority and path make a valid URI");
-        *breq.version_mut() = Version::HTTP_11;
-        *breq.headers_mut() = if last { std::mem::take(&mut headers) } else { headers.clone() };
+        let breq = match pending.take() {
+            Some(r) => r,
+            None => {
+                // Keep a copy of the head only while a replay may still be needed.
+                let keep = retryable && attempt + 1 < attempts;
+                let mut r = Request::new(match body.take() {
+                    Some(b) => ReqBody::Client(b, w.stats.clone()),
+                    None => ReqBody::Empty,
+                });
+                *r.method_mut() = method.clone();
+                *r.uri_mut() = uri.clone();
+                *r.headers_mut() = if keep { headers.clone() } else { std::mem::take(&mut headers) };
+                if !r.headers().contains_key(header::HOST) {
+                    // HTTP/1.0 clients may omit it; HTTP/1.1 requires one.
+                    if let Ok(v) = HeaderValue::from_str(backend.authority.as_str()) {
+                        r.headers_mut().insert(header::HOST, v);
+                    }
+                }
+                built = true;
+                r
+            }
+        };
 
         let mut wait = s.response_timeout;
         if let Some(d) = deadline {
             wait = wait.min(d.saturating_duration_since(Instant::now()));
         }
-        match tokio::time::timeout(wait, w.client.request(breq)).await {
-            Ok(Ok(mut resp)) => {
+        match send(w, &backend, breq, s.connect_timeout, wait).await {
+            Outcome::Response(mut resp, tx) => {
                 backend.record_success();
                 let class = (resp.status().as_u16() / 100).clamp(1, 5) as usize - 1;
                 backend.stats.responses[class].fetch_add(1, Relaxed);
@@ -405,6 +467,7 @@ async fn forward(w: &Worker, up: &Upstream, peer: &Peer, mut req: Request<Incomi
                                 let _ = tokio::io::copy_bidirectional(&mut c, &mut b).await;
                             }
                         });
+                        *resp.version_mut() = Version::HTTP_11;
                         let (parts, _) = resp.into_parts();
                         return Response::from_parts(parts, RespBody::Full(None));
                     }
@@ -416,31 +479,36 @@ async fn forward(w: &Worker, up: &Upstream, peer: &Peer, mut req: Request<Incomi
                 let streaming = Streaming {
                     inner,
                     lease: Some(lease),
-                    stats: w.stats.clone(),
+                    worker: w.clone(),
+                    conn: Some(tx),
                     deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
                     bytes: 0,
                     eject: (s.eject_after, s.eject_cooldown),
                 };
                 return Response::from_parts(parts, RespBody::Stream(streaming));
             }
-            Ok(Err(e)) => {
+            Outcome::Unsent(r, f) => {
                 backend.record_failure(s.eject_after, s.eject_cooldown);
-                drop(lease);
-                failed = Some(StatusCode::BAD_GATEWAY);
-                if retryable || e.is_connect() {
-                    continue;
-                }
-                break;
+                failed = Some(f);
+                pending = Some(r);
             }
-            Err(_) => {
+            Outcome::Sent(Fail::Timeout) => {
                 backend.record_failure(s.eject_after, s.eject_cooldown);
                 // A timed-out request may have had effects: never replayed.
                 w.stats.timeouts.fetch_add(1, Relaxed);
                 return error_response(StatusCode::GATEWAY_TIMEOUT, "backend timeout\n");
             }
+            Outcome::Sent(f) => {
+                backend.record_failure(s.eject_after, s.eject_cooldown);
+                failed = Some(f);
+            }
         }
     }
     match failed {
+        Some(Fail::ConnectTimeout) | Some(Fail::Timeout) => {
+            w.stats.timeouts.fetch_add(1, Relaxed);
+            error_response(StatusCode::GATEWAY_TIMEOUT, "backend timeout\n")
+        }
         Some(_) => {
             w.stats.backend_errors.fetch_add(1, Relaxed);
             error_response(StatusCode::BAD_GATEWAY, "backend unavailable\n")

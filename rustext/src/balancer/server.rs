@@ -8,7 +8,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
@@ -16,15 +16,14 @@ use std::time::{Duration, Instant};
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use super::config::{Config, Settings};
+use super::pool::Pool;
 use super::proxy::{handle, Peer, Shared, Worker};
 use super::stats::{Totals, WorkerStats};
 use super::upstream::{AdminState, Upstream};
@@ -69,7 +68,8 @@ impl Balancer {
     pub fn start(config: Config) -> Result<Balancer, String> {
         config.validate()?;
         let epoch = Instant::now();
-        let upstream = Upstream::new(config.settings.clone(), None, epoch)?;
+        let ids = AtomicU64::new(0);
+        let upstream = Upstream::new(config.settings.clone(), None, epoch, &ids)?;
         let first = listener(config.listen).map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
         let local_addr = first.local_addr().map_err(|e| e.to_string())?;
         let mut listeners = vec![first];
@@ -82,6 +82,7 @@ impl Balancer {
             upstream: RwLock::new(Arc::new(upstream)),
             workers: workers.clone(),
             epoch,
+            ids,
         });
         let (stop, stop_rx) = watch::channel(None);
         let mut threads = Vec::new();
@@ -117,7 +118,7 @@ impl Balancer {
     pub fn update(&self, settings: Settings) -> Result<(), String> {
         let _g = self.update_lock.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.shared.upstream();
-        let new = Upstream::new(settings, Some(&old), self.shared.epoch)?;
+        let new = Upstream::new(settings, Some(&old), self.shared.epoch, &self.shared.ids)?;
         // Backends that left may still serve requests; stop new ones to them.
         *self.shared.upstream.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
         Ok(())
@@ -221,20 +222,6 @@ impl Drop for Balancer {
     }
 }
 
-fn build_client(config: &Config) -> super::proxy::HttpClient {
-    let mut http = HttpConnector::new();
-    http.set_nodelay(true);
-    http.enforce_http(true);
-    http.set_connect_timeout(Some(config.settings.connect_timeout));
-    let mut b = Client::builder(TokioExecutor::new());
-    b.pool_idle_timeout(config.pool_idle_timeout)
-        .pool_max_idle_per_host(config.pool_max_idle)
-        .pool_timer(TokioTimer::new())
-        .retry_canceled_requests(true)
-        .set_host(true);
-    b.build(http)
-}
-
 async fn worker_main(
     shared: Arc<Shared>,
     stats: Arc<WorkerStats>,
@@ -245,9 +232,14 @@ async fn worker_main(
         Ok(l) => l,
         Err(_) => return,
     };
-    let worker = Arc::new(Worker { client: build_client(&shared.config), shared: shared.clone(), stats: stats.clone() });
+    let cfg = &shared.config;
+    let pool = Pool::new(cfg.pool_max_idle, cfg.pool_idle_timeout);
+    let worker = Arc::new(Worker { pool, shared: shared.clone(), stats: stats.clone() });
+    let sweep_every = if cfg.pool_idle_timeout.is_zero() { Duration::from_secs(30) } else { cfg.pool_idle_timeout / 2 };
+    let mut sweep = tokio::time::interval(sweep_every.max(Duration::from_millis(100)));
     loop {
         tokio::select! {
+            _ = sweep.tick() => worker.pool.sweep(),
             r = listener.accept() => match r {
                 Ok((sock, peer)) => {
                     tokio::spawn(serve_conn(worker.clone(), sock, peer, stop.clone()));

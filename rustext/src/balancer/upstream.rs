@@ -61,7 +61,11 @@ pub struct BackendStats {
 }
 
 pub struct Backend {
+    /// Unique within a balancer: keys the per-worker connection pools.
+    pub id: u64,
     pub name: String,
+    /// Resolved once, when the backend is configured.
+    pub addr: std::net::SocketAddr,
     pub authority: http::uri::Authority,
     pub weight: AtomicU32,
     admin: AtomicU8,
@@ -82,12 +86,15 @@ pub struct Backend {
 const UNLIMITED: usize = 1 << 24;
 
 impl Backend {
-    pub fn new(spec: &BackendSpec, default_max: usize, epoch: Instant) -> Result<Self, String> {
+    pub fn new(id: u64, spec: &BackendSpec, default_max: usize, epoch: Instant) -> Result<Self, String> {
+        let addr = super::config::parse_backend_addr(&spec.name)?;
         let authority: http::uri::Authority =
             spec.name.parse().map_err(|_| format!("backend address {:?} must be host:port", spec.name))?;
         let max = if spec.max_connections > 0 { spec.max_connections } else { default_max };
         let permits = if max == 0 { UNLIMITED } else { max };
         Ok(Backend {
+            id,
+            addr,
             name: spec.name.clone(),
             authority,
             weight: AtomicU32::new(spec.weight),
@@ -203,7 +210,7 @@ const POINTS_PER_WEIGHT: u32 = 100;
 
 impl Upstream {
     /// Build a snapshot, reusing `previous` backends with the same name.
-    pub fn new(settings: Settings, previous: Option<&Upstream>, epoch: Instant) -> Result<Self, String> {
+    pub fn new(settings: Settings, previous: Option<&Upstream>, epoch: Instant, ids: &AtomicU64) -> Result<Self, String> {
         settings.validate()?;
         let mut backends = Vec::with_capacity(settings.backends.len());
         for spec in &settings.backends {
@@ -215,7 +222,7 @@ impl Upstream {
                     b.set_max_connections(max);
                     b.clone()
                 }
-                None => Arc::new(Backend::new(spec, settings.max_connections, epoch)?),
+                None => Arc::new(Backend::new(ids.fetch_add(1, Relaxed), spec, settings.max_connections, epoch)?),
             };
             backends.push(b);
         }
@@ -408,7 +415,7 @@ mod tests {
             hash_key: HashKey::Path,
             ..Settings::default()
         };
-        Upstream::new(settings, None, Instant::now()).unwrap()
+        Upstream::new(settings, None, Instant::now(), &AtomicU64::new(0)).unwrap()
     }
 
     fn key<'a>(path: &'a str, h: &'a http::HeaderMap) -> Key<'a> {
@@ -501,7 +508,7 @@ mod tests {
         let mut s = u.settings.clone();
         s.backends[0].weight = 9;
         s.backends.remove(1);
-        let v = Upstream::new(s, Some(&u), Instant::now()).unwrap();
+        let v = Upstream::new(s, Some(&u), Instant::now(), &AtomicU64::new(10)).unwrap();
         assert!(Arc::ptr_eq(&u.backends[0], &v.backends[0]));
         assert_eq!(v.backends[0].weight.load(Relaxed), 9);
         assert_eq!(v.backends.len(), 2);
