@@ -58,7 +58,7 @@ pub struct Worker {
 pub struct Peer {
     pub ip: IpAddr,
     xff: HeaderValue,
-    forwarded: String,
+    forwarded: HeaderValue,
 }
 
 impl Peer {
@@ -69,38 +69,54 @@ impl Peer {
             IpAddr::V4(_) => format!("for={text};proto=http"),
             IpAddr::V6(_) => format!("for=\"[{text}]\";proto=http"),
         };
-        Peer { ip, xff: HeaderValue::from_str(&text).expect("an IP is a valid header value"), forwarded }
+        Peer {
+            ip,
+            xff: HeaderValue::from_str(&text).expect("an IP is a valid header value"),
+            forwarded: HeaderValue::from_str(&forwarded).expect("for=IP;proto=http is a valid header value"),
+        }
     }
 }
 
 /// Headers that belong to one connection, not to the message (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-];
+fn is_hop_by_hop(n: &HeaderName) -> bool {
+    matches!(
+        n.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
 
 fn strip_hop_by_hop(h: &mut HeaderMap) {
-    if let Some(conn) = h.get(header::CONNECTION) {
-        let listed: Vec<HeaderName> = conn
-            .to_str()
-            .unwrap_or("")
-            .split(',')
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-            .collect();
-        for name in listed {
-            h.remove(name);
+    // One pass over the names; most messages carry none or one of them.
+    let mut found: Vec<HeaderName> = Vec::new();
+    for name in h.keys() {
+        if is_hop_by_hop(name) {
+            found.push(name.clone());
         }
     }
-    for name in &HOP_BY_HOP {
+    if found.is_empty() {
+        return;
+    }
+    if let Some(conn) = h.get(header::CONNECTION) {
+        for t in conn.to_str().unwrap_or("").split(',') {
+            let t = t.trim();
+            if !t.is_empty() && !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive") {
+                if let Ok(name) = HeaderName::from_bytes(t.as_bytes()) {
+                    found.push(name);
+                }
+            }
+        }
+    }
+    for name in found {
         h.remove(name);
     }
-    h.remove(header::UPGRADE);
 }
 
 fn is_upgrade(h: &HeaderMap) -> bool {
@@ -148,7 +164,11 @@ fn add_forwarded(h: &mut HeaderMap, peer: &Peer) {
         h.insert(X_FORWARDED_FOR, peer.xff.clone());
     }
     h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-    append_list(h, FORWARDED, peer.forwarded.as_bytes());
+    if h.contains_key(&FORWARDED) {
+        append_list(h, FORWARDED, peer.forwarded.as_bytes());
+    } else {
+        h.insert(FORWARDED, peer.forwarded.clone());
+    }
 }
 
 fn idempotent(m: &Method) -> bool {
