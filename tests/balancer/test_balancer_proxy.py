@@ -76,9 +76,9 @@ def test_http10_keep_alive(lb):
             assert f.read(int(headers["content-length"])) == pattern(1000)
 
 
-@pytest.mark.skipif(shutil.which("ab") is None, reason="ab (apache2-utils) is installed by scripts/test")
 @pytest.mark.parametrize("size", [1024, 300 * 1024])
 def test_ab_http10_no_keepalive_zero_failures(backends, proxy, size):
+    assert shutil.which("ab"), "ab (apache2-utils) is installed by scripts/test"
     lb = proxy(backends(4), workers=2)
     out = subprocess.run(
         ["ab", "-n", "300", "-c", "10", f"http://127.0.0.1:{port_of(lb)}/size/{size}"],
@@ -240,3 +240,46 @@ def test_admin_down_backends_answer_503(lb):
     assert get(port_of(lb), "/size/1")[0] == 503
     lb.set_backend_state(lb.backends()[0]["name"], "up")
     assert get(port_of(lb), "/size/1")[0] == 200
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_large_bodies_stream_in_constant_memory(lb):
+    """The proxy runs in this process: its RSS must not grow with the body."""
+    size = 256 * 1024 * 1024
+    c = http.client.HTTPConnection("127.0.0.1", port_of(lb), timeout=60)
+    c.request("GET", f"/size/{size}")
+    r = c.getresponse()
+    before = _rss_kib()
+    got = 0
+    while chunk := r.read(1 << 20):
+        got += len(chunk)
+    grown = _rss_kib() - before
+    c.close()
+    assert got == size
+    assert grown < 64 * 1024, f"RSS grew by {grown} KiB while streaming {size} bytes"
+
+    up = 128 * 1024 * 1024
+    block = pattern(1 << 20)
+
+    def body():
+        for _ in range(up // len(block)):
+            yield block
+
+    c = http.client.HTTPConnection("127.0.0.1", port_of(lb), timeout=60)
+    before = _rss_kib()
+    c.request("POST", "/echo", body=body(), headers={"Content-Length": str(up)})
+    r = c.getresponse()
+    n = 0
+    while chunk := r.read(1 << 20):
+        n += len(chunk)
+    grown = _rss_kib() - before
+    c.close()
+    assert r.getheader("x-received-length") == str(up) and n == up
+    assert grown < 64 * 1024, f"RSS grew by {grown} KiB while uploading {up} bytes"
