@@ -240,8 +240,6 @@ class BalancerConfig:
         for name in ("max_header_bytes", "pool_max_idle", "pool_idle_timeout"):
             if getattr(self.limits, name) != getattr(other.limits, name):
                 out.append(f"limits.{name}")
-        if self.timeouts.connect != other.timeouts.connect:
-            out.append("timeouts.connect")
         return out
 
     def with_backends(self, backends: list[BackendConfig]) -> BalancerConfig:
