@@ -199,3 +199,38 @@ def test_drain_finishes_in_flight_then_stops(backends, proxy):
     except OSError:
         refused = True
     assert refused
+
+
+def test_response_timeout_is_504_and_counts_from_end_of_upload(backends, proxy):
+    b = backends(1)
+    lb = proxy(b, response_timeout=0.5, eject_after=0)
+    assert _get(lb.address[1], "/slow?ms=3000")[0] == 504
+    assert lb.stats()["timeouts"] == 1
+
+    # An upload slower than the response timeout still succeeds.
+    block = pattern(256 * 1024)
+
+    def slow_body():
+        for _ in range(8):
+            yield block
+            time.sleep(0.2)  # a slow client: 1.6 s of upload against a 0.5 s timeout
+
+    c = http.client.HTTPConnection("127.0.0.1", lb.address[1], timeout=30)
+    c.request("POST", "/echo", body=slow_body(), headers={"Content-Length": str(8 * len(block))})
+    r = c.getresponse()
+    assert r.status == 200 and r.read() == block * 8
+    c.close()
+
+
+def test_client_abort_is_not_a_backend_failure(backends, proxy):
+    import socket
+
+    b = backends(1)
+    lb = proxy(b, eject_after=1)
+    with socket.create_connection(("127.0.0.1", lb.address[1]), timeout=10) as s:
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 100_000)
+        wait_until(lambda: lb.backends()[0]["active"] == 1)
+    wait_until(lambda: lb.backends()[0]["active"] == 0)
+    assert lb.backends()[0]["failures"] == 0
+    assert lb.backends()[0]["state"] == "up"
+    assert _get(lb.address[1], "/whoami") == (200, b"b0")

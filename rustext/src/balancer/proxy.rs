@@ -175,9 +175,17 @@ fn idempotent(m: &Method) -> bool {
     matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
 }
 
+/// How far a request body got: lets the response timeout wait for a long
+/// upload, and tells a client abort from a backend failure.
+#[derive(Default)]
+pub struct Progress {
+    frames: std::sync::atomic::AtomicU64,
+    client_failed: std::sync::atomic::AtomicBool,
+}
+
 /// The request body sent to a backend: the client's, counted, or nothing.
 pub enum ReqBody {
-    Client(Incoming, Arc<WorkerStats>),
+    Client(Incoming, Arc<WorkerStats>, Arc<Progress>),
     Empty,
 }
 
@@ -187,12 +195,17 @@ impl Body for ReqBody {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
-            ReqBody::Client(b, stats) => {
+            ReqBody::Client(b, stats, progress) => {
                 let r = Pin::new(b).poll_frame(cx);
-                if let Poll::Ready(Some(Ok(f))) = &r {
-                    if let Some(d) = f.data_ref() {
-                        stats.bytes_in.fetch_add(d.len() as u64, Relaxed);
+                match &r {
+                    Poll::Ready(Some(Ok(f))) => {
+                        if let Some(d) = f.data_ref() {
+                            stats.bytes_in.fetch_add(d.len() as u64, Relaxed);
+                        }
+                        progress.frames.fetch_add(1, Relaxed);
                     }
+                    Poll::Ready(Some(Err(_))) => progress.client_failed.store(true, Relaxed),
+                    _ => {}
                 }
                 r
             }
@@ -201,13 +214,13 @@ impl Body for ReqBody {
     }
     fn is_end_stream(&self) -> bool {
         match self {
-            ReqBody::Client(b, _) => b.is_end_stream(),
+            ReqBody::Client(b, _, _) => b.is_end_stream(),
             ReqBody::Empty => true,
         }
     }
     fn size_hint(&self) -> SizeHint {
         match self {
-            ReqBody::Client(b, _) => b.size_hint(),
+            ReqBody::Client(b, _, _) => b.size_hint(),
             ReqBody::Empty => SizeHint::with_exact(0),
         }
     }
@@ -363,7 +376,14 @@ enum Outcome {
 
 /// One backend attempt: a pooled connection, or a new one if the pooled
 /// connection turns out closed before the request was written.
-async fn send(w: &Worker, b: &Backend, mut req: Request<ReqBody>, connect: Duration, wait: Duration) -> Outcome {
+async fn send(
+    w: &Worker,
+    b: &Backend,
+    mut req: Request<ReqBody>,
+    connect: Duration,
+    wait: Duration,
+    progress: Option<&Progress>,
+) -> Outcome {
     let mut reused_failed = false;
     loop {
         let got = if reused_failed {
@@ -375,9 +395,23 @@ async fn send(w: &Worker, b: &Backend, mut req: Request<ReqBody>, connect: Durat
             Ok(x) => x,
             Err(f) => return Outcome::Unsent(req, f),
         };
-        match tokio::time::timeout(wait, tx.try_send_request(req)).await {
-            Ok(Ok(resp)) => return Outcome::Response(resp, tx),
-            Ok(Err(mut e)) => match e.take_message() {
+        let exchange = tx.try_send_request(req);
+        tokio::pin!(exchange);
+        // The response timeout counts from the end of the upload: while the
+        // request body keeps moving, the wait is extended.
+        let mut seen = progress.map_or(0, |p| p.frames.load(Relaxed));
+        let result = loop {
+            match tokio::time::timeout(wait, &mut exchange).await {
+                Ok(r) => break Some(r),
+                Err(_) => match progress.map(|p| p.frames.load(Relaxed)) {
+                    Some(now) if now != seen => seen = now,
+                    _ => break None,
+                },
+            }
+        };
+        match result {
+            Some(Ok(resp)) => return Outcome::Response(resp, tx),
+            Some(Err(mut e)) => match e.take_message() {
                 Some(r) if reused => {
                     // The backend closed an idle connection: not its failure.
                     req = r;
@@ -386,7 +420,7 @@ async fn send(w: &Worker, b: &Backend, mut req: Request<ReqBody>, connect: Durat
                 Some(r) => return Outcome::Unsent(r, Fail::Reset),
                 None => return Outcome::Sent(Fail::Reset),
             },
-            Err(_) => return Outcome::Sent(Fail::Timeout),
+            None => return Outcome::Sent(Fail::Timeout),
         }
     }
 }
@@ -410,6 +444,7 @@ async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Peer, mut req: Request<I
 
     let empty = body.is_end_stream();
     let mut body = if empty { None } else { Some(body) };
+    let progress = if empty { None } else { Some(Arc::new(Progress::default())) };
     // Idempotent body-less requests may be replayed after a reset; any
     // request moves on to another backend while nothing of it was sent.
     let retryable = empty && idempotent(&method) && !upgrade;
@@ -451,7 +486,7 @@ async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Peer, mut req: Request<I
                 // Keep a copy of the head only while a replay may still be needed.
                 let keep = retryable && attempt + 1 < attempts;
                 let mut r = Request::new(match body.take() {
-                    Some(b) => ReqBody::Client(b, w.stats.clone()),
+                    Some(b) => ReqBody::Client(b, w.stats.clone(), progress.clone().unwrap_or_default()),
                     None => ReqBody::Empty,
                 });
                 *r.method_mut() = method.clone();
@@ -472,7 +507,7 @@ async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Peer, mut req: Request<I
         if let Some(d) = deadline {
             wait = wait.min(d.saturating_duration_since(Instant::now()));
         }
-        match send(w, &backend, breq, s.connect_timeout, wait).await {
+        match send(w, &backend, breq, s.connect_timeout, wait, progress.as_deref()).await {
             Outcome::Response(mut resp, tx) => {
                 backend.record_success();
                 let class = (resp.status().as_u16() / 100).clamp(1, 5) as usize - 1;
@@ -517,6 +552,10 @@ async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Peer, mut req: Request<I
                 // A timed-out request may have had effects: never replayed.
                 w.stats.timeouts.fetch_add(1, Relaxed);
                 return error_response(StatusCode::GATEWAY_TIMEOUT, "backend timeout\n");
+            }
+            Outcome::Sent(_) if progress.as_ref().is_some_and(|p| p.client_failed.load(Relaxed)) => {
+                // The client broke off its upload: not the backend's fault.
+                return error_response(StatusCode::BAD_REQUEST, "incomplete request body\n");
             }
             Outcome::Sent(f) => {
                 backend.record_failure(s.eject_after, s.eject_cooldown);
