@@ -1,13 +1,18 @@
 //! Keep-alive connections to backends, one pool per worker thread.
 //!
-//! A connection goes back to the pool only once its response body has been
-//! read to the end (a connection left mid-message is closed, never reused);
-//! idle ones are dropped past `idle_timeout` and beyond `max_idle` per
-//! backend. Only the owning worker's tasks touch a pool, so its lock is
+//! A backend connection is driven inline by the request that uses it (no
+//! task of its own: the client connection's task polls both sockets, as an
+//! event loop would), and goes back to the pool only once its response body
+//! has been read to the end; a connection left mid-message is closed, never
+//! reused. Idle ones are dropped past `idle_timeout` and beyond `max_idle`
+//! per backend. Only the owning worker's tasks touch a pool, so its lock is
 //! never contended.
 
 use std::collections::HashMap;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::sync::Mutex;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use hyper::client::conn::http1::{self, SendRequest};
@@ -18,6 +23,7 @@ use super::proxy::ReqBody;
 use super::upstream::Backend;
 
 pub type Sender = SendRequest<ReqBody>;
+type Driver = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
 
 /// Why a backend could not be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,8 +34,51 @@ pub enum Fail {
     Timeout,
 }
 
+/// One HTTP/1.1 connection to a backend: the request handle and the
+/// connection's state machine, which whoever waits on it must poll.
+pub struct BackendConn {
+    pub tx: Sender,
+    /// Dropped as soon as it finishes: that closes the response body
+    /// channel, so a reader of a cut-off body sees the error at once.
+    conn: Option<Driver>,
+    done: bool,
+}
+
+impl BackendConn {
+    /// Move the connection's I/O forward (write requests, read responses).
+    #[inline]
+    pub fn drive(&mut self, cx: &mut Context<'_>) {
+        if let Some(c) = self.conn.as_mut() {
+            if c.as_mut().poll(cx).is_ready() {
+                self.conn = None;
+                self.done = true;
+            }
+        }
+    }
+
+    /// Run the connection to its end on a task of its own (upgrades).
+    pub fn detach(self) {
+        if let Some(c) = self.conn {
+            tokio::spawn(c);
+        }
+    }
+
+    /// Ready for a new request (false if the connection ended meanwhile).
+    async fn ready(&mut self) -> bool {
+        poll_fn(|cx| {
+            self.drive(cx);
+            match self.tx.poll_ready(cx) {
+                Poll::Ready(r) => Poll::Ready(r.is_ok()),
+                Poll::Pending if self.done => Poll::Ready(false),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
+    }
+}
+
 struct Idle {
-    tx: Sender,
+    bc: BackendConn,
     since: Instant,
 }
 
@@ -44,38 +93,34 @@ impl Pool {
         Pool { idle: Mutex::new(HashMap::new()), max_idle, idle_timeout }
     }
 
-    fn usable(&self, i: &Idle, now: Instant) -> bool {
-        !i.tx.is_closed() && (self.idle_timeout.is_zero() || now.duration_since(i.since) < self.idle_timeout)
+    fn fresh(&self, i: &Idle, now: Instant) -> bool {
+        !i.bc.done && (self.idle_timeout.is_zero() || now.duration_since(i.since) < self.idle_timeout)
     }
 
-    fn take(&self, id: u64) -> Option<Sender> {
+    fn take(&self, id: u64) -> Option<BackendConn> {
         let mut g = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = g.get_mut(&id)?;
         let now = Instant::now();
         while let Some(i) = list.pop() {
-            if self.usable(&i, now) {
-                return Some(i.tx);
+            if self.fresh(&i, now) {
+                return Some(i.bc);
             }
         }
         None
     }
 
     /// A pooled connection (`true`) or a new one (`false`).
-    pub async fn acquire(&self, b: &Backend, connect_timeout: Duration) -> Result<(Sender, bool), Fail> {
-        while let Some(mut tx) = self.take(b.id) {
-            if tx.is_ready() {
-                return Ok((tx, true));
-            }
-            // Just returned: its connection task has yet to see the end of
-            // the previous exchange; that is one scheduler turn away.
-            if tx.ready().await.is_ok() {
-                return Ok((tx, true));
+    pub async fn acquire(&self, b: &Backend, connect_timeout: Duration) -> Result<(BackendConn, bool), Fail> {
+        while let Some(mut bc) = self.take(b.id) {
+            // One poll tells whether the backend closed it while idle.
+            if bc.ready().await {
+                return Ok((bc, true));
             }
         }
-        self.connect(b, connect_timeout).await.map(|tx| (tx, false))
+        self.connect(b, connect_timeout).await.map(|bc| (bc, false))
     }
 
-    pub async fn connect(&self, b: &Backend, timeout: Duration) -> Result<Sender, Fail> {
+    pub async fn connect(&self, b: &Backend, timeout: Duration) -> Result<BackendConn, Fail> {
         let stream = match tokio::time::timeout(timeout, TcpStream::connect(b.addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(_)) => return Err(Fail::Connect),
@@ -86,31 +131,35 @@ impl Pool {
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|_| Fail::Connect)?;
-        tokio::spawn(async move {
-            let _ = conn.with_upgrades().await;
-        });
-        Ok(tx)
+        Ok(BackendConn { tx, conn: Some(Box::pin(conn.with_upgrades())), done: false })
     }
 
     /// Return a connection whose exchange finished cleanly.
-    pub fn put(&self, id: u64, tx: Sender) {
-        if tx.is_closed() || self.max_idle == 0 {
+    pub fn put(&self, id: u64, bc: BackendConn) {
+        if bc.done || self.max_idle == 0 {
             return;
         }
         let mut g = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = g.entry(id).or_default();
         if list.len() < self.max_idle {
-            list.push(Idle { tx, since: Instant::now() });
+            list.push(Idle { bc, since: Instant::now() });
         }
     }
 
-    /// Drop closed and expired connections (run periodically).
+    /// Drop expired connections (run periodically).
     pub fn sweep(&self) {
         let now = Instant::now();
         let mut g = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         g.retain(|_, list| {
-            list.retain(|i| self.usable(i, now));
+            list.retain(|i| self.fresh(i, now));
             !list.is_empty()
         });
     }
+}
+
+/// Poll `fut` while driving `bc`, so that the request goes out and the
+/// response comes in on this task.
+pub fn poll_with<F: Future + Unpin>(bc: &mut BackendConn, fut: &mut F, cx: &mut Context<'_>) -> Poll<F::Output> {
+    bc.drive(cx);
+    Pin::new(fut).poll(cx)
 }

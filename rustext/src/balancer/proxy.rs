@@ -24,7 +24,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Sleep;
 
 use super::config::Config;
-use super::pool::{Fail, Pool, Sender};
+use super::pool::{poll_with, BackendConn, Fail, Pool};
 use super::stats::WorkerStats;
 use super::upstream::{Backend, Key, Upstream};
 
@@ -255,8 +255,9 @@ pub struct Streaming {
     inner: Incoming,
     lease: Option<Lease>,
     worker: Arc<Worker>,
-    /// The backend connection, pooled again if the body ends cleanly.
-    conn: Option<Sender>,
+    /// The backend connection (driven from here), pooled again if the
+    /// body ends cleanly.
+    conn: Option<BackendConn>,
     deadline: Option<Pin<Box<Sleep>>>,
     bytes: u64,
     eject: (u32, Duration),
@@ -268,9 +269,9 @@ impl Streaming {
             lease.backend.stats.bytes_out.fetch_add(self.bytes, Relaxed);
             self.worker.stats.bytes_out.fetch_add(self.bytes, Relaxed);
             self.bytes = 0;
-            if let Some(tx) = self.conn.take() {
+            if let Some(bc) = self.conn.take() {
                 if clean {
-                    self.worker.pool.put(lease.backend.id, tx);
+                    self.worker.pool.put(lease.backend.id, bc);
                 }
             }
         }
@@ -309,7 +310,15 @@ impl Body for RespBody {
                         return Poll::Ready(Some(Err(Box::new(TotalTimeout))));
                     }
                 }
-                match Pin::new(&mut s.inner).poll_frame(cx) {
+                let mut polled = Pin::new(&mut s.inner).poll_frame(cx);
+                if polled.is_pending() {
+                    // Our task drives the backend connection: read more.
+                    if let Some(bc) = s.conn.as_mut() {
+                        bc.drive(cx);
+                        polled = Pin::new(&mut s.inner).poll_frame(cx);
+                    }
+                }
+                match polled {
                     Poll::Ready(Some(Ok(f))) => {
                         if let Some(d) = f.data_ref() {
                             s.bytes += d.len() as u64;
@@ -367,7 +376,7 @@ pub async fn handle(w: Arc<Worker>, peer: Arc<Peer>, req: Request<Incoming>) -> 
 }
 
 enum Outcome {
-    Response(Response<Incoming>, Sender),
+    Response(Response<Incoming>, BackendConn),
     /// Nothing was sent: the request can go to another backend as it is.
     Unsent(Request<ReqBody>, Fail),
     /// The request (or part of it) went out, then the exchange failed.
@@ -391,17 +400,18 @@ async fn send(
         } else {
             w.pool.acquire(b, connect).await
         };
-        let (mut tx, reused) = match got {
+        let (mut bc, reused) = match got {
             Ok(x) => x,
             Err(f) => return Outcome::Unsent(req, f),
         };
-        let exchange = tx.try_send_request(req);
+        let exchange = bc.tx.try_send_request(req);
         tokio::pin!(exchange);
         // The response timeout counts from the end of the upload: while the
         // request body keeps moving, the wait is extended.
         let mut seen = progress.map_or(0, |p| p.frames.load(Relaxed));
         let result = loop {
-            match tokio::time::timeout(wait, &mut exchange).await {
+            let step = std::future::poll_fn(|cx| poll_with(&mut bc, &mut exchange.as_mut(), cx));
+            match tokio::time::timeout(wait, step).await {
                 Ok(r) => break Some(r),
                 Err(_) => match progress.map(|p| p.frames.load(Relaxed)) {
                     Some(now) if now != seen => seen = now,
@@ -410,7 +420,7 @@ async fn send(
             }
         };
         match result {
-            Some(Ok(resp)) => return Outcome::Response(resp, tx),
+            Some(Ok(resp)) => return Outcome::Response(resp, bc),
             Some(Err(mut e)) => match e.take_message() {
                 Some(r) if reused => {
                     // The backend closed an idle connection: not its failure.
@@ -508,13 +518,14 @@ async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Peer, mut req: Request<I
             wait = wait.min(d.saturating_duration_since(Instant::now()));
         }
         match send(w, &backend, breq, s.connect_timeout, wait, progress.as_deref()).await {
-            Outcome::Response(mut resp, tx) => {
+            Outcome::Response(mut resp, bc) => {
                 backend.record_success();
                 let class = (resp.status().as_u16() / 100).clamp(1, 5) as usize - 1;
                 backend.stats.responses[class].fetch_add(1, Relaxed);
                 if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                     if let Some(client_side) = client_upgrade.take() {
                         let backend_side = hyper::upgrade::on(&mut resp);
+                        bc.detach();
                         tokio::spawn(async move {
                             let _lease = lease;
                             if let (Ok(c), Ok(b)) = (client_side.await, backend_side.await) {
@@ -535,7 +546,7 @@ async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Peer, mut req: Request<I
                     inner,
                     lease: Some(lease),
                     worker: w.clone(),
-                    conn: Some(tx),
+                    conn: Some(bc),
                     deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
                     bytes: 0,
                     eject: (s.eject_after, s.eject_cooldown),

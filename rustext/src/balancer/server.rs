@@ -8,6 +8,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
@@ -222,6 +223,34 @@ impl Drop for Balancer {
     }
 }
 
+/// What the worker's housekeeping task may ask of a client connection.
+#[derive(Default)]
+struct ConnCtl {
+    /// Set by every read or write (see [`Watched`]).
+    active: AtomicBool,
+    /// Finish the exchange in flight, then close.
+    close: AtomicBool,
+    waker: Mutex<Option<std::task::Waker>>,
+}
+
+impl ConnCtl {
+    fn ask_close(&self) {
+        self.close.store(true, Relaxed);
+        if let Some(w) = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            w.wake();
+        }
+    }
+}
+
+/// The live client connections of one worker: the housekeeping task closes
+/// idle ones and, on drain, all of them (so a connection's own task polls
+/// nothing but its connection).
+#[derive(Default)]
+struct Conns {
+    next: std::sync::atomic::AtomicU64,
+    map: Mutex<std::collections::HashMap<u64, Arc<ConnCtl>>>,
+}
+
 async fn worker_main(
     shared: Arc<Shared>,
     stats: Arc<WorkerStats>,
@@ -235,14 +264,31 @@ async fn worker_main(
     let cfg = &shared.config;
     let pool = Pool::new(cfg.pool_max_idle, cfg.pool_idle_timeout);
     let worker = Arc::new(Worker { pool, shared: shared.clone(), stats: stats.clone() });
+    let conns = Arc::new(Conns::default());
     let sweep_every = if cfg.pool_idle_timeout.is_zero() { Duration::from_secs(30) } else { cfg.pool_idle_timeout / 2 };
     let mut sweep = tokio::time::interval(sweep_every.max(Duration::from_millis(100)));
+    let idle = cfg.idle_timeout;
+    let mut idle_tick = tokio::time::interval(if idle.is_zero() { Duration::from_secs(3600) } else { idle / 2 });
+    idle_tick.tick().await;
     loop {
         tokio::select! {
             _ = sweep.tick() => worker.pool.sweep(),
+            _ = idle_tick.tick(), if !idle.is_zero() => {
+                // Two ticks (idle/2 each) without a read or write: idle.
+                let map = conns.map.lock().unwrap_or_else(|e| e.into_inner());
+                for ctl in map.values() {
+                    if !ctl.active.swap(false, Relaxed) {
+                        ctl.ask_close();
+                    }
+                }
+            }
             r = listener.accept() => match r {
                 Ok((sock, peer)) => {
-                    tokio::spawn(serve_conn(worker.clone(), sock, peer, stop.clone()));
+                    // Registered here, so a drain that starts next sees it.
+                    let ctl = Arc::new(ConnCtl::default());
+                    let id = conns.next.fetch_add(1, Relaxed);
+                    conns.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl.clone());
+                    tokio::spawn(serve_conn(worker.clone(), conns.clone(), id, ctl, sock, peer));
                 }
                 // Out of descriptors or similar: back off instead of spinning.
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
@@ -251,6 +297,9 @@ async fn worker_main(
         }
     }
     drop(listener);
+    for ctl in conns.map.lock().unwrap_or_else(|e| e.into_inner()).values() {
+        ctl.ask_close();
+    }
     let deadline = stop.borrow().unwrap_or_else(Instant::now);
     while stats.connections_active.load(Relaxed) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -260,7 +309,7 @@ async fn worker_main(
 /// Marks the connection as active on every read or write (idle timeout).
 struct Watched {
     io: TcpStream,
-    active: Arc<AtomicBool>,
+    ctl: Arc<ConnCtl>,
 }
 
 impl AsyncRead for Watched {
@@ -268,7 +317,7 @@ impl AsyncRead for Watched {
         let me = self.get_mut();
         let r = Pin::new(&mut me.io).poll_read(cx, buf);
         if r.is_ready() {
-            me.active.store(true, Relaxed);
+            me.ctl.active.store(true, Relaxed);
         }
         r
     }
@@ -279,7 +328,7 @@ impl AsyncWrite for Watched {
         let me = self.get_mut();
         let r = Pin::new(&mut me.io).poll_write(cx, buf);
         if r.is_ready() {
-            me.active.store(true, Relaxed);
+            me.ctl.active.store(true, Relaxed);
         }
         r
     }
@@ -287,7 +336,7 @@ impl AsyncWrite for Watched {
         let me = self.get_mut();
         let r = Pin::new(&mut me.io).poll_write_vectored(cx, bufs);
         if r.is_ready() {
-            me.active.store(true, Relaxed);
+            me.ctl.active.store(true, Relaxed);
         }
         r
     }
@@ -309,14 +358,13 @@ impl Drop for ConnCount {
     }
 }
 
-async fn serve_conn(w: Arc<Worker>, sock: TcpStream, peer: SocketAddr, mut stop: watch::Receiver<Option<Instant>>) {
+async fn serve_conn(w: Arc<Worker>, conns: Arc<Conns>, id: u64, ctl: Arc<ConnCtl>, sock: TcpStream, peer: SocketAddr) {
     w.stats.connections_total.fetch_add(1, Relaxed);
     w.stats.connections_active.fetch_add(1, Relaxed);
     let _count = ConnCount(w.stats.clone());
     let _ = sock.set_nodelay(true);
     let cfg = &w.shared.config;
-    let active = Arc::new(AtomicBool::new(true));
-    let io = TokioIo::new(Watched { io: sock, active: active.clone() });
+    let io = TokioIo::new(Watched { io: sock, ctl: ctl.clone() });
     let peer = Arc::new(Peer::new(peer));
     let worker = w.clone();
     let svc = service_fn(move |req| handle(worker.clone(), peer.clone(), req));
@@ -327,24 +375,20 @@ async fn serve_conn(w: Arc<Worker>, sock: TcpStream, peer: SocketAddr, mut stop:
     }
     let conn = builder.serve_connection(io, svc).with_upgrades();
     tokio::pin!(conn);
-    let idle = cfg.idle_timeout;
-    let mut closing = stop.borrow().is_some();
-    if closing {
-        conn.as_mut().graceful_shutdown();
-    }
-    loop {
-        tokio::select! {
-            _ = conn.as_mut() => break,
-            _ = tokio::time::sleep(idle), if !idle.is_zero() && !closing => {
-                if !active.swap(false, Relaxed) {
-                    closing = true;
-                    conn.as_mut().graceful_shutdown();
-                }
-            }
-            _ = stop.changed(), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
-            }
+    let mut closing = false;
+    let mut registered = false;
+    let _ = std::future::poll_fn(|cx| {
+        if !registered {
+            // A spawned task's waker stays the same: stored once.
+            *ctl.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+            registered = true;
         }
-    }
+        if !closing && ctl.close.load(Relaxed) {
+            closing = true;
+            conn.as_mut().graceful_shutdown();
+        }
+        conn.as_mut().poll(cx)
+    })
+    .await;
+    conns.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
 }
