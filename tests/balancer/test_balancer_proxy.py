@@ -283,3 +283,20 @@ def test_large_bodies_stream_in_constant_memory(lb):
     c.close()
     assert r.getheader("x-received-length") == str(up) and n == up
     assert grown < 64 * 1024, f"RSS grew by {grown} KiB while uploading {up} bytes"
+
+
+def test_idle_keep_alive_closed_after_idle_timeout_not_header_timeout(backends, proxy):
+    lb = proxy(backends(1), idle_timeout=0.4, header_timeout=0.2)
+    with socket.create_connection(("127.0.0.1", port_of(lb)), timeout=10) as s:
+        f = s.makefile("rb")
+        s.sendall(b"GET /size/10 HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert f.readline().startswith(b"HTTP/1.1 200")
+        while f.readline() != b"\r\n":
+            pass
+        assert f.read(10) == pattern(10)
+        # Waiting for the next request is idleness, not a slow head: the
+        # connection outlives the header timeout, then the idle one closes it.
+        start = time.monotonic()
+        assert s.recv(1) == b""
+        assert time.monotonic() - start >= 0.2
+        f.close()

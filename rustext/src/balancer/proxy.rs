@@ -11,7 +11,8 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,84 @@ pub struct Worker {
     pub shared: Arc<Shared>,
     pub stats: Arc<WorkerStats>,
     pub pool: Pool,
+    pub clock: Clock,
+}
+
+/// A coarse clock advanced by the worker's housekeeping tick (ms, from 1).
+pub struct Clock {
+    start: Instant,
+    ms: AtomicU64,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock { start: Instant::now(), ms: AtomicU64::new(1) }
+    }
+}
+
+impl Clock {
+    #[inline]
+    pub fn now(&self) -> u64 {
+        self.ms.load(Relaxed)
+    }
+    pub fn advance(&self) -> u64 {
+        let ms = self.start.elapsed().as_millis() as u64 + 1;
+        self.ms.store(ms, Relaxed);
+        ms
+    }
+}
+
+/// What the worker's housekeeping knows of one client connection, and what
+/// it may ask of it.
+#[derive(Default)]
+pub struct ConnCtl {
+    /// Set by every read or write (idle timeout).
+    pub active: AtomicBool,
+    /// A request is being handled (from its head to the end of its response).
+    busy: AtomicBool,
+    /// Coarse time the current request head started to arrive (0: none).
+    head_since: AtomicU64,
+    /// Finish the exchange in flight, then close.
+    pub close: AtomicBool,
+    /// Close now (slowloris).
+    pub abort: AtomicBool,
+    pub waker: Mutex<Option<std::task::Waker>>,
+}
+
+impl ConnCtl {
+    /// Bytes arrived: outside a request they start a request head.
+    #[inline]
+    pub fn reading(&self, now: u64) {
+        if !self.busy.load(Relaxed) && self.head_since.load(Relaxed) == 0 {
+            self.head_since.store(now, Relaxed);
+        }
+    }
+    #[inline]
+    fn begin(&self) {
+        self.busy.store(true, Relaxed);
+        self.head_since.store(0, Relaxed);
+    }
+    #[inline]
+    fn end(&self) {
+        self.busy.store(false, Relaxed);
+    }
+    pub fn head_overdue(&self, now: u64, limit: Duration) -> bool {
+        let since = self.head_since.load(Relaxed);
+        since != 0 && !self.busy.load(Relaxed) && now.saturating_sub(since) > limit.as_millis() as u64
+    }
+    fn wake(&self) {
+        if let Some(w) = self.waker.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            w.wake_by_ref();
+        }
+    }
+    pub fn ask_close(&self) {
+        self.close.store(true, Relaxed);
+        self.wake();
+    }
+    pub fn ask_abort(&self) {
+        self.abort.store(true, Relaxed);
+        self.wake();
+    }
 }
 
 /// Per client connection, computed once: the peer and its forwarding headers.
@@ -59,10 +138,11 @@ pub struct Peer {
     pub ip: IpAddr,
     xff: HeaderValue,
     forwarded: HeaderValue,
+    ctl: Arc<ConnCtl>,
 }
 
 impl Peer {
-    pub fn new(addr: SocketAddr) -> Self {
+    pub fn new(addr: SocketAddr, ctl: Arc<ConnCtl>) -> Self {
         let ip = addr.ip();
         let text = ip.to_string();
         let forwarded = match ip {
@@ -73,6 +153,7 @@ impl Peer {
             ip,
             xff: HeaderValue::from_str(&text).expect("an IP is a valid header value"),
             forwarded: HeaderValue::from_str(&forwarded).expect("for=IP;proto=http is a valid header value"),
+            ctl,
         }
     }
 }
@@ -255,6 +336,7 @@ pub struct Streaming {
     inner: Incoming,
     lease: Option<Lease>,
     worker: Arc<Worker>,
+    peer: Arc<Peer>,
     /// The backend connection (driven from here), pooled again if the
     /// body ends cleanly.
     conn: Option<BackendConn>,
@@ -266,6 +348,7 @@ pub struct Streaming {
 impl Streaming {
     fn finish(&mut self, clean: bool) {
         if let Some(lease) = self.lease.take() {
+            self.peer.ctl.end();
             lease.backend.stats.bytes_out.fetch_add(self.bytes, Relaxed);
             self.worker.stats.bytes_out.fetch_add(self.bytes, Relaxed);
             self.bytes = 0;
@@ -368,9 +451,16 @@ fn error_response(status: StatusCode, msg: &'static str) -> Response<RespBody> {
 /// hyper's service: every outcome is a response (errors become 502/503/504).
 pub async fn handle(w: Arc<Worker>, peer: Arc<Peer>, req: Request<Incoming>) -> Result<Response<RespBody>, Infallible> {
     let start = Instant::now();
+    peer.ctl.begin();
     w.stats.requests.fetch_add(1, Relaxed);
     let up = w.shared.upstream();
     let resp = forward(&w, &up, &peer, req, start).await;
+    if let RespBody::Full(_) = resp.body() {
+        // Answered here (or upgraded): nothing left to stream.
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            peer.ctl.end();
+        }
+    }
     w.stats.observe(resp.status().as_u16(), start.elapsed());
     Ok(resp)
 }
@@ -435,7 +525,7 @@ async fn send(
     }
 }
 
-async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Peer, mut req: Request<Incoming>, start: Instant) -> Response<RespBody> {
+async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Arc<Peer>, mut req: Request<Incoming>, start: Instant) -> Response<RespBody> {
     let s = &up.settings;
     let upgrade = is_upgrade(req.headers());
     let mut client_upgrade = if upgrade { Some(hyper::upgrade::on(&mut req)) } else { None };
@@ -546,6 +636,7 @@ async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Peer, mut req: Request<I
                     inner,
                     lease: Some(lease),
                     worker: w.clone(),
+                    peer: peer.clone(),
                     conn: Some(bc),
                     deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
                     bytes: 0,
@@ -603,14 +694,14 @@ mod tests {
         h.insert(header::HOST, HeaderValue::from_static("example.com"));
         h.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
         strip_hop_by_hop(&mut h);
-        add_forwarded(&mut h, &Peer::new("10.0.0.2:5".parse().unwrap()));
+        add_forwarded(&mut h, &Peer::new("10.0.0.2:5".parse().unwrap(), Arc::default()));
         assert!(h.get("x-secret").is_none() && h.get(header::TRANSFER_ENCODING).is_none());
         assert_eq!(h[header::HOST], "example.com");
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 10.0.0.2");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["forwarded"], "for=10.0.0.2;proto=http");
         let mut h6 = HeaderMap::new();
-        add_forwarded(&mut h6, &Peer::new("[::1]:5".parse().unwrap()));
+        add_forwarded(&mut h6, &Peer::new("[::1]:5".parse().unwrap(), Arc::default()));
         assert_eq!(h6["forwarded"], "for=\"[::1]\";proto=http");
     }
 

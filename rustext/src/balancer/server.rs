@@ -9,7 +9,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
@@ -25,7 +25,7 @@ use tokio::sync::watch;
 
 use super::config::{Config, Settings};
 use super::pool::Pool;
-use super::proxy::{handle, Peer, Shared, Worker};
+use super::proxy::{handle, Clock, ConnCtl, Peer, Shared, Worker};
 use super::stats::{Totals, WorkerStats};
 use super::upstream::{AdminState, Upstream};
 
@@ -223,25 +223,6 @@ impl Drop for Balancer {
     }
 }
 
-/// What the worker's housekeeping task may ask of a client connection.
-#[derive(Default)]
-struct ConnCtl {
-    /// Set by every read or write (see [`Watched`]).
-    active: AtomicBool,
-    /// Finish the exchange in flight, then close.
-    close: AtomicBool,
-    waker: Mutex<Option<std::task::Waker>>,
-}
-
-impl ConnCtl {
-    fn ask_close(&self) {
-        self.close.store(true, Relaxed);
-        if let Some(w) = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            w.wake();
-        }
-    }
-}
-
 /// The live client connections of one worker: the housekeeping task closes
 /// idle ones and, on drain, all of them (so a connection's own task polls
 /// nothing but its connection).
@@ -249,6 +230,18 @@ impl ConnCtl {
 struct Conns {
     next: std::sync::atomic::AtomicU64,
     map: Mutex<std::collections::HashMap<u64, Arc<ConnCtl>>>,
+}
+
+/// Housekeeping period: fine enough for the header timeout, at most 1 s.
+fn tick_period(cfg: &Config) -> Duration {
+    let mut t = Duration::from_secs(1);
+    if !cfg.header_timeout.is_zero() {
+        t = t.min(cfg.header_timeout / 4);
+    }
+    if !cfg.idle_timeout.is_zero() {
+        t = t.min(cfg.idle_timeout / 4);
+    }
+    t.max(Duration::from_millis(10))
 }
 
 async fn worker_main(
@@ -263,21 +256,34 @@ async fn worker_main(
     };
     let cfg = &shared.config;
     let pool = Pool::new(cfg.pool_max_idle, cfg.pool_idle_timeout);
-    let worker = Arc::new(Worker { pool, shared: shared.clone(), stats: stats.clone() });
+    let worker = Arc::new(Worker { pool, shared: shared.clone(), stats: stats.clone(), clock: Clock::default() });
     let conns = Arc::new(Conns::default());
     let sweep_every = if cfg.pool_idle_timeout.is_zero() { Duration::from_secs(30) } else { cfg.pool_idle_timeout / 2 };
     let mut sweep = tokio::time::interval(sweep_every.max(Duration::from_millis(100)));
+    // Timeouts of client connections are enforced here, from a coarse clock,
+    // rather than by a timer per connection or per request: re-arming timers
+    // on every request costs a wake-up syscall each time.
     let idle = cfg.idle_timeout;
-    let mut idle_tick = tokio::time::interval(if idle.is_zero() { Duration::from_secs(3600) } else { idle / 2 });
-    idle_tick.tick().await;
+    let header = cfg.header_timeout;
+    let period = tick_period(cfg);
+    let mut tick = tokio::time::interval(period);
+    let mut idle_checked = Instant::now();
+    tick.tick().await;
     loop {
         tokio::select! {
             _ = sweep.tick() => worker.pool.sweep(),
-            _ = idle_tick.tick(), if !idle.is_zero() => {
-                // Two ticks (idle/2 each) without a read or write: idle.
+            _ = tick.tick() => {
+                let now = worker.clock.advance();
+                let check_idle = !idle.is_zero() && idle_checked.elapsed() >= idle / 2;
+                if check_idle {
+                    idle_checked = Instant::now();
+                }
                 let map = conns.map.lock().unwrap_or_else(|e| e.into_inner());
                 for ctl in map.values() {
-                    if !ctl.active.swap(false, Relaxed) {
+                    if !header.is_zero() && ctl.head_overdue(now, header) {
+                        ctl.ask_abort(); // slowloris: no graceful anything
+                    } else if check_idle && !ctl.active.swap(false, Relaxed) {
+                        // Two checks (idle/2 apart) without a read or write.
                         ctl.ask_close();
                     }
                 }
@@ -310,14 +316,19 @@ async fn worker_main(
 struct Watched {
     io: TcpStream,
     ctl: Arc<ConnCtl>,
+    worker: Arc<Worker>,
 }
 
 impl AsyncRead for Watched {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let me = self.get_mut();
+        let before = buf.filled().len();
         let r = Pin::new(&mut me.io).poll_read(cx, buf);
         if r.is_ready() {
             me.ctl.active.store(true, Relaxed);
+            if buf.filled().len() > before {
+                me.ctl.reading(me.worker.clock.now());
+            }
         }
         r
     }
@@ -364,15 +375,13 @@ async fn serve_conn(w: Arc<Worker>, conns: Arc<Conns>, id: u64, ctl: Arc<ConnCtl
     let _count = ConnCount(w.stats.clone());
     let _ = sock.set_nodelay(true);
     let cfg = &w.shared.config;
-    let io = TokioIo::new(Watched { io: sock, ctl: ctl.clone() });
-    let peer = Arc::new(Peer::new(peer));
+    let io = TokioIo::new(Watched { io: sock, ctl: ctl.clone(), worker: w.clone() });
+    let peer = Arc::new(Peer::new(peer, ctl.clone()));
     let worker = w.clone();
     let svc = service_fn(move |req| handle(worker.clone(), peer.clone(), req));
     let mut builder = http1::Builder::new();
-    builder.timer(TokioTimer::new()).max_buf_size(cfg.max_header_bytes).keep_alive(true);
-    if !cfg.header_timeout.is_zero() {
-        builder.header_read_timeout(cfg.header_timeout);
-    }
+    // hyper's own header timer is off: see the housekeeping in worker_main.
+    builder.timer(TokioTimer::new()).max_buf_size(cfg.max_header_bytes).keep_alive(true).header_read_timeout(None);
     let conn = builder.serve_connection(io, svc).with_upgrades();
     tokio::pin!(conn);
     let mut closing = false;
@@ -383,11 +392,14 @@ async fn serve_conn(w: Arc<Worker>, conns: Arc<Conns>, id: u64, ctl: Arc<ConnCtl
             *ctl.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
             registered = true;
         }
+        if ctl.abort.load(Relaxed) {
+            return Poll::Ready(());
+        }
         if !closing && ctl.close.load(Relaxed) {
             closing = true;
             conn.as_mut().graceful_shutdown();
         }
-        conn.as_mut().poll(cx)
+        conn.as_mut().poll(cx).map(|_| ())
     })
     .await;
     conns.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
