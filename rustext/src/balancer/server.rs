@@ -57,6 +57,8 @@ fn listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
     sock.set_reuse_port(true)?;
+    // Accepted sockets inherit it on Linux: no setsockopt per connection.
+    sock.set_tcp_nodelay(true)?;
     sock.set_nonblocking(true)?;
     sock.bind(&addr.into())?;
     sock.listen(4096)?;
@@ -373,7 +375,9 @@ async fn serve_conn(w: Arc<Worker>, conns: Arc<Conns>, id: u64, ctl: Arc<ConnCtl
     w.stats.connections_total.fetch_add(1, Relaxed);
     w.stats.connections_active.fetch_add(1, Relaxed);
     let _count = ConnCount(w.stats.clone());
-    let _ = sock.set_nodelay(true);
+    if !cfg!(target_os = "linux") {
+        let _ = sock.set_nodelay(true);
+    }
     let cfg = &w.shared.config;
     let io = TokioIo::new(Watched { io: sock, ctl: ctl.clone(), worker: w.clone() });
     let peer = Arc::new(Peer::new(peer, ctl.clone()));
