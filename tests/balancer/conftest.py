@@ -47,3 +47,14 @@ def proxy() -> Iterator[Callable[..., rustext.Balancer]]:
         b.close()
 
 
+
+
+@pytest.fixture(scope="module")
+def proxy_session() -> Iterator[rustext.Balancer]:
+    """One backend and one proxy shared by a module (for property tests)."""
+    b = start_backend("b0")
+    lb = rustext.Balancer({"listen": "127.0.0.1:0", "workers": 1, "backends": [b.address], "header_timeout": 2})
+    lb.start()
+    yield lb
+    lb.close()
+    b.kill()
