@@ -25,7 +25,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Sleep;
 
 use super::config::Config;
-use super::pool::{poll_with, BackendConn, Fail, Pool};
+use super::pool::{BackendConn, Fail, Pool};
 use super::stats::WorkerStats;
 use super::upstream::{Backend, Key, Upstream};
 
@@ -337,8 +337,7 @@ pub struct Streaming {
     lease: Option<Lease>,
     worker: Arc<Worker>,
     peer: Arc<Peer>,
-    /// The backend connection (driven from here), pooled again if the
-    /// body ends cleanly.
+    /// The backend connection, pooled again if the body ends cleanly.
     conn: Option<BackendConn>,
     deadline: Option<Pin<Box<Sleep>>>,
     bytes: u64,
@@ -393,15 +392,7 @@ impl Body for RespBody {
                         return Poll::Ready(Some(Err(Box::new(TotalTimeout))));
                     }
                 }
-                let mut polled = Pin::new(&mut s.inner).poll_frame(cx);
-                if polled.is_pending() {
-                    // Our task drives the backend connection: read more.
-                    if let Some(bc) = s.conn.as_mut() {
-                        bc.drive(cx);
-                        polled = Pin::new(&mut s.inner).poll_frame(cx);
-                    }
-                }
-                match polled {
+                match Pin::new(&mut s.inner).poll_frame(cx) {
                     Poll::Ready(Some(Ok(f))) => {
                         if let Some(d) = f.data_ref() {
                             s.bytes += d.len() as u64;
@@ -500,8 +491,7 @@ async fn send(
         // request body keeps moving, the wait is extended.
         let mut seen = progress.map_or(0, |p| p.frames.load(Relaxed));
         let result = loop {
-            let step = std::future::poll_fn(|cx| poll_with(&mut bc, &mut exchange.as_mut(), cx));
-            match tokio::time::timeout(wait, step).await {
+            match tokio::time::timeout(wait, exchange.as_mut()).await {
                 Ok(r) => break Some(r),
                 Err(_) => match progress.map(|p| p.frames.load(Relaxed)) {
                     Some(now) if now != seen => seen = now,
@@ -615,7 +605,7 @@ async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Arc<Peer>, mut req: Requ
                 if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                     if let Some(client_side) = client_upgrade.take() {
                         let backend_side = hyper::upgrade::on(&mut resp);
-                        bc.detach();
+                        drop(bc);
                         tokio::spawn(async move {
                             let _lease = lease;
                             if let (Ok(c), Ok(b)) = (client_side.await, backend_side.await) {
