@@ -150,7 +150,9 @@ impl Config {
     pub fn new(listen: SocketAddr, settings: Settings) -> Self {
         Config {
             listen,
-            workers: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            workers: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_header_bytes: 65536,
@@ -165,7 +167,10 @@ impl Config {
             return Err(format!("workers must be in 1..=1024, got {}", self.workers));
         }
         if self.max_header_bytes < 8192 {
-            return Err(format!("max_header_bytes must be >= 8192, got {}", self.max_header_bytes));
+            return Err(format!(
+                "max_header_bytes must be >= 8192, got {}",
+                self.max_header_bytes
+            ));
         }
         self.settings.validate()
     }
@@ -179,7 +184,10 @@ impl Settings {
                 return Err(format!("backend {} listed twice", b.name));
             }
             if b.weight > 10_000 {
-                return Err(format!("backend {} weight {} is over 10000", b.name, b.weight));
+                return Err(format!(
+                    "backend {} weight {} is over 10000",
+                    b.name, b.weight
+                ));
             }
             parse_backend_addr(&b.name)?;
         }
@@ -214,17 +222,27 @@ mod tests {
 
     #[test]
     fn parses_names() {
-        assert_eq!(Algorithm::parse("least-connections").unwrap(), Algorithm::LeastConnections);
+        assert_eq!(
+            Algorithm::parse("least-connections").unwrap(),
+            Algorithm::LeastConnections
+        );
         assert!(Algorithm::parse("fastest").is_err());
         assert_eq!(HashKey::parse("path").unwrap(), HashKey::Path);
-        assert!(matches!(HashKey::parse("header:X-User").unwrap(), HashKey::Header(_)));
+        assert!(matches!(
+            HashKey::parse("header:X-User").unwrap(),
+            HashKey::Header(_)
+        ));
         assert!(HashKey::parse("header:bad name").is_err());
     }
 
     #[test]
     fn validates() {
         let mut s = Settings::default();
-        s.backends.push(BackendSpec { name: "127.0.0.1:80".into(), weight: 1, max_connections: 0 });
+        s.backends.push(BackendSpec {
+            name: "127.0.0.1:80".into(),
+            weight: 1,
+            max_connections: 0,
+        });
         let mut c = Config::new("127.0.0.1:0".parse().unwrap(), s.clone());
         assert!(c.validate().is_ok());
         c.max_header_bytes = 100;

@@ -60,11 +60,16 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(max_idle: usize, idle_timeout: Duration) -> Self {
-        Pool { idle: Mutex::new(HashMap::new()), max_idle, idle_timeout }
+        Pool {
+            idle: Mutex::new(HashMap::new()),
+            max_idle,
+            idle_timeout,
+        }
     }
 
     fn fresh(&self, i: &Idle, now: Instant) -> bool {
-        !i.bc.tx.is_closed() && (self.idle_timeout.is_zero() || now.duration_since(i.since) < self.idle_timeout)
+        !i.bc.tx.is_closed()
+            && (self.idle_timeout.is_zero() || now.duration_since(i.since) < self.idle_timeout)
     }
 
     fn take(&self, id: u64) -> Option<BackendConn> {
@@ -80,7 +85,11 @@ impl Pool {
     }
 
     /// A pooled connection (`true`) or a new one (`false`).
-    pub async fn acquire(&self, b: &Backend, connect_timeout: Duration) -> Result<(BackendConn, bool), Fail> {
+    pub async fn acquire(
+        &self,
+        b: &Backend,
+        connect_timeout: Duration,
+    ) -> Result<(BackendConn, bool), Fail> {
         while let Some(mut bc) = self.take(b.id) {
             if bc.ready().await {
                 return Ok((bc, true));
@@ -114,7 +123,10 @@ impl Pool {
         let mut g = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = g.entry(id).or_default();
         if list.len() < self.max_idle {
-            list.push(Idle { bc, since: Instant::now() });
+            list.push(Idle {
+                bc,
+                since: Instant::now(),
+            });
         }
     }
 

@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::PathAndQuery;
-use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http::{
+    header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
+};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::rt::TokioIo;
 use tokio::sync::OwnedSemaphorePermit;
@@ -26,7 +28,7 @@ use tokio::time::Sleep;
 
 use super::config::Config;
 use super::pool::{BackendConn, Fail, Pool};
-use super::stats::WorkerStats;
+use super::stats::{bump, WorkerStats};
 use super::upstream::{Backend, Key, Upstream};
 
 pub type BoxError = Box<dyn StdError + Send + Sync>;
@@ -44,7 +46,10 @@ pub struct Shared {
 impl Shared {
     #[inline]
     pub fn upstream(&self) -> Arc<Upstream> {
-        self.upstream.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.upstream
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -64,7 +69,10 @@ pub struct Clock {
 
 impl Default for Clock {
     fn default() -> Self {
-        Clock { start: Instant::now(), ms: AtomicU64::new(1) }
+        Clock {
+            start: Instant::now(),
+            ms: AtomicU64::new(1),
+        }
     }
 }
 
@@ -116,10 +124,17 @@ impl ConnCtl {
     }
     pub fn head_overdue(&self, now: u64, limit: Duration) -> bool {
         let since = self.head_since.load(Relaxed);
-        since != 0 && !self.busy.load(Relaxed) && now.saturating_sub(since) > limit.as_millis() as u64
+        since != 0
+            && !self.busy.load(Relaxed)
+            && now.saturating_sub(since) > limit.as_millis() as u64
     }
     fn wake(&self) {
-        if let Some(w) = self.waker.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        if let Some(w) = self
+            .waker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
             w.wake_by_ref();
         }
     }
@@ -152,7 +167,8 @@ impl Peer {
         Peer {
             ip,
             xff: HeaderValue::from_str(&text).expect("an IP is a valid header value"),
-            forwarded: HeaderValue::from_str(&forwarded).expect("for=IP;proto=http is a valid header value"),
+            forwarded: HeaderValue::from_str(&forwarded)
+                .expect("for=IP;proto=http is a valid header value"),
             ctl,
         }
     }
@@ -188,7 +204,10 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     if let Some(conn) = h.get(header::CONNECTION) {
         for t in conn.to_str().unwrap_or("").split(',') {
             let t = t.trim();
-            if !t.is_empty() && !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive") {
+            if !t.is_empty()
+                && !t.eq_ignore_ascii_case("close")
+                && !t.eq_ignore_ascii_case("keep-alive")
+            {
                 if let Ok(name) = HeaderName::from_bytes(t.as_bytes()) {
                     found.push(name);
                 }
@@ -202,9 +221,12 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
 
 fn is_upgrade(h: &HeaderMap) -> bool {
     h.contains_key(header::UPGRADE)
-        && h.get_all(header::CONNECTION)
-            .iter()
-            .any(|v| v.to_str().unwrap_or("").split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")))
+        && h.get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str()
+                .unwrap_or("")
+                .split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+        })
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -253,7 +275,10 @@ fn add_forwarded(h: &mut HeaderMap, peer: &Peer) {
 }
 
 fn idempotent(m: &Method) -> bool {
-    matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
 }
 
 /// How far a request body got: lets the response timeout wait for a long
@@ -274,14 +299,17 @@ impl Body for ReqBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
             ReqBody::Client(b, stats, progress) => {
                 let r = Pin::new(b).poll_frame(cx);
                 match &r {
                     Poll::Ready(Some(Ok(f))) => {
                         if let Some(d) = f.data_ref() {
-                            stats.bytes_in.fetch_add(d.len() as u64, Relaxed);
+                            bump(&stats.bytes_in, d.len() as u64);
                         }
                         progress.frames.fetch_add(1, Relaxed);
                     }
@@ -310,13 +338,16 @@ impl Body for ReqBody {
 /// Holds a backend slot for as long as its response streams.
 pub struct Lease {
     backend: Arc<Backend>,
-    _permit: OwnedSemaphorePermit,
+    _permit: Option<OwnedSemaphorePermit>,
 }
 
 impl Lease {
-    fn new(backend: Arc<Backend>, permit: OwnedSemaphorePermit) -> Self {
+    fn new(backend: Arc<Backend>, permit: Option<OwnedSemaphorePermit>) -> Self {
         backend.active.fetch_add(1, Relaxed);
-        Lease { backend, _permit: permit }
+        Lease {
+            backend,
+            _permit: permit,
+        }
     }
 }
 
@@ -349,7 +380,7 @@ impl Streaming {
         if let Some(lease) = self.lease.take() {
             self.peer.ctl.end();
             lease.backend.stats.bytes_out.fetch_add(self.bytes, Relaxed);
-            self.worker.stats.bytes_out.fetch_add(self.bytes, Relaxed);
+            bump(&self.worker.stats.bytes_out, self.bytes);
             self.bytes = 0;
             if let Some(bc) = self.conn.take() {
                 if clean {
@@ -381,13 +412,16 @@ impl Body for RespBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             RespBody::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
             RespBody::Stream(s) => {
                 if let Some(d) = s.deadline.as_mut() {
                     if d.as_mut().poll(cx).is_ready() {
-                        s.worker.stats.timeouts.fetch_add(1, Relaxed);
+                        bump(&s.worker.stats.timeouts, 1);
                         s.finish(false);
                         return Poll::Ready(Some(Err(Box::new(TotalTimeout))));
                     }
@@ -440,10 +474,14 @@ fn error_response(status: StatusCode, msg: &'static str) -> Response<RespBody> {
 }
 
 /// hyper's service: every outcome is a response (errors become 502/503/504).
-pub async fn handle(w: Arc<Worker>, peer: Arc<Peer>, req: Request<Incoming>) -> Result<Response<RespBody>, Infallible> {
+pub async fn handle(
+    w: Arc<Worker>,
+    peer: Arc<Peer>,
+    req: Request<Incoming>,
+) -> Result<Response<RespBody>, Infallible> {
     let start = Instant::now();
     peer.ctl.begin();
-    w.stats.requests.fetch_add(1, Relaxed);
+    bump(&w.stats.requests, 1);
     let up = w.shared.upstream();
     let resp = forward(&w, &up, &peer, req, start).await;
     if let RespBody::Full(_) = resp.body() {
@@ -515,26 +553,48 @@ async fn send(
     }
 }
 
-async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Arc<Peer>, mut req: Request<Incoming>, start: Instant) -> Response<RespBody> {
+async fn forward(
+    w: &Arc<Worker>,
+    up: &Upstream,
+    peer: &Arc<Peer>,
+    mut req: Request<Incoming>,
+    start: Instant,
+) -> Response<RespBody> {
     let s = &up.settings;
     let upgrade = is_upgrade(req.headers());
-    let mut client_upgrade = if upgrade { Some(hyper::upgrade::on(&mut req)) } else { None };
+    let mut client_upgrade = if upgrade {
+        Some(hyper::upgrade::on(&mut req))
+    } else {
+        None
+    };
     let (parts, body) = req.into_parts();
     let method = parts.method;
     let mut headers = parts.headers;
-    let upgrade_value = if upgrade { headers.get(header::UPGRADE).cloned() } else { None };
+    let upgrade_value = if upgrade {
+        headers.get(header::UPGRADE).cloned()
+    } else {
+        None
+    };
     strip_hop_by_hop(&mut headers);
     if let Some(v) = upgrade_value {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, v);
     }
     add_forwarded(&mut headers, peer);
-    let pq = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let pq = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
     let uri = Uri::from(pq.clone());
 
     let empty = body.is_end_stream();
     let mut body = if empty { None } else { Some(body) };
-    let progress = if empty { None } else { Some(Arc::new(Progress::default())) };
+    let progress = if empty {
+        None
+    } else {
+        Some(Arc::new(Progress::default()))
+    };
     // Idempotent body-less requests may be replayed after a reset; any
     // request moves on to another backend while nothing of it was sent.
     let retryable = empty && idempotent(&method) && !upgrade;
@@ -549,23 +609,41 @@ async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Arc<Peer>, mut req: Requ
         if built && pending.is_none() && !retryable {
             break; // the request is gone: never replayed
         }
-        let key = Key { client_ip: peer.ip, path: pq.path(), headers: &headers };
-        let Some(i) = up.select(&key, tried) else { break };
+        let key = Key {
+            client_ip: peer.ip,
+            path: pq.path(),
+            headers: &headers,
+        };
+        let Some(i) = up.select(&key, tried) else {
+            break;
+        };
         tried |= 1u64 << (i % 64);
         let backend = up.backends[i].clone();
         if attempt > 0 {
-            w.stats.retries.fetch_add(1, Relaxed);
+            bump(&w.stats.retries, 1);
         }
 
-        let permit = match backend.limiter.clone().try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => match tokio::time::timeout(s.queue_timeout, backend.limiter.clone().acquire_owned()).await {
-                Ok(Ok(p)) => p,
-                _ => {
-                    w.stats.no_backend.fetch_add(1, Relaxed);
-                    return error_response(StatusCode::SERVICE_UNAVAILABLE, "backend queue full\n");
-                }
-            },
+        let permit = if !backend.limited() {
+            None
+        } else {
+            match backend.limiter.clone().try_acquire_owned() {
+                Ok(p) => Some(p),
+                Err(_) => match tokio::time::timeout(
+                    s.queue_timeout,
+                    backend.limiter.clone().acquire_owned(),
+                )
+                .await
+                {
+                    Ok(Ok(p)) => Some(p),
+                    _ => {
+                        bump(&w.stats.no_backend, 1);
+                        return error_response(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "backend queue full\n",
+                        );
+                    }
+                },
+            }
         };
         let lease = Lease::new(backend.clone(), permit);
         backend.stats.requests.fetch_add(1, Relaxed);
@@ -576,12 +654,18 @@ async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Arc<Peer>, mut req: Requ
                 // Keep a copy of the head only while a replay may still be needed.
                 let keep = retryable && attempt + 1 < attempts;
                 let mut r = Request::new(match body.take() {
-                    Some(b) => ReqBody::Client(b, w.stats.clone(), progress.clone().unwrap_or_default()),
+                    Some(b) => {
+                        ReqBody::Client(b, w.stats.clone(), progress.clone().unwrap_or_default())
+                    }
                     None => ReqBody::Empty,
                 });
                 *r.method_mut() = method.clone();
                 *r.uri_mut() = uri.clone();
-                *r.headers_mut() = if keep { headers.clone() } else { std::mem::take(&mut headers) };
+                *r.headers_mut() = if keep {
+                    headers.clone()
+                } else {
+                    std::mem::take(&mut headers)
+                };
                 if !r.headers().contains_key(header::HOST) {
                     // HTTP/1.0 clients may omit it; HTTP/1.1 requires one.
                     if let Ok(v) = HeaderValue::from_str(backend.authority.as_str()) {
@@ -597,7 +681,16 @@ async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Arc<Peer>, mut req: Requ
         if let Some(d) = deadline {
             wait = wait.min(d.saturating_duration_since(Instant::now()));
         }
-        match send(w, &backend, breq, s.connect_timeout, wait, progress.as_deref()).await {
+        match send(
+            w,
+            &backend,
+            breq,
+            s.connect_timeout,
+            wait,
+            progress.as_deref(),
+        )
+        .await
+        {
             Outcome::Response(mut resp, bc) => {
                 backend.record_success();
                 let class = (resp.status().as_u16() / 100).clamp(1, 5) as usize - 1;
@@ -642,10 +735,14 @@ async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Arc<Peer>, mut req: Requ
             Outcome::Sent(Fail::Timeout) => {
                 backend.record_failure(s.eject_after, s.eject_cooldown);
                 // A timed-out request may have had effects: never replayed.
-                w.stats.timeouts.fetch_add(1, Relaxed);
+                bump(&w.stats.timeouts, 1);
                 return error_response(StatusCode::GATEWAY_TIMEOUT, "backend timeout\n");
             }
-            Outcome::Sent(_) if progress.as_ref().is_some_and(|p| p.client_failed.load(Relaxed)) => {
+            Outcome::Sent(_)
+                if progress
+                    .as_ref()
+                    .is_some_and(|p| p.client_failed.load(Relaxed)) =>
+            {
                 // The client broke off its upload: not the backend's fault.
                 return error_response(StatusCode::BAD_REQUEST, "incomplete request body\n");
             }
@@ -657,15 +754,15 @@ async fn forward(w: &Arc<Worker>, up: &Upstream, peer: &Arc<Peer>, mut req: Requ
     }
     match failed {
         Some(Fail::ConnectTimeout) | Some(Fail::Timeout) => {
-            w.stats.timeouts.fetch_add(1, Relaxed);
+            bump(&w.stats.timeouts, 1);
             error_response(StatusCode::GATEWAY_TIMEOUT, "backend timeout\n")
         }
         Some(_) => {
-            w.stats.backend_errors.fetch_add(1, Relaxed);
+            bump(&w.stats.backend_errors, 1);
             error_response(StatusCode::BAD_GATEWAY, "backend unavailable\n")
         }
         None => {
-            w.stats.no_backend.fetch_add(1, Relaxed);
+            bump(&w.stats.no_backend, 1);
             error_response(StatusCode::SERVICE_UNAVAILABLE, "no backend available\n")
         }
     }
@@ -678,27 +775,42 @@ mod tests {
     #[test]
     fn hop_by_hop_and_forwarded() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
         h.insert("x-secret", HeaderValue::from_static("1"));
-        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
         h.insert(header::HOST, HeaderValue::from_static("example.com"));
         h.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
         strip_hop_by_hop(&mut h);
-        add_forwarded(&mut h, &Peer::new("10.0.0.2:5".parse().unwrap(), Arc::default()));
+        add_forwarded(
+            &mut h,
+            &Peer::new("10.0.0.2:5".parse().unwrap(), Arc::default()),
+        );
         assert!(h.get("x-secret").is_none() && h.get(header::TRANSFER_ENCODING).is_none());
         assert_eq!(h[header::HOST], "example.com");
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 10.0.0.2");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["forwarded"], "for=10.0.0.2;proto=http");
         let mut h6 = HeaderMap::new();
-        add_forwarded(&mut h6, &Peer::new("[::1]:5".parse().unwrap(), Arc::default()));
+        add_forwarded(
+            &mut h6,
+            &Peer::new("[::1]:5".parse().unwrap(), Arc::default()),
+        );
         assert_eq!(h6["forwarded"], "for=\"[::1]\";proto=http");
     }
 
     #[test]
     fn upgrade_detection() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, Upgrade"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
         assert!(!is_upgrade(&h));
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         assert!(is_upgrade(&h));

@@ -31,7 +31,14 @@ const SETTINGS_KEYS: [&str; 12] = [
     "queue_timeout",
     "listen",
 ];
-const FIXED_KEYS: [&str; 6] = ["workers", "header_timeout", "idle_timeout", "max_header_bytes", "pool_max_idle", "pool_idle_timeout"];
+const FIXED_KEYS: [&str; 6] = [
+    "workers",
+    "header_timeout",
+    "idle_timeout",
+    "max_header_bytes",
+    "pool_max_idle",
+    "pool_idle_timeout",
+];
 
 fn cfg_err(msg: impl Into<String>) -> PyErr {
     ErrorKind::BalancerConfig.err(msg)
@@ -42,26 +49,39 @@ fn secs(d: &Bound<'_, PyDict>, key: &str, default: Duration) -> PyResult<Duratio
         None => Ok(default),
         Some(v) if v.is_none() => Ok(Duration::ZERO),
         Some(v) => {
-            let f: f64 = v.extract().map_err(|_| cfg_err(format!("{key} must be a number of seconds")))?;
+            let f: f64 = v
+                .extract()
+                .map_err(|_| cfg_err(format!("{key} must be a number of seconds")))?;
             if !f.is_finite() || !(0.0..=86_400.0 * 365.0).contains(&f) {
-                return Err(cfg_err(format!("{key} must be between 0 and one year, got {f}")));
+                return Err(cfg_err(format!(
+                    "{key} must be between 0 and one year, got {f}"
+                )));
             }
             Ok(Duration::from_secs_f64(f))
         }
     }
 }
 
-fn int<T: for<'a> FromPyObject<'a, 'a> + Copy>(d: &Bound<'_, PyDict>, key: &str, default: T) -> PyResult<T> {
+fn int<T: for<'a> FromPyObject<'a, 'a> + Copy>(
+    d: &Bound<'_, PyDict>,
+    key: &str,
+    default: T,
+) -> PyResult<T> {
     match d.get_item(key)? {
         None => Ok(default),
-        Some(v) => v.extract::<T>().map_err(|_| cfg_err(format!("{key} must be a non-negative integer in range"))),
+        Some(v) => v
+            .extract::<T>()
+            .map_err(|_| cfg_err(format!("{key} must be a non-negative integer in range"))),
     }
 }
 
 fn string(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Option<String>> {
     match d.get_item(key)? {
         None => Ok(None),
-        Some(v) => Ok(Some(v.extract().map_err(|_| cfg_err(format!("{key} must be a string")))?)),
+        Some(v) => Ok(Some(
+            v.extract()
+                .map_err(|_| cfg_err(format!("{key} must be a string")))?,
+        )),
     }
 }
 
@@ -69,15 +89,29 @@ fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
     let def = Settings::default();
     let mut backends = Vec::new();
     if let Some(list) = d.get_item("backends")? {
-        for item in list.try_iter().map_err(|_| cfg_err("backends must be a list"))? {
+        for item in list
+            .try_iter()
+            .map_err(|_| cfg_err("backends must be a list"))?
+        {
             let item = item?;
             let spec = if let Ok(name) = item.extract::<String>() {
-                BackendSpec { name, weight: 1, max_connections: 0 }
+                BackendSpec {
+                    name,
+                    weight: 1,
+                    max_connections: 0,
+                }
             } else if let Ok(b) = item.cast::<PyDict>() {
-                let name = string(b, "address")?.ok_or_else(|| cfg_err("a backend needs an address"))?;
-                BackendSpec { name, weight: int(b, "weight", 1u32)?, max_connections: int(b, "max_connections", 0usize)? }
+                let name =
+                    string(b, "address")?.ok_or_else(|| cfg_err("a backend needs an address"))?;
+                BackendSpec {
+                    name,
+                    weight: int(b, "weight", 1u32)?,
+                    max_connections: int(b, "max_connections", 0usize)?,
+                }
             } else {
-                return Err(cfg_err("a backend is \"host:port\" or {\"address\": ..., \"weight\": ...}"));
+                return Err(cfg_err(
+                    "a backend is \"host:port\" or {\"address\": ..., \"weight\": ...}",
+                ));
             };
             backends.push(spec);
         }
@@ -114,7 +148,8 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
             return Err(cfg_err(format!("unknown balancer setting {k:?}")));
         }
     }
-    let listen = string(d, "listen")?.ok_or_else(|| cfg_err("listen (\"host:port\") is required"))?;
+    let listen =
+        string(d, "listen")?.ok_or_else(|| cfg_err("listen (\"host:port\") is required"))?;
     let addr: SocketAddr = listen
         .to_socket_addrs()
         .ok()
@@ -177,7 +212,11 @@ impl PyBalancer {
     /// Check `config` (a dict, see `balancer.config`) without starting.
     #[new]
     fn new(config: &Bound<'_, PyDict>) -> PyResult<Self> {
-        Ok(PyBalancer { config: parse_config(config)?, inner: Mutex::new(None), closed: Mutex::new(false) })
+        Ok(PyBalancer {
+            config: parse_config(config)?,
+            inner: Mutex::new(None),
+            closed: Mutex::new(false),
+        })
     }
 
     /// Bind the listeners and start the worker threads; returns (host, port).
@@ -187,7 +226,9 @@ impl PyBalancer {
             return Err(ErrorKind::Balancer.err("start() may be called once"));
         }
         let cfg = self.config.clone();
-        let b = py.detach(|| Balancer::start(cfg)).map_err(|e| ErrorKind::Balancer.err(e))?;
+        let b = py
+            .detach(|| Balancer::start(cfg))
+            .map_err(|e| ErrorKind::Balancer.err(e))?;
         let a = b.local_addr();
         *inner = Some(Arc::new(b));
         Ok((a.ip().to_string(), a.port()))
@@ -197,7 +238,9 @@ impl PyBalancer {
     #[getter]
     fn address(&self) -> Option<(String, u16)> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.as_ref().map(|b| (b.local_addr().ip().to_string(), b.local_addr().port()))
+        inner
+            .as_ref()
+            .map(|b| (b.local_addr().ip().to_string(), b.local_addr().port()))
     }
 
     #[getter]
@@ -223,16 +266,22 @@ impl PyBalancer {
 
     /// Admin state of a backend: "up", "drain" (no new requests) or "down".
     fn set_backend_state(&self, name: &str, state: &str) -> PyResult<()> {
-        self.running()?.set_backend_state(name, state).map_err(|e| ErrorKind::Balancer.err(e))
+        self.running()?
+            .set_backend_state(name, state)
+            .map_err(|e| ErrorKind::Balancer.err(e))
     }
 
     /// Health from active checks; an unhealthy backend gets no requests.
     fn set_backend_health(&self, name: &str, healthy: bool) -> PyResult<()> {
-        self.running()?.set_backend_health(name, healthy).map_err(|e| ErrorKind::Balancer.err(e))
+        self.running()?
+            .set_backend_health(name, healthy)
+            .map_err(|e| ErrorKind::Balancer.err(e))
     }
 
     fn set_backend_weight(&self, name: &str, weight: u32) -> PyResult<()> {
-        self.running()?.set_backend_weight(name, weight).map_err(|e| ErrorKind::Balancer.err(e))
+        self.running()?
+            .set_backend_weight(name, weight)
+            .map_err(|e| ErrorKind::Balancer.err(e))
     }
 
     /// One dict per backend: name, weight, state, active, requests, failures,

@@ -5,10 +5,10 @@
 //! connections), its own backend connection pool and its own stats, so the
 //! request path shares nothing between threads but the upstream snapshot.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
@@ -73,13 +73,18 @@ impl Balancer {
         let epoch = Instant::now();
         let ids = AtomicU64::new(0);
         let upstream = Upstream::new(config.settings.clone(), None, epoch, &ids)?;
-        let first = listener(config.listen).map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+        let first = listener(config.listen)
+            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
         let local_addr = first.local_addr().map_err(|e| e.to_string())?;
         let mut listeners = vec![first];
         for _ in 1..config.workers {
-            listeners.push(listener(local_addr).map_err(|e| format!("cannot listen on {local_addr}: {e}"))?);
+            listeners.push(
+                listener(local_addr).map_err(|e| format!("cannot listen on {local_addr}: {e}"))?,
+            );
         }
-        let workers: Vec<Arc<WorkerStats>> = (0..config.workers).map(|_| Arc::new(WorkerStats::default())).collect();
+        let workers: Vec<Arc<WorkerStats>> = (0..config.workers)
+            .map(|_| Arc::new(WorkerStats::default()))
+            .collect();
         let shared = Arc::new(Shared {
             config,
             upstream: RwLock::new(Arc::new(upstream)),
@@ -102,7 +107,13 @@ impl Balancer {
                 .map_err(|e| format!("cannot start a worker thread: {e}"))?;
             threads.push(t);
         }
-        Ok(Balancer { shared, local_addr, stop, threads: Mutex::new(threads), update_lock: Mutex::new(()) })
+        Ok(Balancer {
+            shared,
+            local_addr,
+            stop,
+            threads: Mutex::new(threads),
+            update_lock: Mutex::new(()),
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -123,7 +134,11 @@ impl Balancer {
         let old = self.shared.upstream();
         let new = Upstream::new(settings, Some(&old), self.shared.epoch, &self.shared.ids)?;
         // Backends that left may still serve requests; stop new ones to them.
-        *self.shared.upstream.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
+        *self
+            .shared
+            .upstream
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
         Ok(())
     }
 
@@ -135,7 +150,9 @@ impl Balancer {
     pub fn set_backend_state(&self, name: &str, state: &str) -> Result<(), String> {
         let s = AdminState::parse(state)?;
         let up = self.shared.upstream();
-        let b = up.find(name).ok_or_else(|| format!("no backend named {name:?}"))?;
+        let b = up
+            .find(name)
+            .ok_or_else(|| format!("no backend named {name:?}"))?;
         b.set_admin(s);
         Ok(())
     }
@@ -143,7 +160,9 @@ impl Balancer {
     /// Health as seen by active checks (independent of the admin state).
     pub fn set_backend_health(&self, name: &str, healthy: bool) -> Result<(), String> {
         let up = self.shared.upstream();
-        let b = up.find(name).ok_or_else(|| format!("no backend named {name:?}"))?;
+        let b = up
+            .find(name)
+            .ok_or_else(|| format!("no backend named {name:?}"))?;
         b.set_healthy(healthy);
         Ok(())
     }
@@ -212,7 +231,8 @@ impl Balancer {
                 false
             }
         });
-        let threads: Vec<_> = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        let threads: Vec<_> =
+            std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for t in threads {
             let _ = t.join();
         }
@@ -258,9 +278,18 @@ async fn worker_main(
     };
     let cfg = &shared.config;
     let pool = Pool::new(cfg.pool_max_idle, cfg.pool_idle_timeout);
-    let worker = Arc::new(Worker { pool, shared: shared.clone(), stats: stats.clone(), clock: Clock::default() });
+    let worker = Arc::new(Worker {
+        pool,
+        shared: shared.clone(),
+        stats: stats.clone(),
+        clock: Clock::default(),
+    });
     let conns = Arc::new(Conns::default());
-    let sweep_every = if cfg.pool_idle_timeout.is_zero() { Duration::from_secs(30) } else { cfg.pool_idle_timeout / 2 };
+    let sweep_every = if cfg.pool_idle_timeout.is_zero() {
+        Duration::from_secs(30)
+    } else {
+        cfg.pool_idle_timeout / 2
+    };
     let mut sweep = tokio::time::interval(sweep_every.max(Duration::from_millis(100)));
     // Timeouts of client connections are enforced here, from a coarse clock,
     // rather than by a timer per connection or per request: re-arming timers
@@ -322,7 +351,11 @@ struct Watched {
 }
 
 impl AsyncRead for Watched {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let me = self.get_mut();
         let before = buf.filled().len();
         let r = Pin::new(&mut me.io).poll_read(cx, buf);
@@ -337,7 +370,11 @@ impl AsyncRead for Watched {
 }
 
 impl AsyncWrite for Watched {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let me = self.get_mut();
         let r = Pin::new(&mut me.io).poll_write(cx, buf);
         if r.is_ready() {
@@ -345,7 +382,11 @@ impl AsyncWrite for Watched {
         }
         r
     }
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         let me = self.get_mut();
         let r = Pin::new(&mut me.io).poll_write_vectored(cx, bufs);
         if r.is_ready() {
@@ -371,7 +412,14 @@ impl Drop for ConnCount {
     }
 }
 
-async fn serve_conn(w: Arc<Worker>, conns: Arc<Conns>, id: u64, ctl: Arc<ConnCtl>, sock: TcpStream, peer: SocketAddr) {
+async fn serve_conn(
+    w: Arc<Worker>,
+    conns: Arc<Conns>,
+    id: u64,
+    ctl: Arc<ConnCtl>,
+    sock: TcpStream,
+    peer: SocketAddr,
+) {
     w.stats.connections_total.fetch_add(1, Relaxed);
     w.stats.connections_active.fetch_add(1, Relaxed);
     let _count = ConnCount(w.stats.clone());
@@ -379,13 +427,21 @@ async fn serve_conn(w: Arc<Worker>, conns: Arc<Conns>, id: u64, ctl: Arc<ConnCtl
         let _ = sock.set_nodelay(true);
     }
     let cfg = &w.shared.config;
-    let io = TokioIo::new(Watched { io: sock, ctl: ctl.clone(), worker: w.clone() });
+    let io = TokioIo::new(Watched {
+        io: sock,
+        ctl: ctl.clone(),
+        worker: w.clone(),
+    });
     let peer = Arc::new(Peer::new(peer, ctl.clone()));
     let worker = w.clone();
     let svc = service_fn(move |req| handle(worker.clone(), peer.clone(), req));
     let mut builder = http1::Builder::new();
     // hyper's own header timer is off: see the housekeeping in worker_main.
-    builder.timer(TokioTimer::new()).max_buf_size(cfg.max_header_bytes).keep_alive(true).header_read_timeout(None);
+    builder
+        .timer(TokioTimer::new())
+        .max_buf_size(cfg.max_header_bytes)
+        .keep_alive(true)
+        .header_read_timeout(None);
     let conn = builder.serve_connection(io, svc).with_upgrades();
     tokio::pin!(conn);
     let mut closing = false;
@@ -406,5 +462,9 @@ async fn serve_conn(w: Arc<Worker>, conns: Arc<Conns>, id: u64, ctl: Arc<ConnCtl
         conn.as_mut().poll(cx).map(|_| ())
     })
     .await;
-    conns.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    conns
+        .map
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&id);
 }

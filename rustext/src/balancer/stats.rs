@@ -13,6 +13,14 @@ pub const LATENCY_BOUNDS_US: [u64; 16] = [
 ];
 pub const BUCKETS: usize = LATENCY_BOUNDS_US.len() + 1;
 
+/// Add to a counter that has a single writer (its worker thread): a plain
+/// load and store, no locked read-modify-write; readers on other threads
+/// still see whole values.
+#[inline]
+pub fn bump(a: &AtomicU64, n: u64) {
+    a.store(a.load(Relaxed).wrapping_add(n), Relaxed);
+}
+
 #[derive(Default)]
 #[repr(align(128))]
 pub struct WorkerStats {
@@ -38,11 +46,11 @@ impl WorkerStats {
     #[inline]
     pub fn observe(&self, status: u16, elapsed: Duration) {
         let class = (status / 100).clamp(1, 5) as usize - 1;
-        self.responses[class].fetch_add(1, Relaxed);
+        bump(&self.responses[class], 1);
         let us = elapsed.as_micros() as u64;
         let b = LATENCY_BOUNDS_US.partition_point(|&bound| bound < us);
-        self.latency[b].fetch_add(1, Relaxed);
-        self.latency_sum_us.fetch_add(us, Relaxed);
+        bump(&self.latency[b], 1);
+        bump(&self.latency_sum_us, us);
     }
 }
 

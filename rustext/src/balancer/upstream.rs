@@ -6,7 +6,9 @@
 //! unchanged, so its counters, health and connection limit carry over.
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed,
+};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,7 +33,9 @@ impl AdminState {
             "up" | "enabled" | "enable" | "ready" => Ok(AdminState::Enabled),
             "drain" | "draining" => Ok(AdminState::Drain),
             "down" | "disabled" | "disable" | "maint" => Ok(AdminState::Disabled),
-            _ => Err(format!("unknown backend state {s:?} (expected up, drain or down)")),
+            _ => Err(format!(
+                "unknown backend state {s:?} (expected up, drain or down)"
+            )),
         }
     }
     fn from_u8(v: u8) -> Self {
@@ -86,11 +90,22 @@ pub struct Backend {
 const UNLIMITED: usize = 1 << 24;
 
 impl Backend {
-    pub fn new(id: u64, spec: &BackendSpec, default_max: usize, epoch: Instant) -> Result<Self, String> {
+    pub fn new(
+        id: u64,
+        spec: &BackendSpec,
+        default_max: usize,
+        epoch: Instant,
+    ) -> Result<Self, String> {
         let addr = super::config::parse_backend_addr(&spec.name)?;
-        let authority: http::uri::Authority =
-            spec.name.parse().map_err(|_| format!("backend address {:?} must be host:port", spec.name))?;
-        let max = if spec.max_connections > 0 { spec.max_connections } else { default_max };
+        let authority: http::uri::Authority = spec
+            .name
+            .parse()
+            .map_err(|_| format!("backend address {:?} must be host:port", spec.name))?;
+        let max = if spec.max_connections > 0 {
+            spec.max_connections
+        } else {
+            default_max
+        };
         let permits = if max == 0 { UNLIMITED } else { max };
         Ok(Backend {
             id,
@@ -133,6 +148,12 @@ impl Backend {
         }
     }
 
+    /// Whether requests to it take a slot of `limiter`.
+    #[inline]
+    pub fn limited(&self) -> bool {
+        self.max_conns.load(Relaxed) != UNLIMITED
+    }
+
     pub fn admin(&self) -> AdminState {
         AdminState::from_u8(self.admin.load(Relaxed))
     }
@@ -169,7 +190,8 @@ impl Backend {
         self.stats.failures.fetch_add(1, Relaxed);
         let n = self.fails.fetch_add(1, Relaxed) + 1;
         if eject_after > 0 && n >= eject_after && !self.ejected() {
-            self.ejected_until.store(self.now_ms() + cooldown.as_millis() as u64, Relaxed);
+            self.ejected_until
+                .store(self.now_ms() + cooldown.as_millis() as u64, Relaxed);
             self.fails.store(0, Relaxed);
             self.stats.ejections.fetch_add(1, Relaxed);
         }
@@ -210,7 +232,12 @@ const POINTS_PER_WEIGHT: u32 = 100;
 
 impl Upstream {
     /// Build a snapshot, reusing `previous` backends with the same name.
-    pub fn new(settings: Settings, previous: Option<&Upstream>, epoch: Instant, ids: &AtomicU64) -> Result<Self, String> {
+    pub fn new(
+        settings: Settings,
+        previous: Option<&Upstream>,
+        epoch: Instant,
+        ids: &AtomicU64,
+    ) -> Result<Self, String> {
         settings.validate()?;
         let mut backends = Vec::with_capacity(settings.backends.len());
         for spec in &settings.backends {
@@ -218,11 +245,20 @@ impl Upstream {
             let b = match old {
                 Some(b) => {
                     b.weight.store(spec.weight, Relaxed);
-                    let max = if spec.max_connections > 0 { spec.max_connections } else { settings.max_connections };
+                    let max = if spec.max_connections > 0 {
+                        spec.max_connections
+                    } else {
+                        settings.max_connections
+                    };
                     b.set_max_connections(max);
                     b.clone()
                 }
-                None => Arc::new(Backend::new(ids.fetch_add(1, Relaxed), spec, settings.max_connections, epoch)?),
+                None => Arc::new(Backend::new(
+                    ids.fetch_add(1, Relaxed),
+                    spec,
+                    settings.max_connections,
+                    epoch,
+                )?),
             };
             backends.push(b);
         }
@@ -232,7 +268,13 @@ impl Upstream {
             Vec::new()
         };
         let n = backends.len();
-        Ok(Upstream { backends, settings, rr: AtomicUsize::new(0), swrr: Mutex::new(vec![0; n]), ring })
+        Ok(Upstream {
+            backends,
+            settings,
+            rr: AtomicUsize::new(0),
+            swrr: Mutex::new(vec![0; n]),
+            ring,
+        })
     }
 
     pub fn find(&self, name: &str) -> Option<&Arc<Backend>> {
@@ -409,7 +451,11 @@ mod tests {
         let settings = Settings {
             backends: names
                 .iter()
-                .map(|(n, w)| BackendSpec { name: n.to_string(), weight: *w, max_connections: 0 })
+                .map(|(n, w)| BackendSpec {
+                    name: n.to_string(),
+                    weight: *w,
+                    max_connections: 0,
+                })
                 .collect(),
             algorithm: alg,
             hash_key: HashKey::Path,
@@ -419,7 +465,11 @@ mod tests {
     }
 
     fn key<'a>(path: &'a str, h: &'a http::HeaderMap) -> Key<'a> {
-        Key { client_ip: "10.0.0.1".parse().unwrap(), path, headers: h }
+        Key {
+            client_ip: "10.0.0.1".parse().unwrap(),
+            path,
+            headers: h,
+        }
     }
 
     fn counts(u: &Upstream, n: usize) -> Vec<usize> {
@@ -446,31 +496,46 @@ mod tests {
     fn smooth_weighted_sequence() {
         let u = up(&THREE, Algorithm::WeightedRoundRobin);
         let h = http::HeaderMap::new();
-        let seq: Vec<usize> = (0..7).map(|_| u.select(&key("/", &h), 0).unwrap()).collect();
+        let seq: Vec<usize> = (0..7)
+            .map(|_| u.select(&key("/", &h), 0).unwrap())
+            .collect();
         // nginx's documented order for weights 5,1,1: a a b a c a a
         assert_eq!(seq, vec![0, 0, 1, 0, 2, 0, 0]);
     }
 
     #[test]
     fn least_connections_prefers_idle() {
-        let u = up(&[("127.0.0.1:1", 1), ("127.0.0.1:2", 1)], Algorithm::LeastConnections);
+        let u = up(
+            &[("127.0.0.1:1", 1), ("127.0.0.1:2", 1)],
+            Algorithm::LeastConnections,
+        );
         u.backends[0].active.store(5, Relaxed);
         assert_eq!(counts(&u, 10), vec![0, 10]);
     }
 
     #[test]
     fn random_two_spreads() {
-        let u = up(&[("127.0.0.1:1", 1), ("127.0.0.1:2", 1), ("127.0.0.1:3", 1)], Algorithm::RandomTwo);
+        let u = up(
+            &[("127.0.0.1:1", 1), ("127.0.0.1:2", 1), ("127.0.0.1:3", 1)],
+            Algorithm::RandomTwo,
+        );
         let c = counts(&u, 3000);
         assert!(c.iter().all(|&x| x > 600), "{c:?}");
     }
 
     #[test]
     fn consistent_hash_moves_only_the_lost_keys() {
-        let names = [("127.0.0.1:1", 1), ("127.0.0.1:2", 1), ("127.0.0.1:3", 1), ("127.0.0.1:4", 1)];
+        let names = [
+            ("127.0.0.1:1", 1),
+            ("127.0.0.1:2", 1),
+            ("127.0.0.1:3", 1),
+            ("127.0.0.1:4", 1),
+        ];
         let u = up(&names, Algorithm::ConsistentHash);
         let h = http::HeaderMap::new();
-        let before: Vec<usize> = (0..2000).map(|i| u.select(&key(&format!("/u{i}"), &h), 0).unwrap()).collect();
+        let before: Vec<usize> = (0..2000)
+            .map(|i| u.select(&key(&format!("/u{i}"), &h), 0).unwrap())
+            .collect();
         let c = counts(&u, 4000);
         assert!(c.iter().all(|&x| x > 600), "{c:?}");
         u.backends[2].set_healthy(false);
@@ -486,7 +551,10 @@ mod tests {
 
     #[test]
     fn tried_backends_are_skipped_and_ejection_expires() {
-        let u = up(&[("127.0.0.1:1", 1), ("127.0.0.1:2", 1)], Algorithm::RoundRobin);
+        let u = up(
+            &[("127.0.0.1:1", 1), ("127.0.0.1:2", 1)],
+            Algorithm::RoundRobin,
+        );
         let h = http::HeaderMap::new();
         for _ in 0..4 {
             assert_eq!(u.select(&key("/", &h), 0b01), Some(1));
