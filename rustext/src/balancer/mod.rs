@@ -6,11 +6,13 @@
 //! - [`upstream`] backends, their state, and the balancing algorithms
 //! - [`proxy`]    one request: choose, forward, stream back, retry
 //! - [`pool`]     keep-alive backend connections, one pool per worker
+//! - [`net`]      TCP streams writing with send/sendmsg
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
 //! - [`stats`]    per-worker counters and the latency histogram
 //! - `python`     the `rustext.Balancer` class
 
 pub mod config;
+pub mod net;
 pub mod pool;
 pub mod proxy;
 pub mod server;

@@ -16,6 +16,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use super::net::SendStream;
 use super::proxy::ReqBody;
 use super::upstream::Backend;
 
@@ -106,7 +107,7 @@ impl Pool {
         };
         let _ = stream.set_nodelay(true);
         let (tx, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
+            .handshake(TokioIo::new(SendStream(stream)))
             .await
             .map_err(|_| Fail::Connect)?;
         tokio::spawn(async move {

@@ -24,6 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use super::config::{Config, Settings};
+use super::net::{poll_send, poll_send_vectored};
 use super::pool::Pool;
 use super::proxy::{handle, Clock, ConnCtl, Peer, Shared, Worker};
 use super::stats::{Totals, WorkerStats};
@@ -370,25 +371,17 @@ impl AsyncRead for Watched {
 }
 
 impl AsyncWrite for Watched {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let me = self.get_mut();
-        let r = Pin::new(&mut me.io).poll_write(cx, buf);
+        let r = poll_send(&me.io, cx, buf);
         if r.is_ready() {
             me.ctl.active.store(true, Relaxed);
         }
         r
     }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
         let me = self.get_mut();
-        let r = Pin::new(&mut me.io).poll_write_vectored(cx, bufs);
+        let r = poll_send_vectored(&me.io, cx, bufs);
         if r.is_ready() {
             me.ctl.active.store(true, Relaxed);
         }
