@@ -283,6 +283,22 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def versus(rows: list[dict]) -> str:
+    """Ours against HAProxy, per scenario and tool (the issue's targets)."""
+    out = ["| scenario | tool | CPU/req ours ÷ HAProxy (target ≤ 1) | req/s ours ÷ HAProxy (target ≥ 1) | "
+           "p99 ours ÷ HAProxy (target ≤ 1.2) | failures ours |",
+           "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for sc in SCENARIOS:
+        for tool in ("wrk", "ab"):
+            m = {r["balancer"]: r for r in rows if r["scenario"] == sc[0] and r["tool"] == tool}
+            if "ours" not in m or "haproxy" not in m:
+                continue
+            o, h = m["ours"], m["haproxy"]
+            out.append(f"| {sc[0]} | {tool} | {o['cpu_us_per_req'] / h['cpu_us_per_req']:.2f} | "
+                       f"{o['rps'] / h['rps']:.2f} | {o['p99_ms'] / max(h['p99_ms'], 1e-9):.2f} | {o['failures']} |")
+    return "\n".join(out)
+
+
 def charts(rows: list[dict], outdir: str) -> list[str]:
     try:
         import matplotlib
@@ -377,7 +393,7 @@ def main() -> int:
         finally:
             bench.close()
     rows = median_table(runs)
-    table = markdown(rows)
+    table = markdown(rows) + "\n\n" + versus(rows)
     print()
     print(table)
     with open(os.path.join(args.out, "results.json"), "w") as f:
