@@ -137,7 +137,6 @@ fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
         max_connections: int(d, "max_connections", def.max_connections)?,
         queue_timeout: secs(d, "queue_timeout", def.queue_timeout)?,
     };
-    s.validate().map_err(cfg_err)?;
     Ok(s)
 }
 
@@ -162,7 +161,6 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     c.max_header_bytes = int(d, "max_header_bytes", c.max_header_bytes)?;
     c.pool_max_idle = int(d, "pool_max_idle", c.pool_max_idle)?;
     c.pool_idle_timeout = secs(d, "pool_idle_timeout", c.pool_idle_timeout)?;
-    c.validate().map_err(cfg_err)?;
     Ok(c)
 }
 
@@ -211,9 +209,12 @@ fn totals_dict<'py>(py: Python<'py>, t: &Totals) -> PyResult<Bound<'py, PyDict>>
 impl PyBalancer {
     /// Check `config` (a dict, see `balancer.config`) without starting.
     #[new]
-    fn new(config: &Bound<'_, PyDict>) -> PyResult<Self> {
+    fn new(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let config = parse_config(config)?;
+        // Validation resolves backend names, which may block: without the GIL.
+        py.detach(|| config.validate()).map_err(cfg_err)?;
         Ok(PyBalancer {
-            config: parse_config(config)?,
+            config,
             inner: Mutex::new(None),
             closed: Mutex::new(false),
         })
@@ -259,9 +260,11 @@ impl PyBalancer {
     /// without dropping connections. Keys fixed at start (listen, workers,
     /// header/idle timeouts, pool sizes) are ignored. On error the running
     /// configuration is kept.
-    fn update(&self, config: &Bound<'_, PyDict>) -> PyResult<()> {
+    fn update(&self, py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
         let s = parse_settings(config)?;
-        self.running()?.update(s).map_err(cfg_err)
+        let b = self.running()?;
+        // Resolving new backend names may block: not with the GIL held.
+        py.detach(|| b.update(s)).map_err(cfg_err)
     }
 
     /// Admin state of a backend: "up", "drain" (no new requests) or "down".
@@ -278,9 +281,9 @@ impl PyBalancer {
             .map_err(|e| ErrorKind::Balancer.err(e))
     }
 
-    fn set_backend_weight(&self, name: &str, weight: u32) -> PyResult<()> {
-        self.running()?
-            .set_backend_weight(name, weight)
+    fn set_backend_weight(&self, py: Python<'_>, name: &str, weight: u32) -> PyResult<()> {
+        let b = self.running()?;
+        py.detach(|| b.set_backend_weight(name, weight))
             .map_err(|e| ErrorKind::Balancer.err(e))
     }
 
