@@ -246,3 +246,36 @@ def test_cli_rejects_bad_flags():
 
     assert main(["balancer", "--listen", "127.0.0.1:0"]) == 2
     assert main(["balancer", "--listen", "127.0.0.1:0", "--backends", "127.0.0.1:1", "--algorithm", "x"]) == 2
+
+
+def test_cli_flags_without_config_file(backends):
+    b = backends(2)
+    port, admin = free_port(), free_port()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "balancer", "--listen", f"127.0.0.1:{port}",
+         "--backends", f"{b[0].address}=3,{b[1].address}", "--algorithm", "wrr", "--workers", "2",
+         "--metrics-port", str(admin), "--health-path", "/health", "--log-level", "WARNING"],
+        cwd=root, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if http_get(admin, "/healthz")[0] == 200:
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+        got = [http_get(port, "/whoami")[1] for _ in range(8)]
+        assert got.count(b"b0") == 6 and got.count(b"b1") == 2
+        backends_json = json.loads(http_get(admin, "/backends")[1])
+        assert [x["weight"] for x in backends_json] == [3, 1]
+        assert b"balancer_requests_total 8" in http_get(admin, "/metrics")[1]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
