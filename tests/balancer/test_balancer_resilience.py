@@ -234,3 +234,10 @@ def test_client_abort_is_not_a_backend_failure(backends, proxy):
     assert lb.backends()[0]["failures"] == 0
     assert lb.backends()[0]["state"] == "up"
     assert _get(lb.address[1], "/whoami") == (200, b"b0")
+
+
+def test_total_timeout_bounds_the_exchange(backends, proxy):
+    b = backends(1)
+    lb = proxy(b, total_timeout=0.5, response_timeout=30, eject_after=0)
+    assert _get(lb.address[1], "/slow?ms=3000")[0] == 504
+    assert _get(lb.address[1], "/size/1000") == (200, pattern(1000))
