@@ -42,6 +42,8 @@ def build_config(args: argparse.Namespace):  # -> BalancerConfig
     from balancer.config import BalancerConfig, HealthCheck, load, parse_backends
     from balancer.errors import BalancerConfigError
 
+    if args.listen and args.listen.startswith(":"):
+        args.listen = "0.0.0.0" + args.listen
     if args.config:
         cfg = load(args.config)
     else:
@@ -50,7 +52,7 @@ def build_config(args: argparse.Namespace):  # -> BalancerConfig
         cfg = BalancerConfig(listen=args.listen, backends=tuple(parse_backends(args.backends)))
     changes: dict[str, object] = {}
     if args.listen:
-        changes["listen"] = "0.0.0.0" + args.listen if args.listen.startswith(":") else args.listen
+        changes["listen"] = args.listen
     if args.backends and args.config:
         changes["backends"] = tuple(parse_backends(args.backends))
     if args.algorithm:

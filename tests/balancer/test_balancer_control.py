@@ -279,3 +279,12 @@ def test_cli_flags_without_config_file(backends):
             proc.kill()
             proc.wait()
         proc.stderr.close()
+
+
+def test_cli_listen_port_only_means_all_interfaces():
+    from cli.balancer import build_config
+    from cli.main import build_parser
+
+    args = build_parser().parse_args(["balancer", "--listen", ":8080", "--backends", "127.0.0.1:1=2"])
+    cfg = build_config(args)
+    assert cfg.listen == "0.0.0.0:8080" and cfg.backends[0].weight == 2
