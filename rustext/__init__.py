@@ -129,3 +129,6 @@ from rustext._native import DeadlineHeap  # noqa: E402
 __all__ += ["DeadlineHeap"]
 
 # --- balancer ---
+from rustext._native import Balancer  # noqa: E402
+
+__all__ += ["Balancer"]

@@ -294,3 +294,44 @@ class DeadlineHeap:
     def __bool__(self) -> bool: ...
 
 # --- balancer -----------------------------------------------------------
+class Balancer:
+    """The HTTP load balancer's data plane: a tokio + hyper reverse proxy on
+    ``workers`` threads of its own (SO_REUSEPORT listeners). Python never runs
+    per request. ``config`` is a dict (see ``balancer.config.BalancerConfig.
+    to_native``): listen, workers, backends ([{"address", "weight",
+    "max_connections"}] or "host:port"), algorithm, hash_key, connect_timeout,
+    response_timeout, total_timeout, retries, eject_after, eject_cooldown,
+    max_connections, queue_timeout, header_timeout, idle_timeout,
+    max_header_bytes, pool_max_idle, pool_idle_timeout (seconds; 0 = none).
+    Raises BalancerConfigError on an invalid config."""
+
+    def __init__(self, config: dict[str, object]) -> None: ...
+    def start(self) -> tuple[str, int]:
+        """Bind and start the workers; returns the bound (host, port). Once."""
+    @property
+    def address(self) -> tuple[str, int] | None: ...
+    @property
+    def workers(self) -> int: ...
+    @property
+    def is_running(self) -> bool: ...
+    def update(self, config: dict[str, object]) -> None:
+        """Replace backends/weights/algorithm/timeouts at run time without dropping
+        connections; on BalancerConfigError the running configuration stays."""
+    def set_backend_state(self, name: str, state: str) -> None:
+        """Admin state: "up", "drain" (no new requests, in-flight finish) or "down"."""
+    def set_backend_health(self, name: str, healthy: bool) -> None:
+        """Health from active checks; unhealthy backends get no requests."""
+    def set_backend_weight(self, name: str, weight: int) -> None: ...
+    def backends(self) -> list[dict[str, object]]:
+        """name, weight, state (up/down/drain/ejected), active, requests, failures,
+        ejections, responses {"1xx".."5xx"}, bytes_out."""
+    def stats(self) -> dict[str, object]:
+        """Totals over workers: connections_total/active, requests, responses,
+        bytes_in/out, retries, no_backend, backend_errors, timeouts,
+        latency_bounds (s), latency_buckets (last is +Inf), latency_sum (s);
+        plus "workers" (per worker), "backends", "algorithm", "hash_key"."""
+    def drain(self, timeout: float = 30.0) -> None:
+        """Stop accepting, let in-flight requests finish within timeout, stop.
+        Blocks without the GIL; idempotent."""
+    def close(self) -> None:
+        """Stop now; idempotent."""

@@ -1,10 +1,23 @@
-//! balancer data plane (to be implemented).
+//! The HTTP load balancer's data plane: a tokio + hyper reverse proxy on
+//! threads of its own. Python configures it, reads its stats and marks
+//! backends up or down; it never runs per request.
+//!
+//! - [`config`]   typed, validated configuration (defaults documented there)
+//! - [`upstream`] backends, their state, and the balancing algorithms
+//! - [`proxy`]    one request: choose, forward, stream back, retry
+//! - [`pool`]     keep-alive backend connections, one pool per worker
+//! - [`net`]      TCP streams writing with send/sendmsg
+//! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
+//! - [`stats`]    per-worker counters and the latency histogram
+//! - `python`     the `rustext.Balancer` class
+
+pub mod config;
+pub mod net;
+pub mod pool;
+pub mod proxy;
+pub mod server;
+pub mod stats;
+pub mod upstream;
 
 #[cfg(feature = "python")]
-pub mod python {
-    use pyo3::prelude::*;
-
-    pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
-        Ok(())
-    }
-}
+pub mod python;

@@ -1,0 +1,322 @@
+"""Typed configuration of the balancer, and its TOML loader.
+
+The dataclasses validate in ``__post_init__`` and raise
+:class:`BalancerConfigError` with a message naming the field; the same
+objects configure the Rust data plane through :meth:`BalancerConfig.to_native`.
+Durations are seconds (floats); ``0`` means "none" where documented.
+
+A file looks like::
+
+    listen = "0.0.0.0:8080"
+    admin = "127.0.0.1:9090"          # optional admin/metrics endpoint
+    workers = 4                       # default: number of cores
+    algorithm = "round_robin"         # weighted_round_robin, least_connections,
+                                      # random_two, consistent_hash
+    hash_key = "client_ip"            # path, header:NAME (consistent_hash)
+    retries = 2
+
+    [timeouts]
+    connect = 3.0
+    header = 10.0     # client request head (slowloris guard)
+    response = 30.0   # backend response head
+    idle = 60.0       # keep-alive client connection
+    total = 0         # whole exchange, body included (0 = none)
+    queue = 5.0       # wait for a backend slot (max_connections)
+
+    [passive]
+    eject_after = 3   # consecutive failures (0 = never)
+    cooldown = 10.0
+
+    [limits]
+    max_connections = 0        # per backend (0 = unlimited)
+    max_header_bytes = 65536
+    pool_max_idle = 64         # idle keep-alive connections per backend per worker
+    pool_idle_timeout = 60.0
+
+    [health]                   # active checks (omit or enabled = false to disable)
+    path = "/health"
+    interval = 2.0
+    timeout = 1.0
+    rise = 2
+    fall = 3
+
+    [[backends]]
+    address = "127.0.0.1:9001"
+    weight = 3
+    max_connections = 100
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from balancer.errors import BalancerConfigError
+
+ALGORITHMS = ("round_robin", "weighted_round_robin", "least_connections", "random_two", "consistent_hash")
+ALGORITHM_ALIASES = {
+    "rr": "round_robin",
+    "wrr": "weighted_round_robin",
+    "least_conn": "least_connections",
+    "p2c": "random_two",
+    "random_two_choices": "random_two",
+    "hash": "consistent_hash",
+    "ketama": "consistent_hash",
+}
+
+
+def parse_hostport(value: str, what: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` allowed); raises BalancerConfigError."""
+    if not isinstance(value, str) or ":" not in value:
+        raise BalancerConfigError(f"{what} must be 'host:port', got {value!r}")
+    host, _, port_s = value.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise BalancerConfigError(f"{what} must be 'host:port', got {value!r}") from None
+    if not host or not 0 <= port <= 65535:
+        raise BalancerConfigError(f"{what} must be 'host:port' with a port in 0..65535, got {value!r}")
+    return host, port
+
+
+def _non_negative(obj: object, *names: str) -> None:
+    for name in names:
+        v = getattr(obj, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise BalancerConfigError(f"{type(obj).__name__}.{name} must be a number >= 0, got {v!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendConfig:
+    """One backend server."""
+
+    address: str  # host:port; the backend's identity across reloads
+    weight: int = 1  # 0 takes no traffic
+    max_connections: int = 0  # concurrent requests; 0 = the pool default
+
+    def __post_init__(self) -> None:
+        parse_hostport(self.address, "backend address")
+        if isinstance(self.weight, bool) or not isinstance(self.weight, int) or not 0 <= self.weight <= 10_000:
+            raise BalancerConfigError(f"backend {self.address} weight must be an integer in 0..10000, got {self.weight!r}")
+        if isinstance(self.max_connections, bool) or not isinstance(self.max_connections, int) or self.max_connections < 0:
+            raise BalancerConfigError(f"backend {self.address} max_connections must be an integer >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    connect: float = 3.0
+    header: float = 10.0
+    response: float = 30.0
+    idle: float = 60.0
+    total: float = 0.0
+    queue: float = 5.0
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "connect", "header", "response", "idle", "total", "queue")
+        if self.connect == 0 or self.response == 0:
+            raise BalancerConfigError("timeouts.connect and timeouts.response must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Passive:
+    eject_after: int = 3
+    cooldown: float = 10.0
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "eject_after", "cooldown")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    max_connections: int = 0
+    max_header_bytes: int = 65536
+    pool_max_idle: int = 64
+    pool_idle_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "max_connections", "pool_max_idle", "pool_idle_timeout")
+        if self.max_header_bytes < 8192:
+            raise BalancerConfigError(f"limits.max_header_bytes must be >= 8192, got {self.max_header_bytes}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthCheck:
+    """Active HTTP health checks, run from asyncio."""
+
+    enabled: bool = True
+    path: str = "/"
+    interval: float = 2.0
+    timeout: float = 1.0
+    rise: int = 2  # consecutive successes to mark a backend up
+    fall: int = 3  # consecutive failures to mark it down
+    host: str | None = None  # Host header (default: the backend address)
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "interval", "timeout")
+        if not self.path.startswith("/"):
+            raise BalancerConfigError(f"health.path must start with '/', got {self.path!r}")
+        if self.interval <= 0 or self.timeout <= 0:
+            raise BalancerConfigError("health.interval and health.timeout must be > 0")
+        if self.rise < 1 or self.fall < 1:
+            raise BalancerConfigError("health.rise and health.fall must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BalancerConfig:
+    listen: str
+    backends: tuple[BackendConfig, ...] = ()
+    algorithm: str = "round_robin"
+    hash_key: str = "client_ip"
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    retries: int = 2
+    admin: str | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    passive: Passive = field(default_factory=Passive)
+    limits: Limits = field(default_factory=Limits)
+    health: HealthCheck | None = None
+
+    def __post_init__(self) -> None:
+        parse_hostport(self.listen, "listen")
+        if self.admin is not None:
+            parse_hostport(self.admin, "admin")
+        object.__setattr__(self, "backends", tuple(self.backends))
+        algorithm = ALGORITHM_ALIASES.get(self.algorithm.replace("-", "_"), self.algorithm.replace("-", "_"))
+        if algorithm not in ALGORITHMS:
+            raise BalancerConfigError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {self.algorithm!r}")
+        object.__setattr__(self, "algorithm", algorithm)
+        if self.hash_key not in ("client_ip", "path") and not (
+            self.hash_key.startswith("header:") and self.hash_key[7:].strip()
+        ):
+            raise BalancerConfigError(f"hash_key must be client_ip, path or header:NAME; got {self.hash_key!r}")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 1024:
+            raise BalancerConfigError(f"workers must be an integer in 1..1024, got {self.workers!r}")
+        if not isinstance(self.retries, int) or not 0 <= self.retries <= 16:
+            raise BalancerConfigError(f"retries must be an integer in 0..16, got {self.retries!r}")
+        seen: set[str] = set()
+        for b in self.backends:
+            if b.address in seen:
+                raise BalancerConfigError(f"backend {b.address} is listed twice")
+            seen.add(b.address)
+
+    def to_native(self) -> dict[str, Any]:
+        """The dict ``rustext.Balancer`` takes."""
+        t, p, lim = self.timeouts, self.passive, self.limits
+        return {
+            "listen": self.listen,
+            "workers": self.workers,
+            "backends": [
+                {"address": b.address, "weight": b.weight, "max_connections": b.max_connections}
+                for b in self.backends
+            ],
+            "algorithm": self.algorithm,
+            "hash_key": self.hash_key,
+            "retries": self.retries,
+            "connect_timeout": t.connect,
+            "header_timeout": t.header,
+            "response_timeout": t.response,
+            "idle_timeout": t.idle,
+            "total_timeout": t.total,
+            "queue_timeout": t.queue,
+            "eject_after": p.eject_after,
+            "eject_cooldown": p.cooldown,
+            "max_connections": lim.max_connections,
+            "max_header_bytes": lim.max_header_bytes,
+            "pool_max_idle": lim.pool_max_idle,
+            "pool_idle_timeout": lim.pool_idle_timeout,
+        }
+
+    def fixed_changes(self, other: BalancerConfig) -> list[str]:
+        """Settings that a reload cannot change in place (they need a restart)."""
+        out = []
+        for name in ("listen", "workers", "admin"):
+            if getattr(self, name) != getattr(other, name):
+                out.append(name)
+        for name in ("header", "idle"):
+            if getattr(self.timeouts, name) != getattr(other.timeouts, name):
+                out.append(f"timeouts.{name}")
+        for name in ("max_header_bytes", "pool_max_idle", "pool_idle_timeout"):
+            if getattr(self.limits, name) != getattr(other.limits, name):
+                out.append(f"limits.{name}")
+        return out
+
+    def with_backends(self, backends: list[BackendConfig]) -> BalancerConfig:
+        return replace(self, backends=tuple(backends))
+
+
+def _section(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise BalancerConfigError(f"[{where}] must be a table")
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise BalancerConfigError(f"unknown key(s) in [{where}]: {', '.join(sorted(unknown))}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise BalancerConfigError(f"[{where}]: {exc}") from exc
+
+
+def from_dict(data: dict[str, Any]) -> BalancerConfig:
+    """Build a config from parsed TOML (or any dict of the same shape)."""
+    if not isinstance(data, dict):
+        raise BalancerConfigError("the configuration must be a table")
+    data = dict(data)
+    known = {f.name for f in fields(BalancerConfig)}
+    unknown = set(data) - known
+    if unknown:
+        raise BalancerConfigError(f"unknown top-level key(s): {', '.join(sorted(unknown))}")
+    if "listen" not in data:
+        raise BalancerConfigError("'listen' is required (\"host:port\")")
+    backends = []
+    for i, b in enumerate(data.pop("backends", []) or []):
+        if isinstance(b, str):
+            backends.append(BackendConfig(address=b))
+        else:
+            backends.append(_section(BackendConfig, b, f"backends[{i}]"))
+    data["backends"] = tuple(backends)
+    for key, cls in (("timeouts", Timeouts), ("passive", Passive), ("limits", Limits)):
+        if key in data:
+            data[key] = _section(cls, data[key], key)
+    if "health" in data:
+        health = _section(HealthCheck, data["health"], "health")
+        data["health"] = health if health.enabled else None
+    try:
+        return BalancerConfig(**data)
+    except TypeError as exc:
+        raise BalancerConfigError(str(exc)) from exc
+
+
+def load(path: str | os.PathLike[str]) -> BalancerConfig:
+    """Read and validate a TOML file; raises BalancerConfigError naming the file."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise BalancerConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise BalancerConfigError(f"{path}: invalid TOML: {exc}") from exc
+    try:
+        return from_dict(data)
+    except BalancerConfigError as exc:
+        raise BalancerConfigError(f"{path}: {exc}") from exc
+
+
+def parse_backends(spec: str) -> list[BackendConfig]:
+    """``host:port[=weight],host:port,...`` (the CLI's --backends)."""
+    out = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        address, _, weight = item.partition("=")
+        try:
+            w = int(weight) if weight else 1
+        except ValueError:
+            raise BalancerConfigError(f"backend weight must be an integer in {item!r}") from None
+        out.append(BackendConfig(address=address, weight=w))
+    if not out:
+        raise BalancerConfigError("--backends needs at least one host:port")
+    return out

@@ -1,0 +1,165 @@
+"""The balancer as a service: data plane + health checks + admin + reload.
+
+Lifecycle: ``await lb.start()`` → serving; ``await lb.reload()`` (SIGHUP or
+``POST /reload``) re-reads the file and swaps backends and policy without
+dropping a connection, or raises BalancerConfigError and keeps the running
+configuration; ``await lb.drain(timeout)`` stops accepting and waits for
+in-flight requests; ``await lb.aclose()`` stops at once. All idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+from typing import Any
+
+import rustext
+
+from balancer import config as config_mod
+from balancer.admin import AdminServer
+from balancer.config import BalancerConfig, parse_hostport
+from balancer.errors import BalancerConfigError
+from balancer.health import HealthChecker
+
+log = logging.getLogger("balancer.service")
+
+
+class LoadBalancer:
+    def __init__(self, config: BalancerConfig, *, config_path: str | os.PathLike[str] | None = None) -> None:
+        self.config = config
+        self.config_path = config_path
+        self._native = rustext.Balancer(config.to_native())
+        self._health: HealthChecker | None = None
+        self._admin: AdminServer | None = None
+        self._reload_lock = asyncio.Lock()
+        self._closed = asyncio.Event()
+        self._started = False
+
+    # --- lifecycle -------------------------------------------------------
+    async def start(self) -> None:
+        if self._started:
+            raise RuntimeError("start() may be called once")
+        self._started = True
+        self._native.start()
+        if self.config.health is not None:
+            self._health = HealthChecker(self.config.health, self._native.set_backend_health)
+            self._health.set_backends(b.address for b in self.config.backends)
+        if self.config.admin is not None:
+            host, port = parse_hostport(self.config.admin, "admin")
+            self._admin = AdminServer(self, host, port)
+            await self._admin.start()
+        log.info(
+            "balancer listening on %s:%d (%d workers, %s) over %d backends%s",
+            *self.address, self._native.workers, self.config.algorithm, len(self.config.backends),
+            f"; admin on {self.admin_address[0]}:{self.admin_address[1]}" if self._admin else "",
+        )
+
+    @property
+    def address(self) -> tuple[str, int]:
+        addr = self._native.address
+        if addr is None:
+            raise RuntimeError("not started")
+        return addr
+
+    @property
+    def admin_address(self) -> tuple[str, int] | None:
+        return self._admin.address if self._admin is not None else None
+
+    async def drain(self, timeout: float = 30.0) -> None:
+        """Stop accepting, finish in-flight requests within ``timeout``, stop."""
+        await self._stop_control()
+        await asyncio.to_thread(self._native.drain, timeout)
+        self._closed.set()
+
+    async def aclose(self) -> None:
+        await self._stop_control()
+        await asyncio.to_thread(self._native.close)
+        self._closed.set()
+
+    async def _stop_control(self) -> None:
+        if self._health is not None:
+            await self._health.aclose()
+            self._health = None
+        if self._admin is not None:
+            await self._admin.aclose()
+            self._admin = None
+
+    async def __aenter__(self) -> LoadBalancer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def serve_forever(self, *, drain_timeout: float = 30.0) -> None:
+        """Run until SIGINT/SIGTERM (then drain); SIGHUP reloads the file."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self._reload_logged()))
+        try:
+            await asyncio.wait(
+                [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._closed.wait())],
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                loop.remove_signal_handler(s)
+        if not self._closed.is_set():
+            log.info("draining (up to %.1fs)", drain_timeout)
+            await self.drain(drain_timeout)
+
+    # --- reconfiguration -------------------------------------------------
+    async def _reload_logged(self) -> None:
+        try:
+            await self.reload()
+        except BalancerConfigError as exc:
+            log.error("reload rejected, keeping the running configuration: %s", exc)
+
+    async def reload(self, new: BalancerConfig | None = None) -> None:
+        """Apply ``new`` (or re-read the config file) without dropping connections."""
+        async with self._reload_lock:
+            if new is None:
+                if self.config_path is None:
+                    raise BalancerConfigError("no configuration file to reload")
+                new = await asyncio.to_thread(config_mod.load, self.config_path)
+            fixed = self.config.fixed_changes(new)
+            if fixed:
+                log.warning("reload: %s need a restart; kept as they were", ", ".join(fixed))
+            self._native.update(new.to_native())  # raises and keeps the old config on error
+            self.config = new
+            if new.health is not None:
+                if self._health is None:
+                    self._health = HealthChecker(new.health, self._native.set_backend_health)
+                self._health.set_backends((b.address for b in new.backends), new.health)
+            elif self._health is not None:
+                await self._health.aclose()
+                self._health = None
+                for b in new.backends:
+                    self._native.set_backend_health(b.address, True)
+            log.info("reloaded: %d backends, %s", len(new.backends), new.algorithm)
+
+    def set_backend_state(self, name: str, state: str) -> None:
+        """Admin state: ``up``, ``drain`` or ``down``."""
+        self._native.set_backend_state(name, state)
+
+    def set_backend_weight(self, name: str, weight: int) -> None:
+        self._native.set_backend_weight(name, weight)
+        self.config = self.config.with_backends(
+            [dataclasses.replace(b, weight=weight) if b.address == name else b for b in self.config.backends]
+        )
+
+    # --- observation -----------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        return self._native.stats()
+
+    def backends(self) -> list[dict[str, Any]]:
+        out = self._native.backends()
+        health = self._health.healthy if self._health is not None else {}
+        for b in out:
+            b["healthy"] = health.get(b["name"], True)
+        return out

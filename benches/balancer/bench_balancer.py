@@ -1,0 +1,410 @@
+"""Side-by-side benchmark: our balancer vs HAProxy vs nginx (the seed's scenarios).
+
+    .venv/bin/python benches/balancer/bench_balancer.py [--rounds 3] [--duration 3]
+
+Backends are nginx (one process, one worker) serving fixed-size files on 8
+loopback ports. Each scenario starts the three balancers with the same
+backends, one thread/process each (ours ``--workers 1``, HAProxy
+``nbthread 1``, nginx ``worker_processes 1``, all adding X-Forwarded-For and
+keeping backend connections alive), then runs, in rotating order per round,
+``wrk`` (keep-alive) and ``ab`` (HTTP/1.0, a connection per request) against
+each. Measured per run: requests/s, latency percentiles, failures (wrk:
+socket errors + non-2xx; ab: failed + non-2xx, including length failures),
+balancer CPU time per request (user+sys from /proc of the balancer's
+processes, divided by requests) and peak RSS. Medians over rounds are
+printed as a Markdown table and saved (JSON + PNG charts) next to this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+TICK = os.sysconf("SC_CLK_TCK")
+
+SCENARIOS = [
+    # name, backends, response size, concurrency, ab requests
+    ("1KiB-4be-c10", 4, 1024, 10, 10000),
+    ("300KiB-4be-c10", 4, 300 * 1024, 10, 2000),
+    ("10KiB-8be-c20", 8, 10 * 1024, 20, 10000),
+]
+BALANCERS = ["ours", "haproxy", "nginx"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing on port {port}")
+
+
+def dump_logs(d: str) -> None:
+    for name in sorted(os.listdir(d)):
+        if name.endswith(".log") or name.endswith(".err"):
+            text = open(os.path.join(d, name), errors="replace").read()[-2000:]
+            if text.strip():
+                print(f"--- {name}\n{text}", file=sys.stderr)
+
+
+def descendants(pid: int) -> list[int]:
+    out = [pid]
+    try:
+        kids = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except OSError:
+        return out
+    for k in kids:
+        out += descendants(int(k))
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for p in pids:
+        try:
+            fields = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except OSError:
+            pass
+    return total / TICK
+
+
+def rss_kib(pids: list[int]) -> int:
+    total = 0
+    for p in pids:
+        try:
+            for line in open(f"/proc/{p}/status"):
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+@dataclass
+class Run:
+    balancer: str
+    scenario: str
+    tool: str
+    round: int
+    requests: int
+    rps: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    failures: int
+    cpu_us_per_req: float
+    rss_mib: float
+    extra: dict = field(default_factory=dict)
+
+
+def parse_wrk(out: str) -> dict:
+    def ms(v: str) -> float:
+        n, unit = re.match(r"([\d.]+)(\w+)", v).groups()
+        return float(n) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
+
+    pct = {m.group(1): ms(m.group(2)) for m in re.finditer(r"^\s+(\d+)%\s+(\S+)", out, re.M)}
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    errors = 0
+    if m := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out):
+        errors += sum(int(x) for x in m.groups())
+    if m := re.search(r"Non-2xx or 3xx responses: (\d+)", out):
+        errors += int(m.group(1))
+    return {"requests": requests, "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "p50": pct["50"], "p90": pct["90"], "p99": pct["99"], "failures": errors}
+
+
+def parse_ab(out: str) -> dict:
+    pct = {m.group(1): float(m.group(2)) for m in re.finditer(r"^\s+(\d+)%\s+(\d+)", out, re.M)}
+    failed = int(re.search(r"Failed requests:\s+(\d+)", out).group(1))
+    non2xx = int(m.group(1)) if (m := re.search(r"Non-2xx responses:\s+(\d+)", out)) else 0
+    complete = int(re.search(r"Complete requests:\s+(\d+)", out).group(1))
+    return {"requests": complete, "rps": float(re.search(r"Requests per second:\s+([\d.]+)", out).group(1)),
+            "p50": pct["50"], "p90": pct["90"], "p99": pct["99"], "failures": failed + non2xx}
+
+
+class Bench:
+    def __init__(self, workdir: str) -> None:
+        self.dir = workdir
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, args: list[str], **kw) -> subprocess.Popen:
+        log = open(os.path.join(self.dir, f"{os.path.basename(args[0])}-{len(self.procs)}.log"), "wb")
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, **kw)
+        log.close()
+        self.procs.append(p)
+        return p
+
+    def stop(self, p: subprocess.Popen) -> None:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs.remove(p)
+
+    def close(self) -> None:
+        for p in list(self.procs):
+            self.stop(p)
+
+    def nginx_conf(self, name: str, body: str) -> str:
+        d = os.path.join(self.dir, name)
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, "nginx.conf")
+        with open(path, "w") as f:
+            f.write(f"""worker_processes 1;
+daemon off;
+master_process on;
+pid {d}/nginx.pid;
+error_log {d}/error.log error;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {d}/body; proxy_temp_path {d}/proxy; fastcgi_temp_path {d}/fcgi;
+  uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;
+  keepalive_requests 1000000;
+  {body}
+}}
+""")
+        return path
+
+    def start_backends(self, n: int) -> tuple[subprocess.Popen, list[int]]:
+        www = os.path.join(self.dir, "www")
+        os.makedirs(www, exist_ok=True)
+        for _, _, size, _, _ in SCENARIOS:
+            with open(os.path.join(www, str(size)), "wb") as f:
+                f.write(bytes(range(251)) * (size // 251) + bytes(range(size % 251)))
+        ports = [free_port() for _ in range(n)]
+        servers = "\n".join(f"server {{ listen 127.0.0.1:{p}; root {www}; }}" for p in ports)
+        p = self.start(["nginx", "-c", self.nginx_conf("backends", servers), "-e", os.path.join(self.dir, "be.err")])
+        for port in ports:
+            wait_port(port)
+        return p, ports
+
+    def start_balancer(self, kind: str, port: int, backends: list[int]) -> subprocess.Popen:
+        addrs = [f"127.0.0.1:{p}" for p in backends]
+        if kind == "ours":
+            p = self.start([sys.executable, "-m", "cli", "balancer", "--listen", f"127.0.0.1:{port}",
+                            "--backends", ",".join(addrs), "--workers", "1", "--log-level", "WARNING"], cwd=ROOT)
+        elif kind == "haproxy":
+            cfg = os.path.join(self.dir, f"haproxy-{port}.cfg")
+            with open(cfg, "w") as f:
+                f.write("global\n  nbthread 1\n  maxconn 4000\ndefaults\n  mode http\n  timeout connect 3s\n"
+                        "  timeout client 60s\n  timeout server 60s\n  option http-keep-alive\n  option forwardfor\n"
+                        f"frontend f\n  bind 127.0.0.1:{port}\n  http-request set-header X-Forwarded-Proto http\n"
+                        "  default_backend b\nbackend b\n  balance roundrobin\n  http-reuse always\n"
+                        + "".join(f"  server s{i} {a}\n" for i, a in enumerate(addrs)))
+            p = self.start(["haproxy", "-f", cfg])
+        else:
+            ups = "".join(f"server {a};" for a in addrs)
+            body = (f"upstream b {{ {ups} keepalive 64; }}\n"
+                    f"server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://b;"
+                    " proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host $host;"
+                    " proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;"
+                    " proxy_set_header X-Forwarded-Proto http; } }")
+            p = self.start(["nginx", "-c", self.nginx_conf(f"lb-{port}", body), "-e", os.path.join(self.dir, "lb.err")])
+        wait_port(port)
+        return p
+
+
+def measure(kind: str, proc: subprocess.Popen, port: int, scenario: tuple, tool: str, rnd: int, duration: float) -> Run:
+    name, _, size, conc, ab_n = scenario
+    url = f"http://127.0.0.1:{port}/{size}"
+    # warm the backend pools
+    subprocess.run(["wrk", "-t1", f"-c{conc}", "-d1s", url], capture_output=True, timeout=60)
+    pids = descendants(proc.pid)
+    c0 = cpu_seconds(pids)
+    if tool == "wrk":
+        out = subprocess.run(["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(duration))}s", "--latency", url],
+                             capture_output=True, text=True, timeout=120).stdout
+        r = parse_wrk(out)
+    else:
+        out = subprocess.run(["ab", "-q", "-n", str(ab_n), "-c", str(conc), url],
+                             capture_output=True, text=True, timeout=300).stdout
+        r = parse_ab(out)
+    cpu = cpu_seconds(pids) - c0
+    return Run(kind, name, tool, rnd, r["requests"], r["rps"], r["p50"], r["p90"], r["p99"], r["failures"],
+               cpu * 1e6 / max(r["requests"], 1), rss_kib(pids) / 1024)
+
+
+def median_table(runs: list[Run]) -> list[dict]:
+    rows = []
+    for sc in SCENARIOS:
+        for tool in ("wrk", "ab"):
+            for kind in BALANCERS:
+                rs = [r for r in runs if r.scenario == sc[0] and r.tool == tool and r.balancer == kind]
+                if not rs:
+                    continue
+                rows.append({
+                    "scenario": sc[0], "tool": tool, "balancer": kind, "rounds": len(rs),
+                    "rps": statistics.median(r.rps for r in rs),
+                    "p50_ms": statistics.median(r.p50_ms for r in rs),
+                    "p90_ms": statistics.median(r.p90_ms for r in rs),
+                    "p99_ms": statistics.median(r.p99_ms for r in rs),
+                    "cpu_us_per_req": statistics.median(r.cpu_us_per_req for r in rs),
+                    "cpu_min": min(r.cpu_us_per_req for r in rs), "cpu_max": max(r.cpu_us_per_req for r in rs),
+                    "failures": sum(r.failures for r in rs),
+                    "rss_mib": max(r.rss_mib for r in rs),
+                })
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    out = ["| scenario | tool | balancer | req/s | p50 ms | p99 ms | CPU µs/req (min–max) | failures | peak RSS MiB |",
+           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        out.append(f"| {r['scenario']} | {r['tool']} | {r['balancer']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | "
+                   f"{r['p99_ms']:.2f} | {r['cpu_us_per_req']:.1f} ({r['cpu_min']:.1f}–{r['cpu_max']:.1f}) | "
+                   f"{r['failures']} | {r['rss_mib']:.1f} |")
+    return "\n".join(out)
+
+
+def versus(rows: list[dict]) -> str:
+    """Ours against HAProxy, per scenario and tool (the issue's targets)."""
+    out = ["| scenario | tool | CPU/req ours ÷ HAProxy (target ≤ 1) | req/s ours ÷ HAProxy (target ≥ 1) | "
+           "p99 ours ÷ HAProxy (target ≤ 1.2) | failures ours |",
+           "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for sc in SCENARIOS:
+        for tool in ("wrk", "ab"):
+            m = {r["balancer"]: r for r in rows if r["scenario"] == sc[0] and r["tool"] == tool}
+            if "ours" not in m or "haproxy" not in m:
+                continue
+            o, h = m["ours"], m["haproxy"]
+            out.append(f"| {sc[0]} | {tool} | {o['cpu_us_per_req'] / h['cpu_us_per_req']:.2f} | "
+                       f"{o['rps'] / h['rps']:.2f} | {o['p99_ms'] / max(h['p99_ms'], 1e-9):.2f} | {o['failures']} |")
+    return "\n".join(out)
+
+
+def charts(rows: list[dict], outdir: str) -> list[str]:
+    try:
+        import matplotlib
+    except ImportError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=True)
+        import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"ours": "#2a9d8f", "haproxy": "#e76f51", "nginx": "#264653"}
+    files = []
+    for tool in ("wrk", "ab"):
+        fig, axes = plt.subplots(2, len(SCENARIOS), figsize=(4.2 * len(SCENARIOS), 7.5))
+        for j, sc in enumerate(SCENARIOS):
+            rs = [r for r in rows if r["scenario"] == sc[0] and r["tool"] == tool]
+            ax = axes[0][j]
+            ax.bar([r["balancer"] for r in rs], [r["rps"] for r in rs], color=[colors[r["balancer"]] for r in rs])
+            ax.set_title(f"{sc[0]}: requests/s")
+            ax2 = axes[1][j]
+            for r in rs:
+                ax2.plot(["p50", "p90", "p99"], [r["p50_ms"], r["p90_ms"], r["p99_ms"]], marker="o",
+                         label=r["balancer"], color=colors[r["balancer"]])
+            ax2.set_title(f"{sc[0]}: latency (ms)")
+            if rs:
+                ax2.legend()
+        fig.suptitle(f"{tool} ({'keep-alive' if tool == 'wrk' else 'HTTP/1.0, a connection per request'}), "
+                     "one thread each, medians over rounds")
+        fig.tight_layout()
+        path = os.path.join(outdir, f"balancer-{tool}.png")
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
+        files.append(path)
+    fig, ax = plt.subplots(figsize=(10, 4))
+    labels = [f"{sc[0]}\n{tool}" for sc in SCENARIOS for tool in ("wrk", "ab")]
+    width = 0.27
+    for i, kind in enumerate(BALANCERS):
+        vals = []
+        for sc in SCENARIOS:
+            for tool in ("wrk", "ab"):
+                m = [r for r in rows if r["scenario"] == sc[0] and r["tool"] == tool and r["balancer"] == kind]
+                vals.append(m[0]["cpu_us_per_req"] if m else 0)
+        ax.bar([x + (i - 1) * width for x in range(len(labels))], vals, width, label=kind, color=colors[kind])
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylabel("balancer CPU µs / request")
+    ax.legend()
+    fig.tight_layout()
+    path = os.path.join(outdir, "balancer-cpu.png")
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    files.append(path)
+    return files
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=3.0, help="seconds per wrk run")
+    ap.add_argument("--scenarios", default=",".join(s[0] for s in SCENARIOS))
+    ap.add_argument("--out", default=HERE)
+    args = ap.parse_args()
+    for tool in ("nginx", "haproxy", "wrk", "ab"):
+        if shutil.which(tool) is None:
+            print(f"{tool} is required (apt-get install nginx haproxy wrk apache2-utils)", file=sys.stderr)
+            return 1
+    wanted = set(args.scenarios.split(","))
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="lbbench-") as d:
+        os.chmod(d, 0o755)  # nginx workers run as an unprivileged user
+        bench = Bench(d)
+        try:
+            for sc in SCENARIOS:
+                if sc[0] not in wanted:
+                    continue
+                be, ports = bench.start_backends(sc[1])
+                lbs = {k: (free_port(),) for k in BALANCERS}
+                procs = {k: bench.start_balancer(k, lbs[k][0], ports) for k in BALANCERS}
+                for rnd in range(args.rounds):
+                    order = BALANCERS[rnd % 3:] + BALANCERS[: rnd % 3]
+                    for tool in ("wrk", "ab"):
+                        for k in order:
+                            r = measure(k, procs[k], lbs[k][0], sc, tool, rnd, args.duration)
+                            runs.append(r)
+                            print(f"{sc[0]:15} {tool:3} {k:8} r{rnd} {r.rps:9.0f} req/s p99 {r.p99_ms:7.2f} ms "
+                                  f"cpu {r.cpu_us_per_req:6.1f} us/req fail {r.failures} rss {r.rss_mib:.1f} MiB",
+                                  flush=True)
+                for p in procs.values():
+                    bench.stop(p)
+                bench.stop(be)
+        except Exception:
+            dump_logs(d)
+            raise
+        finally:
+            bench.close()
+    rows = median_table(runs)
+    table = markdown(rows) + "\n\n" + versus(rows)
+    print()
+    print(table)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"runs": [asdict(r) for r in runs], "medians": rows, "uname": os.uname().release,
+                   "cpus": os.cpu_count(), "loadavg": os.getloadavg()}, f, indent=1)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(table + "\n")
+    for path in charts(rows, args.out):
+        print("chart:", os.path.relpath(path, ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""``juggler balancer``: the HTTP load balancer (Rust data plane)."""
+
+from __future__ import annotations
+
+import argparse
+
+EXAMPLES = """examples:
+  juggler balancer --listen 0.0.0.0:8080 --backends 127.0.0.1:9001,127.0.0.1:9002
+  juggler balancer --listen :8080 --backends 10.0.0.1:80=3,10.0.0.2:80=1 --algorithm weighted_round_robin
+  juggler balancer --listen 127.0.0.1:8080 --backends 127.0.0.1:9001 --workers 1 --admin 127.0.0.1:9090
+  juggler balancer --config balancer.toml        # SIGHUP reloads the file
+
+algorithms: round_robin, weighted_round_robin, least_connections, random_two, consistent_hash
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "balancer",
+        help="HTTP load balancer (Rust data plane, Python control plane)",
+        description="HTTP/1.1 reverse proxy and load balancer. Flags override the config file.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", metavar="FILE", help="TOML configuration (reloaded on SIGHUP)")
+    p.add_argument("--listen", metavar="HOST:PORT", help="where clients connect")
+    p.add_argument("--backends", metavar="HOST:PORT[=W],...", help="backend servers (optional =weight)")
+    p.add_argument("--algorithm", help="balancing algorithm (default round_robin)")
+    p.add_argument("--hash-key", help="consistent_hash key: client_ip, path or header:NAME")
+    p.add_argument("--workers", type=int, help="data plane threads (default: number of cores)")
+    p.add_argument("--admin", metavar="HOST:PORT", help="admin/metrics endpoint")
+    p.add_argument("--metrics-port", type=int, help="admin/metrics endpoint on 127.0.0.1:PORT")
+    p.add_argument("--health-path", help="enable active health checks: GET this path")
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on exit")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=run)
+
+
+def build_config(args: argparse.Namespace):  # -> BalancerConfig
+    import dataclasses
+
+    from balancer.config import BalancerConfig, HealthCheck, load, parse_backends
+    from balancer.errors import BalancerConfigError
+
+    if args.listen and args.listen.startswith(":"):
+        args.listen = "0.0.0.0" + args.listen
+    if args.config:
+        cfg = load(args.config)
+    else:
+        if not args.listen or not args.backends:
+            raise BalancerConfigError("give --config FILE, or --listen and --backends")
+        cfg = BalancerConfig(listen=args.listen, backends=tuple(parse_backends(args.backends)))
+    changes: dict[str, object] = {}
+    if args.listen:
+        changes["listen"] = args.listen
+    if args.backends and args.config:
+        changes["backends"] = tuple(parse_backends(args.backends))
+    if args.algorithm:
+        changes["algorithm"] = args.algorithm
+    if args.hash_key:
+        changes["hash_key"] = args.hash_key
+    if args.workers is not None:
+        changes["workers"] = args.workers
+    if args.admin:
+        changes["admin"] = args.admin
+    elif args.metrics_port is not None:
+        changes["admin"] = f"127.0.0.1:{args.metrics_port}"
+    if args.health_path:
+        changes["health"] = HealthCheck(path=args.health_path)
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import sys
+
+    from balancer.errors import BalancerConfigError, BalancerError
+    from balancer.service import LoadBalancer
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = build_config(args)
+    except BalancerConfigError as exc:
+        print(f"juggler balancer: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        lb = LoadBalancer(cfg, config_path=args.config)
+        try:
+            await lb.start()
+        except BalancerError as exc:
+            print(f"juggler balancer: {exc}", file=sys.stderr)
+            await lb.aclose()
+            return 1
+        await lb.serve_forever(drain_timeout=args.drain_timeout)
+        return 0
+
+    try:
+        import uvloop
+
+        return uvloop.run(main())
+    except ImportError:
+        return asyncio.run(main())

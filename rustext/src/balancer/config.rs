@@ -1,0 +1,255 @@
+//! Typed configuration of the data plane, validated once before use.
+//!
+//! Python builds these from its dataclasses (see `balancer/config.py`); the
+//! values here are the documented defaults. Durations of zero mean "none".
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+/// How a backend is chosen for a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algorithm {
+    RoundRobin,
+    WeightedRoundRobin,
+    LeastConnections,
+    RandomTwo,
+    ConsistentHash,
+}
+
+impl Algorithm {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Ok(match s.replace('-', "_").as_str() {
+            "round_robin" | "rr" => Algorithm::RoundRobin,
+            "weighted_round_robin" | "wrr" => Algorithm::WeightedRoundRobin,
+            "least_connections" | "least_conn" => Algorithm::LeastConnections,
+            "random_two" | "p2c" | "random_two_choices" => Algorithm::RandomTwo,
+            "consistent_hash" | "hash" | "ketama" => Algorithm::ConsistentHash,
+            other => {
+                return Err(format!(
+                    "unknown algorithm {other:?} (expected round_robin, weighted_round_robin, \
+                     least_connections, random_two, consistent_hash)"
+                ))
+            }
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::RoundRobin => "round_robin",
+            Algorithm::WeightedRoundRobin => "weighted_round_robin",
+            Algorithm::LeastConnections => "least_connections",
+            Algorithm::RandomTwo => "random_two",
+            Algorithm::ConsistentHash => "consistent_hash",
+        }
+    }
+}
+
+/// What the consistent hash is computed on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HashKey {
+    ClientIp,
+    Path,
+    /// A request header (lower-case name); requests without it hash on the client IP.
+    Header(http::HeaderName),
+}
+
+impl HashKey {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "client_ip" | "ip" => Ok(HashKey::ClientIp),
+            "path" => Ok(HashKey::Path),
+            _ => match s.strip_prefix("header:") {
+                Some(name) => http::HeaderName::from_bytes(name.trim().as_bytes())
+                    .map(HashKey::Header)
+                    .map_err(|_| format!("invalid header name in hash key {s:?}")),
+                None => Err(format!(
+                    "unknown hash key {s:?} (expected client_ip, path or header:NAME)"
+                )),
+            },
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            HashKey::ClientIp => "client_ip".into(),
+            HashKey::Path => "path".into(),
+            HashKey::Header(h) => format!("header:{h}"),
+        }
+    }
+}
+
+/// One backend server as configured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendSpec {
+    /// `host:port` as written; the backend's identity across reloads.
+    pub name: String,
+    pub weight: u32,
+    /// Per-backend limit of concurrent requests (0 = the pool default).
+    pub max_connections: usize,
+}
+
+/// Everything that may change at run time (`update`): backends and policy.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub backends: Vec<BackendSpec>,
+    pub algorithm: Algorithm,
+    pub hash_key: HashKey,
+    /// Backend connect timeout.
+    pub connect_timeout: Duration,
+    /// Time a backend has to send the response head.
+    pub response_timeout: Duration,
+    /// Whole-exchange deadline, response body included (zero = none).
+    pub total_timeout: Duration,
+    /// Extra attempts on other backends for idempotent body-less requests.
+    pub retries: u32,
+    /// Consecutive failures that eject a backend (0 = never).
+    pub eject_after: u32,
+    pub eject_cooldown: Duration,
+    /// Default per-backend limit of concurrent requests (0 = unlimited).
+    pub max_connections: usize,
+    /// How long a request may wait for a backend slot before a 503.
+    pub queue_timeout: Duration,
+}
+
+/// Fixed for the life of a running balancer (listener, threads, pools).
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub workers: usize,
+    /// Client request-head read timeout (slowloris guard).
+    pub header_timeout: Duration,
+    /// Keep-alive client connection idle timeout.
+    pub idle_timeout: Duration,
+    /// Largest accepted request head (bytes, >= 8192); larger gets a 431.
+    pub max_header_bytes: usize,
+    /// Idle keep-alive connections kept per backend per worker.
+    pub pool_max_idle: usize,
+    pub pool_idle_timeout: Duration,
+    pub settings: Settings,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            backends: Vec::new(),
+            algorithm: Algorithm::RoundRobin,
+            hash_key: HashKey::ClientIp,
+            connect_timeout: Duration::from_secs(3),
+            response_timeout: Duration::from_secs(30),
+            total_timeout: Duration::ZERO,
+            retries: 2,
+            eject_after: 3,
+            eject_cooldown: Duration::from_secs(10),
+            max_connections: 0,
+            queue_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Config {
+    pub fn new(listen: SocketAddr, settings: Settings) -> Self {
+        Config {
+            listen,
+            workers: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_header_bytes: 65536,
+            pool_max_idle: 64,
+            pool_idle_timeout: Duration::from_secs(60),
+            settings,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.workers == 0 || self.workers > 1024 {
+            return Err(format!("workers must be in 1..=1024, got {}", self.workers));
+        }
+        if self.max_header_bytes < 8192 {
+            return Err(format!(
+                "max_header_bytes must be >= 8192, got {}",
+                self.max_header_bytes
+            ));
+        }
+        self.settings.validate()
+    }
+}
+
+impl Settings {
+    pub fn validate(&self) -> Result<(), String> {
+        let mut seen = std::collections::HashSet::new();
+        for b in &self.backends {
+            if !seen.insert(b.name.as_str()) {
+                return Err(format!("backend {} listed twice", b.name));
+            }
+            if b.weight > 10_000 {
+                return Err(format!(
+                    "backend {} weight {} is over 10000",
+                    b.name, b.weight
+                ));
+            }
+            parse_backend_addr(&b.name)?;
+        }
+        if self.retries > 16 {
+            return Err(format!("retries must be <= 16, got {}", self.retries));
+        }
+        if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
+            return Err("connect_timeout and response_timeout must be > 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// Check a `host:port` backend address (resolving names once, to fail early).
+pub fn parse_backend_addr(name: &str) -> Result<SocketAddr, String> {
+    if name.contains('/') || name.contains('@') {
+        return Err(format!("backend address {name:?} must be host:port"));
+    }
+    name.parse::<http::uri::Authority>()
+        .map_err(|_| format!("backend address {name:?} must be host:port"))?;
+    match name.to_socket_addrs() {
+        Ok(mut it) => it
+            .next()
+            .ok_or_else(|| format!("backend address {name:?} resolves to nothing")),
+        Err(e) => Err(format!("backend address {name:?} is invalid: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_names() {
+        assert_eq!(
+            Algorithm::parse("least-connections").unwrap(),
+            Algorithm::LeastConnections
+        );
+        assert!(Algorithm::parse("fastest").is_err());
+        assert_eq!(HashKey::parse("path").unwrap(), HashKey::Path);
+        assert!(matches!(
+            HashKey::parse("header:X-User").unwrap(),
+            HashKey::Header(_)
+        ));
+        assert!(HashKey::parse("header:bad name").is_err());
+    }
+
+    #[test]
+    fn validates() {
+        let mut s = Settings::default();
+        s.backends.push(BackendSpec {
+            name: "127.0.0.1:80".into(),
+            weight: 1,
+            max_connections: 0,
+        });
+        let mut c = Config::new("127.0.0.1:0".parse().unwrap(), s.clone());
+        assert!(c.validate().is_ok());
+        c.max_header_bytes = 100;
+        assert!(c.validate().is_err());
+        s.backends.push(s.backends[0].clone());
+        assert!(s.validate().unwrap_err().contains("twice"));
+        assert!(parse_backend_addr("nope").is_err());
+        assert!(parse_backend_addr("127.0.0.1:99999").is_err());
+    }
+}

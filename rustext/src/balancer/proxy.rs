@@ -1,0 +1,818 @@
+//! One request through the proxy: pick a backend, forward, stream back.
+//!
+//! Framing toward the client is hyper's: a response without a length goes
+//! chunked to HTTP/1.1 clients and close-delimited (then `Connection: close`)
+//! to HTTP/1.0 ones, which never see chunked encoding. Bodies stream frame by
+//! frame in both directions; nothing is buffered whole.
+
+use std::convert::Infallible;
+use std::error::Error as StdError;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::PathAndQuery;
+use http::{
+    header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
+};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper_util::rt::TokioIo;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Sleep;
+
+use super::config::Config;
+use super::pool::{BackendConn, Fail, Pool};
+use super::stats::{bump, WorkerStats};
+use super::upstream::{Backend, Key, Upstream};
+
+pub type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// State shared by every worker of one balancer.
+pub struct Shared {
+    pub config: Config,
+    pub upstream: RwLock<Arc<Upstream>>,
+    pub workers: Vec<Arc<WorkerStats>>,
+    pub epoch: Instant,
+    /// Source of backend ids (pool keys).
+    pub ids: std::sync::atomic::AtomicU64,
+}
+
+impl Shared {
+    #[inline]
+    pub fn upstream(&self) -> Arc<Upstream> {
+        self.upstream
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// One worker thread's view: its own stats and backend connection pool.
+pub struct Worker {
+    pub shared: Arc<Shared>,
+    pub stats: Arc<WorkerStats>,
+    pub pool: Pool,
+    pub clock: Clock,
+}
+
+/// A coarse clock advanced by the worker's housekeeping tick (ms, from 1).
+pub struct Clock {
+    start: Instant,
+    ms: AtomicU64,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock {
+            start: Instant::now(),
+            ms: AtomicU64::new(1),
+        }
+    }
+}
+
+impl Clock {
+    #[inline]
+    pub fn now(&self) -> u64 {
+        self.ms.load(Relaxed)
+    }
+    pub fn advance(&self) -> u64 {
+        let ms = self.start.elapsed().as_millis() as u64 + 1;
+        self.ms.store(ms, Relaxed);
+        ms
+    }
+}
+
+/// What the worker's housekeeping knows of one client connection, and what
+/// it may ask of it.
+#[derive(Default)]
+pub struct ConnCtl {
+    /// Set by every read or write (idle timeout).
+    pub active: AtomicBool,
+    /// A request is being handled (from its head to the end of its response).
+    busy: AtomicBool,
+    /// Coarse time the current request head started to arrive (0: none).
+    head_since: AtomicU64,
+    /// Finish the exchange in flight, then close.
+    pub close: AtomicBool,
+    /// Close now (slowloris).
+    pub abort: AtomicBool,
+    pub waker: Mutex<Option<std::task::Waker>>,
+}
+
+impl ConnCtl {
+    /// Bytes arrived: outside a request they start a request head.
+    #[inline]
+    pub fn reading(&self, now: u64) {
+        if !self.busy.load(Relaxed) && self.head_since.load(Relaxed) == 0 {
+            self.head_since.store(now, Relaxed);
+        }
+    }
+    #[inline]
+    fn begin(&self) {
+        self.busy.store(true, Relaxed);
+        self.head_since.store(0, Relaxed);
+    }
+    #[inline]
+    fn end(&self) {
+        self.busy.store(false, Relaxed);
+    }
+    pub fn head_overdue(&self, now: u64, limit: Duration) -> bool {
+        let since = self.head_since.load(Relaxed);
+        since != 0
+            && !self.busy.load(Relaxed)
+            && now.saturating_sub(since) > limit.as_millis() as u64
+    }
+    fn wake(&self) {
+        if let Some(w) = self
+            .waker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            w.wake_by_ref();
+        }
+    }
+    pub fn ask_close(&self) {
+        self.close.store(true, Relaxed);
+        self.wake();
+    }
+    pub fn ask_abort(&self) {
+        self.abort.store(true, Relaxed);
+        self.wake();
+    }
+}
+
+/// Per client connection, computed once: the peer and its forwarding headers.
+pub struct Peer {
+    pub ip: IpAddr,
+    xff: HeaderValue,
+    forwarded: HeaderValue,
+    ctl: Arc<ConnCtl>,
+}
+
+impl Peer {
+    pub fn new(addr: SocketAddr, ctl: Arc<ConnCtl>) -> Self {
+        let ip = addr.ip();
+        let text = ip.to_string();
+        let forwarded = match ip {
+            IpAddr::V4(_) => format!("for={text};proto=http"),
+            IpAddr::V6(_) => format!("for=\"[{text}]\";proto=http"),
+        };
+        Peer {
+            ip,
+            xff: HeaderValue::from_str(&text).expect("an IP is a valid header value"),
+            forwarded: HeaderValue::from_str(&forwarded)
+                .expect("for=IP;proto=http is a valid header value"),
+            ctl,
+        }
+    }
+}
+
+/// Headers that belong to one connection, not to the message (RFC 9110 §7.6.1).
+fn is_hop_by_hop(n: &HeaderName) -> bool {
+    matches!(
+        n.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // One pass over the names; most messages carry none or one of them.
+    let mut found: Vec<HeaderName> = Vec::new();
+    for name in h.keys() {
+        if is_hop_by_hop(name) {
+            found.push(name.clone());
+        }
+    }
+    if found.is_empty() {
+        return;
+    }
+    if let Some(conn) = h.get(header::CONNECTION) {
+        for t in conn.to_str().unwrap_or("").split(',') {
+            let t = t.trim();
+            if !t.is_empty()
+                && !t.eq_ignore_ascii_case("close")
+                && !t.eq_ignore_ascii_case("keep-alive")
+            {
+                if let Ok(name) = HeaderName::from_bytes(t.as_bytes()) {
+                    found.push(name);
+                }
+            }
+        }
+    }
+    for name in found {
+        h.remove(name);
+    }
+}
+
+fn is_upgrade(h: &HeaderMap) -> bool {
+    h.contains_key(header::UPGRADE)
+        && h.get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str()
+                .unwrap_or("")
+                .split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+        })
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+
+fn append_list(h: &mut HeaderMap, name: HeaderName, item: &[u8]) {
+    let joined = {
+        let mut prev = h.get_all(&name).iter().peekable();
+        if prev.peek().is_none() {
+            None
+        } else {
+            let mut v = Vec::with_capacity(64);
+            for p in prev {
+                v.extend_from_slice(p.as_bytes());
+                v.extend_from_slice(b", ");
+            }
+            v.extend_from_slice(item);
+            HeaderValue::from_bytes(&v).ok()
+        }
+    };
+    match joined {
+        Some(v) => {
+            h.insert(name, v);
+        }
+        None => {
+            if let Ok(v) = HeaderValue::from_bytes(item) {
+                h.insert(name, v);
+            }
+        }
+    }
+}
+
+fn add_forwarded(h: &mut HeaderMap, peer: &Peer) {
+    if h.contains_key(&X_FORWARDED_FOR) {
+        append_list(h, X_FORWARDED_FOR, peer.xff.as_bytes());
+    } else {
+        h.insert(X_FORWARDED_FOR, peer.xff.clone());
+    }
+    h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    if h.contains_key(&FORWARDED) {
+        append_list(h, FORWARDED, peer.forwarded.as_bytes());
+    } else {
+        h.insert(FORWARDED, peer.forwarded.clone());
+    }
+}
+
+fn idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// How far a request body got: lets the response timeout wait for a long
+/// upload, and tells a client abort from a backend failure.
+#[derive(Default)]
+pub struct Progress {
+    frames: std::sync::atomic::AtomicU64,
+    client_failed: std::sync::atomic::AtomicBool,
+}
+
+/// The request body sent to a backend: the client's, counted, or nothing.
+pub enum ReqBody {
+    Client(Incoming, Arc<WorkerStats>, Arc<Progress>),
+    Empty,
+}
+
+impl Body for ReqBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            ReqBody::Client(b, stats, progress) => {
+                let r = Pin::new(b).poll_frame(cx);
+                match &r {
+                    Poll::Ready(Some(Ok(f))) => {
+                        if let Some(d) = f.data_ref() {
+                            bump(&stats.bytes_in, d.len() as u64);
+                        }
+                        progress.frames.fetch_add(1, Relaxed);
+                    }
+                    Poll::Ready(Some(Err(_))) => progress.client_failed.store(true, Relaxed),
+                    _ => {}
+                }
+                r
+            }
+            ReqBody::Empty => Poll::Ready(None),
+        }
+    }
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ReqBody::Client(b, _, _) => b.is_end_stream(),
+            ReqBody::Empty => true,
+        }
+    }
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ReqBody::Client(b, _, _) => b.size_hint(),
+            ReqBody::Empty => SizeHint::with_exact(0),
+        }
+    }
+}
+
+/// Holds a backend slot for as long as its response streams.
+pub struct Lease {
+    backend: Arc<Backend>,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Lease {
+    fn new(backend: Arc<Backend>, permit: Option<OwnedSemaphorePermit>) -> Self {
+        backend.active.fetch_add(1, Relaxed);
+        Lease {
+            backend,
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.backend.active.fetch_sub(1, Relaxed);
+    }
+}
+
+/// The response body sent to the client.
+pub enum RespBody {
+    Stream(Streaming),
+    Full(Option<Bytes>),
+}
+
+pub struct Streaming {
+    inner: Incoming,
+    lease: Option<Lease>,
+    worker: Arc<Worker>,
+    peer: Arc<Peer>,
+    /// The backend connection, pooled again if the body ends cleanly.
+    conn: Option<BackendConn>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    bytes: u64,
+    eject: (u32, Duration),
+}
+
+impl Streaming {
+    fn finish(&mut self, clean: bool) {
+        if let Some(lease) = self.lease.take() {
+            self.peer.ctl.end();
+            lease.backend.stats.bytes_out.fetch_add(self.bytes, Relaxed);
+            bump(&self.worker.stats.bytes_out, self.bytes);
+            self.bytes = 0;
+            if let Some(bc) = self.conn.take() {
+                if clean {
+                    self.worker.pool.put(lease.backend.id, bc);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        // hyper stops polling a body of known length at its last byte.
+        let clean = self.inner.is_end_stream();
+        self.finish(clean);
+    }
+}
+
+#[derive(Debug)]
+struct TotalTimeout;
+impl std::fmt::Display for TotalTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("total timeout exceeded while streaming the response")
+    }
+}
+impl StdError for TotalTimeout {}
+
+impl Body for RespBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            RespBody::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
+            RespBody::Stream(s) => {
+                if let Some(d) = s.deadline.as_mut() {
+                    if d.as_mut().poll(cx).is_ready() {
+                        bump(&s.worker.stats.timeouts, 1);
+                        s.finish(false);
+                        return Poll::Ready(Some(Err(Box::new(TotalTimeout))));
+                    }
+                }
+                match Pin::new(&mut s.inner).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(f))) => {
+                        if let Some(d) = f.data_ref() {
+                            s.bytes += d.len() as u64;
+                        }
+                        Poll::Ready(Some(Ok(f)))
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        // The backend broke mid-body; the client connection is cut.
+                        if let Some(l) = &s.lease {
+                            l.backend.record_failure(s.eject.0, s.eject.1);
+                        }
+                        s.finish(false);
+                        Poll::Ready(Some(Err(Box::new(e))))
+                    }
+                    Poll::Ready(None) => {
+                        s.finish(true);
+                        Poll::Ready(None)
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RespBody::Full(b) => b.is_none(),
+            RespBody::Stream(s) => s.inner.is_end_stream(),
+        }
+    }
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RespBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            RespBody::Stream(s) => s.inner.size_hint(),
+        }
+    }
+}
+
+fn error_response(status: StatusCode, msg: &'static str) -> Response<RespBody> {
+    let mut r = Response::new(RespBody::Full(Some(Bytes::from_static(msg.as_bytes()))));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// hyper's service: every outcome is a response (errors become 502/503/504).
+pub async fn handle(
+    w: Arc<Worker>,
+    peer: Arc<Peer>,
+    req: Request<Incoming>,
+) -> Result<Response<RespBody>, Infallible> {
+    let start = Instant::now();
+    peer.ctl.begin();
+    bump(&w.stats.requests, 1);
+    let up = w.shared.upstream();
+    let resp = forward(&w, &up, &peer, req, start).await;
+    if let RespBody::Full(_) = resp.body() {
+        // Answered here (or upgraded): nothing left to stream.
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            peer.ctl.end();
+        }
+    }
+    w.stats.observe(resp.status().as_u16(), start.elapsed());
+    Ok(resp)
+}
+
+enum Outcome {
+    Response(Response<Incoming>, BackendConn),
+    /// Nothing was sent: the request can go to another backend as it is.
+    Unsent(Request<ReqBody>, Fail),
+    /// The request (or part of it) went out, then the exchange failed.
+    Sent(Fail),
+}
+
+/// One backend attempt: a pooled connection, or a new one if the pooled
+/// connection turns out closed before the request was written.
+async fn send(
+    w: &Worker,
+    b: &Backend,
+    mut req: Request<ReqBody>,
+    connect: Duration,
+    wait: Duration,
+    progress: Option<&Progress>,
+) -> Outcome {
+    let mut reused_failed = false;
+    loop {
+        let got = if reused_failed {
+            w.pool.connect(b, connect).await.map(|tx| (tx, false))
+        } else {
+            w.pool.acquire(b, connect).await
+        };
+        let (mut bc, reused) = match got {
+            Ok(x) => x,
+            Err(f) => return Outcome::Unsent(req, f),
+        };
+        let exchange = bc.tx.try_send_request(req);
+        tokio::pin!(exchange);
+        // The response timeout counts from the end of the upload: while the
+        // request body keeps moving, the wait is extended.
+        let mut seen = progress.map_or(0, |p| p.frames.load(Relaxed));
+        let result = loop {
+            match tokio::time::timeout(wait, exchange.as_mut()).await {
+                Ok(r) => break Some(r),
+                Err(_) => match progress.map(|p| p.frames.load(Relaxed)) {
+                    Some(now) if now != seen => seen = now,
+                    _ => break None,
+                },
+            }
+        };
+        match result {
+            Some(Ok(resp)) => return Outcome::Response(resp, bc),
+            Some(Err(mut e)) => match e.take_message() {
+                Some(r) if reused => {
+                    // The backend closed an idle connection: not its failure.
+                    req = r;
+                    reused_failed = true;
+                }
+                Some(r) => return Outcome::Unsent(r, Fail::Reset),
+                None => return Outcome::Sent(Fail::Reset),
+            },
+            None => return Outcome::Sent(Fail::Timeout),
+        }
+    }
+}
+
+async fn forward(
+    w: &Arc<Worker>,
+    up: &Upstream,
+    peer: &Arc<Peer>,
+    mut req: Request<Incoming>,
+    start: Instant,
+) -> Response<RespBody> {
+    let s = &up.settings;
+    let upgrade = is_upgrade(req.headers());
+    let mut client_upgrade = if upgrade {
+        Some(hyper::upgrade::on(&mut req))
+    } else {
+        None
+    };
+    let (parts, body) = req.into_parts();
+    let method = parts.method;
+    let mut headers = parts.headers;
+    let upgrade_value = if upgrade {
+        headers.get(header::UPGRADE).cloned()
+    } else {
+        None
+    };
+    strip_hop_by_hop(&mut headers);
+    if let Some(v) = upgrade_value {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, v);
+    }
+    add_forwarded(&mut headers, peer);
+    let pq = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let uri = Uri::from(pq.clone());
+
+    let empty = body.is_end_stream();
+    let mut body = if empty { None } else { Some(body) };
+    let progress = if empty {
+        None
+    } else {
+        Some(Arc::new(Progress::default()))
+    };
+    // Idempotent body-less requests may be replayed after a reset; any
+    // request moves on to another backend while nothing of it was sent.
+    let retryable = empty && idempotent(&method) && !upgrade;
+    let attempts = s.retries as usize + 1;
+    let deadline = (!s.total_timeout.is_zero()).then(|| start + s.total_timeout);
+
+    let mut tried = 0u64;
+    let mut failed: Option<Fail> = None;
+    let mut pending: Option<Request<ReqBody>> = None;
+    let mut built = false;
+    for attempt in 0..attempts {
+        if built && pending.is_none() && !retryable {
+            break; // the request is gone: never replayed
+        }
+        let key = Key {
+            client_ip: peer.ip,
+            path: pq.path(),
+            headers: &headers,
+        };
+        let Some(i) = up.select(&key, tried) else {
+            break;
+        };
+        tried |= 1u64 << (i % 64);
+        let backend = up.backends[i].clone();
+        if attempt > 0 {
+            bump(&w.stats.retries, 1);
+        }
+
+        let permit = if !backend.limited() {
+            None
+        } else {
+            match backend.limiter.clone().try_acquire_owned() {
+                Ok(p) => Some(p),
+                Err(_) => match tokio::time::timeout(
+                    s.queue_timeout,
+                    backend.limiter.clone().acquire_owned(),
+                )
+                .await
+                {
+                    Ok(Ok(p)) => Some(p),
+                    _ => {
+                        bump(&w.stats.no_backend, 1);
+                        return error_response(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "backend queue full\n",
+                        );
+                    }
+                },
+            }
+        };
+        let lease = Lease::new(backend.clone(), permit);
+        backend.stats.requests.fetch_add(1, Relaxed);
+
+        let breq = match pending.take() {
+            Some(r) => r,
+            None => {
+                // Keep a copy of the head only while a replay may still be needed.
+                let keep = retryable && attempt + 1 < attempts;
+                let mut r = Request::new(match body.take() {
+                    Some(b) => {
+                        ReqBody::Client(b, w.stats.clone(), progress.clone().unwrap_or_default())
+                    }
+                    None => ReqBody::Empty,
+                });
+                *r.method_mut() = method.clone();
+                *r.uri_mut() = uri.clone();
+                *r.headers_mut() = if keep {
+                    headers.clone()
+                } else {
+                    std::mem::take(&mut headers)
+                };
+                if !r.headers().contains_key(header::HOST) {
+                    // HTTP/1.0 clients may omit it; HTTP/1.1 requires one.
+                    if let Ok(v) = HeaderValue::from_str(backend.authority.as_str()) {
+                        r.headers_mut().insert(header::HOST, v);
+                    }
+                }
+                built = true;
+                r
+            }
+        };
+
+        let mut wait = s.response_timeout;
+        if let Some(d) = deadline {
+            wait = wait.min(d.saturating_duration_since(Instant::now()));
+        }
+        match send(
+            w,
+            &backend,
+            breq,
+            s.connect_timeout,
+            wait,
+            progress.as_deref(),
+        )
+        .await
+        {
+            Outcome::Response(mut resp, bc) => {
+                backend.record_success();
+                let class = (resp.status().as_u16() / 100).clamp(1, 5) as usize - 1;
+                backend.stats.responses[class].fetch_add(1, Relaxed);
+                if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+                    if let Some(client_side) = client_upgrade.take() {
+                        let backend_side = hyper::upgrade::on(&mut resp);
+                        drop(bc);
+                        tokio::spawn(async move {
+                            let _lease = lease;
+                            if let (Ok(c), Ok(b)) = (client_side.await, backend_side.await) {
+                                let (mut c, mut b) = (TokioIo::new(c), TokioIo::new(b));
+                                let _ = tokio::io::copy_bidirectional(&mut c, &mut b).await;
+                            }
+                        });
+                        *resp.version_mut() = Version::HTTP_11;
+                        let (parts, _) = resp.into_parts();
+                        return Response::from_parts(parts, RespBody::Full(None));
+                    }
+                }
+                strip_hop_by_hop(resp.headers_mut());
+                // Our side speaks 1.1; hyper answers 1.0 clients as 1.0 itself.
+                *resp.version_mut() = Version::HTTP_11;
+                let (parts, inner) = resp.into_parts();
+                let streaming = Streaming {
+                    inner,
+                    lease: Some(lease),
+                    worker: w.clone(),
+                    peer: peer.clone(),
+                    conn: Some(bc),
+                    deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
+                    bytes: 0,
+                    eject: (s.eject_after, s.eject_cooldown),
+                };
+                return Response::from_parts(parts, RespBody::Stream(streaming));
+            }
+            Outcome::Unsent(r, f) => {
+                backend.record_failure(s.eject_after, s.eject_cooldown);
+                failed = Some(f);
+                pending = Some(r);
+            }
+            Outcome::Sent(Fail::Timeout) => {
+                backend.record_failure(s.eject_after, s.eject_cooldown);
+                // A timed-out request may have had effects: never replayed.
+                bump(&w.stats.timeouts, 1);
+                return error_response(StatusCode::GATEWAY_TIMEOUT, "backend timeout\n");
+            }
+            Outcome::Sent(_)
+                if progress
+                    .as_ref()
+                    .is_some_and(|p| p.client_failed.load(Relaxed)) =>
+            {
+                // The client broke off its upload: not the backend's fault.
+                return error_response(StatusCode::BAD_REQUEST, "incomplete request body\n");
+            }
+            Outcome::Sent(f) => {
+                backend.record_failure(s.eject_after, s.eject_cooldown);
+                failed = Some(f);
+            }
+        }
+    }
+    match failed {
+        Some(Fail::ConnectTimeout) | Some(Fail::Timeout) => {
+            bump(&w.stats.timeouts, 1);
+            error_response(StatusCode::GATEWAY_TIMEOUT, "backend timeout\n")
+        }
+        Some(_) => {
+            bump(&w.stats.backend_errors, 1);
+            error_response(StatusCode::BAD_GATEWAY, "backend unavailable\n")
+        }
+        None => {
+            bump(&w.stats.no_backend, 1);
+            error_response(StatusCode::SERVICE_UNAVAILABLE, "no backend available\n")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_and_forwarded() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::HOST, HeaderValue::from_static("example.com"));
+        h.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
+        strip_hop_by_hop(&mut h);
+        add_forwarded(
+            &mut h,
+            &Peer::new("10.0.0.2:5".parse().unwrap(), Arc::default()),
+        );
+        assert!(h.get("x-secret").is_none() && h.get(header::TRANSFER_ENCODING).is_none());
+        assert_eq!(h[header::HOST], "example.com");
+        assert_eq!(h["x-forwarded-for"], "1.1.1.1, 10.0.0.2");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["forwarded"], "for=10.0.0.2;proto=http");
+        let mut h6 = HeaderMap::new();
+        add_forwarded(
+            &mut h6,
+            &Peer::new("[::1]:5".parse().unwrap(), Arc::default()),
+        );
+        assert_eq!(h6["forwarded"], "for=\"[::1]\";proto=http");
+    }
+
+    #[test]
+    fn upgrade_detection() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
+        assert!(!is_upgrade(&h));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(is_upgrade(&h));
+    }
+}

@@ -1,0 +1,354 @@
+//! `rustext.Balancer`: the data plane as a Python object.
+//!
+//! Python passes plain dicts (built from `balancer.config` dataclasses);
+//! they are checked here as well, so a bad value raises
+//! `BalancerConfigError` and leaves a running balancer untouched. Every
+//! method is quick except `drain`/`close`, which release the GIL.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use super::config::{Algorithm, BackendSpec, Config, HashKey, Settings};
+use super::server::Balancer;
+use super::stats::{Totals, LATENCY_BOUNDS_US};
+use crate::errors::ErrorKind;
+
+const SETTINGS_KEYS: [&str; 12] = [
+    "backends",
+    "algorithm",
+    "hash_key",
+    "connect_timeout",
+    "response_timeout",
+    "total_timeout",
+    "retries",
+    "eject_after",
+    "eject_cooldown",
+    "max_connections",
+    "queue_timeout",
+    "listen",
+];
+const FIXED_KEYS: [&str; 6] = [
+    "workers",
+    "header_timeout",
+    "idle_timeout",
+    "max_header_bytes",
+    "pool_max_idle",
+    "pool_idle_timeout",
+];
+
+fn cfg_err(msg: impl Into<String>) -> PyErr {
+    ErrorKind::BalancerConfig.err(msg)
+}
+
+fn secs(d: &Bound<'_, PyDict>, key: &str, default: Duration) -> PyResult<Duration> {
+    match d.get_item(key)? {
+        None => Ok(default),
+        Some(v) if v.is_none() => Ok(Duration::ZERO),
+        Some(v) => {
+            let f: f64 = v
+                .extract()
+                .map_err(|_| cfg_err(format!("{key} must be a number of seconds")))?;
+            if !f.is_finite() || !(0.0..=86_400.0 * 365.0).contains(&f) {
+                return Err(cfg_err(format!(
+                    "{key} must be between 0 and one year, got {f}"
+                )));
+            }
+            Ok(Duration::from_secs_f64(f))
+        }
+    }
+}
+
+fn int<T: for<'a> FromPyObject<'a, 'a> + Copy>(
+    d: &Bound<'_, PyDict>,
+    key: &str,
+    default: T,
+) -> PyResult<T> {
+    match d.get_item(key)? {
+        None => Ok(default),
+        Some(v) => v
+            .extract::<T>()
+            .map_err(|_| cfg_err(format!("{key} must be a non-negative integer in range"))),
+    }
+}
+
+fn string(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Option<String>> {
+    match d.get_item(key)? {
+        None => Ok(None),
+        Some(v) => Ok(Some(
+            v.extract()
+                .map_err(|_| cfg_err(format!("{key} must be a string")))?,
+        )),
+    }
+}
+
+fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
+    let def = Settings::default();
+    let mut backends = Vec::new();
+    if let Some(list) = d.get_item("backends")? {
+        for item in list
+            .try_iter()
+            .map_err(|_| cfg_err("backends must be a list"))?
+        {
+            let item = item?;
+            let spec = if let Ok(name) = item.extract::<String>() {
+                BackendSpec {
+                    name,
+                    weight: 1,
+                    max_connections: 0,
+                }
+            } else if let Ok(b) = item.cast::<PyDict>() {
+                let name =
+                    string(b, "address")?.ok_or_else(|| cfg_err("a backend needs an address"))?;
+                BackendSpec {
+                    name,
+                    weight: int(b, "weight", 1u32)?,
+                    max_connections: int(b, "max_connections", 0usize)?,
+                }
+            } else {
+                return Err(cfg_err(
+                    "a backend is \"host:port\" or {\"address\": ..., \"weight\": ...}",
+                ));
+            };
+            backends.push(spec);
+        }
+    }
+    let algorithm = match string(d, "algorithm")? {
+        Some(a) => Algorithm::parse(&a).map_err(cfg_err)?,
+        None => def.algorithm,
+    };
+    let hash_key = match string(d, "hash_key")? {
+        Some(k) => HashKey::parse(&k).map_err(cfg_err)?,
+        None => def.hash_key,
+    };
+    let s = Settings {
+        backends,
+        algorithm,
+        hash_key,
+        connect_timeout: secs(d, "connect_timeout", def.connect_timeout)?,
+        response_timeout: secs(d, "response_timeout", def.response_timeout)?,
+        total_timeout: secs(d, "total_timeout", def.total_timeout)?,
+        retries: int(d, "retries", def.retries)?,
+        eject_after: int(d, "eject_after", def.eject_after)?,
+        eject_cooldown: secs(d, "eject_cooldown", def.eject_cooldown)?,
+        max_connections: int(d, "max_connections", def.max_connections)?,
+        queue_timeout: secs(d, "queue_timeout", def.queue_timeout)?,
+    };
+    Ok(s)
+}
+
+fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
+    for k in d.keys() {
+        let k: String = k.extract()?;
+        if !SETTINGS_KEYS.contains(&k.as_str()) && !FIXED_KEYS.contains(&k.as_str()) {
+            return Err(cfg_err(format!("unknown balancer setting {k:?}")));
+        }
+    }
+    let listen =
+        string(d, "listen")?.ok_or_else(|| cfg_err("listen (\"host:port\") is required"))?;
+    let addr: SocketAddr = listen
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| cfg_err(format!("listen address {listen:?} must be host:port")))?;
+    let mut c = Config::new(addr, parse_settings(d)?);
+    c.workers = int(d, "workers", c.workers)?;
+    c.header_timeout = secs(d, "header_timeout", c.header_timeout)?;
+    c.idle_timeout = secs(d, "idle_timeout", c.idle_timeout)?;
+    c.max_header_bytes = int(d, "max_header_bytes", c.max_header_bytes)?;
+    c.pool_max_idle = int(d, "pool_max_idle", c.pool_max_idle)?;
+    c.pool_idle_timeout = secs(d, "pool_idle_timeout", c.pool_idle_timeout)?;
+    Ok(c)
+}
+
+/// The data plane of the HTTP load balancer (see `rustext/_native.pyi`).
+#[pyclass(name = "Balancer", module = "rustext")]
+pub struct PyBalancer {
+    config: Config,
+    inner: Mutex<Option<Arc<Balancer>>>,
+    closed: Mutex<bool>,
+}
+
+impl PyBalancer {
+    fn running(&self) -> PyResult<Arc<Balancer>> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| ErrorKind::Balancer.err("the balancer is not running (call start())"))
+    }
+}
+
+fn totals_dict<'py>(py: Python<'py>, t: &Totals) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("connections_total", t.connections_total)?;
+    d.set_item("connections_active", t.connections_active)?;
+    d.set_item("requests", t.requests)?;
+    let r = PyDict::new(py);
+    for (i, n) in t.responses.iter().enumerate() {
+        r.set_item(format!("{}xx", i + 1), n)?;
+    }
+    d.set_item("responses", r)?;
+    d.set_item("bytes_in", t.bytes_in)?;
+    d.set_item("bytes_out", t.bytes_out)?;
+    d.set_item("retries", t.retries)?;
+    d.set_item("no_backend", t.no_backend)?;
+    d.set_item("backend_errors", t.backend_errors)?;
+    d.set_item("timeouts", t.timeouts)?;
+    let bounds: Vec<f64> = LATENCY_BOUNDS_US.iter().map(|&u| u as f64 / 1e6).collect();
+    d.set_item("latency_bounds", bounds)?;
+    d.set_item("latency_buckets", t.latency.to_vec())?;
+    d.set_item("latency_sum", t.latency_sum_us as f64 / 1e6)?;
+    Ok(d)
+}
+
+#[pymethods]
+impl PyBalancer {
+    /// Check `config` (a dict, see `balancer.config`) without starting.
+    #[new]
+    fn new(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let config = parse_config(config)?;
+        // Validation resolves backend names, which may block: without the GIL.
+        py.detach(|| config.validate()).map_err(cfg_err)?;
+        Ok(PyBalancer {
+            config,
+            inner: Mutex::new(None),
+            closed: Mutex::new(false),
+        })
+    }
+
+    /// Bind the listeners and start the worker threads; returns (host, port).
+    fn start(&self, py: Python<'_>) -> PyResult<(String, u16)> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.is_some() || *self.closed.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Err(ErrorKind::Balancer.err("start() may be called once"));
+        }
+        let cfg = self.config.clone();
+        let b = py
+            .detach(|| Balancer::start(cfg))
+            .map_err(|e| ErrorKind::Balancer.err(e))?;
+        let a = b.local_addr();
+        *inner = Some(Arc::new(b));
+        Ok((a.ip().to_string(), a.port()))
+    }
+
+    /// (host, port) of the listener, or None before start().
+    #[getter]
+    fn address(&self) -> Option<(String, u16)> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner
+            .as_ref()
+            .map(|b| (b.local_addr().ip().to_string(), b.local_addr().port()))
+    }
+
+    #[getter]
+    fn workers(&self) -> usize {
+        self.config.workers
+    }
+
+    /// True between start() and drain()/close().
+    #[getter]
+    fn is_running(&self) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.as_ref().is_some_and(|b| b.running())
+    }
+
+    /// Replace backends, weights, algorithm, timeouts and limits at run time
+    /// without dropping connections. Keys fixed at start (listen, workers,
+    /// header/idle timeouts, pool sizes) are ignored. On error the running
+    /// configuration is kept.
+    fn update(&self, py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
+        let s = parse_settings(config)?;
+        let b = self.running()?;
+        // Resolving new backend names may block: not with the GIL held.
+        py.detach(|| b.update(s)).map_err(cfg_err)
+    }
+
+    /// Admin state of a backend: "up", "drain" (no new requests) or "down".
+    fn set_backend_state(&self, name: &str, state: &str) -> PyResult<()> {
+        self.running()?
+            .set_backend_state(name, state)
+            .map_err(|e| ErrorKind::Balancer.err(e))
+    }
+
+    /// Health from active checks; an unhealthy backend gets no requests.
+    fn set_backend_health(&self, name: &str, healthy: bool) -> PyResult<()> {
+        self.running()?
+            .set_backend_health(name, healthy)
+            .map_err(|e| ErrorKind::Balancer.err(e))
+    }
+
+    fn set_backend_weight(&self, py: Python<'_>, name: &str, weight: u32) -> PyResult<()> {
+        let b = self.running()?;
+        py.detach(|| b.set_backend_weight(name, weight))
+            .map_err(|e| ErrorKind::Balancer.err(e))
+    }
+
+    /// One dict per backend: name, weight, state, active, requests, failures,
+    /// ejections, responses (by class), bytes_out.
+    fn backends<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let b = self.running()?;
+        let out = PyList::empty(py);
+        for info in b.backends() {
+            let d = PyDict::new(py);
+            d.set_item("name", info.name)?;
+            d.set_item("weight", info.weight)?;
+            d.set_item("state", info.state)?;
+            d.set_item("active", info.active)?;
+            d.set_item("requests", info.requests)?;
+            d.set_item("failures", info.failures)?;
+            d.set_item("ejections", info.ejections)?;
+            let r = PyDict::new(py);
+            for (i, n) in info.responses.iter().enumerate() {
+                r.set_item(format!("{}xx", i + 1), n)?;
+            }
+            d.set_item("responses", r)?;
+            d.set_item("bytes_out", info.bytes_out)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    /// Totals over all workers, plus "workers": the same per worker and
+    /// "backends": as backends().
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let b = self.running()?;
+        let d = totals_dict(py, &b.totals())?;
+        let per = PyList::empty(py);
+        for t in b.per_worker() {
+            per.append(totals_dict(py, &t)?)?;
+        }
+        d.set_item("workers", per)?;
+        d.set_item("backends", self.backends(py)?)?;
+        d.set_item("algorithm", b.settings().algorithm.name())?;
+        d.set_item("hash_key", b.settings().hash_key.describe())?;
+        Ok(d)
+    }
+
+    /// Stop accepting, finish in-flight exchanges within `timeout` seconds,
+    /// then stop the workers. Blocks without the GIL; idempotent.
+    #[pyo3(signature = (timeout = 30.0))]
+    fn drain(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        if !timeout.is_finite() || timeout < 0.0 {
+            return Err(cfg_err("timeout must be a non-negative number of seconds"));
+        }
+        *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        let b = self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(b) = b {
+            py.detach(|| b.drain(Duration::from_secs_f64(timeout.min(86_400.0))));
+        }
+        Ok(())
+    }
+
+    /// Stop now (in-flight exchanges are cut). Idempotent.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.drain(py, 0.0)
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyBalancer>()
+}

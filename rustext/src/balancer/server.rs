@@ -1,0 +1,463 @@
+//! Listeners, worker threads and the lifecycle of a running balancer.
+//!
+//! `workers` threads each run a current-thread tokio runtime with its own
+//! `SO_REUSEPORT` listener on the same address (the kernel spreads
+//! connections), its own backend connection pool and its own stats, so the
+//! request path shares nothing between threads but the upstream snapshot.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use super::config::{Config, Settings};
+use super::net::{poll_send, poll_send_vectored};
+use super::pool::Pool;
+use super::proxy::{handle, Clock, ConnCtl, Peer, Shared, Worker};
+use super::stats::{Totals, WorkerStats};
+use super::upstream::{AdminState, Upstream};
+
+/// A running balancer. Dropping it drains with a zero deadline.
+pub struct Balancer {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    /// `Some(deadline)` once draining started.
+    stop: watch::Sender<Option<Instant>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    update_lock: Mutex<()>,
+}
+
+/// Snapshot of one backend for the control plane.
+#[derive(Clone, Debug)]
+pub struct BackendInfo {
+    pub name: String,
+    pub weight: u32,
+    pub state: &'static str,
+    pub active: i64,
+    pub requests: u64,
+    pub failures: u64,
+    pub ejections: u64,
+    pub responses: [u64; 5],
+    pub bytes_out: u64,
+}
+
+fn listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_reuse_address(true)?;
+    sock.set_reuse_port(true)?;
+    // Accepted sockets inherit it on Linux: no setsockopt per connection.
+    sock.set_tcp_nodelay(true)?;
+    sock.set_nonblocking(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(4096)?;
+    Ok(sock.into())
+}
+
+impl Balancer {
+    /// Bind the listeners and start the workers; errors are returned before
+    /// any thread starts.
+    pub fn start(config: Config) -> Result<Balancer, String> {
+        config.validate()?;
+        let epoch = Instant::now();
+        let ids = AtomicU64::new(0);
+        let upstream = Upstream::new(config.settings.clone(), None, epoch, &ids)?;
+        let first = listener(config.listen)
+            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+        let local_addr = first.local_addr().map_err(|e| e.to_string())?;
+        let mut listeners = vec![first];
+        for _ in 1..config.workers {
+            listeners.push(
+                listener(local_addr).map_err(|e| format!("cannot listen on {local_addr}: {e}"))?,
+            );
+        }
+        let workers: Vec<Arc<WorkerStats>> = (0..config.workers)
+            .map(|_| Arc::new(WorkerStats::default()))
+            .collect();
+        let shared = Arc::new(Shared {
+            config,
+            upstream: RwLock::new(Arc::new(upstream)),
+            workers: workers.clone(),
+            epoch,
+            ids,
+        });
+        let (stop, stop_rx) = watch::channel(None);
+        let mut threads = Vec::new();
+        for (i, (l, stats)) in listeners.into_iter().zip(workers).enumerate() {
+            let shared = shared.clone();
+            let stop_rx = stop_rx.clone();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot build a runtime: {e}"))?;
+            let t = std::thread::Builder::new()
+                .name(format!("balancer-{i}"))
+                .spawn(move || rt.block_on(worker_main(shared, stats, l, stop_rx)))
+                .map_err(|e| format!("cannot start a worker thread: {e}"))?;
+            threads.push(t);
+        }
+        Ok(Balancer {
+            shared,
+            local_addr,
+            stop,
+            threads: Mutex::new(threads),
+            update_lock: Mutex::new(()),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    pub fn running(&self) -> bool {
+        self.stop.borrow().is_none()
+    }
+
+    /// Replace backends and policy; in-flight requests finish on the old snapshot.
+    pub fn update(&self, settings: Settings) -> Result<(), String> {
+        let _g = self.update_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.shared.upstream();
+        let new = Upstream::new(settings, Some(&old), self.shared.epoch, &self.shared.ids)?;
+        // Backends that left may still serve requests; stop new ones to them.
+        *self
+            .shared
+            .upstream
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
+        Ok(())
+    }
+
+    pub fn settings(&self) -> Settings {
+        self.shared.upstream().settings.clone()
+    }
+
+    /// Administrative state: "up", "drain" or "down".
+    pub fn set_backend_state(&self, name: &str, state: &str) -> Result<(), String> {
+        let s = AdminState::parse(state)?;
+        let up = self.shared.upstream();
+        let b = up
+            .find(name)
+            .ok_or_else(|| format!("no backend named {name:?}"))?;
+        b.set_admin(s);
+        Ok(())
+    }
+
+    /// Health as seen by active checks (independent of the admin state).
+    pub fn set_backend_health(&self, name: &str, healthy: bool) -> Result<(), String> {
+        let up = self.shared.upstream();
+        let b = up
+            .find(name)
+            .ok_or_else(|| format!("no backend named {name:?}"))?;
+        b.set_healthy(healthy);
+        Ok(())
+    }
+
+    pub fn set_backend_weight(&self, name: &str, weight: u32) -> Result<(), String> {
+        let up = self.shared.upstream();
+        let mut settings = up.settings.clone();
+        let spec = settings
+            .backends
+            .iter_mut()
+            .find(|b| b.name == name)
+            .ok_or_else(|| format!("no backend named {name:?}"))?;
+        spec.weight = weight;
+        drop(up);
+        // Rebuilt so that the hash ring follows the weight.
+        self.update(settings)
+    }
+
+    pub fn backends(&self) -> Vec<BackendInfo> {
+        let up = self.shared.upstream();
+        up.backends
+            .iter()
+            .map(|b| BackendInfo {
+                name: b.name.clone(),
+                weight: b.weight.load(Relaxed),
+                state: b.state_name(),
+                active: b.active.load(Relaxed),
+                requests: b.stats.requests.load(Relaxed),
+                failures: b.stats.failures.load(Relaxed),
+                ejections: b.stats.ejections.load(Relaxed),
+                responses: std::array::from_fn(|i| b.stats.responses[i].load(Relaxed)),
+                bytes_out: b.stats.bytes_out.load(Relaxed),
+            })
+            .collect()
+    }
+
+    pub fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for w in &self.shared.workers {
+            t.add(w);
+        }
+        t
+    }
+
+    pub fn per_worker(&self) -> Vec<Totals> {
+        self.shared
+            .workers
+            .iter()
+            .map(|w| {
+                let mut t = Totals::default();
+                t.add(w);
+                t
+            })
+            .collect()
+    }
+
+    /// Stop accepting, let in-flight exchanges finish within `timeout`, then
+    /// stop the workers. Blocks; idempotent.
+    pub fn drain(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        self.stop.send_if_modified(|v| {
+            if v.is_none() {
+                *v = Some(deadline);
+                true
+            } else {
+                false
+            }
+        });
+        let threads: Vec<_> =
+            std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        self.drain(Duration::ZERO);
+    }
+}
+
+/// The live client connections of one worker: the housekeeping task closes
+/// idle ones and, on drain, all of them (so a connection's own task polls
+/// nothing but its connection).
+#[derive(Default)]
+struct Conns {
+    next: std::sync::atomic::AtomicU64,
+    map: Mutex<std::collections::HashMap<u64, Arc<ConnCtl>>>,
+}
+
+/// Housekeeping period: fine enough for the header timeout, at most 1 s.
+fn tick_period(cfg: &Config) -> Duration {
+    let mut t = Duration::from_secs(1);
+    if !cfg.header_timeout.is_zero() {
+        t = t.min(cfg.header_timeout / 4);
+    }
+    if !cfg.idle_timeout.is_zero() {
+        t = t.min(cfg.idle_timeout / 4);
+    }
+    t.max(Duration::from_millis(10))
+}
+
+async fn worker_main(
+    shared: Arc<Shared>,
+    stats: Arc<WorkerStats>,
+    l: std::net::TcpListener,
+    mut stop: watch::Receiver<Option<Instant>>,
+) {
+    let listener = match TcpListener::from_std(l) {
+        Ok(l) => l,
+        Err(_) => return,
+    };
+    let cfg = &shared.config;
+    let pool = Pool::new(cfg.pool_max_idle, cfg.pool_idle_timeout);
+    let worker = Arc::new(Worker {
+        pool,
+        shared: shared.clone(),
+        stats: stats.clone(),
+        clock: Clock::default(),
+    });
+    let conns = Arc::new(Conns::default());
+    let sweep_every = if cfg.pool_idle_timeout.is_zero() {
+        Duration::from_secs(30)
+    } else {
+        cfg.pool_idle_timeout / 2
+    };
+    let mut sweep = tokio::time::interval(sweep_every.max(Duration::from_millis(100)));
+    // Timeouts of client connections are enforced here, from a coarse clock,
+    // rather than by a timer per connection or per request: re-arming timers
+    // on every request costs a wake-up syscall each time.
+    let idle = cfg.idle_timeout;
+    let header = cfg.header_timeout;
+    let period = tick_period(cfg);
+    let mut tick = tokio::time::interval(period);
+    let mut idle_checked = Instant::now();
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = sweep.tick() => worker.pool.sweep(),
+            _ = tick.tick() => {
+                let now = worker.clock.advance();
+                let check_idle = !idle.is_zero() && idle_checked.elapsed() >= idle / 2;
+                if check_idle {
+                    idle_checked = Instant::now();
+                }
+                let map = conns.map.lock().unwrap_or_else(|e| e.into_inner());
+                for ctl in map.values() {
+                    if !header.is_zero() && ctl.head_overdue(now, header) {
+                        ctl.ask_abort(); // slowloris: no graceful anything
+                    } else if check_idle && !ctl.active.swap(false, Relaxed) {
+                        // Two checks (idle/2 apart) without a read or write.
+                        ctl.ask_close();
+                    }
+                }
+            }
+            r = listener.accept() => match r {
+                Ok((sock, peer)) => {
+                    // Registered here, so a drain that starts next sees it.
+                    let ctl = Arc::new(ConnCtl::default());
+                    let id = conns.next.fetch_add(1, Relaxed);
+                    conns.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl.clone());
+                    tokio::spawn(serve_conn(worker.clone(), conns.clone(), id, ctl, sock, peer));
+                }
+                // Out of descriptors or similar: back off instead of spinning.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            },
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    for ctl in conns.map.lock().unwrap_or_else(|e| e.into_inner()).values() {
+        ctl.ask_close();
+    }
+    let deadline = stop.borrow().unwrap_or_else(Instant::now);
+    while stats.connections_active.load(Relaxed) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Marks the connection as active on every read or write (idle timeout).
+struct Watched {
+    io: TcpStream,
+    ctl: Arc<ConnCtl>,
+    worker: Arc<Worker>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut me.io).poll_read(cx, buf);
+        if r.is_ready() {
+            me.ctl.active.store(true, Relaxed);
+            if buf.filled().len() > before {
+                me.ctl.reading(me.worker.clock.now());
+            }
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let me = self.get_mut();
+        let r = poll_send(&me.io, cx, buf);
+        if r.is_ready() {
+            me.ctl.active.store(true, Relaxed);
+        }
+        r
+    }
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        let me = self.get_mut();
+        let r = poll_send_vectored(&me.io, cx, bufs);
+        if r.is_ready() {
+            me.ctl.active.store(true, Relaxed);
+        }
+        r
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+struct ConnCount(Arc<WorkerStats>);
+impl Drop for ConnCount {
+    fn drop(&mut self) {
+        self.0.connections_active.fetch_sub(1, Relaxed);
+    }
+}
+
+async fn serve_conn(
+    w: Arc<Worker>,
+    conns: Arc<Conns>,
+    id: u64,
+    ctl: Arc<ConnCtl>,
+    sock: TcpStream,
+    peer: SocketAddr,
+) {
+    w.stats.connections_total.fetch_add(1, Relaxed);
+    w.stats.connections_active.fetch_add(1, Relaxed);
+    let _count = ConnCount(w.stats.clone());
+    if !cfg!(target_os = "linux") {
+        let _ = sock.set_nodelay(true);
+    }
+    let cfg = &w.shared.config;
+    let io = TokioIo::new(Watched {
+        io: sock,
+        ctl: ctl.clone(),
+        worker: w.clone(),
+    });
+    let peer = Arc::new(Peer::new(peer, ctl.clone()));
+    let worker = w.clone();
+    let svc = service_fn(move |req| handle(worker.clone(), peer.clone(), req));
+    let mut builder = http1::Builder::new();
+    // hyper's own header timer is off: see the housekeeping in worker_main.
+    builder
+        .timer(TokioTimer::new())
+        .max_buf_size(cfg.max_header_bytes)
+        .keep_alive(true)
+        .header_read_timeout(None);
+    let conn = builder.serve_connection(io, svc).with_upgrades();
+    tokio::pin!(conn);
+    let mut closing = false;
+    let mut registered = false;
+    let _ = std::future::poll_fn(|cx| {
+        if !registered {
+            // A spawned task's waker stays the same: stored once.
+            *ctl.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+            registered = true;
+        }
+        if ctl.abort.load(Relaxed) {
+            return Poll::Ready(());
+        }
+        if !closing && ctl.close.load(Relaxed) {
+            closing = true;
+            conn.as_mut().graceful_shutdown();
+        }
+        conn.as_mut().poll(cx).map(|_| ())
+    })
+    .await;
+    conns
+        .map
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&id);
+}

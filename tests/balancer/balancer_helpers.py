@@ -1,0 +1,85 @@
+"""Helpers of the balancer tests: backend processes, raw HTTP exchanges."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+
+BACKEND = os.path.join(os.path.dirname(__file__), "backend.py")
+PATTERN = bytes(range(251)) * 4096
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pattern(n: int) -> bytes:
+    """The backend's body for /size/n."""
+    reps, rest = divmod(n, len(PATTERN))
+    return PATTERN * reps + PATTERN[:rest]
+
+
+@dataclass
+class BackendProc:
+    name: str
+    port: int
+    proc: subprocess.Popen
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def start_backend(name: str, port: int | None = None) -> BackendProc:
+    port = port or free_port()
+    proc = subprocess.Popen([sys.executable, BACKEND, str(port), name], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line.strip() != b"ready":
+        proc.kill()
+        raise RuntimeError(f"backend {name} did not start")
+    return BackendProc(name, port, proc)
+
+
+def raw_exchange(port: int, request: bytes, timeout: float = 30.0) -> bytes:
+    """Send raw bytes, read until the server closes; returns everything read."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(request)
+        chunks = []
+        while data := s.recv(1 << 20):
+            chunks.append(data)
+    return b"".join(chunks)
+
+
+def split_response(raw: bytes) -> tuple[str, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return lines[0], headers, body
+
+
+def dechunk(body: bytes) -> bytes:
+    out = bytearray()
+    i = 0
+    while True:
+        j = body.index(b"\r\n", i)
+        size = int(body[i:j].split(b";")[0], 16)
+        if size == 0:
+            return bytes(out)
+        out += body[j + 2 : j + 2 + size]
+        i = j + 2 + size + 2

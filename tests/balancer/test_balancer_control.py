@@ -1,0 +1,290 @@
+"""The Python control plane: config files, health checks, admin API, reload, CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from balancer_helpers import free_port
+
+from balancer import BalancerConfig, BalancerConfigError, HealthCheck, LoadBalancer, load
+from balancer.config import BackendConfig, from_dict, parse_backends
+
+GOOD = """
+listen = "127.0.0.1:{port}"
+admin = "127.0.0.1:{admin}"
+workers = 2
+algorithm = "{algorithm}"
+retries = 2
+
+[timeouts]
+connect = 1.0
+response = 10.0
+
+[passive]
+eject_after = 2
+cooldown = 5.0
+
+[limits]
+max_connections = 100
+
+[[backends]]
+address = "{b0}"
+weight = 2
+
+[[backends]]
+address = "{b1}"
+"""
+
+
+def write(tmp_path, text: str) -> str:
+    p = tmp_path / "balancer.toml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_config_file_round_trip(tmp_path):
+    cfg = load(write(tmp_path, GOOD.format(port=8080, admin=9090, algorithm="wrr", b0="127.0.0.1:1", b1="127.0.0.1:2")))
+    assert cfg.algorithm == "weighted_round_robin"
+    assert cfg.backends[0] == BackendConfig(address="127.0.0.1:1", weight=2)
+    assert cfg.timeouts.connect == 1.0 and cfg.passive.eject_after == 2
+    native = cfg.to_native()
+    assert native["backends"][0] == {"address": "127.0.0.1:1", "weight": 2, "max_connections": 0}
+    assert native["max_connections"] == 100
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('listen = "x"', "host:port"),
+        ('backends = []', "'listen' is required"),
+        ('listen = "127.0.0.1:1"\nalgorithm = "fastest"', "algorithm must be one of"),
+        ('listen = "127.0.0.1:1"\nworkers = 0', "workers"),
+        ('listen = "127.0.0.1:1"\nbogus = 1', "unknown top-level"),
+        ('listen = "127.0.0.1:1"\n[timeouts]\nconect = 1', "unknown key(s) in [timeouts]"),
+        ('listen = "127.0.0.1:1"\n[[backends]]\naddress = "a:1"\nweight = -1', "weight"),
+        ('listen = "127.0.0.1:1"\nbackends = ["a:1", "a:1"]', "listed twice"),
+        ('listen = "127.0.0.1:1"\n[health]\npath = "x"', "health.path"),
+        ('listen = "127.0.0.1:1"\nhash_key = "cookie"', "hash_key"),
+        ("listen = [", "invalid TOML"),
+    ],
+)
+def test_invalid_config_files_are_rejected_clearly(tmp_path, text, message):
+    with pytest.raises(BalancerConfigError) as exc:
+        load(write(tmp_path, text))
+    assert message in str(exc.value)
+    assert str(tmp_path) in str(exc.value)
+
+
+def test_parse_backends_flag():
+    assert parse_backends("127.0.0.1:1=3, 127.0.0.1:2") == [
+        BackendConfig(address="127.0.0.1:1", weight=3), BackendConfig(address="127.0.0.1:2")
+    ]
+    with pytest.raises(BalancerConfigError):
+        parse_backends("127.0.0.1:1=x")
+    assert from_dict({"listen": "127.0.0.1:1", "backends": ["127.0.0.1:2"]}).backends[0].weight == 1
+
+
+def http_get(port: int, path: str, method: str = "GET") -> tuple[int, bytes]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        c.request(method, path)
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+async def aget(port: int, path: str, method: str = "GET") -> tuple[int, bytes]:
+    return await asyncio.to_thread(http_get, port, path, method)
+
+
+async def wait_for(cond, timeout: float = 15.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.02)
+
+
+async def test_active_health_checks_mark_down_and_up(backends):
+    b = backends(2)
+    cfg = BalancerConfig(
+        listen="127.0.0.1:0", workers=1,
+        backends=(BackendConfig(address=b[0].address), BackendConfig(address=b[1].address)),
+        health=HealthCheck(path="/health", interval=0.05, timeout=1.0, rise=2, fall=2),
+    )
+    async with LoadBalancer(cfg) as lb:
+        port = lb.address[1]
+        assert await aget(b[1].port, "/sick") == (200, b"ok")
+        await wait_for(lambda: {x["name"]: x["state"] for x in lb.backends()}[b[1].address] == "down")
+        for _ in range(6):
+            assert await aget(port, "/whoami") == (200, b"b0")
+        b[1].kill()
+        b[0].kill()
+        await wait_for(lambda: all(x["state"] == "down" for x in lb.backends()))
+        assert (await aget(port, "/whoami"))[0] == 503
+
+
+async def test_admin_api(backends):
+    b = backends(2)
+    admin = free_port()
+    cfg = BalancerConfig(listen="127.0.0.1:0", workers=1, admin=f"127.0.0.1:{admin}",
+                         backends=(BackendConfig(address=b[0].address), BackendConfig(address=b[1].address)))
+    async with LoadBalancer(cfg) as lb:
+        port = lb.address[1]
+        for _ in range(4):
+            assert (await aget(port, "/whoami"))[0] == 200
+        status, body = await aget(admin, "/backends")
+        assert status == 200 and [x["requests"] for x in json.loads(body)] == [2, 2]
+        status, body = await aget(admin, "/metrics")
+        text = body.decode()
+        assert status == 200
+        assert "balancer_requests_total 4" in text
+        assert 'balancer_responses_total{class="2xx"} 4' in text
+        assert f'balancer_backend_state{{backend="{b[0].address}",state="up"}} 1' in text
+        assert 'balancer_request_duration_seconds_bucket{le="+Inf"} 4' in text
+        assert (await aget(admin, f"/backends/{b[0].address}/drain", "POST"))[0] == 200
+        assert {(await aget(port, "/whoami"))[1] for _ in range(4)} == {b"b1"}
+        assert (await aget(admin, f"/backends/{b[0].address}/up", "POST"))[0] == 200
+        assert (await aget(admin, f"/backends/{b[1].address}/weight?w=0", "POST"))[0] == 200
+        assert {(await aget(port, "/whoami"))[1] for _ in range(4)} == {b"b0"}
+        assert (await aget(admin, "/backends/127.0.0.1:1/drain", "POST"))[0] == 404
+        assert (await aget(admin, "/stats"))[0] == 200
+        assert (await aget(admin, "/reload", "POST"))[0] == 400  # no file to reload
+        assert (await aget(admin, "/nope"))[0] == 404
+
+
+async def test_reload_file_under_load_and_invalid_reload_keeps_old(tmp_path, backends):
+    b = backends(3)
+    admin = free_port()
+    path = write(tmp_path, GOOD.format(port=0, admin=admin, algorithm="round_robin", b0=b[0].address, b1=b[1].address))
+    async with LoadBalancer(load(path), config_path=path) as lb:
+        port = lb.address[1]
+        stop = asyncio.Event()
+        errors: list[object] = []
+        seen: set[bytes] = set()
+
+        def client() -> None:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            while not stop.is_set():
+                try:
+                    c.request("GET", "/whoami")
+                    r = c.getresponse()
+                    body = r.read()
+                    if r.status != 200:
+                        errors.append(r.status)
+                    seen.add(body)
+                except (OSError, http.client.HTTPException) as exc:
+                    errors.append(exc)
+                    return
+            c.close()
+
+        tasks = [asyncio.create_task(asyncio.to_thread(client)) for _ in range(4)]
+        for i in range(6):
+            b0, b1 = (b[0], b[2]) if i % 2 == 0 else (b[1], b[2])
+            with open(path, "w") as f:
+                f.write(GOOD.format(port=0, admin=admin, algorithm="least_connections", b0=b0.address, b1=b1.address))
+            await lb.reload()
+            await asyncio.sleep(0.05)
+        with open(path, "w") as f:
+            f.write("listen = [broken")
+        with pytest.raises(BalancerConfigError):
+            await lb.reload()
+        status, body = await aget(admin, "/reload", "POST")
+        assert status == 400 and b"invalid TOML" in body
+        stop.set()
+        await asyncio.gather(*tasks)
+        assert errors == []
+        assert b"b2" in seen
+        assert lb.config.algorithm == "least_connections"
+        assert lb.stats()["algorithm"] == "least_connections"
+
+
+def test_cli_serves_reloads_on_sighup_and_exits_on_sigterm(tmp_path, backends):
+    b = backends(2)
+    port, admin = free_port(), free_port()
+    path = write(tmp_path, GOOD.format(port=port, admin=admin, algorithm="round_robin", b0=b[0].address, b1=b[1].address))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "balancer", "--config", path, "--log-level", "WARNING"],
+                            cwd=root, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if http_get(admin, "/healthz")[0] == 200:
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+        assert {http_get(port, "/whoami")[1] for _ in range(4)} == {b"b0", b"b1"}
+        with open(path, "w") as f:
+            f.write(f'listen = "127.0.0.1:{port}"\nadmin = "127.0.0.1:{admin}"\nworkers = 2\n'
+                    f'backends = ["{b[1].address}"]\n')
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while {x["name"] for x in json.loads(http_get(admin, "/backends")[1])} != {b[1].address}:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert {http_get(port, "/whoami")[1] for _ in range(4)} == {b"b1"}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+def test_cli_rejects_bad_flags():
+    from cli.main import main
+
+    assert main(["balancer", "--listen", "127.0.0.1:0"]) == 2
+    assert main(["balancer", "--listen", "127.0.0.1:0", "--backends", "127.0.0.1:1", "--algorithm", "x"]) == 2
+
+
+def test_cli_flags_without_config_file(backends):
+    b = backends(2)
+    port, admin = free_port(), free_port()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "balancer", "--listen", f"127.0.0.1:{port}",
+         "--backends", f"{b[0].address}=3,{b[1].address}", "--algorithm", "wrr", "--workers", "2",
+         "--metrics-port", str(admin), "--health-path", "/health", "--log-level", "WARNING"],
+        cwd=root, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if http_get(admin, "/healthz")[0] == 200:
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+        got = [http_get(port, "/whoami")[1] for _ in range(8)]
+        assert got.count(b"b0") == 6 and got.count(b"b1") == 2
+        backends_json = json.loads(http_get(admin, "/backends")[1])
+        assert [x["weight"] for x in backends_json] == [3, 1]
+        assert b"balancer_requests_total 8" in http_get(admin, "/metrics")[1]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+def test_cli_listen_port_only_means_all_interfaces():
+    from cli.balancer import build_config
+    from cli.main import build_parser
+
+    args = build_parser().parse_args(["balancer", "--listen", ":8080", "--backends", "127.0.0.1:1=2"])
+    cfg = build_config(args)
+    assert cfg.listen == "0.0.0.0:8080" and cfg.backends[0].weight == 2
