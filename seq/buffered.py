@@ -8,6 +8,17 @@ wait. With ``buf_size`` 0 nothing is fetched ahead: each fetch asks for as
 many IDs as there are callers waiting at that moment (one for a lone
 caller), so no ID is taken that no one asked for.
 
+Adaptive prefetch: when consumers drain a range faster than a background
+fetch takes (they had to wait for it), the next fetch asks for twice as
+many IDs, up to ``max_fetch`` (default 64 × ``buf_size``); when a fetched
+range arrives while more than a quarter of the current one is still unused,
+the size halves again, down to ``buf_size``. So ``buf_size`` is the least a
+fetch asks for and the size a slow consumer keeps; a consumer outpacing the
+round trip gets ranges big enough to hide it, with one fetch in flight
+(hence no reordering and no gaps). What a sequence holds unused at any time
+is at most two ranges of the current fetch size (lost as a gap if the
+process dies). ``max_fetch=buf_size`` turns the adaptation off.
+
 At most one fetch is in flight, and ranges are used in the order they were
 obtained, so the IDs one sequence hands out are strictly increasing, in the
 order ``next()`` returns them, whichever task calls it. A range below an
@@ -30,12 +41,18 @@ log = logging.getLogger("seq.client")
 class BufferedSeq:
     """Base class: subclasses implement :meth:`_fetch` (and may implement :meth:`_fetch_now`)."""
 
-    def __init__(self, buf_size: int) -> None:
+    def __init__(self, buf_size: int, *, max_fetch: int | None = None) -> None:
         if buf_size < 0:
             raise ValueError("buf_size must be >= 0")
+        if max_fetch is not None and max_fetch < buf_size:
+            raise ValueError("max_fetch must be >= buf_size")
         self.buf_size = buf_size
+        self.max_fetch = buf_size * 64 if max_fetch is None else max_fetch
+        self.fetch_size = buf_size  # what the next background fetch asks for (adaptive)
+        self._background = False  # the fetch in flight was started ahead of need
         self._cur = 0
         self._end = 0
+        self._start = 0
         self._refill_at = -1  # handing out this ID starts a background fetch
         self._queued: tuple[int, int] | None = None
         self._fetch_task: asyncio.Task[BaseException | None] | None = None
@@ -110,23 +127,28 @@ class BufferedSeq:
             raise SeqInconsistent(f"range [{lo}, {hi}) is below ID {self._high - 1} already obtained")
         self._high = hi
         if self._cur < self._end:
+            # Arrived with more than a quarter of the current range unused: the
+            # consumers are slower than a round trip, fetch less next time.
+            if self.fetch_size > self.buf_size and (self._end - self._cur) * 4 > self._end - self._start:
+                self.fetch_size = max(self.buf_size, self.fetch_size // 2)
             self._queued = rng
             return
         self._set_current(lo, hi)
 
     def _set_current(self, lo: int, hi: int) -> None:
-        self._cur, self._end = lo, hi
-        self._refill_at = max(lo, hi - 1 - self.buf_size // 2) if self.buf_size else -1
+        self._cur, self._end, self._start = lo, hi, lo
+        self._refill_at = max(lo, hi - 1 - (hi - lo) // 2) if self.buf_size else -1
 
     def _prefetch(self) -> None:
         if self._fetch_task is None and self._queued is None and not self._closed:
-            now = self._fetch_now(self.buf_size)
+            now = self._fetch_now(self.fetch_size)
             if now is not None:
                 self._install(now)  # a local source: no task needed
             else:
-                self._start_fetch(self.buf_size)
+                self._start_fetch(self.fetch_size, background=True)
 
-    def _start_fetch(self, n: int) -> None:
+    def _start_fetch(self, n: int, *, background: bool = False) -> None:
+        self._background = background
         self._fetch_task = asyncio.get_running_loop().create_task(self._run_fetch(n))
 
     async def _run_fetch(self, n: int) -> BaseException | None:
@@ -159,12 +181,16 @@ class BufferedSeq:
                 self._set_current(lo, hi)
                 continue
             if self._fetch_task is None:
-                n = max(self.buf_size, self._waiting + 1)
+                n = max(self.fetch_size, self._waiting + 1)
                 now = self._fetch_now(n)
                 if now is not None:
                     self._install(now)
                     continue
                 self._start_fetch(n)
+            elif self._background and self.buf_size:
+                # Ran dry while the prefetch was still in flight: ask for more next time.
+                self._background = False
+                self.fetch_size = min(self.max_fetch, self.fetch_size * 2)
             task = self._fetch_task
             assert task is not None
             self._waiting += 1

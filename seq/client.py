@@ -39,7 +39,8 @@ class RRSeq(BufferedSeq):
 
     `timeout` bounds one fetch (all retries included); `attempt_timeout`
     bounds one server's answer (default: a third of `timeout`), so one hung
-    server cannot use a whole fetch's time.
+    server cannot use a whole fetch's time. `max_fetch` caps the adaptive
+    fetch size (default 64 × `buf_size`; see :mod:`seq.buffered`).
     """
 
     def __init__(
@@ -52,9 +53,10 @@ class RRSeq(BufferedSeq):
         attempt_timeout: float | None = None,
         backoff_min: float = 0.1,
         backoff_max: float = 5.0,
+        max_fetch: int | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        super().__init__(buf_size)
+        super().__init__(buf_size, max_fetch=max_fetch)
         if not servers:
             raise ValueError("at least one server")
         if timeout <= 0:
