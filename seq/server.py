@@ -84,6 +84,7 @@ class ServerConfig:
     join_poll: float = 0.2  # how often a joining member polls the others
     forward: bool = True  # forward NextID batches to the name's preferred coordinator
     max_inflight: int = 1  # concurrent rounds per name (1: bigger batches, best when CPU-bound)
+    linger: float = 0.001  # back-to-back rounds of a name wait this long to batch more requests
     peer_port: int = 0  # rpc.transport port for member-to-member calls, on the --listen host (0: any)
 
     def __post_init__(self) -> None:
@@ -104,6 +105,8 @@ class ServerConfig:
             raise ValueError("max_inflight must be >= 1")
         if not 1 <= self.max_range <= MAX_VALUE:
             raise ValueError("max_range out of range")
+        if not 0 <= self.linger <= 1.0:
+            raise ValueError("linger must be in [0, 1] s")
         if not 0 <= self.peer_port < 65536:
             raise ValueError("peer_port out of range")
 
@@ -236,6 +239,7 @@ class RRServer:
             backoff_cap=cfg.backoff_cap,
             on_store_failure=self._store_failed,
             max_inflight=cfg.max_inflight,
+            linger=cfg.linger,
         )
         host = cfg.listen.rpartition(":")[0]
         self._transport = TransportServer(
