@@ -68,12 +68,13 @@ class RRSeq(BufferedSeq):
         self._backoff_max = backoff_max
         self._rng = rng or random.Random()
         self._servers = [_Server(a) for a in servers]
+        self._req1 = pb.NextIDRequest(name=name, range_size=1)  # the buffer-0 request, built once
         self._rr = 0
 
     async def _fetch(self, n: int) -> tuple[int, int]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        req = pb.NextIDRequest(name=self.name, range_size=n)
+        req = self._req1 if n == 1 else pb.NextIDRequest(name=self.name, range_size=n)
         reason = "no server tried"
         while True:
             now = loop.time()
