@@ -178,6 +178,13 @@ class Coordinator:
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
 
+    def _forwards(self, name: str) -> bool:
+        """Whether a batch of `name` would be forwarded (not coordinated here) right now."""
+        pref = self.preferred(name)
+        if pref is None or pref[1] is None:
+            return False
+        return self._down_until.get(pref[0], 0.0) <= asyncio.get_running_loop().time()
+
     async def aclose(self) -> None:
         """Cancel the rounds; waiting requests get None (no range). Idempotent."""
         self._closed = True
@@ -195,7 +202,7 @@ class Coordinator:
         """One batch; `after`: how many requests the round just before this one served (0: none)."""
         batch: list[_Request] = []
         try:
-            if after >= LINGER_MIN_BATCH and self._linger > 0:
+            if after >= LINGER_MIN_BATCH and self._linger > 0 and not self._forwards(name):
                 # Back-to-back rounds with several requests each mean load: let the batch
                 # grow a little (fewer rounds, fsyncs and peer calls per ID: the cluster is
                 # CPU-bound there). A request at an idle name, or light load, starts at once.
