@@ -9,10 +9,12 @@ many IDs as there are callers waiting at that moment (one for a lone
 caller), so no ID is taken that no one asked for.
 
 Adaptive prefetch: when consumers drain a range faster than a background
-fetch takes (they had to wait for it), the next fetch asks for twice as
-many IDs, up to ``max_fetch`` (default 64 × ``buf_size``); when a fetched
-range arrives while more than a quarter of the current one is still unused,
-the size halves again, down to ``buf_size``. So ``buf_size`` is the least a
+fetch takes, the next fetch asks for more IDs: four times as many when they
+had to wait for it, twice as many when it arrived with less than 1/16 of
+the current range left; up to
+``max_fetch`` (default 64 × ``buf_size``); when a fetched range arrives
+while more than a quarter of the current one is still unused, the size
+halves again, down to ``buf_size``. So ``buf_size`` is the least a
 fetch asks for and the size a slow consumer keeps; a consumer outpacing the
 round trip gets ranges big enough to hide it, with one fetch in flight
 (hence no reordering and no gaps). What a sequence holds unused at any time
@@ -127,10 +129,14 @@ class BufferedSeq:
             raise SeqInconsistent(f"range [{lo}, {hi}) is below ID {self._high - 1} already obtained")
         self._high = hi
         if self._cur < self._end:
-            # Arrived with more than a quarter of the current range unused: the
-            # consumers are slower than a round trip, fetch less next time.
-            if self.fetch_size > self.buf_size and (self._end - self._cur) * 4 > self._end - self._start:
+            left, size = self._end - self._cur, self._end - self._start
+            if left * 4 > size:
+                # Arrived with more than a quarter of the current range unused: the
+                # consumers are slower than a round trip, fetch less next time.
                 self.fetch_size = max(self.buf_size, self.fetch_size // 2)
+            elif left * 16 < size and self.buf_size:
+                # Arrived just in time: grow before the consumers run dry.
+                self.fetch_size = min(self.max_fetch, self.fetch_size * 2)
             self._queued = rng
             return
         self._set_current(lo, hi)
@@ -188,9 +194,9 @@ class BufferedSeq:
                     continue
                 self._start_fetch(n)
             elif self._background and self.buf_size:
-                # Ran dry while the prefetch was still in flight: ask for more next time.
+                # Ran dry while the prefetch was still in flight: ask for (much) more next time.
                 self._background = False
-                self.fetch_size = min(self.max_fetch, self.fetch_size * 2)
+                self.fetch_size = min(self.max_fetch, self.fetch_size * 4)
             task = self._fetch_task
             assert task is not None
             self._waiting += 1

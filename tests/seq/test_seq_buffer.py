@@ -157,13 +157,17 @@ async def test_adaptive_fetch_grows_when_consumers_outpace_the_round_trip() -> N
     await asyncio.sleep(0)
     s.release()  # consumers ran dry while it was in flight
     got += await rest
-    assert s.fetch_size == 20  # the next fetch asks for twice as many
+    assert s.fetch_size == 40  # the next fetch asks for four times as many
     for _ in range(4):
         got.append(await s.next())  # 12..15: ID 15 (half of [11, 21)) starts the next fetch
     await s.wait_asked(3)
-    assert s.asked[2] == 20
+    assert s.asked[2] == 40
+    for _ in range(4):
+        got.append(await s.next())  # 16..19: one ID of [11, 21) left when the range arrives
     s.release()
-    for _ in range(25):  # 16..20, then 21..40 (a 4th fetch starts at 30 and is never needed)
+    await asyncio.sleep(0)
+    assert s.fetch_size == 40  # 1 of 10 left: neither late (< 1/16) nor early (> 1/4)
+    for _ in range(41):  # 20, then 21..60 (a 4th fetch starts at 40 and is never needed)
         got.append(await s.next())
     assert got == list(range(1, len(got) + 1))  # one fetch in flight: still no gap, in order
     await s.aclose()
@@ -201,3 +205,19 @@ async def test_adaptive_fetch_shrinks_for_slow_consumers_and_respects_max() -> N
     assert fixed.fetch_size == 10  # max_fetch == buf_size: no adaptation
     await s.aclose()
     await fixed.aclose()
+
+
+async def test_adaptive_fetch_grows_when_a_range_arrives_just_in_time() -> None:
+    s = Scripted(32)
+    t = asyncio.ensure_future(s.next())
+    await s.wait_asked(1)
+    s.release()
+    assert await t == 1
+    for _ in range(30):
+        await s.next()  # up to 31: ID 16 started the next fetch; 1 of 32 left
+    await s.wait_asked(2)
+    s.release()
+    await asyncio.sleep(0)
+    assert s.fetch_size == 64
+    assert [await s.next() for _ in range(2)] == [32, 33]  # no wait: the range was queued
+    await s.aclose()
