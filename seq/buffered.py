@@ -39,6 +39,10 @@ from seq.errors import SeqClosed, SeqError, SeqInconsistent
 
 log = logging.getLogger("seq.client")
 
+# Loop turns a consumer gives a remote fetch it just started (task start, the gRPC
+# call's own task, the send).
+_PREFETCH_YIELDS = 3
+
 
 class BufferedSeq:
     """Base class: subclasses implement :meth:`_fetch` (and may implement :meth:`_fetch_now`)."""
@@ -80,10 +84,8 @@ class BufferedSeq:
     async def next(self) -> int:
         """The next ID. Raises SeqUnavailable (no range before the deadline) or SeqClosed."""
         cur = self._cur
-        if cur < self._end:
+        if cur < self._end and cur != self._refill_at:
             self._cur = cur + 1
-            if cur == self._refill_at:
-                self._prefetch()
             return cur
         return await self._next_slow()
 
@@ -91,10 +93,8 @@ class BufferedSeq:
         """``async for id in seq.stream()``: IDs until the sequence is closed (ends quietly)."""
         while True:
             cur = self._cur
-            if cur < self._end:
+            if cur < self._end and cur != self._refill_at:
                 self._cur = cur + 1
-                if cur == self._refill_at:
-                    self._prefetch()
                 yield cur
                 continue
             try:
@@ -145,13 +145,16 @@ class BufferedSeq:
         self._cur, self._end, self._start = lo, hi, lo
         self._refill_at = max(lo, hi - 1 - (hi - lo) // 2) if self.buf_size else -1
 
-    def _prefetch(self) -> None:
+    def _prefetch(self) -> bool:
+        """Start the background fetch; True when one went out to a remote source."""
         if self._fetch_task is None and self._queued is None and not self._closed:
             now = self._fetch_now(self.fetch_size)
             if now is not None:
                 self._install(now)  # a local source: no task needed
-            else:
-                self._start_fetch(self.fetch_size, background=True)
+                return False
+            self._start_fetch(self.fetch_size, background=True)
+            return True
+        return False
 
     def _start_fetch(self, n: int, *, background: bool = False) -> None:
         self._background = background
@@ -177,9 +180,18 @@ class BufferedSeq:
                 raise SeqClosed("sequence is closed")
             cur = self._cur
             if cur < self._end:
-                self._cur = cur + 1
                 if cur == self._refill_at:
-                    self._prefetch()
+                    self._refill_at = -1
+                    if self._prefetch():
+                        # Let the fetch send its request now. Consumers that never block
+                        # (every next() served from the buffer) would otherwise keep the loop
+                        # from starting it until the buffer ran dry, and every refill would
+                        # cost a full round trip of waiting. Done before taking an ID, so
+                        # IDs still come out increasing in the order next() returns them.
+                        for _ in range(_PREFETCH_YIELDS):
+                            await asyncio.sleep(0)
+                    continue
+                self._cur = cur + 1
                 return cur
             if self._queued is not None:
                 lo, hi = self._queued
