@@ -221,3 +221,20 @@ async def test_adaptive_fetch_grows_when_a_range_arrives_just_in_time() -> None:
     assert s.fetch_size == 64
     assert [await s.next() for _ in range(2)] == [32, 33]  # no wait: the range was queued
     await s.aclose()
+
+
+async def test_a_remote_prefetch_yields_but_ids_stay_in_return_order() -> None:
+    s = Scripted(10)
+    order: list[int] = []
+
+    async def take() -> None:
+        order.append(await s.next())
+
+    t = asyncio.ensure_future(take())
+    await s.wait_asked(1)
+    s.release()
+    await t
+    await asyncio.gather(*(take() for _ in range(8)))  # crosses the refill point (ID 5)
+    assert order == list(range(1, 10))  # the task that started the fetch yielded before taking an ID
+    assert s.asked == [10, 10]  # and the fetch went out before the buffer ran dry
+    await s.aclose()
