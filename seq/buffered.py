@@ -47,6 +47,8 @@ _PREFETCH_YIELDS = 3
 class BufferedSeq:
     """Base class: subclasses implement :meth:`_fetch` (and may implement :meth:`_fetch_now`)."""
 
+    _local = False  # True when _fetch_now always answers (a local source: refills never wait)
+
     def __init__(self, buf_size: int, *, max_fetch: int | None = None) -> None:
         if buf_size < 0:
             raise ValueError("buf_size must be >= 0")
@@ -84,7 +86,12 @@ class BufferedSeq:
     async def next(self) -> int:
         """The next ID. Raises SeqUnavailable (no range before the deadline) or SeqClosed."""
         cur = self._cur
-        if cur < self._end and cur != self._refill_at:
+        if cur < self._end:
+            if cur == self._refill_at:
+                if not self._local:
+                    return await self._next_slow()  # yields while the fetch goes out
+                self._refill_at = -1
+                self._prefetch()
             self._cur = cur + 1
             return cur
         return await self._next_slow()
@@ -93,7 +100,10 @@ class BufferedSeq:
         """``async for id in seq.stream()``: IDs until the sequence is closed (ends quietly)."""
         while True:
             cur = self._cur
-            if cur < self._end and cur != self._refill_at:
+            if cur < self._end and (cur != self._refill_at or self._local):
+                if cur == self._refill_at:
+                    self._refill_at = -1
+                    self._prefetch()
                 self._cur = cur + 1
                 yield cur
                 continue
