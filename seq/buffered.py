@@ -139,6 +139,9 @@ class BufferedSeq:
             raise SeqInconsistent(f"range [{lo}, {hi}) is below ID {self._high - 1} already obtained")
         self._high = hi
         if self._cur < self._end:
+            if self._local:  # refills never wait: nothing to adapt
+                self._queued = rng
+                return
             left, size = self._end - self._cur, self._end - self._start
             if left * 4 > size:
                 # Arrived with more than a quarter of the current range unused: the
