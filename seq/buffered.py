@@ -18,8 +18,8 @@ halves again, down to ``buf_size``. So ``buf_size`` is the least a
 fetch asks for and the size a slow consumer keeps; a consumer outpacing the
 round trip gets ranges big enough to hide it, with one fetch in flight
 (hence no reordering and no gaps). What a sequence holds unused at any time
-is at most two ranges of the current fetch size (lost as a gap if the
-process dies). ``max_fetch=buf_size`` turns the adaptation off.
+is at most two ranges of at most ``max_fetch`` IDs each (lost as a gap if
+the process dies). ``max_fetch=buf_size`` turns the adaptation off.
 
 At most one fetch is in flight, and ranges are used in the order they were
 obtained, so the IDs one sequence hands out are strictly increasing, in the
