@@ -47,6 +47,11 @@ def register(subparsers: Any) -> None:
     s.add_argument("--no-forward", action="store_true",
                    help="coordinate every request here instead of forwarding to the name's preferred member")
     s.add_argument("--max-inflight", type=int, default=1, help="concurrent quorum rounds per name")
+    s.add_argument("--linger-ms", type=float, default=1.0,
+                   help="under load (the previous round of a name served >= 4 requests) the next round waits this long to batch more (ms; 0: off)")
+    s.add_argument("--peer-port", type=int, default=0,
+                   help="port of the member-to-member transport on the --listen host (default 0: any free port; "
+                        "peers learn it over gRPC)")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
     s.add_argument("--log-level", default="INFO")
     s.set_defaults(func=run_server)
@@ -99,7 +104,7 @@ def run_server(args: argparse.Namespace) -> int:
             listen=args.listen, data_dir=args.data, peers=tuple(_addrs(args.peers)), advertise=args.advertise,
             mode="bootstrap" if args.bootstrap else "rejoin" if args.rejoin else "normal",
             default_timeout=args.timeout, peer_timeout=args.peer_timeout,
-            forward=not args.no_forward, max_inflight=args.max_inflight,
+            forward=not args.no_forward, max_inflight=args.max_inflight, peer_port=args.peer_port, linger=args.linger_ms / 1000,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -4,14 +4,15 @@ Map (see ../shared/protocols/rrseq.md and the README's "Seq" section):
 
 - ``server.py``      RRServer: one member (public ``pb.RRAPI`` + member-to-member ``RRPeer``),
                      ServerConfig, data-dir start checks, join (bootstrap / catch-up)
-- ``coordinator.py`` NextID rounds: read quorum, compare-and-set write quorum, retries, forwarding
+- ``coordinator.py`` NextID rounds: read quorum, compare-and-set write quorum, retries, forwarding, linger
+- ``peerlink.py``    member-to-member hot path (read, compare-and-set, acquire) over rpc.transport
 - ``quorum.py``      vote counting of one round (sans-I/O)
 - ``metrics.py``     Prometheus endpoint of a member
 - ``localcluster.py`` N server processes on loopback (tests, benches, ``juggler seq bench``)
 - ``bench.py``       measurements shared by ``juggler seq bench`` and benches/seq
 - ``store.py``       durable name → value map: group-committed fsync'd log, compaction, meta
 - ``log.py``         the log's byte format and recovery (sans-I/O)
-- ``buffered.py``    the double buffer shared by the two sequences
+- ``buffered.py``    the double buffer (with adaptive prefetch) shared by the two sequences
 - ``client.py``      RRSeq, the cluster client
 - ``simple.py``      SimpleBufSeq, the single-process baseline
 - ``wire.py``        gRPC glue over the generated messages in ``_proto/``

@@ -39,7 +39,8 @@ class RRSeq(BufferedSeq):
 
     `timeout` bounds one fetch (all retries included); `attempt_timeout`
     bounds one server's answer (default: a third of `timeout`), so one hung
-    server cannot use a whole fetch's time.
+    server cannot use a whole fetch's time. `max_fetch` caps the adaptive
+    fetch size (default 64 × `buf_size`; see :mod:`seq.buffered`).
     """
 
     def __init__(
@@ -52,9 +53,10 @@ class RRSeq(BufferedSeq):
         attempt_timeout: float | None = None,
         backoff_min: float = 0.1,
         backoff_max: float = 5.0,
+        max_fetch: int | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        super().__init__(buf_size)
+        super().__init__(buf_size, max_fetch=max_fetch)
         if not servers:
             raise ValueError("at least one server")
         if timeout <= 0:
@@ -66,12 +68,13 @@ class RRSeq(BufferedSeq):
         self._backoff_max = backoff_max
         self._rng = rng or random.Random()
         self._servers = [_Server(a) for a in servers]
+        self._req1 = pb.NextIDRequest(name=name, range_size=1)  # the buffer-0 request, built once
         self._rr = 0
 
     async def _fetch(self, n: int) -> tuple[int, int]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        req = pb.NextIDRequest(name=self.name, range_size=n)
+        req = self._req1 if n == 1 else pb.NextIDRequest(name=self.name, range_size=n)
         reason = "no server tried"
         while True:
             now = loop.time()

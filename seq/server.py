@@ -1,9 +1,12 @@
 """RRServer: one member of an RRSeq cluster (rrseq.md).
 
 It serves the public ``pb.RRAPI`` (``GRPCNextID``/``GRPCCurID``/
-``GRPCSetID``) and the member-to-member ``rrseq.peer.v1.RRPeer`` on the
-same port. NextID is coordinated by :class:`seq.coordinator.Coordinator`;
-the member's own values live in :class:`seq.store.Store`.
+``GRPCSetID``) and the rare member-to-member calls (``rrseq.peer.v1.RRPeer``:
+snapshot, peer-port discovery) on its gRPC port, and the per-round
+member-to-member calls (read, compare-and-set, acquire) on an rpc.transport
+listener (``peer_port``, see :mod:`seq.peerlink`). NextID is coordinated by
+:class:`seq.coordinator.Coordinator`; the member's own values live in
+:class:`seq.store.Store`.
 
 Membership and data states (``meta.json``):
 
@@ -34,18 +37,24 @@ import fcntl
 import hashlib
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import grpc
 
+from rpc.transport import ServerConfig as TransportServerConfig
+from rpc.transport import TransportServer
+from seq import peerlink
 from seq._proto import rrpeer_pb2 as peer_pb
 from seq._proto import rrseq_pb2 as pb
 from seq.coordinator import Coordinator, CoordinatorStats
 from seq.errors import SeqExhausted, StoreError, UnsafeStart
 from seq.log import MAX_NAME, MAX_VALUE
+from seq.peerlink import EXHAUSTED, NOT_READY, OK, OP_ACQUIRE, OP_CAS, OP_READ, WRONG_CLUSTER, PeerLink
 from seq.store import Meta, State, Store, ensure_dir, log_generations, read_meta, write_meta
-from seq.wire import CHANNEL_OPTIONS, PeerStub, api_handler, peer_handler
+from seq.wire import CHANNEL_OPTIONS, api_handler, peer_handler
 
 log = logging.getLogger("seq.server")
 
@@ -77,6 +86,8 @@ class ServerConfig:
     join_poll: float = 0.2  # how often a joining member polls the others
     forward: bool = True  # forward NextID batches to the name's preferred coordinator
     max_inflight: int = 1  # concurrent rounds per name (1: bigger batches, best when CPU-bound)
+    linger: float = 0.001  # back-to-back rounds of a name wait this long to batch more requests
+    peer_port: int = 0  # rpc.transport port for member-to-member calls, on the --listen host (0: any)
 
     def __post_init__(self) -> None:
         _check_addr(self.listen)
@@ -96,6 +107,10 @@ class ServerConfig:
             raise ValueError("max_inflight must be >= 1")
         if not 1 <= self.max_range <= MAX_VALUE:
             raise ValueError("max_range out of range")
+        if not 0 <= self.linger <= 1.0:
+            raise ValueError("linger must be in [0, 1] s")
+        if not 0 <= self.peer_port < 65536:
+            raise ValueError("peer_port out of range")
 
     @property
     def self_address(self) -> str:
@@ -179,7 +194,9 @@ class RRServer:
         self._store: Store | None = None
         self._server: grpc.aio.Server | None = None
         self._channels: list[grpc.aio.Channel] = []
-        self._peers: list[PeerStub] = []
+        self._peers: list[PeerLink] = []
+        self._transport: TransportServer | None = None
+        self.peer_port = 0
         self._coordinator: Coordinator | None = None
         self._join_task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
@@ -188,6 +205,9 @@ class RRServer:
         self._closing = False
         self._lock_fd: int | None = None
         self.port = 0
+        self._max_range = config.max_range
+        self._default_timeout = config.default_timeout
+        self._loop_time: Callable[[], float] = time.monotonic  # the running loop's clock, set in start()
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -203,13 +223,14 @@ class RRServer:
 
     async def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         cfg = self.config
+        self._loop_time = loop.time
         self._state, create = await loop.run_in_executor(None, prepare_data_dir, cfg)
         self._store = await loop.run_in_executor(
             None, lambda: Store.open(cfg.data_dir, create=create, compact_bytes=cfg.compact_bytes)
         )
         self._store.start()
         self._channels = [grpc.aio.insecure_channel(p, options=CHANNEL_OPTIONS) for p in cfg.peers]
-        self._peers = [PeerStub(c) for c in self._channels]
+        self._peers = [PeerLink(a, c, cfg.cluster) for a, c in zip(cfg.peers, self._channels)]
         self._coordinator = Coordinator(
             store=self._store,
             votes=lambda: self._state == "ready",
@@ -224,12 +245,26 @@ class RRServer:
             backoff_cap=cfg.backoff_cap,
             on_store_failure=self._store_failed,
             max_inflight=cfg.max_inflight,
+            linger=cfg.linger,
         )
+        host = cfg.listen.rpartition(":")[0]
+        self._transport = TransportServer(
+            f"tcp://{host}:{cfg.peer_port}",
+            self._peer_call,
+            protocol=peerlink.PROTOCOL,
+            registry=peerlink.registry(),
+            config=TransportServerConfig(connection=peerlink.CONNECTION_CONFIG),
+        )
+        try:
+            ep = await self._transport.start()
+        except OSError as exc:
+            raise OSError(f"cannot listen on {host}:{cfg.peer_port} (peer port): {exc}") from exc
+        self.peer_port = ep.port
         self._server = grpc.aio.server(options=CHANNEL_OPTIONS)
         self._server.add_generic_rpc_handlers(
             (
                 api_handler(self._next_id, self._cur_id, self._set_id),
-                peer_handler(self._peer_read, self._peer_cas, self._peer_snapshot, self._peer_acquire),
+                peer_handler(self._peer_snapshot),
             )
         )
         try:
@@ -238,8 +273,8 @@ class RRServer:
             raise OSError(f"cannot listen on {cfg.listen}: {exc}") from exc
         await self._server.start()
         log.info(
-            "seq server listening on %s (members %s, state %s, data %s)",
-            cfg.listen, ",".join(cfg.members), self._state, cfg.data_dir,
+            "seq server listening on %s, peer port %d (members %s, state %s, data %s)",
+            cfg.listen, self.peer_port, ",".join(cfg.members), self._state, cfg.data_dir,
         )
         if self._state == "ready":
             self._ready.set()
@@ -282,6 +317,10 @@ class RRServer:
             await self._server.stop(grace)
         if self._coordinator is not None:
             await self._coordinator.aclose()
+        for p in self._peers:
+            await p.aclose()
+        if self._transport is not None:
+            await self._transport.aclose(timeout=grace)
         for c in self._channels:
             await c.close()
         if self._store is not None:
@@ -307,7 +346,7 @@ class RRServer:
         req = peer_pb.SnapshotRequest(cluster=cfg.cluster)
         while True:
             replies = await asyncio.gather(
-                *(p.Snapshot(req, timeout=max(cfg.peer_timeout, 5.0)) for p in self._peers),
+                *(p.stub.Snapshot(req, timeout=max(cfg.peer_timeout, 5.0)) for p in self._peers),
                 return_exceptions=True,
             )
             waiting_for = [a for a, r in zip(cfg.peers, replies) if isinstance(r, BaseException)]
@@ -353,17 +392,23 @@ class RRServer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"name longer than {MAX_NAME} bytes")
 
     async def _next_id(self, request: pb.NextIDRequest, context: grpc.aio.ServicerContext) -> pb.NextIDReply:
-        await self._bad_name(request.name, context)
-        n = max(1, request.range_size)
-        if n > self.config.max_range:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"range_size above {self.config.max_range}")
+        # The hot path of buffer-0 clients: no extra awaits or lookups here.
+        name = request.name
+        if len(name) > MAX_NAME // 4 and len(name.encode()) > MAX_NAME:
+            await self._bad_name(name, context)
+        n = request.range_size
+        if n < 1:
+            n = 1
+        elif n > self._max_range:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"range_size above {self._max_range}")
         remaining = context.time_remaining()
-        timeout = self.config.default_timeout if remaining is None else remaining
+        timeout = self._default_timeout if remaining is None else remaining
         # Answer [0, 0) a little before the caller's deadline so it sees "no quorum", not a timeout.
         timeout -= min(0.05, timeout * 0.1)
-        assert self._coordinator is not None
+        coordinator = self._coordinator
+        assert coordinator is not None
         try:
-            r = await self._coordinator.acquire(request.name, n, asyncio.get_running_loop().time() + timeout)
+            r = await coordinator.acquire(name, n, self._loop_time() + timeout)
         except SeqExhausted as exc:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
         except StoreError as exc:
@@ -390,56 +435,7 @@ class RRServer:
             await context.abort(grpc.StatusCode.INTERNAL, str(exc))
         return pb.SetIDReply(success=ok)
 
-    # -- RRPeer -----------------------------------------------------------------
-
-    async def _peer_read(self, request: peer_pb.ReadRequest, context: grpc.aio.ServicerContext) -> peer_pb.ReadReply:
-        if request.cluster != self.config.cluster:
-            return peer_pb.ReadReply(status=peer_pb.WRONG_CLUSTER)
-        if self._state != "ready":
-            return peer_pb.ReadReply(status=peer_pb.NOT_READY)
-        assert self._store is not None
-        return peer_pb.ReadReply(value=self._store.get(request.name))
-
-    async def _peer_cas(self, request: peer_pb.CasRequest, context: grpc.aio.ServicerContext) -> peer_pb.CasReply:
-        if request.cluster != self.config.cluster:
-            return peer_pb.CasReply(status=peer_pb.WRONG_CLUSTER)
-        if self._state != "ready":
-            return peer_pb.CasReply(status=peer_pb.NOT_READY)
-        await self._bad_name(request.name, context)
-        assert self._store is not None
-        try:
-            ok, cur, fut = self._store.cas(request.name, request.expected, request.new_value)
-            if fut is not None:
-                await fut
-        except StoreError as exc:
-            self._store_failed(exc)
-            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
-        return peer_pb.CasReply(ok=ok, current=cur)
-
-    async def _peer_acquire(
-        self, request: peer_pb.AcquireRequest, context: grpc.aio.ServicerContext
-    ) -> peer_pb.AcquireReply:
-        if request.cluster != self.config.cluster:
-            return peer_pb.AcquireReply(status=peer_pb.WRONG_CLUSTER)
-        await self._bad_name(request.name, context)
-        n = request.count
-        if not 1 <= n <= MAX_VALUE:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad count")
-        remaining = context.time_remaining()
-        timeout = self.config.default_timeout if remaining is None else remaining
-        timeout -= min(0.05, timeout * 0.1)
-        assert self._coordinator is not None
-        try:
-            r = await self._coordinator.acquire(
-                request.name, n, asyncio.get_running_loop().time() + timeout, forward=False
-            )
-        except SeqExhausted as exc:
-            await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
-        except StoreError as exc:
-            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
-        if r is None:
-            return peer_pb.AcquireReply()
-        return peer_pb.AcquireReply(from_id=r[0], to_id=r[1])
+    # -- RRPeer (gRPC: snapshot, discovery) ---------------------------------------
 
     async def _peer_snapshot(
         self, request: peer_pb.SnapshotRequest, context: grpc.aio.ServicerContext
@@ -447,7 +443,72 @@ class RRServer:
         if request.cluster != self.config.cluster:
             return peer_pb.SnapshotReply(status=peer_pb.WRONG_CLUSTER)
         assert self._store is not None
-        return peer_pb.SnapshotReply(state=_PEER_STATE[self._state], values=self._store.snapshot())
+        state = _PEER_STATE[self._state]
+        if request.endpoint_only:
+            return peer_pb.SnapshotReply(state=state, peer_port=self.peer_port)
+        return peer_pb.SnapshotReply(state=state, values=self._store.snapshot(), peer_port=self.peer_port)
+
+    # -- member-to-member hot path (rpc.transport, seq.peerlink) ------------------
+
+    def _peer_call(self, conn: object, msg: object) -> object:
+        """One transport request; returns the packed reply, or an awaitable of it.
+
+        A malformed request raises (the caller gets an error reply, counted as no answer).
+        """
+        req = peerlink.unpack(msg.payload)  # type: ignore[attr-defined]
+        op, cluster, name = req[0], req[1], req[2]
+        if type(name) is not str or len(name.encode()) > MAX_NAME:
+            raise ValueError("bad name")
+        if cluster != self.config.cluster:
+            return peerlink.pack([WRONG_CLUSTER, 0, 0])
+        if op == OP_CAS:
+            expected, new = _u63(req[3]), _u63(req[4])
+            if self._state != "ready":
+                return peerlink.pack([NOT_READY, False, 0])
+            assert self._store is not None
+            try:
+                ok, cur, fut = self._store.cas(name, expected, new)
+            except StoreError as exc:
+                self._store_failed(exc)
+                raise
+            if fut is None:
+                return peerlink.pack([OK, ok, cur])
+            return self._cas_durable(fut, ok, cur)
+        if op == OP_READ:
+            if self._state != "ready":
+                return peerlink.pack([NOT_READY, 0])
+            assert self._store is not None
+            return peerlink.pack([OK, self._store.get(name)])
+        if op == OP_ACQUIRE:
+            n, timeout = _u63(req[3]), req[4]
+            if n < 1 or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+                raise ValueError("bad acquire")
+            return self._acquire(name, n, float(timeout))
+        raise ValueError(f"unknown op {op!r}")
+
+    async def _cas_durable(self, fut: asyncio.Future[None], ok: bool, cur: int) -> bytes:
+        try:
+            await fut
+        except StoreError as exc:
+            self._store_failed(exc)
+            raise
+        return peerlink.pack([OK, ok, cur])
+
+    async def _acquire(self, name: str, n: int, timeout: float) -> bytes:
+        assert self._coordinator is not None
+        try:
+            r = await self._coordinator.acquire(name, n, asyncio.get_running_loop().time() + timeout, forward=False)
+        except SeqExhausted:
+            return peerlink.pack([EXHAUSTED, 0, 0])
+        if r is None:
+            return peerlink.pack([OK, 0, 0])
+        return peerlink.pack([OK, r[0], r[1]])
+
+
+def _u63(v: object) -> int:
+    if type(v) is not int or not 0 <= v <= MAX_VALUE:
+        raise ValueError("bad value")
+    return v
 
 
 async def run_server(config: ServerConfig, stop: asyncio.Event, *, metrics_port: int | None = None) -> None:

@@ -25,8 +25,10 @@ class SimpleBufSeq(BufferedSeq):
     process: it exists to measure what the distribution costs (benches/seq).
     """
 
-    def __init__(self, buf_size: int = 0, *, counter: LocalCounter | None = None) -> None:
-        super().__init__(buf_size)
+    _local = True
+
+    def __init__(self, buf_size: int = 0, *, counter: LocalCounter | None = None, max_fetch: int | None = None) -> None:
+        super().__init__(buf_size, max_fetch=max_fetch)
         self._counter = counter or LocalCounter()
 
     def _fetch_now(self, n: int) -> tuple[int, int]:

@@ -2,8 +2,9 @@
 
 - ``pb.RRAPI`` — the public service of rrseq.md (same package, service,
   method and message names as the original, so any gRPC client works).
-- ``rrseq.peer.v1.RRPeer`` — the member-to-member service (read,
-  compare-and-set, snapshot), see ``_proto/rrpeer.proto``.
+- ``rrseq.peer.v1.RRPeer`` — the rare member-to-member calls (snapshot,
+  peer-port discovery), see ``_proto/rrpeer.proto``; the per-round calls go
+  over rpc.transport (:mod:`seq.peerlink`).
 
 Only the ``*_pb2`` message modules are generated (``python -m
 seq._proto.generate``); handlers and stubs here use grpc's stable generic
@@ -55,15 +56,10 @@ def api_handler(next_id: Handler, cur_id: Handler, set_id: Handler) -> grpc.Gene
     )
 
 
-def peer_handler(read: Handler, cas: Handler, snapshot: Handler, acquire: Handler) -> grpc.GenericRpcHandler:
+def peer_handler(snapshot: Handler) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(
         PEER_SERVICE,
-        {
-            "Read": _unary(read, peer_pb.ReadRequest, peer_pb.ReadReply),
-            "CompareAndSet": _unary(cas, peer_pb.CasRequest, peer_pb.CasReply),
-            "Snapshot": _unary(snapshot, peer_pb.SnapshotRequest, peer_pb.SnapshotReply),
-            "Acquire": _unary(acquire, peer_pb.AcquireRequest, peer_pb.AcquireReply),
-        },
+        {"Snapshot": _unary(snapshot, peer_pb.SnapshotRequest, peer_pb.SnapshotReply)},
     )
 
 
@@ -94,7 +90,4 @@ class PeerStub:
                 response_deserializer=rep.FromString,
             )
 
-        self.Read = m("Read", peer_pb.ReadReply)
-        self.CompareAndSet = m("CompareAndSet", peer_pb.CasReply)
         self.Snapshot = m("Snapshot", peer_pb.SnapshotReply)
-        self.Acquire = m("Acquire", peer_pb.AcquireReply)

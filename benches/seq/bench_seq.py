@@ -4,16 +4,21 @@
 
 Each round draws a fixed number of IDs from `clients` sequences, one task
 each, in one process (uvloop); setup (new sequences, first range) is outside
-the timing. The summary printed at the end gives ns/ID, IDs/s, latency
-percentiles of one next() (buffers 0 and 2), the RRSeq/SimpleBufSeq ratio,
-and the servers' round statistics (conflicts, attempts) that show whether
-coordinators livelock under contention. Every run also checks the IDs:
-strictly increasing per client, unique across all.
+the timing (so at buffer 1024 every round starts at the smallest fetch size
+and the adaptive prefetch ramps up inside the timed part). The summary
+printed at the end gives ns/ID, IDs/s, latency percentiles of one next()
+(buffers 0 and 2), CPU time per ID of the client process and of the three
+servers together (user + system, from getrusage and /proc/PID/stat), the
+RRSeq/SimpleBufSeq ratio, and the servers' round statistics (conflicts,
+attempts) that show whether coordinators livelock under contention. Every
+run also checks the IDs: strictly increasing per client, unique across all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
 import time
 from collections.abc import Iterator
 
@@ -29,9 +34,24 @@ from seq.simple import LocalCounter
 RESULTS: dict[tuple[str, int, int], dict[str, float]] = {}
 CONTENTION: list[str] = []
 
-TOTAL = {  # IDs per round, all clients together, by (impl, buf, clients)
+TOTAL = {  # IDs per round, all clients together, by (impl, buf, clients); default 1,000,000
     ("rr", 0, 1): 600, ("rr", 0, 32): 3_200, ("rr", 2, 1): 1_200, ("rr", 2, 32): 6_400,
+    ("simple", 0, 1): 200_000, ("simple", 0, 32): 200_000, ("simple", 2, 1): 200_000, ("simple", 2, 32): 200_000,
 }
+
+
+def _self_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _proc_cpu(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +78,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, loop: asyncio.AbstractEven
 
 def _summary(stats: list[str]) -> None:
     print("\n\nseq benchmark summary (ns per ID, wall clock over all clients)")
-    print(f"{'impl':<14}{'buf':>6}{'clients':>9}{'ns/ID':>14}{'IDs/s':>14}{'p50 ms':>9}{'p99 ms':>9}")
+    print(f"{'impl':<14}{'buf':>6}{'clients':>9}{'ns/ID':>14}{'IDs/s':>14}{'p50 ms':>9}{'p99 ms':>9}"
+          f"{'cli CPU us/ID':>15}{'srv CPU us/ID':>15}")
     for (impl, buf, clients), r in sorted(RESULTS.items()):
         name = "SimpleBufSeq" if impl == "simple" else "RRSeq"
         p50 = f"{r['p50_ms']:.3f}" if "p50_ms" in r else "-"
         p99 = f"{r['p99_ms']:.3f}" if "p99_ms" in r else "-"
-        print(f"{name:<14}{buf:>6}{clients:>9}{r['ns_per_id']:>14,.0f}{r['ids_per_s']:>14,.0f}{p50:>9}{p99:>9}")
+        srv = f"{r['srv_cpu_us']:.3f}" if impl == "rr" else "-"
+        print(f"{name:<14}{buf:>6}{clients:>9}{r['ns_per_id']:>14,.0f}{r['ids_per_s']:>14,.0f}{p50:>9}{p99:>9}"
+              f"{r['cli_cpu_us']:>15.3f}{srv:>15}")
     for clients in (1, 32):
         a, b = RESULTS.get(("rr", 1024, clients)), RESULTS.get(("simple", 1024, clients))
         if a and b:
@@ -99,7 +122,9 @@ async def _draw(seqs: list[BufferedSeq], per_client: int, lat: list[int] | None)
 @pytest.mark.parametrize("buf", [0, 2, 1024])
 @pytest.mark.parametrize("impl", ["simple", "rr"])
 def test_ns_per_id(benchmark, loop, cluster, impl: str, buf: int, clients: int) -> None:  # type: ignore[no-untyped-def]
-    per_client = TOTAL.get((impl, buf, clients), 200_000) // clients
+    per_client = TOTAL.get((impl, buf, clients), 1_000_000) // clients
+    cpu = [0.0, 0.0]  # client, servers (seconds, timed rounds only)
+    pids = [m.proc.pid for m in cluster.members if m.proc is not None]
     record_latency = buf < 1024
     live: list[BufferedSeq] = []
     lat: list[int] = []
@@ -131,7 +156,10 @@ def test_ns_per_id(benchmark, loop, cluster, impl: str, buf: int, clients: int) 
         return (list(live),), {}
 
     def run(seqs: list[BufferedSeq]) -> None:
+        c0, s0 = _self_cpu(), sum(_proc_cpu(p) for p in pids)
         streams = loop.run_until_complete(_draw(seqs, per_client, lat if record_latency else None))
+        cpu[0] += _self_cpu() - c0
+        cpu[1] += sum(_proc_cpu(p) for p in pids) - s0
         for st in streams:
             assert all(a < b for a, b in zip(st, st[1:]))
             seen.update(st)
@@ -142,7 +170,8 @@ def test_ns_per_id(benchmark, loop, cluster, impl: str, buf: int, clients: int) 
     ids = per_client * clients
     assert len(seen) == ids * rounds, "an ID was handed out twice"
     mean = benchmark.stats.stats.mean
-    r = {"ns_per_id": mean * 1e9 / ids, "ids_per_s": ids / mean}
+    r = {"ns_per_id": mean * 1e9 / ids, "ids_per_s": ids / mean,
+         "cli_cpu_us": cpu[0] * 1e6 / (ids * rounds), "srv_cpu_us": cpu[1] * 1e6 / (ids * rounds)}
     if record_latency:
         lat.sort()
         r["p50_ms"], r["p99_ms"] = _pct(lat, 0.5), _pct(lat, 0.99)

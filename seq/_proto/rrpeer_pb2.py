@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17seq/_proto/rrpeer.proto\x12\rrrseq.peer.v1\",\n\x0bReadRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"A\n\tReadReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12\r\n\x05value\x18\x02 \x01(\x04\"P\n\nCasRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x10\n\x08\x65xpected\x18\x03 \x01(\x04\x12\x11\n\tnew_value\x18\x04 \x01(\x04\"N\n\x08\x43\x61sReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07\x63urrent\x18\x03 \x01(\x04\">\n\x0e\x41\x63quireRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\"U\n\x0c\x41\x63quireReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\x04\x12\r\n\x05to_id\x18\x03 \x01(\x04\"\"\n\x0fSnapshotRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\"\xc4\x01\n\rSnapshotReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12#\n\x05state\x18\x02 \x01(\x0e\x32\x14.rrseq.peer.v1.State\x12\x38\n\x06values\x18\x03 \x03(\x0b\x32(.rrseq.peer.v1.SnapshotReply.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*2\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\r\n\tNOT_READY\x10\x01\x12\x11\n\rWRONG_CLUSTER\x10\x02*6\n\x05State\x12\x11\n\rBOOTSTRAPPING\x10\x00\x12\x0f\n\x0b\x43\x41TCHING_UP\x10\x01\x12\t\n\x05READY\x10\x02\x32\xa4\x02\n\x06RRPeer\x12>\n\x04Read\x12\x1a.rrseq.peer.v1.ReadRequest\x1a\x18.rrseq.peer.v1.ReadReply\"\x00\x12\x45\n\rCompareAndSet\x12\x19.rrseq.peer.v1.CasRequest\x1a\x17.rrseq.peer.v1.CasReply\"\x00\x12J\n\x08Snapshot\x12\x1e.rrseq.peer.v1.SnapshotRequest\x1a\x1c.rrseq.peer.v1.SnapshotReply\"\x00\x12G\n\x07\x41\x63quire\x12\x1d.rrseq.peer.v1.AcquireRequest\x1a\x1b.rrseq.peer.v1.AcquireReply\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17seq/_proto/rrpeer.proto\x12\rrrseq.peer.v1\",\n\x0bReadRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"A\n\tReadReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12\r\n\x05value\x18\x02 \x01(\x04\"P\n\nCasRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x10\n\x08\x65xpected\x18\x03 \x01(\x04\x12\x11\n\tnew_value\x18\x04 \x01(\x04\"N\n\x08\x43\x61sReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07\x63urrent\x18\x03 \x01(\x04\">\n\x0e\x41\x63quireRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\"U\n\x0c\x41\x63quireReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\x04\x12\r\n\x05to_id\x18\x03 \x01(\x04\"9\n\x0fSnapshotRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x15\n\rendpoint_only\x18\x02 \x01(\x08\"\xd7\x01\n\rSnapshotReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12#\n\x05state\x18\x02 \x01(\x0e\x32\x14.rrseq.peer.v1.State\x12\x38\n\x06values\x18\x03 \x03(\x0b\x32(.rrseq.peer.v1.SnapshotReply.ValuesEntry\x12\x11\n\tpeer_port\x18\x04 \x01(\r\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*A\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\r\n\tNOT_READY\x10\x01\x12\x11\n\rWRONG_CLUSTER\x10\x02\x12\r\n\tEXHAUSTED\x10\x03*6\n\x05State\x12\x11\n\rBOOTSTRAPPING\x10\x00\x12\x0f\n\x0b\x43\x41TCHING_UP\x10\x01\x12\t\n\x05READY\x10\x02\x32T\n\x06RRPeer\x12J\n\x08Snapshot\x12\x1e.rrseq.peer.v1.SnapshotRequest\x1a\x1c.rrseq.peer.v1.SnapshotReply\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SNAPSHOTREPLY_VALUESENTRY']._loaded_options = None
   _globals['_SNAPSHOTREPLY_VALUESENTRY']._serialized_options = b'8\001'
-  _globals['_STATUS']._serialized_start=703
-  _globals['_STATUS']._serialized_end=753
-  _globals['_STATE']._serialized_start=755
-  _globals['_STATE']._serialized_end=809
+  _globals['_STATUS']._serialized_start=745
+  _globals['_STATUS']._serialized_end=810
+  _globals['_STATE']._serialized_start=812
+  _globals['_STATE']._serialized_end=866
   _globals['_READREQUEST']._serialized_start=42
   _globals['_READREQUEST']._serialized_end=86
   _globals['_READREPLY']._serialized_start=88
@@ -50,11 +50,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ACQUIREREPLY']._serialized_start=381
   _globals['_ACQUIREREPLY']._serialized_end=466
   _globals['_SNAPSHOTREQUEST']._serialized_start=468
-  _globals['_SNAPSHOTREQUEST']._serialized_end=502
-  _globals['_SNAPSHOTREPLY']._serialized_start=505
-  _globals['_SNAPSHOTREPLY']._serialized_end=701
-  _globals['_SNAPSHOTREPLY_VALUESENTRY']._serialized_start=656
-  _globals['_SNAPSHOTREPLY_VALUESENTRY']._serialized_end=701
-  _globals['_RRPEER']._serialized_start=812
-  _globals['_RRPEER']._serialized_end=1104
+  _globals['_SNAPSHOTREQUEST']._serialized_end=525
+  _globals['_SNAPSHOTREPLY']._serialized_start=528
+  _globals['_SNAPSHOTREPLY']._serialized_end=743
+  _globals['_SNAPSHOTREPLY_VALUESENTRY']._serialized_start=698
+  _globals['_SNAPSHOTREPLY_VALUESENTRY']._serialized_end=743
+  _globals['_RRPEER']._serialized_start=868
+  _globals['_RRPEER']._serialized_end=952
 # @@protoc_insertion_point(module_scope)

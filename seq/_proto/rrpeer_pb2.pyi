@@ -12,6 +12,7 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OK: _ClassVar[Status]
     NOT_READY: _ClassVar[Status]
     WRONG_CLUSTER: _ClassVar[Status]
+    EXHAUSTED: _ClassVar[Status]
 
 class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -21,6 +22,7 @@ class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 OK: Status
 NOT_READY: Status
 WRONG_CLUSTER: Status
+EXHAUSTED: Status
 BOOTSTRAPPING: State
 CATCHING_UP: State
 READY: State
@@ -84,13 +86,15 @@ class AcquireReply(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ...) -> None: ...
 
 class SnapshotRequest(_message.Message):
-    __slots__ = ("cluster",)
+    __slots__ = ("cluster", "endpoint_only")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_ONLY_FIELD_NUMBER: _ClassVar[int]
     cluster: str
-    def __init__(self, cluster: _Optional[str] = ...) -> None: ...
+    endpoint_only: bool
+    def __init__(self, cluster: _Optional[str] = ..., endpoint_only: _Optional[bool] = ...) -> None: ...
 
 class SnapshotReply(_message.Message):
-    __slots__ = ("status", "state", "values")
+    __slots__ = ("status", "state", "values", "peer_port")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -101,7 +105,9 @@ class SnapshotReply(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    PEER_PORT_FIELD_NUMBER: _ClassVar[int]
     status: Status
     state: State
     values: _containers.ScalarMap[str, int]
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., state: _Optional[_Union[State, str]] = ..., values: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    peer_port: int
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., state: _Optional[_Union[State, str]] = ..., values: _Optional[_Mapping[str, int]] = ..., peer_port: _Optional[int] = ...) -> None: ...

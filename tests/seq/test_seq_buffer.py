@@ -140,3 +140,101 @@ async def test_close_wakes_waiters() -> None:
     await s.aclose()
     with pytest.raises(SeqClosed):
         await t
+
+
+async def test_adaptive_fetch_grows_when_consumers_outpace_the_round_trip() -> None:
+    s = Scripted(10)
+    first = asyncio.ensure_future(s.next())
+    await s.wait_asked(1)
+    s.release()
+    assert await first == 1
+    got = [1]
+    for _ in range(4):
+        got.append(await s.next())  # ID 5 starts the background fetch
+    await s.wait_asked(2)
+    assert s.asked == [10, 10]
+    rest = asyncio.ensure_future(asyncio.gather(*(s.next() for _ in range(6))))
+    await asyncio.sleep(0)
+    s.release()  # consumers ran dry while it was in flight
+    got += await rest
+    assert s.fetch_size == 40  # the next fetch asks for four times as many
+    for _ in range(4):
+        got.append(await s.next())  # 12..15: ID 15 (half of [11, 21)) starts the next fetch
+    await s.wait_asked(3)
+    assert s.asked[2] == 40
+    for _ in range(4):
+        got.append(await s.next())  # 16..19: one ID of [11, 21) left when the range arrives
+    s.release()
+    await asyncio.sleep(0)
+    assert s.fetch_size == 40  # 1 of 10 left: neither late (< 1/16) nor early (> 1/4)
+    for _ in range(41):  # 20, then 21..60 (a 4th fetch starts at 40 and is never needed)
+        got.append(await s.next())
+    assert got == list(range(1, len(got) + 1))  # one fetch in flight: still no gap, in order
+    await s.aclose()
+
+
+async def test_adaptive_fetch_shrinks_for_slow_consumers_and_respects_max() -> None:
+    s = Scripted(10)
+    s.fetch_size = 40  # as if it had grown
+    t = asyncio.ensure_future(s.next())
+    await s.wait_asked(1)
+    s.release()
+    assert await t == 1
+    for _ in range(20):
+        await s.next()  # ID 20 (half of 40) starts the next fetch
+    await s.wait_asked(2)
+    s.release()  # arrives with 19 of 40 unused: more than a quarter
+    await asyncio.sleep(0)
+    assert s.fetch_size == 20
+    with pytest.raises(ValueError):
+        SimpleBufSeq(10, max_fetch=5)
+    fixed = Scripted(10)
+    fixed.max_fetch = 10
+    fixed.fetch_size = 10
+    t = asyncio.ensure_future(fixed.next())
+    await fixed.wait_asked(1)
+    fixed.release()
+    await t
+    for _ in range(4):
+        await fixed.next()
+    await fixed.wait_asked(2)
+    w = asyncio.ensure_future(asyncio.gather(*(fixed.next() for _ in range(6))))
+    await asyncio.sleep(0)
+    fixed.release()
+    await w
+    assert fixed.fetch_size == 10  # max_fetch == buf_size: no adaptation
+    await s.aclose()
+    await fixed.aclose()
+
+
+async def test_adaptive_fetch_grows_when_a_range_arrives_just_in_time() -> None:
+    s = Scripted(32)
+    t = asyncio.ensure_future(s.next())
+    await s.wait_asked(1)
+    s.release()
+    assert await t == 1
+    for _ in range(30):
+        await s.next()  # up to 31: ID 16 started the next fetch; 1 of 32 left
+    await s.wait_asked(2)
+    s.release()
+    await asyncio.sleep(0)
+    assert s.fetch_size == 64
+    assert [await s.next() for _ in range(2)] == [32, 33]  # no wait: the range was queued
+    await s.aclose()
+
+
+async def test_a_remote_prefetch_yields_but_ids_stay_in_return_order() -> None:
+    s = Scripted(10)
+    order: list[int] = []
+
+    async def take() -> None:
+        order.append(await s.next())
+
+    t = asyncio.ensure_future(take())
+    await s.wait_asked(1)
+    s.release()
+    await t
+    await asyncio.gather(*(take() for _ in range(8)))  # crosses the refill point (ID 5)
+    assert order == list(range(1, 10))  # the task that started the fetch yielded before taking an ID
+    assert s.asked == [10, 10]  # and the fetch went out before the buffer ran dry
+    await s.aclose()
