@@ -8,71 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
+from tests.netutil import RedisServer, free_port, start_redis, wait_for_port
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(port: int, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> None:
-    """Block until something accepts on 127.0.0.1:port (bounded)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.02)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
-
-
-@dataclass
-class RedisServer:
-    port: int
-    proc: subprocess.Popen
-    dir: str
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-
-
-def start_redis(extra: list[str] | None = None, port: int | None = None) -> RedisServer:
-    """Start a real redis-server on a free loopback port, without persistence."""
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.fail("redis-server is not installed (the README's test command installs it)")
-    port = port or free_port()
-    workdir = tempfile.mkdtemp(prefix="redis-")
-    args = [
-        exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-        "--dir", workdir, "--logfile", os.path.join(workdir, "redis.log"), *(extra or []),
-    ]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_port(port, proc=proc)
-    return RedisServer(port=port, proc=proc, dir=workdir)
+__all__ = ["RedisServer", "free_port", "start_redis", "wait_for_port"]
 
 
 @pytest.fixture(scope="session")
