@@ -238,7 +238,8 @@ class Conn(asyncio.Protocol):
         return SUBPROTOCOL if SUBPROTOCOL in self._offered else None
 
     def _sniff_method(self, data: bytes) -> bytes:
-        """websockets parses GET only: a HEAD is parsed as a GET, answered without body."""
+        """A HEAD is handed to websockets as a GET (older versions parse GET only)
+        and answered without its body."""
         buf = self._sniff
         assert buf is not None
         buf += data

@@ -118,6 +118,9 @@ class StaticSite:
 
     def respond(self, request: Request, *, head: bool = False) -> Response:
         """The response to one GET (or HEAD, ``head=True``) request."""
+        if getattr(request, "method", "GET") != "GET":  # websockets >= 15 parses other methods too
+            return self._response(405, "Method Not Allowed", b"Method Not Allowed\n",
+                                  "text/plain; charset=utf-8", head, {"Allow": "GET, HEAD"})
         path = request.path.split("?", 1)[0].split("#", 1)[0]
         if path == "/stats.json" and self.demo and self.stats is not None:
             body = json.dumps(self.stats(), separators=(",", ":")).encode()

@@ -5,7 +5,7 @@ import { Juggler } from "/juggler.js";
 const $ = (id) => document.getElementById(id);
 const HISTORY = 8;
 const EVENTS = 100;
-const POINTS = 120; // chart: one point per second
+const POINTS = 60; // chart: one point per second
 
 function show(v) {
   return v === undefined ? "" : JSON.stringify(v);
@@ -211,8 +211,9 @@ function draw() {
   g.clearRect(0, 0, w, h);
   const left = 44, right = 44, top = 10, bottom = 22;
   const pw = w - left - right, ph = h - top - bottom;
-  const maxRate = niceMax(Math.max(10, ...points.map((p) => p.rate)));
-  const maxClients = niceMax(Math.max(4, ...points.map((p) => p.clients)));
+  const maxRate = niceMax(Math.max(20, ...points.map((p) => p.rate)));
+  // clients: a multiple of 4, so that every grid line is a whole number
+  const maxClients = 4 * Math.ceil(Math.max(4, ...points.map((p) => p.clients)) / 4);
   const css = getComputedStyle(document.documentElement);
   g.font = "11px system-ui, sans-serif";
   g.strokeStyle = "#e2e5ea";
@@ -247,9 +248,10 @@ function draw() {
   line("clients", maxClients, css.getPropertyValue("--clients").trim() || "#e8833a");
 }
 
+// a round axis maximum >= v (v >= 20) whose quarters are whole numbers
 function niceMax(v) {
   const p = Math.pow(10, Math.floor(Math.log10(v)));
-  for (const m of [1, 2, 2.5, 5, 10]) if (v <= m * p) return m * p;
+  for (const m of [1, 2, 4, 6, 8, 10]) if (v <= m * p && (m * p) % 4 === 0) return m * p;
   return 10 * p;
 }
 

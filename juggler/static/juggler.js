@@ -76,12 +76,23 @@ function uuid4() {
   // randomUUID only exists in secure contexts; getRandomValues everywhere
   if (c && typeof c.randomUUID === "function") return c.randomUUID();
   const b = new Uint8Array(16);
-  c.getRandomValues(b);
+  if (c && typeof c.getRandomValues === "function") c.getRandomValues(b);
+  else for (let i = 0; i < 16; i++) b[i] = Math.floor(Math.random() * 256); // ids need uniqueness, not secrecy
   b[6] = (b[6] & 0x0f) | 0x40;
   b[8] = (b[8] & 0x3f) | 0x80;
   const h = Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
   return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
 }
+
+// CustomEvent is global in browsers and Node >= 19
+const CustomEvent =
+  globalThis.CustomEvent ||
+  class CustomEvent extends Event {
+    constructor(type, init = {}) {
+      super(type, init);
+      this.detail = init.detail ?? null;
+    }
+  };
 
 function subKey(channel, pattern) {
   return (pattern ? "p:" : "c:") + channel;
