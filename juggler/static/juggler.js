@@ -94,6 +94,16 @@ const CustomEvent =
     }
   };
 
+function noop() {}
+
+// Forget a socket. Its error handler stays: with the `ws` package an 'error'
+// without a listener (e.g. closing a socket that is still connecting) would
+// be an uncaught exception.
+function detach(ws) {
+  ws.onopen = ws.onmessage = ws.onclose = null;
+  ws.onerror = noop;
+}
+
 function subKey(channel, pattern) {
   return (pattern ? "p:" : "c:") + channel;
 }
@@ -220,7 +230,7 @@ export class Juggler extends EventTarget {
       if (gone) return;
       gone = true;
       if (this._ws === ws) this._ws = null;
-      ws.onopen = ws.onmessage = ws.onclose = ws.onerror = null;
+      detach(ws);
       if (opened) this._lost(err);
       else this._failed(err);
     };
@@ -235,7 +245,7 @@ export class Juggler extends EventTarget {
       this._opened();
     };
     ws.onmessage = (ev) => this._onMessage(ev.data);
-    ws.onerror = () => {}; // the close event follows and says more
+    ws.onerror = noop; // the close event follows and says more
     ws.onclose = (ev) => {
       onGone(new ConnectionLostError(`connection closed (${ev.code}${ev.reason ? " " + ev.reason : ""})`));
     };
@@ -310,7 +320,7 @@ export class Juggler extends EventTarget {
     const ws = this._ws;
     this._ws = null;
     if (ws) {
-      ws.onopen = ws.onmessage = ws.onerror = ws.onclose = null;
+      detach(ws);
       try {
         ws.close(1000);
       } catch {
@@ -343,8 +353,15 @@ export class Juggler extends EventTarget {
     if (this._closedByUser) return Promise.reject(new ConnectionClosedError("client closed"));
     const ms = checkTimeout(timeout);
     const id = uuid4();
+    let frame;
+    try {
+      // serialized now: later changes to `args` do not leak into a queued message
+      frame = JSON.stringify({ meta: { type, uuid: id }, payload });
+    } catch (err) {
+      return Promise.reject(err); // e.g. a BigInt or a cycle in args
+    }
     return new Promise((resolve, reject) => {
-      const p = { type, payload, what, resolve, reject, sent: false, timer: null, ...extra };
+      const p = { type, payload, frame, what, resolve, reject, sent: false, timer: null, ...extra };
       p.timer = setTimeout(() => this._expire(id), ms);
       this._pending.set(id, p);
       if (this._state === "open" && this._ws) {
@@ -359,7 +376,11 @@ export class Juggler extends EventTarget {
 
   _transmit(id, p) {
     p.sent = true;
-    this._ws.send(JSON.stringify({ meta: { type: p.type, uuid: id }, payload: p.payload }));
+    try {
+      this._ws.send(p.frame);
+    } catch (err) {
+      this._settle(id, p, new ConnectionLostError(`cannot send ${p.what}: ${err.message || err}`, { cause: err }));
+    }
   }
 
   _expire(id) {
@@ -457,9 +478,8 @@ export class Juggler extends EventTarget {
       sub.timeout, { ms: Math.floor(sub.timeout) });
     p.then(
       () => {
-        if (this._subs.get(sub.key) !== sub) return;
-        sub.acked = sub.everAcked = true;
-        sub.resolveReady();
+        sub.resolveReady(); // also when unsubscribed meanwhile: it did take effect
+        if (this._subs.get(sub.key) === sub) sub.acked = sub.everAcked = true;
       },
       (err) => {
         if (err instanceof NackError && this._subs.get(sub.key) === sub) {

@@ -3,6 +3,7 @@
 // Node 20 has no global WebSocket: the `ws` package is injected (which also
 // exercises the `headers` path that browsers cannot take).
 import assert from "node:assert/strict";
+import net from "node:net";
 import { after, before, describe, test } from "node:test";
 import WebSocket from "ws";
 
@@ -192,6 +193,22 @@ describe("connection", () => {
     await assert.rejects(c.call("test.echo", "x"), ConnectionClosedError);
   });
 
+  test("close() while a connection attempt hangs is clean (no uncaught socket error)", async () => {
+    const silent = net.createServer(() => {}); // accepts TCP, never answers the handshake
+    await new Promise((r) => silent.listen(0, "127.0.0.1", r));
+    try {
+      const c = new Juggler(`ws://127.0.0.1:${silent.address().port}/ws`, opts);
+      const first = assert.rejects(c._firstOpen, ConnectionClosedError);
+      await new Promise((r) => setTimeout(r, 100));
+      c.close();
+      await first;
+      await new Promise((r) => setTimeout(r, 100)); // an 'error' event would surface here
+      assert.equal(c.state, "closed");
+    } finally {
+      silent.close();
+    }
+  });
+
   test("connecting to nothing rejects with ConnectionClosedError", async () => {
     const port = await freePort();
     await assert.rejects(Juggler.connect(`ws://127.0.0.1:${port}/ws`, opts), ConnectionClosedError);
@@ -250,5 +267,25 @@ describe("NACKs", () => {
     await u1();
     const u3 = c.subscribe("two", () => {}); // room again
     await u3.ready;
+  });
+});
+
+describe("arguments", () => {
+  test("args that are not JSON reject at once; queued args are serialized when called", async () => {
+    const c = await connect();
+    await assert.rejects(c.call("test.echo", 10n, { timeout: 1000 }), TypeError);
+    const cyclic = {};
+    cyclic.self = cyclic;
+    await assert.rejects(c.publish("x", cyclic), TypeError);
+    const got = [];
+    const u = c.subscribe("mutated", (x) => got.push(x));
+    await u.ready;
+    const args = { n: 1 };
+    const p = c.publish("mutated", args);
+    args.n = 2;
+    await p;
+    await until(() => got.length === 1, { what: "event" });
+    assert.deepEqual(got, [{ n: 1 }]);
+    await u();
   });
 });
