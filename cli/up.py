@@ -12,6 +12,7 @@ from typing import Any
 
 EXAMPLES = """examples:
   juggler up                                  # then, in another terminal: juggler client
+                                              # or in a browser: http://127.0.0.1:9000/ (demo page)
   juggler up --listen 0.0.0.0:9000
   juggler up --redis redis://127.0.0.1:6379/0 # same, through Redis (Go peers can join)
 """
