@@ -76,6 +76,34 @@ test("calls to test.echo and test.reverse show the right results and a latency",
   assert.equal(r, "cba");
 });
 
+test("the browser's WebSocket cannot send headers: refused, or sent in the query when asked", async () => {
+  const r = await page.evaluate(async () => {
+    const { Juggler } = await import("/juggler.js");
+    const url = document.getElementById("url").textContent;
+    let refused = "";
+    try {
+      await Juggler.connect(url, { headers: { Authorization: "Bearer x" } });
+    } catch (err) {
+      refused = err.name;
+    }
+    const c = await Juggler.connect(url, { allowedMessages: ["pub"], headersAsQuery: true, reconnect: false });
+    await c.publish("elsewhere", 1);
+    let callError = "";
+    try {
+      await c.call("test.echo", "x", { timeout: 5000 }); // forbidden: the server drops the connection
+    } catch (err) {
+      callError = err.name;
+    }
+    return { refused, url: c.url, callError, state: c.state };
+  });
+  assert.deepEqual(r, {
+    refused: "TypeError",
+    url: `${up.wsUrl}?juggler-allowed-messages=pub`,
+    callError: "ConnectionLostError",
+    state: "closed",
+  });
+});
+
 test("a PUB from the REPL (juggler client through a pipe) appears in the page", async () => {
   const out = await repl([`connect ${up.wsUrl}`, 'pub 1 demo "hello from the REPL"']);
   assert.match(out, /ACK .* for PUB/);
