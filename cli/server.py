@@ -25,6 +25,8 @@ def register(subparsers: Any) -> None:
     add_common(p)
     p.add_argument("--path", help="websocket path [/ws]")
     p.add_argument("--config", metavar="FILE", help="TOML config file (flags override it)")
+    p.add_argument("--demo", action="store_true",
+                   help="also serve the demo page at / and /stats.json (/juggler.js is always served)")
     p.set_defaults(func=run)
 
 
@@ -60,7 +62,8 @@ def build_config(args: argparse.Namespace) -> Any:
     return config
 
 
-def run(args: argparse.Namespace, *, test_callees: bool = False, banner: str | None = None) -> int:
+def run(args: argparse.Namespace, *, test_callees: bool = False, banner: str | None = None,
+        demo: bool = False) -> int:
     import logging
     import sys
 
@@ -75,4 +78,5 @@ def run(args: argparse.Namespace, *, test_callees: bool = False, banner: str | N
         print(f"juggler {args.command}: {exc}", file=sys.stderr)
         return 2
     return uvloop.run(run_app(config, test_callees=test_callees,
-                              callee_workers=getattr(args, "workers", 200), banner=banner))
+                              callee_workers=getattr(args, "workers", 200), banner=banner,
+                              demo=demo or getattr(args, "demo", False)))

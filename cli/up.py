@@ -1,7 +1,7 @@
 """``juggler up``: the main job on embedded defaults.
 
-One process: the juggler server on 127.0.0.1:9000 (path /ws), the in-memory
-broker, and the test callees (test.echo, test.reverse, test.delay), ready for
+One process: the juggler server on 127.0.0.1:9000 (path /ws, the demo page
+and browser client at http://127.0.0.1:9000/), the in-memory broker, and the test callees (test.echo, test.reverse, test.delay), ready for
 ``juggler client`` in another terminal. ``--redis URL`` uses Redis instead.
 """
 
@@ -12,11 +12,13 @@ from typing import Any
 
 EXAMPLES = """examples:
   juggler up                                  # then, in another terminal: juggler client
+                                              # or in a browser: http://127.0.0.1:9000/ (demo page)
   juggler up --listen 0.0.0.0:9000
   juggler up --redis redis://127.0.0.1:6379/0 # same, through Redis (Go peers can join)
 """
 
 BANNER = """juggler is up: server {url} with the test callees (test.echo, test.reverse, test.delay).
+Demo page (browser client): {page}
 Connect from another terminal:
   juggler client            then:  connect {url}
                                    call 1 test.echo 5s "hello"
@@ -47,4 +49,4 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("juggler up: --workers must be >= 1", file=sys.stderr)
         return 2
-    return run_server(args, test_callees=True, banner=BANNER)
+    return run_server(args, test_callees=True, banner=BANNER, demo=True)

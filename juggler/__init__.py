@@ -6,6 +6,8 @@
 - config.py       typed options (ServerConfig, AppConfig) and the TOML loader
 - metrics.py      server counters and their Prometheus exposition
 - runner.py       a server process: broker + server (+ callees) + metrics until a signal
+- static_files.py plain HTTP on the websocket port: /juggler.js, the demo page, /stats.json
+- static/         juggler.js (the browser client, ES module) + juggler.d.ts, the demo page
 - broker/         base.py interfaces · memory.py embedded · redis.py Redis (+ cluster)
                   · glob.py Redis glob patterns
 - callee.py       callee runtime; client.py asyncio client; repl.py the REPL; load.py load tool

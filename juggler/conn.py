@@ -33,6 +33,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
 
 import rustext
 from websockets.frames import Opcode
@@ -98,6 +99,16 @@ def _ws_header(n: int) -> bytes:
     return b"\x81\x7f" + n.to_bytes(8, "big")
 
 
+def _allowed_messages(request: Request) -> str | None:
+    """The Juggler-Allowed-Messages header, else the ``juggler-allowed-messages``
+    query parameter (browsers cannot send handshake headers)."""
+    header = request.headers.get("Juggler-Allowed-Messages")
+    if header is not None or "?" not in request.path:
+        return header
+    values = parse_qs(request.path.split("?", 1)[1]).get("juggler-allowed-messages")
+    return values[-1] if values else None
+
+
 class Conn(asyncio.Protocol):
     """One client connection (see module doc). Created by :class:`Server`."""
 
@@ -130,6 +141,8 @@ class Conn(asyncio.Protocol):
         self._frag_size = 0
         self._subs: set[tuple[bool, str]] = set()  # (pattern, channel) subscribed
         self._rbuf = bytearray()
+        self._sniff: bytearray | None = bytearray()  # start of the request, until its method is known
+        self._head = False  # a HEAD request (plain HTTP, see juggler.static_files)
         self._fast = False  # handshake done: frames are parsed here, not by websockets
         self._open = False  # data frames may be written
         self._close_sent = False
@@ -171,6 +184,10 @@ class Conn(asyncio.Protocol):
                 self._flush()
             return
         proto = self.proto
+        if self._sniff is not None:
+            data = self._sniff_method(data)
+            if not data:
+                return
         proto.receive_data(data)
         for ev in proto.events_received():
             if self._closed or self._doomed:
@@ -220,15 +237,32 @@ class Conn(asyncio.Protocol):
         self._offered = list(offered)
         return SUBPROTOCOL if SUBPROTOCOL in self._offered else None
 
+    def _sniff_method(self, data: bytes) -> bytes:
+        """A HEAD is handed to websockets as a GET (older versions parse GET only)
+        and answered without its body."""
+        buf = self._sniff
+        assert buf is not None
+        buf += data
+        if len(buf) < 5 and b"HEAD ".startswith(bytes(buf)):
+            return b""
+        self._sniff = None
+        if buf.startswith(b"HEAD "):
+            self._head = True
+            return b"GET " + bytes(buf[5:])
+        return bytes(buf)
+
     def _on_request(self, request: Request) -> None:
         self.request = request
         proto = self.proto
         path = request.path.split("?", 1)[0]
-        if path != self.config.path:
-            self._refuse(proto.reject(404, "Not Found\n"))
+        if path != self.config.path or self._head:
+            # plain HTTP (the browser client, the demo page): one response, then close
+            site = self.server.http
+            self._refuse(site.respond(request, head=self._head) if site is not None
+                         else proto.reject(404, "Not Found\n"))
             return
         try:
-            self.allowed = allowed_mask(request.headers.get("Juggler-Allowed-Messages"))
+            self.allowed = allowed_mask(_allowed_messages(request))
         except ValueError as exc:
             self._refuse(proto.reject(400, f"Invalid Juggler-Allowed-Messages header: {exc}\n"))
             return

@@ -8,6 +8,7 @@ says where it listens; SIGINT/SIGTERM stop accepting, close connections
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from juggler.broker.memory import MemoryBroker
 from juggler.config import AppConfig
 from juggler.metrics import MetricsServer, ServerStats, StatsCollector, broker_source, callee_source, serve_metrics
 from juggler.server import Server
+from juggler.static_files import StaticSite, stats_snapshot
 
 __all__ = ["Running", "run_app", "start_app"]
 
@@ -44,8 +46,14 @@ class Running:
             await asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
 
 
-async def start_app(config: AppConfig, *, test_callees: bool = False, callee_workers: int = 200) -> Running:
-    """Start broker, server, optional in-process test callees and metrics."""
+async def start_app(config: AppConfig, *, test_callees: bool = False, callee_workers: int = 200,
+                    demo: bool = False) -> Running:
+    """Start broker, server, optional in-process test callees and metrics.
+
+    The server also answers plain HTTP on its port: ``/juggler.js`` (the
+    browser client) always; the demo page at ``/`` and ``/stats.json`` when
+    ``demo`` (``juggler up``).
+    """
     if config.redis is not None:
         from juggler.broker.redis import RedisBroker
 
@@ -57,6 +65,7 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
     metrics = None
     stats = ServerStats()
     server = Server(broker, config.server, stats=stats)
+    server.http = StaticSite(demo=demo, stats=functools.partial(stats_snapshot, server))
     try:
         await server.start()
         if test_callees:
@@ -81,7 +90,7 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
 
 
 async def run_app(config: AppConfig, *, test_callees: bool = False, callee_workers: int = 200,
-                  banner: str | None = None) -> int:
+                  banner: str | None = None, demo: bool = False) -> int:
     """Run until SIGINT/SIGTERM; returns the exit code."""
     if not logging.getLogger("juggler.conn.ws").level:
         logging.getLogger("juggler.conn.ws").setLevel(logging.WARNING)
@@ -90,7 +99,7 @@ async def run_app(config: AppConfig, *, test_callees: bool = False, callee_worke
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        running = await start_app(config, test_callees=test_callees, callee_workers=callee_workers)
+        running = await start_app(config, test_callees=test_callees, callee_workers=callee_workers, demo=demo)
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
@@ -98,8 +107,11 @@ async def run_app(config: AppConfig, *, test_callees: bool = False, callee_worke
     extra = f", metrics on http://{config.metrics.host}:{running.metrics.port}/metrics" if running.metrics else ""
     callees = ", test callees test.echo/test.reverse/test.delay" if test_callees else ""
     log.info("juggler server listening on %s (%s%s%s)", running.server.url, broker_desc, callees, extra)
+    page = running.server.url.replace("ws://", "http://", 1).removesuffix(config.server.path) + "/"
+    if demo:
+        log.info("demo page on %s (browser client %sjuggler.js)", page, page)
     if banner:
-        print(banner.format(url=running.server.url), flush=True)
+        print(banner.format(url=running.server.url, page=page), flush=True)
     try:
         await stop.wait()
     finally:

@@ -19,6 +19,10 @@ Handler chain: ``middleware`` is a sequence of
 to go on, or refuse an incoming message with ``conn.nack(msg, 403, "...")``.
 An exception closes only that connection (counted in ``recovered``).
 
+Plain HTTP: a request for another path than ``config.path`` (or a HEAD) is
+answered by ``http`` (a :class:`juggler.static_files.StaticSite`: the browser
+client and the demo page), else 404; it never becomes a websocket connection.
+
 Lifecycle: ``start()`` listens; ``aclose()`` stops accepting, sends every
 connection a 1001 close, waits up to ``close_timeout`` for them, drops the
 rest. The broker is the caller's: the server never closes it.
@@ -36,6 +40,7 @@ from juggler.broker.base import Result
 from juggler.config import ServerConfig
 from juggler.conn import Conn, ConnState, Handler, Middleware
 from juggler.metrics import ServerStats
+from juggler.static_files import StaticSite
 
 __all__ = ["Conn", "ConnState", "Middleware", "Server"]
 
@@ -67,6 +72,7 @@ class Server:
         middleware: Sequence[Middleware] = (),
         on_conn_state: ConnStateCallback | None = None,
         stats: ServerStats | None = None,
+        http: StaticSite | None = None,
     ) -> None:
         self.broker = broker
         self.pubsub = pubsub if pubsub is not None else broker
@@ -74,6 +80,8 @@ class Server:
         self.middleware = tuple(middleware)
         self.on_conn_state = on_conn_state
         self.stats = stats or ServerStats()
+        #: answers plain HTTP requests to other paths than the websocket one (else 404)
+        self.http = http
         self.conns: set[Conn] = set()
         self._chain_in: Handler | None = None
         self._chain_out: Handler | None = None

@@ -1,0 +1,170 @@
+// Type declarations of juggler.js, the browser (and Node) client of juggler.0.
+// Served next to it by the juggler server at /juggler.d.ts.
+
+/** Any JSON value (call arguments, results, event arguments). */
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+
+export declare const SUBPROTOCOL: "juggler.0";
+
+export declare const MessageType: Readonly<{
+  CALL: 1; PUB: 2; SUB: 3; UNSB: 4; NACK: 7; ACK: 8; RES: 9; EVNT: 10;
+}>;
+
+export type State = "connecting" | "open" | "reconnecting" | "closed";
+
+/** A constructor compatible with the WHATWG `WebSocket` (or the `ws` package's). */
+export interface WebSocketConstructor {
+  new (url: string, protocols?: string | string[], options?: { headers?: Record<string, string> }): WebSocket;
+}
+
+export interface ConnectOptions {
+  /** Subprotocols to offer. Default `["juggler.0"]` (the server refuses others). */
+  protocols?: string[];
+  /**
+   * Handshake request headers, e.g. `Authorization` for a server with an auth
+   * middleware.
+   *
+   * Browsers cannot set websocket handshake headers at all, and Node >= 22's
+   * built-in `WebSocket` does not take them either. So headers are only sent
+   * when you pass a `WebSocket` constructor that accepts `(url, protocols,
+   * {headers})` — the `ws` package does. With the built-in WebSocket, `connect`
+   * throws a TypeError, unless `headersAsQuery` is set: then each header is
+   * sent as a query parameter of the URL (lower-case name), which works only
+   * if the server reads it from there (the juggler server does so for
+   * `juggler-allowed-messages`; an auth middleware must opt in for tokens).
+   * Query parameters end up in logs: prefer short-lived tokens there.
+   */
+  headers?: Record<string, string>;
+  /** Send `headers` as URL query parameters when the runtime cannot send headers. Default false. */
+  headersAsQuery?: boolean;
+  /**
+   * Message types this connection may send (`Juggler-Allowed-Messages`), e.g.
+   * `["call", "pub"]`: the server then needs no pub-sub listener for it. Sent
+   * as a header, or as the `juggler-allowed-messages` query parameter with the
+   * built-in WebSocket (the server accepts both).
+   */
+  allowedMessages?: string | string[];
+  /** The WebSocket implementation: default `globalThis.WebSocket`; in Node 20 pass `ws`. */
+  WebSocket?: WebSocketConstructor;
+  /**
+   * Treat `WebSocket` as a browser-style constructor that cannot send headers
+   * (as `globalThis.WebSocket` always is). Default false when `WebSocket` is given.
+   */
+  nativeWebSocket?: boolean;
+  /** Default timeout of calls, publishes and subscriptions, in ms. Default 60000. */
+  timeout?: number;
+  /** Max ms for one connection attempt. Default 10000. */
+  connectTimeout?: number;
+  /** Reconnect after the connection drops. Default true. */
+  reconnect?: boolean;
+  /** First reconnection delay, ms. Default 250. */
+  initialDelay?: number;
+  /** Backoff cap, ms. Default 10000. */
+  maxDelay?: number;
+  /** Backoff multiplier. Default 2. */
+  factor?: number;
+  /** Each delay is scaled by a random factor in [1 - jitter, 1]. Default 0.5. */
+  jitter?: number;
+  /** Consecutive failed reconnection attempts before giving up (state "closed"). Default Infinity. */
+  maxAttempts?: number;
+  /** Messages queued while disconnected before further ones fail. Default 1000. */
+  maxQueue?: number;
+}
+
+export interface CallOptions {
+  /** Milliseconds to wait for the result (sent to the server in ns). Default: the client's `timeout`. */
+  timeout?: number;
+}
+
+export interface SubscribeOptions {
+  /** `channel` is a Redis glob pattern (`*`, `?`, `[ab]`). Default false. */
+  pattern?: boolean;
+  /** Milliseconds to wait for the server's ACK. */
+  timeout?: number;
+}
+
+export interface JugglerEvent {
+  /** The channel it was published on. */
+  channel: string;
+  /** The pattern that matched, for pattern subscriptions. */
+  pattern?: string;
+  /** The uuid of the PUB. */
+  uuid: string;
+  args: Json;
+}
+
+export type EventHandler = (args: Json, event: JugglerEvent) => void;
+
+/** Stops this handler; the last handler of a channel sends UNSB. Idempotent. */
+export interface Unsubscribe {
+  (): Promise<void>;
+  /**
+   * Resolves when the server ACKed the subscription (events published after
+   * that are delivered); rejects with NackError if refused (the handler is then
+   * dropped), or ConnectionClosedError if the client closes first.
+   */
+  readonly ready: Promise<void>;
+}
+
+/** Root of this module's errors. */
+export declare class JugglerError extends Error {}
+
+/** The server refused the message. */
+export declare class NackError extends JugglerError {
+  /** 500 for broker errors; 401/403 … from middleware. */
+  readonly code: number;
+  readonly serverMessage: string;
+  readonly forType: number;
+  /** uuid of the refused message. */
+  readonly for: string;
+  readonly uri?: string;
+  readonly channel?: string;
+}
+
+/** No RES (call) or ACK (publish, subscribe) within the timeout; a late answer is ignored. */
+export declare class ExpiredError extends JugglerError {
+  readonly timeout: number;
+  readonly uuid: string;
+}
+
+/** The connection dropped after the message was sent: it may or may not have been executed. */
+export declare class ConnectionLostError extends JugglerError {}
+
+/** close() was called, reconnection gave up, or the first connection failed. */
+export declare class ConnectionClosedError extends JugglerError {}
+
+export interface StateChangeDetail {
+  state: State;
+  /** Reconnection attempt number (state "reconnecting"). */
+  attempt?: number;
+  /** Delay before that attempt, ms. */
+  delay?: number;
+}
+
+/**
+ * A juggler.0 connection that reconnects by itself (backoff with jitter) and
+ * restores its subscriptions. Events: "statechange" (CustomEvent<StateChangeDetail>),
+ * "open", "close" and "error" (CustomEvent<{error: unknown}>).
+ */
+export declare class Juggler extends EventTarget {
+  /** Resolves once connected; rejects with ConnectionClosedError if the first attempt fails. */
+  static connect(url: string | URL, options?: ConnectOptions): Promise<Juggler>;
+  constructor(url: string | URL, options?: ConnectOptions);
+  readonly url: string;
+  readonly state: State;
+  /**
+   * Call `uri`. Resolves with the result — a callee error is a result too:
+   * `{error: {message}}`. Rejects with NackError, ExpiredError,
+   * ConnectionLostError or ConnectionClosedError. Made while reconnecting, the
+   * call waits (its timer running) and is sent once connected.
+   */
+  call<T = Json>(uri: string, args?: Json, options?: CallOptions): Promise<T>;
+  /** Publish; resolves on the server's ACK. */
+  publish(channel: string, args?: Json, options?: CallOptions): Promise<void>;
+  /** Subscribe a handler; returns its unsubscribe function (see Unsubscribe). */
+  subscribe(channel: string, handler: EventHandler, options?: SubscribeOptions): Unsubscribe;
+  /** Close for good (idempotent); everything pending rejects with ConnectionClosedError. */
+  close(): void;
+}
+
+export default Juggler;

@@ -1,0 +1,554 @@
+// juggler.js — a dependency-free ES module client for the juggler.0 protocol.
+//
+//   import { Juggler } from "/juggler.js";
+//   const c = await Juggler.connect("ws://127.0.0.1:9000/ws");
+//   const r = await c.call("test.echo", "hello", { timeout: 5000 });   // ms
+//   const unsub = c.subscribe("chat", (args, ev) => console.log(ev.channel, args));
+//   await unsub.ready;                  // the server ACKed the SUB
+//   await c.publish("chat", { text: "hi" });
+//   await unsub();
+//   c.close();
+//
+// Wire format (see the README / protocols/juggler.md): one JSON object per text
+// frame, {"meta":{"type":N,"uuid":"..."},"payload":{...}}; CALL=1 PUB=2 SUB=3
+// UNSB=4 NACK=7 ACK=8 RES=9 EVNT=10; CALL timeouts travel in nanoseconds.
+//
+// Contract:
+// - call() resolves with the RES args, rejects with NackError (the server
+//   refused it), ExpiredError (no RES within `timeout` ms; a late RES is
+//   ignored) or ConnectionLostError (the connection dropped after the CALL was
+//   sent: whether it ran is unknown, so it is never re-sent).
+// - Messages made while reconnecting are queued (their timers run) and sent
+//   once the connection is back; subscriptions are restored before them.
+// - Reconnection: exponential backoff with jitter, forever unless
+//   `reconnect: false` or `maxAttempts`. close() is final and idempotent.
+// Types: juggler.d.ts next to this file.
+
+const CALL = 1, PUB = 2, SUB = 3, UNSB = 4, NACK = 7, ACK = 8, RES = 9, EVNT = 10;
+export const SUBPROTOCOL = "juggler.0";
+export const MessageType = Object.freeze({ CALL, PUB, SUB, UNSB, NACK, ACK, RES, EVNT });
+
+// errors ----------------------------------------------------------------------
+
+/** Root of every error this module raises. */
+export class JugglerError extends Error {
+  constructor(message, options) {
+    super(message, options);
+    this.name = new.target.name;
+  }
+}
+
+/** The server refused a message (NACK): `code` (500 = broker error, 401/403 …), `message`. */
+export class NackError extends JugglerError {
+  constructor(payload) {
+    super(`NACK ${payload.code}: ${payload.message}`);
+    this.code = payload.code;
+    this.serverMessage = payload.message;
+    this.forType = payload.for_type;
+    this.for = payload.for;
+    this.uri = payload.uri;
+    this.channel = payload.channel;
+  }
+}
+
+/**
+ * No answer within the timeout (the original client's local "EXP"): a call got
+ * no RES, or a publish/subscribe/unsubscribe no ACK. A late answer is ignored.
+ */
+export class ExpiredError extends JugglerError {
+  constructor(what, timeout, uuid) {
+    super(`${what}: no answer after ${timeout} ms`);
+    this.timeout = timeout;
+    this.uuid = uuid;
+  }
+}
+
+/** The connection dropped while a message was in flight (it may or may not have run). */
+export class ConnectionLostError extends JugglerError {}
+
+/** The client was closed (close()), or could not connect at all. */
+export class ConnectionClosedError extends JugglerError {}
+
+// helpers ---------------------------------------------------------------------
+
+function uuid4() {
+  const c = globalThis.crypto;
+  // randomUUID only exists in secure contexts; getRandomValues everywhere
+  if (c && typeof c.randomUUID === "function") return c.randomUUID();
+  const b = new Uint8Array(16);
+  if (c && typeof c.getRandomValues === "function") c.getRandomValues(b);
+  else for (let i = 0; i < 16; i++) b[i] = Math.floor(Math.random() * 256); // ids need uniqueness, not secrecy
+  b[6] = (b[6] & 0x0f) | 0x40;
+  b[8] = (b[8] & 0x3f) | 0x80;
+  const h = Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+}
+
+// CustomEvent is global in browsers and Node >= 19
+const CustomEvent =
+  globalThis.CustomEvent ||
+  class CustomEvent extends Event {
+    constructor(type, init = {}) {
+      super(type, init);
+      this.detail = init.detail ?? null;
+    }
+  };
+
+function noop() {}
+
+// Forget a socket. Its error handler stays: with the `ws` package an 'error'
+// without a listener (e.g. closing a socket that is still connecting) would
+// be an uncaught exception.
+function detach(ws) {
+  ws.onopen = ws.onmessage = ws.onclose = null;
+  ws.onerror = noop;
+}
+
+function subKey(channel, pattern) {
+  return (pattern ? "p:" : "c:") + channel;
+}
+
+function checkTimeout(timeout) {
+  if (!Number.isFinite(timeout) || timeout < 1) {
+    throw new RangeError(`timeout must be a number of milliseconds >= 1, got ${timeout}`);
+  }
+  return Math.floor(timeout);
+}
+
+const DEFAULTS = Object.freeze({
+  timeout: 60000, // ms: calls, publishes, subscriptions
+  connectTimeout: 10000, // ms: one connection attempt
+  reconnect: true,
+  initialDelay: 250, // ms: first reconnection delay
+  maxDelay: 10000, // ms: backoff cap
+  factor: 2,
+  jitter: 0.5, // each delay is scaled by a random factor in [1 - jitter, 1]
+  maxAttempts: Infinity, // consecutive failed reconnection attempts before giving up
+  maxQueue: 1000, // messages queued while disconnected
+});
+
+// the client --------------------------------------------------------------------
+
+/**
+ * A juggler.0 connection that reconnects by itself. Create it with
+ * `await Juggler.connect(url, options)`. It is an EventTarget: "statechange"
+ * (detail: {state, attempt, delay}), "open", "close", "error" (detail: {error}).
+ */
+export class Juggler extends EventTarget {
+  /** Connect; resolves once the first connection is open (rejects if it fails). */
+  static async connect(url, options = {}) {
+    const c = new Juggler(url, options);
+    await c._firstOpen;
+    return c;
+  }
+
+  constructor(url, options = {}) {
+    super();
+    this.options = { ...DEFAULTS, ...options };
+    const o = this.options;
+    this._WebSocket = o.WebSocket || globalThis.WebSocket;
+    if (typeof this._WebSocket !== "function") {
+      throw new TypeError("no WebSocket in this runtime: pass options.WebSocket (e.g. the `ws` package)");
+    }
+    this._protocols = o.protocols ?? [SUBPROTOCOL];
+    this._headers = { ...(o.headers || {}) };
+    if (o.allowedMessages) {
+      this._headers["Juggler-Allowed-Messages"] = [].concat(o.allowedMessages).join(",");
+    }
+    // Native WebSockets (browsers, Node >= 22) cannot send headers: a custom
+    // constructor is assumed `ws`-style (url, protocols, {headers}).
+    this._canSendHeaders = Boolean(o.WebSocket) && !o.nativeWebSocket;
+    this.url = this._buildUrl(String(url));
+    this._state = "connecting";
+    this._ws = null;
+    this._attempt = 0;
+    this._timer = null;
+    this._pending = new Map(); // uuid -> {type, resolve, reject, timer, uri|channel, sent, frame}
+    this._queue = []; // uuids waiting for a connection, in order
+    this._subs = new Map(); // key -> {channel, pattern, handlers:Set, acked, ready}
+    this._closedByUser = false;
+    this._firstOpen = new Promise((resolve, reject) => {
+      this._resolveFirst = resolve;
+      this._rejectFirst = reject;
+    });
+    this._firstOpen.catch(() => {});
+    this._open();
+  }
+
+  /** "connecting" | "open" | "reconnecting" | "closed". */
+  get state() {
+    return this._state;
+  }
+
+  _buildUrl(url) {
+    const names = Object.keys(this._headers);
+    if (!names.length || this._canSendHeaders) return url;
+    if (!this.options.headersAsQuery) {
+      throw new TypeError(
+        `this WebSocket cannot send headers (${names.join(", ")}): pass options.WebSocket ` +
+          "(e.g. the `ws` package) or set headersAsQuery: true (the server must read them from the URL)",
+      );
+    }
+    const u = new URL(url);
+    for (const n of names) u.searchParams.set(n.toLowerCase(), this._headers[n]);
+    return u.toString();
+  }
+
+  _setState(state, extra = {}) {
+    if (this._state === state) return;
+    this._state = state;
+    this.dispatchEvent(new CustomEvent("statechange", { detail: { state, ...extra } }));
+  }
+
+  // connection -------------------------------------------------------------------
+
+  _open() {
+    let ws;
+    try {
+      ws = this._canSendHeaders
+        ? new this._WebSocket(this.url, this._protocols, { headers: this._headers })
+        : new this._WebSocket(this.url, this._protocols);
+    } catch (err) {
+      this._failed(err);
+      return;
+    }
+    this._ws = ws;
+    let opened = false;
+    const guard = setTimeout(() => {
+      if (!opened) {
+        try {
+          ws.close();
+        } catch {
+          /* ignore */
+        }
+        onGone(new JugglerError(`connect timeout after ${this.options.connectTimeout} ms`));
+      }
+    }, this.options.connectTimeout);
+    let gone = false;
+    const onGone = (err) => {
+      clearTimeout(guard);
+      if (gone) return;
+      gone = true;
+      if (this._ws === ws) this._ws = null;
+      detach(ws);
+      if (opened) this._lost(err);
+      else this._failed(err);
+    };
+    ws.onopen = () => {
+      clearTimeout(guard);
+      if (ws.protocol !== SUBPROTOCOL && this._protocols.includes(SUBPROTOCOL)) {
+        onGone(new JugglerError(`server did not negotiate ${SUBPROTOCOL} (got "${ws.protocol}")`));
+        ws.close();
+        return;
+      }
+      opened = true;
+      this._opened();
+    };
+    ws.onmessage = (ev) => this._onMessage(ev.data);
+    ws.onerror = noop; // the close event follows and says more
+    ws.onclose = (ev) => {
+      onGone(new ConnectionLostError(`connection closed (${ev.code}${ev.reason ? " " + ev.reason : ""})`));
+    };
+  }
+
+  _opened() {
+    this._attempt = 0;
+    this._setState("open");
+    this.dispatchEvent(new Event("open"));
+    // restore subscriptions first, then whatever waited for the connection
+    for (const sub of this._subs.values()) this._sendSub(sub);
+    const queued = this._queue;
+    this._queue = [];
+    for (const id of queued) {
+      const p = this._pending.get(id);
+      if (p && !p.sent) this._transmit(id, p);
+    }
+    if (this._resolveFirst) {
+      this._resolveFirst();
+      this._resolveFirst = this._rejectFirst = null;
+    }
+  }
+
+  _failed(err) {
+    // a connection attempt failed
+    if (this._rejectFirst) {
+      // the first connection: report it to connect() rather than retrying blindly
+      const reject = this._rejectFirst;
+      this._resolveFirst = this._rejectFirst = null;
+      this._shutdown(new ConnectionClosedError(`cannot connect to ${this.url}: ${err.message || err}`));
+      reject(new ConnectionClosedError(`cannot connect to ${this.url}: ${err.message || err}`, { cause: err }));
+      return;
+    }
+    this._scheduleReconnect(err);
+  }
+
+  _lost(err) {
+    // an open connection dropped: what was sent on it can no longer get an answer
+    for (const [id, p] of this._pending) {
+      if (p.sent) {
+        this._settle(id, p, new ConnectionLostError(`connection lost before the answer to ${p.what}`));
+      }
+    }
+    for (const sub of this._subs.values()) sub.acked = false;
+    this.dispatchEvent(new CustomEvent("close", { detail: { error: err } }));
+    if (this._closedByUser) return;
+    this._scheduleReconnect(err);
+  }
+
+  _scheduleReconnect(err) {
+    const o = this.options;
+    if (this._closedByUser) return;
+    if (!o.reconnect || this._attempt >= o.maxAttempts) {
+      this._shutdown(new ConnectionClosedError(`connection lost and not reconnecting: ${err && err.message}`));
+      return;
+    }
+    const base = Math.min(o.maxDelay, o.initialDelay * Math.pow(o.factor, this._attempt));
+    const delay = Math.round(base * (1 - o.jitter * Math.random()));
+    this._attempt += 1;
+    this._setState("reconnecting", { attempt: this._attempt, delay });
+    this.dispatchEvent(new CustomEvent("error", { detail: { error: err } }));
+    this._timer = setTimeout(() => {
+      this._timer = null;
+      if (!this._closedByUser) this._open();
+    }, delay);
+  }
+
+  /** Close for good: pending calls reject with ConnectionClosedError. Idempotent. */
+  close() {
+    if (this._closedByUser) return;
+    this._closedByUser = true;
+    const ws = this._ws;
+    this._ws = null;
+    if (ws) {
+      detach(ws);
+      try {
+        ws.close(1000);
+      } catch {
+        /* ignore */
+      }
+    }
+    this._shutdown(new ConnectionClosedError("client closed"));
+    if (this._rejectFirst) {
+      this._rejectFirst(new ConnectionClosedError("client closed before connecting"));
+      this._resolveFirst = this._rejectFirst = null;
+    }
+  }
+
+  _shutdown(err) {
+    this._closedByUser = true;
+    if (this._timer) clearTimeout(this._timer);
+    this._timer = null;
+    for (const [id, p] of this._pending) this._settle(id, p, err);
+    this._queue = [];
+    for (const sub of this._subs.values()) {
+      if (!sub.acked) sub.rejectReady(err);
+    }
+    this._subs.clear();
+    this._setState("closed");
+  }
+
+  // sending ----------------------------------------------------------------------
+
+  _request(type, payload, what, timeout, extra = {}) {
+    if (this._closedByUser) return Promise.reject(new ConnectionClosedError("client closed"));
+    const ms = checkTimeout(timeout);
+    const id = uuid4();
+    let frame;
+    try {
+      // serialized now: later changes to `args` do not leak into a queued message
+      frame = JSON.stringify({ meta: { type, uuid: id }, payload });
+    } catch (err) {
+      return Promise.reject(err); // e.g. a BigInt or a cycle in args
+    }
+    return new Promise((resolve, reject) => {
+      const p = { type, payload, frame, what, resolve, reject, sent: false, timer: null, ...extra };
+      p.timer = setTimeout(() => this._expire(id), ms);
+      this._pending.set(id, p);
+      if (this._state === "open" && this._ws) {
+        this._transmit(id, p);
+      } else if (this._queue.length >= this.options.maxQueue) {
+        this._settle(id, p, new JugglerError(`send queue full (${this.options.maxQueue} messages)`));
+      } else {
+        this._queue.push(id);
+      }
+    });
+  }
+
+  _transmit(id, p) {
+    p.sent = true;
+    try {
+      this._ws.send(p.frame);
+    } catch (err) {
+      this._settle(id, p, new ConnectionLostError(`cannot send ${p.what}: ${err.message || err}`, { cause: err }));
+    }
+  }
+
+  _expire(id) {
+    const p = this._pending.get(id);
+    if (!p) return;
+    this._settle(id, p, new ExpiredError(p.what, p.ms, id));
+  }
+
+  _settle(id, p, err, value) {
+    this._pending.delete(id);
+    clearTimeout(p.timer);
+    if (!p.sent) {
+      const i = this._queue.indexOf(id);
+      if (i >= 0) this._queue.splice(i, 1);
+    }
+    if (err) p.reject(err);
+    else p.resolve(value);
+  }
+
+  /**
+   * Call `uri` with `args` (any JSON value; undefined = none). Resolves with the
+   * result; a callee error arrives as a result ({error: {message}}), as on the wire.
+   */
+  call(uri, args, { timeout = this.options.timeout } = {}) {
+    let ms;
+    try {
+      ms = checkTimeout(timeout);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    const payload = { uri: String(uri), timeout: ms * 1e6 };
+    if (args !== undefined) payload.args = args;
+    return this._request(CALL, payload, `call ${uri}`, ms, { ms, acked: false });
+  }
+
+  /** Publish `args` on `channel`; resolves when the server ACKs it. */
+  publish(channel, args, { timeout = this.options.timeout } = {}) {
+    const payload = { channel: String(channel) };
+    if (args !== undefined) payload.args = args;
+    try {
+      checkTimeout(timeout);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    return this._request(PUB, payload, `publish ${channel}`, timeout, { ms: Math.floor(timeout) });
+  }
+
+  /**
+   * Subscribe `handler(args, event)` to `channel` (a Redis glob when `pattern`).
+   * Returns the unsubscribe function (async, idempotent) with a `ready` promise
+   * that settles on the server's ACK/NACK. Subscriptions survive reconnections.
+   */
+  subscribe(channel, handler, { pattern = false, timeout = this.options.timeout } = {}) {
+    if (typeof handler !== "function") throw new TypeError("handler must be a function");
+    if (this._closedByUser) throw new ConnectionClosedError("client closed");
+    channel = String(channel);
+    pattern = Boolean(pattern);
+    const key = subKey(channel, pattern);
+    let sub = this._subs.get(key);
+    if (!sub) {
+      sub = { key, channel, pattern, handlers: new Set(), acked: false, timeout, everAcked: false };
+      sub.ready = new Promise((resolve, reject) => {
+        sub.resolveReady = resolve;
+        sub.rejectReady = reject;
+      });
+      sub.ready.catch(() => {});
+      this._subs.set(key, sub);
+      if (this._state === "open" && this._ws) this._sendSub(sub);
+    }
+    const entry = { handler };
+    sub.handlers.add(entry);
+    let done = false;
+    const unsubscribe = async () => {
+      if (done) return;
+      done = true;
+      sub.handlers.delete(entry);
+      if (sub.handlers.size || this._subs.get(key) !== sub) return;
+      this._subs.delete(key);
+      if (this._closedByUser || this._state !== "open") return; // nothing to undo on the server
+      try {
+        await this._request(UNSB, { channel, pattern }, `unsubscribe ${channel}`, timeout, {
+          ms: Math.floor(timeout),
+        });
+      } catch (err) {
+        // a lost connection took the subscription with it
+        if (!(err instanceof ConnectionLostError || err instanceof ConnectionClosedError)) throw err;
+      }
+    };
+    unsubscribe.ready = sub.ready;
+    return unsubscribe;
+  }
+
+  _sendSub(sub) {
+    const p = this._request(SUB, { channel: sub.channel, pattern: sub.pattern }, `subscribe ${sub.channel}`,
+      sub.timeout, { ms: Math.floor(sub.timeout) });
+    p.then(
+      () => {
+        sub.resolveReady(); // also when unsubscribed meanwhile: it did take effect
+        if (this._subs.get(sub.key) === sub) sub.acked = sub.everAcked = true;
+      },
+      (err) => {
+        if (err instanceof NackError && this._subs.get(sub.key) === sub) {
+          // refused: the handlers will never hear anything
+          this._subs.delete(sub.key);
+          sub.rejectReady(err);
+          this.dispatchEvent(new CustomEvent("error", { detail: { error: err } }));
+        } else if (!sub.everAcked && !(err instanceof ConnectionLostError)) {
+          sub.rejectReady(err);
+        }
+        // ConnectionLostError: re-sent on the next connection
+      },
+    );
+  }
+
+  // receiving --------------------------------------------------------------------
+
+  _onMessage(data) {
+    if (typeof data !== "string") {
+      if (data instanceof ArrayBuffer) data = new TextDecoder().decode(data);
+      else if (ArrayBuffer.isView(data)) data = new TextDecoder().decode(data);
+      else data = String(data);
+    }
+    let msg;
+    try {
+      msg = JSON.parse(data);
+    } catch (err) {
+      this.dispatchEvent(new CustomEvent("error", { detail: { error: new JugglerError("invalid JSON from server", { cause: err }) } }));
+      return;
+    }
+    const type = msg && msg.meta && msg.meta.type;
+    const pl = (msg && msg.payload) || {};
+    switch (type) {
+      case ACK: {
+        const p = this._pending.get(pl.for);
+        if (!p) return;
+        if (p.type === CALL) p.acked = true; // queued; the RES settles it
+        else this._settle(pl.for, p, null, undefined);
+        return;
+      }
+      case NACK: {
+        const p = this._pending.get(pl.for);
+        if (p) this._settle(pl.for, p, new NackError(pl));
+        return;
+      }
+      case RES: {
+        const p = this._pending.get(pl.for);
+        if (p && p.type === CALL) this._settle(pl.for, p, null, pl.args === undefined ? null : pl.args);
+        return; // else: late (expired locally) — ignored
+      }
+      case EVNT: {
+        const key = pl.pattern !== undefined ? subKey(pl.pattern, true) : subKey(pl.channel, false);
+        const sub = this._subs.get(key);
+        if (!sub) return;
+        const ev = { channel: pl.channel, pattern: pl.pattern, uuid: pl.for, args: pl.args ?? null };
+        for (const { handler } of [...sub.handlers]) {
+          try {
+            handler(ev.args, ev);
+          } catch (err) {
+            // one bad handler must not starve the others nor kill the connection
+            this.dispatchEvent(new CustomEvent("error", { detail: { error: err } }));
+          }
+        }
+        return;
+      }
+      default:
+        return; // unknown server types are ignored (forward compatibility)
+    }
+  }
+}
+
+export default Juggler;

@@ -1,0 +1,291 @@
+// Unit tests of juggler/static/juggler.js under Node's test runner, against a
+// REAL `juggler up` (and a `juggler server` with small limits for NACKs).
+// Node 20 has no global WebSocket: the `ws` package is injected (which also
+// exercises the `headers` path that browsers cannot take).
+import assert from "node:assert/strict";
+import net from "node:net";
+import { after, before, describe, test } from "node:test";
+import WebSocket from "ws";
+
+import {
+  ConnectionClosedError,
+  ConnectionLostError,
+  ExpiredError,
+  Juggler,
+  NackError,
+} from "../../juggler/static/juggler.js";
+import { JugglerProc, freePort, until } from "./helpers.mjs";
+
+const opts = { WebSocket, initialDelay: 50, maxDelay: 500 };
+
+let up;
+const clients = [];
+
+async function connect(url = up.wsUrl, extra = {}) {
+  const c = await Juggler.connect(url, { ...opts, ...extra });
+  clients.push(c);
+  return c;
+}
+
+before(async () => {
+  up = await JugglerProc.up();
+});
+
+after(async () => {
+  for (const c of clients) c.close();
+  await up.stop();
+});
+
+describe("calls", () => {
+  test("test.echo and test.reverse return their results", async () => {
+    const c = await connect();
+    assert.equal(c.state, "open");
+    assert.equal(await c.call("test.echo", "hello", { timeout: 5000 }), "hello");
+    assert.equal(await c.call("test.reverse", "héllo, wörld 👋", { timeout: 5000 }), "👋 dlröw ,olléh");
+    assert.equal(await c.call("test.delay", "10", { timeout: 5000 }), 10);
+  });
+
+  test("many concurrent calls each get their own result", async () => {
+    const c = await connect();
+    const words = Array.from({ length: 200 }, (_, i) => `w${i}`);
+    const results = await Promise.all(words.map((w) => c.call("test.reverse", w, { timeout: 10000 })));
+    assert.deepEqual(results, words.map((w) => [...w].reverse().join("")));
+  });
+
+  test("a callee error is a result, as on the wire", async () => {
+    const c = await connect();
+    const r = await c.call("test.delay", "not a number", { timeout: 5000 });
+    assert.match(r.error.message, /integer/);
+  });
+
+  test("no result within the timeout rejects with ExpiredError; the late RES is ignored", async () => {
+    const c = await connect();
+    await assert.rejects(c.call("test.delay", "600", { timeout: 100 }), (err) => {
+      assert.ok(err instanceof ExpiredError);
+      assert.equal(err.timeout, 100);
+      return true;
+    });
+    // the late RES arrives on the same connection and is dropped; the connection works on
+    await new Promise((r) => setTimeout(r, 700));
+    assert.equal(await c.call("test.echo", "still here", { timeout: 5000 }), "still here");
+  });
+
+  test("invalid timeouts are refused locally", async () => {
+    const c = await connect();
+    await assert.rejects(c.call("test.echo", "x", { timeout: 0 }), RangeError);
+    await assert.rejects(c.call("test.echo", "x", { timeout: NaN }), RangeError);
+  });
+});
+
+describe("pub-sub", () => {
+  test("a publish reaches channel and pattern subscribers of another connection", async () => {
+    const a = await connect();
+    const b = await connect();
+    const got = [];
+    const unsub = a.subscribe("news.sport", (args, ev) => got.push(["c", args, ev.channel, ev.pattern]));
+    const punsub = a.subscribe("news.*", (args, ev) => got.push(["p", args, ev.channel, ev.pattern]), {
+      pattern: true,
+    });
+    await Promise.all([unsub.ready, punsub.ready]);
+    await b.publish("news.sport", { score: [1, 0] });
+    await until(() => got.length === 2, { what: "two events" });
+    got.sort();
+    assert.deepEqual(got, [
+      ["c", { score: [1, 0] }, "news.sport", undefined],
+      ["p", { score: [1, 0] }, "news.sport", "news.*"],
+    ]);
+    await unsub();
+    await punsub();
+  });
+
+  test("several handlers share one subscription; unsubscribe stops only its own", async () => {
+    const a = await connect();
+    const b = await connect();
+    const one = [], two = [], barrier = [];
+    const u1 = a.subscribe("share", (x) => one.push(x));
+    const u2 = a.subscribe("share", (x) => two.push(x));
+    const ub = a.subscribe("barrier", (x) => barrier.push(x));
+    await Promise.all([u1.ready, u2.ready, ub.ready]);
+    await b.publish("share", 1);
+    await until(() => one.length === 1 && two.length === 1, { what: "first event" });
+    await u1();
+    await u1(); // idempotent
+    await b.publish("share", 2);
+    await until(() => two.length === 2, { what: "second event" });
+    assert.deepEqual(one, [1]);
+    await u2(); // the last handler: UNSB
+    await b.publish("share", 3);
+    await b.publish("barrier", "done"); // events of one connection arrive in order
+    await until(() => barrier.length === 1, { what: "barrier event" });
+    assert.deepEqual(two, [1, 2]);
+    await ub();
+  });
+
+  test("a throwing handler does not stop the others (reported as an error event)", async () => {
+    const a = await connect();
+    const errors = [];
+    a.addEventListener("error", (ev) => errors.push(ev.detail.error));
+    const got = [];
+    const u1 = a.subscribe("boom", () => {
+      throw new Error("handler bug");
+    });
+    const u2 = a.subscribe("boom", (x) => got.push(x));
+    await u2.ready;
+    await a.publish("boom", null);
+    await until(() => got.length === 1, { what: "event" });
+    assert.equal(errors[0].message, "handler bug");
+    await u1();
+    await u2();
+  });
+
+  test("a publish without args is delivered with null", async () => {
+    const a = await connect();
+    const got = [];
+    const u = a.subscribe("nullargs", (x, ev) => got.push([x, ev.args]));
+    await u.ready;
+    await a.publish("nullargs");
+    await until(() => got.length === 1, { what: "event" });
+    assert.deepEqual(got, [[null, null]]);
+    await u();
+  });
+});
+
+describe("connection", () => {
+  test("the server restarts: the client reconnects, keeps its subscriptions and sends what waited", async () => {
+    const port = await freePort();
+    const srv = new JugglerProc(["up", "--listen", `127.0.0.1:${port}`], port);
+    await srv.start();
+    try {
+      const a = await connect(srv.wsUrl);
+      const states = [];
+      a.addEventListener("statechange", (ev) => states.push(ev.detail.state));
+      const got = [];
+      const u = a.subscribe("restart", (x) => got.push(x));
+      await u.ready;
+      // sent, then the connection drops: whether it ran is unknown, so it fails
+      const lost = assert.rejects(a.call("test.delay", "20000", { timeout: 30000 }), ConnectionLostError);
+      await srv.stop();
+      await lost;
+      await until(() => a.state === "reconnecting", { what: "reconnecting" });
+      const queued = a.call("test.echo", "queued while down", { timeout: 20000 });
+      await srv.start();
+      assert.equal(await queued, "queued while down");
+      assert.equal(a.state, "open");
+      assert.deepEqual(states.slice(0, 1), ["reconnecting"]);
+      assert.equal(states.at(-1), "open");
+      const b = await connect(srv.wsUrl);
+      // the SUB was re-sent before the queued call, so it is in place by now
+      await b.publish("restart", "after restart");
+      await until(() => got.length === 1, { what: "event after the restart" });
+      assert.deepEqual(got, ["after restart"]);
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  test("close() rejects what is pending and is final", async () => {
+    const c = await connect();
+    const p = c.call("test.delay", "2000", { timeout: 5000 });
+    c.close();
+    c.close();
+    await assert.rejects(p, ConnectionClosedError);
+    assert.equal(c.state, "closed");
+    await assert.rejects(c.call("test.echo", "x"), ConnectionClosedError);
+  });
+
+  test("close() while a connection attempt hangs is clean (no uncaught socket error)", async () => {
+    const silent = net.createServer(() => {}); // accepts TCP, never answers the handshake
+    await new Promise((r) => silent.listen(0, "127.0.0.1", r));
+    try {
+      const c = new Juggler(`ws://127.0.0.1:${silent.address().port}/ws`, opts);
+      const first = assert.rejects(c._firstOpen, ConnectionClosedError);
+      await new Promise((r) => setTimeout(r, 100));
+      c.close();
+      await first;
+      await new Promise((r) => setTimeout(r, 100)); // an 'error' event would surface here
+      assert.equal(c.state, "closed");
+    } finally {
+      silent.close();
+    }
+  });
+
+  test("connecting to nothing rejects with ConnectionClosedError", async () => {
+    const port = await freePort();
+    await assert.rejects(Juggler.connect(`ws://127.0.0.1:${port}/ws`, opts), ConnectionClosedError);
+  });
+
+  test("a wrong path is refused (404), not retried", async () => {
+    await assert.rejects(Juggler.connect(`ws://127.0.0.1:${up.port}/nope`, opts), ConnectionClosedError);
+  });
+
+  test("headers reach the server (Juggler-Allowed-Messages: pub forbids CALL)", async () => {
+    const c = await connect(up.wsUrl, { allowedMessages: ["pub"], reconnect: false });
+    await c.publish("allowed", 1);
+    await assert.rejects(c.call("test.echo", "x", { timeout: 5000 }), ConnectionLostError);
+    await until(() => c.state === "closed", { what: "closed" });
+  });
+
+  test("without header support, headers go in the query only when asked", async () => {
+    const native = { ...opts, nativeWebSocket: true, reconnect: false };
+    assert.throws(() => new Juggler(up.wsUrl, { ...native, headers: { "X-Token": "t" } }), TypeError);
+    const c = await connect(up.wsUrl, { ...native, allowedMessages: "pub", headersAsQuery: true });
+    assert.match(c.url, /\?juggler-allowed-messages=pub$/);
+    await c.publish("allowed", 1);
+    await assert.rejects(c.call("test.echo", "x", { timeout: 5000 }), ConnectionLostError);
+  });
+});
+
+describe("NACKs", () => {
+  let srv;
+  before(async () => {
+    // no callees, tiny limits: the server refuses with NACK 500
+    srv = await JugglerProc.server("[server]\nmax_subscriptions = 1\n[memory]\ncall_cap = 1\n");
+  });
+  after(async () => {
+    await srv.stop();
+  });
+
+  test("a refused call rejects with NackError", async () => {
+    const c = await connect(srv.wsUrl);
+    const first = assert.rejects(c.call("nobody.home", "x", { timeout: 300 }), ExpiredError); // never served
+    await assert.rejects(c.call("nobody.home", "y", { timeout: 300 }), (err) => {
+      assert.ok(err instanceof NackError);
+      assert.equal(err.code, 500);
+      assert.equal(err.uri, "nobody.home");
+      assert.match(err.serverMessage, /capacity/);
+      return true;
+    });
+    await first;
+  });
+
+  test("a refused subscription rejects its ready promise and drops the handler", async () => {
+    const c = await connect(srv.wsUrl);
+    const u1 = c.subscribe("one", () => {});
+    await u1.ready;
+    const u2 = c.subscribe("two", () => {});
+    await assert.rejects(u2.ready, (err) => err instanceof NackError && /too many subscriptions/.test(err.message));
+    await u1();
+    const u3 = c.subscribe("two", () => {}); // room again
+    await u3.ready;
+  });
+});
+
+describe("arguments", () => {
+  test("args that are not JSON reject at once; queued args are serialized when called", async () => {
+    const c = await connect();
+    await assert.rejects(c.call("test.echo", 10n, { timeout: 1000 }), TypeError);
+    const cyclic = {};
+    cyclic.self = cyclic;
+    await assert.rejects(c.publish("x", cyclic), TypeError);
+    const got = [];
+    const u = c.subscribe("mutated", (x) => got.push(x));
+    await u.ready;
+    const args = { n: 1 };
+    const p = c.publish("mutated", args);
+    args.n = 2;
+    await p;
+    await until(() => got.length === 1, { what: "event" });
+    assert.deepEqual(got, [{ n: 1 }]);
+    await u();
+  });
+});
