@@ -270,8 +270,11 @@ def from_dict(data: dict[str, Any]) -> BalancerConfig:
         raise BalancerConfigError(f"unknown top-level key(s): {', '.join(sorted(unknown))}")
     if "listen" not in data:
         raise BalancerConfigError("'listen' is required (\"host:port\")")
+    raw_backends = data.pop("backends", None) or []
+    if not isinstance(raw_backends, (list, tuple)):
+        raise BalancerConfigError("'backends' must be an array of \"host:port\" strings or tables")
     backends = []
-    for i, b in enumerate(data.pop("backends", []) or []):
+    for i, b in enumerate(raw_backends):
         if isinstance(b, str):
             backends.append(BackendConfig(address=b))
         else:

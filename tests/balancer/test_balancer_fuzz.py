@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import rustext
@@ -28,6 +28,8 @@ configs = st.dictionaries(keys, values, max_size=8)
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs)
+@example({"listen": None, "backends": 1})  # found by this test: a scalar `backends` was iterated
+@example({"listen": "127.0.0.1:1", "backends": "127.0.0.1:2"})  # a string is not a list of backends
 def test_python_loader_rejects_cleanly(data):
     try:
         cfg = from_dict(data)
