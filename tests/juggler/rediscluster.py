@@ -41,6 +41,7 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 10.0) -> None
 @dataclass
 class Node:
     port: int
+    bus_port: int  # explicit (cluster-port): port + 10000 may not exist
     dir: str
     proc: subprocess.Popen | None = None
 
@@ -71,7 +72,7 @@ class RedisCluster:
         args = [
             exe, "--port", str(node.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--dir", node.dir, "--logfile", os.path.join(node.dir, "redis.log"),
-            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", str(node.bus_port),
             "--cluster-node-timeout", str(self.node_timeout_ms),
             "--cluster-require-full-coverage", "no", "--cluster-replica-validity-factor", "0",
         ]
@@ -83,7 +84,7 @@ class RedisCluster:
         cluster = cls()
         try:
             for _ in range(masters * (1 + replicas)):
-                node = Node(port=_free_port(), dir=tempfile.mkdtemp(prefix="redis-cluster-"))
+                node = Node(port=_free_port(), bus_port=_free_port(), dir=tempfile.mkdtemp(prefix="redis-cluster-"))
                 cluster._start_node(node)
                 cluster.nodes.append(node)
             cli = shutil.which("redis-cli")
