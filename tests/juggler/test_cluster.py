@@ -108,6 +108,52 @@ async def test_separate_pubsub_redis(cluster_seeds: str, redis_url: str) -> None
             assert ev.channel == "only.here" and ev.args == 7
 
 
+async def test_moved_and_ask_are_followed(cluster_seeds: str, redis_cluster: RedisCluster) -> None:
+    """A stale slot map (MOVED) and a slot being migrated (ASK) are followed."""
+    async with cluster_stack(cluster_seeds) as server:
+        broker = server.broker
+        router = broker.router
+        async with connect(server.url) as c:
+            assert await c.call("test.echo", "a", timeout=10) == "a"
+            # MOVED: point test.echo's slot at a wrong primary in the server's map
+            slot = key_slot(call_key("test.echo"))
+            owner = router._slots[slot]
+            other = next(a for a in router._primaries if a.port != owner.port)
+            router._slots[slot] = other
+            before = router.redirects
+            assert await c.call("test.echo", "b", timeout=10) == "b"
+            assert router.redirects > before and router._slots[slot].port == owner.port
+
+            # ASK: a URI whose slot is migrating from its owner to another node
+            uri = "ask.me"
+            slot = key_slot(call_key(uri))
+            src = redis_cluster.slot_owner(slot)
+            dst = next(p for p in redis_cluster.masters() if p != src)
+            src_id = redis_cluster.command(src, "CLUSTER", "MYID")
+            dst_id = redis_cluster.command(dst, "CLUSTER", "MYID")
+            redis_cluster.command(dst, "CLUSTER", "SETSLOT", str(slot), "IMPORTING", src_id)
+            redis_cluster.command(src, "CLUSTER", "SETSLOT", str(slot), "MIGRATING", dst_id)
+            try:
+                # (a multi-key script gets TRYAGAIN while the slot migrates, and
+                # is retried; a single-key command is redirected with ASK)
+                before = router.redirects
+                key = call_key(uri)
+                assert await router.run(key, lambda conn: conn.execute("RPUSH", key, "x")) == 1
+                assert router.redirects > before
+                # the call list lives on the importing node now
+                import redis as sync_redis
+
+                r = sync_redis.Redis(host="127.0.0.1", port=dst)
+                try:
+                    r.execute_command("ASKING")
+                    assert r.execute_command("LLEN", call_key(uri)) == 1
+                finally:
+                    r.close()
+            finally:
+                for port in (src, dst):
+                    redis_cluster.command(port, "CLUSTER", "SETSLOT", str(slot), "STABLE")
+
+
 @pytest.mark.parametrize("backend", ["redis", "cluster"])
 async def test_two_server_processes_serve_one_application(
     backend: str, redis_url: str, cluster_seeds: str
