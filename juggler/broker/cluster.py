@@ -122,6 +122,9 @@ class SingleRouter:
     def request_refresh(self) -> None:
         pass
 
+    def note_error(self, exc: BaseException) -> None:
+        pass
+
     async def run(self, key: str | None, fn: Callable[[RespConnection], Awaitable[T]]) -> T:
         return await fn(await self.pool.connection())
 
@@ -164,6 +167,7 @@ class ClusterRouter:
         self._last_refresh = 0.0
         self._pubsub_index = random.randrange(1 << 16)
         self._closed = False
+        self._closing: set[asyncio.Task[None]] = set()
         self.refreshes = 0  # topology refreshes done (a metric)
         self.redirects = 0  # MOVED/ASK followed
         self.retries = 0  # operations retried (CLUSTERDOWN, connection errors, …)
@@ -208,7 +212,9 @@ class ClusterRouter:
         for hp in list(self._pools):
             if hp not in primaries:
                 pool = self._pools.pop(hp)
-                asyncio.get_running_loop().create_task(pool.aclose())
+                task = asyncio.get_running_loop().create_task(pool.aclose())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
 
     async def refresh(self) -> None:
         """Re-read the slot map (single flight: concurrent callers share one)."""
@@ -234,6 +240,17 @@ class ClusterRouter:
         if self._closed or self._refreshing is not None or time.monotonic() - self._last_refresh < 0.1:
             return
         self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
+
+    def note_error(self, exc: BaseException) -> None:
+        """An error seen outside :meth:`run` (e.g. by a blocking pop): learn
+        from a MOVED at once, refresh the map for any cluster error."""
+        kind = cluster_error_kind(exc)
+        if kind == "MOVED":
+            self.redirects += 1
+            slot, host, port = _redirect(str(exc))
+            self._slots[slot] = self._addr(host, port)
+        if kind is not None:
+            self.request_refresh()
 
     # routing ------------------------------------------------------------------
 

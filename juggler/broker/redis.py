@@ -42,9 +42,11 @@ callee that comes later pops them, finds their TTL keys gone and drops them
 without running them. ``call_cap=0`` restores upstream's unbounded lists.
 Results lists are bounded the same way by ``result_cap``.
 
-Redis Cluster (a later step): every key of one call shares the URI's slot and
-every key of one result the routing key's slot; :func:`key_slot` and
-:func:`group_by_slot` give the grouping a blocking pop over several URIs needs.
+Redis Cluster (``cluster`` seeds): every key of one call shares the URI's
+slot and every key of one result the routing key's slot, so each script runs
+on one node; :func:`group_by_slot` / :meth:`RedisBroker.call_groups` split a
+callee's URIs into one blocking pop per slot. Routing, redirections and
+retries are the router's (``juggler.broker.cluster``).
 """
 
 from __future__ import annotations
@@ -622,8 +624,8 @@ class RedisBroker:
                         continue
                     if cluster_error_kind(exc) is not None:
                         # MOVED (failover, resharding), CLUSTERDOWN, …: reconnect
-                        # where the slot map says once it is refreshed
-                        self.router.request_refresh()
+                        # where the slot map says (MOVED names the node)
+                        self.router.note_error(exc)
                         conn.close()
                     log.warning("%s listener: %s", what, exc)
                     await asyncio.sleep(backoff)
