@@ -54,7 +54,52 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-origin", action="append", metavar="GLOB", help="Origin allow-list (repeatable)")
     p.add_argument("--anonymous", action="store_true", default=None,
                    help="with auth: let connections without a token in (NACK 401 where an identity is needed)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="any config option, VALUE in TOML syntax (repeatable), e.g. --set server.max_outbound=1000 "
+                   "--set 'auth.issuer=\"me\"' --set 'redis.cluster_retry_timeout=5'")
     p.add_argument("--log-level", default="INFO", help="[%(default)s]")
+
+
+def apply_overrides(config: Any, items: list[str]) -> Any:
+    """``SECTION.KEY=VALUE`` items (VALUE parsed as TOML, else taken as a string) on top of `config`."""
+    import dataclasses
+    import tomllib
+
+    from juggler.config import config_from_dict
+
+    data: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        section, dot, key = name.strip().partition(".")
+        if not sep or not dot or not key:
+            raise ValueError(f"--set wants SECTION.KEY=VALUE, got {item!r}")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        data.setdefault(section, {})[key] = value
+    out = config
+    for section, values in data.items():
+        current = getattr(config, section, None)
+        if section not in ("server", "redis", "pubsub", "memory", "metrics", "auth"):
+            raise ValueError(f"unknown config section {section!r}")
+        if current is None:  # not configured yet: build it from these values alone
+            built = getattr(config_from_dict({section: values}), section)
+        else:
+            if section == "server" and "listen" in values:
+                from juggler.config import parse_listen
+
+                values["host"], values["port"] = parse_listen(values.pop("listen"))
+            names = {f.name for f in dataclasses.fields(current)}
+            unknown = sorted(set(values) - names)
+            if unknown:
+                raise ValueError(f"unknown option(s) in [{section}]: {', '.join(unknown)}")
+            try:
+                built = dataclasses.replace(current, **values)
+            except TypeError as exc:
+                raise ValueError(f"[{section}]: {exc}") from exc
+        out = dataclasses.replace(out, **{section: built})
+    return out
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -64,6 +109,8 @@ def build_config(args: argparse.Namespace) -> Any:
     from juggler.config import AppConfig, MetricsConfig, load_config, parse_listen
 
     config = load_config(args.config) if getattr(args, "config", None) else AppConfig()
+    if getattr(args, "set", None):
+        config = apply_overrides(config, args.set)
     server_kw: dict[str, Any] = {}
     if args.listen:
         server_kw["host"], server_kw["port"] = parse_listen(args.listen)

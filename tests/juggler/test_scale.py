@@ -387,3 +387,55 @@ async def test_sigterm_drains_a_server_process_under_load(redis_url: str) -> Non
     finally:
         server.stop()
         callee.stop()
+
+
+def test_server_flags_build_the_config() -> None:
+    from cli.main import build_parser
+    from cli.server import build_config
+
+    args = build_parser().parse_args([
+        "server", "--redis-cluster", "redis://127.0.0.1:7000,redis://127.0.0.1:7001",
+        "--redis-pubsub", "redis://127.0.0.1:6380/0", "--max-connections", "5", "--rate-limit", "10",
+        "--rate-burst", "20", "--rate-limit-action", "close", "--max-inflight-calls", "3",
+        "--max-subscriptions", "7", "--drain-timeout", "2.5", "--jwt-secret", "k", "--allowed-origin",
+        "https://a.test", "--allowed-origin", "https://*.b.test", "--anonymous",
+        "--set", "server.max_outbound=99", "--set", 'auth.issuer="me"', "--set", "redis.cluster_retry_timeout=4",
+    ])
+    cfg = build_config(args)
+    s = cfg.server
+    assert (s.max_connections, s.rate_limit, s.rate_burst, s.rate_limit_action) == (5, 10.0, 20, "close")
+    assert (s.max_inflight_calls, s.max_subscriptions, s.drain_timeout, s.max_outbound) == (3, 7, 2.5, 99)
+    assert cfg.redis.cluster == ("redis://127.0.0.1:7000", "redis://127.0.0.1:7001")
+    assert cfg.redis.cluster_retry_timeout == 4
+    assert cfg.pubsub.url == "redis://127.0.0.1:6380/0" and cfg.pubsub.cluster == ()
+    a = cfg.auth
+    assert (a.jwt_secret, a.allowed_origins, a.anonymous, a.issuer) == ("k", ("https://a.test", "https://*.b.test"),
+                                                                        True, "me")
+    for bad in (["--set", "server.nope=1"], ["--set", "bogus"], ["--set", "server.rate_limit_action=\"x\""],
+                ["--redis-pubsub", "redis://127.0.0.1:1/0"]):
+        with pytest.raises(ValueError):
+            build_config(build_parser().parse_args(["server", *bad]))
+
+
+async def test_server_process_with_auth_limits_health_and_metrics() -> None:
+    port, mport = free_port(), free_port()
+    p = Proc(juggler("server", "--listen", f"127.0.0.1:{port}", "--metrics-port", str(mport), "--jwt-secret",
+                     SECRET, "--max-connections", "1"))
+    try:
+        wait_for_port(port, timeout=30, proc=p.proc)
+        wait_for_port(mport, timeout=30, proc=p.proc)
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, _get, f"http://127.0.0.1:{port}/healthz") == (200, "ok\n")
+        url = f"ws://127.0.0.1:{port}/ws"
+        with pytest.raises(ClientClosed, match="401"):
+            await connect(url)
+        async with connect(url, headers={"Authorization": "Bearer " + token()}) as c:
+            await c.pub("x", 1)
+            with pytest.raises(ClientClosed, match="503"):
+                await connect(url + "?token=" + token())
+        status, text = await loop.run_in_executor(None, _get, f"http://127.0.0.1:{mport}/metrics")
+        assert status == 200
+        assert 'juggler_rejections_total{reason="unauthenticated"} 1.0' in text
+        assert 'juggler_rejections_total{reason="max_connections"} 1.0' in text
+    finally:
+        assert p.stop() == 0
