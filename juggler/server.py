@@ -239,7 +239,7 @@ class Server:
                     conn.id, _fmt_remote(conn.remote), reason, conn.loop.time() - conn.opened_at,
                     conn.messages_in, self.stats.connections_active - 1,
                 )
-            elif conn.close_reason is not None:
+            elif conn.close_reason is not None and conn.close_reason != "http":  # not every /healthz probe
                 access_log.info("event=refused conn=%s remote=%s reason=%s", conn.id, _fmt_remote(conn.remote),
                                 reason)
         if was_connected:
