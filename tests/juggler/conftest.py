@@ -7,12 +7,6 @@ from collections.abc import Iterator
 import pytest
 from rediscluster import RedisCluster
 
-# this module shadows tests/conftest.py as `conftest` for the juggler tests'
-# `from conftest import ...`: re-export its helpers (not its fixtures)
-from tests.conftest import RedisServer, free_port, start_redis, wait_for_port
-
-__all__ = ["RedisServer", "free_port", "start_redis", "wait_for_port"]
-
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisCluster]:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from conftest import free_port, wait_for_port
+from tests.conftest import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -247,7 +247,7 @@ def test_callee_needs_workers_and_uris() -> None:
 
 async def test_cli_callee_serves_calls_pushed_like_the_go_server(redis_url: str) -> None:
     """`juggler callee` as a real process; calls pushed exactly as upstream's server does."""
-    from conftest import free_port
+    from tests.conftest import free_port
 
     env = dict(os.environ)
     mport = free_port()

@@ -15,7 +15,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 import rustext
-from conftest import free_port, wait_for_port
+from tests.conftest import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

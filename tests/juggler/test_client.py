@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from jugglerprocs import juggler_up
 
-from conftest import free_port
+from tests.conftest import free_port
 from juggler.client import ACK, CALL, RES, ClientEvent, connect, encode_message
 from juggler.errors import CallExpired, CallNacked, ConnectionClosed
 

@@ -186,7 +186,7 @@ def _server(flag: tuple[str, str]) -> Any:
 
 @contextlib.contextmanager
 def _cluster_server(seeds: str) -> Any:
-    from conftest import free_port, wait_for_port
+    from tests.conftest import free_port, wait_for_port
 
     port = free_port()
     p = Proc(juggler("server", "--redis-cluster", seeds, "--listen", f"127.0.0.1:{port}"))
@@ -263,7 +263,7 @@ async def test_master_failover_is_survived(cluster_seeds: str, redis_cluster: Re
 
 async def test_nothing_hangs_when_the_cluster_is_unreachable() -> None:
     """Seeds that do not answer: start fails fast with a BrokerError."""
-    from conftest import free_port
+    from tests.conftest import free_port
 
     from juggler.broker.base import BrokerError
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from jugglerprocs import Proc, juggler, juggler_server
 
-from conftest import wait_for_port
+from tests.conftest import wait_for_port
 from juggler.client import ACK, EVNT, NACK, RES, Client, connect
 from juggler.errors import CallExpired
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from jugglerprocs import ROOT, juggler, juggler_up
 
-from conftest import free_port
+from tests.conftest import free_port
 from juggler.repl import Repl, ReplError, parse_args_json, parse_duration
 
 pytestmark = pytest.mark.timeout(90)

@@ -18,7 +18,7 @@ from test_server import call, recv, stack, ws
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import rustext
-from conftest import free_port, wait_for_port
+from tests.conftest import free_port, wait_for_port
 from juggler.auth import Auth, AuthConfig, AuthError, Rule, jwt_decode_hs256, jwt_encode_hs256
 from juggler.client import ACK, NACK, RES, connect
 from juggler.errors import CallNacked

@@ -355,7 +355,7 @@ async def test_send_results_batches_per_caller(redis_url: str, r: aredis.Redis) 
 
 
 async def test_recovers_after_a_redis_restart() -> None:
-    from conftest import free_port, start_redis
+    from tests.conftest import free_port, start_redis
 
     port = free_port()
     server = start_redis(port=port)

@@ -88,7 +88,7 @@ async def test_pool_replaces_dead_connections(redis_url: str) -> None:
 
 
 async def test_connect_refused() -> None:
-    from conftest import free_port
+    from tests.conftest import free_port
 
     with pytest.raises(RedisConnectionError):
         await RespConnection.open(RedisAddress(port=free_port()), connect_timeout=2)
