@@ -294,6 +294,7 @@ class ClusterRouter:
         deadline = loop.time() + self.retry_timeout
         backoff = 0.02
         ask: RedisAddress | None = None
+        redirects = 0
         while True:
             try:
                 if ask is not None:
@@ -308,18 +309,21 @@ class ClusterRouter:
                 kind = cluster_error_kind(exc)
                 if kind is None or self._closed:
                     raise
+                # redirections are followed at once, a few times in a row; then
+                # (nodes that disagree during a failover) with the backoff
+                redirects += 1
                 if kind == "MOVED":
                     self.redirects += 1
                     slot, host, port = _redirect(str(exc))
                     self._slots[slot] = self._addr(host, port)
                     self.request_refresh()
-                    if loop.time() < deadline:
+                    if redirects <= 4 and loop.time() < deadline:
                         continue
                 elif kind == "ASK":
                     self.redirects += 1
                     _, host, port = _redirect(str(exc))
                     ask = self._addr(host, port)
-                    if loop.time() < deadline:
+                    if redirects <= 4 and loop.time() < deadline:
                         continue
                 else:
                     self.request_refresh()
