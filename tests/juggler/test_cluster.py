@@ -261,6 +261,34 @@ async def test_master_failover_is_survived(cluster_seeds: str, redis_cluster: Re
     redis_cluster.wait_ok(30)
 
 
+@pytest.mark.timeout(150)
+async def test_server_and_callee_processes_survive_a_failover(
+    cluster_seeds: str, redis_cluster: RedisCluster
+) -> None:
+    """The same with `juggler server` and `juggler callee` processes: after
+    the promotion every call succeeds, and both still stop cleanly (exit 0)."""
+    # kill the master of a slot other than the one the first failover test used
+    slot = key_slot(call_key("test.reverse"))
+    victim = redis_cluster.slot_owner(slot)
+    callee = Proc(juggler("callee", "--redis-cluster", cluster_seeds, "--workers", "20"))
+    killed = None
+    try:
+        with _cluster_server(cluster_seeds) as url:
+            async with connect(url) as c:
+                assert await c.call("test.reverse", "ab", timeout=10) == "ba"
+                killed = redis_cluster.kill(victim)
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(None, redis_cluster.wait_promoted, slot, victim, 30.0)
+                results = await asyncio.gather(*(c.call("test.reverse", f"{i}x", timeout=10) for i in range(50)))
+                assert results == [f"{i}x"[::-1] for i in range(50)]
+                assert await c.call("test.echo", "e", timeout=10) == "e"
+    finally:
+        assert callee.stop() == 0, callee.output()
+        if killed is not None:
+            redis_cluster.restart(killed)
+            redis_cluster.wait_ok(30)
+
+
 async def test_nothing_hangs_when_the_cluster_is_unreachable() -> None:
     """Seeds that do not answer: start fails fast with a BrokerError."""
     from tests.conftest import free_port
