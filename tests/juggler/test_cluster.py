@@ -209,10 +209,15 @@ async def test_master_failover_is_survived(cluster_seeds: str, redis_cluster: Re
     async with cluster_stack(cluster_seeds, cluster_retry_timeout=3.0) as server:
         broker = server.broker
         async with connect(server.url) as c, connect(server.url) as d:
-            await d.sub("after")
-            assert await c.call("test.echo", "before", timeout=10) == "before"
             slot = key_slot(call_key("test.echo"))
             victim = redis_cluster.slot_owner(slot)
+            # the pub-sub connection goes to the victim too: it must move
+            router = broker.router
+            ports = [a.port for a in router._primaries]
+            router._pubsub_index = ports.index(victim) - 1
+            await d.sub("after")
+            assert broker._pubsub is not None and broker._pubsub.address.port == victim
+            assert await c.call("test.echo", "before", timeout=10) == "before"
             killed = redis_cluster.kill(victim)
 
             async def during(i: int) -> str:
@@ -237,7 +242,7 @@ async def test_master_failover_is_survived(cluster_seeds: str, redis_cluster: Re
             for i in range(4):
                 assert await c.call(f"test.delay.{i}", "1", timeout=10) == 1
 
-            # pub-sub: the subscription is back (re-subscribed if its node died)
+            # pub-sub: the subscription is back, re-subscribed on another node
             for _ in range(100):
                 await c.pub("after", "x")
                 try:
@@ -248,6 +253,7 @@ async def test_master_failover_is_survived(cluster_seeds: str, redis_cluster: Re
             else:
                 raise AssertionError("no event after the failover")
             assert ev.channel == "after"
+            assert broker._pubsub.address.port != victim
 
             # no leak: connections only to live primaries, a bounded number
             live = {n.port for n in redis_cluster.live()}
