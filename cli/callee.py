@@ -10,6 +10,7 @@ EXAMPLES = """examples:
   juggler callee --redis redis://10.0.0.5:6379/0 --workers 200
   juggler callee -n 4                              # also test.delay.0 .. test.delay.3
   juggler callee --app myapp.rpc:app               # a CalleeApp, or a dict URI -> function
+  juggler callee --redis-cluster redis://10.0.0.1:7000,redis://10.0.0.2:7000   # on a Redis Cluster
 """
 
 
@@ -23,6 +24,9 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--redis", default="redis://127.0.0.1:6379/0", metavar="URL", help="Redis URL [%(default)s]")
+    p.add_argument("--redis-cluster", metavar="URLS",
+                   help="Redis Cluster seed node URL(s), comma-separated (instead of --redis); "
+                   "one blocking pop per hash slot of the URIs served")
     p.add_argument("--workers", type=int, default=50, metavar="N", help="calls run at once [%(default)s]")
     p.add_argument("-n", type=int, default=0, metavar="N", help="also serve test.delay.0 .. test.delay.N-1")
     p.add_argument("--app", metavar="MODULE:OBJECT", help="serve this app instead of the test callees")
@@ -53,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         app = load_app(args.app) if args.app else make_test_app(args.n)
-        config = RedisBrokerConfig(url=args.redis, call_batch=max(1, min(args.workers, 64)), result_cap=args.result_cap)
+        config = RedisBrokerConfig(url=args.redis, call_batch=max(1, min(args.workers, 64)), result_cap=args.result_cap,
+                                   cluster=args.redis_cluster or ())
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         print(f"juggler callee: {exc}", file=sys.stderr)
         return 2
@@ -63,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             await broker.start()
         except Exception as exc:
-            print(f"juggler callee: cannot use Redis at {args.redis}: {exc}", file=sys.stderr)
+            print(f"juggler callee: cannot use Redis at {broker.description}: {exc}", file=sys.stderr)
             await broker.aclose()
             return 1
         callee = Callee(broker, app, workers=args.workers)
@@ -78,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("juggler.callee").info(
             "serving %d URIs (%s) from %s with %d workers",
             len(callee.uris), ", ".join(callee.uris[:6]) + (" …" if len(callee.uris) > 6 else ""),
-            broker.address, args.workers,
+            broker.description, args.workers,
         )
         waiter = asyncio.create_task(callee.wait())
         stopper = asyncio.create_task(stop.wait())

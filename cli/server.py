@@ -10,6 +10,10 @@ EXAMPLES = """examples:
   juggler server --redis redis://127.0.0.1:6379/0    # with Redis (callees run elsewhere)
   juggler server --listen 0.0.0.0:8080 --path /juggler --metrics-port 9100
   juggler server --config juggler.toml               # every option (see README: config reference)
+  juggler server --redis-cluster redis://10.0.0.1:7000,redis://10.0.0.2:7000   # Redis Cluster seeds
+  juggler server --redis-rpc redis://rpc:6379/0 --redis-pubsub redis://events:6379/0
+  juggler server --redis redis://127.0.0.1:6379/0 --jwt-secret s3cret --allowed-origin 'https://*.example.com'
+  juggler server --max-connections 20000 --rate-limit 100 --max-inflight-calls 64 --drain-timeout 15
 """
 
 
@@ -33,8 +37,71 @@ def register(subparsers: Any) -> None:
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", metavar="HOST:PORT", help="listen address [127.0.0.1:9000]")
     p.add_argument("--redis", metavar="URL", help="use Redis at URL instead of the in-memory broker")
+    p.add_argument("--redis-rpc", metavar="URL", help="Redis for calls and results (same as --redis)")
+    p.add_argument("--redis-cluster", metavar="URLS",
+                   help="Redis Cluster seed node URL(s), comma-separated, for calls and results (and pub-sub "
+                   "unless --redis-pubsub*)")
+    p.add_argument("--redis-pubsub", metavar="URL", help="a separate Redis for pub-sub")
+    p.add_argument("--redis-pubsub-cluster", metavar="URLS", help="a separate Redis Cluster for pub-sub (seeds)")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port")
+    p.add_argument("--max-connections", type=int, metavar="N", help="websocket connections per process (0 = no limit)")
+    p.add_argument("--rate-limit", type=float, metavar="PER_S", help="messages/s per connection (0 = no limit)")
+    p.add_argument("--rate-burst", type=int, metavar="N", help="burst of --rate-limit")
+    p.add_argument("--rate-limit-action", choices=("nack", "close"), help="over the rate: NACK 429 or close")
+    p.add_argument("--max-inflight-calls", type=int, metavar="N", help="calls in flight per connection (0 = none)")
+    p.add_argument("--max-subscriptions", type=int, metavar="N", help="subscriptions per connection (0 = none)")
+    p.add_argument("--drain-timeout", type=float, metavar="S", help="at SIGTERM, time in-flight calls get [10]")
+    p.add_argument("--jwt-secret", metavar="SECRET", help="require an HS256 JWT (header or ?token=)")
+    p.add_argument("--auth-verifier", metavar="MODULE:FUNC", help="verify tokens with FUNC(token, request) -> claims")
+    p.add_argument("--allowed-origin", action="append", metavar="GLOB", help="Origin allow-list (repeatable)")
+    p.add_argument("--anonymous", action="store_true", default=None,
+                   help="with auth: let connections without a token in (NACK 401 where an identity is needed)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="any config option, VALUE in TOML syntax (repeatable), e.g. --set server.max_outbound=1000 "
+                   "--set 'auth.issuer=\"me\"' --set 'redis.cluster_retry_timeout=5'")
     p.add_argument("--log-level", default="INFO", help="[%(default)s]")
+
+
+def apply_overrides(config: Any, items: list[str]) -> Any:
+    """``SECTION.KEY=VALUE`` items (VALUE parsed as TOML, else taken as a string) on top of `config`."""
+    import dataclasses
+    import tomllib
+
+    from juggler.config import config_from_dict
+
+    data: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        section, dot, key = name.strip().partition(".")
+        if not sep or not dot or not key:
+            raise ValueError(f"--set wants SECTION.KEY=VALUE, got {item!r}")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        data.setdefault(section, {})[key] = value
+    out = config
+    for section, values in data.items():
+        current = getattr(config, section, None)
+        if section not in ("server", "redis", "pubsub", "memory", "metrics", "auth"):
+            raise ValueError(f"unknown config section {section!r}")
+        if current is None:  # not configured yet: build it from these values alone
+            built = getattr(config_from_dict({section: values}), section)
+        else:
+            if section == "server" and "listen" in values:
+                from juggler.config import parse_listen
+
+                values["host"], values["port"] = parse_listen(values.pop("listen"))
+            names = {f.name for f in dataclasses.fields(current)}
+            unknown = sorted(set(values) - names)
+            if unknown:
+                raise ValueError(f"unknown option(s) in [{section}]: {', '.join(unknown)}")
+            try:
+                built = dataclasses.replace(current, **values)
+            except TypeError as exc:
+                raise ValueError(f"[{section}]: {exc}") from exc
+        out = dataclasses.replace(out, **{section: built})
+    return out
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -44,18 +111,55 @@ def build_config(args: argparse.Namespace) -> Any:
     from juggler.config import AppConfig, MetricsConfig, load_config, parse_listen
 
     config = load_config(args.config) if getattr(args, "config", None) else AppConfig()
+    if getattr(args, "set", None):
+        config = apply_overrides(config, args.set)
     server_kw: dict[str, Any] = {}
     if args.listen:
         server_kw["host"], server_kw["port"] = parse_listen(args.listen)
     if getattr(args, "path", None):
         server_kw["path"] = args.path
+    for flag in ("max_connections", "rate_limit", "rate_burst", "rate_limit_action", "max_inflight_calls",
+                 "max_subscriptions", "drain_timeout"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            server_kw[flag] = value
     if server_kw:
         config = dataclasses.replace(config, server=dataclasses.replace(config.server, **server_kw))
-    if args.redis:
+    rpc_url = getattr(args, "redis_rpc", None) or args.redis
+    rpc_cluster = getattr(args, "redis_cluster", None)
+    if rpc_url or rpc_cluster:
         from juggler.broker.redis import RedisBrokerConfig
 
         redis = config.redis or RedisBrokerConfig()
-        config = dataclasses.replace(config, redis=dataclasses.replace(redis, url=args.redis))
+        if rpc_cluster:
+            redis = dataclasses.replace(redis, cluster=rpc_cluster)
+        else:
+            redis = dataclasses.replace(redis, url=rpc_url, cluster=())
+        config = dataclasses.replace(config, redis=redis)
+    ps_url = getattr(args, "redis_pubsub", None)
+    ps_cluster = getattr(args, "redis_pubsub_cluster", None)
+    if ps_url or ps_cluster:
+        from juggler.broker.redis import RedisBrokerConfig
+
+        ps = config.pubsub or RedisBrokerConfig()
+        ps = dataclasses.replace(ps, cluster=ps_cluster) if ps_cluster else dataclasses.replace(
+            ps, url=ps_url, cluster=())
+        config = dataclasses.replace(config, pubsub=ps)
+    if config.pubsub is not None and config.redis is None:
+        raise ValueError("a separate pub-sub Redis needs --redis/--redis-rpc/--redis-cluster for RPC too")
+    auth_kw: dict[str, Any] = {}
+    if getattr(args, "jwt_secret", None):
+        auth_kw["jwt_secret"] = args.jwt_secret
+    if getattr(args, "auth_verifier", None):
+        auth_kw["verifier"] = args.auth_verifier
+    if getattr(args, "allowed_origin", None):
+        auth_kw["allowed_origins"] = tuple(args.allowed_origin)
+    if getattr(args, "anonymous", None):
+        auth_kw["anonymous"] = True
+    if auth_kw:
+        from juggler.auth import AuthConfig
+
+        config = dataclasses.replace(config, auth=dataclasses.replace(config.auth or AuthConfig(), **auth_kw))
     if args.metrics_port is not None:
         config = dataclasses.replace(config, metrics=dataclasses.replace(
             config.metrics or MetricsConfig(), port=args.metrics_port))

@@ -279,8 +279,24 @@ class Callee:
     # internals ------------------------------------------------------------------
 
     async def _run_pump(self) -> None:
+        """One call stream per group of URIs the broker can pop together
+        (one on one Redis; one per hash slot on a Redis Cluster)."""
+        split = getattr(self.broker, "call_groups", None)
+        groups = split(self.uris) if split is not None else [self.uris]
+        if len(groups) == 1:
+            await self._run_stream(groups[0])
+            return
+        tasks = [asyncio.ensure_future(self._run_stream(g)) for g in groups]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.wait(tasks)
+
+    async def _run_stream(self, uris: list[str]) -> None:
         loop = asyncio.get_running_loop()
-        calls = self.broker.calls(self.uris)
+        calls = self.broker.calls(uris)
         it = calls.__aiter__()
         try:
             while not self._stopping:

@@ -93,8 +93,31 @@ class ServerConfig:
     max_write_buffer: int = 16 << 20
     #: seconds connections get to close at shutdown before they are dropped
     close_timeout: float = 5.0
+    #: websocket connections per server process (more: handshake refused with 503); 0 = none
+    max_connections: int = 0
+    #: messages/s one connection may send (token bucket); 0 = no limit
+    rate_limit: float = 0.0
+    #: bucket size (burst) of rate_limit; 0 = max(1, rate_limit)
+    rate_burst: int = 0
+    #: what a message over the rate gets: "nack" (NACK 429) or "close" (close 1008)
+    rate_limit_action: str = "nack"
+    #: CALLs of one connection ACKed and waiting for their RES (more: NACK 429); 0 = none
+    max_inflight_calls: int = 0
+    #: server messages queued for one connection behind its handler chain before it is dropped
+    max_outbound: int = 4096
+    #: at shutdown, seconds in-flight calls get to be answered before connections close (1001)
+    drain_timeout: float = 10.0
+    #: log one line per connection open and close (with the reason)
+    log_connections: bool = True
 
     def __post_init__(self) -> None:
+        if self.rate_limit_action not in ("nack", "close"):
+            raise ValueError('rate_limit_action must be "nack" or "close"')
+        for name in ("max_connections", "rate_limit", "rate_burst", "max_inflight_calls", "drain_timeout"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.max_outbound < 1:
+            raise ValueError("max_outbound must be >= 1")
         if not 0 <= self.port <= 65535:
             raise ValueError("port must be in 0..65535")
         if not self.path.startswith("/"):
@@ -137,6 +160,10 @@ class AppConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     #: the Redis broker's options (juggler.broker.redis.RedisBrokerConfig); None = in-memory broker
     redis: Any = None
+    #: a separate Redis (or cluster) for pub-sub (RedisBrokerConfig); None = the RPC broker's
+    pubsub: Any = None
+    #: authentication and authorization (juggler.auth.AuthConfig)
+    auth: Any = None
     memory: MemoryBrokerConfig = field(default_factory=MemoryBrokerConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
@@ -150,12 +177,12 @@ def _build(cls: type, section: str, data: dict[str, Any]) -> Any:
         raise ValueError(f"unknown option(s) in [{section}]: {', '.join(unknown)}")
     try:
         return cls(**data)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"[{section}]: {exc}") from exc
 
 
 def config_from_dict(data: dict[str, Any]) -> AppConfig:
-    unknown = sorted(set(data) - {"server", "redis", "memory", "metrics"})
+    unknown = sorted(set(data) - {"server", "redis", "pubsub", "memory", "metrics", "auth"})
     if unknown:
         raise ValueError(f"unknown section(s): {', '.join(unknown)}")
     server = data.get("server", {})
@@ -169,9 +196,19 @@ def config_from_dict(data: dict[str, Any]) -> AppConfig:
         from juggler.broker.redis import RedisBrokerConfig
 
         redis = _build(RedisBrokerConfig, "redis", data["redis"])
+    pubsub = None
+    if "pubsub" in data:
+        from juggler.broker.redis import RedisBrokerConfig
+
+        pubsub = _build(RedisBrokerConfig, "pubsub", data["pubsub"])
+    from juggler.auth import AuthConfig
+
+    auth = _build(AuthConfig, "auth", data.get("auth", {}))
     return AppConfig(
         server=_build(ServerConfig, "server", server),
         redis=redis,
+        pubsub=pubsub,
+        auth=auth,
         memory=_build(MemoryBrokerConfig, "memory", data.get("memory", {})),
         metrics=_build(MetricsConfig, "metrics", data.get("metrics", {})),
     )

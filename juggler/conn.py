@@ -42,6 +42,8 @@ from websockets.server import ServerProtocol
 from websockets.speedups import apply_mask
 
 from juggler.broker.base import Event
+from juggler.http import http_response
+from juggler.limits import TokenBucket
 from juggler.protocol import (
     ALL_CLIENT_TYPES,
     SUBPROTOCOL,
@@ -84,6 +86,18 @@ Handler = Callable[["Conn", Message], Awaitable[None]]
 Middleware = Callable[["Conn", Message, Handler], Awaitable[None]]
 
 _BAD = object()  # inbox marker: bad input after the queued messages
+_KIND = {CALL: "call", PUB: "pub", SUB: "sub"}
+
+
+class _Refused:
+    """Inbox entry: a message refused on arrival (rate limit), NACKed in order."""
+
+    __slots__ = ("code", "msg", "text")
+
+    def __init__(self, msg: ClientMessage, code: int, text: str) -> None:
+        self.msg = msg
+        self.code = code
+        self.text = text
 
 
 def _close_frame(code: int, reason: str = "") -> bytes:
@@ -147,6 +161,7 @@ class Conn(asyncio.Protocol):
         self._open = False  # data frames may be written
         self._close_sent = False
         self._doomed = False  # bad input seen: ignore the rest
+        self._ignore_text = False  # closing for the rate limit: ignore further messages
         self._closed = False
         self._paused = False
         self._last_read = self.loop.time()
@@ -155,6 +170,17 @@ class Conn(asyncio.Protocol):
         self._closed_fut: asyncio.Future[None] = self.loop.create_future()
         self._slow = cfg.slow_threshold
         self._chained = bool(server.middleware)
+        #: who this connection is (juggler.auth.Identity), when the server has auth
+        self.identity: Any = None
+        #: why it closed (a short token: logs and juggler_connections_closed_total{reason})
+        self.close_reason: str | None = None
+        #: CALLs ACKed and waiting for their RES
+        self.inflight = 0
+        self.messages_in = 0
+        self.opened_at = self.loop.time()
+        self._bucket: TokenBucket | None = None
+        if cfg.rate_limit:
+            self._bucket = TokenBucket(cfg.rate_limit, cfg.rate_burst or max(1.0, cfg.rate_limit), self.opened_at)
 
     def __repr__(self) -> str:
         return f"<Conn {self.id} {self.remote} {self.state.value}>"
@@ -256,11 +282,35 @@ class Conn(asyncio.Protocol):
         proto = self.proto
         path = request.path.split("?", 1)[0]
         if path != self.config.path or self._head:
-            # plain HTTP (the browser client, the demo page): one response, then close
-            site = self.server.http
-            self._refuse(site.respond(request, head=self._head) if site is not None
-                         else proto.reject(404, "Not Found\n"))
+            # plain HTTP: one response, then close. /healthz first, then the static
+            # site (the browser client, the demo page), else 404.
+            self.close_reason = "http"
+            response = http_response(self, request)
+            if response is None:
+                site = self.server.http
+                response = (site.respond(request, head=self._head) if site is not None
+                            else proto.reject(404, "Not Found\n"))
+            self._refuse(response)
             return
+        server = self.server
+        if server.draining:
+            self._refuse_for("draining", 503, "Service Unavailable: shutting down\n")
+            return
+        cap = self.config.max_connections
+        if cap and server.stats.connections_active >= cap:
+            self._refuse_for("max_connections", 503, "Service Unavailable: too many connections\n")
+            return
+        if server.auth is not None:
+            from juggler.auth import AuthError
+
+            try:
+                self.identity = server.auth.authenticate(request)
+            except AuthError as exc:
+                log.debug("connection %s refused: %s", self.remote, exc)
+                reason = "origin" if exc.status == 403 else "unauthenticated"
+                text = "Forbidden\n" if exc.status == 403 else "Unauthorized\n"
+                self._refuse_for(reason, exc.status, text)
+                return
         try:
             self.allowed = allowed_mask(_allowed_messages(request))
         except ValueError as exc:
@@ -293,6 +343,11 @@ class Conn(asyncio.Protocol):
         if self.config.read_timeout:
             self._timer = self.loop.call_later(self.config.read_timeout, self._read_timed_out)
 
+    def _refuse_for(self, reason: str, status: int, text: str) -> None:
+        self.server.reject(reason)
+        self.close_reason = reason
+        self._refuse(self.proto.reject(status, text))
+
     def _refuse(self, response: Any) -> None:
         self.proto.send_response(response)
         self._flush()
@@ -302,6 +357,7 @@ class Conn(asyncio.Protocol):
         self._timer = None
         if self.state is ConnState.ACCEPTING and not self._closed:
             log.info("connection %s: handshake timed out", self.remote)
+            self._set_reason("handshake_timeout")
             self._abort()
 
     def _read_timed_out(self) -> None:
@@ -312,6 +368,7 @@ class Conn(asyncio.Protocol):
         idle = self.loop.time() - self._last_read
         if idle >= rt:
             log.info("connection %s: read timeout (%.1fs without data)", self.remote, idle)
+            self._set_reason("read_timeout")
             self.close(1000, "read timeout")
         else:
             self._timer = self.loop.call_later(rt - idle, self._read_timed_out)
@@ -320,6 +377,8 @@ class Conn(asyncio.Protocol):
         self._write_timer = None
         if not self._closed:
             log.info("connection %s: write timeout", self.remote)
+            self.server.reject("write_timeout")
+            self._set_reason("write_timeout")
             self._abort()
 
     # incoming -------------------------------------------------------------------
@@ -404,6 +463,7 @@ class Conn(asyncio.Protocol):
             if len(payload) == 1:
                 self._fail(1002, "invalid close frame")
                 return
+            self._set_reason("peer_close")
             if not self._close_sent:  # echo the peer's code, then drop TCP (server side)
                 self._open = False
                 self._close_sent = True
@@ -413,8 +473,13 @@ class Conn(asyncio.Protocol):
         else:
             self._fail(1002, f"reserved opcode {op}")
 
+    def _set_reason(self, reason: str) -> None:
+        if self.close_reason is None:
+            self.close_reason = reason
+
     def _fail(self, code: int, reason: str) -> None:
         """Fail the connection: close frame with `code`, then drop TCP."""
+        self._set_reason("too_big" if code == 1009 else "protocol_error")
         self._doomed = True
         self.stats.protocol_errors += 1
         log.info("connection %s: closing (%d %s)", self.remote, code, reason)
@@ -444,7 +509,7 @@ class Conn(asyncio.Protocol):
         # PING (answered by the protocol), PONG, CLOSE (handled by the protocol)
 
     def _on_text(self, data: bytes) -> None:
-        if self.state is not ConnState.CONNECTED:
+        if self.state is not ConnState.CONNECTED or self._ignore_text:
             return
         try:
             msg = _parse(data, self.allowed)
@@ -452,8 +517,26 @@ class Conn(asyncio.Protocol):
             self._bad_input(str(exc))
             return
         self.stats.read[msg.type] += 1
+        self.messages_in += 1
         inbox = self._inbox
-        inbox.append((msg, self.loop.time()))
+        now = self.loop.time()
+        bucket = self._bucket
+        if bucket is not None and not bucket.take(now):
+            self.server.reject("rate_limited")
+            if self.config.rate_limit_action == "close":
+                # ignore further messages, but keep reading control frames:
+                # the client's answer to our close frame ends the connection
+                self._ignore_text = True
+                self._set_reason("rate_limited")
+                log.info("connection %s: closing (rate limit exceeded)", self.remote)
+                if self._worker is None:
+                    self.close(1008, "rate limit exceeded")
+                else:
+                    inbox.append(_BAD)
+                return
+            inbox.append(_Refused(msg, 429, "rate limit exceeded"))
+        else:
+            inbox.append((msg, now))
         if self._worker is None:
             self._worker = self.loop.create_task(self._work())
         if len(inbox) >= self.config.max_pending and not self._paused and self.transport is not None:
@@ -461,6 +544,7 @@ class Conn(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _bad_input(self, why: str) -> None:
+        self._set_reason("bad_input")
         self._doomed = True
         self.stats.protocol_errors += 1
         log.info("connection %s: closing on bad input: %s", self.remote, why)
@@ -482,9 +566,15 @@ class Conn(asyncio.Protocol):
                     self.transport.resume_reading()
                 if item is _BAD:
                     inbox.clear()
+                    if self.close_reason == "rate_limited":
+                        self.close(1008, "rate limit exceeded")
+                        return
                     self._flush()
                     self._close_transport()
                     return
+                if item.__class__ is _Refused:
+                    self.nack(item.msg, item.code, item.text)
+                    continue
                 try:
                     if item.__class__ is Outgoing:
                         await chain_out(self, item)
@@ -515,8 +605,23 @@ class Conn(asyncio.Protocol):
     async def process(self, msg: ClientMessage) -> None:
         """The final handler of incoming messages: broker work, then ACK/NACK."""
         t = msg.type
+        if self.identity is not None and t != UNSB:
+            refusal = self.identity.check(_KIND[t], msg.uri if t == CALL else msg.channel)
+            if refusal is not None:
+                self.server.reject("unauthorized" if refusal[0] == 401 else "forbidden")
+                self.nack(msg, *refusal)
+                return
         if t == CALL:
             uri = msg.uri
+            if self.server.draining:
+                self.server.reject("draining")
+                self.nack(msg, 503, "server shutting down")
+                return
+            cap = self.config.max_inflight_calls
+            if cap and self.inflight >= cap:
+                self.server.reject("inflight_limit")
+                self.nack(msg, 429, f"too many calls in flight (max {cap})")
+                return
             ms = call_timeout_ms(msg.timeout_ns, self.config.call_timeout_ms)
             if ms <= 0:
                 self.nack(msg, 500, f"invalid call timeout: {msg.timeout_ns} ns")
@@ -531,7 +636,7 @@ class Conn(asyncio.Protocol):
             try:
                 await self.broker.call(msg.uuid, uri, msg.args, ms)
             except Exception as exc:
-                server._pending.pop(msg.uuid, None)
+                server._pending_drop(msg.uuid)
                 self.nack(msg, 500, str(exc) or type(exc).__name__)
                 return
             self.stats.calls += 1
@@ -548,6 +653,7 @@ class Conn(asyncio.Protocol):
             key = (msg.pattern, msg.channel)
             cap = self.config.max_subscriptions
             if cap and key not in self._subs and len(self._subs) >= cap:
+                self.server.reject("subscription_limit")
                 self.nack(msg, 500, f"too many subscriptions (max {cap})")
                 return
             try:
@@ -589,10 +695,12 @@ class Conn(asyncio.Protocol):
         if self._chained:
             if self._closed:
                 return
-            if len(self._inbox) >= 4 * self.config.max_pending:
+            if len(self._inbox) >= self.config.max_outbound:
                 # the handler chain cannot keep up with what this client is sent
                 log.warning("connection %s: %d messages queued; dropping the connection",
                             self.remote, len(self._inbox))
+                self.server.reject("slow_consumer")
+                self._set_reason("slow_consumer")
                 self._abort()
                 return
             self._inbox.append(Outgoing(msg_type, for_uuid, frame))
@@ -613,6 +721,7 @@ class Conn(asyncio.Protocol):
         limit = self.config.write_limit
         if limit and n > limit:
             log.warning("connection %s: a %d-byte message exceeds write_limit %d; closing", self.remote, n, limit)
+            self._set_reason("too_big")
             self.close(1009, "message too big")
             return False
         out = self._out
@@ -644,6 +753,8 @@ class Conn(asyncio.Protocol):
             if transport.get_write_buffer_size() > self.config.max_write_buffer:
                 log.warning("connection %s: %d bytes unread; dropping the connection", self.remote,
                             transport.get_write_buffer_size())
+                self.server.reject("slow_consumer")
+                self._set_reason("slow_consumer")
                 self._abort()
                 return
         if eof:
@@ -656,6 +767,8 @@ class Conn(asyncio.Protocol):
         ``close_timeout`` if the peer does not answer. Idempotent."""
         if self._closed:
             return
+        self._set_reason({1000: "server_close", 1001: "shutdown", 1008: "policy", 1011: "internal_error"}.get(
+            code, f"close_{code}"))
         if self._open:
             self._open = False
             self._close_sent = True

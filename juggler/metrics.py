@@ -55,14 +55,18 @@ class ServerStats:
     slow_messages: int = 0
     recovered: int = 0
     protocol_errors: int = 0
+    rejections: dict[str, int] = field(default_factory=dict)  # refusals by reason (juggler.limits.REASONS)
+    closed: dict[str, int] = field(default_factory=dict)  # connections closed, by reason
 
 
 class StatsCollector(Collector):
     """Exposes a ServerStats plus the broker's (and callee's) expiry counters."""
 
-    def __init__(self, stats: ServerStats, *sources: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, stats: ServerStats, *sources: Callable[[], dict[str, int]],
+                 gauges: Callable[[], dict[str, tuple[str, float]]] | None = None) -> None:
         self.stats = stats
         self.sources = sources
+        self.gauges = gauges
 
     def collect(self) -> Iterator[Any]:
         s = self.stats
@@ -101,6 +105,59 @@ class StatsCollector(Collector):
         yield CounterMetricFamily(
             "juggler_protocol_errors", "Connections closed for bad input", value=s.protocol_errors
         )
+        rej = CounterMetricFamily("juggler_rejections", "Handshakes, messages and connections refused, by reason",
+                                  labels=["reason"])
+        for reason, n in sorted(dict(s.rejections).items()):
+            rej.add_metric([reason], n)
+        yield rej
+        closed = CounterMetricFamily("juggler_connections_closed", "Connections closed, by reason",
+                                     labels=["reason"])
+        for reason, n in sorted(dict(s.closed).items()):
+            closed.add_metric([reason], n)
+        yield closed
+        for k, v in extra.items():
+            if k.startswith("redis_"):
+                yield CounterMetricFamily(f"juggler_{k}", f"Redis broker: {k[6:].replace('_', ' ')}", value=v)
+        if self.gauges is not None:
+            try:
+                values = self.gauges()
+            except Exception:
+                values = {}
+            for name, (doc, v) in values.items():
+                yield GaugeMetricFamily(name, doc, value=v)
+
+
+def server_gauges(server: Any) -> Callable[[], dict[str, tuple[str, float]]]:
+    """Queue depths of a server, computed at scrape time (the scrape runs on
+    another thread: it reads snapshots, never mutates)."""
+
+    def read() -> dict[str, tuple[str, float]]:
+        conns = list(server.conns)
+        inbox = 0
+        wbuf = 0
+        for c in conns:
+            inbox += len(c._inbox)
+            t = c.transport
+            if t is not None:
+                try:
+                    wbuf += t.get_write_buffer_size()
+                except Exception:
+                    pass
+        out = {
+            "juggler_pending_calls": ("Calls ACKed and waiting for their result", float(len(server._pending))),
+            "juggler_inbox_messages": ("Messages queued in connections (incoming and outgoing)", float(inbox)),
+            "juggler_write_buffer_bytes": ("Bytes written and not yet sent, all connections", float(wbuf)),
+            "juggler_tcp_connections": ("TCP connections (handshaking included)", float(len(conns))),
+            "juggler_draining": ("1 while the server drains at shutdown", 1.0 if server.draining else 0.0),
+        }
+        for name, b in (("rpc", server.broker), ("pubsub", server.pubsub)):
+            router = getattr(b, "router", None)
+            if router is not None and (name == "rpc" or server.pubsub is not server.broker):
+                out[f"juggler_redis_{name}_connections"] = (
+                    f"Redis command connections of the {name} broker", float(router.connections))
+        return out
+
+    return read
 
 
 def broker_source(broker: Any) -> Callable[[], dict[str, int]]:
@@ -108,10 +165,16 @@ def broker_source(broker: Any) -> Callable[[], dict[str, int]]:
 
     def read() -> dict[str, int]:
         st = getattr(broker, "stats", None)
-        return {
+        out = {
             "expired_calls": int(getattr(st, "expired_calls", 0)),
             "expired_results": int(getattr(st, "expired_results", 0)),
         }
+        router = getattr(broker, "router", None)
+        if router is not None and getattr(router, "cluster", False):
+            out["redis_cluster_refreshes"] = router.refreshes
+            out["redis_cluster_redirects"] = router.redirects
+            out["redis_cluster_retries"] = router.retries
+        return out
 
     return read
 

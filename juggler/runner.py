@@ -18,7 +18,15 @@ from prometheus_client.registry import CollectorRegistry
 
 from juggler.broker.memory import MemoryBroker
 from juggler.config import AppConfig
-from juggler.metrics import MetricsServer, ServerStats, StatsCollector, broker_source, callee_source, serve_metrics
+from juggler.metrics import (
+    MetricsServer,
+    ServerStats,
+    StatsCollector,
+    broker_source,
+    callee_source,
+    serve_metrics,
+    server_gauges,
+)
 from juggler.server import Server
 from juggler.static_files import StaticSite, stats_snapshot
 
@@ -35,6 +43,7 @@ class Running:
     broker: Any
     callee: Any = None
     metrics: MetricsServer | None = None
+    pubsub: Any = None  # a separate pub-sub broker, if any
 
     async def aclose(self) -> None:
         await self.server.aclose()
@@ -42,6 +51,8 @@ class Running:
             await self.callee.drain(timeout=5.0)
             await self.callee.aclose()
         await self.broker.aclose()
+        if self.pubsub is not None:
+            await self.pubsub.aclose()
         if self.metrics is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
 
@@ -61,10 +72,26 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
     else:
         broker = MemoryBroker(config.memory)
     await broker.start()
+    pubsub: Any = None
+    if config.pubsub is not None:
+        from juggler.broker.redis import RedisBroker
+
+        pubsub = RedisBroker(config.pubsub)
+        try:
+            await pubsub.start()
+        except BaseException:
+            await broker.aclose()
+            await pubsub.aclose()
+            raise
+    auth = None
+    if config.auth is not None and config.auth.active:
+        from juggler.auth import Auth
+
+        auth = Auth(config.auth)
     callee = None
     metrics = None
     stats = ServerStats()
-    server = Server(broker, config.server, stats=stats)
+    server = Server(broker, config.server, stats=stats, pubsub=pubsub, auth=auth)
     server.http = StaticSite(demo=demo, stats=functools.partial(stats_snapshot, server))
     try:
         await server.start()
@@ -76,17 +103,21 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
         if config.metrics.port:
             registry = CollectorRegistry(auto_describe=True)
             sources = [broker_source(broker)]
+            if pubsub is not None:
+                sources.append(broker_source(pubsub))
             if callee is not None:
                 sources.append(callee_source(callee))
-            registry.register(StatsCollector(stats, *sources))
+            registry.register(StatsCollector(stats, *sources, gauges=server_gauges(server)))
             metrics = serve_metrics(registry, config.metrics.port, config.metrics.host)
     except BaseException:
         await server.aclose()
         if callee is not None:
             await callee.aclose()
         await broker.aclose()
+        if pubsub is not None:
+            await pubsub.aclose()
         raise
-    return Running(server=server, broker=broker, callee=callee, metrics=metrics)
+    return Running(server=server, broker=broker, callee=callee, metrics=metrics, pubsub=pubsub)
 
 
 async def run_app(config: AppConfig, *, test_callees: bool = False, callee_workers: int = 200,
@@ -103,7 +134,9 @@ async def run_app(config: AppConfig, *, test_callees: bool = False, callee_worke
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
-    broker_desc = f"redis {config.redis.url}" if config.redis is not None else "in-memory broker"
+    broker_desc = f"redis {running.broker.description}" if config.redis is not None else "in-memory broker"
+    if running.pubsub is not None:
+        broker_desc += f", pub-sub on redis {running.pubsub.description}"
     extra = f", metrics on http://{config.metrics.host}:{running.metrics.port}/metrics" if running.metrics else ""
     callees = ", test callees test.echo/test.reverse/test.delay" if test_callees else ""
     log.info("juggler server listening on %s (%s%s%s)", running.server.url, broker_desc, callees, extra)

@@ -42,9 +42,11 @@ callee that comes later pops them, finds their TTL keys gone and drops them
 without running them. ``call_cap=0`` restores upstream's unbounded lists.
 Results lists are bounded the same way by ``result_cap``.
 
-Redis Cluster (a later step): every key of one call shares the URI's slot and
-every key of one result the routing key's slot; :func:`key_slot` and
-:func:`group_by_slot` give the grouping a blocking pop over several URIs needs.
+Redis Cluster (``cluster`` seeds): every key of one call shares the URI's
+slot and every key of one result the routing key's slot, so each script runs
+on one node; :func:`group_by_slot` / :meth:`RedisBroker.call_groups` split a
+callee's URIs into one blocking pop per slot. Routing, redirections and
+retries are the router's (``juggler.broker.cluster``).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from juggler.broker.base import (
     Result,
     ResultHandler,
 )
+from juggler.broker.cluster import ClusterRouter, SingleRouter, cluster_error_kind, key_slot
 from juggler.broker.resp import (
     RedisAddress,
     RedisReplyError,
@@ -163,27 +166,6 @@ def result_ttl_key(conn_uuid: str, msg_uuid: str) -> str:
     return "juggler:results:timeout:{" + conn_uuid + "}:" + msg_uuid
 
 
-def _crc16(data: bytes) -> int:
-    crc = 0
-    for byte in data:
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else (crc << 1)
-            crc &= 0xFFFF
-    return crc
-
-
-def key_slot(key: str | bytes) -> int:
-    """The Redis Cluster hash slot of `key` (hash tags honoured)."""
-    k = key.encode() if isinstance(key, str) else key
-    start = k.find(b"{")
-    if start >= 0:
-        end = k.find(b"}", start + 1)
-        if end > start + 1:
-            k = k[start + 1 : end]
-    return _crc16(k) % 16384
-
-
 def group_by_slot(uris: Iterable[str]) -> dict[int, list[str]]:
     """URIs grouped by the slot of their call list: one blocking pop per group
     in a cluster (all keys of one BRPOP/BLMPOP must share a slot)."""
@@ -223,8 +205,20 @@ class RedisBrokerConfig:
     pubsub_health_interval: float = 15.0
     #: the routing key of this process's calls (a fresh UUID when None)
     conn_uuid: str | None = None
+    #: Redis Cluster seed node URLs; non-empty = cluster mode (``url`` is then unused) [()]
+    cluster: tuple[str, ...] = ()
+    #: cluster mode: seconds an operation keeps retrying MOVED/ASK/CLUSTERDOWN/connection errors [10.0]
+    cluster_retry_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.cluster, str):
+            object.__setattr__(self, "cluster", tuple(u for u in self.cluster.split(",") if u))
+        else:
+            object.__setattr__(self, "cluster", tuple(self.cluster))
+        for u in self.cluster:
+            RedisAddress.from_url(u)
+        if self.cluster_retry_timeout <= 0:
+            raise ValueError("cluster_retry_timeout must be > 0")
         if self.call_cap < 0 or self.result_cap < 0:
             raise ValueError("capacities must be >= 0")
         if self.call_batch < 1 or self.result_batch < 1:
@@ -280,13 +274,23 @@ class RedisBroker:
 
     def __init__(self, config: RedisBrokerConfig | None = None, **kw: Any) -> None:
         self.config = config or RedisBrokerConfig(**kw)
-        self.address = RedisAddress.from_url(self.config.url)
-        self._conn_uuid = self.config.conn_uuid or _codec().new_uuid()
+        cfg = self.config
+        self.address = RedisAddress.from_url(cfg.cluster[0] if cfg.cluster else cfg.url)
+        self._conn_uuid = cfg.conn_uuid or _codec().new_uuid()
         self.stats = RedisBrokerStats()
-        self.pool = RespPool(
-            self.address, size=self.config.pool_size, command_timeout=self.config.command_timeout,
-            connect_timeout=self.config.connect_timeout,
-        )
+        self.router: SingleRouter | ClusterRouter
+        if cfg.cluster:
+            self.router = ClusterRouter(
+                cfg.cluster, pool_size=cfg.pool_size, command_timeout=cfg.command_timeout,
+                connect_timeout=cfg.connect_timeout, retry_timeout=cfg.cluster_retry_timeout,
+            )
+            self.pool: RespPool | None = None
+        else:
+            self.router = SingleRouter(
+                self.address, pool_size=cfg.pool_size, command_timeout=cfg.command_timeout,
+                connect_timeout=cfg.connect_timeout,
+            )
+            self.pool = self.router.pool
         self._result_handler: ResultHandler | None = None
         self._results_task: asyncio.Task[None] | None = None
         self._pubsub: RespConnection | None = None
@@ -311,13 +315,16 @@ class RedisBroker:
         """Connect and load the scripts; starts the results listener if a sink is set."""
         if self._started:
             return
-        info = await self.pool.execute("INFO", "server")
+        await self.router.start()
+        pools = self.router.primary_pools()
+        info = await pools[0].execute("INFO", "server")
         version = _redis_version(info)
         self._has_blmpop = version >= (7, 0)
         if version < (6, 2):
             log.warning("Redis %s: RPOP with a count needs 6.2; batching is off", ".".join(map(str, version)))
-        for script in (PUSH_SCRIPT, PUSH_MANY_SCRIPT, POP_CHECK_SCRIPT, POP_CHECK_MANY_SCRIPT, REQUEUE_SCRIPT):
-            await self.pool.execute("SCRIPT", "LOAD", script.body)
+        for pool in pools:  # a cluster: every primary (NOSCRIPT falls back to EVAL anyway)
+            for script in (PUSH_SCRIPT, PUSH_MANY_SCRIPT, POP_CHECK_SCRIPT, POP_CHECK_MANY_SCRIPT, REQUEUE_SCRIPT):
+                await pool.execute("SCRIPT", "LOAD", script.body)
         self._version = version
         self._started = True
         if self._result_handler is not None:
@@ -358,7 +365,7 @@ class RedisBroker:
                 _fail_future(b.fut, BrokerError("broker closed"))
         for b in self._pings:
             _fail_future(b.fut, BrokerError("broker closed"))
-        await self.pool.aclose()
+        await self.router.aclose()
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -416,8 +423,11 @@ class RedisBroker:
     async def _push_groups_now(
         self, groups: dict[str, list[tuple[str, int, bytes, asyncio.Future[Any]]]], cap: int
     ) -> None:
+        if self.router.cluster:
+            await asyncio.gather(*(self._push_group_cluster(k, items, cap) for k, items in groups.items()))
+            return
         try:
-            conn = await self.pool.connection()
+            conn = await self.router.pool.connection()  # type: ignore[union-attr]
         except BaseException as exc:
             err = exc if isinstance(exc, BrokerError) else BrokerError(str(exc))
             for items in groups.values():
@@ -470,6 +480,45 @@ class RedisBroker:
                     fut.set_exception(CapacityExceeded(CAPACITY_MESSAGE))
                 else:
                     fut.set_result(n)
+
+    async def _push_group_cluster(
+        self, list_key: str, items: list[tuple[str, int, bytes, asyncio.Future[Any]]], cap: int
+    ) -> None:
+        """One list's items in one script run on the node of its slot, with
+        the cluster's retries (MOVED/ASK/CLUSTERDOWN/connection errors).
+        Scripts of one loop turn to one node still go out in one write."""
+        if len(items) == 1:
+            ttl_key, ms, payload, _ = items[0]
+            script: Script = PUSH_SCRIPT
+            keys: tuple[Any, ...] = (ttl_key, list_key)
+            argv: tuple[Any, ...] = (ms, payload, cap)
+        else:
+            script = PUSH_MANY_SCRIPT
+            keys = (list_key, *(it[0] for it in items))
+            argv = (cap, *(x for it in items for x in (it[1], it[2])))
+        try:
+            reply = await self.router.run(list_key, lambda c: _evalsha(c, script, keys, argv))
+        except RedisReplyError as exc:
+            err: BrokerError = (
+                CapacityExceeded(CAPACITY_MESSAGE) if CAPACITY_MESSAGE in str(exc) else BrokerError(str(exc))
+            )
+            for *_, fut in items:
+                if not fut.done():
+                    fut.set_exception(err)
+            return
+        except BrokerError as exc:
+            for *_, fut in items:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        replies = reply if isinstance(reply, list) else [reply]
+        for (*_, fut), n in zip(items, replies, strict=True):
+            if fut.done():
+                continue
+            if n == 0:
+                fut.set_exception(CapacityExceeded(CAPACITY_MESSAGE))
+            else:
+                fut.set_result(n)
 
     def on_result(self, handler: ResultHandler) -> None:
         self._result_handler = handler
@@ -541,15 +590,24 @@ class RedisBroker:
             while not self._closed:
                 if conn is None or conn.closed:
                     fut = None
+                    if conn is not None:
+                        self._blocking.discard(conn)
+                        conn = None
                     try:
+                        # a cluster: the node serving these keys' slot (they share one)
                         conn = await RespConnection.open(
-                            self.address, connect_timeout=self.config.connect_timeout,
+                            self.router.address_for(keys[0]), connect_timeout=self.config.connect_timeout,
                             command_timeout=self.config.command_timeout,
                         )
                         self._blocking.add(conn)
                         client_id = await conn.execute("CLIENT", "ID")
                         backoff = 0.05
                     except BrokerError as exc:
+                        if conn is not None:
+                            self._blocking.discard(conn)
+                            conn.close()
+                            conn = None
+                        self.router.request_refresh()
                         log.warning("%s listener: %s; retrying in %.2fs", what, exc, backoff)
                         await asyncio.sleep(backoff)
                         backoff = min(backoff * 2, 2.0)
@@ -564,13 +622,21 @@ class RedisBroker:
                     if self._has_blmpop and "unknown command" in str(exc).lower():
                         self._has_blmpop = False
                         continue
+                    if cluster_error_kind(exc) is not None:
+                        # MOVED (failover, resharding), CLUSTERDOWN, …: reconnect
+                        # where the slot map says (MOVED names the node)
+                        self.router.note_error(exc)
+                        conn.close()
                     log.warning("%s listener: %s", what, exc)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
                     continue
                 except BrokerError as exc:
                     fut = None
+                    self.router.request_refresh()
                     log.warning("%s listener lost its connection: %s", what, exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
                     continue
                 if reply is None:
                     continue
@@ -606,7 +672,7 @@ class RedisBroker:
                         log.warning("pop check of %d %s failed, dropping them: %s", len(parsed), what, exc)
                         continue
                     try:
-                        pttls = await self.pool.evalsha(script, ttl_keys, ())
+                        pttls = await self.router.pool_for(ttl_keys[0]).evalsha(script, ttl_keys, ())
                     except BrokerError as exc2:
                         log.warning("pop check of %d %s failed, dropping them: %s", len(parsed), what, exc2)
                         continue
@@ -617,11 +683,12 @@ class RedisBroker:
                     pttls = [pttls]
                 yield parsed, pttls
         finally:
-            if conn is not None and fut is not None and leftovers is not None and not self.pool.closed:
+            if conn is not None and fut is not None and leftovers is not None and not self.router.closed:
                 # a pop is in flight: cut it short, keep what it popped
                 try:
                     if not fut.done():
-                        await asyncio.wait_for(self.pool.execute("CLIENT", "UNBLOCK", client_id), 2.0)
+                        unblock = self.router.pool_for(keys[0]).execute("CLIENT", "UNBLOCK", client_id)
+                        await asyncio.wait_for(unblock, 2.0)
                     reply = await asyncio.wait_for(asyncio.shield(fut), 2.0)
                     if reply:
                         k, items = reply
@@ -643,12 +710,13 @@ class RedisBroker:
 
     async def _pop_check(self, ttl_keys: list[str]) -> list[Any]:
         """PTTL + DEL of each key (upstream's pop check), one script run per batch."""
+        pool = self.router.pool_for(ttl_keys[0])
         if len(ttl_keys) == 1:
-            return [await self.pool.evalsha(POP_CHECK_SCRIPT, ttl_keys, ())]
-        return list(await self.pool.evalsha(POP_CHECK_MANY_SCRIPT, ttl_keys, ()))
+            return [await pool.evalsha(POP_CHECK_SCRIPT, ttl_keys, ())]
+        return list(await pool.evalsha(POP_CHECK_MANY_SCRIPT, ttl_keys, ()))
 
     def _requeue_checked(self, parsed: list[Any], check: asyncio.Future[Any]) -> None:
-        if self.pool.closed or check.cancelled() or check.exception() is not None:
+        if self.router.closed or check.cancelled() or check.exception() is not None:
             return
         pttls = check.result()
         pttls = pttls if isinstance(pttls, list) else [pttls]
@@ -672,7 +740,7 @@ class RedisBroker:
         key, items = reply
         payloads = list(items) if isinstance(items, list) else [items]
         key_s = key.decode() if isinstance(key, bytes) else key
-        if key_s.startswith("juggler:calls:") and not self.pool.closed:
+        if key_s.startswith("juggler:calls:") and not self.router.closed:
             task = asyncio.get_running_loop().create_task(self._requeue_raw(key_s, payloads))
             self._requeues.add(task)
             task.add_done_callback(self._requeues.discard)
@@ -690,14 +758,28 @@ class RedisBroker:
     async def _requeue_raw(self, list_key: str, payloads: list[bytes]) -> None:
         """Calls popped without a pop check yet: their TTL keys are intact, so
         they go back as they were (RPUSH: next to be popped)."""
+        async def push(conn: RespConnection) -> None:
+            await asyncio.gather(*[conn.execute("RPUSH", list_key, p) for p in reversed(payloads)])
+
         try:
-            conn = await self.pool.connection()
-            futs = [conn.execute("RPUSH", list_key, p) for p in reversed(payloads)]
-            await asyncio.gather(*futs)
+            await self.router.run(list_key, push)
         except BrokerError as exc:
             log.warning("could not requeue %d calls on %s: %s", len(payloads), list_key, exc)
 
     # CalleeBroker --------------------------------------------------------------
+
+    def call_groups(self, uris: Iterable[str]) -> list[list[str]]:
+        """How a callee splits its URIs into call streams: one stream on one
+        Redis; one per hash slot on a cluster (a blocking pop's keys must
+        share a slot)."""
+        uris = list(uris)
+        if not self.router.cluster:
+            return [uris]
+        return list(group_by_slot(uris).values())
+
+    @property
+    def description(self) -> str:
+        return self.router.describe()
 
     async def calls(self, uris: list[str]) -> AsyncIterator[Call]:  # type: ignore[override]
         """Yield unexpired calls for `uris` (one blocking connection).
@@ -708,6 +790,8 @@ class RedisBroker:
         """
         if not uris:
             raise ValueError("no URI")
+        if self.router.cluster and len(group_by_slot(uris)) > 1:
+            raise ValueError("in a cluster, one call stream serves URIs of one slot (see call_groups())")
         keys = [call_key(u) for u in uris]
         buffered: deque[tuple[Any, int, float]] = deque()
         leftovers: list[tuple[bytes, bytes]] = []
@@ -733,11 +817,11 @@ class RedisBroker:
                     yield Call(conn_uuid=p.conn_uuid, msg_uuid=p.msg_uuid, uri=p.uri, args=p.args, ttl_ms=left)
         finally:
             await pops.aclose()
-            if leftovers and not self.pool.closed:
+            if leftovers and not self.router.closed:
                 # popped after the buffered ones: they go back first, the
                 # buffered ones after them, so the list's order is kept
                 await self._requeue_raw_list(leftovers)
-            if buffered and not self.pool.closed:
+            if buffered and not self.router.closed:
                 items = list(buffered)
                 buffered.clear()
                 await self._requeue(items)
@@ -752,8 +836,17 @@ class RedisBroker:
                 continue
             payload = codec.build_call_payload(p.conn_uuid, p.msg_uuid, p.uri, p.args)
             calls.append(((call_ttl_key(p.uri, p.msg_uuid), call_key(p.uri)), (left, payload)))
+        if not calls:
+            return
         try:
-            await asyncio.shield(self.pool.evalsha_many(REQUEUE_SCRIPT, calls))
+            if self.router.cluster:
+                by_key: dict[str, list[Any]] = {}
+                for c in calls:
+                    by_key.setdefault(c[0][1], []).append(c)
+                for list_key, cs in by_key.items():
+                    await asyncio.shield(self.router.pool_for(list_key).evalsha_many(REQUEUE_SCRIPT, cs))
+            else:
+                await asyncio.shield(self.router.pool.evalsha_many(REQUEUE_SCRIPT, calls))  # type: ignore[union-attr]
         except BrokerError as exc:
             log.warning("could not requeue %d calls: %s", len(calls), exc)
 
@@ -764,12 +857,10 @@ class RedisBroker:
             payload = _codec().build_call_payload(result.conn_uuid, result.msg_uuid, result.uri, result.args)
         except ValueError as exc:
             raise BrokerError(f"invalid result: {exc}") from exc
+        keys = (result_ttl_key(result.conn_uuid, result.msg_uuid), result_key(result.conn_uuid))
+        argv = (ttl_ms, payload, self.config.result_cap)
         try:
-            await self.pool.evalsha(
-                PUSH_SCRIPT,
-                (result_ttl_key(result.conn_uuid, result.msg_uuid), result_key(result.conn_uuid)),
-                (ttl_ms, payload, self.config.result_cap),
-            )
+            await self.router.run(keys[1], lambda c: _evalsha(c, PUSH_SCRIPT, keys, argv))
         except RedisReplyError as exc:
             if CAPACITY_MESSAGE in str(exc):
                 raise CapacityExceeded(CAPACITY_MESSAGE) from exc
@@ -808,7 +899,8 @@ class RedisBroker:
     async def publish(self, channel: str, msg_uuid: str, args: bytes | None) -> None:
         payload = _codec().build_pub_payload(msg_uuid, args)
         try:
-            await self.pool.execute("PUBLISH", channel, payload)
+            # a cluster: PUBLISH on any node reaches subscribers on every node
+            await self.router.run(None, lambda c: c.execute("PUBLISH", channel, payload))
         except RedisReplyError as exc:
             raise BrokerError(str(exc)) from exc
         self.stats.published += 1
@@ -918,11 +1010,12 @@ class RedisBroker:
             lost = loop.create_future()
             try:
                 conn = await RespConnection.open(
-                    self.address, connect_timeout=self.config.connect_timeout, command_timeout=None,
+                    self.router.pubsub_address(), connect_timeout=self.config.connect_timeout, command_timeout=None,
                     on_push=self._on_push,
                     on_close=lambda c, exc: lost.done() or lost.set_result(exc),
                 )
             except BrokerError as exc:
+                self.router.request_refresh()
                 log.warning("pub-sub connection: %s; retrying in %.2fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -956,6 +1049,7 @@ class RedisBroker:
                 if not sub.handlers and not sub.pending:
                     del self._subs[key]
             if not self._closed:
+                self.router.request_refresh()
                 log.warning("pub-sub connection lost (%s); reconnecting", exc)
 
     async def _watch_pubsub(self, conn: RespConnection, lost: asyncio.Future[Any]) -> Any:
@@ -1034,6 +1128,18 @@ class RedisBroker:
                 handler(event)
             except Exception:
                 log.exception("event handler failed")
+
+
+async def _evalsha(conn: RespConnection, script: Script, keys: Any, argv: Any) -> Any:
+    """EVALSHA on `conn`, EVAL on NOSCRIPT (a promoted replica may not have the script)."""
+    (f,) = conn.execute_packed(script.pack(keys, argv))
+    try:
+        return await f
+    except RedisReplyError as exc:
+        if not str(exc).startswith("NOSCRIPT"):
+            raise
+    (f,) = conn.execute_packed(script.pack_eval(keys, argv))
+    return await f
 
 
 def _parse_payloads(payloads: list[bytes], what: str) -> list[Any]:

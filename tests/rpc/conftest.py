@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import free_port, wait_for_port
+from tests.netutil import free_port, wait_for_port
 
 
 @dataclass

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from cli import rpc_bench, rpc_call, rpc_serve
-from tests.conftest import free_port, wait_for_port
+from tests.netutil import free_port, wait_for_port
 
 
 def run_cli(module: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

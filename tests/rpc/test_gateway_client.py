@@ -25,7 +25,7 @@ from rpc.proto.benchmark_pb2 import BenchmarkMessage
 from rpc.selector import RoundRobinSelector
 from rpc.service import Context, ServiceDispatcher
 from rpc.xclient import XClient, XClientOptions
-from tests.conftest import free_port
+from tests.netutil import free_port
 
 
 def test_split_address() -> None:

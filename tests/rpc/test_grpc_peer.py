@@ -9,7 +9,7 @@ from rpc.errors import TransportError
 from rpc.examples import BenchmarkMessage, benchmark_request
 from rpc.grpc_peer import GrpcCaller, start_grpc_server
 from rpc.message import Message, SerializeType
-from tests.conftest import free_port
+from tests.netutil import free_port
 
 
 async def test_grpc_say_and_bench() -> None:

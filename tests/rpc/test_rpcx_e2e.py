@@ -402,7 +402,7 @@ async def test_oversized_message_closes_the_connection(servers: list[Served]) ->
 async def test_metrics_and_access_log_over_rpcx(servers: list[Served]) -> None:
     import urllib.request
 
-    from tests.conftest import free_port
+    from tests.netutil import free_port
 
     port = free_port()
     s = serve(*APP, "--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--access-log")

@@ -21,7 +21,7 @@ from rpc.errors import ServiceError
 from rpc.message import SerializeType
 from rpc.rpcx_client import RpcxCaller
 from rpc.xclient import XClient, XClientOptions
-from tests.conftest import free_port
+from tests.netutil import free_port
 from tests.rpc.test_rpcx_e2e import Served, serve
 
 GO_DIR = Path(__file__).parent / "interop" / "go"

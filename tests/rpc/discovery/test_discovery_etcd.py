@@ -17,7 +17,7 @@ import pytest
 from rpc.discovery import FileCache
 from rpc.discovery.etcd import EtcdDiscovery, EtcdHTTP, EtcdRegistrar, prefix_end
 from rpc.errors import RegistryUnavailable
-from tests.conftest import free_port
+from tests.netutil import free_port
 from tests.rpc.discovery.helpers import wait_servers
 
 A, B = "tcp@127.0.0.1:7001", "tcp@127.0.0.1:7002"

@@ -21,7 +21,7 @@ from rpc.failmode import FailMode
 from rpc.inprocess import InProcessNetwork
 from rpc.service import Context, ServiceDispatcher
 from rpc.xclient import XClient, XClientOptions
-from tests.conftest import free_port, start_redis
+from tests.netutil import free_port, start_redis
 
 from tests.rpc.discovery.helpers import wait_servers
 

@@ -1,0 +1,40 @@
+"""Plain HTTP requests on the websocket port (before the upgrade).
+
+``GET /healthz`` answers ``200 ok`` while the server accepts connections and
+``503 draining`` once it is shutting down (load balancers stop sending new
+clients). Kept apart from the websocket path handling so other HTTP
+handlers (e.g. static files) can be added next to it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+if TYPE_CHECKING:
+    from juggler.conn import Conn
+
+__all__ = ["HEALTH_PATH", "http_response"]
+
+HEALTH_PATH = "/healthz"
+
+
+def _response(status: int, reason: str, body: bytes) -> Response:
+    headers = Headers()
+    headers["Content-Type"] = "text/plain; charset=utf-8"
+    headers["Content-Length"] = str(len(body))
+    headers["Connection"] = "close"
+    headers["Cache-Control"] = "no-store"
+    return Response(status, reason, headers, body)
+
+
+def http_response(conn: Conn, request: Request) -> Any:
+    """A Response for plain-HTTP paths this server answers itself, else None."""
+    path = request.path.split("?", 1)[0]
+    if path == HEALTH_PATH:
+        if conn.server.draining:
+            return _response(503, "Service Unavailable", b"draining\n")
+        return _response(200, "OK", b"ok\n")
+    return None
