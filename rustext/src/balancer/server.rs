@@ -284,6 +284,7 @@ async fn worker_main(
         shared: shared.clone(),
         stats: stats.clone(),
         clock: Clock::default(),
+        last_peer: Default::default(),
     });
     let conns = Arc::new(Conns::default());
     let sweep_every = if cfg.pool_idle_timeout.is_zero() {
@@ -425,7 +426,7 @@ async fn serve_conn(
         ctl: ctl.clone(),
         worker: w.clone(),
     });
-    let peer = Arc::new(Peer::new(peer, ctl.clone()));
+    let peer = Arc::new(Peer::cached(peer, ctl.clone(), &w.last_peer));
     let worker = w.clone();
     let svc = service_fn(move |req| handle(worker.clone(), peer.clone(), req));
     let mut builder = http1::Builder::new();
