@@ -436,8 +436,9 @@ async fn serve_conn(
         .max_buf_size(cfg.max_header_bytes)
         .keep_alive(true)
         .header_read_timeout(None);
-    let conn = builder.serve_connection(io, svc).with_upgrades();
-    tokio::pin!(conn);
+    // Boxed: the task cell (128-byte aligned) stays small; a multi-KiB
+    // over-aligned cell takes the allocator's slow path on every accept.
+    let mut conn = Box::pin(builder.serve_connection(io, svc).with_upgrades());
     let mut closing = false;
     let mut registered = false;
     let _ = std::future::poll_fn(|cx| {
