@@ -21,3 +21,11 @@ pub mod upstream;
 
 #[cfg(feature = "python")]
 pub mod python;
+
+/// The extension's allocator (its Rust allocations only; Python keeps its
+/// own). hyper and tokio allocate and free a few small objects per request
+/// (request/response parts, header maps, channel slots, task cells);
+/// mimalloc's per-thread free lists serve those faster than glibc malloc
+/// (measured: see benches/README.md, `## Balancer`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -59,7 +59,14 @@ pub struct Worker {
     pub stats: Arc<WorkerStats>,
     pub pool: Pool,
     pub clock: Clock,
+    /// The forwarding headers of the last client address seen: clients
+    /// that open a connection per request (HTTP/1.0, `ab`) mostly come from
+    /// a few addresses, and formatting an IP costs more than the lookup.
+    pub last_peer: PeerCache,
 }
+
+#[derive(Default)]
+pub struct PeerCache(Mutex<Option<(IpAddr, HeaderValue, HeaderValue)>>);
 
 /// A coarse clock advanced by the worker's housekeeping tick (ms, from 1).
 pub struct Clock {
@@ -172,6 +179,25 @@ impl Peer {
             ctl,
         }
     }
+
+    /// As `new`, reusing the header values when the address is the cached one.
+    pub fn cached(addr: SocketAddr, ctl: Arc<ConnCtl>, cache: &PeerCache) -> Self {
+        let ip = addr.ip();
+        let mut g = cache.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((cip, xff, fwd)) = g.as_ref() {
+            if *cip == ip {
+                return Peer {
+                    ip,
+                    xff: xff.clone(),
+                    forwarded: fwd.clone(),
+                    ctl,
+                };
+            }
+        }
+        let p = Peer::new(addr, ctl);
+        *g = Some((ip, p.xff.clone(), p.forwarded.clone()));
+        p
+    }
 }
 
 /// Headers that belong to one connection, not to the message (RFC 9110 §7.6.1).
@@ -191,30 +217,41 @@ fn is_hop_by_hop(n: &HeaderName) -> bool {
 }
 
 fn strip_hop_by_hop(h: &mut HeaderMap) {
-    // One pass over the names; most messages carry none or one of them.
-    let mut found: Vec<HeaderName> = Vec::new();
+    // One pass over the names; most messages carry none of them or just
+    // `Connection: keep-alive`, handled without allocating.
+    let mut found: [Option<HeaderName>; 4] = Default::default();
+    let mut n = 0;
+    let mut more: Vec<HeaderName> = Vec::new();
     for name in h.keys() {
         if is_hop_by_hop(name) {
-            found.push(name.clone());
+            if n < found.len() {
+                found[n] = Some(name.clone());
+                n += 1;
+            } else {
+                more.push(name.clone());
+            }
         }
     }
-    if found.is_empty() {
+    if n == 0 {
         return;
     }
     if let Some(conn) = h.get(header::CONNECTION) {
-        for t in conn.to_str().unwrap_or("").split(',') {
-            let t = t.trim();
-            if !t.is_empty()
-                && !t.eq_ignore_ascii_case("close")
-                && !t.eq_ignore_ascii_case("keep-alive")
-            {
-                if let Ok(name) = HeaderName::from_bytes(t.as_bytes()) {
-                    found.push(name);
+        let v = conn.as_bytes();
+        if !v.eq_ignore_ascii_case(b"keep-alive") && !v.eq_ignore_ascii_case(b"close") {
+            for t in conn.to_str().unwrap_or("").split(',') {
+                let t = t.trim();
+                if !t.is_empty()
+                    && !t.eq_ignore_ascii_case("close")
+                    && !t.eq_ignore_ascii_case("keep-alive")
+                {
+                    if let Ok(name) = HeaderName::from_bytes(t.as_bytes()) {
+                        more.push(name);
+                    }
                 }
             }
         }
     }
-    for name in found {
+    for name in found.into_iter().flatten().chain(more) {
         h.remove(name);
     }
 }
@@ -261,6 +298,9 @@ fn append_list(h: &mut HeaderMap, name: HeaderName, item: &[u8]) {
 }
 
 fn add_forwarded(h: &mut HeaderMap, peer: &Peer) {
+    // One growth of the map (hyper sizes it to the parsed headers), one
+    // hash per name.
+    h.reserve(3);
     if h.contains_key(&X_FORWARDED_FOR) {
         append_list(h, X_FORWARDED_FOR, peer.xff.as_bytes());
     } else {
@@ -802,6 +842,32 @@ mod tests {
             &Peer::new("[::1]:5".parse().unwrap(), Arc::default()),
         );
         assert_eq!(h6["forwarded"], "for=\"[::1]\";proto=http");
+        let cache = PeerCache::default();
+        for a in ["10.0.0.2:5", "10.0.0.2:6", "[::1]:7", "10.0.0.3:5"] {
+            let addr: SocketAddr = a.parse().unwrap();
+            let (c, n) = (
+                Peer::cached(addr, Arc::default(), &cache),
+                Peer::new(addr, Arc::default()),
+            );
+            assert_eq!((c.ip, &c.xff, &c.forwarded), (n.ip, &n.xff, &n.forwarded));
+        }
+    }
+
+    #[test]
+    fn many_hop_by_hop_headers() {
+        let mut h = HeaderMap::new();
+        for n in ["te", "trailer", "upgrade", "keep-alive", "proxy-connection", "x-a"] {
+            h.insert(HeaderName::from_static(n), HeaderValue::from_static("1"));
+        }
+        h.insert(header::CONNECTION, HeaderValue::from_static("close, x-a"));
+        h.insert(header::HOST, HeaderValue::from_static("h"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        let mut k = HeaderMap::new();
+        k.insert(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
+        k.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        strip_hop_by_hop(&mut k);
+        assert_eq!(k.len(), 1);
     }
 
     #[test]

@@ -284,6 +284,7 @@ async fn worker_main(
         shared: shared.clone(),
         stats: stats.clone(),
         clock: Clock::default(),
+        last_peer: Default::default(),
     });
     let conns = Arc::new(Conns::default());
     let sweep_every = if cfg.pool_idle_timeout.is_zero() {
@@ -425,7 +426,7 @@ async fn serve_conn(
         ctl: ctl.clone(),
         worker: w.clone(),
     });
-    let peer = Arc::new(Peer::new(peer, ctl.clone()));
+    let peer = Arc::new(Peer::cached(peer, ctl.clone(), &w.last_peer));
     let worker = w.clone();
     let svc = service_fn(move |req| handle(worker.clone(), peer.clone(), req));
     let mut builder = http1::Builder::new();
@@ -435,8 +436,9 @@ async fn serve_conn(
         .max_buf_size(cfg.max_header_bytes)
         .keep_alive(true)
         .header_read_timeout(None);
-    let conn = builder.serve_connection(io, svc).with_upgrades();
-    tokio::pin!(conn);
+    // Boxed: the task cell (128-byte aligned) stays small; a multi-KiB
+    // over-aligned cell takes the allocator's slow path on every accept.
+    let mut conn = Box::pin(builder.serve_connection(io, svc).with_upgrades());
     let mut closing = false;
     let mut registered = false;
     let _ = std::future::poll_fn(|cx| {
