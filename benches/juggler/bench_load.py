@@ -19,6 +19,7 @@ import csv
 import io
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -61,6 +62,13 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
         except OSError:
             time.sleep(0.05)
     raise TimeoutError(f"nothing on port {port}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU time of a live process, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def juggler_cmd() -> list[str]:
@@ -137,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             start(f"callee{i}", [*juggler_cmd(), "callee", "--redis", url, "--workers", str(args.workers)])
         wait_port(wport, server)
         time.sleep(1.0)  # let the callees block on their lists
+        roles = {"server": [server], "callees": procs[2:], "redis": [redis]}
+        cpu_before = {k: sum(cpu_seconds(p.pid) for p in ps) for k, ps in roles.items()}
+        children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         load = subprocess.run(
             [*juggler_cmd(), "load", "--url", f"ws://127.0.0.1:{wport}/ws", "-c", str(args.connections),
              "-d", args.duration, "--uri", args.uri, "--payload", args.payload, "--procs", str(args.procs),
@@ -147,7 +158,13 @@ def main(argv: list[str] | None = None) -> int:
             print(load.stderr, file=sys.stderr)
             return 1
         report = json.loads(load.stdout)
-        result = {"juggler": report, "redis_reference": reference}
+        children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = {k: sum(cpu_seconds(p.pid) for p in ps) - cpu_before[k] for k, ps in roles.items()}
+        cpu["load tool"] = (children_after.ru_utime + children_after.ru_stime
+                            - children_before.ru_utime - children_before.ru_stime)
+        calls = max(1, report["results"])
+        cpu_us = {k: round(v / calls * 1e6, 1) for k, v in cpu.items()}
+        result = {"juggler": report, "cpu_us_per_call": cpu_us, "redis_reference": reference}
         if args.json:
             print(json.dumps(result, indent=2))
         else:
@@ -158,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"nacks {report['nacks']} expired {report['expired']}")
             if lat:
                 print("  latency ms: " + "  ".join(f"{k} {v:.2f}" for k, v in lat.items()))
+            print("  CPU µs per call: " + "  ".join(f"{k} {v:.1f}" for k, v in cpu_us.items()))
             for name, fig in reference.items():
                 print(f"redis-benchmark {name} (-c {args.connections}): {fig['rps']:,.0f} req/s  "
                       f"p50 {fig['p50_ms']:.3f} ms  p99 {fig['p99_ms']:.3f} ms")
