@@ -111,6 +111,23 @@ class Registrar(Protocol):
         """Unregister everything still registered and stop heartbeats (idempotent)."""
 
 
+async def stop_heartbeat_and_unregister(
+    registrar: Registrar, task: asyncio.Task[None] | None, entries: Iterable[tuple[str, str]], logger: logging.Logger
+) -> None:
+    """The first half of a registrar's ``aclose``: cancel its heartbeat task,
+    then unregister each (service, address) still registered, logging (not
+    raising) a failure so that one unreachable entry does not keep the others."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    for service, address in list(entries):
+        try:
+            await registrar.unregister(service, address)
+        except RegistryError as exc:
+            logger.warning("cannot unregister %s %s: %s", service, address, exc)
+
+
 class WatchingDiscovery(Discovery):
     """Base of registry discoveries: fetch now, then on each watch event and at
     least every ``refresh_interval`` seconds.

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 from typing import Any
 from urllib.parse import urlsplit
 
 from rpc.discovery import _http
-from rpc.discovery.base import WatchingDiscovery
+from rpc.discovery.base import WatchingDiscovery, stop_heartbeat_and_unregister
 from rpc.discovery.cache import FileCache
 from rpc.errors import RegistryError, RegistryUnavailable
 
@@ -149,15 +148,7 @@ class EtcdRegistrar:
             return
         self._closed = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for service, address in list(self._entries):
-            try:
-                await self.unregister(service, address)
-            except RegistryError as exc:
-                log.warning("cannot unregister %s %s: %s", service, address, exc)
+        await stop_heartbeat_and_unregister(self, task, list(self._entries), log)
         if self.lease is not None:
             lease, self.lease = self.lease, None
             try:

@@ -27,7 +27,7 @@ import logging
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from rpc.discovery.base import WatchingDiscovery
+from rpc.discovery.base import WatchingDiscovery, stop_heartbeat_and_unregister
 from rpc.discovery.cache import FileCache
 from rpc.errors import RegistryError, RegistryUnavailable
 
@@ -134,15 +134,7 @@ class RedisRegistrar:
             return
         self._closed = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for service, address in list(self._entries):
-            try:
-                await self.unregister(service, address)
-            except RegistryError as exc:
-                log.warning("cannot unregister %s %s: %s", service, address, exc)
+        await stop_heartbeat_and_unregister(self, task, list(self._entries), log)
         if self._owned:
             await self._redis.aclose()
 
