@@ -459,27 +459,10 @@ class RedisBroker:
                         raise
                     (f2,) = conn.execute_packed(script.pack_eval(keys, argv))
                     reply = await f2
-            except RedisReplyError as exc:
-                err: BrokerError = (
-                    CapacityExceeded(CAPACITY_MESSAGE) if CAPACITY_MESSAGE in str(exc) else BrokerError(str(exc))
-                )
-                for *_, fut in items:
-                    if not fut.done():
-                        fut.set_exception(err)
+            except BrokerError as exc:  # RedisReplyError included
+                _fail_pushes(items, exc)
                 continue
-            except BrokerError as exc:
-                for *_, fut in items:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
-            replies = reply if isinstance(reply, list) else [reply]
-            for (*_, fut), n in zip(items, replies, strict=True):
-                if fut.done():
-                    continue
-                if n == 0:
-                    fut.set_exception(CapacityExceeded(CAPACITY_MESSAGE))
-                else:
-                    fut.set_result(n)
+            _settle_pushes(items, reply)
 
     async def _push_group_cluster(
         self, list_key: str, items: list[tuple[str, int, bytes, asyncio.Future[Any]]], cap: int
@@ -498,27 +481,10 @@ class RedisBroker:
             argv = (cap, *(x for it in items for x in (it[1], it[2])))
         try:
             reply = await self.router.run(list_key, lambda c: _evalsha(c, script, keys, argv))
-        except RedisReplyError as exc:
-            err: BrokerError = (
-                CapacityExceeded(CAPACITY_MESSAGE) if CAPACITY_MESSAGE in str(exc) else BrokerError(str(exc))
-            )
-            for *_, fut in items:
-                if not fut.done():
-                    fut.set_exception(err)
+        except BrokerError as exc:  # RedisReplyError included
+            _fail_pushes(items, exc)
             return
-        except BrokerError as exc:
-            for *_, fut in items:
-                if not fut.done():
-                    fut.set_exception(exc)
-            return
-        replies = reply if isinstance(reply, list) else [reply]
-        for (*_, fut), n in zip(items, replies, strict=True):
-            if fut.done():
-                continue
-            if n == 0:
-                fut.set_exception(CapacityExceeded(CAPACITY_MESSAGE))
-            else:
-                fut.set_result(n)
+        _settle_pushes(items, reply)
 
     def on_result(self, handler: ResultHandler) -> None:
         self._result_handler = handler
@@ -1165,3 +1131,31 @@ def _redis_version(info: bytes) -> tuple[int, ...]:
             except ValueError:
                 break
     return (0, 0, 0)
+
+
+def _fail_pushes(items: list[Any], exc: BrokerError) -> None:
+    """Fail every call of one push script run: a Redis error reply becomes
+    CapacityExceeded ("list capacity exceeded") or BrokerError (NACK 500)."""
+    err: BrokerError
+    if not isinstance(exc, RedisReplyError):
+        err = exc  # already a BrokerError (e.g. the connection failed)
+    elif CAPACITY_MESSAGE in str(exc):
+        err = CapacityExceeded(CAPACITY_MESSAGE)
+    else:
+        err = BrokerError(str(exc))
+    for *_, fut in items:
+        if not fut.done():
+            fut.set_exception(err)
+
+
+def _settle_pushes(items: list[Any], reply: Any) -> None:
+    """Resolve each call of one push script run from its reply: the list
+    length, or 0 when that entry was trimmed for capacity."""
+    replies = reply if isinstance(reply, list) else [reply]
+    for (*_, fut), n in zip(items, replies, strict=True):
+        if fut.done():
+            continue
+        if n == 0:
+            fut.set_exception(CapacityExceeded(CAPACITY_MESSAGE))
+        else:
+            fut.set_result(n)
