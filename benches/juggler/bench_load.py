@@ -22,7 +22,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from tests.netutil import free_port, wait_for_port  # noqa: E402
 PUSH_SHA_BODY = (
     "\n\tredis.call(\"SET\", KEYS[1], ARGV[1], \"PX\", tonumber(ARGV[1]))\n"
     "\tlocal res = redis.call(\"LPUSH\", KEYS[2], ARGV[2])\n"
@@ -45,23 +46,8 @@ PUSH_SHA_BODY = (
 PUSH_SHA = "b0cdecc8e595fb86f90aa79d69ba149d92d94b0b"  # sha1 of PUSH_SHA_BODY (upstream's)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing on port {port}")
+    wait_for_port(port, timeout=timeout, proc=proc)
 
 
 def cpu_seconds(pid: int) -> float:
