@@ -1,20 +1,48 @@
-"""Real processes on free loopback ports, shared by every test area.
+"""Real processes on free loopback ports, and waiting for conditions, shared
+by every test area.
 
-Import as ``from tests.netutil import free_port, wait_for_port, start_redis``
+Import as ``from tests.netutil import free_port, wait_for_port, start_redis, wait_until``
 (the repository root is on pytest's path, see pyproject.toml).
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
+
+
+async def wait_until(
+    predicate: Callable[[], Any], timeout: float = 10.0, *, interval: float = 0.01, what: str = ""
+) -> Any:
+    """Poll ``predicate()`` until it returns something truthy and return that.
+
+    The predicate may be a plain function or return an awaitable (a Redis
+    query, an HTTP scrape in a thread). It is checked once at once, then every
+    ``interval`` seconds; after ``timeout`` seconds the test fails with an
+    AssertionError naming ``what``. Use it where another party (a server, a
+    task, a process) has to get somewhere first; never a bare sleep.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not reached within {timeout}s: {what or getattr(predicate, '__name__', predicate)}")
+        await asyncio.sleep(interval)
 
 
 def free_port() -> int:

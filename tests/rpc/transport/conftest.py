@@ -9,10 +9,12 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
 from rpc.transport import InProcNetwork
+from tests.netutil import wait_until
 
 HERE = os.path.dirname(__file__)
 
@@ -47,11 +49,16 @@ async def no_leaks() -> AsyncIterator[None]:
     """Fails the test if it leaves tasks running or file descriptors open."""
     before = fd_count()
     yield
-    for _ in range(20):  # let closing transports finish (bounded)
-        await asyncio.sleep(0)
     current = asyncio.current_task()
-    left = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
-    assert left == [], f"tasks left running: {left}"
+
+    def left() -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+
+    try:  # closing transports and tasks finish within a few loop turns
+        await wait_until(lambda: not left() and fd_count() <= before, timeout=2, interval=0.001)
+    except AssertionError:
+        pass  # the asserts below say what is left
+    assert left() == [], f"tasks left running: {left()}"
     assert fd_count() <= before, f"file descriptors leaked: {fd_count() - before}"
 
 
@@ -68,6 +75,13 @@ class PeerProcess:
             self.kill()
             raise RuntimeError(f"peer server did not start: {line!r}")
         self.endpoint = line.split()[1]
+
+    async def read_line(self, timeout: float = 10.0) -> str:
+        """The peer's next line of output (bounded wait)."""
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), timeout)
+        assert line, "the peer process exited"
+        return line.strip()
 
     def kill(self) -> None:
         if self.proc.poll() is None:

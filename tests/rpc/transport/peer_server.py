@@ -1,7 +1,8 @@
 """A transport server in its own process, for crash and reconnect tests.
 
 usage: peer_server.py ENDPOINT MODE   (MODE: echo | hang)
-Prints "listening <endpoint>" once it accepts connections.
+Prints "listening <endpoint>" once it accepts connections, and in hang mode
+"request" for every request its handler got (so a test knows they arrived).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from rpc.transport import TransportServer
 
 async def main(endpoint: str, mode: str) -> None:
     async def hang(conn, msg):  # type: ignore[no-untyped-def]
-        await asyncio.sleep(3600)
+        print("request", flush=True)
+        await asyncio.Event().wait()  # never answers
 
     handler = (lambda conn, msg: msg.payload) if mode == "echo" else hang
     server = TransportServer(endpoint, handler)

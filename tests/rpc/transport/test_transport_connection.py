@@ -22,6 +22,7 @@ from rpc.transport import (
     TransportPool,
     TransportServer,
 )
+from tests.netutil import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -179,8 +180,7 @@ async def test_cancelled_caller_only_drops_its_entry(endpoint: str, inproc: InPr
     async with TransportServer(endpoint, handler, inproc=inproc) as srv, TransportPool(inproc=inproc) as pool:
         conn = await pool.get(srv.endpoint)
         task = asyncio.ensure_future(conn.request(b"wait"))
-        while conn.in_flight == 0:
-            await asyncio.sleep(0)
+        await wait_until(lambda: conn.in_flight == 1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -277,8 +277,7 @@ async def test_handler_limits_per_connection_and_server(inproc: InProcNetwork, n
         async with TransportPool(inproc=inproc) as p1, TransportPool(inproc=inproc) as p2:
             c1, c2 = await p1.get(srv.endpoint), await p2.get(srv.endpoint)
             tasks = [asyncio.ensure_future(c.request(b"")) for c in (c1, c2) for _ in range(10)]
-            for _ in range(50):
-                await asyncio.sleep(0)
+            await wait_until(lambda: running >= 5, what="the server-wide limit of handlers running")
             assert peak == 5  # server-wide bound
             assert all(c.handlers_running <= 3 for c in srv.connections)
             gate.set()
@@ -315,7 +314,7 @@ async def test_drain_deadline_fails_leftovers(inproc: InProcNetwork, no_leaks: N
         pool = TransportPool(inproc=inproc)
         conn = await pool.get(srv.endpoint)
         inflight = asyncio.ensure_future(conn.request(b"", timeout=None))
-        await asyncio.sleep(0.01)
+        await wait_until(lambda: conn.in_flight == 1)
         await conn.aclose(timeout=0.02)
         with pytest.raises(TransportClosed):
             await inflight
@@ -338,7 +337,7 @@ async def test_ids_never_collide_after_wrap(inproc: InProcNetwork, no_leaks: Non
     async with TransportServer("inproc://w", handler, inproc=inproc) as srv, TransportPool(inproc=inproc) as pool:
         conn = await pool.get(srv.endpoint)
         held = asyncio.ensure_future(conn.request(b"hold"))  # seq 1 stays in flight
-        await asyncio.sleep(0)
+        await wait_until(lambda: conn.in_flight == 1)
         conn._next_seq = (1 << 64) - 1  # force the counter to wrap onto 1
         a = await conn.request(b"a")  # seq 2^64-1
         b = await conn.request(b"b")  # would be 1: skipped, gets 2
@@ -430,7 +429,7 @@ async def test_garbage_from_server_fails_client_requests_with_connection_lost(in
         async with TransportPool(inproc=inproc) as pool:
             conn = await pool.get(srv.endpoint)
             inflight = asyncio.ensure_future(conn.request(b"", timeout=30))
-            await asyncio.sleep(0.01)
+            await wait_until(lambda: conn.in_flight == 1)
             server_conns[0].transport.write(b"\x09garbage")
             with pytest.raises(ConnectionLost) as info:
                 await asyncio.wait_for(inflight, 10)
@@ -441,10 +440,12 @@ async def test_long_backlog_of_sync_handlers_does_not_recurse(inproc: InProcNetw
     """Thousands of queued requests behind a full server-wide limit, then
     drained by sync handlers: no recursion per queued request."""
     gate = asyncio.Event()
+    blocking = asyncio.Event()
 
     def handler(conn: Any, msg: Any) -> Any:
         if msg.payload == b"block":
             async def wait() -> bytes:
+                blocking.set()
                 await gate.wait()
                 return b"unblocked"
             return wait()
@@ -454,9 +455,10 @@ async def test_long_backlog_of_sync_handlers_does_not_recurse(inproc: InProcNetw
     async with TransportServer("inproc://deep", handler, inproc=inproc, config=cfg) as srv, TransportPool(inproc=inproc) as pool:
         conn = await pool.get(srv.endpoint)
         blocker = asyncio.ensure_future(conn.request(b"block"))
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(blocking.wait(), 10)
         many = [conn.submit(b"%d" % i) for i in range(3000)]
-        await asyncio.sleep(0.01)
+        (server_side,) = srv.connections
+        await wait_until(lambda: len(server_side._backlog) == 3000, what="3000 requests queued on the server")
         gate.set()
         assert (await blocker).payload == b"unblocked"
         results = await asyncio.wait_for(asyncio.gather(*many), 30)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rpc.transport import ConnectionConfig, FrameWire, RpcxWire, TransportPool, TransportServer
+from tests.netutil import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -99,11 +100,7 @@ async def test_fuzzed_streams_never_take_the_server_down(kind: str, inproc: Any)
                     async with TransportPool(inproc=inproc) as bad:
                         c = await bad.get(srv.endpoint)
                         assert c.transport is not None
-                        c.transport.write(blob)
-                        await asyncio.sleep(0)
-                        await asyncio.sleep(0)
+                        c.transport.write(blob)  # then closed: the server reads it, then EOF
+                # the server has read the blob and let that connection go
+                await wait_until(lambda: len(srv.connections) == 1, what="the fuzzed connection closed")
                 assert (await good.request(b"alive")).payload == b"alive"
-        for _ in range(50):
-            if len(srv.connections) <= 1:
-                break
-            await asyncio.sleep(0.01)

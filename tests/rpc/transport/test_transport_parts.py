@@ -23,6 +23,7 @@ from rpc.transport import (
     TransportServer,
 )
 from rpc.transport.wire import FrameWire
+from tests.netutil import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -104,7 +105,7 @@ def test_uvloop_end_to_end() -> None:
                 with pytest.raises(RequestTimeout):
                     await conn.request(b"slow", timeout=0.01)
                 inflight = asyncio.ensure_future(conn.request(b"slow", timeout=30))
-                await asyncio.sleep(0.01)
+                await wait_until(lambda: conn.in_flight == 1)
                 await srv.aclose()
                 with pytest.raises(ConnectionLost):
                     await asyncio.wait_for(inflight, 10)

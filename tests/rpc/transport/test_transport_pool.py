@@ -20,6 +20,7 @@ from rpc.transport import (
     TransportServer,
     Unavailable,
 )
+from tests.netutil import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,11 +45,7 @@ async def test_unreachable_is_unavailable_then_down(inproc: InProcNetwork, no_le
         with pytest.raises(Unavailable):
             await pool.get("inproc://nobody")
         assert pool.health("inproc://nobody") in (Health.RECOVERING, Health.DOWN)
-        for _ in range(200):
-            if pool.health("inproc://nobody") is Health.DOWN:
-                break
-            await asyncio.sleep(0.01)
-        assert pool.health("inproc://nobody") is Health.DOWN
+        await wait_until(lambda: pool.health("inproc://nobody") is Health.DOWN, what="health DOWN")
         with pytest.raises(Unavailable):  # fails fast while down
             await pool.get("inproc://nobody")
         # the pool keeps retrying: once a server appears it recovers
@@ -92,9 +89,9 @@ async def test_peer_crash_fails_in_flight_at_once(peer_process: Any, no_leaks: N
     async with TransportPool(config=FAST) as pool:
         conn = await pool.get(peer.endpoint)
         tasks = [asyncio.ensure_future(conn.request(b"x" * 1000, timeout=60)) for _ in range(20)]
-        while conn.in_flight < 20:
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.05)  # let the server read them
+        for _ in range(20):  # the peer's handler has every request
+            assert await peer.read_line() == "request"
+        assert conn.in_flight == 20
         peer.kill()
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
         assert all(isinstance(r, ConnectionLost) for r in results), results
@@ -121,11 +118,20 @@ async def test_heartbeat_detects_silent_peer(inproc: InProcNetwork, no_leaks: No
     async with TransportServer("inproc://hb", never, inproc=inproc, on_connection=server_conns.append, config=scfg) as srv:
         async with TransportPool(inproc=inproc, config=cfg) as pool:
             conn = await pool.get(srv.endpoint)
-            for _ in range(5):  # heartbeats are answered while the peer reads
-                await asyncio.sleep(0.02)
-            assert conn.is_open
+            answered = 0
+            heartbeat = conn.heartbeat
+
+            async def counted(*args: Any, **kwargs: Any) -> Any:
+                nonlocal answered
+                reply = await heartbeat(*args, **kwargs)
+                answered += 1
+                return reply
+
+            conn.heartbeat = counted  # type: ignore[method-assign]
+            await wait_until(lambda: answered >= 5, what="5 heartbeats answered")
+            assert conn.is_open  # answered heartbeats keep the connection
             inflight = asyncio.ensure_future(conn.request(b"", timeout=30))
-            await asyncio.sleep(0.01)
+            await wait_until(lambda: conn.in_flight == 1)
             server_conns[0].transport.pause_reading()  # the peer goes silent
             with pytest.raises(ConnectionLost):
                 await asyncio.wait_for(inflight, 10)
