@@ -17,6 +17,7 @@ from rpc.message import META_SERVER_TIMEOUT, Message, SerializeType
 from rpc.plugins import AuthPlugin, PluginContainer
 from rpc.proto.benchmark_pb2 import BenchmarkMessage
 from rpc.service import Context, ServiceDispatcher
+from tests.netutil import wait_until
 
 
 class Box:
@@ -79,10 +80,10 @@ async def test_timeout_and_server_timeout(net) -> None:
 
 
 async def test_go_cancelled_on_close(net) -> None:
-    n, _ = net
+    n, box = net
     c = Client("tcp@s:1", n, auth="t")
     task = c.go("Box", "Wait", None)
-    await asyncio.sleep(0)
+    await wait_until(lambda: box.timeouts, what="the call in the handler")
     await c.aclose()
     assert task.cancelled()
 

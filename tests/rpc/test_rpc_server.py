@@ -13,6 +13,7 @@ from rpc.examples import Arith
 from rpc.message import META_ERROR, Message
 from rpc.server import Server
 from rpc.service import Context
+from tests.netutil import wait_until
 
 ADDR = "tcp@127.0.0.1:8972"
 
@@ -71,8 +72,8 @@ async def test_graceful_shutdown_order_loses_no_accepted_call(redis_url: str) ->
     steps: list[str] = []
     listener = RecordingListener(steps, redis, server)
     shutdown = asyncio.create_task(server.shutdown(listener, timeout=10))
-    await listener.stopped.wait()  # shutdown is now refusing new calls and draining
-    await asyncio.sleep(0)
+    await listener.stopped.wait()
+    await wait_until(lambda: server.dispatcher.closing, what="shutdown refusing new calls")  # and draining
     late = await server.dispatcher.dispatch(Message(service_path="Arith", service_method="Add", payload=b'{"A":1,"B":1}'))
     assert late.reply is not None and late.reply.metadata[META_ERROR] == "server is shutting down"
     slow.release.set()

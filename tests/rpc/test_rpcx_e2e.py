@@ -26,6 +26,7 @@ from rpc.message import Message, SerializeType
 from rpc.rpcx_client import RpcxCaller
 from rpc.selector import RoundRobinSelector
 from rpc.xclient import XClient, XClientOptions
+from tests.netutil import wait_until
 
 
 @dataclass
@@ -140,12 +141,22 @@ async def test_deadline_propagates_and_cancels_the_handler(servers: list[Served]
         assert 0 < rem <= 2.0
         with pytest.raises((CallTimeout, ServiceError)):
             await client.call("Probe", "Sleep", {"ms": 5000}, timeout=0.3)
-        for _ in range(100):  # the server cancels the handler at its deadline
-            stats = await client.call("Probe", "Stats", None, timeout=5)
-            if stats["cancelled"]:
-                break
-            await asyncio.sleep(0.05)
-        assert stats == {"active": 0, "cancelled": 1, "finished": 0}
+        async def stats() -> Any:
+            return await client.call("Probe", "Stats", None, timeout=5)
+
+        async def cancelled() -> bool:
+            return (await stats())["cancelled"] > 0
+
+        await wait_until(cancelled, what="the server cancelling the handler at its deadline")
+        assert await stats() == {"active": 0, "cancelled": 1, "finished": 0}
+
+
+async def answers(client: Client) -> bool:
+    """True once ``client`` gets a right answer; False while its pool reconnects."""
+    try:
+        return await client.call("Arith", "Mul", {"A": 3, "B": 4}, timeout=5) == {"C": 12}
+    except TransportError:
+        return False
 
 
 async def test_auth_failure_closes_the_connection(servers: list[Served]) -> None:
@@ -160,14 +171,7 @@ async def test_auth_failure_closes_the_connection(servers: list[Served]) -> None
         await asyncio.wait_for(conn.wait_closed(), 5)  # the server closed it
         assert not conn.is_open
         good = Client(s.address, caller, auth="sesame")
-        for _ in range(50):  # the pool reconnects
-            try:
-                assert await good.call("Arith", "Mul", {"A": 3, "B": 4}, timeout=5) == {"C": 12}
-                break
-            except TransportError:
-                await asyncio.sleep(0.05)
-        else:
-            pytest.fail("no reconnect after the auth failure")
+        await wait_until(lambda: answers(good), what="a reconnect after the auth failure")
         assert await good.call("Arith", "Mul", {"A": 3, "B": 4}, timeout=5) == {"C": 12}
     finally:
         await caller.aclose()
@@ -258,11 +262,7 @@ async def test_redis_registry_drives_an_xclient(redis_url: str, servers: list[Se
                  options=XClientOptions(fail_mode=FailMode.FAILOVER, retries=3))
 
     async def until(pred: Any) -> None:
-        for _ in range(100):
-            if pred(xc.servers):
-                return
-            await asyncio.sleep(0.05)
-        pytest.fail(f"discovery never reached the expected servers: {xc.servers}")
+        await wait_until(lambda: pred(xc.servers), what="discovery reaching the expected servers")
 
     try:
         await discovery.start()
@@ -303,19 +303,11 @@ async def test_etcd_registry_drives_an_xclient(etcd_endpoint: str, servers: list
     try:
         await discovery.start()
         async with xc:
-            for _ in range(100):
-                if set(xc.servers) == {a.address, b.address}:
-                    break
-                await asyncio.sleep(0.05)
-            assert set(xc.servers) == {a.address, b.address}
+            await wait_until(lambda: set(xc.servers) == {a.address, b.address}, what="both servers discovered")
             assert {(await xc.call("Who", None, timeout=5))["pid"] for _ in range(6)} == {a.proc.pid, b.proc.pid}
             a.signal(signal.SIGTERM)
             assert a.wait() == 0
-            for _ in range(100):
-                if set(xc.servers) == {b.address}:
-                    break
-                await asyncio.sleep(0.05)
-            assert set(xc.servers) == {b.address}
+            await wait_until(lambda: set(xc.servers) == {b.address}, what="the stopped server gone")
             assert {(await xc.call("Who", None, timeout=5))["pid"] for _ in range(4)} == {b.proc.pid}
     finally:
         await caller.aclose()
@@ -329,12 +321,10 @@ async def test_graceful_shutdown_loses_no_accepted_call(servers: list[Served]) -
     client = Client(s.address, caller)
     try:
         calls = [asyncio.ensure_future(client.call("Probe", "Sleep", {"ms": 500}, timeout=20)) for _ in range(40)]
-        for _ in range(200):  # every call is in a handler on the server
-            if (await client.call("Probe", "Stats", None, timeout=5))["active"] == 40:
-                break
-            await asyncio.sleep(0.02)
-        else:
-            pytest.fail("the calls never all started")
+        async def all_started() -> bool:
+            return (await client.call("Probe", "Stats", None, timeout=5))["active"] == 40
+
+        await wait_until(all_started, what="every call in a handler on the server")
         s.signal(signal.SIGTERM)
         results = await asyncio.gather(*calls, return_exceptions=True)
         assert results == [{"slept": 500, "pid": s.proc.pid}] * 40
@@ -389,14 +379,8 @@ async def test_oversized_message_closes_the_connection(servers: list[Served]) ->
         with pytest.raises(TransportError):
             await client.call("Probe", "Note", "x" * 10_000, timeout=5)
         # a fresh connection serves normal calls
-        for _ in range(50):
-            try:
-                assert await client.call("Arith", "Add", {"A": 1, "B": 1}, timeout=5) == {"C": 2}
-                break
-            except TransportError:
-                await asyncio.sleep(0.05)
-        else:
-            pytest.fail("no reconnect after the oversized message")
+        await wait_until(lambda: answers(client), what="a reconnect after the oversized message")
+        assert await client.call("Arith", "Add", {"A": 1, "B": 1}, timeout=5) == {"C": 2}
 
 
 async def test_metrics_and_access_log_over_rpcx(servers: list[Served]) -> None:
@@ -447,13 +431,11 @@ async def test_rolling_shutdown_under_load_loses_nothing(servers: list[Served]) 
     try:
         async with xc:
             workers = [asyncio.ensure_future(worker()) for _ in range(20)]
-            while len(results) < 200:
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: len(results) >= 200, timeout=30, what="200 calls before the stop")
             a.signal(signal.SIGTERM)
             assert await asyncio.to_thread(a.wait) == 0
             n = len(results)
-            while len(results) < n + 200:
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: len(results) >= n + 200, timeout=30, what="200 calls after the stop")
             stop.set()
             await asyncio.gather(*workers)
     finally:

@@ -18,6 +18,7 @@ from rpc.server import Server
 from rpc.service import Context
 from rpc.transport import errors as terr
 from rpc.transport.endpoint import Endpoint
+from tests.netutil import wait_until
 
 
 class Recorder:
@@ -77,14 +78,6 @@ class AsyncRecorder(Recorder):
         Recorder.post_write(self, peer, req, res, error)
 
 
-async def _until(pred: Any) -> None:
-    for _ in range(200):
-        if pred():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition never became true")
-
-
 @pytest.mark.parametrize("plugin_cls", [Recorder, AsyncRecorder])
 async def test_hooks_at_each_step(plugin_cls: type[Recorder]) -> None:
     plugin = plugin_cls()
@@ -94,11 +87,11 @@ async def test_hooks_at_each_step(plugin_cls: type[Recorder]) -> None:
         caller = RpcxCaller()
         client = Client(rpcx.address, caller, auth="tok")
         assert await client.call("Arith", "Mul", {"A": 2, "B": 3}, timeout=5) == {"C": 6}
-        await _until(lambda: "post_write" in plugin.events)
+        await wait_until(lambda: "post_write" in plugin.events)
         conn = await caller.connection(rpcx.address)
         await conn.heartbeat(timeout=5)
         await caller.aclose()
-        await _until(lambda: "close" in plugin.events)
+        await wait_until(lambda: "close" in plugin.events)
     assert plugin.events[0] == "accept" and plugin.events[-1] == "close"
     call = [e for e in plugin.events if e not in ("pre_read", "accept", "close", "heartbeat")]
     assert call == ["post_read", "auth:tok", "pre_call", "post_call", "pre_write", "post_write"]
@@ -159,7 +152,7 @@ async def test_metadata_errors_and_push() -> None:
             with pytest.raises(ServiceError, match="nope"):
                 await client.call("Svc", "Fail", None, timeout=5)
             assert await client.call("Svc", "Push", {"n": 1}, timeout=5) == "pushed"
-            await _until(lambda: got)
+            await wait_until(lambda: got)
             assert got[0].service_path == "Client" and got[0].payload == b'{"n":1}'
             assert len(rpcx.connections) == 1
     await server.dispatcher.aclose()
@@ -174,9 +167,9 @@ async def test_shutdown_drains_then_refuses_as_retryable() -> None:
     client = Client(rpcx.address, caller)
     try:
         slow = asyncio.ensure_future(client.call("Svc", "Slow", 0.3, timeout=5))
-        await _until(lambda: server.in_flight == 1)
+        await wait_until(lambda: server.in_flight == 1)
         shutdown = asyncio.ensure_future(server.shutdown(rpcx, timeout=5))
-        await _until(lambda: server.dispatcher.closing)
+        await wait_until(lambda: server.dispatcher.closing)
         with pytest.raises(TransportError):  # refused without running: retryable, not a ServiceError
             await client.call("Svc", "Meta", None, timeout=5)
         assert await slow == "done"
@@ -281,7 +274,7 @@ async def test_refused_connections_run_no_close_hook() -> None:
         finally:
             await first.aclose()
             await second.aclose()
-        await _until(lambda: "close" in plugin.events)
+        await wait_until(lambda: "close" in plugin.events)
         server.add_plugin(refuse_second)  # now a plugin refuses: no close hook either
         third = RpcxCaller(connect_timeout=2)
         try:

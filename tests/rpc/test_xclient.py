@@ -27,6 +27,7 @@ from rpc.proto.benchmark_pb2 import BenchmarkMessage
 from rpc.selector import ConsistentHashSelector, LatencySelector, RoundRobinSelector
 from rpc.service import Context, ServiceDispatcher
 from rpc.xclient import XClient, XClientOptions
+from tests.netutil import wait_until
 
 ADDRS = ["tcp@127.0.0.1:9001", "tcp@127.0.0.1:9002", "tcp@127.0.0.1:9003"]
 
@@ -213,7 +214,7 @@ async def test_go_tasks_cancelled_on_close(cluster: Cluster) -> None:
     xc = cluster.client()
     await xc.start()
     task = xc.go("Who", None)
-    await asyncio.sleep(0)
+    await wait_until(lambda: cluster.nodes[ADDRS[0]].calls == 1, what="the call in the handler")
     await xc.aclose()
     assert task.cancelled()
 
