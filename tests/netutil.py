@@ -23,15 +23,17 @@ import pytest
 
 
 async def wait_until(
-    predicate: Callable[[], Any], timeout: float = 10.0, *, interval: float = 0.01, what: str = ""
+    predicate: Callable[[], Any], timeout: float = 10.0, *, interval: float = 0.01,
+    what: str | Callable[[], str] = "",
 ) -> Any:
     """Poll ``predicate()`` until it returns something truthy and return that.
 
     The predicate may be a plain function or return an awaitable (a Redis
     query, an HTTP scrape in a thread). It is checked once at once, then every
-    ``interval`` seconds; after ``timeout`` seconds the test fails with an
-    AssertionError naming ``what``. Use it where another party (a server, a
-    task, a process) has to get somewhere first; never a bare sleep.
+    ``interval`` seconds (0: every loop turn); after ``timeout`` seconds the
+    test fails with an AssertionError naming ``what`` (a string, or a function
+    giving one then, e.g. a process's output). Use it where another party (a
+    server, a task, a process) has to get somewhere first; never a bare sleep.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -41,7 +43,8 @@ async def wait_until(
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"not reached within {timeout}s: {what or getattr(predicate, '__name__', predicate)}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"not reached within {timeout}s: {said or getattr(predicate, '__name__', predicate)}")
         await asyncio.sleep(interval)
 
 

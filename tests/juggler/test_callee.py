@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -19,6 +18,7 @@ import redis.asyncio as aredis
 from juggler.broker.base import Result
 from juggler.broker.redis import PUSH_SCRIPT, RedisBroker, RedisBrokerConfig, call_key, call_ttl_key, result_key
 from juggler.callee import Callee, CalleeApp, error_result, load_app, make_test_app
+from tests.netutil import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -143,9 +143,7 @@ async def test_ttl_expired_during_execution_stores_nothing(h: Harness, redis_url
             await h.caller.call(uid(1), "test.delay", b'"300"', 100)  # 100 ms to live, runs 300 ms
             await h.caller.call(uid(2), "test.echo", b'"after"', 5000)
             assert await h.result(uid(2)) == b'"after"'
-            async with asyncio.timeout(5):
-                while callee.stats.expired < 1:
-                    await asyncio.sleep(0.02)
+            await wait_until(lambda: callee.stats.expired >= 1, what="the expired call counted")
         assert uid(1) not in h.results
         assert await r.exists(result_key(CONN)) == 0
     finally:
@@ -161,9 +159,7 @@ async def test_result_ttl_is_the_remaining_time(redis_url: str) -> None:
         payload = '{"conn_uuid":"%s","msg_uuid":"%s","uri":"test.delay","args":"100"}' % (CONN, uid(1))
         await r.eval(PUSH_SCRIPT.body.decode(), 2, call_ttl_key("test.delay", uid(1)), call_key("test.delay"), 2000, payload, 0)
         async with Callee(broker, make_test_app(), workers=1):
-            async with asyncio.timeout(5):
-                while not await r.exists(result_key(CONN)):
-                    await asyncio.sleep(0.01)
+            await wait_until(lambda: r.exists(result_key(CONN)), what="the result stored")
         stored = int(await r.get(f"juggler:results:timeout:{{{CONN}}}:{uid(1)}"))
         assert 0 < stored <= 1900  # 2000 minus the 100 ms it ran
         (res,) = await r.lrange(result_key(CONN), 0, -1)
@@ -199,14 +195,14 @@ async def test_workers_bound_concurrency_and_drain_finishes_running_calls(h: Har
         await started.wait()
     assert callee.stats.running == 3
     drain = asyncio.create_task(callee.drain(timeout=10))
-    await asyncio.sleep(0)
+    await wait_until(lambda: callee._pump is not None and callee._pump.done(), what="the drain stopped taking calls")
     release.set()
     await drain
     await callee.aclose()
     assert peak == 3
     assert callee.stats.results == 3  # the 3 running ones finished and were stored
-    done = {u for u in h.results}
-    assert len(done) >= 0
+    await wait_until(lambda: len(h.results) == 3, what="their results at the caller")
+    assert [r.args for r in h.results.values()] == [b'"done"'] * 3
     # the 3 not started are still queued for another callee (nothing was lost)
     r = aredis.Redis.from_url(h.caller.config.url)
     try:
@@ -258,12 +254,11 @@ async def test_cli_callee_serves_calls_pushed_like_the_go_server(redis_url: str)
     )
     r = aredis.Redis.from_url(redis_url)
     try:
-        # wait until the callee blocks on its calls lists (no sleep-polling of output)
-        deadline = time.monotonic() + 30
-        while int((await r.info("clients"))["blocked_clients"]) < 1:
+        async def blocked() -> bool:  # the callee blocks on its calls lists
             assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+            return int((await r.info("clients"))["blocked_clients"]) >= 1
+
+        await wait_until(blocked, timeout=30, interval=0.05, what="the callee process waiting for calls")
         calls = [(uid(1), "test.echo", '"hello"'), (uid(2), "test.reverse", '"abc"'), (uid(3), "test.delay.1", '"5"')]
         for u, uri, args in calls:
             payload = '{"conn_uuid":"%s","msg_uuid":"%s","uri":"%s","args":%s}' % (CONN, u, uri, args)
@@ -283,9 +278,11 @@ async def test_cli_callee_serves_calls_pushed_like_the_go_server(redis_url: str)
                 return resp.read().decode()
 
         # the result is in Redis a moment before the callee counts it: poll (bounded)
-        async with asyncio.timeout(10):
-            while "juggler_callee_results_total 3.0" not in (body := await asyncio.to_thread(scrape)):
-                await asyncio.sleep(0.05)
+        async def counted() -> str | None:
+            body = await asyncio.to_thread(scrape)
+            return body if "juggler_callee_results_total 3.0" in body else None
+
+        body = await wait_until(counted, interval=0.05, what="the callee counting 3 results")
         assert "juggler_callee_calls_total 3.0" in body
         assert "juggler_callee_running 0.0" in body
         proc.send_signal(signal.SIGTERM)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from jugglerprocs import juggler_up
 
-from tests.netutil import free_port
+from tests.netutil import free_port, wait_until
 from juggler.client import ACK, CALL, RES, ClientEvent, connect, encode_message
 from juggler.errors import CallExpired, CallNacked, ConnectionClosed
 
@@ -51,9 +51,7 @@ async def test_local_expiry_and_late_results(url: str) -> None:
             await c.call("test.delay", "1000", timeout=0.1)
         # a RES nobody waits for (sent raw, so no pending entry) is ignored and counted
         u = await c.send(CALL, {"uri": "test.echo", "timeout": 5_000_000_000}, raw_args='"x"')
-        async with asyncio.timeout(5):
-            while c.late_results < 1:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: c.late_results >= 1, what="the late result counted")
         assert u
         assert await c.call("test.echo", "still fine", timeout=5) == "still fine"
     assert RES in seen and ACK in seen
@@ -103,9 +101,7 @@ async def test_events_iterator_ends_when_closed(url: str) -> None:
     task = asyncio.create_task(consume())
     async with connect(url) as p:
         await p.pub("cl.iter", 7)
-    async with asyncio.timeout(5):
-        while not got:
-            await asyncio.sleep(0.01)
+    await wait_until(lambda: got, what="the event")
     await c.aclose()
     await c.aclose()  # idempotent
     await asyncio.wait_for(task, 5)

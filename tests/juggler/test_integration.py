@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from jugglerprocs import Proc, juggler, juggler_server
 
-from tests.netutil import wait_for_port
+from tests.netutil import wait_for_port, wait_until
 from juggler.client import ACK, EVNT, NACK, RES, Client, connect
 from juggler.errors import CallExpired
 
@@ -163,9 +163,8 @@ async def test_random_traffic_reconciles_exactly(redis_url: str) -> None:
 
             # every pattern event reaches both observers (bounded wait, then exact check)
             ch_pubs = [p for p in pubs if p.channel.startswith("ch.")]
-            async with asyncio.timeout(15):
-                while any(o.received[EVNT] < len(ch_pubs) for o in obs_tallies):
-                    await asyncio.sleep(0.02)
+            await wait_until(lambda: all(o.received[EVNT] >= len(ch_pubs) for o in obs_tallies), timeout=15,
+                             what="every pattern event at both observers")
             # determinate deliveries on the never-unsubscribed own.<i> channels
             own_pubs = [p for p in pubs if p.channel.startswith("own.")]
 
@@ -173,10 +172,9 @@ async def test_random_traffic_reconciles_exactly(redis_url: str) -> None:
                 return sum(1 for p in own_pubs
                            if tallies[int(p.channel.split(".")[1])].events[(p.uuid, p.channel, None)] >= 1)
 
-            async with asyncio.timeout(15):
-                while own_received() < len(own_pubs):
-                    await asyncio.sleep(0.02)
-            # give a late RES of an expired call (there must be none) the time to show up
+            await wait_until(lambda: own_received() >= len(own_pubs), timeout=15, what="every own.<i> event")
+            # a late RES of an expired call must not come: an absence cannot be
+            # awaited, so give one the time to show up before the exact checks
             await asyncio.sleep(0.6)
 
             for c in [*clients, *observers]:

@@ -18,7 +18,7 @@ from test_server import call, recv, stack, ws
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import rustext
-from tests.netutil import free_port, wait_for_port
+from tests.netutil import free_port, wait_for_port, wait_until
 from juggler.auth import Auth, AuthConfig, AuthError, Rule, jwt_decode_hs256, jwt_encode_hs256
 from juggler.client import ACK, NACK, RES, connect
 from juggler.errors import CallNacked
@@ -247,11 +247,7 @@ async def test_slow_consumer_is_dropped_and_counted() -> None:
                 await pub.send(rustext.build_pub(rustext.new_uuid(), "flood", big).decode())
             for _ in range(1500):
                 await recv(pub)
-            for _ in range(200):
-                if server.stats.connections_active == 1:
-                    break
-                await asyncio.sleep(0.05)
-            assert server.stats.connections_active == 1
+            await wait_until(lambda: server.stats.connections_active == 1, what="the slow consumer dropped")
             assert server.stats.rejections.get("slow_consumer") == 1
             assert server.stats.closed.get("slow_consumer") == 1
 
@@ -280,10 +276,7 @@ async def test_healthz_and_connection_log_lines(caplog: pytest.LogCaptureFixture
                 await recv(c)
         async with ws(server):
             pass
-        for _ in range(100):
-            if server.stats.connections_active == 0:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: server.stats.connections_active == 0, what="both connections closed")
         server.draining = True
         assert await loop.run_in_executor(None, _get, base + "/healthz") == (503, "draining\n")
         server.draining = False
@@ -320,10 +313,7 @@ async def test_drain_answers_calls_in_flight_then_closes_1001() -> None:
         for _ in range(5):
             assert (await recv(c))["meta"]["type"] == ACK
         closing = asyncio.ensure_future(server.aclose())
-        for _ in range(100):
-            if server.draining:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: server.draining, what="the server draining")
         uid, f = call("test.echo", "late")
         await c.send(f)
         got: dict[str, Any] = {}
@@ -373,10 +363,7 @@ async def test_sigterm_drains_a_server_process_under_load(redis_url: str) -> Non
                 codes.append(str(exc))
 
         workers = [asyncio.ensure_future(worker()) for _ in range(20)]
-        deadline = time.monotonic() + 20
-        while len(answered) < 200 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert len(answered) >= 200, server.output()
+        await wait_until(lambda: len(answered) >= 200, timeout=20, interval=0.05, what=lambda: f"200 calls answered\n{server.output()}")
         server.proc.send_signal(signal.SIGTERM)
         await asyncio.wait(workers, timeout=30)
         rc = await asyncio.get_running_loop().run_in_executor(None, server.proc.wait, 30)

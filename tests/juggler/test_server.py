@@ -24,6 +24,7 @@ from juggler.config import ServerConfig
 from juggler.conn import Conn, ConnState
 from juggler.protocol import Outgoing
 from juggler.server import Server
+from tests.netutil import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -207,11 +208,7 @@ async def test_closing_a_subscriber_releases_its_subscriptions() -> None:
             await sub.send(rustext.build_sub(rustext.new_uuid(), "a", False).decode())
             await recv(sub)
             assert broker.stats.redis_subscriptions == 1
-        for _ in range(100):
-            if broker.stats.redis_subscriptions == 0:
-                break
-            await asyncio.sleep(0.02)
-        assert broker.stats.redis_subscriptions == 0
+        await wait_until(lambda: broker.stats.redis_subscriptions == 0, what="the subscription released")
         assert server.stats.connections_active == 0
 
 
@@ -388,10 +385,7 @@ async def test_conn_state_callbacks() -> None:
     async with stack(on_conn_state=on_state, callees=False) as server:
         async with ws(server):
             pass
-        for _ in range(100):
-            if ConnState.CLOSED in states:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: ConnState.CLOSED in states, what="the connection CLOSED")
         assert states == [ConnState.ACCEPTING, ConnState.CONNECTED, ConnState.CLOSED]
         refuse = True
         with pytest.raises(InvalidStatus) as info:
@@ -569,11 +563,8 @@ async def test_a_reader_that_does_not_read_is_dropped() -> None:
                 await pub.send(rustext.build_pub(rustext.new_uuid(), "flood", big).decode())
             for _ in range(1500):
                 await recv(pub)
-            for _ in range(200):
-                if server.stats.connections_active == 1:
-                    break
-                await asyncio.sleep(0.05)
-            assert server.stats.connections_active == 1  # the lazy one is gone, the publisher is not
+            # the lazy one is gone, the publisher is not
+            await wait_until(lambda: server.stats.connections_active == 1, what="the lazy reader dropped")
 
 
 async def test_ping_pong_and_fragmented_messages() -> None:

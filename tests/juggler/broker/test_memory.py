@@ -9,6 +9,7 @@ import pytest
 import rustext
 from juggler.broker.base import BrokerError, CalleeBroker, CallerBroker, CapacityExceeded, Event, PubSubBroker, Result
 from juggler.broker.memory import MemoryBroker, MemoryBrokerConfig
+from tests.netutil import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -92,8 +93,7 @@ async def test_results_routed_to_the_sink_and_expired_ones_dropped() -> None:
     await b.send_result(Result(conn_uuid=b.conn_uuid, msg_uuid=m1, uri="u", args=b"[1, 2]"), 100)
     await b.send_result(Result(conn_uuid=b.conn_uuid, msg_uuid=m2, uri="u", args=b"2"), 10)
     clock.now += 0.05  # the second result's TTL runs out before the sink pops it
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    await wait_until(lambda: b.stats.expired_results + b.stats.results_received == 2, what="both results handled")
     assert [r.msg_uuid for r in got] == [m1] and got[0].args == b"[1,2]"
     assert b.stats.expired_results == 1 and b.stats.results_received == 1
     await b.send_result(Result(conn_uuid=b.conn_uuid, msg_uuid=uid(), uri="u", args=b"1"), 0)  # no time left

@@ -24,6 +24,7 @@ from juggler.broker.redis import (
     result_key,
     result_ttl_key,
 )
+from tests.netutil import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,12 +48,6 @@ async def broker(redis_url: str) -> AsyncIterator[RedisBroker]:
     await b.start()
     yield b
     await b.aclose()
-
-
-async def wait_until(pred, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    async with asyncio.timeout(timeout):
-        while not await pred():
-            await asyncio.sleep(0.01)
 
 
 def test_scripts_are_upstreams_byte_for_byte() -> None:
@@ -152,13 +147,9 @@ async def test_results_are_routed_and_expired_ones_dropped(redis_url: str, r: ar
         await r.lpush(result_key(CONN), '{"conn_uuid":"%s","msg_uuid":"%s","uri":"x","args":1}' % (CONN, stale))
         async with asyncio.timeout(5):
             await done.wait()
-        await wait_until(lambda: _true(b.stats.expired_results == 1))
+        await wait_until(lambda: b.stats.expired_results == 1)
     assert {(x.msg_uuid, x.args) for x in got} == {(U1, b'"hello"'), (U2, b'{"error":{"message":"boom"}}')}
     assert await r.exists(result_ttl_key(CONN, U1), result_ttl_key(CONN, U2), result_key(CONN)) == 0
-
-
-async def _true(v: bool) -> bool:
-    return v
 
 
 async def test_results_listener_batches(redis_url: str, r: aredis.Redis) -> None:
@@ -262,14 +253,14 @@ async def test_pubsub_refcounting_and_fanout(broker: RedisBroker, r: aredis.Redi
     assert await r.pubsub_numpat() == 1
 
     await broker.publish("news.a", U1, b'{"x":1}')
-    await wait_until(lambda: _true(len(a) == 2 and len(b) == 1))
+    await wait_until(lambda: len(a) == 2 and len(b) == 1)
     assert sorted((e.channel, e.pattern or "", e.msg_uuid, e.args) for e in a) == sorted(
         [("news.a", "", U1, b'{"x":1}'), ("news.a", "news.*", U1, b'{"x":1}')]
     )
     # no args -> None; a raw Redis PUBLISH of the payload shape reaches subscribers
     await r.publish("news.a", json.dumps({"msg_uuid": U2, "args": {"from": "redis"}}))
     await broker.publish("news.b", U1, None)
-    await wait_until(lambda: _true(len(b) == 2 and len(a) == 5))
+    await wait_until(lambda: len(b) == 2 and len(a) == 5)
     assert b[1].msg_uuid == U2 and json.loads(b[1].args) == {"from": "redis"}
     assert [e for e in a if e.channel == "news.b"][0].args is None
 
@@ -280,7 +271,7 @@ async def test_pubsub_refcounting_and_fanout(broker: RedisBroker, r: aredis.Redi
     await wait_until(lambda: _numsub_is(r, "news.a", 0))
     await broker.unsubscribe_all("A")
     await wait_until(lambda: _numpat_is(r, 0))
-    await wait_until(lambda: _true(broker.stats.redis_subscriptions == 0))
+    await wait_until(lambda: broker.stats.redis_subscriptions == 0)
 
 
 async def _numsub_is(r: aredis.Redis, ch: str, n: int) -> bool:
@@ -297,7 +288,7 @@ async def test_pubsub_glob_patterns(broker: RedisBroker) -> None:
     for ch in ("hello.a", "hallo.b", "hllo.a", "hello.c"):
         await broker.publish(ch, U1, b"1")
     await broker.publish("end", U1, b"1")
-    await wait_until(lambda: _true(len(got) == 2))
+    await wait_until(lambda: len(got) == 2)
     assert sorted(e.channel for e in got) == ["hallo.b", "hello.a"]
 
 
@@ -319,7 +310,7 @@ async def test_pubsub_survives_a_killed_connection(broker: RedisBroker, r: aredi
     await r.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
     await wait_until(lambda: _numsub_is(r, "resub", 1))
     await broker.publish("resub", U1, b"1")
-    await wait_until(lambda: _true(len(got) == 1))
+    await wait_until(lambda: len(got) == 1)
 
 
 async def test_calls_of_one_loop_turn_are_pushed_together(redis_url: str, r: aredis.Redis) -> None:
@@ -386,11 +377,11 @@ async def test_recovers_after_a_redis_restart() -> None:
             # the pub-sub connection came back and re-subscribed by itself
             await wait_until(lambda: _numsub_is(r, "restart.ch", 1), timeout=15)
             await r.publish("restart.ch", json.dumps({"msg_uuid": U2, "args": 1}))
-            await wait_until(lambda: _true(len(got_events) == 1))
+            await wait_until(lambda: len(got_events) == 1)
             # and so did the results listener
             payload = '{"conn_uuid":"%s","msg_uuid":"%s","uri":"x","args":2}' % (CONN, U2)
             await upstream_push(r, result_ttl_key(CONN, U2), result_key(CONN), 5000, payload)
-            await wait_until(lambda: _true(len(got_results) == 1), timeout=15)
+            await wait_until(lambda: len(got_results) == 1, timeout=15)
         finally:
             await r.aclose()
     finally:
@@ -459,12 +450,12 @@ async def test_a_joining_subscriber_gets_only_later_messages(broker: RedisBroker
     transport.pause_reading()  # the broker has not read M1 when B subscribes
     await r.publish("join.ch", json.dumps({"msg_uuid": U1, "args": "M1"}))
     joining = asyncio.create_task(broker.subscribe("B", "join.ch", False, b.append))
-    await asyncio.sleep(0.05)  # B's PING is written behind M1
+    await wait_until(lambda: broker._pings, what="B's PING written behind M1")
     assert not joining.done()
     transport.resume_reading()
     await asyncio.wait_for(joining, 5)
     await r.publish("join.ch", json.dumps({"msg_uuid": U2, "args": "M2"}))
-    await wait_until(lambda: _true(len(a) == 2 and len(b) == 1))
+    await wait_until(lambda: len(a) == 2 and len(b) == 1)
     assert [e.msg_uuid for e in a] == [U1, U2]
     assert [e.msg_uuid for e in b] == [U2]
 
@@ -473,13 +464,15 @@ async def test_subscribe_unsubscribe_subscribe_in_flight(broker: RedisBroker, r:
     """SUB, UNSB, SUB before Redis answered: the channel ends up subscribed once."""
     got: list[Event] = []
     t1 = asyncio.create_task(broker.subscribe("A", "flip.ch", False, got.append))
-    await asyncio.sleep(0)
+    # every loop turn: SUBSCRIBE is written but Redis has not answered yet
+    await wait_until(lambda: (sub := broker._subs.get((False, "flip.ch"))) and sub.state == "subscribing",
+                     interval=0, what="SUBSCRIBE sent")
     await broker.unsubscribe("A", "flip.ch", False)
     t2 = asyncio.create_task(broker.subscribe("B", "flip.ch", False, got.append))
     await asyncio.wait_for(asyncio.gather(t1, t2), 5)
     await wait_until(lambda: _numsub_is(r, "flip.ch", 1))
     await broker.publish("flip.ch", U1, b"1")
-    await wait_until(lambda: _true(len(got) == 1))
+    await wait_until(lambda: len(got) == 1)
     await broker.unsubscribe("B", "flip.ch", False)
     await wait_until(lambda: _numsub_is(r, "flip.ch", 0))
 
@@ -491,7 +484,7 @@ async def test_pubsub_health_ping_detects_a_dead_connection(redis_url: str, r: a
         first = b._pubsub
         assert first is not None
         first._transport.pause_reading()  # type: ignore[union-attr]  # a silent, half-dead peer
-        await wait_until(lambda: _true(b._pubsub is not first and b._pubsub is not None
-                                       and not b._pubsub.closed and b.stats.redis_subscriptions == 1))
+        await wait_until(lambda: b._pubsub is not first and b._pubsub is not None
+                                       and not b._pubsub.closed and b.stats.redis_subscriptions == 1)
         await b.publish("health.ch", U1, b"1")
-        await wait_until(lambda: _true(len(got) == 1))
+        await wait_until(lambda: len(got) == 1)

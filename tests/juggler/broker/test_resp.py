@@ -15,6 +15,7 @@ from juggler.broker.resp import (
     RespPool,
     pack_command,
 )
+from tests.netutil import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -56,7 +57,7 @@ async def test_a_cancelled_waiter_does_not_shift_replies(redis_url: str) -> None
         await conn.execute("SET", "a", "A")
         await conn.execute("SET", "b", "B")
         slow = asyncio.ensure_future(conn.execute("BLPOP", "nothing", 0.2, timeout=5))
-        await asyncio.sleep(0)
+        await wait_until(lambda: conn._pending, interval=0, what="BLPOP sent")
         slow.cancel()
         # the BLPOP reply still arrives and is dropped; this one gets its own
         assert await conn.execute("GET", "a") == b"A"
