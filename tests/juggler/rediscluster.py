@@ -12,30 +12,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.02)
-    raise TimeoutError(f"redis-server not listening on {port}")
+from tests.netutil import free_port, wait_for_port
 
 
 @dataclass
@@ -77,14 +58,14 @@ class RedisCluster:
             "--cluster-require-full-coverage", "no", "--cluster-replica-validity-factor", "0",
         ]
         node.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_port(node.port, node.proc)
+        wait_for_port(node.port, proc=node.proc)
 
     @classmethod
     def create(cls, masters: int = 3, replicas: int = 1, timeout: float = 60.0) -> RedisCluster:
         cluster = cls()
         try:
             for _ in range(masters * (1 + replicas)):
-                node = Node(port=_free_port(), bus_port=_free_port(), dir=tempfile.mkdtemp(prefix="redis-cluster-"))
+                node = Node(port=free_port(), bus_port=free_port(), dir=tempfile.mkdtemp(prefix="redis-cluster-"))
                 cluster._start_node(node)
                 cluster.nodes.append(node)
             cli = shutil.which("redis-cli")
