@@ -226,33 +226,10 @@ impl<'a> Scanner<'a> {
             return Err(Error::TooDeep);
         }
         self.i += 1; // '{'
-        self.ws();
-        if self.peek() == Some(b'}') {
-            self.i += 1;
-            return Ok(());
-        }
-        loop {
-            self.ws();
-            if self.peek() != Some(b'"') {
-                return Err(self.err("expected object key"));
-            }
-            self.string()?;
-            self.ws();
-            if self.peek() != Some(b':') {
-                return Err(self.err("expected ':'"));
-            }
-            self.i += 1;
-            self.value(depth)?;
-            self.ws();
-            match self.peek() {
-                Some(b',') => self.i += 1,
-                Some(b'}') => {
-                    self.i += 1;
-                    return Ok(());
-                }
-                _ => return Err(self.err("expected ',' or '}'")),
-            }
-        }
+        self.items(b'}', "expected ',' or '}'", |s| {
+            s.key()?;
+            s.value(depth).map(drop)
+        })
     }
 
     fn array_skip(&mut self, depth: usize) -> Result<()> {
@@ -260,23 +237,51 @@ impl<'a> Scanner<'a> {
             return Err(Error::TooDeep);
         }
         self.i += 1; // '['
+        self.items(b']', "expected ',' or ']'", |s| s.value(depth).map(drop))
+    }
+
+    /// The comma-separated items of an object or array whose opening bracket
+    /// is just behind `self.i`: `item` reads one, this reads the separators
+    /// and the closing `close`. The one loop of every container, so objects
+    /// skipped, arrays skipped and envelopes iterated agree on what is valid.
+    #[inline]
+    fn items(&mut self, close: u8, expected: &'static str, mut item: impl FnMut(&mut Self) -> Result<()>) -> Result<()> {
         self.ws();
-        if self.peek() == Some(b']') {
+        if self.peek() == Some(close) {
             self.i += 1;
             return Ok(());
         }
         loop {
-            self.value(depth)?;
+            item(self)?;
             self.ws();
             match self.peek() {
                 Some(b',') => self.i += 1,
-                Some(b']') => {
+                Some(c) if c == close => {
                     self.i += 1;
                     return Ok(());
                 }
-                _ => return Err(self.err("expected ',' or ']'")),
+                _ => return Err(self.err(expected)),
             }
         }
+    }
+
+    /// An object key and its ':' (whitespace around them allowed); returns
+    /// the key's span, quotes included, and whether it has escapes (what
+    /// `decode_string` takes).
+    fn key(&mut self) -> Result<(usize, usize, bool)> {
+        self.ws();
+        if self.peek() != Some(b'"') {
+            return Err(self.err("expected object key"));
+        }
+        let start = self.i;
+        let escaped = self.string()?;
+        let end = self.i;
+        self.ws();
+        if self.peek() != Some(b':') {
+            return Err(self.err("expected ':'"));
+        }
+        self.i += 1;
+        Ok((start, end, escaped))
     }
 
     /// Validate a string at `self.i` (the opening quote); returns whether it has escapes.
@@ -363,36 +368,12 @@ impl<'a> Scanner<'a> {
             return Err(Error::NotObject);
         }
         self.i += 1;
-        self.ws();
-        if self.peek() == Some(b'}') {
-            self.i += 1;
-            return Ok(());
-        }
-        loop {
-            self.ws();
-            if self.peek() != Some(b'"') {
-                return Err(self.err("expected object key"));
-            }
-            let kstart = self.i;
-            let esc = self.string()?;
-            let key = decode_string(self.b, kstart, self.i, esc);
-            self.ws();
-            if self.peek() != Some(b':') {
-                return Err(self.err("expected ':'"));
-            }
-            self.i += 1;
-            let span = self.value(1)?;
-            f(&key, span)?;
-            self.ws();
-            match self.peek() {
-                Some(b',') => self.i += 1,
-                Some(b'}') => {
-                    self.i += 1;
-                    return Ok(());
-                }
-                _ => return Err(self.err("expected ',' or '}'")),
-            }
-        }
+        self.items(b'}', "expected ',' or '}'", |s| {
+            let (start, end, escaped) = s.key()?;
+            let key = decode_string(s.b, start, end, escaped);
+            let span = s.value(1)?;
+            f(&key, span)
+        })
     }
 }
 
