@@ -60,33 +60,10 @@ class RpcxWire(Wire):
     def decoder(self, config: ConnectionConfig) -> Decoder:
         return rustext.RpcxStream(max_message_len=config.max_frame, max_decompressed=config.max_decompressed)  # type: ignore[return-value]
 
-    def encode_request(
-        self,
-        seq: int,
-        payload: bytes,
-        *,
-        oneway: bool = False,
-        heartbeat: bool = False,
-        service_path: str = "",
-        service_method: str = "",
-        metadata: Iterable[tuple[str, str]] | None = None,
-        serialize_type: int = 0,
-        compress_type: int = 0,
-    ) -> bytes:
-        return rustext.encode_rpcx_request(
-            seq,
-            payload,
-            service_path=service_path,
-            service_method=service_method,
-            metadata=metadata,
-            serialize_type=serialize_type,
-            oneway=oneway,
-            heartbeat=heartbeat,
-            compress_type=compress_type,
-        )
-
-    def encode_replies(self, items: Sequence[tuple[Any, Any, str | None]]) -> bytes:
-        return rustext.encode_rpcx_replies(items)
+    # The native encoders themselves, not methods calling them: no Python
+    # frame per request or per batch of replies on the hot path.
+    encode_request = staticmethod(rustext.encode_rpcx_request)
+    encode_replies = staticmethod(rustext.encode_rpcx_replies)
 
 
 # --- frame wire ---------------------------------------------------------------
@@ -151,18 +128,10 @@ class FrameWire(Wire):
         return _FrameDecoder(config.max_frame)
 
     def encode_request(
-        self,
-        seq: int,
-        payload: bytes,
-        *,
-        oneway: bool = False,
-        heartbeat: bool = False,
-        service_path: str = "",
-        service_method: str = "",
-        metadata: Iterable[tuple[str, str]] | None = None,
-        serialize_type: int = 0,
-        compress_type: int = 0,
+        self, seq: int, payload: bytes, *, oneway: bool = False, heartbeat: bool = False, **rpcx_header: Any
     ) -> bytes:
+        """``rpcx_header`` (service path and method, metadata, serialize and
+        compress types) has no place in a frame: the frame wire ignores it."""
         flags = (F_ONEWAY if oneway else 0) | (F_HEARTBEAT if heartbeat else 0)
         return _frame(flags, seq, payload)
 
