@@ -137,6 +137,43 @@ def _utf8(data: bytes) -> str:
         raise CodecError(f"payload is not UTF-8: {exc}") from exc
 
 
+def _self_describing_decoder(
+    loads: Callable[[Any], Any],
+    errors: tuple[type[BaseException], ...],
+    what: str,
+    shape: Callable[[Any], Any] | None,
+) -> Decoder:
+    """The decoder of a format that carries its own types (JSON, msgpack):
+    an empty payload is None, input ``loads`` rejects with one of ``errors``
+    is a CodecError, and the value is then checked against the handler's
+    annotation (``shape``)."""
+
+    def decode(data: bytes) -> Any:
+        if not data:
+            value = None
+        else:
+            try:
+                value = loads(data)
+            except errors as exc:
+                raise CodecError(f"invalid {what} payload: {exc}") from exc
+        return value if shape is None else shape(value)
+
+    return decode
+
+
+_JSON = json.JSONDecoder()
+
+
+def _json_loads(data: bytes) -> Any:
+    # JSON payloads are UTF-8 (RFC 8259); the decoder json.loads would use,
+    # without json.loads' own frame (this runs once per message)
+    return _JSON.decode(bytes(data).decode("utf-8"))
+
+
+def _unpackb(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
 class JSONCodec:
     """Serialize type 1 (compact JSON, UTF-8)."""
 
@@ -153,19 +190,8 @@ class JSONCodec:
             raise CodecError(f"cannot encode JSON: {exc}") from exc
 
     def decoder_for(self, type_: Any) -> Decoder:
-        shape = _shape(type_)
-
-        def decode(data: bytes) -> Any:
-            if not data:
-                value = None
-            else:
-                try:
-                    value = json.loads(bytes(data).decode("utf-8"))  # JSON payloads are UTF-8 (RFC 8259)
-                except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # deep nesting
-                    raise CodecError(f"invalid JSON payload: {exc}") from exc
-            return value if shape is None else shape(value)
-
-        return decode
+        # ValueError includes UnicodeDecodeError; RecursionError: deep nesting
+        return _self_describing_decoder(_json_loads, (ValueError, RecursionError), "JSON", _shape(type_))
 
     def decode(self, data: bytes, type_: Any = None) -> Any:
         return self.decoder_for(type_)(data)
@@ -183,20 +209,9 @@ class MsgpackCodec:
             raise CodecError(f"cannot encode msgpack: {exc}") from exc
 
     def decoder_for(self, type_: Any) -> Decoder:
-        shape = _shape(type_)
-
-        def decode(data: bytes) -> Any:
-            if not data:
-                value = None
-            else:
-                try:
-                    value = msgpack.unpackb(data, raw=False, strict_map_key=False)
-                except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-                    # TypeError: a map key that Python cannot hash (an array or map)
-                    raise CodecError(f"invalid msgpack payload: {exc}") from exc
-            return value if shape is None else shape(value)
-
-        return decode
+        # TypeError: a map key that Python cannot hash (an array or map)
+        errors = (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError)
+        return _self_describing_decoder(_unpackb, errors, "msgpack", _shape(type_))
 
     def decode(self, data: bytes, type_: Any = None) -> Any:
         return self.decoder_for(type_)(data)
