@@ -403,17 +403,8 @@ class ServiceDispatcher:
                 plugins.run_now("post_read", peer, msg)
             except Exception as exc:
                 return self._error_outcome(msg, exc)
-        metadata = msg.metadata
-        ctx = Context(
-            msg.service_path,
-            msg.service_method,
-            seq=msg.seq,
-            metadata=metadata,
-            deadline=self._deadline(metadata),
-            peer=peer,
-            serialize_type=msg.serialize_type,
-            codecs=self.codecs,
-        )
+        ctx = self._context(msg, peer)
+        metadata = ctx.metadata
         if plugins._authenticate:
             if not plugins.all_true_now("authenticate", ctx, metadata.get(META_AUTH)):
                 return Outcome(None if msg.oneway else msg.error_reply("auth failed"), close=True)
@@ -457,21 +448,11 @@ class ServiceDispatcher:
                 return self._error_outcome(msg, exc, ctx)
         return Outcome(res)
 
-    def _deadline(self, metadata: dict[str, str]) -> float | None:
-        raw_timeout = metadata.get(META_SERVER_TIMEOUT) if metadata else None
-        if raw_timeout is not None:
-            try:
-                ms = int(raw_timeout)
-            except ValueError:
-                ms = 0
-            if ms > 0:
-                return asyncio.get_running_loop().time() + ms / 1000.0
-        elif self.handler_timeout is not None:
-            return asyncio.get_running_loop().time() + self.handler_timeout
-        return None
-
-    async def _call(self, msg: Message, peer: Peer) -> Outcome:
-        plugins = self.plugins
+    def _context(self, msg: Message, peer: Peer) -> Context:
+        """The handler's context of one request (both dispatch paths). Its
+        deadline: the client's ``__ServerTimeout`` (ms) when positive, else
+        the server's ``handler_timeout``; a timeout that is not a number is
+        no deadline."""
         metadata = msg.metadata
         deadline = None
         raw_timeout = metadata.get(META_SERVER_TIMEOUT) if metadata else None
@@ -484,7 +465,7 @@ class ServiceDispatcher:
                 deadline = asyncio.get_running_loop().time() + ms / 1000.0
         elif self.handler_timeout is not None:
             deadline = asyncio.get_running_loop().time() + self.handler_timeout
-        ctx = Context(
+        return Context(
             msg.service_path,
             msg.service_method,
             seq=msg.seq,
@@ -494,6 +475,11 @@ class ServiceDispatcher:
             serialize_type=msg.serialize_type,
             codecs=self.codecs,
         )
+
+    async def _call(self, msg: Message, peer: Peer) -> Outcome:
+        plugins = self.plugins
+        ctx = self._context(msg, peer)
+        metadata = ctx.metadata
         if plugins._authenticate:
             if not await plugins.all_true("authenticate", ctx, metadata.get(META_AUTH)):
                 reply = None if msg.oneway else msg.error_reply("auth failed")
