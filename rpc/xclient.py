@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -258,13 +258,7 @@ class XClient:
         metadata: Mapping[str, str] | None = None,
     ) -> Message:
         """Call and return the response Message (payload not decoded; reply metadata)."""
-        request = self._request(method, args, metadata, oneway=False)
-        deadline = self._deadline(timeout)
-        pick = self._pick_for(method, request.payload)
-        res = await execute(
-            self.options.fail_mode, self._policy, pick,
-            lambda addr: self._attempt(addr, request, deadline), deadline=deadline,
-        )
+        res = await self._execute(method, args, timeout, metadata, oneway=False)
         if res is None:
             raise RpcError("the server caller returned no response to a two-way call")
         return res
@@ -295,10 +289,17 @@ class XClient:
         self, method: str, args: Any, *, timeout: float | None = None, metadata: Mapping[str, str] | None = None
     ) -> None:
         """Send without waiting for a reply (the fail mode applies to sending)."""
-        request = self._request(method, args, metadata, oneway=True)
+        await self._execute(method, args, timeout, metadata, oneway=True)
+
+    async def _execute(
+        self, method: str, args: Any, timeout: float | None, metadata: Mapping[str, str] | None, *, oneway: bool
+    ) -> Message | None:
+        """One request to the server the selector picks, under the fail mode
+        (retries, failover, backup) and one deadline for all its attempts."""
+        request = self._request(method, args, metadata, oneway=oneway)
         deadline = self._deadline(timeout)
         pick = self._pick_for(method, request.payload)
-        await execute(
+        return await execute(
             self.options.fail_mode, self._policy, pick,
             lambda addr: self._attempt(addr, request, deadline), deadline=deadline,
         )
@@ -315,17 +316,11 @@ class XClient:
         """Call every server once (no retries); all must succeed. Returns
         address → reply; raises ``BroadcastError`` (with every error and the
         replies that did arrive) otherwise."""
-        request = self._request(method, args, metadata, oneway=False)
-        deadline = self._deadline(timeout)
-        addrs = sorted(self._servers)
-        if not addrs:
-            raise NoServerAvailable(f"no server for service {self.service}")
-        results = await asyncio.gather(
-            *(self._one(addr, request, deadline, reply_type) for addr in addrs), return_exceptions=True
-        )
+        calls = self._to_every_server(method, args, timeout, metadata, reply_type)
+        results = await asyncio.gather(*calls.values(), return_exceptions=True)
         replies: dict[str, Any] = {}
         errors: dict[str, BaseException] = {}
-        for addr, r in zip(addrs, results, strict=True):
+        for addr, r in zip(calls, results, strict=True):
             if isinstance(r, BaseException):
                 if isinstance(r, asyncio.CancelledError):
                     raise r
@@ -347,12 +342,8 @@ class XClient:
     ) -> Any:
         """Call every server at once; the first success wins (the others are
         cancelled). When all fail, the last error is raised."""
-        request = self._request(method, args, metadata, oneway=False)
-        deadline = self._deadline(timeout)
-        addrs = sorted(self._servers)
-        if not addrs:
-            raise NoServerAvailable(f"no server for service {self.service}")
-        pending = {asyncio.ensure_future(self._one(a, request, deadline, reply_type)) for a in addrs}
+        calls = self._to_every_server(method, args, timeout, metadata, reply_type)
+        pending = {asyncio.ensure_future(c) for c in calls.values()}
         last: BaseException | None = None
         try:
             while pending:
@@ -368,6 +359,18 @@ class XClient:
                 fut.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
+
+    def _to_every_server(
+        self, method: str, args: Any, timeout: float | None, metadata: Mapping[str, str] | None, reply_type: Any
+    ) -> dict[str, Coroutine[Any, Any, Any]]:
+        """Address → the not yet started call of one request to that server
+        (broadcast and fork): one attempt each, no retries, one deadline."""
+        request = self._request(method, args, metadata, oneway=False)
+        deadline = self._deadline(timeout)
+        addrs = sorted(self._servers)
+        if not addrs:
+            raise NoServerAvailable(f"no server for service {self.service}")
+        return {addr: self._one(addr, request, deadline, reply_type) for addr in addrs}
 
     async def _one(self, addr: str, request: Message, deadline: float | None, reply_type: Any) -> Any:
         try:
