@@ -439,15 +439,7 @@ class RedisBroker:
             return
         sent: list[tuple[Script, tuple[Any, ...], tuple[Any, ...], list[Any], asyncio.Future[Any]]] = []
         for list_key, items in groups.items():
-            if len(items) == 1:
-                ttl_key, ms, payload, _ = items[0]
-                script: Script = PUSH_SCRIPT
-                keys: tuple[Any, ...] = (ttl_key, list_key)
-                argv: tuple[Any, ...] = (ms, payload, cap)
-            else:
-                script = PUSH_MANY_SCRIPT
-                keys = (list_key, *(it[0] for it in items))
-                argv = (cap, *(x for it in items for x in (it[1], it[2])))
+            script, keys, argv = _push_script_run(list_key, items, cap)
             (f,) = conn.execute_packed(script.pack(keys, argv))
             sent.append((script, keys, argv, items, f))
         for script, keys, argv, items, f in sent:
@@ -470,15 +462,7 @@ class RedisBroker:
         """One list's items in one script run on the node of its slot, with
         the cluster's retries (MOVED/ASK/CLUSTERDOWN/connection errors).
         Scripts of one loop turn to one node still go out in one write."""
-        if len(items) == 1:
-            ttl_key, ms, payload, _ = items[0]
-            script: Script = PUSH_SCRIPT
-            keys: tuple[Any, ...] = (ttl_key, list_key)
-            argv: tuple[Any, ...] = (ms, payload, cap)
-        else:
-            script = PUSH_MANY_SCRIPT
-            keys = (list_key, *(it[0] for it in items))
-            argv = (cap, *(x for it in items for x in (it[1], it[2])))
+        script, keys, argv = _push_script_run(list_key, items, cap)
         try:
             reply = await self.router.run(list_key, lambda c: _evalsha(c, script, keys, argv))
         except BrokerError as exc:  # RedisReplyError included
@@ -1131,6 +1115,20 @@ def _redis_version(info: bytes) -> tuple[int, ...]:
             except ValueError:
                 break
     return (0, 0, 0)
+
+
+def _push_script_run(
+    list_key: str, items: list[tuple[str, int, bytes, asyncio.Future[Any]]], cap: int
+) -> tuple[Script, tuple[Any, ...], tuple[Any, ...]]:
+    """The script, keys and argv that push ``items`` (ttl key, ms, payload,
+    future) onto one calls list: the upstream single-call script for one
+    item, the batch script for more (one round trip either way)."""
+    if len(items) == 1:
+        ttl_key, ms, payload, _ = items[0]
+        return PUSH_SCRIPT, (ttl_key, list_key), (ms, payload, cap)
+    keys = (list_key, *(it[0] for it in items))
+    argv = (cap, *(x for it in items for x in (it[1], it[2])))
+    return PUSH_MANY_SCRIPT, keys, argv
 
 
 def _fail_pushes(items: list[Any], exc: BrokerError) -> None:
