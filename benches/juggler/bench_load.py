@@ -30,20 +30,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from juggler.broker.redis import PUSH_SCRIPT  # noqa: E402  (upstream's, byte for byte)
 from tests.netutil import free_port, wait_for_port  # noqa: E402
-PUSH_SHA_BODY = (
-    "\n\tredis.call(\"SET\", KEYS[1], ARGV[1], \"PX\", tonumber(ARGV[1]))\n"
-    "\tlocal res = redis.call(\"LPUSH\", KEYS[2], ARGV[2])\n"
-    "\tlocal limit = tonumber(ARGV[3])\n"
-    "\tif res > limit and limit > 0 then\n"
-    "\t\tlocal diff = res - limit\n"
-    "\t\tredis.call(\"LTRIM\", KEYS[2], diff, limit + diff)\n"
-    "\t\treturn redis.error_reply(\"list capacity exceeded\")\n"
-    "\tend\n"
-    "\treturn res\n"
-)
 
-PUSH_SHA = "b0cdecc8e595fb86f90aa79d69ba149d92d94b0b"  # sha1 of PUSH_SHA_BODY (upstream's)
+PUSH_SHA = PUSH_SCRIPT.sha.decode()
+PUSH_SHA_BODY = PUSH_SCRIPT.body.decode()
 
 
 def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
