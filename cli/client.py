@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 EXAMPLES = """examples:
@@ -41,19 +42,12 @@ def run(args: argparse.Namespace) -> int:
         if interactive:
             return await _interactive(args)
         repl = Repl(lambda line: print(line, flush=True), wait_outcomes=True, default_url=args.url)
-        try:
-            if args.connect:
-                await repl.execute("connect")
-            loop = asyncio.get_running_loop()
-            while True:
-                line = await loop.run_in_executor(None, sys.stdin.readline)
-                if not line:
-                    break
-                if not await repl.execute(line):
-                    break
-        finally:
-            await repl.aclose()
-        return 0
+        loop = asyncio.get_running_loop()
+
+        async def next_line() -> str | None:
+            return await loop.run_in_executor(None, sys.stdin.readline) or None
+
+        return await _drive(repl, next_line, args.connect)
 
     try:
         import uvloop
@@ -84,19 +78,29 @@ async def _interactive(args: argparse.Namespace) -> int:
     )
     repl = Repl(print, wait_outcomes=False, default_url=args.url)
     print("Welcome to the juggler client. Enter ? or help for the available\ncommands. Press ^D (ctrl-D) to exit.")
+
+    async def next_line() -> str | None:
+        while True:
+            try:
+                return await session.prompt_async("juggler> ")
+            except KeyboardInterrupt:  # ^C drops the line, ^D ends
+                continue
+            except EOFError:
+                return None
+
+    with patch_stdout(raw=True):
+        return await _drive(repl, next_line, args.connect)
+
+
+async def _drive(repl: Any, next_line: Callable[[], Awaitable[str | None]], connect: bool) -> int:
+    """Run ``repl`` on the lines ``next_line()`` gives (None: end of input)
+    until one says stop (``exit``); the REPL is closed in any case."""
     try:
-        with patch_stdout(raw=True):
-            if args.connect:
-                await repl.execute("connect")
-            while True:
-                try:
-                    line = await session.prompt_async("juggler> ")
-                except KeyboardInterrupt:
-                    continue
-                except EOFError:
-                    break
-                if not await repl.execute(line):
-                    break
+        if connect:
+            await repl.execute("connect")
+        while (line := await next_line()) is not None:
+            if not await repl.execute(line):
+                break
     finally:
         await repl.aclose()
     return 0
