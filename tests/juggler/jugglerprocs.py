@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -50,30 +51,28 @@ class Proc:
 
 
 @contextmanager
-def juggler_up() -> Iterator[str]:
+def juggler_listening(*args: str, exits_clean: bool = False) -> Iterator[str]:
+    """`juggler *args --listen` on a free port; yields its ws URL once it
+    accepts connections, stops it after (``exits_clean``: and checks it
+    exited 0). A process that does not come up fails with its output."""
+    port = free_port()
+    p = Proc(juggler(*args, "--listen", f"127.0.0.1:{port}"))
+    try:
+        try:
+            wait_for_port(port, timeout=30, proc=p.proc)
+        except Exception as exc:
+            raise RuntimeError(f"juggler {args[0]} did not start: {exc}\n{p.output()}") from exc
+        yield f"ws://127.0.0.1:{port}/ws"
+    finally:
+        code = p.stop()
+    assert not exits_clean or code == 0, f"juggler {args[0]} exited with {code}"
+
+
+def juggler_up() -> contextlib.AbstractContextManager[str]:
     """`juggler up` (server + in-memory broker + test callees); yields the ws URL."""
-    port = free_port()
-    p = Proc(juggler("up", "--listen", f"127.0.0.1:{port}"))
-    try:
-        try:
-            wait_for_port(port, timeout=30, proc=p.proc)
-        except Exception as exc:
-            raise RuntimeError(f"juggler up did not start: {exc}\n{p.output()}") from exc
-        yield f"ws://127.0.0.1:{port}/ws"
-    finally:
-        p.stop()
+    return juggler_listening("up")
 
 
-@contextmanager
-def juggler_server(redis_url: str, *extra: str) -> Iterator[str]:
+def juggler_server(redis_url: str, *extra: str) -> contextlib.AbstractContextManager[str]:
     """`juggler server --redis URL` on a free port; yields the ws URL."""
-    port = free_port()
-    p = Proc(juggler("server", "--redis", redis_url, "--listen", f"127.0.0.1:{port}", *extra))
-    try:
-        try:
-            wait_for_port(port, timeout=30, proc=p.proc)
-        except Exception as exc:
-            raise RuntimeError(f"juggler server did not start: {exc}\n{p.output()}") from exc
-        yield f"ws://127.0.0.1:{port}/ws"
-    finally:
-        p.stop()
+    return juggler_listening("server", "--redis", redis_url, *extra)

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from jugglerprocs import Proc, juggler, juggler_server
+from jugglerprocs import Proc, juggler, juggler_listening, juggler_server
 from rediscluster import RedisCluster
 
 from juggler.broker.cluster import key_slot
@@ -184,20 +184,8 @@ def _server(flag: tuple[str, str]) -> Any:
     return _cluster_server(flag[1])
 
 
-@contextlib.contextmanager
 def _cluster_server(seeds: str) -> Any:
-    from tests.netutil import free_port, wait_for_port
-
-    port = free_port()
-    p = Proc(juggler("server", "--redis-cluster", seeds, "--listen", f"127.0.0.1:{port}"))
-    try:
-        try:
-            wait_for_port(port, timeout=30, proc=p.proc)
-        except Exception as exc:
-            raise RuntimeError(f"juggler server did not start: {exc}\n{p.output()}") from exc
-        yield f"ws://127.0.0.1:{port}/ws"
-    finally:
-        assert p.stop() == 0
+    return juggler_listening("server", "--redis-cluster", seeds, exits_clean=True)
 
 
 @pytest.mark.timeout(150)

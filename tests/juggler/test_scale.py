@@ -243,10 +243,11 @@ async def test_slow_consumer_is_dropped_and_counted() -> None:
             await lazy.send(rustext.build_sub(rustext.new_uuid(), "flood").decode())
             await recv(lazy)
             big = json.dumps("x" * 20_000).encode()
-            for _ in range(1500):
+            for _ in range(1500):  # ~30 MB: more than the socket buffers hold
                 await pub.send(rustext.build_pub(rustext.new_uuid(), "flood", big).decode())
             for _ in range(1500):
                 await recv(pub)
+            # the lazy one is gone, the publisher is not
             await wait_until(lambda: server.stats.connections_active == 1, what="the slow consumer dropped")
             assert server.stats.rejections.get("slow_consumer") == 1
             assert server.stats.closed.get("slow_consumer") == 1

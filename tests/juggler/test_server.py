@@ -553,20 +553,6 @@ async def test_backpressure_keeps_order_with_a_tiny_inbox() -> None:
         assert acks == uids
 
 
-async def test_a_reader_that_does_not_read_is_dropped() -> None:
-    async with stack(max_write_buffer=64 * 1024, callees=False) as server:
-        async with ws(server, max_queue=1) as lazy, ws(server) as pub:
-            await lazy.send(rustext.build_sub(rustext.new_uuid(), "flood").decode())
-            await recv(lazy)
-            big = json.dumps("x" * 20_000).encode()
-            for _ in range(1500):  # ~30 MB: more than the socket buffers hold
-                await pub.send(rustext.build_pub(rustext.new_uuid(), "flood", big).decode())
-            for _ in range(1500):
-                await recv(pub)
-            # the lazy one is gone, the publisher is not
-            await wait_until(lambda: server.stats.connections_active == 1, what="the lazy reader dropped")
-
-
 async def test_ping_pong_and_fragmented_messages() -> None:
     async with stack() as server, ws(server) as c:
         pong = await c.ping(b"hello")
