@@ -1,8 +1,13 @@
-"""Shared helpers of the discovery tests: wait for a discovery to reach a state."""
+"""Shared helpers of the discovery tests: wait for a discovery to reach a
+state; a registered server killed with SIGKILL."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 
 from rpc.discovery.base import Discovery
@@ -27,3 +32,28 @@ async def wait_servers(discovery: Discovery, pred: Callable[[dict[str, str]], bo
     finally:
         unsubscribe()
     return discovery.servers()
+
+
+async def assert_killed_server_expires(
+    discovery: Discovery, register_forever: str, args: list[str], address: str, expiry: float
+) -> None:
+    """Run ``register_forever`` (a Python script registering ``address``,
+    printing "registered", then waiting) in its own process; once
+    ``discovery`` sees the address, SIGKILL the process: with no
+    deregistration the registry's expiry alone must remove it within
+    ``expiry`` seconds. Closes ``discovery``."""
+    proc = subprocess.Popen([sys.executable, "-c", register_forever, *args], stdout=subprocess.PIPE, cwd=os.getcwd())
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 20)
+        assert line.strip() == b"registered"
+        await discovery.start()
+        assert address in await wait_servers(discovery, lambda s: address in s)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert await wait_servers(discovery, lambda s: address not in s, timeout=expiry) == {}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=5)
+        proc.stdout.close()
+        await discovery.aclose()

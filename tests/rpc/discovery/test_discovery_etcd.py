@@ -4,13 +4,9 @@ loss recovery, deregistration, cache fallback."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import itertools
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -18,7 +14,7 @@ from rpc.discovery import FileCache
 from rpc.discovery.etcd import EtcdDiscovery, EtcdHTTP, EtcdRegistrar, prefix_end
 from rpc.errors import RegistryUnavailable
 from tests.netutil import free_port
-from tests.rpc.discovery.helpers import wait_servers
+from tests.rpc.discovery.helpers import assert_killed_server_expires, wait_servers
 
 A, B = "tcp@127.0.0.1:7001", "tcp@127.0.0.1:7002"
 _bases = itertools.count()
@@ -71,23 +67,8 @@ asyncio.run(main())
 
 
 async def test_killed_server_lease_expires(etcd_endpoint: str, base: str) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", REGISTER_FOREVER, etcd_endpoint, base, B], stdout=subprocess.PIPE, cwd=os.getcwd()
-    )
-    disc = EtcdDiscovery(etcd_endpoint, "Arith", base=base, refresh_interval=60)
-    try:
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 20)
-        assert line.strip() == b"registered"
-        await disc.start()
-        assert B in await wait_servers(disc, lambda s: B in s)
-        os.kill(proc.pid, signal.SIGKILL)  # no deregistration: the lease expiry must do it
-        assert await wait_servers(disc, lambda s: B not in s, timeout=15) == {}
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=5)
-        proc.stdout.close()
-        await disc.aclose()
+    disc = EtcdDiscovery(etcd_endpoint, "Arith", base=base, refresh_interval=60)  # the watch sees the expiry
+    await assert_killed_server_expires(disc, REGISTER_FOREVER, [etcd_endpoint, base, B], B, expiry=15)
 
 
 async def test_keepalive_recovers_a_lost_lease(etcd_endpoint: str, base: str) -> None:

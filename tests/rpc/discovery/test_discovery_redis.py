@@ -4,11 +4,7 @@ killed server, deregistration, file-cached fallback, XClient failover."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import signal
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -23,7 +19,7 @@ from rpc.service import Context, ServiceDispatcher
 from rpc.xclient import XClient, XClientOptions
 from tests.netutil import free_port, start_redis
 
-from tests.rpc.discovery.helpers import wait_servers
+from tests.rpc.discovery.helpers import assert_killed_server_expires, wait_servers
 
 A, B = "tcp@127.0.0.1:7001", "tcp@127.0.0.1:7002"
 
@@ -77,23 +73,8 @@ asyncio.run(main())
 
 
 async def test_killed_server_expires(redis_url: str) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", REGISTER_FOREVER, redis_url, B], stdout=subprocess.PIPE, cwd=os.getcwd()
-    )
     disc = RedisDiscovery(redis_url, "Arith", refresh_interval=0.2)
-    try:
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 20)
-        assert line.strip() == b"registered"
-        await disc.start()
-        assert B in await wait_servers(disc, lambda s: B in s)
-        os.kill(proc.pid, signal.SIGKILL)  # no deregistration: the TTL must do it
-        assert await wait_servers(disc, lambda s: B not in s, timeout=10) == {}
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=5)
-        proc.stdout.close()
-        await disc.aclose()
+    await assert_killed_server_expires(disc, REGISTER_FOREVER, [redis_url, B], B, expiry=10)
 
 
 async def test_cache_fallback_when_registry_unreachable(redis_url: str, tmp_path) -> None:
