@@ -70,23 +70,28 @@ def wait_for_port(port: int, timeout: float = 10.0, proc: subprocess.Popen | Non
 
 
 @dataclass
-class RedisServer:
+class ServerProcess:
+    """A server process of the tests, on ``port``, with its working ``dir``."""
+
     port: int
     proc: subprocess.Popen
     dir: str
 
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout`` s. Idempotent."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=5)
+                self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
+
+
+class RedisServer(ServerProcess):
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
 
 
 def start_redis(extra: list[str] | None = None, port: int | None = None) -> RedisServer:

@@ -8,31 +8,16 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
-from tests.netutil import free_port, wait_for_port
+from tests.netutil import ServerProcess, free_port, wait_for_port
 
 
-@dataclass
-class EtcdServer:
-    port: int
-    proc: subprocess.Popen
-    dir: str
-
+class EtcdServer(ServerProcess):
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
 
 
 def start_etcd() -> EtcdServer:
@@ -73,7 +58,7 @@ def start_etcd() -> EtcdServer:
 def etcd_server() -> Iterator[EtcdServer]:
     server = start_etcd()
     yield server
-    server.stop()
+    server.stop(timeout=10)
     shutil.rmtree(server.dir, ignore_errors=True)
 
 
