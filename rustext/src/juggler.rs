@@ -792,21 +792,30 @@ pub fn parse_server(b: &[u8]) -> Result<ServerMsg> {
     Ok(msg)
 }
 
-/// Parse a Redis call or result payload.
-pub fn parse_call_payload(b: &[u8]) -> Result<CallPayload> {
+/// The members of a Redis payload `b`: UTF-8 holding one JSON object
+/// (empty input: `Error::Empty`; another value: `Error::NotObject`).
+fn payload_members<F>(b: &[u8], f: F) -> Result<()>
+where
+    F: FnMut(&str, Span) -> Result<()>,
+{
     if std::str::from_utf8(b).is_err() {
         return Err(Error::InvalidUtf8);
     }
-    let mut conn = None;
-    let mut msg = None;
-    let mut uri = None;
-    let mut args: Option<Span> = None;
     let mut s = Scanner::new(b);
     s.ws();
     if s.peek().is_none() {
         return Err(Error::Empty);
     }
-    s.members(|key, v| {
+    s.members(f)
+}
+
+/// Parse a Redis call or result payload.
+pub fn parse_call_payload(b: &[u8]) -> Result<CallPayload> {
+    let mut conn = None;
+    let mut msg = None;
+    let mut uri = None;
+    let mut args: Option<Span> = None;
+    payload_members(b, |key, v| {
         if key.eq_ignore_ascii_case("conn_uuid") {
             conn = span_uuid(b, v, "conn_uuid")?;
         } else if key.eq_ignore_ascii_case("msg_uuid") {
@@ -828,17 +837,9 @@ pub fn parse_call_payload(b: &[u8]) -> Result<CallPayload> {
 
 /// Parse a Redis PUBLISH body `{"msg_uuid","args"}`.
 pub fn parse_pub_payload(b: &[u8]) -> Result<(String, Option<Vec<u8>>)> {
-    if std::str::from_utf8(b).is_err() {
-        return Err(Error::InvalidUtf8);
-    }
     let mut msg = None;
     let mut args: Option<Span> = None;
-    let mut s = Scanner::new(b);
-    s.ws();
-    if s.peek().is_none() {
-        return Err(Error::Empty);
-    }
-    s.members(|key, v| {
+    payload_members(b, |key, v| {
         if key.eq_ignore_ascii_case("msg_uuid") {
             msg = span_uuid(b, v, "msg_uuid")?;
         } else if key.eq_ignore_ascii_case("args") {
