@@ -921,16 +921,38 @@ fn target_key(for_type: u32) -> &'static [u8] {
     }
 }
 
+/// `key` (with its quotes, colon and any leading comma) then `v` as a JSON
+/// string: one field of a frame or payload being built.
+#[inline]
+fn put_str(out: &mut Vec<u8>, key: &[u8], v: &str) {
+    out.extend_from_slice(key);
+    write_str(out, v);
+}
+
+/// `,"args":` and the (normalized) args when there are any: clients and
+/// payloads omit absent args, where server frames write `null`.
+#[inline]
+fn put_opt_args(out: &mut Vec<u8>, args: Option<&[u8]>) {
+    if let Some(a) = args {
+        out.extend_from_slice(b",\"args\":");
+        out.extend_from_slice(a);
+    }
+}
+
+/// The part ACK and NACK frames share: meta (fresh uuid), `for`,
+/// `for_type` and the target (`uri` of a CALL, else `channel`).
+fn answer_head(out: &mut Vec<u8>, t: u32, for_uuid: &str, for_type: u32, target: &str) {
+    meta(out, t, &new_uuid());
+    put_str(out, b"\"for\":", for_uuid);
+    out.extend_from_slice(b",\"for_type\":");
+    write_int(out, for_type as i64);
+    put_str(out, target_key(for_type), target);
+}
+
 /// ACK frame (fresh uuid, trailing newline); `target` is the uri (CALL) or channel.
 pub fn build_ack(for_uuid: &str, for_type: u32, target: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(160 + target.len());
-    meta(&mut out, ACK, &new_uuid());
-    out.extend_from_slice(b"\"for\":");
-    write_str(&mut out, for_uuid);
-    out.extend_from_slice(b",\"for_type\":");
-    write_int(&mut out, for_type as i64);
-    out.extend_from_slice(target_key(for_type));
-    write_str(&mut out, target);
+    answer_head(&mut out, ACK, for_uuid, for_type, target);
     out.extend_from_slice(b"}}\n");
     out
 }
@@ -938,17 +960,10 @@ pub fn build_ack(for_uuid: &str, for_type: u32, target: &str) -> Vec<u8> {
 /// NACK frame: as ACK plus `code` and `message`.
 pub fn build_nack(for_uuid: &str, for_type: u32, target: &str, code: i64, message: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(200 + target.len() + message.len());
-    meta(&mut out, NACK, &new_uuid());
-    out.extend_from_slice(b"\"for\":");
-    write_str(&mut out, for_uuid);
-    out.extend_from_slice(b",\"for_type\":");
-    write_int(&mut out, for_type as i64);
-    out.extend_from_slice(target_key(for_type));
-    write_str(&mut out, target);
+    answer_head(&mut out, NACK, for_uuid, for_type, target);
     out.extend_from_slice(b",\"code\":");
     write_int(&mut out, code);
-    out.extend_from_slice(b",\"message\":");
-    write_str(&mut out, message);
+    put_str(&mut out, b",\"message\":", message);
     out.extend_from_slice(b"}}\n");
     out
 }
@@ -964,10 +979,8 @@ fn write_args(out: &mut Vec<u8>, args: Option<&[u8]>) {
 pub fn build_res(for_uuid: &str, uri: &str, args: Option<&[u8]>) -> Vec<u8> {
     let mut out = Vec::with_capacity(160 + uri.len() + args.map_or(4, <[u8]>::len));
     meta(&mut out, RES, &new_uuid());
-    out.extend_from_slice(b"\"for\":");
-    write_str(&mut out, for_uuid);
-    out.extend_from_slice(b",\"uri\":");
-    write_str(&mut out, uri);
+    put_str(&mut out, b"\"for\":", for_uuid);
+    put_str(&mut out, b",\"uri\":", uri);
     out.extend_from_slice(b",\"args\":");
     write_args(&mut out, args);
     out.extend_from_slice(b"}}\n");
@@ -978,13 +991,10 @@ pub fn build_res(for_uuid: &str, uri: &str, args: Option<&[u8]>) -> Vec<u8> {
 pub fn build_evnt(for_uuid: &str, channel: &str, pattern: Option<&str>, args: Option<&[u8]>) -> Vec<u8> {
     let mut out = Vec::with_capacity(180 + channel.len() + args.map_or(4, <[u8]>::len));
     meta(&mut out, EVNT, &new_uuid());
-    out.extend_from_slice(b"\"for\":");
-    write_str(&mut out, for_uuid);
-    out.extend_from_slice(b",\"channel\":");
-    write_str(&mut out, channel);
+    put_str(&mut out, b"\"for\":", for_uuid);
+    put_str(&mut out, b",\"channel\":", channel);
     if let Some(p) = pattern {
-        out.extend_from_slice(b",\"pattern\":");
-        write_str(&mut out, p);
+        put_str(&mut out, b",\"pattern\":", p);
     }
     out.extend_from_slice(b",\"args\":");
     write_args(&mut out, args);
@@ -997,14 +1007,10 @@ pub fn build_call(uuid: &str, uri: &str, timeout_ns: i64, args: Option<&[u8]>) -
     let args = args.map(normalize_args).transpose()?;
     let mut out = Vec::with_capacity(160 + uri.len() + args.as_ref().map_or(0, Vec::len));
     meta(&mut out, CALL, uuid);
-    out.extend_from_slice(b"\"uri\":");
-    write_str(&mut out, uri);
+    put_str(&mut out, b"\"uri\":", uri);
     out.extend_from_slice(b",\"timeout\":");
     write_int(&mut out, timeout_ns);
-    if let Some(a) = args {
-        out.extend_from_slice(b",\"args\":");
-        out.extend_from_slice(&a);
-    }
+    put_opt_args(&mut out, args.as_deref());
     out.extend_from_slice(b"}}\n");
     Ok(out)
 }
@@ -1014,12 +1020,8 @@ pub fn build_pub(uuid: &str, channel: &str, args: Option<&[u8]>) -> Result<Vec<u
     let args = args.map(normalize_args).transpose()?;
     let mut out = Vec::with_capacity(160 + channel.len() + args.as_ref().map_or(0, Vec::len));
     meta(&mut out, PUB, uuid);
-    out.extend_from_slice(b"\"channel\":");
-    write_str(&mut out, channel);
-    if let Some(a) = args {
-        out.extend_from_slice(b",\"args\":");
-        out.extend_from_slice(&a);
-    }
+    put_str(&mut out, b"\"channel\":", channel);
+    put_opt_args(&mut out, args.as_deref());
     out.extend_from_slice(b"}}\n");
     Ok(out)
 }
@@ -1028,8 +1030,7 @@ pub fn build_pub(uuid: &str, channel: &str, args: Option<&[u8]>) -> Result<Vec<u
 pub fn build_sub(uuid: &str, channel: &str, pattern: bool, unsubscribe: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(140 + channel.len());
     meta(&mut out, if unsubscribe { UNSB } else { SUB }, uuid);
-    out.extend_from_slice(b"\"channel\":");
-    write_str(&mut out, channel);
+    put_str(&mut out, b"\"channel\":", channel);
     out.extend_from_slice(if pattern { b",\"pattern\":true}}\n" } else { b",\"pattern\":false}}\n" });
     out
 }
@@ -1038,16 +1039,10 @@ pub fn build_sub(uuid: &str, channel: &str, pattern: bool, unsubscribe: bool) ->
 pub fn build_call_payload(conn_uuid: &str, msg_uuid: &str, uri: &str, args: Option<&[u8]>) -> Result<Vec<u8>> {
     let args = args.map(normalize_args).transpose()?;
     let mut out = Vec::with_capacity(120 + uri.len() + args.as_ref().map_or(0, Vec::len));
-    out.extend_from_slice(b"{\"conn_uuid\":");
-    write_str(&mut out, conn_uuid);
-    out.extend_from_slice(b",\"msg_uuid\":");
-    write_str(&mut out, msg_uuid);
-    out.extend_from_slice(b",\"uri\":");
-    write_str(&mut out, uri);
-    if let Some(a) = args {
-        out.extend_from_slice(b",\"args\":");
-        out.extend_from_slice(&a);
-    }
+    put_str(&mut out, b"{\"conn_uuid\":", conn_uuid);
+    put_str(&mut out, b",\"msg_uuid\":", msg_uuid);
+    put_str(&mut out, b",\"uri\":", uri);
+    put_opt_args(&mut out, args.as_deref());
     out.push(b'}');
     Ok(out)
 }
@@ -1056,12 +1051,8 @@ pub fn build_call_payload(conn_uuid: &str, msg_uuid: &str, uri: &str, args: Opti
 pub fn build_pub_payload(msg_uuid: &str, args: Option<&[u8]>) -> Result<Vec<u8>> {
     let args = args.map(normalize_args).transpose()?;
     let mut out = Vec::with_capacity(60 + args.as_ref().map_or(0, Vec::len));
-    out.extend_from_slice(b"{\"msg_uuid\":");
-    write_str(&mut out, msg_uuid);
-    if let Some(a) = args {
-        out.extend_from_slice(b",\"args\":");
-        out.extend_from_slice(&a);
-    }
+    put_str(&mut out, b"{\"msg_uuid\":", msg_uuid);
+    put_opt_args(&mut out, args.as_deref());
     out.push(b'}');
     Ok(out)
 }
