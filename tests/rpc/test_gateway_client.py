@@ -19,7 +19,7 @@ from rpc.examples import Arith, Hello, benchmark_request
 from rpc.failmode import FailMode
 from rpc.gateway import Gateway, GatewayServer
 from rpc.gateway_client import HTTPCaller, split_address
-from rpc.message import META_AUTH, Message, SerializeType
+from rpc.message import META_AUTH, META_SERVER_TIMEOUT, Message, SerializeType
 from rpc.plugins import AuthPlugin
 from rpc.proto.benchmark_pb2 import BenchmarkMessage
 from rpc.selector import RoundRobinSelector
@@ -73,8 +73,11 @@ async def test_http_caller_messages(gateway_server) -> None:
         ))
         assert [r.payload for r in results] == [b'{"C":%d}' % (i + 1) for i in range(20)]
         assert len(caller._idle[url]) <= 2
+        # the server has a deadline too (later than ours, so ours fires first)
+        # and gives up: else its handler sleeps 5 s on and the teardown waits
+        slow = Message(service_path="Slow", service_method="Sleep", payload=b"5", metadata={META_SERVER_TIMEOUT: "200"})
         with pytest.raises(CallTimeout):
-            await caller(url, Message(service_path="Slow", service_method="Sleep", payload=b"5"), 0.05)
+            await caller(url, slow, 0.05)
     finally:
         await caller.aclose()
 
