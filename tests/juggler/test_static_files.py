@@ -159,7 +159,7 @@ async def http(server: Server, *chunks: bytes) -> tuple[int, dict[str, str], byt
         for chunk in chunks:
             writer.write(chunk)
             await writer.drain()
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # pacing, so chunks tend to arrive apart (the server must cope either way)
         raw = await asyncio.wait_for(reader.read(), 10)  # the server closes after one response
     finally:
         writer.close()

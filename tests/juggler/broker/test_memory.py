@@ -58,7 +58,7 @@ async def test_blocking_pop_wakes_on_push_and_checks_uris_in_order() -> None:
     b = MemoryBroker()
     it = b.calls(["a", "b"]).__aiter__()
     waiter = asyncio.ensure_future(next_call(it))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: the pop runs until it waits (in-process, no I/O)
     assert not waiter.done()
     m = uid()
     await b.call(m, "b", b"1", 1000)
@@ -133,7 +133,7 @@ async def test_aclose_ends_call_streams() -> None:
     b = MemoryBroker()
     it = b.calls(["u"]).__aiter__()
     waiter = asyncio.ensure_future(it.__anext__())
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: the pop runs until it waits (in-process, no I/O)
     await b.aclose()
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(waiter, 2)

@@ -239,11 +239,11 @@ async def test_back_pressure_fail_fast_and_wait(inproc: InProcNetwork, no_leaks:
                         else:
                             t = asyncio.ensure_future(conn.request(b"x" * 16384))
                             futs.append(t)
-                            await asyncio.sleep(0)
-                            await asyncio.sleep(0)
+                            await asyncio.sleep(0)  # two loop turns: the request
+                            await asyncio.sleep(0)  # task queues, the flush writes
                             if conn.send_queue_size >= 64 * 1024 and conn._write_paused:
                                 blocked = asyncio.ensure_future(conn.request(b"last"))
-                                await asyncio.sleep(0.01)
+                                await asyncio.sleep(0.01)  # an absence: it stays blocked a while
                                 assert not blocked.done()
                                 break
                     except QueueFull:
