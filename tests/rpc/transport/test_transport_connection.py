@@ -225,8 +225,6 @@ async def test_back_pressure_fail_fast_and_wait(inproc: InProcNetwork, no_leaks:
     scfg = ServerConfig(connection=ConnectionConfig(max_handlers=1, drain_timeout=1))
     async with TransportServer("inproc://bp", handler, inproc=inproc, config=scfg, on_connection=server_conns.append) as srv:
         for policy in ("fail", "wait"):
-            from rpc.transport import PoolConfig
-
             pcfg = PoolConfig(connection=ConnectionConfig(send_queue_bytes=64 * 1024, send_policy=policy))
             async with TransportPool(inproc=inproc, config=pcfg) as pool:
                 conn = await pool.get(srv.endpoint)
