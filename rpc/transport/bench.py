@@ -188,12 +188,10 @@ async def _client_transport(endpoint: str, protocol: str, payload: int, inflight
         for _ in range(min(200, max(10, 2000 // max(1, payload // 4096)))):  # warm-up
             await conn.request(data)
         lat: list[int] = []
-        count = 0
         stop = False
         perf = time.perf_counter_ns
 
         async def worker() -> None:
-            nonlocal count
             req = conn.request
             while not stop:
                 t0 = perf()
