@@ -134,6 +134,6 @@ from rustext._native import Balancer  # noqa: E402
 __all__ += ["Balancer"]
 
 # --- seq (grpc) ---
-from rustext._native import GrpcServer  # noqa: E402
+from rustext._native import GrpcClient, GrpcServer  # noqa: E402
 
-__all__ += ["GrpcServer"]
+__all__ += ["GrpcClient", "GrpcServer"]

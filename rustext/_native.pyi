@@ -382,3 +382,27 @@ class GrpcServer:
         """Answer what is left with UNAVAILABLE, stop and join the runtime thread. Idempotent."""
     @property
     def closed(self) -> bool: ...
+
+class GrpcClient:
+    """A gRPC client for seq's ``pb.RRAPI`` (HTTP/2, hyper, its own tokio
+    thread): one connection per target (``HOST:PORT``), made on first use and
+    remade after a failure; calls multiplexed as streams. Calls return a token
+    at once; ``fileno()`` turns readable when finished calls wait in ``take()``.
+    Each call is bounded by its timeout (sent as ``grpc-timeout``)."""
+
+    def __init__(self, targets: list[str], *, connect_timeout: float = 1.0, max_message: int = 4194304) -> None: ...
+    def fileno(self) -> int: ...
+    def next_id(self, target: int, name: str, range_size: int, timeout: float) -> int:
+        """Start GRPCNextID on targets[target]; returns the call's token."""
+    def cur_id(self, target: int, name: str, timeout: float) -> int: ...
+    def set_id(self, target: int, name: str, new_id: int, timeout: float) -> int: ...
+    def take(self) -> list[tuple[int, int, int, int, str | None]]:
+        """Every finished call: (token, status, a, b, message). Status 0 (OK):
+        NextID (from, to), CurID (cur, 0), SetID (success, 0); otherwise the
+        gRPC status code and its message (UNAVAILABLE when the server cannot be
+        reached, DEADLINE_EXCEEDED when the timeout passed)."""
+    def inflight(self) -> int: ...
+    def close(self) -> None:
+        """Drop calls in flight (no completion), stop and join the thread. Idempotent."""
+    @property
+    def closed(self) -> bool: ...

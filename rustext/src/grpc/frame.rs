@@ -93,6 +93,11 @@ impl FrameError {
     }
 }
 
+/// Parse a `grpc-status` value (anything but a decimal number is UNKNOWN).
+pub fn parse_code(v: &[u8]) -> Code {
+    std::str::from_utf8(v).ok().and_then(|s| s.parse::<u32>().ok()).map_or(Code::Unknown, Code::from_u32)
+}
+
 /// Prefix `msg` with its 5-byte header.
 pub fn encode_message(msg: &[u8], out: &mut Vec<u8>) {
     out.reserve(5 + msg.len());

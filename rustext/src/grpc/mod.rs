@@ -9,7 +9,7 @@
 //!   streams), completing calls in batches through a [`client::Completions`] queue
 //! - `python`   the PyO3 bindings (`rustext.GrpcServer`, `rustext.GrpcClient`)
 
-
+pub mod client;
 pub mod frame;
 pub mod proto;
 pub mod server;

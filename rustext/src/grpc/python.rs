@@ -13,7 +13,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use super::frame::Code;
-use super::server::{Call, GrpcServer, Reply, ServerConfig};
+use super::client::{ClientConfig, GrpcClient};
+use super::server::{Call, GrpcServer, Kind, Reply, ServerConfig};
 use crate::errors::ErrorKind;
 
 fn resolve(host: &str, port: u16) -> PyResult<SocketAddr> {
@@ -193,7 +194,111 @@ impl PyGrpcServer {
     }
 }
 
+#[pyclass(name = "GrpcClient", module = "rustext", frozen)]
+pub struct PyGrpcClient {
+    client: Mutex<Option<std::sync::Arc<GrpcClient>>>,
+}
+
+impl PyGrpcClient {
+    fn get(&self) -> PyResult<std::sync::Arc<GrpcClient>> {
+        self.client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| ErrorKind::Rustext.err("GrpcClient is closed"))
+    }
+
+    fn submit(&self, target: usize, kind: Kind, name: &str, arg: u64, timeout: f64) -> PyResult<u64> {
+        let t = duration("timeout", timeout)?;
+        let c = self.get()?;
+        if target >= c.targets() {
+            return Err(PyValueError::new_err(format!("no target {target}")));
+        }
+        c.call(target, kind, name, arg, t)
+            .ok_or_else(|| ErrorKind::Rustext.err("GrpcClient is closed"))
+    }
+}
+
+#[pymethods]
+impl PyGrpcClient {
+    /// Start the runtime thread; connections are made on first use.
+    #[new]
+    #[pyo3(signature = (targets, *, connect_timeout = 1.0, max_message = 4 << 20))]
+    fn new(py: Python<'_>, targets: Vec<String>, connect_timeout: f64, max_message: usize) -> PyResult<Self> {
+        if targets.is_empty() {
+            return Err(PyValueError::new_err("at least one target"));
+        }
+        for t in &targets {
+            let (host, port) = t.rsplit_once(':').unwrap_or(("", ""));
+            if host.is_empty() || port.parse::<u16>().is_err() {
+                return Err(PyValueError::new_err(format!("expected HOST:PORT, got {t:?}")));
+            }
+        }
+        let connect_timeout = duration("connect_timeout", connect_timeout)?;
+        if connect_timeout.is_zero() || max_message == 0 {
+            return Err(PyValueError::new_err("connect_timeout and max_message must be > 0"));
+        }
+        let cfg = ClientConfig { connect_timeout, max_message };
+        let c = py
+            .detach(|| GrpcClient::start(&targets, cfg))
+            .map_err(|e| PyOSError::new_err(format!("cannot start the gRPC client: {e}")))?;
+        Ok(PyGrpcClient { client: Mutex::new(Some(std::sync::Arc::new(c))) })
+    }
+
+    /// Readable while finished calls wait in `take()`.
+    fn fileno(&self) -> PyResult<i32> {
+        Ok(self.get()?.wake_fd())
+    }
+
+    /// Start `GRPCNextID(name, range_size)` on target `target`; returns the call's token.
+    fn next_id(&self, target: usize, name: &str, range_size: i64, timeout: f64) -> PyResult<u64> {
+        self.submit(target, Kind::NextId, name, range_size as u64, timeout)
+    }
+
+    fn cur_id(&self, target: usize, name: &str, timeout: f64) -> PyResult<u64> {
+        self.submit(target, Kind::CurId, name, 0, timeout)
+    }
+
+    fn set_id(&self, target: usize, name: &str, new_id: u64, timeout: f64) -> PyResult<u64> {
+        self.submit(target, Kind::SetId, name, new_id, timeout)
+    }
+
+    /// Every finished call: `(token, status, a, b, message)`; status 0 (OK) carries
+    /// a, b (NextID: from, to; CurID: cur, 0; SetID: success, 0), others the message.
+    fn take<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        let Ok(c) = self.get() else { return Ok(list) };
+        for done in c.take() {
+            let t = match done.outcome {
+                Ok((a, b)) => (done.token, 0u32, a, b, None),
+                Err((code, msg)) => (done.token, code as u32, 0, 0, Some(msg)),
+            };
+            list.append(t.into_pyobject(py)?)?;
+        }
+        Ok(list)
+    }
+
+    /// Calls started and not finished.
+    fn inflight(&self) -> usize {
+        self.get().map_or(0, |c| c.inflight())
+    }
+
+    /// Drop calls in flight (no completion), stop and join the runtime thread. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let c = self.client.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(c) = c {
+            py.detach(move || c.close());
+        }
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.client.lock().unwrap_or_else(|e| e.into_inner()).is_none()
+    }
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyGrpcServer>()?;
+    m.add_class::<PyGrpcClient>()?;
     Ok(())
 }
