@@ -178,29 +178,46 @@ class ApiServer:
         now = loop.time()
         submit = self._coordinator.submit
         native = self._native
-        for token, kind, name, arg, timeout in calls:
-            if kind == NEXT_ID:
-                if len(name) > MAX_NAME // 4 and len(name.encode()) > MAX_NAME:
-                    native.fail(token, INVALID_ARGUMENT, f"name longer than {MAX_NAME} bytes")
-                    continue
-                n = arg
-                if n < 1:
-                    n = 1
-                elif n > self._max_range:
-                    native.fail(token, INVALID_ARGUMENT, f"range_size above {self._max_range}")
-                    continue
-                t = self._default_timeout if timeout is None else timeout
-                # Answer [0, 0) a little before the caller's deadline so it sees "no quorum", not a timeout.
-                t -= min(0.05, t * 0.1)
-                submit(name, n, now + t, _Call(token, out))
-            elif kind == RAW_SNAPSHOT:
-                self._serve_snapshot(token, name)
-            elif len(name.encode()) > MAX_NAME:
+        for call in calls:
+            try:
+                self._one(call, now, submit, native, out)
+            except Exception as exc:  # a bug must cost one call, not the endpoint
+                log.exception("RRAPI call failed")
+                native.fail(call[0], INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _one(
+        self,
+        call: tuple[int, int, str | bytes, int, float | None],
+        now: float,
+        submit: Callable[[str, int, float, _Call], None],
+        native: GrpcServer,
+        out: _Outbox,
+    ) -> None:
+        token, kind, name, arg, timeout = call
+        if kind == NEXT_ID:
+            assert isinstance(name, str)
+            if len(name) > MAX_NAME // 4 and len(name.encode()) > MAX_NAME:
                 native.fail(token, INVALID_ARGUMENT, f"name longer than {MAX_NAME} bytes")
-            elif kind == CUR_ID:
-                out.put(token, self._store.get(name), 0)
-            elif kind == SET_ID:
-                self._set_id(token, name, arg)
+                return
+            n = arg
+            if n < 1:
+                n = 1
+            elif n > self._max_range:
+                native.fail(token, INVALID_ARGUMENT, f"range_size above {self._max_range}")
+                return
+            t = self._default_timeout if timeout is None else timeout
+            # Answer [0, 0) a little before the caller's deadline so it sees "no quorum", not a timeout.
+            t -= min(0.05, t * 0.1)
+            submit(name, n, now + t, _Call(token, out))
+        elif kind == RAW_SNAPSHOT:
+            assert isinstance(name, bytes)
+            self._serve_snapshot(token, name)
+        elif isinstance(name, bytes) or len(name.encode()) > MAX_NAME:
+            native.fail(token, INVALID_ARGUMENT, f"name longer than {MAX_NAME} bytes")
+        elif kind == CUR_ID:
+            out.put(token, self._store.get(name), 0)
+        elif kind == SET_ID:
+            self._set_id(token, name, arg)
 
     def _serve_snapshot(self, token: int, payload: bytes) -> None:
         try:

@@ -37,9 +37,9 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def main(clients: int, duration: float, rounds: int, label: str, shared: bool) -> None:
+async def main(clients: int, duration: float, rounds: int, label: str, shared: bool, server_flags: list[str]) -> None:
     c = LocalCluster(3)
-    c.start_all("--bootstrap")
+    c.start_all("--bootstrap", *server_flags)
     try:
         await c.wait_ready(timeout=60)
         pids = [m.proc.pid for m in c.members if m.proc is not None]
@@ -71,6 +71,7 @@ if __name__ == "__main__":
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--label", default="")
+    ap.add_argument("--server-flag", action="append", default=[], help="extra flag for the servers (repeat)")
     ap.add_argument("--shared", action="store_true", help="one ApiChannel for all clients (native client only)")
     a = ap.parse_args()
-    uvloop.run(main(a.clients, a.duration, a.rounds, a.label, a.shared))
+    uvloop.run(main(a.clients, a.duration, a.rounds, a.label, a.shared, a.server_flag))
