@@ -45,8 +45,8 @@ class RRSeq(BufferedSeq):
     fetch size (default 64 × `buf_size`; see :mod:`seq.buffered`).
     `channel`: an :class:`ApiChannel` to use (its servers are used when
     `servers` is empty; the caller closes it); by default the sequence leases
-    the loop's shared channel to `servers` (:meth:`ApiChannel.lease`), which
-    needs a running loop.
+    the loop's shared channel to `servers` (:meth:`ApiChannel.lease`) on its
+    first fetch.
     """
 
     def __init__(
@@ -76,9 +76,10 @@ class RRSeq(BufferedSeq):
         self._backoff_min = backoff_min
         self._backoff_max = backoff_max
         self._rng = rng or random.Random()
+        self._addrs = tuple(servers)
         self._leased = channel is None
-        self._channel = channel if channel is not None else ApiChannel.lease(servers)
-        known = {a: i for i, a in enumerate(self._channel.servers)}
+        self._channel = channel  # leased on the first fetch when None (needs the running loop)
+        known = {a: i for i, a in enumerate(channel.servers if channel is not None else self._addrs)}
         missing = [a for a in servers if a not in known]
         if missing:
             raise ValueError(f"servers {missing} are not in the channel's list")
@@ -90,6 +91,8 @@ class RRSeq(BufferedSeq):
         deadline = loop.time() + self.timeout
         reason = "no server tried"
         channel = self._channel
+        if channel is None:
+            channel = self._channel = ApiChannel.lease(self._addrs)
         while True:
             now = loop.time()
             if now >= deadline:
@@ -130,5 +133,5 @@ class RRSeq(BufferedSeq):
         server.retry_at = now + delay * (0.5 + self._rng.random() / 2)
 
     async def _close_source(self) -> None:
-        if self._leased:
+        if self._leased and self._channel is not None:
             await self._channel.release()

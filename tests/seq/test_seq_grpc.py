@@ -386,8 +386,8 @@ async def test_sequences_share_one_leased_channel() -> None:
     before = len(native_threads())
     async with AioRRAPI() as srv:
         seqs = [RRSeq("x", 0, [srv.addr]) for _ in range(8)]
-        assert len({id(s._channel) for s in seqs}) == 1
         got = await asyncio.gather(*(s.next() for s in seqs))
+        assert len({id(s._channel) for s in seqs}) == 1
         assert sorted(got) == list(range(1, 9))
         await threads_become(before + 1)
         for s in seqs[:-1]:
@@ -397,6 +397,18 @@ async def test_sequences_share_one_leased_channel() -> None:
         assert len(native_threads()) == before
         async with RRSeq("x", 0, [srv.addr]) as s:  # a new lease after the last release
             assert await s.next() == 10
+
+
+def test_rrseq_can_be_made_outside_a_loop() -> None:
+    """The channel is leased on the first fetch, inside the loop that uses the sequence."""
+    s = RRSeq("x", 0, ["127.0.0.1:1"], timeout=0.3)
+
+    async def use() -> None:
+        with pytest.raises(SeqUnavailable):
+            await s.next()
+        await s.aclose()
+
+    asyncio.run(use())
 
 
 async def test_native_client_and_server_on_a_real_cluster(cluster: LocalCluster) -> None:
