@@ -200,6 +200,14 @@ async def test_malformed_requests_get_internal_and_others_are_served(app: App, p
     assert [(r.from_id, r.to_id) for r in results[1:]] == [(i, 2 * i) for i in range(1, 21)]  # type: ignore[union-attr]
 
 
+async def test_grpcio_client_asking_for_gzip_is_served(app: App) -> None:
+    """The server announces no compression, so grpcio sends identity (a compressed message
+    would get UNIMPLEMENTED: rustext/src/grpc/server.rs tests)."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}", compression=grpc.Compression.Gzip) as ch:
+        r = await ApiStub(ch).NextID(pb.NextIDRequest(name="x", range_size=2), timeout=5)
+        assert (r.from_id, r.to_id) == (2, 4)
+
+
 async def test_malformed_http2_client_does_not_disturb_others(app: App) -> None:
     """Garbage instead of an HTTP/2 preface, and a half-open connection: other clients are served."""
     port = app.port

@@ -560,3 +560,108 @@ impl Drop for GrpcServer {
         self.close();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Full;
+
+    /// One raw HTTP/2 request: (HTTP status, grpc-status, grpc-message) from headers or trailers.
+    async fn raw(addr: SocketAddr, path: &str, ctype: &str, timeout: Option<&str>, body: Vec<u8>) -> (u16, Option<String>, String) {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut send, conn) = hyper::client::conn::http2::handshake::<_, _, Full<Bytes>>(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let mut b = Request::post(format!("http://{addr}{path}")).header(CONTENT_TYPE, ctype);
+        if let Some(t) = timeout {
+            b = b.header("grpc-timeout", t);
+        }
+        let resp = send.send_request(b.body(Full::new(Bytes::from(body))).unwrap()).await.unwrap();
+        let status = resp.status().as_u16();
+        let (parts, body) = resp.into_parts();
+        let collected = body.collect().await.unwrap();
+        let h = collected.trailers().cloned().unwrap_or(parts.headers);
+        let get = |k: &str| h.get(k).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        (status, get("grpc-status"), get("grpc-message").unwrap_or_default())
+    }
+
+    /// Whether the wake-up socket holds a byte (peeked: nothing is consumed).
+    fn has_wakeup(fd: std::os::fd::RawFd) -> bool {
+        // SAFETY: `fd` stays open (owned by the Bridge); ManuallyDrop never closes it.
+        let s = std::mem::ManuallyDrop::new(unsafe { <socket2::Socket as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8];
+        matches!(s.peek(&mut buf), Ok(n) if n > 0)
+    }
+
+    fn framed(msg: &[u8], flag: u8) -> Vec<u8> {
+        let mut v = Vec::new();
+        encode_message(msg, &mut v);
+        v[0] = flag;
+        v
+    }
+
+    #[test]
+    fn statuses_for_bad_requests() {
+        let server = GrpcServer::start("127.0.0.1:0".parse().unwrap(), ServerConfig { max_message: 64, ..Default::default() }).unwrap();
+        let addr = server.local_addr();
+        let bridge = server.bridge().clone();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let g = "application/grpc";
+            let mut ok = Vec::new();
+            NextIdRequest { name: "n".into(), range_size: 1 }.encode(&mut ok);
+            let code = |c: Code| Some(c.as_str().to_owned());
+            let r = raw(addr, NEXT_ID_PATH, g, None, framed(&ok, 1)).await;
+            assert_eq!((r.0, r.1.clone()), (200, code(Code::Unimplemented)), "{r:?}");
+            let mut two = framed(&ok, 0);
+            two.extend(framed(&ok, 0));
+            let r = raw(addr, NEXT_ID_PATH, g, None, two).await;
+            assert_eq!(r.1, code(Code::Internal), "{r:?}");
+            let r = raw(addr, NEXT_ID_PATH, g, None, framed(&[0x0a, 9], 0)).await;
+            assert_eq!(r.1, code(Code::Internal));
+            assert!(r.2.contains("cannot parse"), "{r:?}");
+            let r = raw(addr, NEXT_ID_PATH, g, None, vec![0, 0, 0]).await;
+            assert_eq!(r.1, code(Code::Internal));
+            let r = raw(addr, NEXT_ID_PATH, g, None, framed(&[b'x'; 100], 0)).await;
+            assert_eq!(r.1, code(Code::ResourceExhausted));
+            let r = raw(addr, "/pb.RRAPI/Other", g, None, framed(&ok, 0)).await;
+            assert_eq!(r.1, code(Code::Unimplemented));
+            assert!(r.2.contains("/pb.RRAPI/Other"));
+            let r = raw(addr, NEXT_ID_PATH, g, Some("soon"), framed(&ok, 0)).await;
+            assert_eq!(r.1, code(Code::Internal));
+            let r = raw(addr, NEXT_ID_PATH, "text/plain", None, framed(&ok, 0)).await;
+            assert_eq!((r.0, r.1.clone()), (415, None));
+            // nobody answers: the grpc-timeout does
+            let r = raw(addr, NEXT_ID_PATH, "application/grpc+proto", Some("50m"), framed(&ok, 0)).await;
+            assert_eq!(r.1, code(Code::DeadlineExceeded));
+        });
+        // only the one well-formed call reached the queue, and it is forgotten
+        let q = bridge.take();
+        assert_eq!(q.len(), 1);
+        assert_eq!(q[0].call, Call::NextId(NextIdRequest { name: "n".into(), range_size: 1 }));
+        assert!(q[0].deadline.is_some());
+        assert_eq!(bridge.pending(), 0);
+        assert!(!bridge.complete(q[0].token, |k| Reply::from_ints(k, 1, 2)));
+        server.close();
+    }
+
+    #[test]
+    fn wake_fd_is_readable_only_while_calls_wait() {
+        let b = Bridge::new().unwrap();
+        let readable = || has_wakeup(b.wake_fd());
+        assert!(!readable());
+        let (t1, _r1) = b.submit(Call::CurId(CurIdRequest { name: "a".into() }), None).unwrap();
+        let (t2, r2) = b.submit(Call::CurId(CurIdRequest { name: "b".into() }), None).unwrap();
+        assert!(readable());
+        let q = b.take();
+        assert_eq!(q.iter().map(|q| q.token).collect::<Vec<_>>(), [t1, t2]);
+        assert!(!readable());
+        assert_eq!(b.pending(), 2);
+        assert_eq!(b.complete_many([(t2, 7, 0), (999, 1, 1)]), 1);
+        assert_eq!(r2.blocking_recv().unwrap(), Reply::CurId(CurIdReply { cur_id: 7 }));
+        b.fail_all(Code::Unavailable, "bye");
+        assert!(b.submit(Call::CurId(CurIdRequest::default()), None).is_none());
+        assert_eq!(b.pending(), 0);
+    }
+}
