@@ -254,8 +254,11 @@ async def test_drain_then_close_releases_thread_and_port() -> None:
         stub = ApiStub(ch)
         assert (await stub.CurID(pb.CurIDRequest(name="x"), timeout=5)).cur_id == 42
         slow = asyncio.ensure_future(stub.NextID(pb.NextIDRequest(name="slow", range_size=1), timeout=10))
-        while server.pending() == 0:
+        for _ in range(500):  # until the call reached the server (polled: it has no event to await)
+            if server.pending():
+                break
             await asyncio.sleep(0.01)
+        assert server.pending() == 1
         server.drain()
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await stub.CurID(pb.CurIDRequest(name="x"), timeout=5)
