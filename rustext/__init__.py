@@ -132,3 +132,8 @@ __all__ += ["DeadlineHeap"]
 from rustext._native import Balancer  # noqa: E402
 
 __all__ += ["Balancer"]
+
+# --- seq (grpc) ---
+from rustext._native import GrpcClient, GrpcServer  # noqa: E402
+
+__all__ += ["GrpcClient", "GrpcServer"]

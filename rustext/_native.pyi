@@ -335,3 +335,74 @@ class Balancer:
         Blocks without the GIL; idempotent."""
     def close(self) -> None:
         """Stop now; idempotent."""
+
+# --- seq (grpc) -----------------------------------------------------------
+class GrpcServer:
+    """A gRPC server (HTTP/2, hyper, its own tokio thread) for seq's ``pb.RRAPI``
+    plus pass-through unary ``raw_methods`` (full paths). Calls are decoded in
+    Rust and queued; ``fileno()`` turns readable when the queue goes non-empty
+    (register it with ``loop.add_reader``), ``take()`` returns every queued
+    call, ``complete()`` answers a batch. A call not answered by its
+    ``grpc-timeout`` (or ``max_wait`` s when the client sent none) gets
+    DEADLINE_EXCEEDED; unknown methods UNIMPLEMENTED; malformed messages
+    INTERNAL; calls after ``drain()``/``close()`` UNAVAILABLE."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        raw_methods: list[str] = ...,
+        max_message: int = 4194304,
+        max_concurrent_streams: int = 4096,
+        max_wait: float = 60.0,
+    ) -> None: ...
+    def start(self) -> int:
+        """Bind and serve; returns the bound port. Raises OSError. Once."""
+    def fileno(self) -> int:
+        """Readable while calls are queued."""
+    def take(self) -> list[tuple[int, int, str | bytes, int, float | None]]:
+        """Every queued call: (token, kind, name, arg, timeout_s). kind 0 NextID
+        (arg: range_size), 1 CurID, 2 SetID (arg: new_id), 3 + i raw method i
+        (name: the request message bytes). timeout_s: what is left of the
+        client's deadline, None if it sent none."""
+    def complete(self, replies: list[tuple[int, int, int]]) -> int:
+        """Answer a batch of (token, a, b): NextID [a, b); CurID a; SetID a != 0.
+        Returns how many calls were still waiting (the rest expired or were cancelled)."""
+    def complete_raw(self, token: int, data: bytes) -> bool:
+        """Answer a raw method's call with its serialized reply."""
+    def fail(self, token: int, code: int, message: str) -> bool:
+        """Answer with gRPC status `code` (1..16) and `message`."""
+    def pending(self) -> int:
+        """Calls received and not answered yet."""
+    def drain(self) -> None:
+        """Close the listener, send GOAWAY, refuse new calls (UNAVAILABLE);
+        calls already received can still be answered."""
+    def close(self) -> None:
+        """Answer what is left with UNAVAILABLE, stop and join the runtime thread. Idempotent."""
+    @property
+    def closed(self) -> bool: ...
+
+class GrpcClient:
+    """A gRPC client for seq's ``pb.RRAPI`` (HTTP/2, hyper, its own tokio
+    thread): one connection per target (``HOST:PORT``), made on first use and
+    remade after a failure; calls multiplexed as streams. Calls return a token
+    at once; ``fileno()`` turns readable when finished calls wait in ``take()``.
+    Each call is bounded by its timeout (sent as ``grpc-timeout``)."""
+
+    def __init__(self, targets: list[str], *, connect_timeout: float = 1.0, max_message: int = 4194304) -> None: ...
+    def fileno(self) -> int: ...
+    def next_id(self, target: int, name: str, range_size: int, timeout: float) -> int:
+        """Start GRPCNextID on targets[target]; returns the call's token."""
+    def cur_id(self, target: int, name: str, timeout: float) -> int: ...
+    def set_id(self, target: int, name: str, new_id: int, timeout: float) -> int: ...
+    def take(self) -> list[tuple[int, int, int, int, str | None]]:
+        """Every finished call: (token, status, a, b, message). Status 0 (OK):
+        NextID (from, to), CurID (cur, 0), SetID (success, 0); otherwise the
+        gRPC status code and its message (UNAVAILABLE when the server cannot be
+        reached, DEADLINE_EXCEEDED when the timeout passed)."""
+    def inflight(self) -> int: ...
+    def close(self) -> None:
+        """Drop calls in flight (no completion), stop and join the thread. Idempotent."""
+    @property
+    def closed(self) -> bool: ...

@@ -4,6 +4,8 @@ Map (see ../shared/protocols/rrseq.md and the README's "Seq" section):
 
 - ``server.py``      RRServer: one member (public ``pb.RRAPI`` + member-to-member ``RRPeer``),
                      ServerConfig, data-dir start checks, join (bootstrap / catch-up)
+- ``api.py``         the public RRAPI endpoint: native gRPC server (rustext.GrpcServer), calls batched into the coordinator
+- ``channel.py``     ApiChannel: RRAPI calls over the native gRPC client (rustext.GrpcClient), completions in batches
 - ``coordinator.py`` NextID rounds: read quorum, compare-and-set write quorum, retries, forwarding, linger
 - ``peerlink.py``    member-to-member hot path (read, compare-and-set, acquire) over rpc.transport
 - ``quorum.py``      vote counting of one round (sans-I/O)
@@ -15,7 +17,7 @@ Map (see ../shared/protocols/rrseq.md and the README's "Seq" section):
 - ``buffered.py``    the double buffer (with adaptive prefetch) shared by the two sequences
 - ``client.py``      RRSeq, the cluster client
 - ``simple.py``      SimpleBufSeq, the single-process baseline
-- ``wire.py``        gRPC glue over the generated messages in ``_proto/``
+- ``wire.py``        grpcio glue over the generated messages in ``_proto/`` (peer Snapshot client, stubs for grpcio users)
 - ``errors.py``      the exception tree
 """
 

@@ -7,6 +7,10 @@ skipped briefly too. When every server is being skipped, the client sleeps
 until the first one may be tried again, never spinning, and a fetch that
 cannot complete within `timeout` raises :class:`SeqUnavailable` with the
 last reason.
+
+Calls go through an :class:`seq.channel.ApiChannel` (the native gRPC client:
+one HTTP/2 connection per server, calls completed in batches), its own or
+one shared by several sequences of the same loop (``channel=``).
 """
 
 from __future__ import annotations
@@ -15,21 +19,19 @@ import asyncio
 import random
 from collections.abc import Sequence
 
-import grpc
-
-from seq._proto import rrseq_pb2 as pb
 from seq.buffered import BufferedSeq
-from seq.errors import SeqExhausted, SeqUnavailable
-from seq.wire import CHANNEL_OPTIONS, ApiStub
+from seq.channel import ApiChannel
+from seq.errors import RpcFailed, SeqExhausted, SeqUnavailable
+
+OUT_OF_RANGE = 11
 
 
 class _Server:
-    __slots__ = ("addr", "channel", "stub", "failures", "retry_at")
+    __slots__ = ("addr", "index", "failures", "retry_at")
 
-    def __init__(self, addr: str) -> None:
+    def __init__(self, addr: str, index: int) -> None:
         self.addr = addr
-        self.channel = grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
-        self.stub = ApiStub(self.channel)
+        self.index = index
         self.failures = 0
         self.retry_at = 0.0
 
@@ -41,13 +43,17 @@ class RRSeq(BufferedSeq):
     bounds one server's answer (default: a third of `timeout`), so one hung
     server cannot use a whole fetch's time. `max_fetch` caps the adaptive
     fetch size (default 64 × `buf_size`; see :mod:`seq.buffered`).
+    `channel`: an :class:`ApiChannel` to use (its servers are used when
+    `servers` is empty; the caller closes it); by default the sequence leases
+    the loop's shared channel to `servers` (:meth:`ApiChannel.lease`) on its
+    first fetch.
     """
 
     def __init__(
         self,
         name: str,
         buf_size: int,
-        servers: Sequence[str],
+        servers: Sequence[str] = (),
         *,
         timeout: float = 5.0,
         attempt_timeout: float | None = None,
@@ -55,8 +61,11 @@ class RRSeq(BufferedSeq):
         backoff_max: float = 5.0,
         max_fetch: int | None = None,
         rng: random.Random | None = None,
+        channel: ApiChannel | None = None,
     ) -> None:
         super().__init__(buf_size, max_fetch=max_fetch)
+        if channel is not None and not servers:
+            servers = channel.servers
         if not servers:
             raise ValueError("at least one server")
         if timeout <= 0:
@@ -67,15 +76,23 @@ class RRSeq(BufferedSeq):
         self._backoff_min = backoff_min
         self._backoff_max = backoff_max
         self._rng = rng or random.Random()
-        self._servers = [_Server(a) for a in servers]
-        self._req1 = pb.NextIDRequest(name=name, range_size=1)  # the buffer-0 request, built once
+        self._addrs = tuple(servers)
+        self._leased = channel is None
+        self._channel = channel  # leased on the first fetch when None (needs the running loop)
+        known = {a: i for i, a in enumerate(channel.servers if channel is not None else self._addrs)}
+        missing = [a for a in servers if a not in known]
+        if missing:
+            raise ValueError(f"servers {missing} are not in the channel's list")
+        self._servers = [_Server(a, known[a]) for a in servers]
         self._rr = 0
 
     async def _fetch(self, n: int) -> tuple[int, int]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        req = self._req1 if n == 1 else pb.NextIDRequest(name=self.name, range_size=n)
         reason = "no server tried"
+        channel = self._channel
+        if channel is None:
+            channel = self._channel = ApiChannel.lease(self._addrs)
         while True:
             now = loop.time()
             if now >= deadline:
@@ -86,19 +103,19 @@ class RRSeq(BufferedSeq):
                 await asyncio.sleep(max(0.0, min(wake, deadline) - now))
                 continue
             try:
-                rep = await server.stub.NextID(req, timeout=min(self.attempt_timeout, deadline - now))
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
-                    raise SeqExhausted(exc.details() or "sequence exhausted") from exc
-                reason = f"{server.addr}: {exc.code().name} {exc.details()}"
+                lo, hi = await channel.next_id(server.index, self.name, n, min(self.attempt_timeout, deadline - now))
+            except RpcFailed as exc:
+                if exc.code == OUT_OF_RANGE:
+                    raise SeqExhausted(exc.details or "sequence exhausted") from exc
+                reason = f"{server.addr}: {exc.code_name} {exc.details}"
                 self._failed(server, loop.time())
                 continue
-            if rep.to_id <= rep.from_id or rep.from_id == 0:
+            if hi <= lo or lo == 0:
                 reason = f"{server.addr}: no quorum"
                 self._failed(server, loop.time(), soft=True)
                 continue
             server.failures = 0
-            return rep.from_id, rep.to_id
+            return lo, hi
 
     def _pick(self, now: float) -> _Server | None:
         k = len(self._servers)
@@ -116,5 +133,5 @@ class RRSeq(BufferedSeq):
         server.retry_at = now + delay * (0.5 + self._rng.random() / 2)
 
     async def _close_source(self) -> None:
-        for s in self._servers:
-            await s.channel.close()
+        if self._leased and self._channel is not None:
+            await self._channel.release()

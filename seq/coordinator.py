@@ -57,7 +57,7 @@ import random
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from seq.errors import SeqExhausted, StoreError
 from seq.log import MAX_VALUE
@@ -72,10 +72,19 @@ Range = tuple[int, int]
 LINGER_MIN_BATCH = 4  # a round that served at least this many requests lets the next one linger
 
 
+class Sink(Protocol):
+    """Where a request's outcome goes: an asyncio future, or anything with the same three methods
+    (the native gRPC endpoint's per-call object, see :mod:`seq.api`)."""
+
+    def done(self) -> bool: ...
+    def set_result(self, result: Range | None, /) -> None: ...
+    def set_exception(self, exc: BaseException, /) -> None: ...
+
+
 @dataclass(slots=True)
 class _Request:
     n: int
-    fut: asyncio.Future[Range | None]
+    fut: Sink
     deadline: float
     forward: bool
 
@@ -163,10 +172,20 @@ class Coordinator:
             return None
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Range | None] = loop.create_future()
-        self._queues.setdefault(name, []).append(_Request(n, fut, deadline, forward))
+        self.submit(name, n, deadline, fut, forward=forward)
+        return await fut
+
+    def submit(self, name: str, n: int, deadline: float, sink: Sink, *, forward: bool = True) -> None:
+        """Like :meth:`acquire`, without a coroutine: the outcome goes to `sink`.
+
+        Requests submitted for one name in the same loop turn are served by one round.
+        """
+        if self._closed:
+            sink.set_result(None)
+            return
+        self._queues.setdefault(name, []).append(_Request(n, sink, deadline, forward))
         self.stats.requests += 1
         self._kick(name)
-        return await fut
 
     def _kick(self, name: str, *, after: int = 0) -> None:
         """Start a round for `name` if requests wait and fewer than max_inflight run."""

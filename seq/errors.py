@@ -5,6 +5,7 @@
     ├── SeqClosed (RuntimeError)           the sequence or server was closed
     ├── SeqInconsistent                    the cluster handed out a range below one already seen
     ├── SeqExhausted (OverflowError)       the 63-bit ID space of a name is used up
+    ├── RpcFailed                          one gRPC call ended with a non-OK status (client side)
     ├── UnsafeStart (RuntimeError)         a server refuses to start (data dir vs flags)
     └── StoreError (OSError)               the durable store failed (write or fsync)
         └── StoreCorrupt (ValueError)      the log is damaged beyond a torn tail
@@ -36,6 +37,27 @@ class SeqInconsistent(SeqError):
 
 class SeqExhausted(SeqError, OverflowError):
     """The sequence reached the end of the 63-bit ID space."""
+
+
+class RpcFailed(SeqError):
+    """One gRPC call ended with a non-OK status (`code`: the gRPC status number)."""
+
+    def __init__(self, code: int, details: str) -> None:
+        super().__init__(f"{_CODE_NAMES.get(code, code)}: {details}")
+        self.code = code
+        self.details = details
+
+    @property
+    def code_name(self) -> str:
+        return _CODE_NAMES.get(self.code, str(self.code))
+
+
+_CODE_NAMES = {
+    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
+    6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
+    10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE",
+    15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+}
 
 
 class UnsafeStart(SeqError, RuntimeError):

@@ -2,7 +2,8 @@
 
 It serves the public ``pb.RRAPI`` (``GRPCNextID``/``GRPCCurID``/
 ``GRPCSetID``) and the rare member-to-member calls (``rrseq.peer.v1.RRPeer``:
-snapshot, peer-port discovery) on its gRPC port, and the per-round
+snapshot, peer-port discovery) on its gRPC port (the native server of
+:mod:`seq.api`, batched into the coordinator), and the per-round
 member-to-member calls (read, compare-and-set, acquire) on an rpc.transport
 listener (``peer_port``, see :mod:`seq.peerlink`). NextID is coordinated by
 :class:`seq.coordinator.Coordinator`; the member's own values live in
@@ -49,12 +50,13 @@ from rpc.transport import TransportServer
 from seq import peerlink
 from seq._proto import rrpeer_pb2 as peer_pb
 from seq._proto import rrseq_pb2 as pb
+from seq.api import ApiServer
 from seq.coordinator import Coordinator, CoordinatorStats
 from seq.errors import SeqExhausted, StoreError, UnsafeStart
 from seq.log import MAX_NAME, MAX_VALUE
 from seq.peerlink import EXHAUSTED, NOT_READY, OK, OP_ACQUIRE, OP_CAS, OP_READ, WRONG_CLUSTER, PeerLink
 from seq.store import Meta, State, Store, ensure_dir, log_generations, read_meta, write_meta
-from seq.wire import CHANNEL_OPTIONS, api_handler, peer_handler
+from seq.wire import CHANNEL_OPTIONS
 
 log = logging.getLogger("seq.server")
 
@@ -192,7 +194,7 @@ class RRServer:
         self.config = config
         self._state: State = "bootstrapping"
         self._store: Store | None = None
-        self._server: grpc.aio.Server | None = None
+        self._api: ApiServer | None = None
         self._channels: list[grpc.aio.Channel] = []
         self._peers: list[PeerLink] = []
         self._transport: TransportServer | None = None
@@ -260,18 +262,17 @@ class RRServer:
         except OSError as exc:
             raise OSError(f"cannot listen on {host}:{cfg.peer_port} (peer port): {exc}") from exc
         self.peer_port = ep.port
-        self._server = grpc.aio.server(options=CHANNEL_OPTIONS)
-        self._server.add_generic_rpc_handlers(
-            (
-                api_handler(self._next_id, self._cur_id, self._set_id),
-                peer_handler(self._peer_snapshot),
-            )
+        self._api = ApiServer(
+            host,
+            int(cfg.listen.rpartition(":")[2]),
+            coordinator=self._coordinator,
+            store=self._store,
+            snapshot=self._peer_snapshot,
+            on_store_failure=self._store_failed,
+            max_range=cfg.max_range,
+            default_timeout=cfg.default_timeout,
         )
-        try:
-            self.port = self._server.add_insecure_port(cfg.listen)
-        except RuntimeError as exc:
-            raise OSError(f"cannot listen on {cfg.listen}: {exc}") from exc
-        await self._server.start()
+        self.port = self._api.start()
         log.info(
             "seq server listening on %s, peer port %d (members %s, state %s, data %s)",
             cfg.listen, self.peer_port, ",".join(cfg.members), self._state, cfg.data_dir,
@@ -313,10 +314,14 @@ class RRServer:
         if self._join_task is not None:
             self._join_task.cancel()
             await asyncio.gather(self._join_task, return_exceptions=True)
-        if self._server is not None:
-            await self._server.stop(grace)
+        if self._api is not None:
+            # Stop accepting; calls already received get their answer within the grace period.
+            self._api.drain()
+            await self._api.wait_drained(grace)
         if self._coordinator is not None:
             await self._coordinator.aclose()
+        if self._api is not None:
+            await self._api.aclose()
         for p in self._peers:
             await p.aclose()
         if self._transport is not None:
@@ -384,62 +389,11 @@ class RRServer:
         self._state = "ready"
         self._ready.set()
 
-    # -- RRAPI ------------------------------------------------------------------
-
-    @staticmethod
-    async def _bad_name(name: str, context: grpc.aio.ServicerContext) -> None:
-        if len(name.encode()) > MAX_NAME:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"name longer than {MAX_NAME} bytes")
-
-    async def _next_id(self, request: pb.NextIDRequest, context: grpc.aio.ServicerContext) -> pb.NextIDReply:
-        # The hot path of buffer-0 clients: no extra awaits or lookups here.
-        name = request.name
-        if len(name) > MAX_NAME // 4 and len(name.encode()) > MAX_NAME:
-            await self._bad_name(name, context)
-        n = request.range_size
-        if n < 1:
-            n = 1
-        elif n > self._max_range:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"range_size above {self._max_range}")
-        remaining = context.time_remaining()
-        timeout = self._default_timeout if remaining is None else remaining
-        # Answer [0, 0) a little before the caller's deadline so it sees "no quorum", not a timeout.
-        timeout -= min(0.05, timeout * 0.1)
-        coordinator = self._coordinator
-        assert coordinator is not None
-        try:
-            r = await coordinator.acquire(name, n, self._loop_time() + timeout)
-        except SeqExhausted as exc:
-            await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
-        except StoreError as exc:
-            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
-        if r is None:
-            return pb.NextIDReply()
-        return pb.NextIDReply(from_id=r[0], to_id=r[1])
-
-    async def _cur_id(self, request: pb.CurIDRequest, context: grpc.aio.ServicerContext) -> pb.CurIDReply:
-        await self._bad_name(request.name, context)
-        assert self._store is not None
-        return pb.CurIDReply(cur_id=self._store.get(request.name))
-
-    async def _set_id(self, request: pb.SetIDRequest, context: grpc.aio.ServicerContext) -> pb.SetIDReply:
-        """This member only, forward only (rrseq.md); durable before success."""
-        await self._bad_name(request.name, context)
-        assert self._store is not None
-        try:
-            ok, fut = self._store.advance(request.name, request.new_id)
-            if fut is not None:
-                await fut
-        except StoreError as exc:
-            self._store_failed(exc)
-            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
-        return pb.SetIDReply(success=ok)
+    # -- RRAPI: see seq.api (native gRPC server, batched into the coordinator) ---------
 
     # -- RRPeer (gRPC: snapshot, discovery) ---------------------------------------
 
-    async def _peer_snapshot(
-        self, request: peer_pb.SnapshotRequest, context: grpc.aio.ServicerContext
-    ) -> peer_pb.SnapshotReply:
+    def _peer_snapshot(self, request: peer_pb.SnapshotRequest) -> peer_pb.SnapshotReply:
         if request.cluster != self.config.cluster:
             return peer_pb.SnapshotReply(status=peer_pb.WRONG_CLUSTER)
         assert self._store is not None

@@ -9,6 +9,12 @@
 Only the ``*_pb2`` message modules are generated (``python -m
 seq._proto.generate``); handlers and stubs here use grpc's stable generic
 API, so the generated code puts no floor on the grpcio version.
+
+A member serves both services with the native server (:mod:`seq.api`) and
+RRSeq calls through the native client (:mod:`seq.channel`); grpcio remains
+for the rare peer ``Snapshot`` call (``PeerStub``), for any grpcio user
+(``ApiStub``), and for the grpc.aio servers of the interoperability tests
+(``api_handler``).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@
 //! - [`rpcx`]     rpcx message encode/decode (see shared/protocols/rpcx.md).
 //! - [`juggler`]  juggler.0 envelope parse/build; `args` stay raw JSON bytes.
 //! - [`timer`]    min-heap of deadlines: add / cancel / pop_expired(now).
+//! - [`grpc`]     gRPC (HTTP/2) server and client for seq's `pb.RRAPI`, batched to Python.
 //! - [`balancer`] the HTTP load balancer's data plane (tokio + hyper, own threads).
 //! - [`errors`]   the Python exception tree; Rust errors are enums converted only here.
 //!
@@ -15,6 +16,7 @@
 
 pub mod balancer;
 pub mod framing;
+pub mod grpc;
 pub mod juggler;
 pub mod rpcx;
 pub mod timer;
@@ -34,6 +36,7 @@ mod python {
         crate::juggler::python::register(m)?;
         crate::timer::python::register(m)?;
         crate::balancer::python::register(m)?;
+        crate::grpc::python::register(m)?;
         Ok(())
     }
 }

@@ -1,0 +1,77 @@
+"""Buffer 0 (one quorum write per ID), N clients, for D seconds: IDs/s, latency, CPU per ID per process.
+
+    .venv/bin/python benches/seq/buf0.py [--clients 32] [--duration 5] [--rounds 1]
+
+Starts its own 3-member cluster (fsync on). CPU per ID: user + system time of
+this (client) process from getrusage and of each server from /proc, over the
+timed part only, divided by the IDs drawn. Runs whatever `seq` package is
+first on sys.path, so the same file measures another checkout (PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import time
+
+import uvloop
+
+from seq import RRSeq
+from seq.bench import measure
+from seq.localcluster import LocalCluster
+
+
+def _self_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _proc_cpu(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def main(clients: int, duration: float, rounds: int, label: str, shared: bool, server_flags: list[str]) -> None:
+    c = LocalCluster(3)
+    c.start_all("--bootstrap", *server_flags)
+    try:
+        await c.wait_ready(timeout=60)
+        pids = [m.proc.pid for m in c.members if m.proc is not None]
+        await measure(lambda: RRSeq("warm", 0, c.addrs, timeout=10), clients, duration=0.5)
+        channel = None
+        if shared:
+            from seq.channel import ApiChannel
+
+            channel = ApiChannel(c.addrs)
+        for _ in range(rounds):
+            load = os.getloadavg()[0]
+            c0, s0 = _self_cpu(), [_proc_cpu(p) for p in pids]
+            r = await measure(lambda: RRSeq("b0", 0, c.addrs, timeout=10, **({"channel": channel} if channel else {})), clients, duration=duration)
+            cli = (_self_cpu() - c0) * 1e6 / r.ids
+            srv = [(_proc_cpu(p) - s) * 1e6 / r.ids for p, s in zip(pids, s0)]
+            print(f"{label} {time.strftime('%H:%M:%S')} load={load:.1f} clients={clients} "
+                  f"{r.ids_per_s:,.0f} IDs/s p50={r.p50_ms:.2f} ms p99={r.p99_ms:.2f} ms max={r.max_ms:.1f} ms "
+                  f"CPU us/ID client={cli:.0f} servers={'+'.join(f'{x:.0f}' for x in srv)} "
+                  f"total={cli + sum(srv):.0f}", flush=True)
+        if channel is not None:
+            await channel.aclose()
+    finally:
+        c.close()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--server-flag", action="append", default=[], help="extra flag for the servers (repeat)")
+    ap.add_argument("--shared", action="store_true", help="one ApiChannel for all clients (native client only)")
+    a = ap.parse_args()
+    uvloop.run(main(a.clients, a.duration, a.rounds, a.label, a.shared, a.server_flag))

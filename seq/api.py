@@ -1,0 +1,257 @@
+"""The public ``pb.RRAPI`` endpoint of a member, on the native gRPC server.
+
+:class:`rustext.GrpcServer` (Rust: hyper HTTP/2, the protobuf codec of the
+six RRAPI messages, gRPC framing and statuses, ``grpc-timeout``) runs on its
+own thread and queues decoded calls. When its queue goes non-empty it makes
+one fd readable; the event loop's reader callback takes every queued call in
+one native call, hands the NextID requests to the coordinator (requests for
+one name arriving together start one round), and the answers of a loop turn
+go back in one native call (:class:`_Outbox`). No task, future or coroutine
+is made per NextID call.
+
+Besides RRAPI, the rare member-to-member ``rrseq.peer.v1.RRPeer/Snapshot``
+is served here as a raw method (the request and reply stay protobuf bytes,
+built by the generated module), so the process runs no grpc.aio server.
+
+Status codes, as the grpc.aio server had them: INVALID_ARGUMENT (name over
+256 bytes of UTF-8, range_size above ``max_range``), OUT_OF_RANGE (the
+sequence would pass 2**63-1), INTERNAL (the store failed; malformed request),
+UNAVAILABLE (draining or closed), DEADLINE_EXCEEDED (the caller's
+``grpc-timeout`` passed), UNIMPLEMENTED (unknown method).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from rustext import GrpcServer
+from seq._proto import rrpeer_pb2 as peer_pb
+from seq.errors import SeqExhausted, StoreError
+from seq.log import MAX_NAME
+from seq.store import Store
+from seq.wire import PEER_SERVICE
+
+log = logging.getLogger("seq.api")
+
+SNAPSHOT_PATH = f"/{PEER_SERVICE}/Snapshot"
+
+# kinds of GrpcServer.take() tuples
+NEXT_ID, CUR_ID, SET_ID, RAW_SNAPSHOT = 0, 1, 2, 3
+
+# grpc status codes
+INVALID_ARGUMENT, OUT_OF_RANGE, INTERNAL = 3, 11, 13
+
+
+class Acquirer(Protocol):
+    def submit(self, name: str, n: int, deadline: float, sink: _Call) -> None: ...
+
+
+class _Outbox:
+    """Answers gathered during one loop turn, sent in one native call."""
+
+    __slots__ = ("api", "items", "loop", "scheduled")
+
+    def __init__(self, api: GrpcServer, loop: asyncio.AbstractEventLoop) -> None:
+        self.api = api
+        self.loop = loop
+        self.items: list[tuple[int, int, int]] = []
+        self.scheduled = False
+
+    def put(self, token: int, a: int, b: int) -> None:
+        self.items.append((token, a, b))
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.scheduled = False
+        items, self.items = self.items, []
+        if items:
+            self.api.complete(items)
+
+
+class _Call:
+    """One NextID call, as the coordinator sees a request's future (done / set_result / set_exception)."""
+
+    __slots__ = ("token", "out", "_done")
+
+    def __init__(self, token: int, out: _Outbox) -> None:
+        self.token = token
+        self.out = out
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, r: tuple[int, int] | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        if r is None:
+            self.out.put(self.token, 0, 0)  # [0, 0): no quorum before the deadline
+        else:
+            self.out.put(self.token, r[0], r[1])
+
+    def set_exception(self, exc: BaseException) -> None:
+        if self._done:
+            return
+        self._done = True
+        code = OUT_OF_RANGE if isinstance(exc, SeqExhausted) else INTERNAL
+        self.out.api.fail(self.token, code, str(exc))
+
+
+class ApiServer:
+    """Serves RRAPI and RRPeer/Snapshot on `host:port` for one member.
+
+    Lifecycle: ``start()`` (returns the bound port, raises OSError),
+    ``drain()`` + ``await wait_drained(grace)``, ``close()``.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        coordinator: Acquirer,
+        store: Store,
+        snapshot: Callable[[peer_pb.SnapshotRequest], peer_pb.SnapshotReply],
+        on_store_failure: Callable[[BaseException], None],
+        max_range: int,
+        default_timeout: float,
+    ) -> None:
+        self._native = GrpcServer(host.strip("[]"), port, raw_methods=[SNAPSHOT_PATH], max_wait=max(60.0, 2 * default_timeout))
+        self._coordinator = coordinator
+        self._store = store
+        self._snapshot = snapshot
+        self._on_store_failure = on_store_failure
+        self._max_range = max_range
+        self._default_timeout = default_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._out: _Outbox | None = None
+        self._fd = -1
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> int:
+        loop = asyncio.get_running_loop()
+        port = self._native.start()
+        self._loop = loop
+        self._out = _Outbox(self._native, loop)
+        self._fd = self._native.fileno()
+        loop.add_reader(self._fd, self._on_calls)
+        return port
+
+    def drain(self) -> None:
+        """Stop accepting connections and calls; calls already received are still served."""
+        self._native.drain()
+
+    async def wait_drained(self, grace: float) -> None:
+        """Until every received call is answered, or `grace` seconds."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + grace
+        while self._native.pending() and loop.time() < end:
+            await asyncio.sleep(0.005)
+
+    async def aclose(self) -> None:
+        """Answer what is left with UNAVAILABLE and stop the native server. Idempotent."""
+        if self._out is not None:
+            self._out.flush()
+        if self._fd >= 0 and self._loop is not None:
+            self._loop.remove_reader(self._fd)
+            self._fd = -1
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.get_running_loop().run_in_executor(None, self._native.close)
+
+    # -- the batch bridge ---------------------------------------------------------
+
+    def _on_calls(self) -> None:
+        calls = self._native.take()
+        if not calls:
+            return
+        loop = self._loop
+        out = self._out
+        assert loop is not None and out is not None
+        now = loop.time()
+        submit = self._coordinator.submit
+        native = self._native
+        for call in calls:
+            try:
+                self._one(call, now, submit, native, out)
+            except Exception as exc:  # a bug must cost one call, not the endpoint
+                log.exception("RRAPI call failed")
+                native.fail(call[0], INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _one(
+        self,
+        call: tuple[int, int, str | bytes, int, float | None],
+        now: float,
+        submit: Callable[[str, int, float, _Call], None],
+        native: GrpcServer,
+        out: _Outbox,
+    ) -> None:
+        token, kind, name, arg, timeout = call
+        if kind == NEXT_ID:
+            assert isinstance(name, str)
+            if len(name) > MAX_NAME // 4 and len(name.encode()) > MAX_NAME:
+                native.fail(token, INVALID_ARGUMENT, f"name longer than {MAX_NAME} bytes")
+                return
+            n = arg
+            if n < 1:
+                n = 1
+            elif n > self._max_range:
+                native.fail(token, INVALID_ARGUMENT, f"range_size above {self._max_range}")
+                return
+            t = self._default_timeout if timeout is None else timeout
+            # Answer [0, 0) a little before the caller's deadline so it sees "no quorum", not a timeout.
+            t -= min(0.05, t * 0.1)
+            submit(name, n, now + t, _Call(token, out))
+        elif kind == RAW_SNAPSHOT:
+            assert isinstance(name, bytes)
+            self._serve_snapshot(token, name)
+        elif isinstance(name, bytes) or len(name.encode()) > MAX_NAME:
+            native.fail(token, INVALID_ARGUMENT, f"name longer than {MAX_NAME} bytes")
+        elif kind == CUR_ID:
+            out.put(token, self._store.get(name), 0)
+        elif kind == SET_ID:
+            self._set_id(token, name, arg)
+
+    def _serve_snapshot(self, token: int, payload: bytes) -> None:
+        try:
+            req = peer_pb.SnapshotRequest.FromString(payload)
+        except Exception as exc:  # a malformed message: the caller gets INTERNAL
+            self._native.fail(token, INTERNAL, f"cannot parse the request message: {exc}")
+            return
+        self._native.complete_raw(token, self._snapshot(req).SerializeToString())
+
+    def _set_id(self, token: int, name: str, new_id: int) -> None:
+        """This member only, forward only (rrseq.md); durable before success."""
+        try:
+            ok, fut = self._store.advance(name, new_id)
+        except StoreError as exc:
+            self._on_store_failure(exc)
+            self._native.fail(token, INTERNAL, str(exc))
+            return
+        except ValueError as exc:
+            self._native.fail(token, INVALID_ARGUMENT, str(exc))
+            return
+        assert self._out is not None
+        if fut is None:
+            self._out.put(token, int(ok), 0)
+            return
+        t = asyncio.get_running_loop().create_task(self._set_durable(token, ok, fut))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def _set_durable(self, token: int, ok: bool, fut: asyncio.Future[None]) -> None:
+        try:
+            await fut
+        except StoreError as exc:
+            self._on_store_failure(exc)
+            self._native.fail(token, INTERNAL, str(exc))
+            return
+        assert self._out is not None
+        self._out.put(token, int(ok), 0)
