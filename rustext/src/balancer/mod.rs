@@ -4,6 +4,8 @@
 //!
 //! - [`config`]   typed, validated configuration (defaults documented there)
 //! - [`upstream`] backends, their state, and the balancing algorithms
+//! - [`h1`]     sans-I/O HTTP/1 heads for the fast path (httparse)
+//! - [`fast`]   the fast path: common exchanges on raw sockets, else hyper
 //! - [`proxy`]    one request: choose, forward, stream back, retry
 //! - [`pool`]     keep-alive backend connections, one pool per worker
 //! - [`net`]      TCP streams writing with send/sendmsg
@@ -12,6 +14,8 @@
 //! - `python`     the `rustext.Balancer` class
 
 pub mod config;
+pub mod fast;
+pub mod h1;
 pub mod net;
 pub mod pool;
 pub mod proxy;
