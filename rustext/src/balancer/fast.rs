@@ -108,12 +108,7 @@ impl Client {
             }
         }
         let s = self.reg()?;
-        loop {
-            match s.try_io(Interest::READABLE, || recv_into(SockRef::from(s), buf, HEAD_READ)) {
-                Err(e) if would_block(&e) => s.readable().await?,
-                r => return r,
-            }
-        }
+        read_into(s, buf, HEAD_READ).await
     }
 
     async fn send(&mut self, bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
@@ -182,10 +177,24 @@ impl Link {
     }
 }
 
+/// Read from a registered socket. A short read means the socket's queue is
+/// empty: the reactor's readiness is cleared then (no system call), as an
+/// `EAGAIN` would, so the next read waits for the next event instead of
+/// calling `recv` just to learn that. (Edge-triggered epoll reports every
+/// later arrival, and tokio ignores a clear older than the latest event.)
 async fn read_into(s: &TcpStream, buf: &mut Vec<u8>, want: usize) -> io::Result<usize> {
     loop {
-        match s.try_io(Interest::READABLE, || recv_into(SockRef::from(s), buf, want)) {
+        let mut offered = 0;
+        match s.try_io(Interest::READABLE, || {
+            buf.reserve(want);
+            offered = buf.capacity() - buf.len();
+            recv_into(SockRef::from(s), buf, want)
+        }) {
             Err(e) if would_block(&e) => s.readable().await?,
+            Ok(n) if n > 0 && n < offered => {
+                let _ = s.try_io(Interest::READABLE, || Err::<(), _>(io::ErrorKind::WouldBlock.into()));
+                return Ok(n);
+            }
             r => return r,
         }
     }
