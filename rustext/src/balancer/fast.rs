@@ -32,7 +32,9 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 use super::config::HashKey;
-use super::h1::{self, BodyMode, Chunks, ClientView, MethodKind, ReqHead, ReqParse, RespHead, RespParse};
+use super::h1::{
+    self, BodyMode, Chunks, ClientView, MethodKind, ReqHead, ReqParse, RespHead, RespParse,
+};
 use super::pool::Fail;
 use super::proxy::{acquire_slot, ConnCtl, Lease, Peer, Worker};
 use super::stats::bump;
@@ -43,8 +45,9 @@ use super::upstream::{Backend, Key, Upstream};
 pub const MAX_FAST_BODY: u64 = 64 * 1024;
 /// Read size for heads (client requests, backend responses).
 const HEAD_READ: usize = 16 * 1024;
-/// Read size while streaming a response body.
-const BODY_READ: usize = 256 * 1024;
+/// Capacity of the per-exchange buffers backend responses are read into
+/// (head and body alike, so one `recv` takes what the socket holds).
+const BODY_READ: usize = 512 * 1024;
 /// Largest backend response head.
 const MAX_RESP_HEAD: usize = 64 * 1024;
 /// Body buffers kept per worker for reuse.
@@ -82,7 +85,10 @@ impl Client {
 
     fn reg(&mut self) -> io::Result<&TcpStream> {
         if self.reg.is_none() {
-            let raw = self.raw.take().ok_or_else(|| io::Error::other("no socket"))?;
+            let raw = self
+                .raw
+                .take()
+                .ok_or_else(|| io::Error::other("no socket"))?;
             self.reg = Some(TcpStream::from_std(raw)?);
         }
         Ok(self.reg.as_ref().expect("registered above"))
@@ -192,7 +198,9 @@ async fn read_into(s: &TcpStream, buf: &mut Vec<u8>, want: usize) -> io::Result<
         }) {
             Err(e) if would_block(&e) => s.readable().await?,
             Ok(n) if n > 0 && n < offered => {
-                let _ = s.try_io(Interest::READABLE, || Err::<(), _>(io::ErrorKind::WouldBlock.into()));
+                let _ = s.try_io(Interest::READABLE, || {
+                    Err::<(), _>(io::ErrorKind::WouldBlock.into())
+                });
                 return Ok(n);
             }
             r => return r,
@@ -238,10 +246,7 @@ impl FastPool {
         if self.max_idle == 0 {
             return;
         }
-        l.buf.clear();
-        if l.buf.capacity() > 4 * HEAD_READ {
-            l.buf = Vec::with_capacity(HEAD_READ);
-        }
+        self.give_back(std::mem::take(&mut l.buf));
         l.since = now;
         let mut g = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = g.entry(id).or_default();
@@ -268,6 +273,9 @@ impl FastPool {
     }
 
     fn give_back(&self, mut v: Vec<u8>) {
+        if v.capacity() < BODY_READ {
+            return;
+        }
         v.clear();
         let mut g = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if g.len() < SCRATCH_KEEP {
@@ -278,7 +286,11 @@ impl FastPool {
 
 /// Serve a client connection on the fast path. `Some` hands it to hyper
 /// with the bytes read but not yet handled.
-pub async fn serve(w: Arc<Worker>, peer: Arc<Peer>, mut client: Client) -> Option<(Client, Vec<u8>)> {
+pub async fn serve(
+    w: Arc<Worker>,
+    peer: Arc<Peer>,
+    mut client: Client,
+) -> Option<(Client, Vec<u8>)> {
     let ctl = peer.ctl.clone();
     let max_head = w.shared.config.max_header_bytes;
     let mut inb: Vec<u8> = Vec::new();
@@ -320,7 +332,17 @@ pub async fn serve(w: Arc<Worker>, peer: Arc<Peer>, mut client: Client) -> Optio
                 Ok(_) => {}
             }
         }
-        let keep = exchange(&w, &up, &peer, &mut client, &head, &inb[..total], &mut out, &mut resp).await;
+        let keep = exchange(
+            &w,
+            &up,
+            &peer,
+            &mut client,
+            &head,
+            &inb[..total],
+            &mut out,
+            &mut resp,
+        )
+        .await;
         ctl.end();
         if !keep || ctl.close.load(Relaxed) {
             return None;
@@ -387,17 +409,46 @@ async fn exchange(
         }
         let Ok(permit) = acquire_slot(backend, s.queue_timeout).await else {
             bump(&w.stats.no_backend, 1);
-            return reply(w, client, resp, view, start, 503, "Service Unavailable", "backend queue full\n").await;
+            return reply(
+                w,
+                client,
+                resp,
+                view,
+                start,
+                503,
+                "Service Unavailable",
+                "backend queue full\n",
+            )
+            .await;
         };
         let lease = Lease::new(backend.clone(), permit);
         backend.stats.requests.fetch_add(1, Relaxed);
         out.truncate(base);
-        h1::finish_request(out, req, head, peer.xff.as_bytes(), peer.forwarded.as_bytes(), backend.authority.as_str());
+        h1::finish_request(
+            out,
+            req,
+            head,
+            peer.xff.as_bytes(),
+            peer.forwarded.as_bytes(),
+            backend.authority.as_str(),
+        );
         let mut wait = s.response_timeout;
         if let Some(d) = deadline {
             wait = wait.min(d.saturating_duration_since(Instant::now()));
         }
-        match attempt_one(w, backend, out, body, retryable, s.connect_timeout, wait, view, resp).await {
+        match attempt_one(
+            w,
+            backend,
+            out,
+            body,
+            retryable,
+            s.connect_timeout,
+            wait,
+            view,
+            resp,
+        )
+        .await
+        {
             Ok((link, rh)) => {
                 bump(&w.stats.bytes_in, body.len() as u64);
                 backend.record_success();
@@ -437,7 +488,17 @@ async fn exchange(
                 backend.record_failure(s.eject_after, s.eject_cooldown);
                 // A timed-out request may have had effects: never replayed.
                 bump(&w.stats.timeouts, 1);
-                return reply(w, client, resp, view, start, 504, "Gateway Timeout", "backend timeout\n").await;
+                return reply(
+                    w,
+                    client,
+                    resp,
+                    view,
+                    start,
+                    504,
+                    "Gateway Timeout",
+                    "backend timeout\n",
+                )
+                .await;
             }
             Err(Outcome::Sent(f)) => {
                 backend.record_failure(s.eject_after, s.eject_cooldown);
@@ -449,15 +510,45 @@ async fn exchange(
     match failed {
         Some(Fail::ConnectTimeout) | Some(Fail::Timeout) => {
             bump(&w.stats.timeouts, 1);
-            reply(w, client, resp, view, start, 504, "Gateway Timeout", "backend timeout\n").await
+            reply(
+                w,
+                client,
+                resp,
+                view,
+                start,
+                504,
+                "Gateway Timeout",
+                "backend timeout\n",
+            )
+            .await
         }
         Some(_) => {
             bump(&w.stats.backend_errors, 1);
-            reply(w, client, resp, view, start, 502, "Bad Gateway", "backend unavailable\n").await
+            reply(
+                w,
+                client,
+                resp,
+                view,
+                start,
+                502,
+                "Bad Gateway",
+                "backend unavailable\n",
+            )
+            .await
         }
         None => {
             bump(&w.stats.no_backend, 1);
-            reply(w, client, resp, view, start, 503, "Service Unavailable", "no backend available\n").await
+            reply(
+                w,
+                client,
+                resp,
+                view,
+                start,
+                503,
+                "Service Unavailable",
+                "no backend available\n",
+            )
+            .await
         }
     }
 }
@@ -485,7 +576,7 @@ async fn connect(b: &Backend, timeout: Duration) -> Result<Link, Fail> {
             let _ = s.set_nodelay(true);
             Ok(Link {
                 s,
-                buf: Vec::with_capacity(HEAD_READ),
+                buf: Vec::new(),
                 since: 0,
             })
         }
@@ -500,7 +591,11 @@ enum HeadErr {
     Invalid,
 }
 
-async fn read_head(link: &mut Link, view: ClientView, resp: &mut Vec<u8>) -> Result<RespHead, HeadErr> {
+async fn read_head(
+    link: &mut Link,
+    view: ClientView,
+    resp: &mut Vec<u8>,
+) -> Result<RespHead, HeadErr> {
     let mut got_any = false;
     loop {
         if !link.buf.is_empty() {
@@ -512,7 +607,9 @@ async fn read_head(link: &mut Link, view: ClientView, resp: &mut Vec<u8>) -> Res
                     continue;
                 }
                 RespParse::Invalid => return Err(HeadErr::Invalid),
-                RespParse::Partial if link.buf.len() > MAX_RESP_HEAD => return Err(HeadErr::Invalid),
+                RespParse::Partial if link.buf.len() > MAX_RESP_HEAD => {
+                    return Err(HeadErr::Invalid)
+                }
                 RespParse::Partial => {}
             }
         }
@@ -550,7 +647,13 @@ async fn attempt_one(
             Some(l) => l,
             None => connect(b, connect_timeout).await.map_err(Outcome::Unsent)?,
         };
-        if send_all(&link.s, &mut [IoSlice::new(head), IoSlice::new(body)]).await.is_err() {
+        if link.buf.capacity() == 0 {
+            link.buf = w.fast_pool.scratch();
+        }
+        if send_all(&link.s, &mut [IoSlice::new(head), IoSlice::new(body)])
+            .await
+            .is_err()
+        {
             if reused {
                 // The backend closed an idle connection: not its failure.
                 fresh_only = true;
@@ -579,7 +682,7 @@ enum RelayEnd {
 async fn relay(
     w: &Worker,
     client: &mut Client,
-    link: Link,
+    mut link: Link,
     rh: RespHead,
     resp: &mut Vec<u8>,
     id: u64,
@@ -616,7 +719,7 @@ async fn relay(
             *bytes += have as u64;
             let mut left = n - have as u64;
             if left > 0 {
-                let mut big = pool.scratch();
+                let mut big = std::mem::take(&mut link.buf);
                 while left > 0 {
                     big.clear();
                     from_backend!(&mut big, (left as usize).min(BODY_READ));
@@ -639,7 +742,7 @@ async fn relay(
             reusable &= c == avail;
             to_client!(resp, &link.buf[b0..b0 + c]);
             if !ch.done() {
-                let mut big = pool.scratch();
+                let mut big = std::mem::take(&mut link.buf);
                 while !ch.done() {
                     big.clear();
                     from_backend!(&mut big, BODY_READ);
@@ -655,12 +758,15 @@ async fn relay(
         BodyMode::Dechunk => {
             let mut ch = Chunks::default();
             let head_len = resp.len();
-            if ch.feed(&link.buf[b0..], |d| resp.extend_from_slice(d)).is_err() {
+            if ch
+                .feed(&link.buf[b0..], |d| resp.extend_from_slice(d))
+                .is_err()
+            {
                 return RelayEnd::BackendBroke;
             }
             *bytes += (resp.len() - head_len) as u64;
             to_client!(resp);
-            let mut big = pool.scratch();
+            let mut big = std::mem::take(&mut link.buf);
             while !ch.done() {
                 big.clear();
                 from_backend!(&mut big, BODY_READ);
@@ -687,7 +793,7 @@ async fn relay(
             } else {
                 to_client!(resp);
             }
-            let mut big = pool.scratch();
+            let mut big = std::mem::take(&mut link.buf);
             loop {
                 big.clear();
                 match read_into(&link.s, &mut big, BODY_READ).await {
@@ -712,7 +818,8 @@ async fn relay(
     }
     if reusable {
         pool.put(id, link, w.clock.now());
+    } else {
+        pool.give_back(std::mem::take(&mut link.buf));
     }
     RelayEnd::Done
 }
-

@@ -50,7 +50,9 @@ fn is_hop_by_hop(n: &[u8]) -> bool {
 }
 
 fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
-    v.split(|&c| c == b',').map(|t| t.trim_ascii()).filter(|t| !t.is_empty())
+    v.split(|&c| c == b',')
+        .map(|t| t.trim_ascii())
+        .filter(|t| !t.is_empty())
 }
 
 /// What `Connection` headers say.
@@ -153,7 +155,9 @@ pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -
     };
     if version > 1
         || !target.starts_with('/')
-        || !target.bytes().all(|c| (0x21..0x7f).contains(&c) && c != b'#')
+        || !target
+            .bytes()
+            .all(|c| (0x21..0x7f).contains(&c) && c != b'#')
     {
         return ReqParse::Fallback;
     }
@@ -275,9 +279,21 @@ pub fn finish_request(
         out.extend_from_slice(host.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    joined(out, b"x-forwarded-for: ", buf, &head.xff[..head.n_xff as usize], xff);
+    joined(
+        out,
+        b"x-forwarded-for: ",
+        buf,
+        &head.xff[..head.n_xff as usize],
+        xff,
+    );
     out.extend_from_slice(b"x-forwarded-proto: http\r\n");
-    joined(out, b"forwarded: ", buf, &head.fwd[..head.n_fwd as usize], forwarded);
+    joined(
+        out,
+        b"forwarded: ",
+        buf,
+        &head.fwd[..head.n_fwd as usize],
+        forwarded,
+    );
     out.extend_from_slice(b"\r\n");
 }
 
@@ -400,9 +416,8 @@ pub fn parse_response(buf: &[u8], client: ClientView, out: &mut Vec<u8>) -> Resp
         } else {
             !conn.close
         };
-    let client_keep_alive = client.keep_alive
-        && !client.closing
-        && !matches!(mode, BodyMode::Dechunk | BodyMode::Raw);
+    let client_keep_alive =
+        client.keep_alive && !client.closing && !matches!(mode, BodyMode::Dechunk | BodyMode::Raw);
     out.reserve(head_len + 64);
     out.extend_from_slice(if client.http10 {
         b"HTTP/1.0 "
@@ -412,10 +427,15 @@ pub fn parse_response(buf: &[u8], client: ClientView, out: &mut Vec<u8>) -> Resp
     let _ = write!(out, "{status:03} ");
     out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
-    let drop_length = matches!(mode, BodyMode::ChunkedPass | BodyMode::Dechunk | BodyMode::Chunk | BodyMode::Raw);
+    let drop_length = matches!(
+        mode,
+        BodyMode::ChunkedPass | BodyMode::Dechunk | BodyMode::Chunk | BodyMode::Raw
+    );
     for h in headers {
         let n = h.name.as_bytes();
-        if drop_header(n, conn, headers) || (drop_length && n.eq_ignore_ascii_case(b"content-length")) {
+        if drop_header(n, conn, headers)
+            || (drop_length && n.eq_ignore_ascii_case(b"content-length"))
+        {
             continue;
         }
         out.extend_from_slice(n);
@@ -442,7 +462,13 @@ pub fn parse_response(buf: &[u8], client: ClientView, out: &mut Vec<u8>) -> Resp
 }
 
 /// A response of the balancer's own (errors), in `out`.
-pub fn simple_response(out: &mut Vec<u8>, status: u16, reason: &str, body: &str, client: ClientView) {
+pub fn simple_response(
+    out: &mut Vec<u8>,
+    status: u16,
+    reason: &str,
+    body: &str,
+    client: ClientView,
+) {
     out.clear();
     let _ = write!(
         out,
@@ -612,7 +638,14 @@ mod tests {
 
     fn finished(buf: &[u8]) -> String {
         let (h, mut out) = ready(buf, None);
-        finish_request(&mut out, buf, &h, b"10.0.0.2", b"for=10.0.0.2;proto=http", "be:80");
+        finish_request(
+            &mut out,
+            buf,
+            &h,
+            b"10.0.0.2",
+            b"for=10.0.0.2;proto=http",
+            "be:80",
+        );
         String::from_utf8(out).unwrap()
     }
 
@@ -651,7 +684,10 @@ mod tests {
         assert_eq!(slice(raw, h.hash_value.unwrap()), b"bob");
         let s = finished(raw);
         assert!(s.contains("x-forwarded-for: a, b, 10.0.0.2\r\n"), "{s}");
-        assert!(s.contains("forwarded: for=1.1.1.1, for=10.0.0.2;proto=http\r\n"), "{s}");
+        assert!(
+            s.contains("forwarded: for=1.1.1.1, for=10.0.0.2;proto=http\r\n"),
+            "{s}"
+        );
         assert!(s.contains("Content-Length: 3\r\n"));
     }
 
@@ -671,15 +707,24 @@ mod tests {
             b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
             b"G@T / HTTP/1.1\r\n\r\n",
         ] {
-            assert!(matches!(parse_request(raw, None, &mut out), ReqParse::Fallback), "{raw:?}");
+            assert!(
+                matches!(parse_request(raw, None, &mut out), ReqParse::Fallback),
+                "{raw:?}"
+            );
         }
-        assert!(matches!(parse_request(b"GET / HTTP/1.1\r\nHost: a\r\n", None, &mut out), ReqParse::Partial));
+        assert!(matches!(
+            parse_request(b"GET / HTTP/1.1\r\nHost: a\r\n", None, &mut out),
+            ReqParse::Partial
+        ));
         let mut many = b"GET / HTTP/1.1\r\n".to_vec();
         for i in 0..MAX_HEADERS + 1 {
             many.extend_from_slice(format!("x-{i}: 1\r\n").as_bytes());
         }
         many.extend_from_slice(b"\r\n");
-        assert!(matches!(parse_request(&many, None, &mut out), ReqParse::Fallback));
+        assert!(matches!(
+            parse_request(&many, None, &mut out),
+            ReqParse::Fallback
+        ));
     }
 
     const C11: ClientView = ClientView {
@@ -706,30 +751,75 @@ mod tests {
     #[test]
     fn response_modes() {
         let (h, s) = resp(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nKeep-Alive: timeout=5\r\nServer: x\r\n\r\nhello", C11);
-        assert_eq!((h.mode, h.backend_keep_alive, h.client_keep_alive), (BodyMode::Length(5), true, true));
-        assert_eq!(s, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nServer: x\r\n\r\n");
-        let (h, s) = resp(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", C11);
+        assert_eq!(
+            (h.mode, h.backend_keep_alive, h.client_keep_alive),
+            (BodyMode::Length(5), true, true)
+        );
+        assert_eq!(
+            s,
+            "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nServer: x\r\n\r\n"
+        );
+        let (h, s) = resp(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            C11,
+        );
         assert_eq!(h.mode, BodyMode::ChunkedPass);
         assert!(s.contains("transfer-encoding: chunked\r\n"));
-        let (h, s) = resp(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 9\r\n\r\n", C10);
+        let (h, s) = resp(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 9\r\n\r\n",
+            C10,
+        );
         assert_eq!((h.mode, h.client_keep_alive), (BodyMode::Dechunk, false));
-        assert!(s.starts_with("HTTP/1.0 200 OK\r\n") && !s.contains("chunked") && !s.contains("Content-Length"), "{s}");
+        assert!(
+            s.starts_with("HTTP/1.0 200 OK\r\n")
+                && !s.contains("chunked")
+                && !s.contains("Content-Length"),
+            "{s}"
+        );
         assert!(s.contains("connection: close\r\n"));
         let (h, s) = resp(b"HTTP/1.0 200 OK\r\n\r\n", C11);
         assert_eq!((h.mode, h.backend_keep_alive), (BodyMode::Chunk, false));
         assert!(s.contains("transfer-encoding: chunked"));
         let (h, _) = resp(b"HTTP/1.0 200 OK\r\n\r\n", C10);
         assert_eq!(h.mode, BodyMode::Raw);
-        let (h, s) = resp(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", ClientView { keep_alive: true, ..C10 });
+        let (h, s) = resp(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+            ClientView {
+                keep_alive: true,
+                ..C10
+            },
+        );
         assert!(h.client_keep_alive && s.contains("connection: keep-alive\r\n"));
-        let (h, _) = resp(b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n", C11);
+        let (h, _) = resp(
+            b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n",
+            C11,
+        );
         assert_eq!(h.mode, BodyMode::Empty);
-        let (h, _) = resp(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\n", ClientView { head_request: true, ..C11 });
+        let (h, _) = resp(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\n",
+            ClientView {
+                head_request: true,
+                ..C11
+            },
+        );
         assert_eq!((h.mode, h.backend_keep_alive), (BodyMode::Empty, false));
         let mut out = Vec::new();
-        assert!(matches!(parse_response(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1", C11, &mut out), RespParse::Interim(25)));
-        assert!(matches!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", C11, &mut out), RespParse::Invalid));
-        assert!(matches!(parse_response(b"HTTP/1.1 101 Switching\r\n\r\n", C11, &mut out), RespParse::Invalid));
+        assert!(matches!(
+            parse_response(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1", C11, &mut out),
+            RespParse::Interim(25)
+        ));
+        assert!(matches!(
+            parse_response(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                C11,
+                &mut out
+            ),
+            RespParse::Invalid
+        ));
+        assert!(matches!(
+            parse_response(b"HTTP/1.1 101 Switching\r\n\r\n", C11, &mut out),
+            RespParse::Invalid
+        ));
     }
 
     #[test]
@@ -743,7 +833,9 @@ mod tests {
         assert_eq!(data, b"hello world");
         assert!(Chunks::default().feed(b"x\r\n", |_| {}).is_err());
         assert!(Chunks::default().feed(b"1\r\nab", |_| {}).is_err());
-        assert!(Chunks::default().feed(b"ffffffffffffffff\r\n", |_| {}).is_err());
+        assert!(Chunks::default()
+            .feed(b"ffffffffffffffff\r\n", |_| {})
+            .is_err());
     }
 
     fn chunked(parts: &[Vec<u8>], trailer: bool) -> Vec<u8> {
@@ -753,7 +845,11 @@ mod tests {
             v.extend_from_slice(p);
             v.extend_from_slice(b"\r\n");
         }
-        v.extend_from_slice(if trailer { b"0\r\nX-T: 1\r\n\r\n" } else { b"0\r\n\r\n" });
+        v.extend_from_slice(if trailer {
+            b"0\r\nX-T: 1\r\n\r\n"
+        } else {
+            b"0\r\n\r\n"
+        });
         v
     }
 
