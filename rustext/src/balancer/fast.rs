@@ -21,7 +21,6 @@
 //! the response started; passive ejection; the per-backend limit with its
 //! queue; response and total timeouts; the same stats.
 
-use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -37,7 +36,7 @@ use super::h1::{
 };
 use super::pool::Fail;
 use super::proxy::{acquire_slot, ConnCtl, Lease, Peer, Worker};
-use super::stats::bump;
+use super::stats::{bump, IdMap};
 use super::upstream::{Backend, Key, Upstream};
 
 /// Request bodies up to this size are read whole, then forwarded; larger
@@ -210,7 +209,7 @@ async fn read_into(s: &TcpStream, buf: &mut Vec<u8>, want: usize) -> io::Result<
 
 /// The fast path's keep-alive backend connections, one pool per worker.
 pub struct FastPool {
-    idle: Mutex<HashMap<u64, Vec<Link>>>,
+    idle: Mutex<IdMap<Vec<Link>>>,
     max_idle: usize,
     /// In the worker clock's milliseconds (0: none).
     idle_timeout_ms: u64,
@@ -220,7 +219,7 @@ pub struct FastPool {
 impl FastPool {
     pub fn new(max_idle: usize, idle_timeout: Duration) -> Self {
         FastPool {
-            idle: Mutex::new(HashMap::new()),
+            idle: Mutex::new(IdMap::default()),
             max_idle,
             idle_timeout_ms: idle_timeout.as_millis() as u64,
             scratch: Mutex::new(Vec::new()),

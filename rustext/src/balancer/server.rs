@@ -29,7 +29,7 @@ use super::fast::{self, Client, FastPool};
 use super::net::{poll_send, poll_send_vectored};
 use super::pool::Pool;
 use super::proxy::{handle, Clock, ConnCtl, Peer, Shared, Worker};
-use super::stats::{Totals, WorkerStats};
+use super::stats::{IdMap, Totals, WorkerStats};
 use super::upstream::{AdminState, Upstream};
 
 /// A running balancer. Dropping it drains with a zero deadline.
@@ -254,7 +254,7 @@ impl Drop for Balancer {
 #[derive(Default)]
 struct Conns {
     next: std::sync::atomic::AtomicU64,
-    map: Mutex<std::collections::HashMap<u64, Arc<ConnCtl>>>,
+    map: Mutex<IdMap<Arc<ConnCtl>>>,
 }
 
 /// Housekeeping period: fine enough for the header timeout, at most 1 s.
