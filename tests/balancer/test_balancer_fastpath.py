@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 
 import pytest
 from balancer_helpers import dechunk, pattern, raw_exchange, split_response
@@ -210,3 +211,26 @@ def test_chunked_response_passthrough_via_raw_exchange_dechunks(lb):
     status, headers, body = split_response(raw)
     assert headers["transfer-encoding"] == "chunked" and headers["connection"] == "close"
     assert dechunk(body) == pattern(65537)
+
+
+def test_reload_applies_to_the_next_request_of_an_idle_keep_alive_connection(backends, proxy):
+    a, b = backends(2)
+    lb = proxy([a], workers=1)
+    with connect(port_of(lb)) as s, s.makefile("rb") as f:
+        s.sendall(b"GET /whoami HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert read_response(f)[2] == a.name.encode()
+        lb.update({"backends": [b.address]})
+        s.sendall(b"GET /whoami HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert read_response(f)[2] == b.name.encode()
+
+
+def test_new_connections_survive_frequent_idle_checks(backends, proxy):
+    """Idle checks (every idle_timeout/2) never close a connection whose
+    request has not been read yet: ab aborts on the reset that causes."""
+    lb = proxy(backends(2), workers=1, idle_timeout=0.05)
+    out = subprocess.run(
+        ["ab", "-n", "3000", "-c", "10", f"http://127.0.0.1:{port_of(lb)}/size/10"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Failed requests:        0" in out.stdout, out.stdout

@@ -296,17 +296,19 @@ pub async fn serve(
     let mut out: Vec<u8> = Vec::new();
     let mut resp: Vec<u8> = Vec::new();
     loop {
-        let up = w.shared.upstream();
-        let hash_name = match &up.settings.hash_key {
-            HashKey::Header(n) => Some(n.as_str()),
-            _ => None,
-        };
-        let head = loop {
+        let (up, head) = loop {
             if !inb.is_empty() {
+                // The snapshot current when the head is complete (reloads
+                // apply to the next request of a keep-alive connection).
+                let up = w.shared.upstream();
+                let hash_name = match &up.settings.hash_key {
+                    HashKey::Header(n) => Some(n.as_str()),
+                    _ => None,
+                };
                 match h1::parse_request(&inb, hash_name, &mut out) {
-                    ReqParse::Ready(h) => break Some(h),
-                    ReqParse::Fallback => break None,
-                    ReqParse::Partial if inb.len() >= max_head => break None,
+                    ReqParse::Ready(h) => break (up, Some(h)),
+                    ReqParse::Fallback => break (up, None),
+                    ReqParse::Partial if inb.len() >= max_head => break (up, None),
                     ReqParse::Partial => {}
                 }
             } else if ctl.close.load(Relaxed) {

@@ -343,6 +343,10 @@ async fn worker_main(
                         Ok((sock, peer)) => {
                             // Registered here, so a drain that starts next sees it.
                             let ctl = Arc::new(ConnCtl::default());
+                            // Active from the start: an idle check right after the
+                            // accept must not close it before its request is read
+                            // (that reset a client whose request was in flight).
+                            ctl.active.store(true, Relaxed);
                             let id = conns.next.fetch_add(1, Relaxed);
                             conns.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl.clone());
                             tokio::spawn(serve_conn(worker.clone(), conns.clone(), id, ctl, sock, peer));
