@@ -9,6 +9,8 @@ import socket
 import subprocess
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from balancer_helpers import dechunk, pattern, raw_exchange, split_response
 
 
@@ -234,3 +236,49 @@ def test_new_connections_survive_frequent_idle_checks(backends, proxy):
     )
     assert out.returncode == 0, out.stderr
     assert "Failed requests:        0" in out.stdout, out.stdout
+
+
+SPECIAL = {
+    "content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer", "upgrade", "expect",
+    "host", "proxy-connection", "proxy-authenticate", "proxy-authorization", "x-forwarded-for",
+    "x-forwarded-proto", "forwarded",
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    headers=st.lists(
+        st.tuples(st.from_regex(r"[A-Za-z][A-Za-z0-9-]{0,12}", fullmatch=True),
+                  st.from_regex(r"[!-~]([ -~]{0,28}[!-~])?", fullmatch=True)),
+        max_size=8,
+    ),
+    body=st.binary(max_size=3000),
+    cut=st.integers(0, 1 << 20),
+    http10=st.booleans(),
+)
+def test_generated_requests_forwarded_exactly(proxy_session, headers, body, cut, http10):
+    """Random end-to-end headers and bodies, the request split at a random
+    byte: the backend sees every header as sent and the body intact."""
+    port = proxy_session.address[1]
+    hs = [(k, v) for k, v in headers if k.lower() not in SPECIAL]
+    version = "1.0" if http10 else "1.1"
+    lines = "".join(f"{k}: {v}\r\n" for k, v in hs)
+    for path, payload in (("/echo", body), ("/headers", b"")):
+        method = "POST" if payload else "GET"
+        raw = (f"{method} {path} HTTP/{version}\r\nHost: t\r\n{lines}Content-Length: {len(payload)}\r\n"
+               "Connection: close\r\n\r\n").encode() + payload
+        at = cut % len(raw)
+        with connect(port) as s:
+            s.sendall(raw[:at])
+            s.sendall(raw[at:])
+            chunks = []
+            while data := s.recv(1 << 16):
+                chunks.append(data)
+        status, _, got = split_response(b"".join(chunks))
+        assert status.startswith(f"HTTP/{version} 200"), status
+        if path == "/echo":
+            assert got == payload
+        else:
+            seen = json.loads(got)["headers"]
+            for k, v in hs:
+                assert [k, v] in seen, (k, v, seen)
