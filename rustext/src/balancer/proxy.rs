@@ -1,4 +1,7 @@
-//! One request through the proxy: pick a backend, forward, stream back.
+//! One request through hyper's path: pick a backend, forward, stream back.
+//! Connections come here from the fast path ([`super::fast`]) when a request
+//! needs more than it handles (Upgrade, `Expect`, chunked or large bodies,
+//! odd heads); the semantics are the same.
 //!
 //! Framing toward the client is hyper's: a response without a length goes
 //! chunked to HTTP/1.1 clients and close-delimited (then `Connection: close`)
