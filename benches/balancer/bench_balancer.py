@@ -243,9 +243,14 @@ def measure(kind: str, proc: subprocess.Popen, port: int, scenario: tuple, tool:
                              capture_output=True, text=True, timeout=120).stdout
         r = parse_wrk(out)
     else:
-        out = subprocess.run(["ab", "-q", "-n", str(ab_n), "-c", str(conc), url],
-                             capture_output=True, text=True, timeout=300).stdout
-        r = parse_ab(out)
+        done = subprocess.run(["ab", "-q", "-n", str(ab_n), "-c", str(conc), url],
+                              capture_output=True, text=True, timeout=300)
+        if "Failed requests:" in done.stdout:
+            r = parse_ab(done.stdout)
+        else:
+            # ab gave up (e.g. a reset or its 30 s timeout): every request counts as failed.
+            print(f"ab against {kind} aborted: {done.stderr.strip()[-300:]}", file=sys.stderr, flush=True)
+            r = {"requests": 0, "rps": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "failures": ab_n}
     cpu = cpu_seconds(pids) - c0
     return Run(kind, name, tool, rnd, r["requests"], r["rps"], r["p50"], r["p90"], r["p99"], r["failures"],
                cpu * 1e6 / max(r["requests"], 1), rss_kib(pids) / 1024)

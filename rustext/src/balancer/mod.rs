@@ -1,17 +1,22 @@
-//! The HTTP load balancer's data plane: a tokio + hyper reverse proxy on
-//! threads of its own. Python configures it, reads its stats and marks
+//! The HTTP load balancer's data plane: a tokio reverse proxy on threads of
+//! its own, with a hand-written HTTP/1 fast path for the common exchange and
+//! hyper for everything else. Python configures it, reads its stats and marks
 //! backends up or down; it never runs per request.
 //!
 //! - [`config`]   typed, validated configuration (defaults documented there)
 //! - [`upstream`] backends, their state, and the balancing algorithms
-//! - [`proxy`]    one request: choose, forward, stream back, retry
-//! - [`pool`]     keep-alive backend connections, one pool per worker
+//! - [`h1`]       sans-I/O HTTP/1 heads for the fast path (httparse)
+//! - [`fast`]     the fast path: common exchanges on raw sockets, its pool
+//! - [`proxy`]    hyper's path: choose, forward, stream back, retry
+//! - [`pool`]     hyper's keep-alive backend connections, one pool per worker
 //! - [`net`]      TCP streams writing with send/sendmsg
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
 //! - [`stats`]    per-worker counters and the latency histogram
 //! - `python`     the `rustext.Balancer` class
 
 pub mod config;
+pub mod fast;
+pub mod h1;
 pub mod net;
 pub mod pool;
 pub mod proxy;
@@ -23,8 +28,8 @@ pub mod upstream;
 pub mod python;
 
 /// The extension's allocator (its Rust allocations only; Python keeps its
-/// own). hyper and tokio allocate and free a few small objects per request
-/// (request/response parts, header maps, channel slots, task cells);
+/// own). tokio (and hyper, on its path) allocate and free a few small
+/// objects per connection or request (task cells, buffers, header maps);
 /// mimalloc's per-thread free lists serve those faster than glibc malloc
 /// (measured: see benches/README.md, `## Balancer`).
 #[global_allocator]

@@ -1,4 +1,7 @@
-//! One request through the proxy: pick a backend, forward, stream back.
+//! One request through hyper's path: pick a backend, forward, stream back.
+//! Connections come here from the fast path ([`super::fast`]) when a request
+//! needs more than it handles (Upgrade, `Expect`, chunked or large bodies,
+//! odd heads); the semantics are the same.
 //!
 //! Framing toward the client is hyper's: a response without a length goes
 //! chunked to HTTP/1.1 clients and close-delimited (then `Connection: close`)
@@ -26,7 +29,7 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Sleep;
 
-use super::config::Config;
+use super::config::{Config, HashKey};
 use super::pool::{BackendConn, Fail, Pool};
 use super::stats::{bump, WorkerStats};
 use super::upstream::{Backend, Key, Upstream};
@@ -58,6 +61,8 @@ pub struct Worker {
     pub shared: Arc<Shared>,
     pub stats: Arc<WorkerStats>,
     pub pool: Pool,
+    /// The fast path's backend connections.
+    pub fast_pool: super::fast::FastPool,
     pub clock: Clock,
     /// The forwarding headers of the last client address seen: clients
     /// that open a connection per request (HTTP/1.0, `ab`) mostly come from
@@ -121,13 +126,17 @@ impl ConnCtl {
         }
     }
     #[inline]
-    fn begin(&self) {
+    pub fn begin(&self) {
         self.busy.store(true, Relaxed);
         self.head_since.store(0, Relaxed);
     }
     #[inline]
-    fn end(&self) {
+    pub fn end(&self) {
         self.busy.store(false, Relaxed);
+    }
+    /// Between requests with no byte of the next one read.
+    pub fn at_rest(&self) -> bool {
+        !self.busy.load(Relaxed) && self.head_since.load(Relaxed) == 0
     }
     pub fn head_overdue(&self, now: u64, limit: Duration) -> bool {
         let since = self.head_since.load(Relaxed);
@@ -158,9 +167,9 @@ impl ConnCtl {
 /// Per client connection, computed once: the peer and its forwarding headers.
 pub struct Peer {
     pub ip: IpAddr,
-    xff: HeaderValue,
-    forwarded: HeaderValue,
-    ctl: Arc<ConnCtl>,
+    pub xff: HeaderValue,
+    pub forwarded: HeaderValue,
+    pub ctl: Arc<ConnCtl>,
 }
 
 impl Peer {
@@ -314,6 +323,24 @@ fn add_forwarded(h: &mut HeaderMap, peer: &Peer) {
     }
 }
 
+/// A slot of the backend's concurrency limit (none needed when unlimited),
+/// waiting in its queue up to `queue_timeout`.
+pub async fn acquire_slot(
+    backend: &Arc<Backend>,
+    queue_timeout: Duration,
+) -> Result<Option<OwnedSemaphorePermit>, ()> {
+    if !backend.limited() {
+        return Ok(None);
+    }
+    match backend.limiter.clone().try_acquire_owned() {
+        Ok(p) => Ok(Some(p)),
+        Err(_) => match tokio::time::timeout(queue_timeout, backend.limiter.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(Some(p)),
+            _ => Err(()),
+        },
+    }
+}
+
 fn idempotent(m: &Method) -> bool {
     matches!(
         *m,
@@ -382,7 +409,7 @@ pub struct Lease {
 }
 
 impl Lease {
-    fn new(backend: Arc<Backend>, permit: Option<OwnedSemaphorePermit>) -> Self {
+    pub fn new(backend: Arc<Backend>, permit: Option<OwnedSemaphorePermit>) -> Self {
         backend.active.fetch_add(1, Relaxed);
         Lease {
             backend,
@@ -652,7 +679,10 @@ async fn forward(
         let key = Key {
             client_ip: peer.ip,
             path: pq.path(),
-            headers: &headers,
+            header: match &s.hash_key {
+                HashKey::Header(name) => headers.get(name).map(|v| v.as_bytes()),
+                _ => None,
+            },
         };
         let Some(i) = up.select(&key, tried) else {
             break;
@@ -663,27 +693,9 @@ async fn forward(
             bump(&w.stats.retries, 1);
         }
 
-        let permit = if !backend.limited() {
-            None
-        } else {
-            match backend.limiter.clone().try_acquire_owned() {
-                Ok(p) => Some(p),
-                Err(_) => match tokio::time::timeout(
-                    s.queue_timeout,
-                    backend.limiter.clone().acquire_owned(),
-                )
-                .await
-                {
-                    Ok(Ok(p)) => Some(p),
-                    _ => {
-                        bump(&w.stats.no_backend, 1);
-                        return error_response(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "backend queue full\n",
-                        );
-                    }
-                },
-            }
+        let Ok(permit) = acquire_slot(&backend, s.queue_timeout).await else {
+            bump(&w.stats.no_backend, 1);
+            return error_response(StatusCode::SERVICE_UNAVAILABLE, "backend queue full\n");
         };
         let lease = Lease::new(backend.clone(), permit);
         backend.stats.requests.fetch_add(1, Relaxed);

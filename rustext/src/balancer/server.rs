@@ -16,18 +16,20 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::config::{Config, Settings};
+use super::fast::{self, Client, FastPool};
 use super::net::{poll_send, poll_send_vectored};
 use super::pool::Pool;
 use super::proxy::{handle, Clock, ConnCtl, Peer, Shared, Worker};
-use super::stats::{Totals, WorkerStats};
+use super::stats::{IdMap, Totals, WorkerStats};
 use super::upstream::{AdminState, Upstream};
 
 /// A running balancer. Dropping it drains with a zero deadline.
@@ -252,7 +254,7 @@ impl Drop for Balancer {
 #[derive(Default)]
 struct Conns {
     next: std::sync::atomic::AtomicU64,
-    map: Mutex<std::collections::HashMap<u64, Arc<ConnCtl>>>,
+    map: Mutex<IdMap<Arc<ConnCtl>>>,
 }
 
 /// Housekeeping period: fine enough for the header timeout, at most 1 s.
@@ -273,7 +275,8 @@ async fn worker_main(
     l: std::net::TcpListener,
     mut stop: watch::Receiver<Option<Instant>>,
 ) {
-    let listener = match TcpListener::from_std(l) {
+    // SAFETY: the listener owns its descriptor and keeps it while registered.
+    let listener = match unsafe { AsyncFd::register_with_interest(l, Interest::READABLE) } {
         Ok(l) => l,
         Err(_) => return,
     };
@@ -281,6 +284,7 @@ async fn worker_main(
     let pool = Pool::new(cfg.pool_max_idle, cfg.pool_idle_timeout);
     let worker = Arc::new(Worker {
         pool,
+        fast_pool: FastPool::new(cfg.pool_max_idle, cfg.pool_idle_timeout),
         shared: shared.clone(),
         stats: stats.clone(),
         clock: Clock::default(),
@@ -304,7 +308,10 @@ async fn worker_main(
     tick.tick().await;
     loop {
         tokio::select! {
-            _ = sweep.tick() => worker.pool.sweep(),
+            _ = sweep.tick() => {
+                worker.pool.sweep();
+                worker.fast_pool.sweep(worker.clock.advance());
+            }
             _ = tick.tick() => {
                 let now = worker.clock.advance();
                 let check_idle = !idle.is_zero() && idle_checked.elapsed() >= idle / 2;
@@ -321,16 +328,43 @@ async fn worker_main(
                     }
                 }
             }
-            r = listener.accept() => match r {
-                Ok((sock, peer)) => {
-                    // Registered here, so a drain that starts next sees it.
-                    let ctl = Arc::new(ConnCtl::default());
-                    let id = conns.next.fetch_add(1, Relaxed);
-                    conns.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl.clone());
-                    tokio::spawn(serve_conn(worker.clone(), conns.clone(), id, ctl, sock, peer));
+            r = listener.readable() => {
+                let mut guard = match r {
+                    Ok(g) => g,
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                // Accept what is queued (bounded, for fairness with the
+                // connections' tasks), then wait for readiness again.
+                for _ in 0..ACCEPT_BATCH {
+                    match accept(guard.get_inner()) {
+                        Ok((sock, peer)) => {
+                            // Registered here, so a drain that starts next sees it.
+                            let ctl = Arc::new(ConnCtl::default());
+                            // Active from the start: an idle check right after the
+                            // accept must not close it before its request is read
+                            // (that reset a client whose request was in flight).
+                            ctl.active.store(true, Relaxed);
+                            let id = conns.next.fetch_add(1, Relaxed);
+                            conns.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl.clone());
+                            tokio::spawn(serve_conn(worker.clone(), conns.clone(), id, ctl, sock, peer));
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            guard.clear_ready();
+                            break;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted
+                            || e.kind() == io::ErrorKind::ConnectionAborted => {}
+                        // Out of descriptors or similar: back off instead of spinning.
+                        Err(_) => {
+                            drop(guard);
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            break;
+                        }
+                    }
                 }
-                // Out of descriptors or similar: back off instead of spinning.
-                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             },
             _ = stop.changed() => break,
         }
@@ -345,9 +379,37 @@ async fn worker_main(
     }
 }
 
-/// Marks the connection as active on every read or write (idle timeout).
+/// Connections accepted per readiness event at most.
+const ACCEPT_BATCH: usize = 32;
+
+/// `accept4` straight to a non-blocking socket (one system call), not
+/// registered with the reactor: the fast path registers it only if it must wait.
+fn accept(l: &std::net::TcpListener) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let fd = l.as_raw_fd();
+    // SAFETY: accept4 writes at most `len` bytes of address into the storage.
+    let (sock, addr) = unsafe {
+        socket2::SockAddr::try_init(|storage, len| {
+            let r = libc::accept4(fd, storage.cast(), len, libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
+            if r < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(std::net::TcpStream::from_raw_fd(r))
+            }
+        })?
+    };
+    let peer = addr
+        .as_socket()
+        .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+    Ok((sock, peer))
+}
+
+/// Marks the connection as active on every read or write (idle timeout);
+/// replays the bytes the fast path read before handing the connection over.
 struct Watched {
     io: TcpStream,
+    prefix: Vec<u8>,
+    at: usize,
     ctl: Arc<ConnCtl>,
     worker: Arc<Worker>,
 }
@@ -359,6 +421,16 @@ impl AsyncRead for Watched {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let me = self.get_mut();
+        if me.at < me.prefix.len() {
+            let n = buf.remaining().min(me.prefix.len() - me.at);
+            buf.put_slice(&me.prefix[me.at..me.at + n]);
+            me.at += n;
+            if me.at == me.prefix.len() {
+                me.prefix = Vec::new();
+                me.at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let r = Pin::new(&mut me.io).poll_read(cx, buf);
         if r.is_ready() {
@@ -411,7 +483,7 @@ async fn serve_conn(
     conns: Arc<Conns>,
     id: u64,
     ctl: Arc<ConnCtl>,
-    sock: TcpStream,
+    sock: std::net::TcpStream,
     peer: SocketAddr,
 ) {
     w.stats.connections_total.fetch_add(1, Relaxed);
@@ -420,25 +492,14 @@ async fn serve_conn(
     if !cfg!(target_os = "linux") {
         let _ = sock.set_nodelay(true);
     }
-    let cfg = &w.shared.config;
-    let io = TokioIo::new(Watched {
-        io: sock,
-        ctl: ctl.clone(),
-        worker: w.clone(),
-    });
     let peer = Arc::new(Peer::cached(peer, ctl.clone(), &w.last_peer));
-    let worker = w.clone();
-    let svc = service_fn(move |req| handle(worker.clone(), peer.clone(), req));
-    let mut builder = http1::Builder::new();
-    // hyper's own header timer is off: see the housekeeping in worker_main.
-    builder
-        .timer(TokioTimer::new())
-        .max_buf_size(cfg.max_header_bytes)
-        .keep_alive(true)
-        .header_read_timeout(None);
     // Boxed: the task cell (128-byte aligned) stays small; a multi-KiB
     // over-aligned cell takes the allocator's slow path on every accept.
-    let mut conn = Box::pin(builder.serve_connection(io, svc).with_upgrades());
+    let mut stage = Stage::Fast(Box::pin(fast::serve(
+        w.clone(),
+        peer.clone(),
+        Client::new(sock, ctl.clone()),
+    )));
     let mut closing = false;
     let mut registered = false;
     let _ = std::future::poll_fn(|cx| {
@@ -450,11 +511,32 @@ async fn serve_conn(
         if ctl.abort.load(Relaxed) {
             return Poll::Ready(());
         }
-        if !closing && ctl.close.load(Relaxed) {
-            closing = true;
-            conn.as_mut().graceful_shutdown();
+        loop {
+            match &mut stage {
+                Stage::Fast(f) => {
+                    if ctl.close.load(Relaxed) && ctl.at_rest() {
+                        return Poll::Ready(()); // drain or idle: nothing in flight
+                    }
+                    match f.as_mut().poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(None) => return Poll::Ready(()),
+                        Poll::Ready(Some((client, prefix))) => {
+                            let Ok(io) = client.into_tokio() else {
+                                return Poll::Ready(());
+                            };
+                            stage = Stage::Hyper(hyper_conn(&w, &ctl, &peer, io, prefix));
+                        }
+                    }
+                }
+                Stage::Hyper(conn) => {
+                    if !closing && ctl.close.load(Relaxed) {
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    return conn.as_mut().poll(cx).map(|_| ());
+                }
+            }
         }
-        conn.as_mut().poll(cx).map(|_| ())
     })
     .await;
     conns
@@ -462,4 +544,57 @@ async fn serve_conn(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&id);
+}
+
+type FastFuture = Pin<Box<dyn Future<Output = Option<(Client, Vec<u8>)>> + Send>>;
+type HyperConn = Pin<Box<hyper::server::conn::http1::UpgradeableConnection<TokioIo<Watched>, Svc>>>;
+type HandleFuture = Pin<
+    Box<
+        dyn Future<Output = Result<hyper::Response<super::proxy::RespBody>, std::convert::Infallible>>
+            + Send,
+    >,
+>;
+
+/// hyper's service for a connection: [`handle`] each request.
+struct Svc {
+    worker: Arc<Worker>,
+    peer: Arc<Peer>,
+}
+
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Svc {
+    type Response = hyper::Response<super::proxy::RespBody>;
+    type Error = std::convert::Infallible;
+    type Future = HandleFuture;
+    fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> HandleFuture {
+        Box::pin(handle(self.worker.clone(), self.peer.clone(), req))
+    }
+}
+
+enum Stage {
+    Fast(FastFuture),
+    Hyper(HyperConn),
+}
+
+/// The rest of a connection the fast path handed over, served by hyper.
+fn hyper_conn(w: &Arc<Worker>, ctl: &Arc<ConnCtl>, peer: &Arc<Peer>, io: TcpStream, prefix: Vec<u8>) -> HyperConn {
+    let cfg = &w.shared.config;
+    let io = TokioIo::new(Watched {
+        io,
+        prefix,
+        at: 0,
+        ctl: ctl.clone(),
+        worker: w.clone(),
+    });
+    let svc = Svc {
+        worker: w.clone(),
+        peer: peer.clone(),
+    };
+    let mut builder = http1::Builder::new();
+    // hyper's own header timer is off: see the housekeeping in worker_main.
+    builder
+        .timer(TokioTimer::new())
+        .max_buf_size(cfg.max_header_bytes)
+        .keep_alive(true)
+        .header_read_timeout(None);
+    Box::pin(builder.serve_connection(io, svc).with_upgrades())
 }

@@ -21,6 +21,28 @@ pub fn bump(a: &AtomicU64, n: u64) {
     a.store(a.load(Relaxed).wrapping_add(n), Relaxed);
 }
 
+/// Hashes a `u64` id to itself (ids are sequential and local: no flooding
+/// to fear), for the per-worker maps keyed by connection or backend id.
+#[derive(Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | b as u64;
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// A map keyed by a `u64` id.
+pub type IdMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+
 #[derive(Default)]
 #[repr(align(128))]
 pub struct WorkerStats {

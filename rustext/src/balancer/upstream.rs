@@ -215,7 +215,8 @@ impl Backend {
 pub struct Key<'a> {
     pub client_ip: IpAddr,
     pub path: &'a str,
-    pub headers: &'a http::HeaderMap,
+    /// The value of the hash header (`HashKey::Header`), if the request has it.
+    pub header: Option<&'a [u8]>,
 }
 
 /// A snapshot of the pool and its policy.
@@ -354,8 +355,8 @@ impl Upstream {
                 let h = match &self.settings.hash_key {
                     HashKey::ClientIp => hash_ip(key.client_ip),
                     HashKey::Path => hash64(key.path.as_bytes()),
-                    HashKey::Header(name) => match key.headers.get(name) {
-                        Some(v) => hash64(v.as_bytes()),
+                    HashKey::Header(_) => match key.header {
+                        Some(v) => hash64(v),
                         None => hash_ip(key.client_ip),
                     },
                 };
@@ -464,11 +465,11 @@ mod tests {
         Upstream::new(settings, None, Instant::now(), &AtomicU64::new(0)).unwrap()
     }
 
-    fn key<'a>(path: &'a str, h: &'a http::HeaderMap) -> Key<'a> {
+    fn key<'a>(path: &'a str, _h: &'a http::HeaderMap) -> Key<'a> {
         Key {
             client_ip: "10.0.0.1".parse().unwrap(),
             path,
-            headers: h,
+            header: None,
         }
     }
 

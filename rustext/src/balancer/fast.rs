@@ -1,0 +1,826 @@
+//! The fast path: the common HTTP/1 exchange written directly on sockets.
+//!
+//! A client connection starts here. Each request head is parsed by
+//! [`h1`] from a per-connection buffer (one `recv` usually brings the whole
+//! head and a small body), rewritten once, and sent to a pooled backend
+//! connection with one `sendmsg`; the response head is rewritten the same
+//! way and goes to the client with the first body bytes in one `sendmsg`,
+//! the rest of the body streams through a bounded buffer. Anything the fast
+//! path does not handle (Upgrade, `Expect`, chunked or large request bodies,
+//! absolute-form targets, malformed or oversized heads) hands the connection,
+//! with the bytes already read, to hyper ([`super::server`]) for the rest of
+//! its life.
+//!
+//! The client socket is registered with tokio's reactor only once an
+//! operation would block: a connection whose request is already there when
+//! it is accepted (`ab`, HTTP/1.0) is served and closed without any epoll
+//! registration of its own.
+//!
+//! Semantics are those of the hyper path ([`super::proxy`]): retries of
+//! idempotent body-less requests on connect failure or reset, never after
+//! the response started; passive ejection; the per-backend limit with its
+//! queue; response and total timeouts; the same stats.
+
+use std::io::{self, IoSlice};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use socket2::SockRef;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+use super::config::HashKey;
+use super::h1::{
+    self, BodyMode, Chunks, ClientView, MethodKind, ReqHead, ReqParse, RespHead, RespParse,
+};
+use super::pool::Fail;
+use super::proxy::{acquire_slot, ConnCtl, Lease, Peer, Worker};
+use super::stats::{bump, IdMap};
+use super::upstream::{Backend, Key, Upstream};
+
+/// Request bodies up to this size are read whole, then forwarded; larger
+/// ones stream through hyper.
+pub const MAX_FAST_BODY: u64 = 64 * 1024;
+/// Read size for heads (client requests, backend responses).
+const HEAD_READ: usize = 16 * 1024;
+/// Capacity of the per-exchange buffers backend responses are read into
+/// (head and body alike, so one `recv` takes what the socket holds).
+const BODY_READ: usize = 512 * 1024;
+/// Largest backend response head.
+const MAX_RESP_HEAD: usize = 64 * 1024;
+/// Body buffers kept per worker for reuse.
+const SCRATCH_KEEP: usize = 32;
+
+fn would_block(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+}
+
+/// `recv` into the spare capacity of `buf` (at least `want` bytes of it).
+fn recv_into(fd: SockRef<'_>, buf: &mut Vec<u8>, want: usize) -> io::Result<usize> {
+    buf.reserve(want);
+    let n = fd.recv(buf.spare_capacity_mut())?;
+    // SAFETY: recv initialised the first n bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
+/// The client's socket: raw until an operation would block, then tokio's.
+/// Every read or write marks the connection active (idle timeout).
+pub struct Client {
+    raw: Option<std::net::TcpStream>,
+    reg: Option<TcpStream>,
+    ctl: Arc<ConnCtl>,
+}
+
+impl Client {
+    pub fn new(sock: std::net::TcpStream, ctl: Arc<ConnCtl>) -> Self {
+        Client {
+            raw: Some(sock),
+            reg: None,
+            ctl,
+        }
+    }
+
+    fn reg(&mut self) -> io::Result<&TcpStream> {
+        if self.reg.is_none() {
+            let raw = self
+                .raw
+                .take()
+                .ok_or_else(|| io::Error::other("no socket"))?;
+            self.reg = Some(TcpStream::from_std(raw)?);
+        }
+        Ok(self.reg.as_ref().expect("registered above"))
+    }
+
+    /// The tokio stream (for hyper).
+    pub fn into_tokio(mut self) -> io::Result<TcpStream> {
+        self.reg()?;
+        Ok(self.reg.take().expect("registered above"))
+    }
+
+    async fn read(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        let r = self.read_inner(buf).await;
+        self.ctl.active.store(true, Relaxed);
+        r
+    }
+
+    async fn read_inner(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        if let Some(s) = &self.raw {
+            match recv_into(SockRef::from(s), buf, HEAD_READ) {
+                Err(e) if would_block(&e) => {}
+                r => return r,
+            }
+        }
+        let s = self.reg()?;
+        read_into(s, buf, HEAD_READ).await
+    }
+
+    async fn send(&mut self, bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+        let r = self.send_inner(bufs).await;
+        self.ctl.active.store(true, Relaxed);
+        r
+    }
+
+    async fn send_inner(&mut self, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+        IoSlice::advance_slices(&mut bufs, 0);
+        if let Some(s) = &self.raw {
+            while !bufs.is_empty() {
+                match SockRef::from(s).send_vectored(bufs) {
+                    Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+                    Err(e) if would_block(&e) => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if bufs.is_empty() {
+                return Ok(());
+            }
+        }
+        let s = self.reg()?;
+        send_all(s, bufs).await
+    }
+}
+
+async fn send_all(s: &TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        match s.try_io(Interest::WRITABLE, || SockRef::from(s).send_vectored(bufs)) {
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if would_block(&e) => s.writable().await?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A keep-alive connection to a backend, with its read buffer.
+pub struct Link {
+    s: TcpStream,
+    buf: Vec<u8>,
+    /// Coarse time it went idle (pool).
+    since: u64,
+}
+
+impl Link {
+    async fn read(&mut self, want: usize) -> io::Result<usize> {
+        read_into(&self.s, &mut self.buf, want).await
+    }
+
+    /// Still usable: no end of stream, no unexpected bytes. Costs a system
+    /// call only when the reactor saw the socket readable.
+    fn alive(&self) -> bool {
+        let mut b = [std::mem::MaybeUninit::uninit(); 1];
+        match self
+            .s
+            .try_io(Interest::READABLE, || SockRef::from(&self.s).peek(&mut b))
+        {
+            Err(e) => would_block(&e),
+            Ok(_) => false,
+        }
+    }
+}
+
+/// Read from a registered socket. A short read means the socket's queue is
+/// empty: the reactor's readiness is cleared then (no system call), as an
+/// `EAGAIN` would, so the next read waits for the next event instead of
+/// calling `recv` just to learn that. (Edge-triggered epoll reports every
+/// later arrival, and tokio ignores a clear older than the latest event.)
+async fn read_into(s: &TcpStream, buf: &mut Vec<u8>, want: usize) -> io::Result<usize> {
+    loop {
+        let mut offered = 0;
+        match s.try_io(Interest::READABLE, || {
+            buf.reserve(want);
+            offered = buf.capacity() - buf.len();
+            recv_into(SockRef::from(s), buf, want)
+        }) {
+            Err(e) if would_block(&e) => s.readable().await?,
+            Ok(n) if n > 0 && n < offered => {
+                let _ = s.try_io(Interest::READABLE, || {
+                    Err::<(), _>(io::ErrorKind::WouldBlock.into())
+                });
+                return Ok(n);
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The fast path's keep-alive backend connections, one pool per worker.
+pub struct FastPool {
+    idle: Mutex<IdMap<Vec<Link>>>,
+    max_idle: usize,
+    /// In the worker clock's milliseconds (0: none).
+    idle_timeout_ms: u64,
+    scratch: Mutex<Vec<Vec<u8>>>,
+}
+
+impl FastPool {
+    pub fn new(max_idle: usize, idle_timeout: Duration) -> Self {
+        FastPool {
+            idle: Mutex::new(IdMap::default()),
+            max_idle,
+            idle_timeout_ms: idle_timeout.as_millis() as u64,
+            scratch: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn fresh(&self, l: &Link, now: u64) -> bool {
+        self.idle_timeout_ms == 0 || now.saturating_sub(l.since) < self.idle_timeout_ms
+    }
+
+    fn take(&self, id: u64, now: u64) -> Option<Link> {
+        let mut g = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = g.get_mut(&id)?;
+        while let Some(l) = list.pop() {
+            if self.fresh(&l, now) && l.alive() {
+                return Some(l);
+            }
+        }
+        None
+    }
+
+    fn put(&self, id: u64, mut l: Link, now: u64) {
+        if self.max_idle == 0 {
+            return;
+        }
+        self.give_back(std::mem::take(&mut l.buf));
+        l.since = now;
+        let mut g = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = g.entry(id).or_default();
+        if list.len() < self.max_idle {
+            list.push(l);
+        }
+    }
+
+    /// Drop expired connections (run periodically).
+    pub fn sweep(&self, now: u64) {
+        let mut g = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        g.retain(|_, list| {
+            list.retain(|l| self.fresh(l, now));
+            !list.is_empty()
+        });
+    }
+
+    fn scratch(&self) -> Vec<u8> {
+        self.scratch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(BODY_READ))
+    }
+
+    fn give_back(&self, mut v: Vec<u8>) {
+        if v.capacity() < BODY_READ {
+            return;
+        }
+        v.clear();
+        let mut g = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if g.len() < SCRATCH_KEEP {
+            g.push(v);
+        }
+    }
+}
+
+/// Serve a client connection on the fast path. `Some` hands it to hyper
+/// with the bytes read but not yet handled.
+pub async fn serve(
+    w: Arc<Worker>,
+    peer: Arc<Peer>,
+    mut client: Client,
+) -> Option<(Client, Vec<u8>)> {
+    let ctl = peer.ctl.clone();
+    let max_head = w.shared.config.max_header_bytes;
+    let mut inb: Vec<u8> = Vec::new();
+    let mut out: Vec<u8> = Vec::new();
+    let mut resp: Vec<u8> = Vec::new();
+    loop {
+        let (up, head) = loop {
+            if !inb.is_empty() {
+                // The snapshot current when the head is complete (reloads
+                // apply to the next request of a keep-alive connection).
+                let up = w.shared.upstream();
+                let hash_name = match &up.settings.hash_key {
+                    HashKey::Header(n) => Some(n.as_str()),
+                    _ => None,
+                };
+                match h1::parse_request(&inb, hash_name, &mut out) {
+                    ReqParse::Ready(h) => break (up, Some(h)),
+                    ReqParse::Fallback => break (up, None),
+                    ReqParse::Partial if inb.len() >= max_head => break (up, None),
+                    ReqParse::Partial => {}
+                }
+            } else if ctl.close.load(Relaxed) {
+                return None;
+            }
+            match client.read(&mut inb).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => ctl.reading(w.clock.now()),
+            }
+        };
+        let Some(head) = head.filter(|h| h.body_len <= MAX_FAST_BODY) else {
+            return Some((client, inb));
+        };
+        ctl.begin();
+        let total = head.head_len + head.body_len as usize;
+        while inb.len() < total {
+            match client.read(&mut inb).await {
+                Ok(0) | Err(_) => {
+                    ctl.end();
+                    return None;
+                }
+                Ok(_) => {}
+            }
+        }
+        let keep = exchange(
+            &w,
+            &up,
+            &peer,
+            &mut client,
+            &head,
+            &inb[..total],
+            &mut out,
+            &mut resp,
+        )
+        .await;
+        ctl.end();
+        if !keep || ctl.close.load(Relaxed) {
+            return None;
+        }
+        inb.drain(..total);
+    }
+}
+
+enum Outcome {
+    /// Nothing reached the backend.
+    Unsent(Fail),
+    /// The request went out, then the exchange failed.
+    Sent(Fail),
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn exchange(
+    w: &Arc<Worker>,
+    up: &Upstream,
+    peer: &Peer,
+    client: &mut Client,
+    head: &ReqHead,
+    req: &[u8],
+    out: &mut Vec<u8>,
+    resp: &mut Vec<u8>,
+) -> bool {
+    let start = Instant::now();
+    bump(&w.stats.requests, 1);
+    let s = &up.settings;
+    let view = ClientView {
+        http10: head.http10,
+        keep_alive: head.keep_alive,
+        head_request: head.method == MethodKind::Head,
+        closing: peer.ctl.close.load(Relaxed),
+    };
+    let body = &req[head.head_len..];
+    // Idempotent body-less requests may be replayed after a reset; any
+    // request moves on to another backend while nothing of it was sent.
+    let retryable = body.is_empty() && head.method != MethodKind::Other;
+    let attempts = s.retries as usize + 1;
+    let deadline = (!s.total_timeout.is_zero()).then(|| start + s.total_timeout);
+    let path = std::str::from_utf8(h1::slice(req, head.path)).unwrap_or("/");
+    let header = head.hash_value.map(|r| h1::slice(req, r));
+    let base = out.len();
+    let mut tried = 0u64;
+    let mut failed: Option<Fail> = None;
+    let mut sent = false;
+    for attempt in 0..attempts {
+        if sent && !retryable {
+            break; // the request is gone: never replayed
+        }
+        let key = Key {
+            client_ip: peer.ip,
+            path,
+            header,
+        };
+        let Some(i) = up.select(&key, tried) else {
+            break;
+        };
+        tried |= 1u64 << (i % 64);
+        let backend = &up.backends[i];
+        if attempt > 0 {
+            bump(&w.stats.retries, 1);
+        }
+        let Ok(permit) = acquire_slot(backend, s.queue_timeout).await else {
+            bump(&w.stats.no_backend, 1);
+            return reply(
+                w,
+                client,
+                resp,
+                view,
+                start,
+                503,
+                "Service Unavailable",
+                "backend queue full\n",
+            )
+            .await;
+        };
+        let lease = Lease::new(backend.clone(), permit);
+        backend.stats.requests.fetch_add(1, Relaxed);
+        out.truncate(base);
+        h1::finish_request(
+            out,
+            req,
+            head,
+            peer.xff.as_bytes(),
+            peer.forwarded.as_bytes(),
+            backend.authority.as_str(),
+        );
+        let mut wait = s.response_timeout;
+        if let Some(d) = deadline {
+            wait = wait.min(d.saturating_duration_since(Instant::now()));
+        }
+        match attempt_one(
+            w,
+            backend,
+            out,
+            body,
+            retryable,
+            s.connect_timeout,
+            wait,
+            view,
+            resp,
+        )
+        .await
+        {
+            Ok((link, rh)) => {
+                bump(&w.stats.bytes_in, body.len() as u64);
+                backend.record_success();
+                let class = (rh.status / 100).clamp(1, 5) as usize - 1;
+                backend.stats.responses[class].fetch_add(1, Relaxed);
+                w.stats.observe(rh.status, start.elapsed());
+                let mut bytes = 0u64;
+                let relay = relay(w, client, link, rh, resp, backend.id, &mut bytes);
+                let end = match deadline {
+                    None => relay.await,
+                    Some(d) => match tokio::time::timeout_at(d.into(), relay).await {
+                        Ok(e) => e,
+                        Err(_) => {
+                            bump(&w.stats.timeouts, 1);
+                            RelayEnd::Cut
+                        }
+                    },
+                };
+                backend.stats.bytes_out.fetch_add(bytes, Relaxed);
+                bump(&w.stats.bytes_out, bytes);
+                drop(lease);
+                return match end {
+                    RelayEnd::Done => rh.client_keep_alive,
+                    RelayEnd::BackendBroke => {
+                        // The backend broke mid-body; the client connection is cut.
+                        backend.record_failure(s.eject_after, s.eject_cooldown);
+                        false
+                    }
+                    RelayEnd::Cut => false,
+                };
+            }
+            Err(Outcome::Unsent(f)) => {
+                backend.record_failure(s.eject_after, s.eject_cooldown);
+                failed = Some(f);
+            }
+            Err(Outcome::Sent(Fail::Timeout)) => {
+                backend.record_failure(s.eject_after, s.eject_cooldown);
+                // A timed-out request may have had effects: never replayed.
+                bump(&w.stats.timeouts, 1);
+                return reply(
+                    w,
+                    client,
+                    resp,
+                    view,
+                    start,
+                    504,
+                    "Gateway Timeout",
+                    "backend timeout\n",
+                )
+                .await;
+            }
+            Err(Outcome::Sent(f)) => {
+                backend.record_failure(s.eject_after, s.eject_cooldown);
+                failed = Some(f);
+                sent = true;
+            }
+        }
+    }
+    match failed {
+        Some(Fail::ConnectTimeout) | Some(Fail::Timeout) => {
+            bump(&w.stats.timeouts, 1);
+            reply(
+                w,
+                client,
+                resp,
+                view,
+                start,
+                504,
+                "Gateway Timeout",
+                "backend timeout\n",
+            )
+            .await
+        }
+        Some(_) => {
+            bump(&w.stats.backend_errors, 1);
+            reply(
+                w,
+                client,
+                resp,
+                view,
+                start,
+                502,
+                "Bad Gateway",
+                "backend unavailable\n",
+            )
+            .await
+        }
+        None => {
+            bump(&w.stats.no_backend, 1);
+            reply(
+                w,
+                client,
+                resp,
+                view,
+                start,
+                503,
+                "Service Unavailable",
+                "no backend available\n",
+            )
+            .await
+        }
+    }
+}
+
+/// Answer from the balancer itself; whether the connection goes on.
+#[allow(clippy::too_many_arguments)]
+async fn reply(
+    w: &Worker,
+    client: &mut Client,
+    resp: &mut Vec<u8>,
+    view: ClientView,
+    start: Instant,
+    status: u16,
+    reason: &str,
+    body: &str,
+) -> bool {
+    h1::simple_response(resp, status, reason, body, view);
+    w.stats.observe(status, start.elapsed());
+    client.send(&mut [IoSlice::new(resp)]).await.is_ok() && view.keep_alive && !view.closing
+}
+
+async fn connect(b: &Backend, timeout: Duration) -> Result<Link, Fail> {
+    match tokio::time::timeout(timeout, TcpStream::connect(b.addr)).await {
+        Ok(Ok(s)) => {
+            let _ = s.set_nodelay(true);
+            Ok(Link {
+                s,
+                buf: Vec::new(),
+                since: 0,
+            })
+        }
+        Ok(Err(_)) => Err(Fail::Connect),
+        Err(_) => Err(Fail::ConnectTimeout),
+    }
+}
+
+enum HeadErr {
+    /// Closed or reset before any byte of a response.
+    Closed,
+    Invalid,
+}
+
+async fn read_head(
+    link: &mut Link,
+    view: ClientView,
+    resp: &mut Vec<u8>,
+) -> Result<RespHead, HeadErr> {
+    let mut got_any = false;
+    loop {
+        if !link.buf.is_empty() {
+            got_any = true;
+            match h1::parse_response(&link.buf, view, resp) {
+                RespParse::Ready(h) => return Ok(h),
+                RespParse::Interim(n) => {
+                    link.buf.drain(..n);
+                    continue;
+                }
+                RespParse::Invalid => return Err(HeadErr::Invalid),
+                RespParse::Partial if link.buf.len() > MAX_RESP_HEAD => {
+                    return Err(HeadErr::Invalid)
+                }
+                RespParse::Partial => {}
+            }
+        }
+        match link.read(HEAD_READ).await {
+            Ok(n) if n > 0 => {}
+            _ if got_any => return Err(HeadErr::Invalid),
+            _ => return Err(HeadErr::Closed),
+        }
+    }
+}
+
+/// Send the request on a pooled connection (or a new one if the pooled one
+/// turns out closed before answering), read the response head.
+#[allow(clippy::too_many_arguments)]
+async fn attempt_one(
+    w: &Worker,
+    b: &Backend,
+    head: &[u8],
+    body: &[u8],
+    retryable: bool,
+    connect_timeout: Duration,
+    wait: Duration,
+    view: ClientView,
+    resp: &mut Vec<u8>,
+) -> Result<(Link, RespHead), Outcome> {
+    let mut fresh_only = false;
+    loop {
+        let pooled = if fresh_only {
+            None
+        } else {
+            w.fast_pool.take(b.id, w.clock.now())
+        };
+        let reused = pooled.is_some();
+        let mut link = match pooled {
+            Some(l) => l,
+            None => connect(b, connect_timeout).await.map_err(Outcome::Unsent)?,
+        };
+        if link.buf.capacity() == 0 {
+            link.buf = w.fast_pool.scratch();
+        }
+        if send_all(&link.s, &mut [IoSlice::new(head), IoSlice::new(body)])
+            .await
+            .is_err()
+        {
+            if reused {
+                // The backend closed an idle connection: not its failure.
+                fresh_only = true;
+                continue;
+            }
+            return Err(Outcome::Sent(Fail::Reset));
+        }
+        match tokio::time::timeout(wait, read_head(&mut link, view, resp)).await {
+            Ok(Ok(rh)) => return Ok((link, rh)),
+            Ok(Err(HeadErr::Closed)) if reused && retryable => fresh_only = true,
+            Ok(Err(_)) => return Err(Outcome::Sent(Fail::Reset)),
+            Err(_) => return Err(Outcome::Sent(Fail::Timeout)),
+        }
+    }
+}
+
+enum RelayEnd {
+    Done,
+    BackendBroke,
+    /// The client went away or the total timeout struck.
+    Cut,
+}
+
+/// Stream the response to the client; pools the backend connection if its
+/// message ended cleanly.
+async fn relay(
+    w: &Worker,
+    client: &mut Client,
+    mut link: Link,
+    rh: RespHead,
+    resp: &mut Vec<u8>,
+    id: u64,
+    bytes: &mut u64,
+) -> RelayEnd {
+    let pool = &w.fast_pool;
+    let b0 = rh.head_len;
+    let avail = link.buf.len() - b0;
+    let mut reusable = rh.backend_keep_alive;
+    macro_rules! to_client {
+        ($($s:expr),+) => {
+            if client.send(&mut [$(IoSlice::new($s)),+]).await.is_err() {
+                return RelayEnd::Cut;
+            }
+        };
+    }
+    macro_rules! from_backend {
+        ($buf:expr, $want:expr) => {
+            match read_into(&link.s, $buf, $want).await {
+                Ok(n) if n > 0 => n,
+                _ => return RelayEnd::BackendBroke,
+            }
+        };
+    }
+    match rh.mode {
+        BodyMode::Empty => {
+            reusable &= avail == 0;
+            to_client!(resp);
+        }
+        BodyMode::Length(n) => {
+            let have = (avail as u64).min(n) as usize;
+            reusable &= avail as u64 <= n;
+            to_client!(resp, &link.buf[b0..b0 + have]);
+            *bytes += have as u64;
+            let mut left = n - have as u64;
+            if left > 0 {
+                let mut big = std::mem::take(&mut link.buf);
+                while left > 0 {
+                    big.clear();
+                    from_backend!(&mut big, (left as usize).min(BODY_READ));
+                    if big.len() as u64 > left {
+                        big.truncate(left as usize);
+                        reusable = false;
+                    }
+                    to_client!(&big);
+                    left -= big.len() as u64;
+                    *bytes += big.len() as u64;
+                }
+                pool.give_back(big);
+            }
+        }
+        BodyMode::ChunkedPass => {
+            let mut ch = Chunks::default();
+            let Ok(c) = ch.feed(&link.buf[b0..], |d| *bytes += d.len() as u64) else {
+                return RelayEnd::BackendBroke;
+            };
+            reusable &= c == avail;
+            to_client!(resp, &link.buf[b0..b0 + c]);
+            if !ch.done() {
+                let mut big = std::mem::take(&mut link.buf);
+                while !ch.done() {
+                    big.clear();
+                    from_backend!(&mut big, BODY_READ);
+                    let Ok(c) = ch.feed(&big, |d| *bytes += d.len() as u64) else {
+                        return RelayEnd::BackendBroke;
+                    };
+                    reusable &= c == big.len();
+                    to_client!(&big[..c]);
+                }
+                pool.give_back(big);
+            }
+        }
+        BodyMode::Dechunk => {
+            let mut ch = Chunks::default();
+            let head_len = resp.len();
+            if ch
+                .feed(&link.buf[b0..], |d| resp.extend_from_slice(d))
+                .is_err()
+            {
+                return RelayEnd::BackendBroke;
+            }
+            *bytes += (resp.len() - head_len) as u64;
+            to_client!(resp);
+            let mut big = std::mem::take(&mut link.buf);
+            while !ch.done() {
+                big.clear();
+                from_backend!(&mut big, BODY_READ);
+                resp.clear();
+                if ch.feed(&big, |d| resp.extend_from_slice(d)).is_err() {
+                    return RelayEnd::BackendBroke;
+                }
+                *bytes += resp.len() as u64;
+                to_client!(resp);
+            }
+            pool.give_back(big);
+            reusable = false;
+        }
+        BodyMode::Chunk | BodyMode::Raw => {
+            let chunk = rh.mode == BodyMode::Chunk;
+            let mut hdr = Vec::with_capacity(16);
+            if avail > 0 {
+                if chunk {
+                    h1::chunk_header(&mut hdr, avail);
+                }
+                let tail: &[u8] = if chunk { b"\r\n" } else { b"" };
+                to_client!(resp, &hdr, &link.buf[b0..], tail);
+                *bytes += avail as u64;
+            } else {
+                to_client!(resp);
+            }
+            let mut big = std::mem::take(&mut link.buf);
+            loop {
+                big.clear();
+                match read_into(&link.s, &mut big, BODY_READ).await {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(_) => return RelayEnd::BackendBroke,
+                }
+                hdr.clear();
+                if chunk {
+                    h1::chunk_header(&mut hdr, big.len());
+                }
+                let tail: &[u8] = if chunk { b"\r\n" } else { b"" };
+                to_client!(&hdr, &big, tail);
+                *bytes += big.len() as u64;
+            }
+            pool.give_back(big);
+            if chunk {
+                to_client!(b"0\r\n\r\n");
+            }
+            reusable = false;
+        }
+    }
+    if reusable {
+        pool.put(id, link, w.clock.now());
+    } else {
+        pool.give_back(std::mem::take(&mut link.buf));
+    }
+    RelayEnd::Done
+}
