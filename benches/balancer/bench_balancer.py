@@ -398,6 +398,7 @@ def main() -> int:
         finally:
             bench.close()
     rows = median_table(runs)
+    os.makedirs(args.out, exist_ok=True)
     table = markdown(rows) + "\n\n" + versus(rows)
     print()
     print(table)
