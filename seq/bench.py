@@ -7,6 +7,8 @@ process and one event loop; the figures are wall-clock over all of them.
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +38,22 @@ class Result:
                 f"{self.ids_per_s:>12,.0f} IDs/s  p50={self.p50_ms:.3f} ms p99={self.p99_ms:.3f} ms "
                 f"max={self.max_ms:.3f} ms")
 
+
+
+def self_cpu_seconds() -> float:
+    """User + system CPU of this process, all threads (the client side of a bench)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU of process `pid` from /proc (a server of a bench); 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 def _pct(sorted_ns: list[int], q: float) -> float:
     if not sorted_ns:

@@ -17,8 +17,6 @@ run also checks the IDs: strictly increasing per client, unique across all.
 from __future__ import annotations
 
 import asyncio
-import os
-import resource
 import time
 from collections.abc import Iterator
 
@@ -26,7 +24,7 @@ import pytest
 import uvloop
 
 from seq import RRSeq, SimpleBufSeq
-from seq.bench import _pct
+from seq.bench import _pct, proc_cpu_seconds, self_cpu_seconds
 from seq.buffered import BufferedSeq
 from seq.localcluster import LocalCluster
 from seq.simple import LocalCounter
@@ -42,19 +40,6 @@ TOTAL = {
     ("simple", 0, 1): 200_000, ("simple", 0, 32): 200_000, ("simple", 2, 1): 200_000, ("simple", 2, 32): 200_000,
 }
 
-
-def _self_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def _proc_cpu(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @pytest.fixture(scope="module")
@@ -159,10 +144,10 @@ def test_ns_per_id(benchmark, loop, cluster, impl: str, buf: int, clients: int) 
         return (list(live),), {}
 
     def run(seqs: list[BufferedSeq]) -> None:
-        c0, s0 = _self_cpu(), sum(_proc_cpu(p) for p in pids)
+        c0, s0 = self_cpu_seconds(), sum(proc_cpu_seconds(p) for p in pids)
         streams = loop.run_until_complete(_draw(seqs, per_client, lat if record_latency else None))
-        cpu[0] += _self_cpu() - c0
-        cpu[1] += sum(_proc_cpu(p) for p in pids) - s0
+        cpu[0] += self_cpu_seconds() - c0
+        cpu[1] += sum(proc_cpu_seconds(p) for p in pids) - s0
         for st in streams:
             assert all(a < b for a, b in zip(st, st[1:]))
             seen.update(st)

@@ -11,30 +11,15 @@ first on sys.path, so the same file measures another checkout (PYTHONPATH).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import resource
 import time
 
 import uvloop
 
 from seq import RRSeq
-from seq.bench import measure
+from seq.bench import measure, proc_cpu_seconds, self_cpu_seconds
 from seq.localcluster import LocalCluster
 
-
-def _self_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def _proc_cpu(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def main(clients: int, duration: float, rounds: int, label: str, shared: bool, server_flags: list[str]) -> None:
@@ -51,10 +36,10 @@ async def main(clients: int, duration: float, rounds: int, label: str, shared: b
             channel = ApiChannel(c.addrs)
         for _ in range(rounds):
             load = os.getloadavg()[0]
-            c0, s0 = _self_cpu(), [_proc_cpu(p) for p in pids]
+            c0, s0 = self_cpu_seconds(), [proc_cpu_seconds(p) for p in pids]
             r = await measure(lambda: RRSeq("b0", 0, c.addrs, timeout=10, **({"channel": channel} if channel else {})), clients, duration=duration)
-            cli = (_self_cpu() - c0) * 1e6 / r.ids
-            srv = [(_proc_cpu(p) - s) * 1e6 / r.ids for p, s in zip(pids, s0)]
+            cli = (self_cpu_seconds() - c0) * 1e6 / r.ids
+            srv = [(proc_cpu_seconds(p) - s) * 1e6 / r.ids for p, s in zip(pids, s0)]
             print(f"{label} {time.strftime('%H:%M:%S')} load={load:.1f} clients={clients} "
                   f"{r.ids_per_s:,.0f} IDs/s p50={r.p50_ms:.2f} ms p99={r.p99_ms:.2f} ms max={r.max_ms:.1f} ms "
                   f"CPU us/ID client={cli:.0f} servers={'+'.join(f'{x:.0f}' for x in srv)} "
