@@ -410,17 +410,7 @@ async fn exchange(
         }
         let Ok(permit) = acquire_slot(backend, s.queue_timeout).await else {
             bump(&w.stats.no_backend, 1);
-            return reply(
-                w,
-                client,
-                resp,
-                view,
-                start,
-                503,
-                "Service Unavailable",
-                "backend queue full\n",
-            )
-            .await;
+            return reply(w, client, resp, view, start, QUEUE_FULL).await;
         };
         let lease = Lease::new(backend.clone(), permit);
         backend.stats.requests.fetch_add(1, Relaxed);
@@ -489,17 +479,7 @@ async fn exchange(
                 backend.record_failure(s.eject_after, s.eject_cooldown);
                 // A timed-out request may have had effects: never replayed.
                 bump(&w.stats.timeouts, 1);
-                return reply(
-                    w,
-                    client,
-                    resp,
-                    view,
-                    start,
-                    504,
-                    "Gateway Timeout",
-                    "backend timeout\n",
-                )
-                .await;
+                return reply(w, client, resp, view, start, GATEWAY_TIMEOUT).await;
             }
             Err(Outcome::Sent(f)) => {
                 backend.record_failure(s.eject_after, s.eject_cooldown);
@@ -511,60 +491,34 @@ async fn exchange(
     match failed {
         Some(Fail::ConnectTimeout) | Some(Fail::Timeout) => {
             bump(&w.stats.timeouts, 1);
-            reply(
-                w,
-                client,
-                resp,
-                view,
-                start,
-                504,
-                "Gateway Timeout",
-                "backend timeout\n",
-            )
-            .await
+            reply(w, client, resp, view, start, GATEWAY_TIMEOUT).await
         }
         Some(_) => {
             bump(&w.stats.backend_errors, 1);
-            reply(
-                w,
-                client,
-                resp,
-                view,
-                start,
-                502,
-                "Bad Gateway",
-                "backend unavailable\n",
-            )
-            .await
+            reply(w, client, resp, view, start, BAD_GATEWAY).await
         }
         None => {
             bump(&w.stats.no_backend, 1);
-            reply(
-                w,
-                client,
-                resp,
-                view,
-                start,
-                503,
-                "Service Unavailable",
-                "no backend available\n",
-            )
-            .await
+            reply(w, client, resp, view, start, NO_BACKEND).await
         }
     }
 }
 
+/// An answer the balancer gives itself: status, reason, body.
+type OwnAnswer = (u16, &'static str, &'static str);
+const QUEUE_FULL: OwnAnswer = (503, "Service Unavailable", "backend queue full\n");
+const NO_BACKEND: OwnAnswer = (503, "Service Unavailable", "no backend available\n");
+const BAD_GATEWAY: OwnAnswer = (502, "Bad Gateway", "backend unavailable\n");
+const GATEWAY_TIMEOUT: OwnAnswer = (504, "Gateway Timeout", "backend timeout\n");
+
 /// Answer from the balancer itself; whether the connection goes on.
-#[allow(clippy::too_many_arguments)]
 async fn reply(
     w: &Worker,
     client: &mut Client,
     resp: &mut Vec<u8>,
     view: ClientView,
     start: Instant,
-    status: u16,
-    reason: &str,
-    body: &str,
+    (status, reason, body): OwnAnswer,
 ) -> bool {
     h1::simple_response(resp, status, reason, body, view);
     w.stats.observe(status, start.elapsed());
