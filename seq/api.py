@@ -106,8 +106,10 @@ class _Call:
 class ApiServer:
     """Serves RRAPI and RRPeer/Snapshot on `host:port` for one member.
 
-    Lifecycle: ``start()`` (returns the bound port, raises OSError),
-    ``drain()`` + ``await wait_drained(grace)``, ``close()``.
+    Lifecycle: ``bind()`` (returns the bound port, raises OSError; calls
+    that arrive wait in the native queue), ``start()`` (binds if not yet
+    bound, then hands calls to the loop), ``drain()`` + ``await
+    wait_drained(grace)``, ``close()``.
     """
 
     def __init__(
@@ -133,10 +135,17 @@ class ApiServer:
         self._out: _Outbox | None = None
         self._fd = -1
         self._tasks: set[asyncio.Task[None]] = set()
+        self._port: int | None = None
+
+    def bind(self) -> int:
+        """Listen on the address; calls are queued until ``start()``."""
+        if self._port is None:
+            self._port = self._native.start()
+        return self._port
 
     def start(self) -> int:
         loop = asyncio.get_running_loop()
-        port = self._native.start()
+        port = self.bind()
         self._loop = loop
         self._out = _Outbox(self._native, loop)
         self._fd = self._native.fileno()

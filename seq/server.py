@@ -250,6 +250,20 @@ class RRServer:
             linger=cfg.linger,
         )
         host = cfg.listen.rpartition(":")[0]
+        self._api = ApiServer(
+            host,
+            int(cfg.listen.rpartition(":")[2]),
+            coordinator=self._coordinator,
+            store=self._store,
+            snapshot=self._peer_snapshot,
+            on_store_failure=self._store_failed,
+            max_range=cfg.max_range,
+            default_timeout=cfg.default_timeout,
+        )
+        # The fixed --listen port is claimed before the peer port is chosen:
+        # an any-port (0) peer listener bound first could be given the very
+        # port --listen names when that one lies in the ephemeral range.
+        self.port = self._api.bind()
         self._transport = TransportServer(
             f"tcp://{host}:{cfg.peer_port}",
             self._peer_call,
@@ -262,17 +276,9 @@ class RRServer:
         except OSError as exc:
             raise OSError(f"cannot listen on {host}:{cfg.peer_port} (peer port): {exc}") from exc
         self.peer_port = ep.port
-        self._api = ApiServer(
-            host,
-            int(cfg.listen.rpartition(":")[2]),
-            coordinator=self._coordinator,
-            store=self._store,
-            snapshot=self._peer_snapshot,
-            on_store_failure=self._store_failed,
-            max_range=cfg.max_range,
-            default_timeout=cfg.default_timeout,
-        )
-        self.port = self._api.start()
+        # Calls queued since bind() (a peer asking for the peer port) are
+        # served from here on, when the peer port is known.
+        self._api.start()
         log.info(
             "seq server listening on %s, peer port %d (members %s, state %s, data %s)",
             cfg.listen, self.peer_port, ",".join(cfg.members), self._state, cfg.data_dir,
