@@ -22,9 +22,20 @@ from seq.wire import PeerStub
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct ports free right now: all sockets are held until every port is
+    picked (a port freed by one close can be handed out again by the next bind)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @dataclass
@@ -55,8 +66,7 @@ class LocalCluster:
             self.root = tempfile.mkdtemp(prefix="seq-cluster-")
             self._own_root = True
         if not self.members:
-            for i in range(self.n):
-                port = free_port()
+            for i, port in enumerate(free_ports(self.n)):
                 self.members.append(
                     Member(
                         addr=f"127.0.0.1:{port}",

@@ -48,11 +48,22 @@ async def wait_until(
         await asyncio.sleep(interval)
 
 
+# Ports handed out by free_port() in this test process: the kernel may give
+# the port of a just-closed probe socket to the next probe, and two servers
+# of one test told the same port fail to start (seen in CI).
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 right now, never one this process was given before."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no fresh free port after 100 tries")
 
 
 def wait_for_port(port: int, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> None:

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
+from tests.netutil import free_port  # noqa: E402  (distinct ports within one run)
 TICK = os.sysconf("SC_CLK_TCK")
 
 SCENARIOS = [
@@ -42,12 +44,6 @@ SCENARIOS = [
     ("10KiB-8be-c20", 8, 10 * 1024, 20, 10000),
 ]
 BALANCERS = ["ours", "haproxy", "nginx"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port: int, timeout: float = 15.0) -> None:

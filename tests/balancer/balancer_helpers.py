@@ -8,14 +8,10 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from tests.netutil import free_port
+
 BACKEND = os.path.join(os.path.dirname(__file__), "backend.py")
 PATTERN = bytes(range(251)) * 4096
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pattern(n: int) -> bytes:

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from balancer_helpers import free_port
+from tests.netutil import free_port
 
 from balancer import BalancerConfig, BalancerConfigError, HealthCheck, LoadBalancer, load
 from balancer.config import BackendConfig, from_dict, parse_backends

@@ -222,7 +222,7 @@ def test_slowloris_connection_closed(backends, proxy):
 
 
 def test_all_backends_down_is_503_quickly(proxy):
-    from balancer_helpers import free_port
+    from tests.netutil import free_port
 
     lb = proxy([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"], eject_after=1, eject_cooldown=60)
     status, _, _ = get(port_of(lb), "/x")

@@ -8,7 +8,8 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from balancer_helpers import free_port, pattern
+from balancer_helpers import pattern
+from tests.netutil import free_port
 
 
 def wait_until(cond, timeout: float = 10.0) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from seq import RRSeq
 from seq._proto import rrpeer_pb2 as peer_pb
-from seq.localcluster import LocalCluster, free_port
+from seq.localcluster import LocalCluster, free_ports
 from seq.peerlink import (
     NOT_READY,
     OK,
@@ -93,7 +93,7 @@ async def test_a_catching_up_member_does_not_vote(fresh_cluster: LocalCluster) -
 
 async def test_explicit_peer_port(tmp_path_factory: pytest.TempPathFactory) -> None:
     c = LocalCluster(3, root=str(tmp_path_factory.mktemp("seqport")))
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     try:
         for i in range(3):
             c.start(i, "--bootstrap", "--peer-port", str(ports[i]))
