@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from tests.netutil import free_port
+from tests.netutil import free_port, wait_for_port
 
 from balancer import BalancerConfig, BalancerConfigError, HealthCheck, LoadBalancer, load
 from balancer.config import BackendConfig, from_dict, parse_backends
@@ -214,14 +214,8 @@ def test_cli_serves_reloads_on_sighup_and_exits_on_sigterm(tmp_path, backends):
     proc = subprocess.Popen([sys.executable, "-m", "cli", "balancer", "--config", path, "--log-level", "WARNING"],
                             cwd=root, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if http_get(admin, "/healthz")[0] == 200:
-                    break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.05)
+        wait_for_port(admin, 20, proc)  # the admin endpoint opens once the data plane listens
+        assert http_get(admin, "/healthz")[0] == 200
         assert {http_get(port, "/whoami")[1] for _ in range(4)} == {b"b0", b"b1"}
         with open(path, "w") as f:
             f.write(f'listen = "127.0.0.1:{port}"\nadmin = "127.0.0.1:{admin}"\nworkers = 2\n'
@@ -259,14 +253,8 @@ def test_cli_flags_without_config_file(backends):
         cwd=root, stderr=subprocess.PIPE, text=True,
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if http_get(admin, "/healthz")[0] == 200:
-                    break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.05)
+        wait_for_port(admin, 20, proc)  # the admin endpoint opens once the data plane listens
+        assert http_get(admin, "/healthz")[0] == 200
         got = [http_get(port, "/whoami")[1] for _ in range(8)]
         assert got.count(b"b0") == 6 and got.count(b"b1") == 2
         backends_json = json.loads(http_get(admin, "/backends")[1])
