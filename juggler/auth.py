@@ -32,7 +32,7 @@ import hmac
 import importlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -331,7 +331,3 @@ class Auth:
         if not any_grant:
             return None
         return {k: tuple(grants.get(k, ())) for k in KINDS}
-
-
-def rules_from(data: Sequence[Any]) -> tuple[Rule, ...]:
-    return tuple(_rule(r) for r in data)

@@ -491,6 +491,8 @@ class Conn(asyncio.Protocol):
         self._close_transport()
 
     def _on_frame(self, frame: Any) -> None:
+        """A frame websockets parsed: one that came in the same read as the upgrade
+        request, before the switch to :meth:`_frames_in`."""
         op = frame.opcode
         if op is Opcode.TEXT:
             if frame.fin:

@@ -658,13 +658,6 @@ class RedisBroker:
                     self._blocking.discard(conn)
                     conn.close()
 
-    async def _pop_check(self, ttl_keys: list[str]) -> list[Any]:
-        """PTTL + DEL of each key (upstream's pop check), one script run per batch."""
-        pool = self.router.pool_for(ttl_keys[0])
-        if len(ttl_keys) == 1:
-            return [await pool.evalsha(POP_CHECK_SCRIPT, ttl_keys, ())]
-        return list(await pool.evalsha(POP_CHECK_MANY_SCRIPT, ttl_keys, ()))
-
     def _requeue_checked(self, parsed: list[Any], check: asyncio.Future[Any]) -> None:
         if self.router.closed or check.cancelled() or check.exception() is not None:
             return

@@ -608,3 +608,46 @@ async def test_subscriptions_per_connection_are_capped() -> None:
         await recv(c)
         await c.send(rustext.build_sub(rustext.new_uuid(), "c").decode())
         assert (await recv(c))["meta"]["type"] == 8
+
+
+def _masked(payload: bytes, opcode: int = 1, fin: bool = True) -> bytes:
+    """One client frame (masked, RFC 6455 5.3)."""
+    mask = os.urandom(4)
+    n = len(payload)
+    head = bytes([(0x80 if fin else 0) | opcode])
+    head += bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big")
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+async def test_frames_sent_with_the_handshake_are_read() -> None:
+    """Frames in the same read as the upgrade request are parsed by websockets
+    (Conn._on_frame), the later ones by the connection itself: both count."""
+    whole, whole_frame = call("test.echo", "with the handshake")
+    frag, frag_frame = call("test.echo", "split over the switch")
+    request = (
+        f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        f"Sec-WebSocket-Protocol: juggler.0\r\n\r\n"
+    ).encode()
+    first, rest = frag_frame.encode()[:20], frag_frame.encode()[20:]
+    async with stack() as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            writer.write(request + _masked(whole_frame.encode()) + _masked(first, fin=False))
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 101")
+            writer.write(_masked(rest, opcode=0))
+            acked: list[str] = []
+            while len(acked) < 2:
+                b0, b1 = await asyncio.wait_for(reader.readexactly(2), 5)
+                assert b0 == 0x81  # unfragmented text frames from the server
+                n = b1 & 0x7F
+                if n == 126:
+                    n = int.from_bytes(await reader.readexactly(2), "big")
+                msg = json.loads(await reader.readexactly(n))
+                if msg["meta"]["type"] == 8:
+                    acked.append(msg["payload"]["for"])
+            assert acked == [whole, frag]
+        finally:
+            writer.close()
+            await writer.wait_closed()
