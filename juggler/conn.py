@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import rustext
-from websockets.frames import Opcode
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 from websockets.speedups import apply_mask
@@ -158,6 +157,7 @@ class Conn(asyncio.Protocol):
         self._sniff: bytearray | None = bytearray()  # start of the request, until its method is known
         self._head = False  # a HEAD request (plain HTTP, see juggler.static_files)
         self._fast = False  # handshake done: frames are parsed here, not by websockets
+        self._head_tail = b""  # last bytes of the request head seen, to find its end across reads
         self._open = False  # data frames may be written
         self._close_sent = False
         self._doomed = False  # bad input seen: ignore the rest
@@ -214,14 +214,26 @@ class Conn(asyncio.Protocol):
             data = self._sniff_method(data)
             if not data:
                 return
-        proto.receive_data(data)
+        # websockets sees the request head only: bytes after it (frames a client
+        # sent without waiting for the 101) are this connection's to parse, even
+        # when a frame is split between this read and the next.
+        seen = self._head_tail + data
+        end = seen.find(b"\r\n\r\n")
+        if end < 0:
+            self._head_tail = seen[-3:]
+            proto.receive_data(data)
+            rest = b""
+        else:
+            cut = end + 4 - len(self._head_tail)
+            proto.receive_data(data[:cut])
+            rest = data[cut:]
         for ev in proto.events_received():
             if self._closed or self._doomed:
                 break
             if ev.__class__ is Request:
                 self._on_request(ev)  # type: ignore[arg-type]
-            else:
-                self._on_frame(ev)
+        if rest and self._fast:
+            self._frames_in(rest)
         self._flush()
 
     def eof_received(self) -> bool:
@@ -489,26 +501,6 @@ class Conn(asyncio.Protocol):
             self._out.append(_close_frame(code, reason))
         self._flush()
         self._close_transport()
-
-    def _on_frame(self, frame: Any) -> None:
-        """A frame websockets parsed: one that came in the same read as the upgrade
-        request, before the switch to :meth:`_frames_in`."""
-        op = frame.opcode
-        if op is Opcode.TEXT:
-            if frame.fin:
-                self._on_text(frame.data)
-            else:
-                self._frag = [frame.data]
-        elif op is Opcode.CONT:
-            if self._frag is not None:
-                self._frag.append(frame.data)
-                if frame.fin:
-                    data = b"".join(self._frag)
-                    self._frag = None
-                    self._on_text(data)
-        elif op is Opcode.BINARY:
-            self._bad_input("binary frame")
-        # PING (answered by the protocol), PONG, CLOSE (handled by the protocol)
 
     def _on_text(self, data: bytes) -> None:
         if self.state is not ConnState.CONNECTED or self._ignore_text:

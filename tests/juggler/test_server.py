@@ -620,8 +620,9 @@ def _masked(payload: bytes, opcode: int = 1, fin: bool = True) -> bytes:
 
 
 async def test_frames_sent_with_the_handshake_are_read() -> None:
-    """Frames in the same read as the upgrade request are parsed by websockets
-    (Conn._on_frame), the later ones by the connection itself: both count."""
+    """Frames a client sends with the upgrade request, without waiting for the
+    101, are read: a whole one and the first fragment of a message whose
+    continuation comes later."""
     whole, whole_frame = call("test.echo", "with the handshake")
     frag, frag_frame = call("test.echo", "split over the switch")
     request = (
@@ -648,6 +649,39 @@ async def test_frames_sent_with_the_handshake_are_read() -> None:
                 if msg["meta"]["type"] == 8:
                     acked.append(msg["payload"]["for"])
             assert acked == [whole, frag]
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+
+async def test_a_frame_split_across_the_handshake_read_is_read() -> None:
+    """A frame that starts in the read carrying the upgrade request and ends
+    in a later read is one frame, not a protocol error (a client that does
+    not wait for the 101)."""
+    uuid, frame = call("test.echo", "split inside one frame")
+    request = (
+        f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        f"Sec-WebSocket-Protocol: juggler.0\r\n\r\n"
+    ).encode()
+    masked = _masked(frame.encode())
+    async with stack() as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            writer.write(request + masked[:9])  # header, mask and 1 payload byte
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 101")
+            writer.write(masked[9:])
+            while True:
+                b0, b1 = await asyncio.wait_for(reader.readexactly(2), 5)
+                assert b0 == 0x81, f"server sent opcode {b0 & 0x0F} (8 is a close)"
+                n = b1 & 0x7F
+                if n == 126:
+                    n = int.from_bytes(await reader.readexactly(2), "big")
+                msg = json.loads(await reader.readexactly(n))
+                if msg["meta"]["type"] == 8:
+                    assert msg["payload"]["for"] == uuid
+                    break
         finally:
             writer.close()
             await writer.wait_closed()
