@@ -435,9 +435,7 @@ class ServiceDispatcher:
             except Exception as exc:
                 error = error or exc
         if error is not None:
-            if not isinstance(error, RpcError):
-                log.error("%s.%s raised", msg.service_path, msg.service_method, exc_info=error)
-            return self._error_outcome(msg, error, ctx)
+            return self._handler_failed(msg, error, ctx)
         if msg.oneway:
             return _NOTHING
         res = msg.reply(payload, ctx.reply_metadata)
@@ -516,9 +514,7 @@ class ServiceDispatcher:
             except Exception as exc:
                 error = error or exc
         if error is not None:
-            if not isinstance(error, RpcError):
-                log.error("%s.%s raised", msg.service_path, msg.service_method, exc_info=error)
-            return self._error_outcome(msg, error, ctx)
+            return self._handler_failed(msg, error, ctx)
         if msg.oneway:
             return _NOTHING
         res = msg.reply(payload, ctx.reply_metadata)
@@ -566,6 +562,13 @@ class ServiceDispatcher:
             raise HandlerTimeout(
                 f"{ctx.service}.{ctx.method}: deadline exceeded ({ctx.metadata.get(META_SERVER_TIMEOUT, '')} ms)"
             ) from None
+
+    def _handler_failed(self, msg: Message, error: BaseException, ctx: Context) -> Outcome:
+        """The reply to a request whose decode, handler or hooks raised; an
+        error that is not an ``RpcError`` is a bug in the handler: logged."""
+        if not isinstance(error, RpcError):
+            log.error("%s.%s raised", msg.service_path, msg.service_method, exc_info=error)
+        return self._error_outcome(msg, error, ctx)
 
     def _error_outcome(self, msg: Message, exc: BaseException, ctx: Context | None = None) -> Outcome:
         if msg.oneway:

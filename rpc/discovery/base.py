@@ -150,6 +150,7 @@ class WatchingDiscovery(Discovery):
         self.cache = cache
         self.from_cache = False  # the servers in use came from the cache (registry unreachable)
         self._changed = asyncio.Event()
+        self._saving = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self.fetch_errors = 0
@@ -177,7 +178,7 @@ class WatchingDiscovery(Discovery):
             self.from_cache = True
             self._publish(cached)
         else:
-            self._accept(servers)
+            await self._accept(servers)
         self._started = True
         self._tasks = [
             asyncio.create_task(self._refresh_loop(), name="discovery-refresh"),
@@ -192,17 +193,20 @@ class WatchingDiscovery(Discovery):
             self.fetch_errors += 1
             log.warning("registry fetch failed (keeping %d known server(s)): %s", len(self._servers), exc)
             return False
-        self._accept(servers)
+        await self._accept(servers)
         return True
 
-    def _accept(self, servers: dict[str, str]) -> None:
+    async def _accept(self, servers: dict[str, str]) -> None:
         self.from_cache = False
         self._publish(servers)
         if self.cache is not None:
-            try:
-                self.cache.save(servers)
-            except OSError as exc:
-                log.warning("cannot write discovery cache %s: %s", self.cache.path, exc)
+            # save() fsyncs: off the event loop; the lock keeps the writes in
+            # the order of the fetches
+            async with self._saving:
+                try:
+                    await asyncio.to_thread(self.cache.save, servers)
+                except OSError as exc:
+                    log.warning("cannot write discovery cache %s: %s", self.cache.path, exc)
 
     async def _refresh_loop(self) -> None:
         while True:

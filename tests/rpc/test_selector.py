@@ -111,15 +111,22 @@ def assignment(sel: ConsistentHashSelector, ks: list[bytes]) -> dict[bytes, str]
     return {k: sel.select("Svc", "Get", k) for k in ks}
 
 
-def test_consistent_hash_stable_and_balanced() -> None:
-    servers = {f"tcp@10.0.0.{i}:8972": "" for i in range(10)}
+TEN_SERVERS = {f"tcp@10.0.0.{i}:8972": "" for i in range(10)}
+
+
+def ring(servers: dict[str, str]) -> ConsistentHashSelector:
+    """A consistent-hash selector over ``servers``."""
     sel = ConsistentHashSelector()
     sel.update_servers(servers)
+    return sel
+
+
+def test_consistent_hash_stable_and_balanced() -> None:
+    sel = ring(TEN_SERVERS)
     ks = keys(20000)
     first = assignment(sel, ks)
     assert assignment(sel, ks) == first  # stable
-    other = ConsistentHashSelector()
-    other.update_servers(dict(reversed(list(servers.items()))))
+    other = ring(dict(reversed(list(TEN_SERVERS.items()))))
     assert assignment(other, ks) == first  # independent of discovery order
     load = Counter(first.values())
     assert len(load) == 10
@@ -129,9 +136,8 @@ def test_consistent_hash_stable_and_balanced() -> None:
 
 
 def test_consistent_hash_minimal_remapping() -> None:
-    servers = {f"tcp@10.0.0.{i}:8972": "" for i in range(10)}
-    sel = ConsistentHashSelector()
-    sel.update_servers(servers)
+    servers = TEN_SERVERS
+    sel = ring(servers)
     ks = keys(20000)
     before = assignment(sel, ks)
 

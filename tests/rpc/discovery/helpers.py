@@ -1,16 +1,21 @@
 """Shared helpers of the discovery tests: wait for a discovery to reach a
-state; a registered server killed with SIGKILL."""
+state; a registered server killed with SIGKILL; registered in-process
+servers for an XClient."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
 
-from rpc.discovery.base import Discovery
+from rpc.discovery.base import Discovery, Registrar
+from rpc.inprocess import InProcessNetwork
+from rpc.service import Context, ServiceDispatcher
 
 
 async def wait_servers(discovery: Discovery, pred: Callable[[dict[str, str]], bool], timeout: float = 5.0) -> dict[str, str]:
@@ -57,3 +62,34 @@ async def assert_killed_server_expires(
         proc.wait(timeout=5)
         proc.stdout.close()
         await discovery.aclose()
+
+
+class Node:
+    """Service ``Node``: ``Who`` answers the server's name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def Who(self, ctx: Context, args: Any) -> str:
+        return self.name
+
+
+@contextlib.asynccontextmanager
+async def node_servers(registrar: Registrar, addresses: Iterable[str]) -> AsyncIterator[InProcessNetwork]:
+    """One in-process ``Node`` server per address (named by the address's
+    last four characters), each registered with ``registrar``; yields their
+    network, closed with the servers on exit."""
+    net = InProcessNetwork()
+    dispatchers: list[ServiceDispatcher] = []
+    try:
+        for addr in addresses:
+            d = ServiceDispatcher()
+            d.registry.register(Node(addr[-4:]), "Node")
+            net.add(addr, d)
+            dispatchers.append(d)
+            await registrar.register("Node", addr)
+        yield net
+    finally:
+        await net.aclose()
+        for d in dispatchers:
+            await d.aclose()

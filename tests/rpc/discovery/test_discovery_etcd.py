@@ -14,7 +14,7 @@ from rpc.discovery import FileCache
 from rpc.discovery.etcd import EtcdDiscovery, EtcdHTTP, EtcdRegistrar, prefix_end
 from rpc.errors import RegistryUnavailable
 from tests.netutil import free_port
-from tests.rpc.discovery.helpers import assert_killed_server_expires, wait_servers
+from tests.rpc.discovery.helpers import assert_killed_server_expires, node_servers, wait_servers
 
 A, B = "tcp@127.0.0.1:7001", "tcp@127.0.0.1:7002"
 _bases = itertools.count()
@@ -128,44 +128,23 @@ def test_endpoint_validation() -> None:
 
 
 async def test_xclient_follows_etcd_registry(etcd_endpoint: str, base: str) -> None:
-    from typing import Any
-
     from rpc.failmode import FailMode
-    from rpc.inprocess import InProcessNetwork
-    from rpc.service import Context, ServiceDispatcher
     from rpc.xclient import XClient, XClientOptions
 
-    class Node:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        async def Who(self, ctx: Context, args: Any) -> str:
-            return self.name
-
-    net = InProcessNetwork()
-    dispatchers = []
     reg = EtcdRegistrar(etcd_endpoint, base=base, ttl=10)
-    for addr in (A, B):
-        d = ServiceDispatcher()
-        d.registry.register(Node(addr[-4:]), "Node")
-        net.add(addr, d)
-        dispatchers.append(d)
-        await reg.register("Node", addr)
-    disc = EtcdDiscovery(etcd_endpoint, "Node", base=base, refresh_interval=60)
-    await disc.start()
-    xc = XClient("Node", disc, net, options=XClientOptions(fail_mode=FailMode.FAILOVER))
-    try:
-        await xc.start()
-        await wait_servers(disc, lambda s: len(s) == 2)
-        assert {await xc.call("Who", None) for _ in range(20)} == {"7001", "7002"}
-        await reg.unregister("Node", A)
-        await wait_servers(disc, lambda s: A not in s)
-        assert set(xc.servers) == {B}
-        assert {await xc.call("Who", None) for _ in range(5)} == {"7002"}
-    finally:
-        await xc.aclose()
-        await disc.aclose()
-        await reg.aclose()
-        await net.aclose()
-        for d in dispatchers:
-            await d.aclose()
+    async with node_servers(reg, (A, B)) as net:
+        disc = EtcdDiscovery(etcd_endpoint, "Node", base=base, refresh_interval=60)
+        await disc.start()
+        xc = XClient("Node", disc, net, options=XClientOptions(fail_mode=FailMode.FAILOVER))
+        try:
+            await xc.start()
+            await wait_servers(disc, lambda s: len(s) == 2)
+            assert {await xc.call("Who", None) for _ in range(20)} == {"7001", "7002"}
+            await reg.unregister("Node", A)
+            await wait_servers(disc, lambda s: A not in s)
+            assert set(xc.servers) == {B}
+            assert {await xc.call("Who", None) for _ in range(5)} == {"7002"}
+        finally:
+            await xc.aclose()
+            await disc.aclose()
+            await reg.aclose()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -14,12 +13,10 @@ from rpc.discovery import FileCache
 from rpc.discovery.redis import RedisDiscovery, RedisRegistrar
 from rpc.errors import RegistryUnavailable
 from rpc.failmode import FailMode
-from rpc.inprocess import InProcessNetwork
-from rpc.service import Context, ServiceDispatcher
 from rpc.xclient import XClient, XClientOptions
 from tests.netutil import free_port, start_redis
 
-from tests.rpc.discovery.helpers import assert_killed_server_expires, wait_servers
+from tests.rpc.discovery.helpers import assert_killed_server_expires, node_servers, wait_servers
 
 A, B = "tcp@127.0.0.1:7001", "tcp@127.0.0.1:7002"
 
@@ -116,44 +113,26 @@ async def test_registry_outage_keeps_known_servers() -> None:
         shutil.rmtree(server.dir, ignore_errors=True)
 
 
-class Node:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    async def Who(self, ctx: Context, args: Any) -> str:
-        return self.name
-
-
 async def test_xclient_with_redis_registry_and_failover(redis_url: str) -> None:
     """The README scenario: two servers in a Redis registry, a client with failover."""
-    net = InProcessNetwork()
-    dispatchers = []
     reg = RedisRegistrar(redis_url, ttl=10)
-    for addr in (A, B):
-        d = ServiceDispatcher()
-        d.registry.register(Node(addr[-4:]), "Node")
-        net.add(addr, d)
-        dispatchers.append(d)
-        await reg.register("Node", addr)
-    disc = RedisDiscovery(redis_url, "Node", refresh_interval=60)
-    await disc.start()
-    xc = XClient("Node", disc, net, options=XClientOptions(fail_mode=FailMode.FAILOVER, retries=2))
-    try:
-        await xc.start()
-        await wait_servers(disc, lambda s: len(s) == 2)
-        assert {await xc.call("Who", None) for _ in range(20)} == {"7001", "7002"}
-        await net.remove(A)  # A dies without deregistering: failover hides it
-        assert {await xc.call("Who", None) for _ in range(10)} == {"7002"}
-        await reg.unregister("Node", A)  # and once deregistered the client drops it
-        await wait_servers(disc, lambda s: A not in s)
-        assert set(xc.servers) == {B}
-    finally:
-        await xc.aclose()
-        await disc.aclose()
-        await reg.aclose()
-        await net.aclose()
-        for d in dispatchers:
-            await d.aclose()
+    async with node_servers(reg, (A, B)) as net:
+        disc = RedisDiscovery(redis_url, "Node", refresh_interval=60)
+        await disc.start()
+        xc = XClient("Node", disc, net, options=XClientOptions(fail_mode=FailMode.FAILOVER, retries=2))
+        try:
+            await xc.start()
+            await wait_servers(disc, lambda s: len(s) == 2)
+            assert {await xc.call("Who", None) for _ in range(20)} == {"7001", "7002"}
+            await net.remove(A)  # A dies without deregistering: failover hides it
+            assert {await xc.call("Who", None) for _ in range(10)} == {"7002"}
+            await reg.unregister("Node", A)  # and once deregistered the client drops it
+            await wait_servers(disc, lambda s: A not in s)
+            assert set(xc.servers) == {B}
+        finally:
+            await xc.aclose()
+            await disc.aclose()
+            await reg.aclose()
 
 
 async def test_discovery_recovers_after_registry_restart() -> None:
