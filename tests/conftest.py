@@ -7,6 +7,7 @@ session and yields its URL; ``redis_url`` flushes it before each test.
 from __future__ import annotations
 
 import os
+import subprocess
 import shutil
 from collections.abc import Iterator
 
@@ -38,15 +39,32 @@ def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
 
 
-SHARED = os.environ.get(
-    "JUGGLER_SHARED_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "shared")
-)
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _shared_candidates() -> list[str]:
+    """Where ../shared may be: $JUGGLER_SHARED_DIR, beside this checkout, or beside
+    the checkout this one was cloned from (a clone made elsewhere, e.g. in /tmp)."""
+    if "JUGGLER_SHARED_DIR" in os.environ:
+        return [os.environ["JUGGLER_SHARED_DIR"]]
+    found = [os.path.join(CHECKOUT, "..", "shared")]
+    try:
+        origin = subprocess.run(["git", "-C", CHECKOUT, "config", "--get", "remote.origin.url"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        origin = ""
+    if origin.startswith("file://"):
+        origin = origin[len("file://"):]
+    if origin and os.path.isdir(origin):
+        found.append(os.path.join(origin, "..", "shared"))
+    return found
 
 
 @pytest.fixture(scope="session")
 def shared_dir() -> str:
     """The project's ../shared folder (protocols and vectors)."""
-    path = os.path.abspath(SHARED)
-    if not os.path.isdir(os.path.join(path, "vectors")):
-        pytest.fail(f"shared vectors not found at {path} (set JUGGLER_SHARED_DIR)")
-    return path
+    tried = [os.path.abspath(p) for p in _shared_candidates()]
+    for path in tried:
+        if os.path.isdir(os.path.join(path, "vectors")):
+            return path
+    pytest.fail(f"shared vectors not found at {' or '.join(tried)} (set JUGGLER_SHARED_DIR)")
