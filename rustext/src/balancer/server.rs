@@ -56,6 +56,26 @@ pub struct BackendInfo {
     pub bytes_out: u64,
 }
 
+fn set_quickack(sock: &Socket, on: bool) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let v = libc::c_int::from(on);
+    // SAFETY: a valid socket and an int-sized option value.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_QUICKACK,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 fn listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
@@ -65,6 +85,11 @@ fn listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     sock.set_nonblocking(true)?;
     sock.bind(&addr.into())?;
     sock.listen(4096)?;
+    // Like HAProxy's tcp-smart-accept: no pure ACK for the request, the
+    // response carries it (one segment fewer per connection, paid by the
+    // client's CPU on loopback). Must follow listen(), which resets it;
+    // accepted sockets inherit it.
+    set_quickack(&sock, false)?;
     Ok(sock.into())
 }
 
@@ -597,4 +622,33 @@ fn hyper_conn(w: &Arc<Worker>, ctl: &Arc<ConnCtl>, peer: &Arc<Peer>, io: TcpStre
         .keep_alive(true)
         .header_read_timeout(None);
     Box::pin(builder.serve_connection(io, svc).with_upgrades())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quickack(l: &std::net::TcpListener) -> libc::c_int {
+        use std::os::fd::AsRawFd;
+        let mut v: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: a valid socket; v and len are valid for writes.
+        let r = unsafe {
+            libc::getsockopt(
+                l.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_QUICKACK,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0);
+        v
+    }
+
+    #[test]
+    fn listener_delays_the_request_ack_for_the_response() {
+        let l = listener("127.0.0.1:0".parse().unwrap()).unwrap();
+        assert_eq!(quickack(&l), 0);
+    }
 }
