@@ -287,8 +287,6 @@ WS_CLOSE: int  # 8
 WS_PING: int  # 9
 WS_FAIL: int  # 255
 
-WsEvent = bytes | tuple[int, bytes] | tuple[int, int, str]
-
 class WsFrameReader:
     """Sans-I/O reader of masked client frames: feed any chunking of the bytes
     after the handshake. `read_limit` (0 = none) bounds one message: a frame's
@@ -296,7 +294,7 @@ class WsFrameReader:
     Raises RustextError for a negative `read_limit`."""
 
     def __init__(self, read_limit: int = 0) -> None: ...
-    def feed(self, data: bytes) -> list[WsEvent]: ...
+    def feed(self, data: bytes) -> list[bytes | tuple[int, bytes] | tuple[int, int, str]]: ...
     @property
     def done(self) -> bool:
         """True after a failure, a binary or a close frame."""

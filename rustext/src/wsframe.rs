@@ -9,7 +9,7 @@
 //! - `read_limit` (0 = none): as soon as a frame's length is readable, its
 //!   length plus the bytes of the fragments already held must not exceed the
 //!   limit, else failure 1009 "message too big" (before its payload is buffered);
-//! - unmasks payloads 8 bytes at a time;
+//! - unmasks payloads 32 bytes at a time (vector XOR);
 //! - reassembles fragmented text messages: text frames come out whole;
 //! - a binary frame is reported (juggler.0 is text only) and ends the stream;
 //! - control frames: FIN unset or payload over 125 bytes is failure 1002
