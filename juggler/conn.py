@@ -2,10 +2,12 @@
 
 A thin asyncio ``Protocol``. The opening handshake goes through websockets'
 sans-I/O ``ServerProtocol`` (HTTP parsing, validation, the 101 response);
-after it, frames are read and written here directly (RFC 6455: masked client
-frames, unmasked server frames, ping/pong, the closing handshake), because
-the generic parser costs more per message than everything else the server
-does. Frames out are coalesced per event-loop turn into one
+after it, frames are read and written by this connection directly (RFC
+6455: masked client frames, unmasked server frames, ping/pong, the closing
+handshake), because the generic parser costs more per message than
+everything else the server does. Client frames are parsed by the sans-I/O
+Rust reader ``rustext.WsFrameReader`` (buffering, ``read_limit``,
+unmasking, reassembly, protocol checks); this module acts on its events. Frames out are coalesced per event-loop turn into one
 ``transport.write``. No task per connection while idle: a worker task exists
 only while messages are queued.
 
@@ -38,7 +40,6 @@ from urllib.parse import parse_qs
 import rustext
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
-from websockets.speedups import apply_mask
 
 from juggler.broker.base import Event
 from juggler.http import http_response
@@ -70,6 +71,7 @@ _build_ack = rustext.build_ack
 _build_nack = rustext.build_nack
 _build_res = rustext.build_res
 _build_evnt = rustext.build_evnt
+_WS_PING, _WS_CLOSE, _WS_BINARY = rustext.WS_PING, rustext.WS_CLOSE, rustext.WS_BINARY
 
 
 class ConnState(enum.Enum):
@@ -150,10 +152,9 @@ class Conn(asyncio.Protocol):
         self._flush_scheduled = False
         self._inbox: deque[Any] = deque()
         self._worker: asyncio.Task[None] | None = None
-        self._frag: list[bytes] | None = None
-        self._frag_size = 0
         self._subs: set[tuple[bool, str]] = set()  # (pattern, channel) subscribed
-        self._rbuf = bytearray()
+        # frames after the handshake: buffering, read_limit, unmasking, reassembly
+        self._reader = rustext.WsFrameReader(cfg.read_limit)
         self._sniff: bytearray | None = bytearray()  # start of the request, until its method is known
         self._head = False  # a HEAD request (plain HTTP, see juggler.static_files)
         self._fast = False  # handshake done: frames are parsed here, not by websockets
@@ -396,85 +397,27 @@ class Conn(asyncio.Protocol):
     # incoming -------------------------------------------------------------------
 
     def _frames_in(self, data: bytes) -> None:
-        """Parse client frames (RFC 6455 §5) from `data` plus what was left over."""
-        buf = self._rbuf
-        if buf:
-            buf += data
-            view: Any = buf
-        else:
-            view = data
-        n = len(view)
-        pos = 0
-        limit = self.config.read_limit
-        while n - pos >= 2 and not (self._doomed or self._closed):
-            b0 = view[pos]
-            b1 = view[pos + 1]
-            ln = b1 & 0x7F
-            if ln < 126:
-                hdr = 2
-            elif ln == 126:
-                if n - pos < 4:
-                    break
-                ln = (view[pos + 2] << 8) | view[pos + 3]
-                hdr = 4
+        """Client frames (RFC 6455 §5) in `data`: parsed by the Rust reader
+        (``rustext.WsFrameReader``: buffering, limits, unmasking, reassembly),
+        its events dispatched here."""
+        if self._doomed:
+            return
+        for ev in self._reader.feed(data):
+            if ev.__class__ is bytes:
+                self._on_text(ev)
             else:
-                if n - pos < 10:
-                    break
-                ln = int.from_bytes(view[pos + 2:pos + 10], "big")
-                hdr = 10
-            if b0 & 0x70 or not b1 & 0x80:
-                self._fail(1002, "protocol error")  # RSV bits, or an unmasked client frame
+                self._control(ev)
+            if self._doomed or self._closed:
                 return
-            if limit and ln + self._frag_size > limit:
-                self._fail(1009, "message too big")
-                return
-            end = pos + hdr + 4 + ln
-            if end > n:
-                break
-            payload = apply_mask(view[pos + hdr + 4:end], view[pos + hdr:pos + hdr + 4])
-            pos = end
-            self._frame(b0 & 0x80, b0 & 0x0F, payload)
-        if pos >= n:
-            if buf:
-                buf.clear()
-        elif buf:
-            del buf[:pos]
-        else:
-            self._rbuf = bytearray(view[pos:])
 
-    def _frame(self, fin: int, op: int, payload: bytes) -> None:
-        if op == 1:  # text
-            if self._frag is not None:
-                self._fail(1002, "expected a continuation frame")
-            elif fin:
-                self._on_text(payload)
-            else:
-                self._frag = [payload]
-                self._frag_size = len(payload)
-        elif op == 0:  # continuation
-            if self._frag is None:
-                self._fail(1002, "unexpected continuation frame")
-                return
-            self._frag.append(payload)
-            self._frag_size += len(payload)
-            if fin:
-                text = b"".join(self._frag)
-                self._frag = None
-                self._frag_size = 0
-                self._on_text(text)
-        elif op == 2:
-            self._bad_input("binary frame")
-        elif op >= 8 and (not fin or len(payload) > 125):
-            self._fail(1002, "invalid control frame")
-        elif op == 9:  # ping
+    def _control(self, ev: tuple[Any, ...]) -> None:
+        kind = ev[0]
+        if kind == _WS_PING:
             if self._open:
+                payload = ev[1]
                 self._out.append(bytes((0x8A, len(payload))) + payload)
-        elif op == 10:  # pong
-            pass
-        elif op == 8:  # close
-            if len(payload) == 1:
-                self._fail(1002, "invalid close frame")
-                return
+        elif kind == _WS_CLOSE:
+            payload = ev[1]
             self._set_reason("peer_close")
             if not self._close_sent:  # echo the peer's code, then drop TCP (server side)
                 self._open = False
@@ -482,8 +425,10 @@ class Conn(asyncio.Protocol):
                 self._out.append(bytes((0x88, min(len(payload), 2))) + payload[:2])
             self._flush()
             self._close_transport()
-        else:
-            self._fail(1002, f"reserved opcode {op}")
+        elif kind == _WS_BINARY:
+            self._bad_input("binary frame")
+        else:  # WS_FAIL: (kind, code, reason)
+            self._fail(ev[1], ev[2])
 
     def _set_reason(self, reason: str) -> None:
         if self.close_reason is None:

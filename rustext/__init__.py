@@ -123,6 +123,11 @@ __all__ += [
     "parse_client_message", "parse_pub_payload", "parse_server_message",
 ]
 
+# websocket frames from clients (RFC 6455 §5), for juggler/conn.py
+from rustext._native import WS_BINARY, WS_CLOSE, WS_FAIL, WS_PING, WsFrameReader  # noqa: E402
+
+__all__ += ["WS_BINARY", "WS_CLOSE", "WS_FAIL", "WS_PING", "WsFrameReader"]
+
 # --- timer ---
 from rustext._native import DeadlineHeap  # noqa: E402
 

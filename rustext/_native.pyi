@@ -273,6 +273,35 @@ def new_uuid() -> str:
 def canonical_uuid(s: str) -> str | None:
     """Canonical lower-case form of a UUID in any form Go accepts, or None."""
 
+# Websocket frames from clients (RFC 6455 §5, server side): the juggler
+# server's frame reader. `feed` returns, in order: `bytes` for each complete
+# text message (reassembled, unmasked, not UTF-8 checked), else a tuple:
+#   (WS_PING, payload)        a ping (payload ≤ 125 bytes); answer with a pong
+#   (WS_CLOSE, payload)       a close frame: b"" or ≥ 2 bytes (code first); ends the stream
+#   (WS_BINARY, b"")          a binary frame (payload dropped); ends the stream
+#   (WS_FAIL, code, reason)   invalid input: close with 1002 (protocol) or 1009
+#                             (over read_limit); ends the stream
+# Pongs are dropped. Once the stream has ended, `feed` returns [] for good.
+WS_BINARY: int  # 2
+WS_CLOSE: int  # 8
+WS_PING: int  # 9
+WS_FAIL: int  # 255
+
+class WsFrameReader:
+    """Sans-I/O reader of masked client frames: feed any chunking of the bytes
+    after the handshake. `read_limit` (0 = none) bounds one message: a frame's
+    length plus the fragments held, checked from its header alone (1009).
+    Raises RustextError for a negative `read_limit`."""
+
+    def __init__(self, read_limit: int = 0) -> None: ...
+    def feed(self, data: bytes) -> list[bytes | tuple[int, bytes] | tuple[int, int, str]]: ...
+    @property
+    def done(self) -> bool:
+        """True after a failure, a binary or a close frame."""
+    @property
+    def buffered(self) -> int:
+        """Bytes held: a partial frame plus the fragments of an open message."""
+
 
 # --- timer --------------------------------------------------------------
 class DeadlineHeap:

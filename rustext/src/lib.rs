@@ -4,6 +4,7 @@
 //! - [`framing`]  length-prefixed stream splitter: feed bytes, get whole frames back.
 //! - [`rpcx`]     rpcx message encode/decode (see shared/protocols/rpcx.md).
 //! - [`juggler`]  juggler.0 envelope parse/build; `args` stay raw JSON bytes.
+//! - [`wsframe`]  websocket frame reader (RFC 6455 §5, client→server): bytes in, events out.
 //! - [`timer`]    min-heap of deadlines: add / cancel / pop_expired(now).
 //! - [`grpc`]     gRPC (HTTP/2) server and client for seq's `pb.RRAPI`, batched to Python.
 //! - [`balancer`] the HTTP load balancer's data plane (tokio + hyper, own threads).
@@ -20,6 +21,7 @@ pub mod grpc;
 pub mod juggler;
 pub mod rpcx;
 pub mod timer;
+pub mod wsframe;
 
 #[cfg(feature = "python")]
 pub mod errors;
@@ -37,6 +39,7 @@ mod python {
         crate::timer::python::register(m)?;
         crate::balancer::python::register(m)?;
         crate::grpc::python::register(m)?;
+        crate::wsframe::python::register(m)?;
         Ok(())
     }
 }

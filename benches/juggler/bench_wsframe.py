@@ -1,0 +1,208 @@
+"""Client-frame parsing in the juggler server: the former pure-Python parser
+of juggler/conn.py (websockets' C ``apply_mask``) against the Rust reader
+(``rustext.WsFrameReader``), both dispatching to a no-op text handler as
+``Conn._frames_in`` does. Interleaved rounds, best of each printed.
+
+    .venv/bin/python benches/juggler/bench_wsframe.py
+    .venv/bin/python benches/juggler/bench_wsframe.py --rounds 7 --json
+
+Not a test: it measures and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from websockets.speedups import apply_mask
+
+import rustext
+
+KEY = os.urandom(4)
+
+
+def frame(fin: bool, op: int, payload: bytes) -> bytes:
+    n = len(payload)
+    b0 = (0x80 if fin else 0) | op
+    if n < 126:
+        head = bytes((b0, 0x80 | n))
+    elif n < 65536:
+        head = bytes((b0, 0x80 | 126)) + n.to_bytes(2, "big")
+    else:
+        head = bytes((b0, 0x80 | 127)) + n.to_bytes(8, "big")
+    return head + KEY + apply_mask(payload, KEY)
+
+
+class OldParser:
+    """juggler/conn.py's _frames_in/_frame before the Rust reader (control
+    frames reduced to what the benchmark's inputs need)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._rbuf = bytearray()
+        self._frag: list[bytes] | None = None
+        self._frag_size = 0
+        self._doomed = self._closed = False
+        self.texts = 0
+
+    def _on_text(self, data: bytes) -> None:
+        self.texts += 1
+
+    def _fail(self, code: int, reason: str) -> None:
+        raise AssertionError(reason)
+
+    def _frames_in(self, data: bytes) -> None:
+        buf = self._rbuf
+        if buf:
+            buf += data
+            view: Any = buf
+        else:
+            view = data
+        n = len(view)
+        pos = 0
+        limit = self.limit
+        while n - pos >= 2 and not (self._doomed or self._closed):
+            b0 = view[pos]
+            b1 = view[pos + 1]
+            ln = b1 & 0x7F
+            if ln < 126:
+                hdr = 2
+            elif ln == 126:
+                if n - pos < 4:
+                    break
+                ln = (view[pos + 2] << 8) | view[pos + 3]
+                hdr = 4
+            else:
+                if n - pos < 10:
+                    break
+                ln = int.from_bytes(view[pos + 2:pos + 10], "big")
+                hdr = 10
+            if b0 & 0x70 or not b1 & 0x80:
+                self._fail(1002, "protocol error")
+                return
+            if limit and ln + self._frag_size > limit:
+                self._fail(1009, "message too big")
+                return
+            end = pos + hdr + 4 + ln
+            if end > n:
+                break
+            payload = apply_mask(view[pos + hdr + 4:end], view[pos + hdr:pos + hdr + 4])
+            pos = end
+            self._frame(b0 & 0x80, b0 & 0x0F, payload)
+        if pos >= n:
+            if buf:
+                buf.clear()
+        elif buf:
+            del buf[:pos]
+        else:
+            self._rbuf = bytearray(view[pos:])
+
+    def _frame(self, fin: int, op: int, payload: bytes) -> None:
+        if op == 1:
+            if self._frag is not None:
+                self._fail(1002, "expected a continuation frame")
+            elif fin:
+                self._on_text(payload)
+            else:
+                self._frag = [payload]
+                self._frag_size = len(payload)
+        elif op == 0:
+            if self._frag is None:
+                self._fail(1002, "unexpected continuation frame")
+                return
+            self._frag.append(payload)
+            self._frag_size += len(payload)
+            if fin:
+                text = b"".join(self._frag)
+                self._frag = None
+                self._frag_size = 0
+                self._on_text(text)
+        else:
+            self._fail(1002, f"opcode {op} not in this benchmark")
+
+
+class NewParser:
+    """juggler/conn.py's _frames_in with the Rust reader."""
+
+    def __init__(self, limit: int) -> None:
+        self._reader = rustext.WsFrameReader(limit)
+        self._doomed = self._closed = False
+        self.texts = 0
+
+    def _on_text(self, data: bytes) -> None:
+        self.texts += 1
+
+    def _control(self, ev: tuple[Any, ...]) -> None:
+        raise AssertionError(ev)
+
+    def _frames_in(self, data: bytes) -> None:
+        if self._doomed:
+            return
+        for ev in self._reader.feed(data):
+            if ev.__class__ is bytes:
+                self._on_text(ev)
+            else:
+                self._control(ev)
+            if self._doomed or self._closed:
+                return
+
+
+CALL = (b'{"type":1,"msg_uuid":"0b5a5b0a-4ef2-4b7e-9a4f-5f0f1f7d3c21","uri":"test.echo",'
+        b'"timeout":1000000000,"args":"hello"}')
+
+
+def workloads() -> dict[str, tuple[list[bytes], int]]:
+    """name -> (reads, text messages they carry)."""
+    one = frame(True, 1, CALL)
+    ten = one * 10
+    big = frame(True, 1, b"x" * 65536)
+    frag = frame(False, 1, CALL[:40]) + frame(False, 0, CALL[40:80]) + frame(True, 0, CALL[80:])
+    split = [one[:50], one[50:]]
+    return {
+        f"1 CALL ({len(CALL)} B) per read": ([one] * 2000, 2000),
+        "10 CALLs per read": ([ten] * 200, 2000),
+        "1 CALL split over 2 reads": (split * 2000, 2000),
+        "1 CALL in 3 fragments": ([frag] * 2000, 2000),
+        "64 KiB message per read": ([big] * 50, 50),
+    }
+
+
+def run(cls: type, reads: list[bytes], want: int) -> float:
+    p = cls(1 << 20)
+    fi = p._frames_in
+    t0 = time.perf_counter()
+    for r in reads:
+        fi(r)
+    dt = time.perf_counter() - t0
+    assert p.texts == want, (cls.__name__, p.texts, want)
+    return dt
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    results = {}
+    for name, (reads, n) in workloads().items():
+        best = {"python": float("inf"), "rust": float("inf")}
+        for _ in range(args.rounds):  # interleaved: python, rust, python, rust, ...
+            best["python"] = min(best["python"], run(OldParser, reads, n))
+            best["rust"] = min(best["rust"], run(NewParser, reads, n))
+        results[name] = {k: v / n * 1e6 for k, v in best.items()}  # µs per message
+    if args.json:
+        json.dump(results, sys.stdout, indent=1)
+        print()
+        return 0
+    print(f"{'workload':34} {'python µs/msg':>14} {'rust µs/msg':>12} {'speed-up':>9}")
+    for name, r in results.items():
+        print(f"{name:34} {r['python']:14.3f} {r['rust']:12.3f} {r['python'] / r['rust']:8.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

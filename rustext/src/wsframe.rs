@@ -1,0 +1,566 @@
+//! Websocket frame reader for the server side (RFC 6455 §5, client→server),
+//! sans-I/O: feed any chunking of the bytes a client sent after its handshake,
+//! get back the events they carry, in order.
+//!
+//! What it does (the juggler server's rules, `juggler/conn.py`):
+//!
+//! - buffers a partial frame across `feed` calls; decodes 7/16/64-bit lengths;
+//! - RSV bits set, or an unmasked frame: failure 1002 "protocol error";
+//! - `read_limit` (0 = none): as soon as a frame's length is readable, its
+//!   length plus the bytes of the fragments already held must not exceed the
+//!   limit, else failure 1009 "message too big" (before its payload is buffered);
+//! - unmasks payloads 32 bytes at a time (vector XOR);
+//! - reassembles fragmented text messages: text frames come out whole;
+//! - a binary frame is reported (juggler.0 is text only) and ends the stream;
+//! - control frames: FIN unset or payload over 125 bytes is failure 1002
+//!   "invalid control frame"; pings are reported with their payload; pongs are
+//!   dropped; a close frame is reported with its payload (a 1-byte close
+//!   payload is failure 1002 "invalid close frame");
+//! - text while a fragmented message is open: 1002 "expected a continuation
+//!   frame"; continuation without one: 1002 "unexpected continuation frame";
+//!   opcodes 3–7 and 11–15: 1002 "reserved opcode N".
+//!
+//! After a failure, a binary frame or a close frame the reader is finished:
+//! it drops what it holds and every later `feed` returns nothing. Memory held:
+//! one partial frame plus the fragments of one message (both bounded by
+//! `read_limit` when it is set).
+
+use std::mem;
+
+/// Opcode-like kinds of events, as crossed into Python.
+pub const EV_BINARY: u8 = 2;
+pub const EV_CLOSE: u8 = 8;
+pub const EV_PING: u8 = 9;
+pub const EV_FAIL: u8 = 0xFF;
+
+/// One thing a client's bytes said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WsEvent {
+    /// A complete text message, reassembled and unmasked (not UTF-8 checked).
+    Text(Vec<u8>),
+    /// A binary frame (its payload is not kept). The reader is finished.
+    Binary,
+    /// A ping with its (unmasked) payload, at most 125 bytes.
+    Ping(Vec<u8>),
+    /// A close frame with its (unmasked) payload: empty, or ≥ 2 bytes (code
+    /// first). The reader is finished.
+    Close(Vec<u8>),
+    /// The stream is invalid: close with `code` and `reason`. The reader is finished.
+    Fail { code: u16, reason: String },
+}
+
+/// Incremental reader of masked client frames (see module doc).
+#[derive(Debug, Default)]
+pub struct FrameReader {
+    limit: u64,
+    buf: Vec<u8>,
+    frag: Option<Vec<u8>>,
+    done: bool,
+}
+
+impl FrameReader {
+    /// `read_limit`: largest message in bytes (0 = no limit).
+    pub fn new(read_limit: u64) -> Self {
+        FrameReader { limit: read_limit, ..Default::default() }
+    }
+
+    /// True after a failure, a binary or a close frame: nothing more comes out.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Bytes held: the partial frame plus the fragments of an open message.
+    pub fn buffered(&self) -> usize {
+        self.buf.len() + self.frag.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Feed bytes; returns the events they complete.
+    pub fn feed(&mut self, data: &[u8]) -> Vec<WsEvent> {
+        let mut out = Vec::new();
+        self.feed_into(data, &mut out);
+        out
+    }
+
+    /// Feed bytes; appends the events they complete to `out`.
+    pub fn feed_into(&mut self, data: &[u8], out: &mut Vec<WsEvent>) {
+        if self.done {
+            return;
+        }
+        if self.buf.is_empty() {
+            let pos = self.parse(data, out);
+            if !self.done && pos < data.len() {
+                self.buf.extend_from_slice(&data[pos..]);
+            }
+        } else {
+            self.buf.extend_from_slice(data);
+            let mut buf = mem::take(&mut self.buf);
+            let pos = self.parse(&buf, out);
+            if !self.done {
+                buf.drain(..pos);
+                self.buf = buf;
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        self.done = true;
+        self.buf = Vec::new();
+        self.frag = None;
+    }
+
+    fn fail(&mut self, code: u16, reason: impl Into<String>, out: &mut Vec<WsEvent>) {
+        out.push(WsEvent::Fail { code, reason: reason.into() });
+        self.finish();
+    }
+
+    /// Parse whole frames from `view`; returns the bytes consumed.
+    fn parse(&mut self, view: &[u8], out: &mut Vec<WsEvent>) -> usize {
+        let n = view.len();
+        let mut pos = 0usize;
+        while !self.done && n - pos >= 2 {
+            let b0 = view[pos];
+            let b1 = view[pos + 1];
+            let mut ln = u64::from(b1 & 0x7F);
+            let hdr: usize;
+            if ln < 126 {
+                hdr = 2;
+            } else if ln == 126 {
+                if n - pos < 4 {
+                    break;
+                }
+                ln = u64::from(u16::from_be_bytes([view[pos + 2], view[pos + 3]]));
+                hdr = 4;
+            } else {
+                if n - pos < 10 {
+                    break;
+                }
+                let mut a = [0u8; 8];
+                a.copy_from_slice(&view[pos + 2..pos + 10]);
+                ln = u64::from_be_bytes(a);
+                hdr = 10;
+            }
+            if b0 & 0x70 != 0 || b1 & 0x80 == 0 {
+                // RSV bits (no extension is negotiated), or an unmasked client frame
+                self.fail(1002, "protocol error", out);
+                return n;
+            }
+            let held = self.frag.as_ref().map_or(0, Vec::len) as u64;
+            if self.limit != 0 && ln.saturating_add(held) > self.limit {
+                self.fail(1009, "message too big", out);
+                return n;
+            }
+            let avail = (n - pos - hdr) as u64; // n - pos >= hdr here
+            if avail < 4 || ln > avail - 4 {
+                break;
+            }
+            let start = pos + hdr + 4;
+            let end = start + ln as usize; // ≤ n, checked above
+            let key = [view[pos + hdr], view[pos + hdr + 1], view[pos + hdr + 2], view[pos + hdr + 3]];
+            pos = end;
+            self.frame(b0 & 0x80 != 0, b0 & 0x0F, key, &view[start..end], out);
+        }
+        pos
+    }
+
+    fn frame(&mut self, fin: bool, op: u8, key: [u8; 4], masked: &[u8], out: &mut Vec<WsEvent>) {
+        match op {
+            1 => {
+                if self.frag.is_some() {
+                    self.fail(1002, "expected a continuation frame", out);
+                } else if fin {
+                    out.push(WsEvent::Text(unmasked(masked, key)));
+                } else {
+                    self.frag = Some(unmasked(masked, key));
+                }
+            }
+            0 => match self.frag.as_mut() {
+                None => self.fail(1002, "unexpected continuation frame", out),
+                Some(frag) => {
+                    unmask_into(frag, masked, key);
+                    if fin {
+                        if let Some(text) = self.frag.take() {
+                            out.push(WsEvent::Text(text));
+                        }
+                    }
+                }
+            },
+            2 => {
+                out.push(WsEvent::Binary);
+                self.finish();
+            }
+            8..=15 if !fin || masked.len() > 125 => self.fail(1002, "invalid control frame", out),
+            9 => out.push(WsEvent::Ping(unmasked(masked, key))),
+            10 => {} // pong: nothing to do (the server sends no pings)
+            8 => {
+                if masked.len() == 1 {
+                    self.fail(1002, "invalid close frame", out);
+                } else {
+                    out.push(WsEvent::Close(unmasked(masked, key)));
+                    self.finish();
+                }
+            }
+            _ => self.fail(1002, format!("reserved opcode {op}"), out),
+        }
+    }
+}
+
+/// XOR `buf` with the 4-byte masking key `key`, the key starting at `buf[0]`
+/// (masking and unmasking are the same operation). 32 bytes at a time against
+/// the key repeated (the compiler turns the inner loop into vector XORs),
+/// then 8 at a time, then bytewise.
+pub fn apply_mask(buf: &mut [u8], key: [u8; 4]) {
+    let mut pat = [0u8; 32];
+    for (i, p) in pat.iter_mut().enumerate() {
+        *p = key[i & 3];
+    }
+    let mut chunks = buf.chunks_exact_mut(32);
+    for c in &mut chunks {
+        for (b, k) in c.iter_mut().zip(pat.iter()) {
+            *b ^= k;
+        }
+    }
+    // every remainder below starts at a multiple of 4, so the key restarts at key[0]
+    let k8 = u64::from_ne_bytes([key[0], key[1], key[2], key[3], key[0], key[1], key[2], key[3]]);
+    let mut words = chunks.into_remainder().chunks_exact_mut(8);
+    for c in &mut words {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(c);
+        c.copy_from_slice(&(u64::from_ne_bytes(a) ^ k8).to_ne_bytes());
+    }
+    for (i, b) in words.into_remainder().iter_mut().enumerate() {
+        *b ^= key[i & 3];
+    }
+}
+
+fn unmasked(masked: &[u8], key: [u8; 4]) -> Vec<u8> {
+    let mut v = masked.to_vec();
+    apply_mask(&mut v, key);
+    v
+}
+
+fn unmask_into(dst: &mut Vec<u8>, masked: &[u8], key: [u8; 4]) {
+    let start = dst.len();
+    dst.extend_from_slice(masked);
+    apply_mask(&mut dst[start..], key);
+}
+
+/// Encode one masked client frame (tests, and clients written in Rust).
+pub fn encode_client_frame(fin: bool, op: u8, payload: &[u8], key: [u8; 4]) -> Vec<u8> {
+    let n = payload.len();
+    let mut v = Vec::with_capacity(n + 14);
+    v.push(if fin { 0x80 } else { 0 } | (op & 0x0F));
+    if n < 126 {
+        v.push(0x80 | n as u8);
+    } else if n < 65536 {
+        v.push(0x80 | 126);
+        v.extend_from_slice(&(n as u16).to_be_bytes());
+    } else {
+        v.push(0x80 | 127);
+        v.extend_from_slice(&(n as u64).to_be_bytes());
+    }
+    v.extend_from_slice(&key);
+    unmask_into(&mut v, payload, key);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const K: [u8; 4] = [0x37, 0xfa, 0x21, 0x3d];
+
+    fn frame(fin: bool, op: u8, p: &[u8]) -> Vec<u8> {
+        encode_client_frame(fin, op, p, K)
+    }
+
+    fn fail(code: u16, reason: &str) -> WsEvent {
+        WsEvent::Fail { code, reason: reason.to_string() }
+    }
+
+    #[test]
+    fn rfc_example_masked_hello() {
+        // RFC 6455 §5.7: a single-frame masked text message "Hello"
+        let data = [0x81, 0x85, 0x37, 0xfa, 0x21, 0x3d, 0x7f, 0x9f, 0x4d, 0x51, 0x58];
+        let mut r = FrameReader::new(0);
+        assert_eq!(r.feed(&data), vec![WsEvent::Text(b"Hello".to_vec())]);
+        assert_eq!(r.buffered(), 0);
+    }
+
+    #[test]
+    fn lengths_16_and_64_bit_and_byte_at_a_time() {
+        let a = vec![b'a'; 300];
+        let b = vec![b'b'; 70_000];
+        let mut data = frame(true, 1, &a);
+        data.extend(frame(true, 1, &b));
+        assert_eq!(data[1] & 0x7F, 126);
+        let mut r = FrameReader::new(0);
+        let mut got = Vec::new();
+        for byte in &data {
+            got.extend(r.feed(std::slice::from_ref(byte)));
+        }
+        assert_eq!(got, vec![WsEvent::Text(a), WsEvent::Text(b)]);
+        assert_eq!(r.buffered(), 0);
+    }
+
+    #[test]
+    fn fragments_and_interleaved_control() {
+        let mut data = frame(false, 1, b"{\"a\":");
+        data.extend(frame(true, 9, b"pi"));
+        data.extend(frame(true, 10, b"po"));
+        data.extend(frame(false, 0, b" 1"));
+        data.extend(frame(true, 0, b"}"));
+        let mut r = FrameReader::new(0);
+        assert_eq!(
+            r.feed(&data),
+            vec![WsEvent::Ping(b"pi".to_vec()), WsEvent::Text(b"{\"a\": 1}".to_vec())]
+        );
+    }
+
+    #[test]
+    fn protocol_errors() {
+        let cases: Vec<(Vec<u8>, WsEvent)> = vec![
+            (vec![0x81 | 0x40, 0x80, 0, 0, 0, 0], fail(1002, "protocol error")),
+            (vec![0x81, 0x00], fail(1002, "protocol error")),
+            ([frame(false, 1, b"a"), frame(true, 1, b"b")].concat(), fail(1002, "expected a continuation frame")),
+            (frame(true, 0, b"a"), fail(1002, "unexpected continuation frame")),
+            (frame(false, 9, b""), fail(1002, "invalid control frame")),
+            (frame(true, 9, &[0; 126]), fail(1002, "invalid control frame")),
+            (frame(true, 8, b"\x03"), fail(1002, "invalid close frame")),
+            (frame(true, 3, b""), fail(1002, "reserved opcode 3")),
+            (frame(true, 11, b""), fail(1002, "reserved opcode 11")),
+        ];
+        for (data, want) in cases {
+            let mut r = FrameReader::new(0);
+            assert_eq!(r.feed(&data), vec![want], "{data:?}");
+            assert!(r.is_done());
+            assert_eq!(r.buffered(), 0);
+        }
+    }
+
+    #[test]
+    fn header_errors_need_the_whole_length_field() {
+        // an unmasked frame with a 16-bit length is judged once the length is readable
+        let mut r = FrameReader::new(0);
+        assert!(r.feed(&[0x81, 126, 0]).is_empty());
+        assert_eq!(r.feed(&[1]), vec![fail(1002, "protocol error")]);
+    }
+
+    #[test]
+    fn limit_counts_held_fragments_and_fires_before_the_payload() {
+        let mut r = FrameReader::new(10);
+        assert!(r.feed(&frame(false, 1, b"123456")).is_empty());
+        // 5 more would make 11: refused from the header alone
+        let next = frame(true, 0, b"12345");
+        assert_eq!(r.feed(&next[..2]), vec![fail(1009, "message too big")]);
+        assert!(r.feed(&next[2..]).is_empty());
+
+        let mut r = FrameReader::new(10);
+        let mut data = frame(false, 1, b"123456");
+        data.extend(frame(true, 0, b"1234"));
+        assert_eq!(r.feed(&data), vec![WsEvent::Text(b"1234561234".to_vec())]);
+        // a huge 64-bit length does not overflow
+        let mut r = FrameReader::new(10);
+        let mut h = vec![0x81, 0xFF];
+        h.extend(u64::MAX.to_be_bytes());
+        assert_eq!(r.feed(&h), vec![fail(1009, "message too big")]);
+        let mut r = FrameReader::new(0);
+        h.extend(K);
+        assert!(r.feed(&h).is_empty());
+    }
+
+    #[test]
+    fn finished_after_close_or_binary() {
+        let mut r = FrameReader::new(0);
+        let mut data = frame(true, 8, b"\x03\xe8bye");
+        data.extend(frame(true, 1, b"late"));
+        assert_eq!(r.feed(&data), vec![WsEvent::Close(b"\x03\xe8bye".to_vec())]);
+        assert!(r.feed(&frame(true, 1, b"x")).is_empty());
+        let mut r = FrameReader::new(0);
+        let mut data = frame(true, 1, b"a");
+        data.extend(frame(true, 2, b"bin"));
+        data.extend(frame(true, 1, b"b"));
+        assert_eq!(r.feed(&data), vec![WsEvent::Text(b"a".to_vec()), WsEvent::Binary]);
+        assert!(r.is_done());
+        let mut r = FrameReader::new(0);
+        assert_eq!(r.feed(&frame(true, 8, b"")), vec![WsEvent::Close(vec![])]);
+    }
+
+    #[test]
+    fn mask_alignment() {
+        for n in 0..100 {
+            let p: Vec<u8> = (0..n as u8).collect();
+            let mut m = p.clone();
+            apply_mask(&mut m, K);
+            for (i, (a, b)) in p.iter().zip(&m).enumerate() {
+                assert_eq!(a ^ K[i % 4], *b);
+            }
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum F {
+        Text(Vec<u8>, usize),
+        Ping(Vec<u8>),
+        Pong(Vec<u8>),
+    }
+
+    fn arb_frame() -> impl Strategy<Value = F> {
+        prop_oneof![
+            4 => (proptest::collection::vec(any::<u8>(), 0..300), 0usize..4).prop_map(|(p, k)| F::Text(p, k)),
+            1 => proptest::collection::vec(any::<u8>(), 0..126).prop_map(F::Ping),
+            1 => proptest::collection::vec(any::<u8>(), 0..126).prop_map(F::Pong),
+        ]
+    }
+
+    /// A valid stream (text messages in `k + 1` fragments, pings, pongs) and the events it gives.
+    fn stream(frames: &[F], key: [u8; 4]) -> (Vec<u8>, Vec<WsEvent>) {
+        let mut data = Vec::new();
+        let mut want = Vec::new();
+        for f in frames {
+            match f {
+                F::Text(p, k) => {
+                    let parts = k + 1;
+                    let step = p.len().div_ceil(parts).max(1);
+                    let chunks: Vec<&[u8]> = if p.is_empty() { vec![&p[..]] } else { p.chunks(step).collect() };
+                    for (i, c) in chunks.iter().enumerate() {
+                        let op = if i == 0 { 1 } else { 0 };
+                        data.extend(encode_client_frame(i + 1 == chunks.len(), op, c, key));
+                    }
+                    want.push(WsEvent::Text(p.clone()));
+                }
+                F::Ping(p) => {
+                    data.extend(encode_client_frame(true, 9, p, key));
+                    want.push(WsEvent::Ping(p.clone()));
+                }
+                F::Pong(p) => data.extend(encode_client_frame(true, 10, p, key)),
+            }
+        }
+        (data, want)
+    }
+
+    proptest! {
+        #[test]
+        fn any_split_gives_the_same_events(
+            frames in proptest::collection::vec(arb_frame(), 0..12),
+            key in any::<[u8; 4]>(),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let (data, want) = stream(&frames, key);
+            let mut whole = FrameReader::new(0);
+            prop_assert_eq!(&whole.feed(&data), &want);
+            prop_assert_eq!(whole.buffered(), 0);
+            let mut cuts: Vec<usize> = cuts.iter().map(|c| if data.is_empty() { 0 } else { c % data.len() }).collect();
+            cuts.sort_unstable();
+            let mut r = FrameReader::new(0);
+            let mut got = Vec::new();
+            let mut last = 0;
+            for c in cuts.into_iter().chain(std::iter::once(data.len())) {
+                got.extend(r.feed(&data[last..c]));
+                last = c;
+            }
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(r.buffered(), 0);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(
+            chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..8),
+            limit in prop_oneof![Just(0u64), 0u64..200],
+        ) {
+            let mut r = FrameReader::new(limit);
+            for c in &chunks {
+                for ev in r.feed(c) {
+                    if let WsEvent::Fail { code, .. } = ev {
+                        prop_assert!(code == 1002 || code == 1009);
+                        prop_assert!(r.is_done());
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn mask_round_trips(p in proptest::collection::vec(any::<u8>(), 0..100), key in any::<[u8; 4]>()) {
+            let mut m = p.clone();
+            apply_mask(&mut m, key);
+            for (i, (a, b)) in p.iter().zip(&m).enumerate() {
+                prop_assert_eq!(a ^ key[i % 4], *b);
+            }
+            apply_mask(&mut m, key);
+            prop_assert_eq!(m, p);
+        }
+    }
+}
+
+#[cfg(feature = "python")]
+pub mod python {
+    //! Bindings: `rustext.WsFrameReader` and the event kinds `WS_BINARY`,
+    //! `WS_CLOSE`, `WS_PING`, `WS_FAIL`.
+    //!
+    //! `feed` returns a list whose items are `bytes` (a whole text message:
+    //! the common case, no wrapper) or tuples: `(WS_PING, payload)`,
+    //! `(WS_CLOSE, payload)`, `(WS_BINARY, b"")`, `(WS_FAIL, code, reason)`.
+
+    use super::{FrameReader, WsEvent, EV_BINARY, EV_CLOSE, EV_FAIL, EV_PING};
+    use crate::errors::ErrorKind;
+    use pyo3::prelude::*;
+    use pyo3::types::{PyBytes, PyList};
+
+    /// Server-side reader of masked client websocket frames (RFC 6455 §5).
+    #[pyclass(module = "rustext", name = "WsFrameReader")]
+    pub struct PyWsFrameReader {
+        inner: FrameReader,
+        events: Vec<WsEvent>,
+    }
+
+    #[pymethods]
+    impl PyWsFrameReader {
+        #[new]
+        #[pyo3(signature = (read_limit = 0))]
+        fn new(read_limit: i64) -> PyResult<Self> {
+            if read_limit < 0 {
+                return Err(ErrorKind::Rustext.err(format!("read_limit must be >= 0, got {read_limit}")));
+            }
+            Ok(PyWsFrameReader { inner: FrameReader::new(read_limit as u64), events: Vec::new() })
+        }
+
+        /// Feed bytes received; returns the events they complete, in order.
+        fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
+            let mut events = std::mem::take(&mut self.events);
+            self.inner.feed_into(data, &mut events);
+            let list = PyList::empty(py);
+            for ev in events.drain(..) {
+                match ev {
+                    WsEvent::Text(v) => list.append(PyBytes::new(py, &v))?,
+                    WsEvent::Ping(v) => list.append((EV_PING, PyBytes::new(py, &v)))?,
+                    WsEvent::Close(v) => list.append((EV_CLOSE, PyBytes::new(py, &v)))?,
+                    WsEvent::Binary => list.append((EV_BINARY, PyBytes::new(py, b"")))?,
+                    WsEvent::Fail { code, reason } => list.append((EV_FAIL, code, reason))?,
+                }
+            }
+            self.events = events;
+            Ok(list)
+        }
+
+        /// True after a failure, a binary or a close frame.
+        #[getter]
+        fn done(&self) -> bool {
+            self.inner.is_done()
+        }
+
+        /// Bytes held: a partial frame plus the fragments of an open message.
+        #[getter]
+        fn buffered(&self) -> usize {
+            self.inner.buffered()
+        }
+    }
+
+    pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("WS_BINARY", EV_BINARY)?;
+        m.add("WS_CLOSE", EV_CLOSE)?;
+        m.add("WS_PING", EV_PING)?;
+        m.add("WS_FAIL", EV_FAIL)?;
+        m.add_class::<PyWsFrameReader>()?;
+        Ok(())
+    }
+}
