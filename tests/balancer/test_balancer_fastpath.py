@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -282,3 +283,21 @@ def test_generated_requests_forwarded_exactly(proxy_session, headers, body, cut,
             seen = json.loads(got)["headers"]
             for k, v in hs:
                 assert [k, v] in seen, (k, v, seen)
+
+
+@pytest.mark.parametrize("nap_us", [0, 1000])
+def test_napping_worker_serves_keep_alive_and_idles_without_cpu(backends, proxy, nap_us):
+    """A busy worker naps on a timer (checking its sockets) before it waits to
+    be woken; requests are answered the same, and once traffic stops the
+    worker blocks instead of napping: an idle balancer burns no CPU."""
+    lb = proxy(backends(1), workers=1, nap_us=nap_us)
+    with connect(port_of(lb)) as s, s.makefile("rb") as f:
+        for i in range(300):
+            s.sendall(b"GET /size/%d HTTP/1.1\r\nHost: t\r\n\r\n" % (i % 50))
+            assert read_response(f)[2] == pattern(i % 50)
+        c0 = time.process_time()
+        time.sleep(0.5)  # the window measured, not a synchronisation
+        used = time.process_time() - c0
+        s.sendall(b"GET /size/5 HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert read_response(f)[2] == pattern(5)
+    assert used < 0.2, f"{used:.3f} s of CPU in 0.5 s of idle"
