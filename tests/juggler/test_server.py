@@ -610,6 +610,14 @@ async def test_subscriptions_per_connection_are_capped() -> None:
         assert (await recv(c))["meta"]["type"] == 8
 
 
+UPGRADE_REQUEST = (
+    b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+    b"Sec-WebSocket-Protocol: juggler.0\r\n\r\n"
+)
+"""A raw websocket upgrade request, for tests that write frames right after it."""
+
+
 def _masked(payload: bytes, opcode: int = 1, fin: bool = True) -> bytes:
     """One client frame (masked, RFC 6455 5.3)."""
     mask = os.urandom(4)
@@ -625,11 +633,7 @@ async def test_frames_sent_with_the_handshake_are_read() -> None:
     continuation comes later."""
     whole, whole_frame = call("test.echo", "with the handshake")
     frag, frag_frame = call("test.echo", "split over the switch")
-    request = (
-        f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
-        f"Sec-WebSocket-Protocol: juggler.0\r\n\r\n"
-    ).encode()
+    request = UPGRADE_REQUEST
     first, rest = frag_frame.encode()[:20], frag_frame.encode()[20:]
     async with stack() as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -659,11 +663,7 @@ async def test_a_frame_split_across_the_handshake_read_is_read() -> None:
     in a later read is one frame, not a protocol error (a client that does
     not wait for the 101)."""
     uuid, frame = call("test.echo", "split inside one frame")
-    request = (
-        f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
-        f"Sec-WebSocket-Protocol: juggler.0\r\n\r\n"
-    ).encode()
+    request = UPGRADE_REQUEST
     masked = _masked(frame.encode())
     async with stack() as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
