@@ -8,6 +8,8 @@ re-exports its public names (see ``_native.pyi`` for the typed API).
 - juggler   juggler.0 envelope codec (args stay raw JSON bytes)
 - timer     min-heap of deadlines (``DeadlineHeap``)
 - balancer  the HTTP load balancer's data plane
+- backoff   capped, jittered exponential backoff (pure Python), the one policy
+            behind every reconnect and retry loop of the suite
 """
 
 from rustext._native import (
