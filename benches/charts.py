@@ -18,19 +18,27 @@ import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benches"
 OUT = ROOT / "docs" / "benchmarks" / "img"
 OURS, REFERENCE, OTHER, GREY = "#2a9d8f", "#e76f51", "#264653", "#8d99ae"
 PALETTE = [OURS, REFERENCE, OTHER, "#e9c46a", GREY]
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, imported on first use (the
+    tables, which the benchmarks print too, need no matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def load(area: str, name: str) -> dict[str, Any]:
@@ -42,17 +50,17 @@ def save(fig: Any, name: str) -> Path:
     path = OUT / name
     fig.tight_layout()
     fig.savefig(path, dpi=80)
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 
-def bars(ax: Axes, labels: list[str], values: list[float], colors: list[str], fmt: str = "{:,.0f}") -> None:
+def bars(ax: "Axes", labels: list[str], values: list[float], colors: list[str], fmt: str = "{:,.0f}") -> None:
     rects = ax.bar(labels, values, color=colors)
     ax.bar_label(rects, labels=[fmt.format(v) for v in values], fontsize=8)
     ax.margins(y=0.15)
 
 
-def stacked(ax: Axes, labels: list[str], parts: dict[str, list[float]], ylabel: str) -> None:
+def stacked(ax: "Axes", labels: list[str], parts: dict[str, list[float]], ylabel: str) -> None:
     bottom = [0.0] * len(labels)
     for (name, values), color in zip(parts.items(), PALETTE, strict=False):
         ax.bar(labels, values, bottom=bottom, label=name, color=color)
@@ -68,6 +76,7 @@ def stacked(ax: Axes, labels: list[str], parts: dict[str, list[float]], ylabel: 
 
 
 def juggler() -> list[Path]:
+    plt = pyplot()
     d = load("juggler", "load.json")
     runs = d["runs"]
     labels = [f"run {i + 1}\nload {r['loadavg_before'][0]:.1f}" for i, r in enumerate(runs)]
@@ -83,6 +92,7 @@ def juggler() -> list[Path]:
 
 
 def rpc() -> list[Path]:
+    plt = pyplot()
     files = sorted((RESULTS / "rpc" / "results").glob("rpcx-vs-grpc-*.json"))
     docs = [json.loads(f.read_text()) for f in files]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
@@ -112,6 +122,7 @@ def rpc() -> list[Path]:
 
 
 def transport() -> list[Path]:
+    plt = pyplot()
     d = load("transport", "table.json")
     rows = d["medians"]
     labels = [f"{r['payload'] // 1024 if r['payload'] < 1 << 20 else r['payload'] >> 20}"
@@ -137,6 +148,7 @@ BALANCER_COLORS = {"ours": OURS, "haproxy": REFERENCE, "nginx": OTHER}
 
 
 def balancer() -> list[Path]:
+    plt = pyplot()
     rows = load("balancer", "nap-run2.json")["medians"]
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     files = []
@@ -169,6 +181,7 @@ def balancer() -> list[Path]:
 
 
 def seq() -> list[Path]:
+    plt = pyplot()
     rounds = load("seq", "buf0.json")["rounds"]
     labels = [f"{i + 1}\nload {r['loadavg_before'][0]:.1f}" for i, r in enumerate(rounds)]
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(12, 3.8))
@@ -202,6 +215,42 @@ def seq() -> list[Path]:
 
 
 # --- tables ---------------------------------------------------------------------
+
+
+def rpc_table(medians: list[dict[str, Any]]) -> str:
+    """The medians of one bench_rpcx run, one row per peer."""
+    out = ["| peer | calls/s median [min – max] | p50 ms | p99 ms | client CPU µs/call | server CPU µs/call |",
+           "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for m in medians:
+        out.append(f"| {m['peer']} | {m['calls_per_s']:,.0f} [{m['calls_per_s_min']:,.0f} – "
+                   f"{m['calls_per_s_max']:,.0f}] | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | "
+                   f"{m['client_cpu_us_per_call']:.1f} | {m['server_cpu_us_per_call']:.1f} |")
+    return "\n".join(out)
+
+
+def transport_table(rows: list[dict[str, Any]]) -> str:
+    """The medians of run_table, one row per payload × requests in flight."""
+    out = ["| payload | in flight | req/s | MB/s | p50 / p99 ms | CPU µs/req | raw req/s | raw p50 / p99 ms "
+           "| raw CPU µs/req | transport ÷ raw |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        t, raw = r["transport"], r["raw"]
+        size = f"{r['payload'] // 1024} KiB" if r["payload"] < 1 << 20 else f"{r['payload'] >> 20} MiB"
+        out.append(f"| {size} | {r['inflight']} | {t['rps']:,.0f} | {t['mbps']:,.0f} "
+                   f"| {t['p50_ms']:.2f} / {t['p99_ms']:.2f} | {t['cpu_us_per_req']:,.1f} | {raw['rps']:,.0f} "
+                   f"| {raw['p50_ms']:.2f} / {raw['p99_ms']:.2f} | {raw['cpu_us_per_req']:,.1f} | {r['ratio']:.0%} |")
+    return "\n".join(out)
+
+
+def balancer_table(rows: list[dict[str, Any]]) -> str:
+    """The medians of one bench_balancer run, one row per scenario, tool and balancer."""
+    out = ["| scenario | tool | balancer | req/s | p50 ms | p99 ms | CPU µs/req (min–max) | failures | peak RSS MiB |",
+           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        out.append(f"| {r['scenario']} | {r['tool']} | {r['balancer']} | {r['rps']:,.0f} | {r['p50_ms']:.2f} | "
+                   f"{r['p99_ms']:.2f} | {r['cpu_us_per_req']:.1f} ({r['cpu_min']:.1f}–{r['cpu_max']:.1f}) | "
+                   f"{r['failures']} | {r['rss_mib']:.1f} |")
+    return "\n".join(out)
 
 
 def _load_range(runs: list[dict[str, Any]], key: str = "loadavg_before") -> str:
@@ -241,13 +290,7 @@ def rpc_tables() -> str:
     out = []
     for f in sorted((RESULTS / "rpc" / "results").glob("rpcx-vs-grpc-*.json")):
         d = json.loads(f.read_text())
-        out += [f"{f.name}: {d['taken']}, load {_load_range(d['runs'])}",
-                "| peer | calls/s median [min – max] | p50 ms | p99 ms | client CPU µs/call | server CPU µs/call |",
-                "| --- | ---: | ---: | ---: | ---: | ---: |"]
-        for m in d["medians"]:
-            out.append(f"| {m['peer']} | {m['calls_per_s']:,.0f} [{m['calls_per_s_min']:,.0f} – "
-                       f"{m['calls_per_s_max']:,.0f}] | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | "
-                       f"{m['client_cpu_us_per_call']:.1f} | {m['server_cpu_us_per_call']:.1f} |")
+        out += [f"{f.name}: {d['taken']}, load {_load_range(d['runs'])}", rpc_table(d["medians"])]
         med = {m["peer"]: m for m in d["medians"]}
         cpu = {p: med[p]["client_cpu_us_per_call"] + med[p]["server_cpu_us_per_call"] for p in med}
         out.append(f"rpcx ÷ grpc.aio: {med['rpcx']['calls_per_s'] / med['grpc.aio']['calls_per_s']:.1f}× the calls/s "
@@ -262,16 +305,7 @@ def rpc_tables() -> str:
 
 def transport_tables() -> str:
     d = load("transport", "table.json")
-    out = [f"load {_load_range(d['cells'], 'loadavg')}",
-           "| payload | in flight | req/s | MB/s | p50 / p99 ms | CPU µs/req | raw req/s | raw p50 / p99 ms "
-           "| raw CPU µs/req | transport ÷ raw |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in d["medians"]:
-        t, raw = r["transport"], r["raw"]
-        size = f"{r['payload'] // 1024} KiB" if r["payload"] < 1 << 20 else f"{r['payload'] >> 20} MiB"
-        out.append(f"| {size} | {r['inflight']} | {t['rps']:,.0f} | {t['mbps']:,.0f} "
-                   f"| {t['p50_ms']:.2f} / {t['p99_ms']:.2f} | {t['cpu_us_per_req']:,.1f} | {raw['rps']:,.0f} "
-                   f"| {raw['p50_ms']:.2f} / {raw['p99_ms']:.2f} | {raw['cpu_us_per_req']:,.1f} | {r['ratio']:.0%} |")
+    out = [f"load {_load_range(d['cells'], 'loadavg')}", transport_table(d["medians"])]
     c = load("transport", "codec.json")
     out += ["", "| micro-benchmark | median |", "| --- | ---: |"]
     for b in c["benchmarks"]:
@@ -281,13 +315,7 @@ def transport_tables() -> str:
 
 def balancer_tables() -> str:
     runs = load("balancer", "nap-run1.json")["runs"] + load("balancer", "nap-run2.json")["runs"]
-    rows = load("balancer", "nap-run2.json")["medians"]
-    out = ["| scenario | tool | balancer | req/s | p50 ms | p99 ms | CPU µs/req (min–max) | failures | peak RSS MiB |",
-           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        out.append(f"| {r['scenario']} | {r['tool']} | {r['balancer']} | {r['rps']:,.0f} | {r['p50_ms']:.2f} | "
-                   f"{r['p99_ms']:.2f} | {r['cpu_us_per_req']:.1f} ({r['cpu_min']:.1f}–{r['cpu_max']:.1f}) | "
-                   f"{r['failures']} | {r['rss_mib']:.1f} |")
+    out = [balancer_table(load("balancer", "nap-run2.json")["medians"])]
     out += ["", "| scenario | tool | req/s ours ÷ HAProxy | CPU/req ours ÷ HAProxy | p99 ours ÷ HAProxy | failures (ours) |",
             "| --- | --- | ---: | ---: | ---: | ---: |"]
     for sc in dict.fromkeys(r["scenario"] for r in runs):

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
+from benches.charts import balancer_table  # noqa: E402
 from benches.common import loadavg, save  # noqa: E402
 from tests.netutil import free_port  # noqa: E402  (distinct ports within one run)
 TICK = os.sysconf("SC_CLK_TCK")
@@ -276,16 +277,6 @@ def median_table(runs: list[Run]) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
-    out = ["| scenario | tool | balancer | req/s | p50 ms | p99 ms | CPU µs/req (min–max) | failures | peak RSS MiB |",
-           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        out.append(f"| {r['scenario']} | {r['tool']} | {r['balancer']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | "
-                   f"{r['p99_ms']:.2f} | {r['cpu_us_per_req']:.1f} ({r['cpu_min']:.1f}–{r['cpu_max']:.1f}) | "
-                   f"{r['failures']} | {r['rss_mib']:.1f} |")
-    return "\n".join(out)
-
-
 def versus(rows: list[dict]) -> str:
     """Ours against HAProxy, per scenario and tool."""
     out = ["| scenario | tool | CPU/req ours ÷ HAProxy | req/s ours ÷ HAProxy | p99 ours ÷ HAProxy | failures ours |",
@@ -343,7 +334,7 @@ def main() -> int:
             bench.close()
     rows = median_table(runs)
     print()
-    print(markdown(rows) + "\n\n" + versus(rows))
+    print(balancer_table(rows) + "\n\n" + versus(rows))
     if args.out:
         save(args.out, {"setup": {"rounds": args.rounds, "duration": args.duration}, "runs": [asdict(r) for r in runs],
                         "medians": rows, "loadavg_after": loadavg()})

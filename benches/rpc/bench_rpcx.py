@@ -33,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benches.charts import rpc_table  # noqa: E402
 from benches.common import loadavg, proc_cpu_seconds, save  # noqa: E402
 from rpc.bench import BenchTarget, run_bench  # noqa: E402
 from rpc.examples import benchmark_request  # noqa: E402
@@ -82,16 +83,6 @@ def medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| peer | calls/s median [min – max] | p50 ms | p99 ms | client CPU µs/call | server CPU µs/call |",
-           "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        out.append(f"| {r['peer']} | {r['calls_per_s']:,.0f} [{r['calls_per_s_min']:,.0f} – "
-                   f"{r['calls_per_s_max']:,.0f}] | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-                   f"{r['client_cpu_us_per_call']:.1f} | {r['server_cpu_us_per_call']:.1f} |")
-    return "\n".join(out)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-c", type=int, default=100, help="concurrent callers in all [%(default)s]")
@@ -138,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             server.wait()
     rows = medians(runs)
     print()
-    print(table(rows))
+    print(rpc_table(rows))
     if a.out:
         save(a.out, {"setup": {"concurrency": a.c, "processes": a.processes, "pool_per_process": a.pool,
                                "rounds": a.rounds, "calls": {k: v[1] for k, v in plan.items()}},

@@ -23,6 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benches.charts import transport_table  # noqa: E402
 from benches.common import loadavg, save  # noqa: E402
 
 PAYLOADS = [4096, 32768, 262144, 4194304]
@@ -71,18 +72,6 @@ def medians(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| payload | in flight | req/s | MB/s | p50 / p99 ms | CPU µs/req (both sides) | raw req/s | raw p50 / p99 ms "
-           "| raw CPU µs/req | transport ÷ raw |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        t, raw = r["transport"], r["raw"]
-        out.append(f"| {size_label(r['payload'])} | {r['inflight']} | {t['rps']:,.0f} | {t['mbps']:,.0f} "
-                   f"| {t['p50_ms']:.2f} / {t['p99_ms']:.2f} | {t['cpu_us_per_req']:,.1f} | {raw['rps']:,.0f} "
-                   f"| {raw['p50_ms']:.2f} / {raw['p99_ms']:.2f} | {raw['cpu_us_per_req']:,.1f} | {r['ratio']:.0%} |")
-    return "\n".join(out)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=2.0, help="seconds per measurement [%(default)s]")
@@ -106,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"raw {c['raw']['rps']:9,.0f} req/s  load {load[0]:.2f}", flush=True)
     rows = medians(cells)
     print()
-    print(table(rows))
+    print(transport_table(rows))
     if iperf and iperf.get("mbps"):
         print(f"\niperf3 one-way loopback TCP in the same run: {iperf['mbps']:,.0f} MB/s")
     if a.out:
