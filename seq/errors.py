@@ -1,4 +1,4 @@
-"""The seq exception tree (house style rule 4).
+"""The seq exception tree: one root, and subclasses that also inherit the builtin they mean.
 
     SeqError
     ├── SeqUnavailable (ConnectionError)   no quorum / no server before the deadline

@@ -32,6 +32,6 @@ pub mod python;
 /// own). tokio (and hyper, on its path) allocate and free a few small
 /// objects per connection or request (task cells, buffers, header maps);
 /// mimalloc's per-thread free lists serve those faster than glibc malloc
-/// (measured when it was chosen; see the history of benches/README.md).
+/// (measured when it was chosen).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
