@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-USAGE_WIDTH = 100  # columns of the usage blocks: fixed, so the page does not depend on the terminal
+USAGE_WIDTH = 88  # columns of the usage blocks: fixed, so the page does not depend on the terminal
 
 
 # --- CLI -----------------------------------------------------------------------
