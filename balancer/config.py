@@ -95,8 +95,8 @@ class BackendConfig:
     """One backend server."""
 
     address: str  # host:port; the backend's identity across reloads
-    weight: int = 1  # 0 takes no traffic
-    max_connections: int = 0  # concurrent requests; 0 = the pool default
+    weight: int = 1  # 0..10000; 0 takes no traffic
+    max_connections: int = 0  # concurrent requests to this backend; 0 = limits.max_connections
 
     def __post_init__(self) -> None:
         parse_hostport(self.address, "backend address")
@@ -108,11 +108,19 @@ class BackendConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Timeouts:
+    """Seconds; a backend timeout answers ``504``."""
+
+    #: to connect to a backend (then the next backend is tried)
     connect: float = 3.0
+    #: from the first byte of a request head to its end; the connection is cut (slowloris guard)
     header: float = 10.0
+    #: for the backend's response head, counted from the last request-body progress → ``504``
     response: float = 30.0
+    #: an idle keep-alive client connection is closed after ``idle`` to 1.5 × ``idle``
     idle: float = 60.0
+    #: the whole exchange, body included; 0 = none (an expired body is cut)
     total: float = 0.0
+    #: wait for a backend slot when its ``max_connections`` is reached, then ``503``
     queue: float = 5.0
 
     def __post_init__(self) -> None:
@@ -123,7 +131,11 @@ class Timeouts:
 
 @dataclass(frozen=True, kw_only=True)
 class Passive:
+    """Passive health: backends that keep failing are ejected for a while."""
+
+    #: consecutive transport failures that eject a backend; 0 = never
     eject_after: int = 3
+    #: seconds an ejected backend stays out
     cooldown: float = 10.0
 
     def __post_init__(self) -> None:
@@ -132,9 +144,15 @@ class Passive:
 
 @dataclass(frozen=True, kw_only=True)
 class Limits:
+    """Bounds on requests and on the backend connection pools."""
+
+    #: concurrent requests per backend (more wait up to ``timeouts.queue``); 0 = unlimited
     max_connections: int = 0
+    #: largest request head, at least 8192 (larger: ``431``)
     max_header_bytes: int = 65536
+    #: idle keep-alive connections kept per backend and per worker
     pool_max_idle: int = 64
+    #: seconds an idle backend connection is kept
     pool_idle_timeout: float = 60.0
 
     def __post_init__(self) -> None:
@@ -145,11 +163,15 @@ class Limits:
 
 @dataclass(frozen=True, kw_only=True)
 class HealthCheck:
-    """Active HTTP health checks, run from asyncio."""
+    """Active HTTP health checks: ``GET path`` on every backend; 2xx or 3xx is up."""
 
+    #: false: no active checks
     enabled: bool = True
+    #: the path requested
     path: str = "/"
+    #: seconds between checks of one backend
     interval: float = 2.0
+    #: seconds one check may take
     timeout: float = 1.0
     rise: int = 2  # consecutive successes to mark a backend up
     fall: int = 3  # consecutive failures to mark it down
@@ -167,19 +189,32 @@ class HealthCheck:
 
 @dataclass(frozen=True, kw_only=True)
 class BalancerConfig:
+    """The whole balancer: listener, backends, policy, and the sections below."""
+
+    #: ``host:port`` clients connect to (a change needs a restart)
     listen: str
+    #: the backends (``[[backends]]`` tables, or ``"host:port"`` strings)
     backends: tuple[BackendConfig, ...] = ()
+    #: round_robin, weighted_round_robin, least_connections, random_two or consistent_hash
     algorithm: str = "round_robin"
+    #: what consistent_hash hashes: client_ip, path or header:NAME (no such header: the client IP)
     hash_key: str = "client_ip"
-    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
-    # A busy worker about to sleep first naps on a timer, checking its sockets
-    # between naps, for up to this long (see README, "Napping instead of waiting").
+    #: data-plane threads, each with its own listener, pools and stats (a change needs a restart)
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1, metadata={"default": "the number of CPUs"})
+    #: µs a worker busy with keep-alive traffic naps, checking its sockets, before it waits to be woken
+    #: (0..1000; 0 = off; a change needs a restart)
     nap_us: int = 60
+    #: further backends tried for a request that fails before its response started (0..16)
     retries: int = 2
+    #: ``host:port`` of the admin and metrics endpoint; unset = none (a change needs a restart)
     admin: str | None = None
+    #: the ``[timeouts]`` table
     timeouts: Timeouts = field(default_factory=Timeouts)
+    #: the ``[passive]`` table
     passive: Passive = field(default_factory=Passive)
+    #: the ``[limits]`` table
     limits: Limits = field(default_factory=Limits)
+    #: the ``[health]`` table; unset = no active checks
     health: HealthCheck | None = None
 
     def __post_init__(self) -> None:

@@ -9,7 +9,7 @@ EXAMPLES = """examples:
   juggler server                                     # 127.0.0.1:9000/ws, in-memory broker
   juggler server --redis redis://127.0.0.1:6379/0    # with Redis (callees run elsewhere)
   juggler server --listen 0.0.0.0:8080 --path /juggler --metrics-port 9100
-  juggler server --config juggler.toml               # every option (see README: config reference)
+  juggler server --config juggler.toml               # every option: the manual's configuration reference
   juggler server --redis-cluster redis://10.0.0.1:7000,redis://10.0.0.2:7000   # Redis Cluster seeds
   juggler server --redis-rpc redis://rpc:6379/0 --redis-pubsub redis://events:6379/0
   juggler server --redis redis://127.0.0.1:6379/0 --jwt-secret s3cret --allowed-origin 'https://*.example.com'

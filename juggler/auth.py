@@ -133,9 +133,13 @@ def jwt_decode_hs256(
 class Rule:
     """Grants patterns to the identities whose claims match ``match`` (claim → glob)."""
 
+    #: claim → glob; all must match (a list claim matches if one of its elements does); empty: everyone
     match: Mapping[str, str] = field(default_factory=dict)
+    #: URI globs the identity may CALL
     call: tuple[str, ...] = ()
+    #: channel globs the identity may PUB to
     pub: tuple[str, ...] = ()
+    #: channel globs the identity may SUB to (a pattern subscription is checked as a string)
     sub: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -168,9 +172,11 @@ class AuthConfig:
     query_param: str = "token"
     #: let connections without a token in (anonymous: NACK 401 where an identity is needed)
     anonymous: bool = False
-    #: JWT checks
+    #: the JWT ``aud`` claim must contain this (checked when set)
     audience: str = ""
+    #: the JWT ``iss`` claim must be this (checked when set)
     issuer: str = ""
+    #: seconds of clock skew allowed on ``exp`` and ``nbf``
     leeway: float = 0.0
     #: Origin header allow-list (globs, e.g. "https://*.example.com"); empty = any
     allowed_origins: tuple[str, ...] = ()

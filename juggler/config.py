@@ -63,9 +63,11 @@ def parse_listen(listen: str) -> tuple[str, int]:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ServerConfig:
-    """Websocket server options (see the module doc for the TOML form)."""
+    """Websocket server options: where it listens, limits per connection, timeouts, shutdown."""
 
+    #: address to listen on
     host: str = "127.0.0.1"
+    #: port to listen on (0: any free port, logged at start)
     port: int = 9000
     #: the websocket path; other paths get 404
     path: str = "/ws"
@@ -146,6 +148,7 @@ class ServerConfig:
 class MetricsConfig:
     #: Prometheus endpoint port; 0 = none
     port: int = 0
+    #: address the metrics endpoint listens on
     host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""The juggler exception tree (house style rule 4)."""
+"""The juggler exception tree: one root, and subclasses that also inherit the builtin they mean."""
 
 from __future__ import annotations
 

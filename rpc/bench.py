@@ -216,7 +216,8 @@ def run_bench(target: BenchTarget, *, concurrency: int, total: int, processes: i
     if processes < 1:
         raise ValueError("processes must be >= 1")
     if processes == 1:
-        return _worker(target, concurrency, total)
+        # open the connections before the clock starts, as the processes below do
+        return _worker(target, concurrency, total, start_at=time.time())
     shares = [(concurrency // processes + (i < concurrency % processes), total // processes + (i < total % processes))
               for i in range(processes)]
     ctx = multiprocessing.get_context("spawn")

@@ -32,18 +32,22 @@ class BreakerState(enum.Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class BreakerConfig:
-    """``consecutive_failures``: open after this many failures in a row (0 = off).
-    ``failure_rate``: open when failures/calls ≥ this over the last ``window``
-    seconds, once ``min_requests`` calls were seen (None = off).
-    ``open_timeout``: seconds open before a probe is let through.
-    ``half_open_probes``: concurrent probe calls allowed when half-open."""
+    """When a server's breaker opens, and how it closes again. Only transport
+    failures and timeouts count: a service error comes from a healthy server."""
 
+    #: open after this many failures in a row; 0 = off
     consecutive_failures: int = 5
+    #: open when failures / calls reach this over the last ``window`` seconds; None = off
     failure_rate: float | None = None
+    #: seconds over which ``failure_rate`` is measured
     window: float = 10.0
+    #: calls seen in the window before ``failure_rate`` applies
     min_requests: int = 20
+    #: seconds open before probe calls are let through (half-open)
     open_timeout: float = 5.0
+    #: concurrent probe calls when half-open; a successful probe closes the breaker
     half_open_probes: int = 1
+    #: the window is counted in this many buckets
     buckets: int = 10
 
     def __post_init__(self) -> None:

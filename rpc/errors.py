@@ -1,4 +1,4 @@
-"""The rpc exception tree (house style rule 4).
+"""The rpc exception tree: one root, and subclasses that also inherit the builtin they mean.
 
 ::
 

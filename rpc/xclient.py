@@ -64,12 +64,21 @@ class ServerCaller(Protocol):
 
 @dataclass(kw_only=True)
 class XClientOptions:
+    """How an XClient retries, times out, encodes and authenticates its calls."""
+
+    #: FAILFAST (one try), FAILOVER (another server per retry), FAILTRY (the same server), FAILBACKUP
+    #: (a second request after ``backup_latency``, the first success wins)
     fail_mode: FailMode = FailMode.FAILFAST
+    #: tries after the first one (FAILOVER, FAILTRY); a service error is never retried
     retries: int = 3
+    #: seconds between tries
     retry_interval: float = 0.0
+    #: FAILBACKUP: seconds before the second request is sent (at once if the first failed)
     backup_latency: float = 0.010
     timeout: float | None = None  # default per-call deadline (seconds)
+    #: payload encoding: RAW, JSON, PROTOBUF or MSGPACK
     serialize_type: SerializeType = SerializeType.JSON
+    #: NONE or GZIP
     compress_type: CompressType = CompressType.NONE
     auth: str | None = None  # sent as __AUTH
     breaker: BreakerConfig | None = field(default_factory=BreakerConfig)  # None = no breaker

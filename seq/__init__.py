@@ -1,6 +1,6 @@
 """seq: a durable distributed sequence (ID) service over read/write quorums.
 
-Map (see ../shared/protocols/rrseq.md and the README's "Seq" section):
+Map (the protocol: docs/protocols/rrseq.md; the user's guide: docs/seq.md):
 
 - ``server.py``      RRServer: one member (public ``pb.RRAPI`` + member-to-member ``RRPeer``),
                      ServerConfig, data-dir start checks, join (bootstrap / catch-up)

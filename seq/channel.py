@@ -14,9 +14,8 @@ made without ``channel=`` leases the loop's channel for its server list
 closes it and its thread), the way grpc's own subchannel pool shares
 connections among channels: 32 sequences with a channel (and a Rust
 thread) each cost 3x the CPU per call of one shared channel, since every
-completion then wakes the loop separately (benches/README.md, Seq). Pass
-``channel=`` to manage one yourself (``await ch.aclose()`` after its
-sequences). Not thread-safe.
+completion then wakes the loop separately. Pass ``channel=`` to manage
+one yourself (``await ch.aclose()`` after its sequences). Not thread-safe.
 """
 
 from __future__ import annotations

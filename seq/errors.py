@@ -1,4 +1,4 @@
-"""The seq exception tree (house style rule 4).
+"""The seq exception tree: one root, and subclasses that also inherit the builtin they mean.
 
     SeqError
     ├── SeqUnavailable (ConnectionError)   no quorum / no server before the deadline
@@ -29,8 +29,8 @@ class SeqClosed(SeqError, RuntimeError):
 class SeqInconsistent(SeqError):
     """The cluster returned a range below an ID already handed out.
 
-    Only possible after a majority of members lost their data (see README,
-    "majority data loss"); the client refuses the range rather than hand out
+    Only possible after a majority of members lost their data (see
+    docs/seq.md, "Majority data loss"); the client refuses the range rather than hand out
     an ID twice.
     """
 

@@ -4,9 +4,9 @@ A round costs the coordinator one call per other member (read or
 compare-and-set) and a forwarded batch one ``acquire`` call. Over grpc.aio
 each such call cost ~250 µs of CPU (both ends: the C core's poller thread,
 the loop wake-up, per-call objects); over one multiplexed rpc.transport
-connection per peer it costs a small fraction of that (measured in
-benches/README.md, Seq). The rare calls (a joining member's snapshot, and
-the discovery of the transport port) stay on gRPC (``RRPeer``).
+connection per peer it costs a small fraction of that. The rare calls (a
+joining member's snapshot, and the discovery of the transport port) stay on
+gRPC (``RRPeer``).
 
 Messages (msgpack arrays; every request starts with the op and the cluster
 fingerprint, a member configured with another member list answers

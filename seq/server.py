@@ -75,10 +75,10 @@ class ServerConfig:
     """Configuration of one member. Times in seconds."""
 
     listen: str  # HOST:PORT to bind
-    data_dir: str
+    data_dir: str  # data directory: meta.json + the log, locked while a server uses it
     peers: tuple[str, ...] = ()  # the OTHER members, HOST:PORT as they listen
     advertise: str | None = None  # this member's address as peers list it (default: listen)
-    mode: Mode = "normal"
+    mode: Mode = "normal"  # "bootstrap" (brand-new cluster), "rejoin" (data lost) or "normal"
     default_timeout: float = 5.0  # NextID deadline when the client sends none
     peer_timeout: float = 1.0  # bound of one member-to-member RPC
     backoff_base: float = 0.001  # first retry window of a lost round
@@ -374,7 +374,7 @@ class RRServer:
             elif self._state == "catching_up" and ok and not any(r.state == peer_pb.READY for r in ok):
                 reason = (
                     "waiting for a ready member: no other member votes (if every member lost its "
-                    "data this is a majority data loss, see README)"
+                    "data this is a majority data loss: see 'Not guaranteed' on the manual's Seq page)"
                 )
             if not reason:
                 break

@@ -1,6 +1,6 @@
 """Side-by-side benchmark: our balancer vs HAProxy vs nginx (the seed's scenarios).
 
-    .venv/bin/python benches/balancer/bench_balancer.py [--rounds 3] [--duration 3]
+    .venv/bin/python benches/balancer/bench_balancer.py --rounds 5 --duration 3 --out benches/balancer/results/run.json
 
 Backends are nginx (one process, one worker) serving fixed-size files on 8
 loopback ports. Each scenario starts the three balancers with the same
@@ -12,7 +12,8 @@ each. Measured per run: requests/s, latency percentiles, failures (wrk:
 socket errors + non-2xx; ab: failed + non-2xx, including length failures),
 balancer CPU time per request (user+sys from /proc of the balancer's
 processes, divided by requests) and peak RSS. Medians over rounds are
-printed as a Markdown table and saved (JSON + PNG charts) next to this file.
+printed as a Markdown table; ``--out`` keeps every run and the medians (JSON),
+from which ``benches/charts.py`` draws the documentation's charts.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
+from benches.charts import balancer_table  # noqa: E402
+from benches.common import loadavg, save  # noqa: E402
 from tests.netutil import free_port  # noqa: E402  (distinct ports within one run)
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -274,20 +277,9 @@ def median_table(runs: list[Run]) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
-    out = ["| scenario | tool | balancer | req/s | p50 ms | p99 ms | CPU µs/req (min–max) | failures | peak RSS MiB |",
-           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        out.append(f"| {r['scenario']} | {r['tool']} | {r['balancer']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | "
-                   f"{r['p99_ms']:.2f} | {r['cpu_us_per_req']:.1f} ({r['cpu_min']:.1f}–{r['cpu_max']:.1f}) | "
-                   f"{r['failures']} | {r['rss_mib']:.1f} |")
-    return "\n".join(out)
-
-
 def versus(rows: list[dict]) -> str:
-    """Ours against HAProxy, per scenario and tool (the issue's targets)."""
-    out = ["| scenario | tool | CPU/req ours ÷ HAProxy (target ≤ 1) | req/s ours ÷ HAProxy (target ≥ 1) | "
-           "p99 ours ÷ HAProxy (target ≤ 1.2) | failures ours |",
+    """Ours against HAProxy, per scenario and tool."""
+    out = ["| scenario | tool | CPU/req ours ÷ HAProxy | req/s ours ÷ HAProxy | p99 ours ÷ HAProxy | failures ours |",
            "| --- | --- | ---: | ---: | ---: | ---: |"]
     for sc in SCENARIOS:
         for tool in ("wrk", "ab"):
@@ -300,65 +292,12 @@ def versus(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def charts(rows: list[dict], outdir: str) -> list[str]:
-    try:
-        import matplotlib
-    except ImportError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=True)
-        import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"ours": "#2a9d8f", "haproxy": "#e76f51", "nginx": "#264653"}
-    files = []
-    for tool in ("wrk", "ab"):
-        fig, axes = plt.subplots(2, len(SCENARIOS), figsize=(4.2 * len(SCENARIOS), 7.5))
-        for j, sc in enumerate(SCENARIOS):
-            rs = [r for r in rows if r["scenario"] == sc[0] and r["tool"] == tool]
-            ax = axes[0][j]
-            ax.bar([r["balancer"] for r in rs], [r["rps"] for r in rs], color=[colors[r["balancer"]] for r in rs])
-            ax.set_title(f"{sc[0]}: requests/s")
-            ax2 = axes[1][j]
-            for r in rs:
-                ax2.plot(["p50", "p90", "p99"], [r["p50_ms"], r["p90_ms"], r["p99_ms"]], marker="o",
-                         label=r["balancer"], color=colors[r["balancer"]])
-            ax2.set_title(f"{sc[0]}: latency (ms)")
-            if rs:
-                ax2.legend()
-        fig.suptitle(f"{tool} ({'keep-alive' if tool == 'wrk' else 'HTTP/1.0, a connection per request'}), "
-                     "one thread each, medians over rounds")
-        fig.tight_layout()
-        path = os.path.join(outdir, f"balancer-{tool}.png")
-        fig.savefig(path, dpi=80)
-        plt.close(fig)
-        files.append(path)
-    fig, ax = plt.subplots(figsize=(10, 4))
-    labels = [f"{sc[0]}\n{tool}" for sc in SCENARIOS for tool in ("wrk", "ab")]
-    width = 0.27
-    for i, kind in enumerate(BALANCERS):
-        vals = []
-        for sc in SCENARIOS:
-            for tool in ("wrk", "ab"):
-                m = [r for r in rows if r["scenario"] == sc[0] and r["tool"] == tool and r["balancer"] == kind]
-                vals.append(m[0]["cpu_us_per_req"] if m else 0)
-        ax.bar([x + (i - 1) * width for x in range(len(labels))], vals, width, label=kind, color=colors[kind])
-    ax.set_xticks(range(len(labels)), labels, fontsize=8)
-    ax.set_ylabel("balancer CPU µs / request")
-    ax.legend()
-    fig.tight_layout()
-    path = os.path.join(outdir, "balancer-cpu.png")
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    files.append(path)
-    return files
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=float, default=3.0, help="seconds per wrk run")
     ap.add_argument("--scenarios", default=",".join(s[0] for s in SCENARIOS))
-    ap.add_argument("--out", default=HERE)
+    ap.add_argument("--out", metavar="FILE", help="write every run and the medians (JSON) there")
     args = ap.parse_args()
     for tool in ("nginx", "haproxy", "wrk", "ab"):
         if shutil.which(tool) is None:
@@ -394,17 +333,11 @@ def main() -> int:
         finally:
             bench.close()
     rows = median_table(runs)
-    os.makedirs(args.out, exist_ok=True)
-    table = markdown(rows) + "\n\n" + versus(rows)
     print()
-    print(table)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"runs": [asdict(r) for r in runs], "medians": rows, "uname": os.uname().release,
-                   "cpus": os.cpu_count(), "loadavg": os.getloadavg()}, f, indent=1)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(table + "\n")
-    for path in charts(rows, args.out):
-        print("chart:", os.path.relpath(path, ROOT))
+    print(balancer_table(rows) + "\n\n" + versus(rows))
+    if args.out:
+        save(args.out, {"setup": {"rounds": args.rounds, "duration": args.duration}, "runs": [asdict(r) for r in runs],
+                        "medians": rows, "loadavg_after": loadavg()})
     return 0
 
 

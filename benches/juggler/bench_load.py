@@ -1,6 +1,6 @@
 """Juggler end-to-end benchmark: `juggler load` against server + callee + Redis.
 
-Everything runs on this machine, as the issue's target setting: a fresh
+Everything runs on this one machine: a fresh
 redis-server, `juggler server --redis`, `juggler callee --redis`, then
 `juggler load` (20 connections, closed loop, test.echo). A raw-Redis
 reference is measured in the same run with redis-benchmark: the ceiling of
@@ -8,6 +8,10 @@ the commands one call costs (the push script via EVALSHA, LPUSH/RPOP).
 
     .venv/bin/python benches/juggler/bench_load.py                 # 10 s, 20 connections
     .venv/bin/python benches/juggler/bench_load.py -d 20s -c 20 --workers 200 --json
+    .venv/bin/python benches/juggler/bench_load.py --runs 3 --out benches/juggler/results/load.json
+
+Each run starts everything afresh; ``--out`` keeps every run with the load
+average before and after it.
 
 Not a test: it measures and prints, and exits 0 unless something failed to run.
 """
@@ -30,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from benches.common import loadavg, proc_cpu_seconds, save  # noqa: E402
 from juggler.broker.redis import PUSH_SCRIPT  # noqa: E402  (upstream's, byte for byte)
 from tests.netutil import free_port, wait_for_port  # noqa: E402
 
@@ -39,13 +44,6 @@ PUSH_SHA_BODY = PUSH_SCRIPT.body.decode()
 
 def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
     wait_for_port(port, timeout=timeout, proc=proc)
-
-
-def cpu_seconds(pid: int) -> float:
-    """user + system CPU time of a live process, from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def juggler_cmd() -> list[str]:
@@ -94,8 +92,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--payload", default='"hello"')
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-reference", action="store_true")
+    ap.add_argument("--runs", type=int, default=1, help="fresh runs, one after the other [%(default)s]")
+    ap.add_argument("--out", metavar="FILE", help="write the raw results of every run (JSON) there")
     args = ap.parse_args(argv)
+    runs = []
+    for _ in range(args.runs):
+        load0 = loadavg()
+        result = run_once(args)
+        if result is None:
+            return 1
+        runs.append({**result, "loadavg_before": load0, "loadavg_after": loadavg()})
+    if args.out:
+        save(args.out, {"setup": {"connections": args.connections, "duration": args.duration, "workers": args.workers,
+                                  "callees": args.callees, "load_procs": args.procs, "uri": args.uri,
+                                  "payload": args.payload}, "runs": runs})
+    return 0
 
+
+def run_once(args: argparse.Namespace) -> dict | None:
+    """One run from a fresh redis-server; the figures, or None if something failed to run."""
     workdir = tempfile.mkdtemp(prefix="jbench-")
     rport, wport = free_port(), free_port()
     procs: list[subprocess.Popen] = []
@@ -123,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_port(wport, server)
         time.sleep(1.0)  # let the callees block on their lists
         roles = {"server": [server], "callees": procs[2:], "redis": [redis]}
-        cpu_before = {k: sum(cpu_seconds(p.pid) for p in ps) for k, ps in roles.items()}
+        cpu_before = {k: sum(proc_cpu_seconds(p.pid) for p in ps) for k, ps in roles.items()}
         children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         load = subprocess.run(
             [*juggler_cmd(), "load", "--url", f"ws://127.0.0.1:{wport}/ws", "-c", str(args.connections),
@@ -133,10 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         if load.returncode not in (0, 1) or not load.stdout.strip():
             print(load.stderr, file=sys.stderr)
-            return 1
+            return None
         report = json.loads(load.stdout)
         children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = {k: sum(cpu_seconds(p.pid) for p in ps) - cpu_before[k] for k, ps in roles.items()}
+        cpu = {k: sum(proc_cpu_seconds(p.pid) for p in ps) - cpu_before[k] for k, ps in roles.items()}
         cpu["load tool"] = (children_after.ru_utime + children_after.ru_stime
                             - children_before.ru_utime - children_before.ru_stime)
         calls = max(1, report["results"])
@@ -156,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, fig in reference.items():
                 print(f"redis-benchmark {name} (-c {args.connections}): {fig['rps']:,.0f} req/s  "
                       f"p50 {fig['p50_ms']:.3f} ms  p99 {fig['p99_ms']:.3f} ms")
-        return 0
+        return result
     finally:
         for p in reversed(procs):
             if p.poll() is None:

@@ -17,6 +17,11 @@ One run, everything on this machine:
 
     .venv/bin/python benches/juggler/bench_scale.py              # 10 s loads, 10,000 idle connections
     .venv/bin/python benches/juggler/bench_scale.py -d 5s --idle 20000 --json
+    .venv/bin/python benches/juggler/bench_scale.py --out benches/juggler/results/scale.json
+
+CPU per call is the user + system time of every server, callee and
+redis-server process of the setting over the load, divided by the results
+(the load tools' own CPU is not included).
 
 Not a test: it measures and prints, and exits 0 unless something failed to run.
 """
@@ -38,6 +43,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from benches.common import loadavg, proc_cpu_seconds, save  # noqa: E402
 from tests.netutil import free_port, wait_for_port  # noqa: E402
 sys.path.insert(0, str(ROOT / "tests" / "juggler"))
 
@@ -78,8 +84,18 @@ def load(urls: list[str], connections: int, duration: str) -> list[dict[str, Any
     return [json.loads(p.communicate(timeout=300)[0]) for p in procs]
 
 
+def measured_load(urls: list[str], connections: int, duration: str, pids: list[int]) -> dict[str, Any]:
+    """``load`` with the CPU time the setting's processes (``pids``) spent per call."""
+    c0 = sum(proc_cpu_seconds(p) for p in pids)
+    out = summarize(load(urls, connections, duration))
+    results = max(1, out.pop("results"))
+    out["cpu_us_per_call"] = round((sum(proc_cpu_seconds(p) for p in pids) - c0) / results * 1e6, 1)
+    return out
+
+
 def summarize(reports: list[dict[str, Any]]) -> dict[str, Any]:
     return {
+        "results": sum(r["results"] for r in reports),
         "calls_per_s": round(sum(r["throughput"] for r in reports)),
         "median_ms": max(r["latency_ms"].get("median", 0) for r in reports),
         "p99_ms": max(r["latency_ms"].get("p99", 0) for r in reports),
@@ -177,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=int, default=10_000, help="idle connections to open [%(default)s]")
     ap.add_argument("--workers", type=int, default=200)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", metavar="FILE", help="write the raw results (JSON) there")
     ap.add_argument("--idle-client", nargs=2, type=int, metavar=("PORT", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     nofile = raise_nofile()
@@ -187,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from rediscluster import RedisCluster
 
-    out: dict[str, Any] = {"ulimit_n": nofile, "load_avg_start": os.getloadavg()[0]}
+    out: dict[str, Any] = {"ulimit_n": nofile, "loadavg_before": loadavg()}
     procs: list[subprocess.Popen] = []
     workdir = tempfile.mkdtemp(prefix="juggler-bench-")
     logs = open(os.path.join(workdir, "procs.log"), "wb")  # noqa: SIM115
@@ -206,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         procs += [server, callee]
         wait_port(sport, server)
         time.sleep(0.5)
-        out["single"] = summarize(load([f"ws://127.0.0.1:{sport}/ws"], 20, args.duration))
+        out["single"] = measured_load([f"ws://127.0.0.1:{sport}/ws"], 20, args.duration,
+                                      [server.pid, callee.pid, redis.pid])
         for p in (server, callee, redis):
             stop(p)
         # 2. two servers on a 3-master cluster
@@ -220,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
             for p, s in zip(ports, servers, strict=True):
                 wait_port(p, s)
             time.sleep(0.5)
-            out["cluster_2_servers"] = summarize(load([f"ws://127.0.0.1:{p}/ws" for p in ports], 10, args.duration))
+            pids = [*(s.pid for s in servers), callee.pid, *(n.proc.pid for n in cluster.nodes if n.proc)]
+            out["cluster_2_servers"] = measured_load([f"ws://127.0.0.1:{p}/ws" for p in ports], 10, args.duration,
+                                                     pids)
             # 3. idle connections on one of them
             out["idle"] = idle(servers[0].pid, ports[0], args.idle)
             for p in (*servers, callee):
@@ -232,15 +252,17 @@ def main(argv: list[str] | None = None) -> int:
             stop(p)
         logs.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    out["load_avg_end"] = os.getloadavg()[0]
+    out["loadavg_after"] = loadavg()
+    if args.out:
+        save(args.out, {"setup": {"duration": args.duration, "idle": args.idle, "workers": args.workers}, **out})
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         s, c, i = out["single"], out["cluster_2_servers"], out["idle"]
         print(f"single server + single Redis : {s['calls_per_s']:>7,} calls/s  median {s['median_ms']:.2f} ms  "
-              f"p99 {s['p99_ms']:.2f} ms  (nacks {s['nacks']}, expired {s['expired']})")
+              f"p99 {s['p99_ms']:.2f} ms  CPU {s['cpu_us_per_call']} µs/call  (nacks {s['nacks']}, expired {s['expired']})")
         print(f"2 servers + 3-master cluster : {c['calls_per_s']:>7,} calls/s  median {c['median_ms']:.2f} ms  "
-              f"p99 {c['p99_ms']:.2f} ms  (nacks {c['nacks']}, expired {c['expired']})")
+              f"p99 {c['p99_ms']:.2f} ms  CPU {c['cpu_us_per_call']} µs/call  (nacks {c['nacks']}, expired {c['expired']})")
         print(f"idle: {i['connections']:,} connections held by one server, RSS {i['rss_before_mib']} -> "
               f"{i['rss_after_mib']} MiB, {i['rss_per_1000_idle_mib']} MiB per 1,000 (ulimit -n {nofile})")
     return 0

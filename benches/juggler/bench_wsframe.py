@@ -5,6 +5,7 @@ of juggler/conn.py (websockets' C ``apply_mask``) against the Rust reader
 
     .venv/bin/python benches/juggler/bench_wsframe.py
     .venv/bin/python benches/juggler/bench_wsframe.py --rounds 7 --json
+    .venv/bin/python benches/juggler/bench_wsframe.py --out benches/juggler/results/wsframe.json
 
 Not a test: it measures and prints.
 """
@@ -23,6 +24,7 @@ from websockets.speedups import apply_mask
 import rustext
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from benches.common import loadavg, save  # noqa: E402
 from juggler.conn import Conn  # noqa: E402
 
 KEY = os.urandom(4)
@@ -181,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", metavar="FILE", help="write the results (JSON, µs per message) there")
     args = ap.parse_args(argv)
+    load0 = loadavg()
     results = {}
     for name, (reads, n) in workloads().items():
         best = {"python": float("inf"), "rust": float("inf")}
@@ -189,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
             best["python"] = min(best["python"], run(OldParser, reads, n))
             best["rust"] = min(best["rust"], run(NewParser, reads, n))
         results[name] = {k: v / n * 1e6 for k, v in best.items()}  # µs per message
+    if args.out:
+        save(args.out, {"rounds": args.rounds, "loadavg_before": load0, "loadavg_after": loadavg(),
+                        "us_per_message": results})
     if args.json:
         json.dump(results, sys.stdout, indent=1)
         print()

@@ -1,63 +1,125 @@
-"""rpcx vs grpc.aio in one run: `juggler rpc serve --example bench` (rpcx on
---listen, grpc.aio on --grpc, one server process) loaded by `juggler rpc bench`
-(Hello.Say, 581-byte BenchmarkMessage), printing both reports and the
-server's CPU time for each part.
+"""rpcx against grpc.aio (and the HTTP gateway), like for like, in one run.
 
-    python benches/rpc/bench_rpcx.py -c 100 -n 200000 --pool 10 --processes 2 --grpc-n 20000
+One ``juggler rpc serve --example bench`` process serves rpcx (``--listen``),
+the HTTP gateway (``--gateway``) and grpc.aio (``--grpc``) with the same
+``Hello.Say`` work (rpcx-benchmark's: the 581-byte protobuf
+``BenchmarkMessage``, set two fields, send it back). Every peer is loaded by
+the same client setup: ``--processes`` client processes with ``--pool``
+connections (rpcx connections, grpc channels, HTTP/1.1 keep-alive
+connections) each, ``-c`` concurrent callers in all. The processes open their
+connections first and start together; each peer's rounds are interleaved
+with the others' (the order rotates every round), and each run records calls/s,
+latency, the client processes' CPU time and the server's CPU time
+(``/proc``), and the load average.
 
-``--pool`` is the total number of connections: rpcx gets ``pool / processes``
-per client process (10 = 2 × 5), grpc.aio one process with all of them.
+    python benches/rpc/bench_rpcx.py --rounds 5 --out benches/rpc/results/rpcx-vs-grpc.json
+
+HTTP/1.1 carries one request at a time per connection, so the gateway has at
+most ``processes × pool`` calls in flight where rpcx and gRPC multiplex all
+``-c`` of them.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, ROOT)
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
-from tests.conftest import free_port, wait_for_port  # noqa: E402
+from benches.charts import rpc_table  # noqa: E402
+from benches.common import loadavg, proc_cpu_seconds, save  # noqa: E402
+from rpc.bench import BenchTarget, run_bench  # noqa: E402
+from rpc.examples import benchmark_request  # noqa: E402
+from rpc.message import SerializeType  # noqa: E402
+from tests.netutil import free_port, wait_for_port  # noqa: E402
+
+PEERS = ("rpcx", "grpc.aio", "gateway")
 
 
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def measure(peer: str, address: str, server_pid: int, *, calls: int, concurrency: int, processes: int,
+            pool: int) -> dict[str, Any]:
+    target = BenchTarget(address, "Hello", "Say", SerializeType.PROTOBUF,
+                         benchmark_request().SerializeToString(), pool=pool)
+    load0 = loadavg()
+    cpu0 = proc_cpu_seconds(server_pid)
+    result = run_bench(target, concurrency=concurrency, total=calls, processes=processes)
+    server_cpu = proc_cpu_seconds(server_pid) - cpu0
+    ok = max(result.ok, 1)
+    lat = {k: v / 1e6 for k, v in result.summary().items()}
+    return {
+        "peer": peer, "calls": result.sent, "ok": result.ok, "errors": result.errors,
+        "seconds": round(result.elapsed, 3), "calls_per_s": round(result.tps, 1),
+        "latency_ms": {k: round(v, 3) for k, v in lat.items()},
+        "client_cpu_us_per_call": round((result.cpu_user + result.cpu_sys) / ok * 1e6, 2),
+        # the server's CPU also covers the clients' connection warm-up: a few calls per connection
+        "server_cpu_us_per_call": round(server_cpu / ok * 1e6, 2),
+        "loadavg_before": load0, "loadavg_after": loadavg(),
+    }
 
 
-def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("-c", type=int, default=100)
-    p.add_argument("-n", type=int, default=200_000)
-    p.add_argument("--pool", type=int, default=10, help="connections in total (split across rpcx client processes)")
-    p.add_argument("--processes", type=int, default=2)
-    p.add_argument("--grpc-n", type=int, default=20_000)
-    a = p.parse_args()
-    rpcx, grpc = free_port(), free_port()
+def medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for peer in PEERS:
+        rs = [r for r in runs if r["peer"] == peer]
+        if not rs:
+            continue
+        tps = [r["calls_per_s"] for r in rs]
+        rows.append({
+            "peer": peer, "rounds": len(rs),
+            "calls_per_s": statistics.median(tps), "calls_per_s_min": min(tps), "calls_per_s_max": max(tps),
+            "p50_ms": statistics.median(r["latency_ms"]["median"] for r in rs),
+            "p99_ms": statistics.median(r["latency_ms"]["p99"] for r in rs),
+            "client_cpu_us_per_call": statistics.median(r["client_cpu_us_per_call"] for r in rs),
+            "server_cpu_us_per_call": statistics.median(r["server_cpu_us_per_call"] for r in rs),
+            "errors": sum(r["errors"] for r in rs),
+        })
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-c", type=int, default=100, help="concurrent callers in all [%(default)s]")
+    p.add_argument("--processes", type=int, default=2, help="client processes, for every peer [%(default)s]")
+    p.add_argument("--pool", type=int, default=5, help="connections per client process, for every peer [%(default)s]")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rpcx-n", type=int, default=100_000, help="calls per rpcx round [%(default)s]")
+    p.add_argument("--grpc-n", type=int, default=10_000, help="calls per grpc.aio round [%(default)s]")
+    p.add_argument("--gateway-n", type=int, default=30_000, help="calls per gateway round; 0 = skip [%(default)s]")
+    p.add_argument("--out", metavar="FILE", help="write the raw results (JSON) there")
+    a = p.parse_args(argv)
+    ports = {"rpcx": free_port(), "grpc.aio": free_port(), "gateway": free_port()}
     server = subprocess.Popen(
-        [sys.executable, "-m", "cli", "rpc", "serve", "--example", "bench", "--listen", f"127.0.0.1:{rpcx}",
-         "--grpc", f"127.0.0.1:{grpc}"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "cli", "rpc", "serve", "--example", "bench", "--no-http",
+         "--listen", f"127.0.0.1:{ports['rpcx']}", "--grpc", f"127.0.0.1:{ports['grpc.aio']}",
+         "--gateway", f"127.0.0.1:{ports['gateway']}"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
+    plan = {"rpcx": (f"127.0.0.1:{ports['rpcx']}", a.rpcx_n), "grpc.aio": (f"grpc://127.0.0.1:{ports['grpc.aio']}", a.grpc_n)}
+    if a.gateway_n:
+        plan["gateway"] = (f"http://127.0.0.1:{ports['gateway']}", a.gateway_n)
+    runs: list[dict[str, Any]] = []
     try:
-        wait_for_port(rpcx, proc=server)
-        wait_for_port(grpc, proc=server)
-        per_process = max(1, a.pool // a.processes)
-        for label, addr, n, procs, pool in (("rpcx", f"127.0.0.1:{rpcx}", a.n, a.processes, per_process),
-                                            ("grpc.aio", f"grpc://127.0.0.1:{grpc}", a.grpc_n, 1, a.pool)):
-            cmd = [sys.executable, "-m", "cli", "rpc", "bench", addr, "-c", str(a.c), "-n", str(n),
-                   "--pool", str(pool), "--processes", str(procs)]
-            print(f"== {label}: {' '.join(cmd[2:])}", flush=True)
-            c0, t0 = cpu_seconds(server.pid), time.monotonic()
-            subprocess.run(cmd, cwd=ROOT, check=False)
-            c1, t1 = cpu_seconds(server.pid), time.monotonic()
-            print(f"server CPU during the run: {c1 - c0:.2f} s over {t1 - t0:.2f} s wall "
-                  f"(incl. client start-up)\n", flush=True)
+        for port in ports.values():
+            wait_for_port(port, proc=server)
+        order = list(plan)
+        for rnd in range(a.rounds):
+            for peer in order[rnd % len(order):] + order[:rnd % len(order)]:
+                address, calls = plan[peer]
+                r = measure(peer, address, server.pid, calls=calls, concurrency=a.c, processes=a.processes,
+                            pool=a.pool)
+                r["round"] = rnd
+                runs.append(r)
+                print(f"r{rnd} {peer:9} {r['calls_per_s']:9,.0f} calls/s  p99 {r['latency_ms']['p99']:6.2f} ms  "
+                      f"CPU µs/call client {r['client_cpu_us_per_call']:6.1f} server {r['server_cpu_us_per_call']:6.1f}"
+                      f"  errors {r['errors']}  load {r['loadavg_before'][0]:.2f}", flush=True)
+                time.sleep(0.5)
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -65,7 +127,14 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-    return 0
+    rows = medians(runs)
+    print()
+    print(rpc_table(rows))
+    if a.out:
+        save(a.out, {"setup": {"concurrency": a.c, "processes": a.processes, "pool_per_process": a.pool,
+                               "rounds": a.rounds, "calls": {k: v[1] for k, v in plan.items()}},
+                     "runs": runs, "medians": rows})
+    return 0 if all(r["errors"] == 0 for r in runs) else 1
 
 
 if __name__ == "__main__":

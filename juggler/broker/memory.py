@@ -53,11 +53,11 @@ CAPACITY_MESSAGE = "list capacity exceeded"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MemoryBrokerConfig:
-    """In-memory broker options (defaults in brackets)."""
+    """In-memory broker options: queue capacities (Redis semantics in one process)."""
 
-    #: max calls waiting per URI; 0 = unbounded [10000]
+    #: max calls waiting per URI (more: NACK 500 "list capacity exceeded"); 0 = unbounded
     call_cap: int = 10_000
-    #: max results waiting for the sink; 0 = unbounded [100000]
+    #: max results waiting for the sink; 0 = unbounded
     result_cap: int = 100_000
     #: the routing key put in calls (a fresh UUID when None)
     conn_uuid: str | None = None

@@ -183,31 +183,33 @@ def _codec() -> Any:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RedisBrokerConfig:
-    """Redis broker options (defaults in brackets)."""
+    """Redis broker options: where Redis is, queue capacities, batching, timeouts."""
 
+    #: ``redis://[user:password@]host:port/db`` or ``unix:///path?db=N`` (unused when ``cluster`` is set)
     url: str = "redis://127.0.0.1:6379/0"
-    #: max calls queued per URI; 0 = unbounded (upstream) [10000]
+    #: max calls queued per URI (more: NACK 500 "list capacity exceeded"); 0 = unbounded, as the original
     call_cap: int = 10_000
-    #: max results queued per routing key; 0 = unbounded [100000]
+    #: max results queued per routing key; 0 = unbounded
     result_cap: int = 100_000
-    #: calls a callee stream pops at once [32]
+    #: calls a callee stream pops at once
     call_batch: int = 32
-    #: results the listener pops at once [512]
+    #: results the listener pops at once
     result_batch: int = 512
-    #: seconds one blocking pop waits before it is re-issued [2.0]
+    #: seconds one blocking pop waits before it is re-issued
     block_timeout: float = 2.0
-    #: seconds without a reply before a connection is declared dead [10.0]
+    #: seconds without a reply before a connection is declared dead (its commands fail)
     command_timeout: float = 10.0
+    #: seconds to open a connection to Redis
     connect_timeout: float = 5.0
-    #: command connections shared by the process [2]
+    #: command connections shared by the process (per node on a cluster)
     pool_size: int = 2
-    #: seconds between health PINGs on the pub-sub connection [15.0]
+    #: seconds between health PINGs on the pub-sub connection (no answer by the next: reconnect)
     pubsub_health_interval: float = 15.0
     #: the routing key of this process's calls (a fresh UUID when None)
     conn_uuid: str | None = None
-    #: Redis Cluster seed node URLs; non-empty = cluster mode (``url`` is then unused) [()]
+    #: Redis Cluster seed node URLs; non-empty = cluster mode (``url`` is then unused)
     cluster: tuple[str, ...] = ()
-    #: cluster mode: seconds an operation keeps retrying MOVED/ASK/CLUSTERDOWN/connection errors [10.0]
+    #: cluster mode: seconds an operation keeps retrying MOVED/ASK/CLUSTERDOWN/connection errors
     cluster_retry_timeout: float = 10.0
 
     def __post_init__(self) -> None:

@@ -9,7 +9,7 @@
 //   await unsub();
 //   c.close();
 //
-// Wire format (see the README / protocols/juggler.md): one JSON object per text
+// Wire format (see docs/protocols/juggler.md): one JSON object per text
 // frame, {"meta":{"type":N,"uuid":"..."},"payload":{...}}; CALL=1 PUB=2 SUB=3
 // UNSB=4 NACK=7 ACK=8 RES=9 EVNT=10; CALL timeouts travel in nanoseconds.
 //

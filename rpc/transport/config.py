@@ -8,27 +8,22 @@ from typing import Literal
 
 @dataclass(frozen=True, kw_only=True)
 class ConnectionConfig:
-    """Per-connection behaviour (both sides).
+    """Per-connection behaviour (both sides)."""
 
-    - ``max_frame``: largest message accepted (rpcx total length / frame body);
-      a larger one closes the connection before it is buffered.
-    - ``max_decompressed``: largest inflated gzip payload (rpcx).
-    - ``send_queue_bytes``: bound of the send queue (bytes written but not yet
-      taken by the kernel). Over it, ``send_policy`` decides: ``"wait"`` makes
-      senders await room (with their deadline), ``"fail"`` raises QueueFull.
-    - ``max_handlers``: incoming requests handled at once on this connection;
-      further ones queue and reading pauses (TCP back-pressure).
-    - ``default_timeout``: deadline of a request without an explicit one
-      (seconds; None = no deadline).
-    - ``drain_timeout``: how long ``aclose()`` waits for in-flight work.
-    """
-
+    #: largest message accepted in bytes (rpcx total length, frame body); a larger one closes the
+    #: connection before it is buffered
     max_frame: int = 64 * 1024 * 1024
+    #: largest inflated gzip payload in bytes (rpcx)
     max_decompressed: int = 64 * 1024 * 1024
+    #: bound of the send queue: bytes written but not yet taken by the kernel
     send_queue_bytes: int = 8 * 1024 * 1024
+    #: over ``send_queue_bytes``: "wait" makes senders wait for room (within their deadline), "fail" raises QueueFull
     send_policy: Literal["wait", "fail"] = "wait"
+    #: incoming requests handled at once on this connection; past it reading pauses (TCP back-pressure)
     max_handlers: int = 256
+    #: deadline in seconds of a request that gives none; None = no deadline
     default_timeout: float | None = 30.0
+    #: seconds ``aclose()`` waits for in-flight requests and handlers
     drain_timeout: float = 5.0
 
     def __post_init__(self) -> None:
@@ -48,11 +43,13 @@ class ConnectionConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ServerConfig:
-    """Server-wide bounds: ``max_handlers`` across all connections,
-    ``max_connections`` accepted at once (extra ones are closed at accept)."""
+    """Server-wide bounds."""
 
+    #: the behaviour of every accepted connection
     connection: ConnectionConfig = ConnectionConfig()
+    #: requests handled at once across all connections; past it reading pauses
     max_handlers: int = 4096
+    #: connections open at once; extra ones are closed at accept
     max_connections: int = 10_000
 
     def __post_init__(self) -> None:
@@ -62,23 +59,30 @@ class ServerConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class PoolConfig:
-    """Pool behaviour: ``connect_timeout`` per attempt; reconnect backoff
-    ``backoff_initial * backoff_factor**n`` capped at ``backoff_max`` with
-    ±``jitter`` (fraction) randomisation; after ``down_after`` consecutive
-    failures the endpoint is *down*: callers fail fast while the pool keeps
-    retrying at ``backoff_max``. With ``heartbeat_interval`` set, the pool
-    sends a heartbeat on each working connection that often; one unanswered
-    within ``heartbeat_timeout`` closes the connection (its requests fail at
-    once) and reconnecting starts: a silent peer is found without traffic."""
+    """Pool behaviour: reconnecting with backoff, failing fast while an
+    endpoint is down, and finding silent peers with heartbeats.
 
+    The delay before reconnect attempt n is ``backoff_initial * backoff_factor**n``,
+    capped at ``backoff_max``, randomised by ±``jitter``."""
+
+    #: the behaviour of every pooled connection
     connection: ConnectionConfig = ConnectionConfig()
+    #: seconds one connection attempt may take
     connect_timeout: float = 5.0
+    #: seconds before the first reconnect attempt
     backoff_initial: float = 0.05
+    #: growth of the delay from one attempt to the next
     backoff_factor: float = 2.0
+    #: longest delay between attempts, in seconds
     backoff_max: float = 5.0
+    #: fraction by which each delay is randomised (0 ≤ jitter < 1)
     jitter: float = 0.2
+    #: consecutive failed attempts after which the endpoint is down: callers fail fast (Unavailable)
+    #: while the pool keeps retrying
     down_after: int = 3
+    #: seconds between heartbeats on each working connection; None = no heartbeats
     heartbeat_interval: float | None = None
+    #: a heartbeat unanswered this long closes the connection (its requests fail at once)
     heartbeat_timeout: float = 5.0
 
     def __post_init__(self) -> None:

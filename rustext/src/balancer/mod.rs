@@ -32,6 +32,6 @@ pub mod python;
 /// own). tokio (and hyper, on its path) allocate and free a few small
 /// objects per connection or request (task cells, buffers, header maps);
 /// mimalloc's per-thread free lists serve those faster than glibc malloc
-/// (measured: see benches/README.md, `## Balancer`).
+/// (measured when it was chosen).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

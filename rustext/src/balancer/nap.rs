@@ -6,7 +6,7 @@
 //! peer, and that peer pays for the wake-up in its own CPU time — on the
 //! core that bounds requests/s when the balancer has a core to itself. A
 //! worker that is faster than its peers empties its run queue often, so it
-//! made them pay often (benches/README.md, "Napping instead of waiting").
+//! made them pay often (docs/balancer.md, "Napping instead of waiting").
 //!
 //! Instead, just before the runtime would block, a worker that was busy
 //! with keep-alive traffic (a connection sent another request within the

@@ -114,7 +114,7 @@ async def test_registry_outage_keeps_known_servers() -> None:
 
 
 async def test_xclient_with_redis_registry_and_failover(redis_url: str) -> None:
-    """The README scenario: two servers in a Redis registry, a client with failover."""
+    """The manual's scenario (docs/rpc/index.md): two servers in a Redis registry, a client with failover."""
     reg = RedisRegistrar(redis_url, ttl=10)
     async with node_servers(reg, (A, B)) as net:
         disc = RedisDiscovery(redis_url, "Node", refresh_interval=60)

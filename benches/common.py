@@ -1,0 +1,77 @@
+"""What every benchmark records beside its figures: the machine, its load,
+the exact command, and the CPU time of the processes it measures.
+
+The benchmark scripts put the repository root on ``sys.path`` and import this
+as ``benches.common``; their raw results go to ``benches/<area>/results/``
+(JSON, written by :func:`save`) and the charts of the documentation are drawn
+from those files by ``benches/charts.py``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages, rounded."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, usable cores, kernel and Python: what the figures depend on."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu": model or platform.processor(),
+        "cores": cores,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
+
+
+def command() -> str:
+    """The command line that is running, relative to the repository root."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        shown = str(script.relative_to(ROOT))
+    except ValueError:
+        shown = sys.argv[0]
+    return shlex.join(["python", shown, *sys.argv[1:]])
+
+
+def now_utc() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def save(path: str | Path, results: dict[str, Any]) -> Path:
+    """Write ``results`` with the machine, the command and the time it was
+    taken; returns the path written."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"command": command(), "taken": now_utc(), "machine": machine(), **results}
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    return out

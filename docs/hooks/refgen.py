@@ -1,0 +1,325 @@
+"""Reference pages generated from the code, so that they cannot drift from it.
+
+- :func:`cli_markdown` walks the ``juggler`` argparse parser and its
+  subparsers, recursively: usage, description, every argument with its help
+  (defaults expanded), the subcommands, and the epilog's examples.
+- :func:`config_markdown` renders the configuration dataclasses: every field
+  with its type, its default and its description. A field's description is,
+  in order of preference, ``field(metadata={"doc": ...})``, the ``#:``
+  comment lines right above the field, or a ``#`` comment at the end of the
+  field's line. ``metadata={"default": ...}`` replaces a default that is
+  computed at start-up (e.g. the number of CPUs).
+
+Pure functions over live objects (no mkdocs import): ``reference.py`` (the
+mkdocs hook) turns their output into pages, and ``tests/docs`` checks that
+every subcommand and every field is covered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import enum
+import importlib
+import inspect
+import io
+import re
+import textwrap
+import tokenize
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+USAGE_WIDTH = 88  # columns of the usage blocks: fixed, so the page does not depend on the terminal
+
+
+# --- CLI -----------------------------------------------------------------------
+
+
+def walk_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """``parser`` and every subparser under it, depth first, in declaration order."""
+    yield parser
+    seen: set[int] = set()
+    for sub in subcommands(parser):
+        if id(sub) not in seen:  # aliases map to the same parser
+            seen.add(id(sub))
+            yield from walk_parsers(sub)
+
+
+def subcommands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    return [p for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for p in action.choices.values()]
+
+
+def anchor(prog: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", prog.lower()).strip("-")
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _usage(parser: argparse.ArgumentParser) -> str:
+    formatter = argparse.HelpFormatter(parser.prog, width=USAGE_WIDTH)
+    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
+    return formatter.format_help().strip()
+
+
+def _arguments(parser: argparse.ArgumentParser) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(positional, optional) arguments as (invocation, expanded help) pairs."""
+    formatter = argparse.HelpFormatter(parser.prog, width=USAGE_WIDTH)
+    positional, optional = [], []
+    for action in parser._actions:
+        if action.help == argparse.SUPPRESS or isinstance(action, argparse._SubParsersAction):
+            continue
+        invocation = formatter._format_action_invocation(action)
+        text = formatter._expand_help(action) if action.help else ""
+        if action.choices is not None and not action.option_strings and "{" in invocation:
+            text = f"{text} (one of {', '.join(map(str, action.choices))})".strip()
+        (optional if action.option_strings else positional).append((invocation, text))
+    return positional, optional
+
+
+def _subcommand_help(parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help or "" for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                if name in helps:
+                    out.append((sub.prog, helps[name]))
+    return out
+
+
+def cli_markdown(parser: argparse.ArgumentParser, *, level: int = 2) -> str:
+    """Markdown for ``parser`` and all its subcommands, one section each."""
+    parts = []
+    for p in walk_parsers(parser):
+        depth = p.prog.count(" ") - parser.prog.count(" ")
+        hashes = "#" * min(level + depth, 6)
+        parts.append(f"{hashes} `{p.prog}` {{#{anchor(p.prog)}}}\n")
+        if p.description:
+            parts.append(_prose(p.description) + "\n")
+        parts.append(f"```text\n{_usage(p)}\n```\n")
+        subs = _subcommand_help(p)
+        if subs:
+            rows = "\n".join(f"| [`{prog}`](#{anchor(prog)}) | {_cell(text)} |" for prog, text in subs)
+            parts.append(f"| command | what it does |\n| --- | --- |\n{rows}\n")
+        positional, optional = _arguments(p)
+        for title, items in (("argument", positional), ("option", optional)):
+            if items:
+                rows = "\n".join(f"| `{inv}` | {_cell(text)} |" for inv, text in items)
+                parts.append(f"| {title} | description |\n| --- | --- |\n{rows}\n")
+        if p.epilog:
+            parts.append(f"```text\n{textwrap.dedent(p.epilog).strip()}\n```\n")
+    return "\n".join(parts)
+
+
+def _prose(text: str) -> str:
+    """A description or docstring as Markdown: reST ``literals`` become `code`."""
+    return re.sub(r"``(.+?)``", r"`\1`", inspect.cleandoc(text))
+
+
+# --- configuration -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Section:
+    """One dataclass of a configuration, as it appears to the user."""
+
+    cls: type
+    #: the TOML table (``[server]``, ``[[backends]]``) or the class name users write
+    name: str
+    #: one line on where this section goes (shown under the heading)
+    note: str = ""
+    #: False: the note refers to another section with the same fields (no table of its own)
+    table: bool = True
+
+
+@dataclass(frozen=True)
+class ConfigGroup:
+    """The configuration of one component: a title, an introduction, its sections."""
+
+    title: str
+    intro: str
+    #: how defaults are written: as in a TOML file or as in Python code
+    style: Literal["toml", "python"]
+    sections: tuple[Section, ...]
+
+
+def _cls(path: str) -> type:
+    module, _, name = path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    assert isinstance(cls, type)
+    return cls
+
+
+def config_groups() -> list[ConfigGroup]:
+    """Every user-facing configuration dataclass, grouped by component."""
+    return [
+        ConfigGroup(
+            "juggler server",
+            "The file given to `juggler server --config FILE` (and `juggler up`). Each TOML table maps "
+            "onto one dataclass of `juggler.config.AppConfig`; unknown keys are errors. Flags override "
+            "the file, and `--set SECTION.KEY=VALUE` sets any option from the command line "
+            "(`VALUE` in TOML syntax).",
+            "toml",
+            (
+                Section(_cls("juggler.config.ServerConfig"), "[server]",
+                        "`listen = \"HOST:PORT\"` may stand for `host` and `port`."),
+                Section(_cls("juggler.broker.redis.RedisBrokerConfig"), "[redis]",
+                        "Present: calls and results (and pub-sub, unless `[pubsub]`) go through Redis; "
+                        "absent: the in-memory broker."),
+                Section(_cls("juggler.broker.redis.RedisBrokerConfig"), "[pubsub]",
+                        "Optional: a separate Redis (or cluster) for SUB/UNSB/PUB, with the same keys as "
+                        "[`[redis]`](#juggler-server-redis).", table=False),
+                Section(_cls("juggler.broker.memory.MemoryBrokerConfig"), "[memory]",
+                        "The in-memory broker, used when there is no `[redis]`."),
+                Section(_cls("juggler.auth.AuthConfig"), "[auth]",
+                        "Authentication at the handshake and authorization per message."),
+                Section(_cls("juggler.auth.Rule"), "[[auth.rules]]",
+                        "Grants: an identity may use what any rule matching its claims allows."),
+                Section(_cls("juggler.config.MetricsConfig"), "[metrics]",
+                        "The Prometheus endpoint (`--metrics-port`)."),
+            ),
+        ),
+        ConfigGroup(
+            "balancer",
+            "The file given to `juggler balancer --config FILE` (reloaded on SIGHUP or `POST /reload`). "
+            "Top-level keys configure `balancer.BalancerConfig`; the tables configure the dataclasses it "
+            "nests. Durations are seconds.",
+            "toml",
+            (
+                Section(_cls("balancer.config.BalancerConfig"), "top level"),
+                Section(_cls("balancer.config.BackendConfig"), "[[backends]]",
+                        "One table per backend (or a list of `\"host:port\"` strings)."),
+                Section(_cls("balancer.config.Timeouts"), "[timeouts]"),
+                Section(_cls("balancer.config.Passive"), "[passive]"),
+                Section(_cls("balancer.config.Limits"), "[limits]"),
+                Section(_cls("balancer.config.HealthCheck"), "[health]",
+                        "Active health checks; absent or `enabled = false`: none."),
+            ),
+        ),
+        ConfigGroup(
+            "rpc",
+            "Keyword-only dataclasses passed to the RPC framework's classes in Python: the transport's "
+            "connections, servers and pools (`rpc.transport`), and the governed client (`rpc.xclient`).",
+            "python",
+            (
+                Section(_cls("rpc.transport.config.ConnectionConfig"), "ConnectionConfig",
+                        "Both sides of every transport connection."),
+                Section(_cls("rpc.transport.config.ServerConfig"), "ServerConfig",
+                        "`TransportServer(..., config=)` and `RpcxServer(..., config=)`."),
+                Section(_cls("rpc.transport.config.PoolConfig"), "PoolConfig",
+                        "`TransportPool(..., config=)` (and so `RpcxCaller`)."),
+                Section(_cls("rpc.xclient.XClientOptions"), "XClientOptions",
+                        "`XClient(..., options=)`."),
+                Section(_cls("rpc.breaker.BreakerConfig"), "BreakerConfig",
+                        "`XClientOptions(breaker=)`: one circuit breaker per server."),
+            ),
+        ),
+        ConfigGroup(
+            "seq server",
+            "One member of a sequence cluster: the flags of `juggler seq server` map onto these fields "
+            "(`seq.server.ServerConfig`, for `seq.server.run_server` in Python).",
+            "python",
+            (Section(_cls("seq.server.ServerConfig"), "ServerConfig"),),
+        ),
+    ]
+
+
+def _comment_docs(cls: type) -> dict[str, str]:
+    """Field name → its ``#:`` comment (lines above) or end-of-line ``#`` comment."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    lines = source.splitlines()
+    comments = {tok.start[0]: tok.string for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                if tok.type == tokenize.COMMENT}
+    tree = ast.parse(source)
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for node in body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        above = []
+        k = node.lineno - 1  # the line above, 1-based
+        while k >= 1 and lines[k - 1].strip().startswith("#:"):
+            above.insert(0, lines[k - 1].strip()[2:].strip())
+            k -= 1
+        trailing = comments.get(node.lineno, "")
+        if above:
+            docs[node.target.id] = " ".join(above)
+        elif trailing and not trailing.startswith("#:"):
+            docs[node.target.id] = trailing[1:].strip()
+    return docs
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Every field of dataclass ``cls`` → its description ("" where there is none)."""
+    comments = _comment_docs(cls)
+    return {f.name: str(f.metadata.get("doc") or comments.get(f.name, "")) for f in dataclasses.fields(cls)}
+
+
+def _literal(value: Any, style: str) -> str:
+    """``value`` as a user writes it: in Python, or in TOML."""
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}" if style == "python" else _literal(value.value, style)
+    if dataclasses.is_dataclass(value):
+        return f"{type(value).__name__}()"
+    if style == "python":
+        return repr(value)
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_literal(v, style) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_literal(v, style)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def default_text(f: dataclasses.Field[Any], style: str) -> str:
+    """How the default of ``f`` is shown: ``required`` when there is none."""
+    if "default" in f.metadata:
+        return str(f.metadata["default"])
+    if f.default is not dataclasses.MISSING:
+        return f"`{_literal(f.default, style)}`"
+    if f.default_factory is not dataclasses.MISSING:
+        return f"`{_literal(f.default_factory(), style)}`"
+    return "required"
+
+
+def _type_text(f: dataclasses.Field[Any]) -> str:
+    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", repr(f.type))
+    return t.replace("typing.", "")
+
+
+def section_markdown(section: Section, style: str, group: str = "") -> str:
+    cls = section.cls
+    docs = field_docs(cls)
+    head = f"### `{section.name}` {{#{anchor(group + ' ' + section.name)}}}\n\n"
+    where = f"`{cls.__module__}.{cls.__qualname__}`"
+    body = [head + (f"{where}. {section.note}" if section.note else f"{where}.") + "\n"]
+    if not section.table:
+        return "\n".join(body)
+    if cls.__doc__ and not cls.__doc__.startswith(f"{cls.__name__}("):  # dataclass's generated signature
+        body.append(_prose(cls.__doc__) + "\n")
+    key = "key" if style == "toml" else "field"
+    rows = [f"| `{f.name}` | `{_cell(_type_text(f))}` | {_cell(default_text(f, style))} | {_cell(_prose(docs[f.name]))} |"
+            for f in dataclasses.fields(cls)]
+    body.append(f"| {key} | type | default | description |\n| --- | --- | --- | --- |\n" + "\n".join(rows) + "\n")
+    return "\n".join(body)
+
+
+def config_markdown(groups: list[ConfigGroup], *, level: int = 2) -> str:
+    parts = []
+    for g in groups:
+        parts.append(f"{'#' * level} {g.title} {{#{anchor(g.title)}}}\n\n{g.intro}\n")
+        parts.extend(section_markdown(s, g.style, g.title) for s in g.sections)
+    return "\n".join(parts)
