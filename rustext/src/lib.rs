@@ -3,11 +3,15 @@
 //! Layout (one module, one concept):
 //! - [`framing`]  length-prefixed stream splitter: feed bytes, get whole frames back.
 //! - [`rpcx`]     rpcx message encode/decode (see shared/protocols/rpcx.md).
-//! - [`juggler`]  juggler.0 envelope parse/build; `args` stay raw JSON bytes.
-//! - [`wsframe`]  websocket frame reader (RFC 6455 §5, client→server): bytes in, events out.
+//! - [`juggler`]  juggler.0 envelope codec; `args` stay raw JSON bytes
+//!   (`juggler/`: `scan` JSON scanner, `parse`, `build`, `python` bindings).
+//! - [`wsframe`]  websocket frames (RFC 6455 §5), server side: the client-frame
+//!   reader (bytes in, events out) and the server-frame writer.
 //! - [`timer`]    min-heap of deadlines: add / cancel / pop_expired(now).
-//! - [`grpc`]     gRPC (HTTP/2) server and client for seq's `pb.RRAPI`, batched to Python.
-//! - [`balancer`] the HTTP load balancer's data plane (tokio + hyper, own threads).
+//! - [`grpc`]     gRPC (HTTP/2) server and client for seq's `pb.RRAPI`, batched to Python
+//!   (`grpc/`: `frame`, `proto`, `server`, `client`, `python`).
+//! - [`balancer`] the HTTP load balancer's data plane (tokio + hyper, own threads;
+//!   `balancer/`: `config`, `server`, `fast`, `h1`, `proxy`, `upstream`, `pool`, `nap`, `stats`, …).
 //! - [`errors`]   the Python exception tree; Rust errors are enums converted only here.
 //!
 //! The pure-Rust cores build and test without Python (`cargo test`); the PyO3

@@ -305,29 +305,3 @@ def test_fuzz_text_frames(text: str) -> None:
         rustext.parse_client_message(text)
     except JugglerDecodeError:
         pass
-
-
-def test_stub_matches_the_module() -> None:
-    """Every name of the juggler section of _native.pyi exists, and vice versa."""
-    import ast
-    import inspect
-
-    import rustext._native as native
-
-    stub = os.path.join(os.path.dirname(rustext.__file__), "_native.pyi")
-    with open(stub, encoding="utf-8") as f:
-        text = f.read()
-    section = text.split("# --- juggler ---", 1)[1].split("\n", 1)[1].split("# --- timer ---", 1)[0]
-    names = set()
-    for node in ast.parse(section).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-    for name in names:
-        assert hasattr(native, name), name
-    exported = {n for n in rustext.__all__ if n in names}
-    assert exported == names
-    # the signatures the stub documents are the ones the module takes
-    assert list(inspect.signature(native.parse_client_message).parameters) == ["frame", "allowed"]
-    assert list(inspect.signature(native.build_call).parameters) == ["msg_uuid", "uri", "timeout_ns", "args"]
