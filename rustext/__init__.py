@@ -3,11 +3,16 @@
 The compiled module is the private ``rustext._native``; this package
 re-exports its public names (see ``_native.pyi`` for the typed API).
 
+- errors    the exception tree (``RustextError`` and its subclasses)
 - framing   length-prefixed stream splitter (``FrameDecoder``)
 - rpcx      rpcx message codec
 - juggler   juggler.0 envelope codec (args stay raw JSON bytes)
+- wsframe   websocket frames, server side: ``WsFrameReader`` (client frames
+            in) and ``ws_text_frames`` / ``ws_control_frame`` / ``ws_close_frame``
+            (server frames out)
 - timer     min-heap of deadlines (``DeadlineHeap``)
-- balancer  the HTTP load balancer's data plane
+- balancer  the HTTP load balancer's data plane (``Balancer``)
+- grpc      gRPC (HTTP/2) server and client for seq (``GrpcServer``, ``GrpcClient``)
 - backoff   capped, jittered exponential backoff (pure Python), the one policy
             behind every reconnect and retry loop of the suite
 """
@@ -125,10 +130,20 @@ __all__ += [
     "parse_client_message", "parse_pub_payload", "parse_server_message",
 ]
 
-# websocket frames from clients (RFC 6455 §5), for juggler/conn.py
-from rustext._native import WS_BINARY, WS_CLOSE, WS_FAIL, WS_PING, WsFrameReader  # noqa: E402
+# websocket frames (RFC 6455 §5), for juggler/wsproto.py: client frames in, server frames out
+from rustext._native import (  # noqa: E402
+    WS_BINARY,
+    WS_CLOSE,
+    WS_FAIL,
+    WS_PING,
+    WsFrameReader,
+    ws_close_frame,
+    ws_control_frame,
+    ws_text_frames,
+)
 
-__all__ += ["WS_BINARY", "WS_CLOSE", "WS_FAIL", "WS_PING", "WsFrameReader"]
+__all__ += ["WS_BINARY", "WS_CLOSE", "WS_FAIL", "WS_PING", "WsFrameReader", "ws_close_frame", "ws_control_frame",
+            "ws_text_frames"]
 
 # --- timer ---
 from rustext._native import DeadlineHeap  # noqa: E402

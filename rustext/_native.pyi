@@ -303,6 +303,17 @@ class WsFrameReader:
         """Bytes held: a partial frame plus the fragments of an open message."""
 
 
+# Websocket frames to clients (RFC 6455 §5, server side): unmasked, FIN set.
+def ws_text_frames(payloads: list[bytes]) -> bytes:
+    """One text frame per payload, back to back in one buffer (the frames of
+    one event-loop turn, written with one ``transport.write``)."""
+def ws_control_frame(opcode: int, payload: bytes) -> bytes:
+    """One control frame (opcode 8 close, 9 ping or 10 pong) with a raw
+    payload of at most 125 bytes; raises RustextError otherwise."""
+def ws_close_frame(code: int, reason: str = "") -> bytes:
+    """A close frame: ``code`` (2 bytes, big-endian), then ``reason`` (UTF-8)
+    cut to 123 bytes."""
+
 # --- timer --------------------------------------------------------------
 class DeadlineHeap:
     """Indexed min-heap of deadlines (integers in the caller's unit, e.g. ms).

@@ -20,6 +20,10 @@
 //!   frame"; continuation without one: 1002 "unexpected continuation frame";
 //!   opcodes 3–7 and 11–15: 1002 "reserved opcode N".
 //!
+//! Server frames go the other way through [`encode_server_frame`] (unmasked,
+//! FIN set), and [`encode_text_frames`] writes the text frames of one
+//! event-loop turn into one buffer: the server's one `write` per turn.
+//!
 //! After a failure, a binary frame or a close frame the reader is finished:
 //! it drops what it holds and every later `feed` returns nothing. Memory held:
 //! one partial frame plus the fragments of one message (both bounded by
@@ -244,6 +248,69 @@ fn unmask_into(dst: &mut Vec<u8>, masked: &[u8], key: [u8; 4]) {
     apply_mask(&mut dst[start..], key);
 }
 
+/// Bytes of an unmasked server frame header for an `n`-byte payload.
+#[inline]
+pub fn server_header_len(n: usize) -> usize {
+    if n < 126 {
+        2
+    } else if n < 65536 {
+        4
+    } else {
+        10
+    }
+}
+
+/// The header of an unmasked server frame (FIN set, opcode `op`, `n` bytes
+/// of payload): the buffer and how many of its bytes are used.
+#[inline]
+pub fn server_header(op: u8, n: usize) -> ([u8; 10], usize) {
+    let mut h = [0u8; 10];
+    h[0] = 0x80 | (op & 0x0F);
+    let len = server_header_len(n);
+    match len {
+        2 => h[1] = n as u8,
+        4 => {
+            h[1] = 126;
+            h[2..4].copy_from_slice(&(n as u16).to_be_bytes());
+        }
+        _ => {
+            h[1] = 127;
+            h[2..10].copy_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    (h, len)
+}
+
+/// Append one unmasked server frame (FIN set, opcode `op`) to `out`.
+pub fn encode_server_frame(out: &mut Vec<u8>, op: u8, payload: &[u8]) {
+    let (h, len) = server_header(op, payload.len());
+    out.reserve(len + payload.len());
+    out.extend_from_slice(&h[..len]);
+    out.extend_from_slice(payload);
+}
+
+/// One text frame per payload, back to back in one buffer.
+pub fn encode_text_frames<P: AsRef<[u8]>>(payloads: &[P]) -> Vec<u8> {
+    let total = payloads.iter().map(|p| server_header_len(p.as_ref().len()) + p.as_ref().len()).sum();
+    let mut out = Vec::with_capacity(total);
+    for p in payloads {
+        encode_server_frame(&mut out, 1, p.as_ref());
+    }
+    out
+}
+
+/// A close frame: the 2-byte code, then `reason` cut to 123 bytes (the
+/// control-frame limit of 125 bytes of payload).
+pub fn encode_close_frame(code: u16, reason: &[u8]) -> Vec<u8> {
+    let reason = &reason[..reason.len().min(123)];
+    let mut body = Vec::with_capacity(2 + reason.len());
+    body.extend_from_slice(&code.to_be_bytes());
+    body.extend_from_slice(reason);
+    let mut out = Vec::with_capacity(2 + body.len());
+    encode_server_frame(&mut out, 8, &body);
+    out
+}
+
 /// Encode one masked client frame (tests, and clients written in Rust).
 pub fn encode_client_frame(fin: bool, op: u8, payload: &[u8], key: [u8; 4]) -> Vec<u8> {
     let n = payload.len();
@@ -387,6 +454,24 @@ mod tests {
     }
 
     #[test]
+    fn server_frames() {
+        // RFC 6455 §5.7: a single-frame unmasked text message "Hello"
+        assert_eq!(encode_text_frames(&[b"Hello"]), [0x81, 0x05, b'H', b'e', b'l', b'l', b'o']);
+        let mid = vec![b'm'; 300];
+        let big = vec![b'b'; 70_000];
+        let out = encode_text_frames(&[&b""[..], &mid, &big]);
+        assert_eq!(&out[..2], [0x81, 0]);
+        assert_eq!(&out[2..6], [0x81, 126, 0x01, 0x2C]);
+        assert_eq!(&out[306..316], [0x81, 127, 0, 0, 0, 0, 0, 0x01, 0x11, 0x70]);
+        assert_eq!(out.len(), 2 + 4 + 300 + 10 + 70_000);
+        assert_eq!(encode_close_frame(1001, b"going"), [0x88, 7, 0x03, 0xE9, b'g', b'o', b'i', b'n', b'g']);
+        assert_eq!(encode_close_frame(1000, &[b'r'; 200]).len(), 2 + 125);
+        let mut pong = Vec::new();
+        encode_server_frame(&mut pong, 10, b"hi");
+        assert_eq!(pong, [0x8A, 2, b'h', b'i']);
+    }
+
+    #[test]
     fn mask_alignment() {
         for n in 0..100 {
             let p: Vec<u8> = (0..n as u8).collect();
@@ -500,9 +585,14 @@ pub mod python {
     //! `feed` returns a list whose items are `bytes` (a whole text message:
     //! the common case, no wrapper) or tuples: `(WS_PING, payload)`,
     //! `(WS_CLOSE, payload)`, `(WS_BINARY, b"")`, `(WS_FAIL, code, reason)`.
+    //!
+    //! Writing: `ws_text_frames(payloads)` (the frames of one loop turn in
+    //! one buffer), `ws_control_frame(opcode, payload)`, `ws_close_frame(code, reason)`.
 
-    use super::{FrameReader, WsEvent, EV_BINARY, EV_CLOSE, EV_FAIL, EV_PING};
+    use super::{encode_close_frame, encode_server_frame, server_header, server_header_len, FrameReader, WsEvent};
+    use super::{EV_BINARY, EV_CLOSE, EV_FAIL, EV_PING};
     use crate::errors::ErrorKind;
+    use pyo3::ffi;
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList};
 
@@ -555,7 +645,66 @@ pub mod python {
         }
     }
 
+    /// One unmasked text frame per payload, back to back in one `bytes`.
+    #[pyfunction]
+    fn ws_text_frames<'py>(py: Python<'py>, payloads: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyBytes>> {
+        let mut views: Vec<Bound<'py, PyBytes>> = Vec::with_capacity(payloads.len());
+        let mut total = 0usize;
+        for item in payloads.iter() {
+            let b = item.cast_into::<PyBytes>()?;
+            let n = b.as_bytes().len();
+            total += server_header_len(n) + n;
+            views.push(b);
+        }
+        let len = ffi::Py_ssize_t::try_from(total).map_err(|_| ErrorKind::Rustext.err("frames too large"))?;
+        // SAFETY: a new bytes object of `total` uninitialised bytes (PyBytes::new_with
+        // would zero them first: a second pass over large frames), every byte of
+        // which is written below before the object is handed to Python.
+        unsafe {
+            let obj = ffi::PyBytes_FromStringAndSize(std::ptr::null(), len);
+            if obj.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            let buf = std::slice::from_raw_parts_mut(ffi::PyBytes_AsString(obj).cast::<u8>(), total);
+            let mut pos = 0;
+            for b in &views {
+                let p = b.as_bytes();
+                let (h, hl) = server_header(1, p.len());
+                buf[pos..pos + hl].copy_from_slice(&h[..hl]);
+                pos += hl;
+                buf[pos..pos + p.len()].copy_from_slice(p);
+                pos += p.len();
+            }
+            debug_assert_eq!(pos, total);
+            Ok(Bound::from_owned_ptr(py, obj).cast_into_unchecked::<PyBytes>())
+        }
+    }
+
+    /// One unmasked control frame (ping, pong or close with a raw payload of at most 125 bytes).
+    #[pyfunction]
+    fn ws_control_frame<'py>(py: Python<'py>, opcode: u8, payload: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+        if !(8..=10).contains(&opcode) || payload.len() > 125 {
+            return Err(ErrorKind::Rustext.err(format!(
+                "not a control frame: opcode {opcode} with {} bytes of payload",
+                payload.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(2 + payload.len());
+        encode_server_frame(&mut out, opcode, payload);
+        Ok(PyBytes::new(py, &out))
+    }
+
+    /// A close frame: `code`, then `reason` (UTF-8) cut to 123 bytes.
+    #[pyfunction]
+    #[pyo3(signature = (code, reason = ""))]
+    fn ws_close_frame<'py>(py: Python<'py>, code: u16, reason: &str) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &encode_close_frame(code, reason.as_bytes()))
+    }
+
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add_function(wrap_pyfunction!(ws_text_frames, m)?)?;
+        m.add_function(wrap_pyfunction!(ws_control_frame, m)?)?;
+        m.add_function(wrap_pyfunction!(ws_close_frame, m)?)?;
         m.add("WS_BINARY", EV_BINARY)?;
         m.add("WS_CLOSE", EV_CLOSE)?;
         m.add("WS_PING", EV_PING)?;
