@@ -1,15 +1,23 @@
 """juggler: websocket RPC and pub-sub over Redis, speaking juggler.0.
 
 - protocol.py     message model over rustext's juggler codec (args stay raw JSON)
-- server.py       websocket server: results routing, handler chain, lifecycle
-- conn.py         one connection: handshake, frames, in-order processing, limits
+- server.py       websocket server: lifecycle, results routing, handler chain, the
+                  connections' lifecycle listener
+- conn.py         one connection's asyncio driver: in-order processing, limits, timers;
+                  ConnContext / ConnListener, all it knows of the server
+- wsproto.py      the websocket protocol of a connection, sans-I/O: handshake, frames
+                  in and out (rustext), closing handshake, its states
+- pending.py      calls waiting for their result, expiring on rustext's deadline heap
+- http.py         plain HTTP on the websocket port: /healthz
+- static_files.py plain HTTP on the websocket port: /juggler.js, the demo page, /stats.json
+- auth.py         JWT authentication at the handshake, per-message authorization rules
+- limits.py       per-connection limits (the message-rate token bucket, refusal reasons)
 - config.py       typed options (ServerConfig, AppConfig) and the TOML loader
 - metrics.py      server counters and their Prometheus exposition
 - runner.py       a server process: broker + server (+ callees) + metrics until a signal
-- static_files.py plain HTTP on the websocket port: /juggler.js, the demo page, /stats.json
 - static/         juggler.js (the browser client, ES module) + juggler.d.ts, the demo page
-- broker/         base.py interfaces · memory.py embedded · redis.py Redis (+ cluster)
-                  · glob.py Redis glob patterns
+- broker/         base.py interfaces · memory.py embedded · redis/ Redis (+ cluster.py)
+                  · resp.py the RESP client · glob.py Redis glob patterns
 - callee.py       callee runtime; client.py asyncio client; repl.py the REPL; load.py load tool
 - errors.py       exception tree
 """

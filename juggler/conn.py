@@ -1,15 +1,16 @@
-"""One websocket connection of the juggler server.
+"""One websocket connection of the juggler server: the asyncio driver.
 
-A thin asyncio ``Protocol``. The opening handshake goes through websockets'
-sans-I/O ``ServerProtocol`` (HTTP parsing, validation, the 101 response);
-after it, frames are read and written by this connection directly (RFC
-6455: masked client frames, unmasked server frames, ping/pong, the closing
-handshake), because the generic parser costs more per message than
-everything else the server does. Client frames are parsed by the sans-I/O
-Rust reader ``rustext.WsFrameReader`` (buffering, ``read_limit``,
-unmasking, reassembly, protocol checks); this module acts on its events. Frames out are coalesced per event-loop turn into one
-``transport.write``. No task per connection while idle: a worker task exists
-only while messages are queued.
+The websocket protocol itself (handshake, frames in and out, the closing
+handshake, its states) is the sans-I/O :class:`juggler.wsproto.WsServerProtocol`;
+this ``asyncio.Protocol`` feeds it the bytes received, acts on its events
+(juggler.0 messages, pings, closes), writes what it has to send once per
+event-loop turn, and owns the timers. No task per connection while idle: a
+worker task exists only while messages are queued.
+
+A connection talks to its server only through the :class:`ConnContext` it
+is given: the configuration, the counters, the brokers, the table of
+pending calls, the middleware chains and a :class:`ConnListener` (the
+server's side of the connection lifecycle).
 
 Contract:
 
@@ -34,16 +35,19 @@ import enum
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs
 
 import rustext
 from websockets.http11 import Request
-from websockets.server import ServerProtocol
 
-from juggler.broker.base import Event
+from juggler.broker.base import CallerBroker, Event, PubSubBroker
+from juggler.config import ServerConfig
 from juggler.http import http_response
 from juggler.limits import TokenBucket
+from juggler.metrics import ServerStats
+from juggler.pending import PendingCalls
 from juggler.protocol import (
     ALL_CLIENT_TYPES,
     SUBPROTOCOL,
@@ -53,11 +57,13 @@ from juggler.protocol import (
     allowed_mask,
     call_timeout_ms,
 )
+from juggler.wsproto import OPEN, WsServerProtocol
 
 if TYPE_CHECKING:
-    from juggler.server import Server
+    from juggler.auth import Auth
+    from juggler.static_files import StaticSite
 
-__all__ = ["Conn", "ConnState", "Handler", "Middleware"]
+__all__ = ["Conn", "ConnContext", "ConnListener", "ConnState", "Handler", "Middleware"]
 
 log = logging.getLogger("juggler.conn")
 # websockets' own per-connection lines ("connection open", …): quiet unless asked
@@ -86,8 +92,57 @@ Message = ClientMessage | Outgoing
 Handler = Callable[["Conn", Message], Awaitable[None]]
 Middleware = Callable[["Conn", Message, Handler], Awaitable[None]]
 
+
+class ConnListener(Protocol):
+    """The server's side of a connection's lifecycle (:class:`juggler.server.Server`
+    provides one). Each ``conn_*`` method is called once per connection at
+    most, in this order; ``conn_closed`` always comes last."""
+
+    #: True while the server drains: new connections get 503, new CALLs NACK 503
+    draining: bool
+
+    def reject(self, reason: str) -> None:
+        """Count one refusal by reason (``juggler_rejections_total{reason}``)."""
+
+    def conn_opened(self, conn: Conn) -> bool:
+        """A TCP connection was accepted; False refuses it at once (the server is closing)."""
+
+    def conn_accepting(self, conn: Conn) -> None:
+        """The handshake request is valid; raising refuses it with 403."""
+
+    def conn_connected(self, conn: Conn) -> None:
+        """juggler.0 was negotiated: messages flow."""
+
+    def conn_closed(self, conn: Conn, was_connected: bool) -> None:
+        """The TCP connection is gone (after a handshake or not)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnContext:
+    """What a server hands every connection it accepts: all a connection
+    knows of the server."""
+
+    config: ServerConfig
+    stats: ServerStats
+    broker: CallerBroker
+    pubsub: PubSubBroker
+    #: calls ACKed and waiting for their RES, shared by every connection
+    pending: PendingCalls[Conn]
+    listener: ConnListener
+    #: the middleware chains (incoming, outgoing), or None without middleware
+    chain_in: Handler | None = None
+    chain_out: Handler | None = None
+    #: answers plain HTTP requests to other paths than the websocket one
+    http: StaticSite | None = None
+    #: authenticates handshakes and authorizes CALL/PUB/SUB
+    auth: Auth | None = None
+
+
+_CLOSED = ConnState.CLOSED
+_CONNECTED = ConnState.CONNECTED
 _BAD = object()  # inbox marker: bad input after the queued messages
 _KIND = {CALL: "call", PUB: "pub", SUB: "sub"}
+_CLOSE_REASONS = {1000: "server_close", 1001: "shutdown", 1008: "policy", 1011: "internal_error"}
 
 
 class _Refused:
@@ -101,19 +156,6 @@ class _Refused:
         self.text = text
 
 
-def _close_frame(code: int, reason: str = "") -> bytes:
-    body = code.to_bytes(2, "big") + reason.encode()[:123]
-    return bytes((0x88, len(body))) + body
-
-
-def _ws_header(n: int) -> bytes:
-    if n < 126:
-        return bytes((0x81, n))
-    if n < 65536:
-        return b"\x81\x7e" + n.to_bytes(2, "big")
-    return b"\x81\x7f" + n.to_bytes(8, "big")
-
-
 def _allowed_messages(request: Request) -> str | None:
     """The Juggler-Allowed-Messages header, else the ``juggler-allowed-messages``
     query parameter (browsers cannot send handshake headers)."""
@@ -125,57 +167,47 @@ def _allowed_messages(request: Request) -> str | None:
 
 
 class Conn(asyncio.Protocol):
-    """One client connection (see module doc). Created by :class:`Server`."""
+    """One client connection (see module doc). Created by :class:`juggler.server.Server`."""
 
-    def __init__(self, server: Server) -> None:
-        self.server = server
-        self.config = server.config
-        self.stats = server.stats
-        self.broker = server.broker
-        self.pubsub = server.pubsub
+    def __init__(self, context: ConnContext) -> None:
+        self.context = context
+        self.config = cfg = context.config
+        self.stats = context.stats
+        self.broker = context.broker
+        self.pubsub = context.pubsub
+        self._pending = context.pending
+        self._listener = context.listener
         self.loop = asyncio.get_running_loop()
         self.id = rustext.new_uuid()
         self.state = ConnState.ACCEPTING
-        self.request: Request | None = None
         self.allowed = ALL_CLIENT_TYPES
         self.remote: Any = None
         self.transport: asyncio.Transport | None = None
-        self._offered: list[str] = []
-        cfg = self.config
-        self.proto = ServerProtocol(
-            # a plain function: websockets binds it to the protocol object
-            select_subprotocol=lambda _proto, offered: self._select_subprotocol(offered),
-            max_size=cfg.read_limit or None,
+        #: the websocket protocol (sans-I/O): handshake, frames, closing handshake
+        self.ws = WsServerProtocol(
+            subprotocol=SUBPROTOCOL,
+            read_limit=cfg.read_limit,
+            allow_empty_subprotocol=cfg.allow_empty_subprotocol,
             logger=_ws_log,
         )
-        self._out: list[bytes] = []
         self._flush_scheduled = False
         self._inbox: deque[Any] = deque()
         self._worker: asyncio.Task[None] | None = None
         self._subs: set[tuple[bool, str]] = set()  # (pattern, channel) subscribed
-        # frames after the handshake: buffering, read_limit, unmasking, reassembly
-        self._reader = rustext.WsFrameReader(cfg.read_limit)
-        self._sniff: bytearray | None = bytearray()  # start of the request, until its method is known
-        self._head = False  # a HEAD request (plain HTTP, see juggler.static_files)
-        self._fast = False  # handshake done: frames are parsed here, not by websockets
-        self._head_tail = b""  # last bytes of the request head seen, to find its end across reads
-        self._open = False  # data frames may be written
-        self._close_sent = False
-        self._doomed = False  # bad input seen: ignore the rest
+        # flow control and the rate limit's close, orthogonal to the websocket state
         self._ignore_text = False  # closing for the rate limit: ignore further messages
-        self._closed = False
-        self._paused = False
+        self._paused = False  # reading paused: too many messages queued
         self._last_read = self.loop.time()
         self._timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._closed_fut: asyncio.Future[None] = self.loop.create_future()
         self._slow = cfg.slow_threshold
-        self._chained = bool(server.middleware)
+        self._chained = context.chain_in is not None
         #: who this connection is (juggler.auth.Identity), when the server has auth
         self.identity: Any = None
         #: why it closed (a short token: logs and juggler_connections_closed_total{reason})
         self.close_reason: str | None = None
-        #: CALLs ACKed and waiting for their RES
+        #: CALLs ACKed and waiting for their RES (kept by the pending-call table)
         self.inflight = 0
         self.messages_in = 0
         self.opened_at = self.loop.time()
@@ -188,7 +220,18 @@ class Conn(asyncio.Protocol):
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """True once the TCP connection is gone."""
+        return self.state is _CLOSED
+
+    @property
+    def request(self) -> Request | None:
+        """The handshake request, once read."""
+        return self.ws.request
+
+    @property
+    def queued(self) -> int:
+        """Messages queued in this connection (incoming, and outgoing through middleware)."""
+        return len(self._inbox)
 
     async def wait_closed(self) -> None:
         await asyncio.shield(self._closed_fut)
@@ -199,64 +242,43 @@ class Conn(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         self.remote = transport.get_extra_info("peername")
         self._timer = self.loop.call_later(self.config.handshake_timeout, self._handshake_timed_out)
-        self.server._conn_made(self)
+        if not self._listener.conn_opened(self):
+            self.abort()
 
     def data_received(self, data: bytes) -> None:
-        if self._closed:
+        if self.state is _CONNECTED:
+            self._last_read = self.loop.time()
+            self._frames_in(data)
+            return
+        if self.state is ConnState.CLOSED:
             return
         self._last_read = self.loop.time()
-        if self._fast:
-            self._frames_in(data)
-            if self._out:
-                self._flush()
-            return
-        proto = self.proto
-        if self._sniff is not None:
-            data = self._sniff_method(data)
-            if not data:
-                return
-        # websockets sees the request head only: bytes after it (frames a client
-        # sent without waiting for the 101) are this connection's to parse, even
-        # when a frame is split between this read and the next.
-        seen = self._head_tail + data
-        end = seen.find(b"\r\n\r\n")
-        if end < 0:
-            self._head_tail = seen[-3:]
-            proto.receive_data(data)
-            rest = b""
-        else:
-            cut = end + 4 - len(self._head_tail)
-            proto.receive_data(data[:cut])
-            rest = data[cut:]
-        for ev in proto.events_received():
-            if self._closed or self._doomed:
+        ws = self.ws
+        for ev in ws.receive_data(data):
+            if self.closed or not ws.reading:
                 break
-            if ev.__class__ is Request:
-                self._on_request(ev)  # type: ignore[arg-type]
-        if rest and self._fast:
-            self._frames_in(rest)
+            self._on_request(ev)
+        if self.state is ConnState.CONNECTED:
+            self._frames_in(b"")  # frames sent with the request, before the 101
         self._flush()
 
     def eof_received(self) -> bool:
-        if self._fast:
-            return False
-        self.proto.receive_eof()
-        self.proto.events_received()
-        self._flush()
+        if self.state is ConnState.ACCEPTING:
+            self.ws.receive_eof()
+            self._flush()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._closed:
+        if self.state is ConnState.CLOSED:
             return
-        self._closed = True
         for t in (self._timer, self._write_timer):
             if t is not None:
                 t.cancel()
         self._timer = self._write_timer = None
-        self._out.clear()
+        self.ws.discard_output()
         was_connected = self.state is ConnState.CONNECTED
         self.state = ConnState.CLOSED
-        self.server._conn_lost(self, was_connected)
+        self._listener.conn_closed(self, was_connected)
         if not self._closed_fut.done():
             self._closed_fut.set_result(None)
 
@@ -272,52 +294,34 @@ class Conn(asyncio.Protocol):
 
     # handshake ------------------------------------------------------------------
 
-    def _select_subprotocol(self, offered: Any) -> str | None:
-        self._offered = list(offered)
-        return SUBPROTOCOL if SUBPROTOCOL in self._offered else None
-
-    def _sniff_method(self, data: bytes) -> bytes:
-        """A HEAD is handed to websockets as a GET (older versions parse GET only)
-        and answered without its body."""
-        buf = self._sniff
-        assert buf is not None
-        buf += data
-        if len(buf) < 5 and b"HEAD ".startswith(bytes(buf)):
-            return b""
-        self._sniff = None
-        if buf.startswith(b"HEAD "):
-            self._head = True
-            return b"GET " + bytes(buf[5:])
-        return bytes(buf)
-
     def _on_request(self, request: Request) -> None:
-        self.request = request
-        proto = self.proto
+        ws = self.ws
+        ctx = self.context
+        listener = self._listener
         path = request.path.split("?", 1)[0]
-        if path != self.config.path or self._head:
+        if path != self.config.path or ws.head:
             # plain HTTP: one response, then close. /healthz first, then the static
             # site (the browser client, the demo page), else 404.
             self.close_reason = "http"
-            response = http_response(self, request)
+            response = http_response(request, draining=listener.draining)
             if response is None:
-                site = self.server.http
-                response = (site.respond(request, head=self._head) if site is not None
-                            else proto.reject(404, "Not Found\n"))
+                site = ctx.http
+                response = (site.respond(request, head=ws.head) if site is not None
+                            else ws.reject(404, "Not Found\n"))
             self._refuse(response)
             return
-        server = self.server
-        if server.draining:
+        if listener.draining:
             self._refuse_for("draining", 503, "Service Unavailable: shutting down\n")
             return
         cap = self.config.max_connections
-        if cap and server.stats.connections_active >= cap:
+        if cap and self.stats.connections_active >= cap:
             self._refuse_for("max_connections", 503, "Service Unavailable: too many connections\n")
             return
-        if server.auth is not None:
+        if ctx.auth is not None:
             from juggler.auth import AuthError
 
             try:
-                self.identity = server.auth.authenticate(request)
+                self.identity = ctx.auth.authenticate(request)
             except AuthError as exc:
                 log.debug("connection %s refused: %s", self.remote, exc)
                 reason = "origin" if exc.status == 403 else "unauthenticated"
@@ -327,55 +331,46 @@ class Conn(asyncio.Protocol):
         try:
             self.allowed = allowed_mask(_allowed_messages(request))
         except ValueError as exc:
-            self._refuse(proto.reject(400, f"Invalid Juggler-Allowed-Messages header: {exc}\n"))
+            self._refuse(ws.reject(400, f"Invalid Juggler-Allowed-Messages header: {exc}\n"))
             return
         try:
-            self.server._conn_state(self, ConnState.ACCEPTING)
+            listener.conn_accepting(self)
         except Exception as exc:
             log.info("connection %s refused by on_conn_state: %s", self.remote, exc)
-            self._refuse(proto.reject(403, "Forbidden\n"))
+            self._refuse(ws.reject(403, "Forbidden\n"))
             return
-        response = proto.accept(request)
-        proto.send_response(response)
-        if response.status_code != 101:
+        if not ws.accept(request):
+            if ws.negotiated is None:
+                log.debug("connection %s: no juggler.0 subprotocol (offered %s)", self.remote, ws.offered)
             self._flush()
-            self._close_transport()
-            return
-        if proto.subprotocol is None and (self._offered or not self.config.allow_empty_subprotocol):
-            # upstream upgrades, then drops the connection at once (no close frame)
-            log.debug("connection %s: no juggler.0 subprotocol (offered %s)", self.remote, self._offered)
-            self._flush()
-            self._close_transport()
             return
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self.state = ConnState.CONNECTED
-        self._fast = self._open = True
-        self.server._conn_connected(self)
+        listener.conn_connected(self)
         if self.config.read_timeout:
             self._timer = self.loop.call_later(self.config.read_timeout, self._read_timed_out)
 
     def _refuse_for(self, reason: str, status: int, text: str) -> None:
-        self.server.reject(reason)
+        self._listener.reject(reason)
         self.close_reason = reason
-        self._refuse(self.proto.reject(status, text))
+        self._refuse(self.ws.reject(status, text))
 
     def _refuse(self, response: Any) -> None:
-        self.proto.send_response(response)
+        self.ws.send_response(response)
         self._flush()
-        self._close_transport()
 
     def _handshake_timed_out(self) -> None:
         self._timer = None
-        if self.state is ConnState.ACCEPTING and not self._closed:
+        if self.state is ConnState.ACCEPTING:
             log.info("connection %s: handshake timed out", self.remote)
             self._set_reason("handshake_timeout")
-            self._abort()
+            self.abort()
 
     def _read_timed_out(self) -> None:
         self._timer = None
-        if self._closed:
+        if self.closed:
             return
         rt = self.config.read_timeout
         idle = self.loop.time() - self._last_read
@@ -388,43 +383,35 @@ class Conn(asyncio.Protocol):
 
     def _write_timed_out(self) -> None:
         self._write_timer = None
-        if not self._closed:
+        if not self.closed:
             log.info("connection %s: write timeout", self.remote)
-            self.server.reject("write_timeout")
+            self._listener.reject("write_timeout")
             self._set_reason("write_timeout")
-            self._abort()
+            self.abort()
 
     # incoming -------------------------------------------------------------------
 
     def _frames_in(self, data: bytes) -> None:
-        """Client frames (RFC 6455 §5) in `data`: parsed by the Rust reader
-        (``rustext.WsFrameReader``: buffering, limits, unmasking, reassembly),
-        its events dispatched here."""
-        if self._doomed:
-            return
-        for ev in self._reader.feed(data):
+        """The events of the client frames in `data`, handled in order: what
+        one message decides (closing, say) applies to the frames after it."""
+        ws = self.ws
+        for ev in ws.receive_data(data):
             if ev.__class__ is bytes:
                 self._on_text(ev)
             else:
                 self._control(ev)
-            if self._doomed or self._closed:
+            if not ws.reading or self.state is _CLOSED:
                 return
 
     def _control(self, ev: tuple[Any, ...]) -> None:
         kind = ev[0]
         if kind == _WS_PING:
-            if self._open:
-                payload = ev[1]
-                self._out.append(bytes((0x8A, len(payload))) + payload)
-        elif kind == _WS_CLOSE:
-            payload = ev[1]
-            self._set_reason("peer_close")
-            if not self._close_sent:  # echo the peer's code, then drop TCP (server side)
-                self._open = False
-                self._close_sent = True
-                self._out.append(bytes((0x88, min(len(payload), 2))) + payload[:2])
+            self.ws.receive_ping(ev[1])
             self._flush()
-            self._close_transport()
+        elif kind == _WS_CLOSE:
+            self._set_reason("peer_close")
+            self.ws.receive_close(ev[1])  # echo the peer's code, then drop TCP (server side)
+            self._flush()
         elif kind == _WS_BINARY:
             self._bad_input("binary frame")
         else:  # WS_FAIL: (kind, code, reason)
@@ -437,18 +424,14 @@ class Conn(asyncio.Protocol):
     def _fail(self, code: int, reason: str) -> None:
         """Fail the connection: close frame with `code`, then drop TCP."""
         self._set_reason("too_big" if code == 1009 else "protocol_error")
-        self._doomed = True
+        self.ws.stop_reading()
         self.stats.protocol_errors += 1
         log.info("connection %s: closing (%d %s)", self.remote, code, reason)
-        if self._open:
-            self._open = False
-            self._close_sent = True
-            self._out.append(_close_frame(code, reason))
+        self.ws.fail(code, reason)
         self._flush()
-        self._close_transport()
 
     def _on_text(self, data: bytes) -> None:
-        if self.state is not ConnState.CONNECTED or self._ignore_text:
+        if self._ignore_text:
             return
         try:
             msg = _parse(data, self.allowed)
@@ -461,7 +444,7 @@ class Conn(asyncio.Protocol):
         now = self.loop.time()
         bucket = self._bucket
         if bucket is not None and not bucket.take(now):
-            self.server.reject("rate_limited")
+            self._listener.reject("rate_limited")
             if self.config.rate_limit_action == "close":
                 # ignore further messages, but keep reading control frames:
                 # the client's answer to our close frame ends the connection
@@ -484,21 +467,20 @@ class Conn(asyncio.Protocol):
 
     def _bad_input(self, why: str) -> None:
         self._set_reason("bad_input")
-        self._doomed = True
+        self.ws.stop_reading()
         self.stats.protocol_errors += 1
         log.info("connection %s: closing on bad input: %s", self.remote, why)
         if self._worker is None:
-            self._flush()
             self._close_transport()
         else:
             self._inbox.append(_BAD)
 
     async def _work(self) -> None:
         inbox = self._inbox
-        chain_in = self.server._chain_in
-        chain_out = self.server._chain_out
+        chain_in = self.context.chain_in
+        chain_out = self.context.chain_out
         try:
-            while inbox and not self._closed:
+            while inbox and self.state is not _CLOSED:
                 item = inbox.popleft()
                 if self._paused and len(inbox) <= self.config.max_pending // 2 and self.transport is not None:
                     self._paused = False
@@ -508,7 +490,6 @@ class Conn(asyncio.Protocol):
                     if self.close_reason == "rate_limited":
                         self.close(1008, "rate limit exceeded")
                         return
-                    self._flush()
                     self._close_transport()
                     return
                 if item.__class__ is _Refused:
@@ -538,7 +519,7 @@ class Conn(asyncio.Protocol):
                         )
         finally:
             self._worker = None
-            if inbox and not self._closed:  # raced with a close/return: restart
+            if inbox and not self.closed:  # raced with a close/return: restart
                 self._worker = self.loop.create_task(self._work())
 
     async def process(self, msg: ClientMessage) -> None:
@@ -547,35 +528,33 @@ class Conn(asyncio.Protocol):
         if self.identity is not None and t != UNSB:
             refusal = self.identity.check(_KIND[t], msg.uri if t == CALL else msg.channel)
             if refusal is not None:
-                self.server.reject("unauthorized" if refusal[0] == 401 else "forbidden")
+                self._listener.reject("unauthorized" if refusal[0] == 401 else "forbidden")
                 self.nack(msg, *refusal)
                 return
         if t == CALL:
             uri = msg.uri
-            if self.server.draining:
-                self.server.reject("draining")
+            if self._listener.draining:
+                self._listener.reject("draining")
                 self.nack(msg, 503, "server shutting down")
                 return
             cap = self.config.max_inflight_calls
             if cap and self.inflight >= cap:
-                self.server.reject("inflight_limit")
+                self._listener.reject("inflight_limit")
                 self.nack(msg, 429, f"too many calls in flight (max {cap})")
                 return
             ms = call_timeout_ms(msg.timeout_ns, self.config.call_timeout_ms)
             if ms <= 0:
                 self.nack(msg, 500, f"invalid call timeout: {msg.timeout_ns} ns")
                 return
-            server = self.server
-            other = server._pending.get(msg.uuid)
-            if other is not None and other[0] is not self and not other[0].closed:
+            pending = self._pending
+            if not pending.add(msg.uuid, self, ms, self.loop.time()):
                 # results route by msg_uuid: another connection's live call keeps it
                 self.nack(msg, 500, "duplicate message uuid")
                 return
-            server._pending_add(msg.uuid, self, ms)
             try:
                 await self.broker.call(msg.uuid, uri, msg.args, ms)
             except Exception as exc:
-                server._pending_drop(msg.uuid)
+                pending.pop(msg.uuid)
                 self.nack(msg, 500, str(exc) or type(exc).__name__)
                 return
             self.stats.calls += 1
@@ -592,7 +571,7 @@ class Conn(asyncio.Protocol):
             key = (msg.pattern, msg.channel)
             cap = self.config.max_subscriptions
             if cap and key not in self._subs and len(self._subs) >= cap:
-                self.server.reject("subscription_limit")
+                self._listener.reject("subscription_limit")
                 self.nack(msg, 500, f"too many subscriptions (max {cap})")
                 return
             try:
@@ -624,7 +603,7 @@ class Conn(asyncio.Protocol):
         self.send(RES, for_uuid, _build_res(for_uuid, uri, args))
 
     def _on_event(self, event: Event) -> None:
-        if self._closed:
+        if self.state is _CLOSED:
             return
         self.stats.events += 1
         self.send(EVNT, event.msg_uuid, _build_evnt(event.msg_uuid, event.channel, event.pattern, event.args))
@@ -632,15 +611,15 @@ class Conn(asyncio.Protocol):
     def send(self, msg_type: int, for_uuid: str, frame: bytes) -> None:
         """Queue one server frame (through the outgoing handler chain, if any)."""
         if self._chained:
-            if self._closed:
+            if self.closed:
                 return
             if len(self._inbox) >= self.config.max_outbound:
                 # the handler chain cannot keep up with what this client is sent
                 log.warning("connection %s: %d messages queued; dropping the connection",
                             self.remote, len(self._inbox))
-                self.server.reject("slow_consumer")
+                self._listener.reject("slow_consumer")
                 self._set_reason("slow_consumer")
-                self._abort()
+                self.abort()
                 return
             self._inbox.append(Outgoing(msg_type, for_uuid, frame))
             if self._worker is None:
@@ -654,18 +633,17 @@ class Conn(asyncio.Protocol):
 
     def write(self, msg_type: int, frame: bytes) -> bool:
         """Write one text frame now (coalesced with the others of this loop turn)."""
-        if not self._open:
+        ws = self.ws
+        if ws.state is not OPEN:
             return False
-        n = len(frame)
         limit = self.config.write_limit
-        if limit and n > limit:
-            log.warning("connection %s: a %d-byte message exceeds write_limit %d; closing", self.remote, n, limit)
+        if limit and len(frame) > limit:
+            log.warning("connection %s: a %d-byte message exceeds write_limit %d; closing", self.remote,
+                        len(frame), limit)
             self._set_reason("too_big")
             self.close(1009, "message too big")
             return False
-        out = self._out
-        out.append(_ws_header(n))
-        out.append(frame)
+        ws.send_text(frame)
         self.stats.written[msg_type] += 1
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -673,28 +651,25 @@ class Conn(asyncio.Protocol):
         return True
 
     def _flush(self) -> None:
+        """Write what the websocket protocol has to send, in one ``write``;
+        close the transport when it says so."""
         self._flush_scheduled = False
-        transport = self.transport
-        if transport is None or self._closed or transport.is_closing():
-            self._out.clear()
-            self.proto.data_to_send()
+        data = self.ws.data_to_send()
+        if not data:
             return
-        chunks = self._out
-        self._out = []
-        eof = False
-        for d in self.proto.data_to_send():
-            if d:
-                chunks.append(d)
-            else:
-                eof = True
-        if chunks:
-            transport.write(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+        transport = self.transport
+        if transport is None or self.state is _CLOSED or transport.is_closing():
+            return
+        eof = not data[-1]
+        chunk = data[0] if len(data) == 1 else b"".join(data)
+        if chunk:
+            transport.write(chunk)
             if transport.get_write_buffer_size() > self.config.max_write_buffer:
                 log.warning("connection %s: %d bytes unread; dropping the connection", self.remote,
                             transport.get_write_buffer_size())
-                self.server.reject("slow_consumer")
+                self._listener.reject("slow_consumer")
                 self._set_reason("slow_consumer")
-                self._abort()
+                self.abort()
                 return
         if eof:
             transport.close()
@@ -704,25 +679,21 @@ class Conn(asyncio.Protocol):
     def close(self, code: int = 1000, reason: str = "") -> None:
         """Start the closing handshake; the TCP connection is dropped after
         ``close_timeout`` if the peer does not answer. Idempotent."""
-        if self._closed:
+        if self.closed:
             return
-        self._set_reason({1000: "server_close", 1001: "shutdown", 1008: "policy", 1011: "internal_error"}.get(
-            code, f"close_{code}"))
-        if self._open:
-            self._open = False
-            self._close_sent = True
-            self._out.append(_close_frame(code, reason))
+        self._set_reason(_CLOSE_REASONS.get(code) or f"close_{code}")
+        if self.ws.send_close(code, reason):
             self._flush()
-            self.loop.call_later(self.config.close_timeout or 1.0, self._abort)
+            self.loop.call_later(self.config.close_timeout or 1.0, self.abort)
         else:
-            self._flush()
             self._close_transport()
 
     def _close_transport(self) -> None:
-        self._open = False
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+        """Write what is queued, then close the TCP connection (no close frame)."""
+        self.ws.send_eof()
+        self._flush()
 
-    def _abort(self) -> None:
-        if self.transport is not None and not self._closed:
+    def abort(self) -> None:
+        """Drop the TCP connection now, without a closing handshake or what is queued."""
+        if self.transport is not None and not self.closed:
             self.transport.abort()

@@ -8,13 +8,10 @@ handlers (e.g. static files) can be added next to it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
-
-if TYPE_CHECKING:
-    from juggler.conn import Conn
 
 __all__ = ["HEALTH_PATH", "http_response"]
 
@@ -30,11 +27,11 @@ def _response(status: int, reason: str, body: bytes) -> Response:
     return Response(status, reason, headers, body)
 
 
-def http_response(conn: Conn, request: Request) -> Any:
+def http_response(request: Request, *, draining: bool) -> Any:
     """A Response for plain-HTTP paths this server answers itself, else None."""
     path = request.path.split("?", 1)[0]
     if path == HEALTH_PATH:
-        if conn.server.draining:
+        if draining:
             return _response(503, "Service Unavailable", b"draining\n")
         return _response(200, "OK", b"ok\n")
     return None

@@ -136,7 +136,7 @@ def server_gauges(server: Any) -> Callable[[], dict[str, tuple[str, float]]]:
         inbox = 0
         wbuf = 0
         for c in conns:
-            inbox += len(c._inbox)
+            inbox += c.queued
             t = c.transport
             if t is not None:
                 try:
@@ -144,7 +144,7 @@ def server_gauges(server: Any) -> Callable[[], dict[str, tuple[str, float]]]:
                 except Exception:
                     pass
         out = {
-            "juggler_pending_calls": ("Calls ACKed and waiting for their result", float(len(server._pending))),
+            "juggler_pending_calls": ("Calls ACKed and waiting for their result", float(server.pending_calls)),
             "juggler_inbox_messages": ("Messages queued in connections (incoming and outgoing)", float(inbox)),
             "juggler_write_buffer_bytes": ("Bytes written and not yet sent, all connections", float(wbuf)),
             "juggler_tcp_connections": ("TCP connections (handshaking included)", float(len(conns))),

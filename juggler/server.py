@@ -9,8 +9,13 @@
 
 Process-wide resources (not per connection): results come back through the
 broker's ONE results sink and are routed here by ``msg_uuid`` to the
-connection that made the call; events come through the broker's shared
-pub-sub fan-out with reference-counted subscriptions.
+connection that made the call (:class:`juggler.pending.PendingCalls`, which
+forgets calls whose timeout has passed); events come through the broker's
+shared pub-sub fan-out with reference-counted subscriptions. Each connection
+is handed :attr:`Server.conn_context` (a :class:`juggler.conn.ConnContext`):
+the configuration, counters, brokers, pending-call table, middleware chains
+and the server's side of the connection lifecycle; it knows nothing else of
+the server.
 
 Handler chain: ``middleware`` is a sequence of
 ``async def mw(conn, msg, next_handler)``. Each sees every incoming message
@@ -42,6 +47,7 @@ with the reason.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -49,8 +55,9 @@ from typing import Any
 
 from juggler.broker.base import Result
 from juggler.config import ServerConfig
-from juggler.conn import Conn, ConnState, Handler, Middleware
+from juggler.conn import Conn, ConnContext, ConnState, Handler, Middleware
 from juggler.metrics import ServerStats
+from juggler.pending import PendingCalls
 from juggler.static_files import StaticSite
 
 __all__ = ["Conn", "ConnState", "Middleware", "Server"]
@@ -93,23 +100,47 @@ class Server:
         self.middleware = tuple(middleware)
         self.on_conn_state = on_conn_state
         self.stats = stats or ServerStats()
-        #: answers plain HTTP requests to other paths than the websocket one (else 404)
-        self.http = http
-        self.auth = auth
+        self._http = http
+        self._auth = auth
         self.conns: set[Conn] = set()
         self.draining = False
         self._pending_changed: asyncio.Event | None = None
-        self._chain_in: Handler | None = None
-        self._chain_out: Handler | None = None
+        chain_in: Handler | None = None
+        chain_out: Handler | None = None
         if self.middleware:
-            self._chain_in = _chain(self.middleware, Conn.process)  # type: ignore[arg-type]
-            self._chain_out = _chain(self.middleware, Conn.write_outgoing)  # type: ignore[arg-type]
-        # msg_uuid -> (conn, deadline): calls waiting for their result
-        self._pending: dict[str, tuple[Conn, float]] = {}
-        self._sweeper: asyncio.TimerHandle | None = None
+            chain_in = _chain(self.middleware, Conn.process)  # type: ignore[arg-type]
+            chain_out = _chain(self.middleware, Conn.write_outgoing)  # type: ignore[arg-type]
+        # calls waiting for their result, routed by msg_uuid (expiring on their own timer)
+        self._pending: PendingCalls[Conn] = PendingCalls()
+        #: what each connection is handed: all it knows of this server
+        self.conn_context = ConnContext(
+            config=self.config, stats=self.stats, broker=self.broker, pubsub=self.pubsub,
+            pending=self._pending, listener=_Listener(self), chain_in=chain_in, chain_out=chain_out,
+            http=http, auth=auth,
+        )
         self._server: asyncio.AbstractServer | None = None
         self._closed: asyncio.Event | None = None
         self._closing = False
+
+    @property
+    def http(self) -> StaticSite | None:
+        """Answers plain HTTP requests to other paths than the websocket one (else 404)."""
+        return self._http
+
+    @http.setter
+    def http(self, site: StaticSite | None) -> None:
+        self._http = site
+        self.conn_context = dataclasses.replace(self.conn_context, http=site)
+
+    @property
+    def auth(self) -> Any:
+        """Authenticates each handshake and authorizes each CALL/PUB/SUB (a :class:`juggler.auth.Auth`)."""
+        return self._auth
+
+    @auth.setter
+    def auth(self, auth: Any) -> None:
+        self._auth = auth
+        self.conn_context = dataclasses.replace(self.conn_context, auth=auth)
 
     # lifecycle ------------------------------------------------------------------
 
@@ -122,9 +153,8 @@ class Server:
         self.broker.on_result(self._on_result)
         cfg = self.config
         self._server = await loop.create_server(
-            lambda: Conn(self), cfg.host, cfg.port, reuse_address=True, backlog=1024
+            lambda: Conn(self.conn_context), cfg.host, cfg.port, reuse_address=True, backlog=1024
         )
-        self._sweeper = loop.call_later(1.0, self._sweep)
 
     @property
     def port(self) -> int:
@@ -160,8 +190,6 @@ class Server:
         self.draining = True
         self._server.close()
         await self._drain_calls()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
         conns = list(self.conns)
         for c in conns:
             c.close(1001, "server shutting down")
@@ -170,7 +198,7 @@ class Server:
             _, pending = await asyncio.wait(waits, timeout=self.config.close_timeout)
             for c in conns:
                 if not c.closed:
-                    c._abort()
+                    c.abort()
             for w in pending:
                 w.cancel()
             if pending:
@@ -188,6 +216,7 @@ class Server:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         self._pending_changed = asyncio.Event()
+        self._pending.on_change = self._pending_changed.set
         n = self._live_pending()
         if n:
             log.info("draining: %d calls in flight (up to %.1fs)", n, timeout)
@@ -202,112 +231,107 @@ class Server:
             log.warning("drain deadline passed with %d calls in flight", n)
 
     def _live_pending(self) -> int:
-        now = asyncio.get_running_loop().time()
-        return sum(1 for c, deadline in self._pending.values() if not c.closed and deadline > now)
+        return self._pending.live(asyncio.get_running_loop().time())
 
     def reject(self, reason: str) -> None:
         """Count one refusal (``juggler_rejections_total{reason}``)."""
         r = self.stats.rejections
         r[reason] = r.get(reason, 0) + 1
 
-    # connections ----------------------------------------------------------------
-
-    def _conn_made(self, conn: Conn) -> None:
-        if self._closing:
-            conn._abort()
-            return
-        self.conns.add(conn)
-
-    def _conn_state(self, conn: Conn, state: ConnState) -> None:
-        if self.on_conn_state is not None:
-            self.on_conn_state(conn, state)
-
-    def _conn_connected(self, conn: Conn) -> None:
-        self.stats.connections_total += 1
-        self.stats.connections_active += 1
-        if self.config.log_connections and access_log.isEnabledFor(logging.INFO):
-            ident = conn.identity.name if conn.identity is not None else "-"
-            access_log.info("event=open conn=%s remote=%s identity=%s active=%d", conn.id,
-                            _fmt_remote(conn.remote), ident, self.stats.connections_active)
-        try:
-            self._conn_state(conn, ConnState.CONNECTED)
-        except Exception:
-            self.stats.recovered += 1
-            log.exception("on_conn_state(CONNECTED) failed; closing %s", conn.remote)
-            conn.close(1011, "internal error")
-
-    def _conn_lost(self, conn: Conn, was_connected: bool) -> None:
-        self.conns.discard(conn)
-        reason = conn.close_reason or ("peer_gone" if was_connected else "handshake_incomplete")
-        closed = self.stats.closed
-        closed[reason] = closed.get(reason, 0) + 1
-        if self.config.log_connections and access_log.isEnabledFor(logging.INFO):
-            if was_connected:
-                access_log.info(
-                    "event=close conn=%s remote=%s reason=%s duration=%.3f msgs_in=%d active=%d",
-                    conn.id, _fmt_remote(conn.remote), reason, conn.loop.time() - conn.opened_at,
-                    conn.messages_in, self.stats.connections_active - 1,
-                )
-            elif conn.close_reason is not None and conn.close_reason != "http":  # not every /healthz probe
-                access_log.info("event=refused conn=%s remote=%s reason=%s", conn.id, _fmt_remote(conn.remote),
-                                reason)
-        if was_connected:
-            self.stats.connections_active -= 1
-            task = asyncio.get_running_loop().create_task(self._forget(conn))
-            task.add_done_callback(_log_task_error)
-        try:
-            self._conn_state(conn, ConnState.CLOSED)
-        except Exception:
-            self.stats.recovered += 1
-            log.exception("on_conn_state(CLOSED) failed")
-
-    async def _forget(self, conn: Conn) -> None:
-        await self.pubsub.unsubscribe_all(conn)
-
     # results routing ------------------------------------------------------------
 
-    def _pending_add(self, msg_uuid: str, conn: Conn, timeout_ms: int) -> None:
-        old = self._pending.get(msg_uuid)
-        if old is not None:
-            old[0].inflight -= 1
-        self._pending[msg_uuid] = (conn, conn.loop.time() + timeout_ms / 1000.0)
-        conn.inflight += 1
-
-    def _pending_drop(self, msg_uuid: str) -> None:
-        entry = self._pending.pop(msg_uuid, None)
-        if entry is not None:
-            entry[0].inflight -= 1
-
     def _on_result(self, result: Result) -> None:
-        entry = self._pending.pop(result.msg_uuid, None)
-        if self._pending_changed is not None:
-            self._pending_changed.set()
-        if entry is None:
+        conn = self._pending.pop(result.msg_uuid)
+        if conn is None:
             self.stats.expired_results += 1  # a late result
             return
-        conn = entry[0]
-        conn.inflight -= 1
         if conn.closed:
             self.stats.expired_results += 1  # its caller has gone
             return
         conn.send_res(result.msg_uuid, result.uri, result.args)
 
-    def _sweep(self) -> None:
-        """Forget calls whose timeout has passed (their results can no longer come)."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        pending = self._pending
-        if pending:
-            stale = [u for u, (c, deadline) in pending.items() if deadline + 1.0 < now or c.closed]
-            for u in stale:
-                pending.pop(u)[0].inflight -= 1
-            if stale and self._pending_changed is not None:
-                self._pending_changed.set()
-        self._sweeper = loop.call_later(1.0, self._sweep)
-
     @property
     def pending_calls(self) -> int:
+        """Calls ACKed and waiting for their result."""
         return len(self._pending)
+
+
+class _Listener:
+    """The server's side of each connection's lifecycle (a ``ConnListener``):
+    the set of connections, the counters, the access log, ``on_conn_state``."""
+
+    __slots__ = ("server",)
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    @property
+    def draining(self) -> bool:
+        return self.server.draining
+
+    def reject(self, reason: str) -> None:
+        self.server.reject(reason)
+
+    def conn_opened(self, conn: Conn) -> bool:
+        server = self.server
+        if server._closing:
+            return False
+        server.conns.add(conn)
+        return True
+
+    def conn_accepting(self, conn: Conn) -> None:
+        cb = self.server.on_conn_state
+        if cb is not None:
+            cb(conn, ConnState.ACCEPTING)
+
+    def conn_connected(self, conn: Conn) -> None:
+        server = self.server
+        stats = server.stats
+        stats.connections_total += 1
+        stats.connections_active += 1
+        if server.config.log_connections and access_log.isEnabledFor(logging.INFO):
+            ident = conn.identity.name if conn.identity is not None else "-"
+            access_log.info("event=open conn=%s remote=%s identity=%s active=%d", conn.id,
+                            _fmt_remote(conn.remote), ident, stats.connections_active)
+        if not self._notify(conn, ConnState.CONNECTED):
+            conn.close(1011, "internal error")
+
+    def conn_closed(self, conn: Conn, was_connected: bool) -> None:
+        server = self.server
+        stats = server.stats
+        server.conns.discard(conn)
+        reason = conn.close_reason or ("peer_gone" if was_connected else "handshake_incomplete")
+        closed = stats.closed
+        closed[reason] = closed.get(reason, 0) + 1
+        if server.config.log_connections and access_log.isEnabledFor(logging.INFO):
+            if was_connected:
+                access_log.info(
+                    "event=close conn=%s remote=%s reason=%s duration=%.3f msgs_in=%d active=%d",
+                    conn.id, _fmt_remote(conn.remote), reason, conn.loop.time() - conn.opened_at,
+                    conn.messages_in, stats.connections_active - 1,
+                )
+            elif conn.close_reason is not None and conn.close_reason != "http":  # not every /healthz probe
+                access_log.info("event=refused conn=%s remote=%s reason=%s", conn.id, _fmt_remote(conn.remote),
+                                reason)
+        if was_connected:
+            stats.connections_active -= 1
+            task = asyncio.get_running_loop().create_task(server.pubsub.unsubscribe_all(conn))
+            task.add_done_callback(_log_task_error)
+        self._notify(conn, ConnState.CLOSED)
+
+    def _notify(self, conn: Conn, state: ConnState) -> bool:
+        """``on_conn_state(conn, state)``; False (logged, counted) if it raised."""
+        server = self.server
+        cb = server.on_conn_state
+        if cb is None:
+            return True
+        try:
+            cb(conn, state)
+        except Exception:
+            server.stats.recovered += 1
+            log.exception("on_conn_state(%s) failed on %s", state.name, conn.remote)
+            return False
+        return True
 
 
 def _fmt_remote(remote: Any) -> str:

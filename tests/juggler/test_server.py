@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from test_wsproto import REQUEST, masked
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -610,38 +611,21 @@ async def test_subscriptions_per_connection_are_capped() -> None:
         assert (await recv(c))["meta"]["type"] == 8
 
 
-UPGRADE_REQUEST = (
-    b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
-    b"Sec-WebSocket-Protocol: juggler.0\r\n\r\n"
-)
-"""A raw websocket upgrade request, for tests that write frames right after it."""
-
-
-def _masked(payload: bytes, opcode: int = 1, fin: bool = True) -> bytes:
-    """One client frame (masked, RFC 6455 5.3)."""
-    mask = os.urandom(4)
-    n = len(payload)
-    head = bytes([(0x80 if fin else 0) | opcode])
-    head += bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big")
-    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-
-
 async def test_frames_sent_with_the_handshake_are_read() -> None:
     """Frames a client sends with the upgrade request, without waiting for the
     101, are read: a whole one and the first fragment of a message whose
     continuation comes later."""
     whole, whole_frame = call("test.echo", "with the handshake")
     frag, frag_frame = call("test.echo", "split over the switch")
-    request = UPGRADE_REQUEST
+    request = REQUEST
     first, rest = frag_frame.encode()[:20], frag_frame.encode()[20:]
     async with stack() as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         try:
-            writer.write(request + _masked(whole_frame.encode()) + _masked(first, fin=False))
+            writer.write(request + masked(whole_frame.encode()) + masked(first, fin=False))
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
             assert head.startswith(b"HTTP/1.1 101")
-            writer.write(_masked(rest, opcode=0))
+            writer.write(masked(rest, opcode=0))
             acked: list[str] = []
             while len(acked) < 2:
                 b0, b1 = await asyncio.wait_for(reader.readexactly(2), 5)
@@ -663,15 +647,15 @@ async def test_a_frame_split_across_the_handshake_read_is_read() -> None:
     in a later read is one frame, not a protocol error (a client that does
     not wait for the 101)."""
     uuid, frame = call("test.echo", "split inside one frame")
-    request = UPGRADE_REQUEST
-    masked = _masked(frame.encode())
+    request = REQUEST
+    data = masked(frame.encode())
     async with stack() as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         try:
-            writer.write(request + masked[:9])  # header, mask and 1 payload byte
+            writer.write(request + data[:9])  # header, mask and 1 payload byte
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
             assert head.startswith(b"HTTP/1.1 101")
-            writer.write(masked[9:])
+            writer.write(data[9:])
             while True:
                 b0, b1 = await asyncio.wait_for(reader.readexactly(2), 5)
                 assert b0 == 0x81, f"server sent opcode {b0 & 0x0F} (8 is a close)"
