@@ -1,7 +1,7 @@
 """Broker interfaces: what the server and the callees need from a broker.
 
 Two implementations exist behind these interfaces: ``memory.py`` (one
-process, the embedded default) and ``redis.py`` (Redis and Redis Cluster,
+process, the embedded default) and ``redis/`` (Redis and Redis Cluster,
 the exact key layout of protocols/juggler.md). Payloads stay raw JSON bytes
 end to end: a broker never decodes ``args``.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
 from juggler.errors import JugglerError
 
@@ -119,3 +119,21 @@ class Broker(Protocol):
 
     async def aclose(self) -> None:
         """Idempotent; stops listeners and closes connections."""
+
+
+class BrokerBase:
+    """The async-context-manager half of a broker's lifecycle: ``async with``
+    starts it and closes it (subclasses implement ``start`` and ``aclose``)."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

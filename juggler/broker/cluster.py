@@ -38,13 +38,24 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from juggler.broker.resp import RedisAddress, RedisConnectionError, RedisReplyError, RespConnection, RespPool
+from juggler.broker.resp import (
+    RedisAddress,
+    RedisConnectionError,
+    RedisReplyError,
+    RespConnection,
+    RespPool,
+)
+from rustext.backoff import Backoff, BackoffPolicy
 
 __all__ = ["ClusterRouter", "SingleRouter", "cluster_error_kind", "key_slot"]
 
 log = logging.getLogger("juggler.broker.redis")
 
 T = TypeVar("T")
+
+#: how :meth:`ClusterRouter.run` spaces its retries (each delay jittered; the
+#: deadline ``retry_timeout`` bounds them all)
+RETRY_BACKOFF = BackoffPolicy(initial=0.02, maximum=0.5)
 
 _RETRY_PREFIXES = ("CLUSTERDOWN", "TRYAGAIN", "LOADING", "READONLY", "MASTERDOWN")
 
@@ -292,7 +303,7 @@ class ClusterRouter:
         retrying cluster/connection errors for up to ``retry_timeout`` s."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.retry_timeout
-        backoff = 0.02
+        backoff = Backoff(RETRY_BACKOFF)
         ask: RedisAddress | None = None
         redirects = 0
         while True:
@@ -328,10 +339,10 @@ class ClusterRouter:
                 else:
                     self.request_refresh()
                 self.retries += 1
-                if loop.time() + backoff > deadline:
+                delay = backoff.next_delay()
+                if loop.time() + delay > deadline:
                     raise
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 0.5)
+                await asyncio.sleep(delay)
 
     @property
     def closed(self) -> bool:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import rustext
 
 from juggler.broker.base import (
+    BrokerBase,
     BrokerError,
     Call,
     CapacityExceeded,
@@ -94,7 +95,7 @@ class _Subs:
     handlers: dict[object, EventHandler] = field(default_factory=dict)
 
 
-class MemoryBroker:
+class MemoryBroker(BrokerBase):
     """CallerBroker + CalleeBroker + PubSubBroker in one process (see module doc).
 
     Lifecycle: ``await start()``, use, ``await aclose()`` (idempotent: ends
@@ -127,13 +128,6 @@ class MemoryBroker:
 
     async def start(self) -> None:
         return None
-
-    async def __aenter__(self) -> MemoryBroker:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         if self._closed:

@@ -44,6 +44,7 @@ __all__ = [
     "RespConnection",
     "RespPool",
     "Script",
+    "evalsha",
     "pack_command",
 ]
 
@@ -439,15 +440,7 @@ class RespPool:
         return await conn.execute(*args, timeout=timeout)
 
     async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
-        conn = await self.connection()
-        (fut,) = conn.execute_packed(script.pack(keys, args))
-        try:
-            return await fut
-        except RedisReplyError as exc:
-            if not str(exc).startswith("NOSCRIPT"):
-                raise
-        (fut,) = conn.execute_packed(script.pack_eval(keys, args))
-        return await fut
+        return await evalsha(await self.connection(), script, keys, args)
 
     async def evalsha_many(self, script: Script, calls: Sequence[tuple[Sequence[Arg], Sequence[Arg]]]) -> list[Any]:
         """Run `script` once per (keys, args), pipelined; returns replies or
@@ -474,3 +467,15 @@ class RespPool:
         for c in self._conns:
             c.close()
         self._conns.clear()
+
+
+async def evalsha(conn: RespConnection, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+    """EVALSHA on `conn`, EVAL on NOSCRIPT (a promoted replica may not have the script)."""
+    (fut,) = conn.execute_packed(script.pack(keys, args))
+    try:
+        return await fut
+    except RedisReplyError as exc:
+        if not str(exc).startswith("NOSCRIPT"):
+            raise
+    (fut,) = conn.execute_packed(script.pack_eval(keys, args))
+    return await fut

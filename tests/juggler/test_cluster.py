@@ -204,7 +204,7 @@ async def test_master_failover_is_survived(cluster_seeds: str, redis_cluster: Re
             ports = [a.port for a in router._primaries]
             router._pubsub_index = ports.index(victim) - 1
             await d.sub("after")
-            assert broker._pubsub is not None and broker._pubsub.address.port == victim
+            assert broker._fanout.conn is not None and broker._fanout.conn.address.port == victim
             assert await c.call("test.echo", "before", timeout=10) == "before"
             killed = redis_cluster.kill(victim)
 
@@ -241,15 +241,15 @@ async def test_master_failover_is_survived(cluster_seeds: str, redis_cluster: Re
             else:
                 raise AssertionError("no event after the failover")
             assert ev.channel == "after"
-            assert broker._pubsub.address.port != victim
+            assert broker._fanout.conn.address.port != victim
 
             # no leak: connections only to live primaries, a bounded number
             live = {n.port for n in redis_cluster.live()}
             pools = broker.router._pools
             assert {hp[1] for hp in pools} <= live
             assert broker.router.connections <= 3 * broker.config.pool_size
-            assert all(not conn.closed for conn in broker._blocking)
-            assert len(broker._blocking) <= 1
+            assert all(not conn.closed for conn in broker._pops.connections)
+            assert len(broker._pops.connections) <= 1
     # the session's cluster whole again: the killed node rejoins as a replica
     redis_cluster.restart(killed)
     redis_cluster.wait_ok(30)

@@ -1,0 +1,304 @@
+"""Blocking pops: the broker's listeners of Redis lists.
+
+Each stream of pops owns one dedicated connection (blocking commands hold
+it). With Redis >= 7 a popped batch's pop check (one script run: PTTL + DEL
+of every TTL key) and the next ``BLMPOP`` go out in one write, so a batch
+costs one round trip; before 7, ``BRPOP`` + ``RPOP count``. A failure
+reconnects with the suite's backoff (``rustext.backoff``). Calls are never
+lost to a cancellation: popped-but-unchecked calls go back to their lists as
+they were, checked-but-unserved ones with their remaining TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import rustext
+from juggler.broker.base import BrokerError
+from juggler.broker.cluster import ClusterRouter, SingleRouter, cluster_error_kind
+from juggler.broker.redis.config import RedisBrokerConfig, RedisBrokerStats
+from juggler.broker.redis.keys import (
+    POP_CHECK_MANY_SCRIPT,
+    POP_CHECK_SCRIPT,
+    REQUEUE_SCRIPT,
+    call_key,
+    call_ttl_key,
+)
+from juggler.broker.resp import RedisReplyError, RespConnection
+from rustext.backoff import Backoff, BackoffPolicy
+
+__all__ = ["RECONNECT_BACKOFF", "BlockingPops", "parse_payloads"]
+
+log = logging.getLogger("juggler.broker.redis")
+
+#: how the broker's listeners retry a lost Redis connection
+RECONNECT_BACKOFF = BackoffPolicy(initial=0.05, maximum=2.0)
+
+
+class BlockingPops:
+    """The blocking-pop streams of one broker and what they leave behind (see module doc)."""
+
+    def __init__(self, router: SingleRouter | ClusterRouter, config: RedisBrokerConfig,
+                 stats: RedisBrokerStats) -> None:
+        self.router = router
+        self.config = config
+        self.stats = stats
+        #: the dedicated connections of the streams running now
+        self.connections: set[RespConnection] = set()
+        #: False on Redis < 7 (BRPOP + RPOP count instead of BLMPOP)
+        self.has_blmpop = True
+        self.closed = False
+        self._orphans: set[asyncio.Future[Any]] = set()
+        self._requeues: set[asyncio.Task[None]] = set()
+
+    async def aclose(self) -> None:
+        """Let the pops and requeues in flight finish (calls they hold go back), then close."""
+        self.closed = True
+        if self._orphans:
+            # blocking pops still in flight may hold calls: let them answer
+            await asyncio.wait(set(self._orphans), timeout=self.config.block_timeout + 1.0)
+        if self._requeues:
+            await asyncio.wait(set(self._requeues), timeout=self.config.command_timeout)
+        for conn in list(self.connections):
+            conn.close()
+
+    async def pops(
+        self, keys: list[str], batch: int, what: str, ttl_key: Any, leftovers: list[tuple[bytes, bytes]] | None = None
+    ) -> AsyncIterator[tuple[list[Any], list[Any]]]:
+        """Yield (parsed payloads, their pop-check PTTLs) popped from `keys`, forever.
+
+        One dedicated connection. With Redis >= 7 each batch's pop check and
+        the next ``BLMPOP`` go out in one write on that connection (Redis
+        runs the check, then blocks), so a batch costs one round trip. On
+        failure it reconnects with a backoff. A pop whose reply is still in
+        flight when the stream is cancelled or closed is not lost: with
+        `leftovers` given, the pop is cut short with ``CLIENT UNBLOCK`` and
+        whatever it popped (unchecked, TTL keys intact) is appended there;
+        otherwise the reply goes to :meth:`_orphaned` when it comes.
+        """
+        backoff = Backoff(RECONNECT_BACKOFF)
+        conn: RespConnection | None = None
+        block = self.config.block_timeout
+        timeout = block + self.config.command_timeout
+        fut: asyncio.Future[Any] | None = None
+
+        keys = list(keys)
+
+        def blocking_pop(c: RespConnection) -> asyncio.Future[Any]:
+            # BLMPOP/BRPOP serve the first non-empty key: rotating the order
+            # keeps one busy URI from starving the others
+            if len(keys) > 1:
+                keys.append(keys.pop(0))
+            if self.has_blmpop:
+                return c.execute("BLMPOP", block, len(keys), *keys, "RIGHT", "COUNT", batch, timeout=timeout)
+            return c.execute("BRPOP", *keys, block, timeout=timeout)
+
+        try:
+            while not self.closed:
+                if conn is None or conn.closed:
+                    fut = None
+                    if conn is not None:
+                        self.connections.discard(conn)
+                        conn = None
+                    try:
+                        # a cluster: the node serving these keys' slot (they share one)
+                        conn = await RespConnection.open(
+                            self.router.address_for(keys[0]), connect_timeout=self.config.connect_timeout,
+                            command_timeout=self.config.command_timeout,
+                        )
+                        self.connections.add(conn)
+                        client_id = await conn.execute("CLIENT", "ID")
+                        backoff.reset()
+                    except BrokerError as exc:
+                        if conn is not None:
+                            self.connections.discard(conn)
+                            conn.close()
+                            conn = None
+                        self.router.request_refresh()
+                        delay = backoff.next_delay()
+                        log.warning("%s listener: %s; retrying in %.2fs", what, exc, delay)
+                        await asyncio.sleep(delay)
+                        continue
+                if fut is None:
+                    fut = blocking_pop(conn)
+                try:
+                    reply = await asyncio.shield(fut)
+                    fut = None
+                except RedisReplyError as exc:
+                    fut = None
+                    if self.has_blmpop and "unknown command" in str(exc).lower():
+                        self.has_blmpop = False
+                        continue
+                    if cluster_error_kind(exc) is not None:
+                        # MOVED (failover, resharding), CLUSTERDOWN, …: reconnect
+                        # where the slot map says (MOVED names the node)
+                        self.router.note_error(exc)
+                        conn.close()
+                    log.warning("%s listener: %s", what, exc)
+                    await backoff.sleep()
+                    continue
+                except BrokerError as exc:
+                    fut = None
+                    self.router.request_refresh()
+                    log.warning("%s listener lost its connection: %s", what, exc)
+                    await backoff.sleep()
+                    continue
+                if reply is None:
+                    continue
+                key, items = reply
+                if self.has_blmpop:
+                    payloads = list(items)
+                else:
+                    payloads = [items]
+                    if batch > 1:
+                        try:
+                            more = await conn.execute("RPOP", key, batch - 1)
+                        except BrokerError:
+                            more = None
+                        if more:
+                            payloads.extend(more)
+                parsed = parse_payloads(payloads, what)
+                if not parsed:
+                    continue
+                ttl_keys = [ttl_key(p) for p in parsed]
+                script = POP_CHECK_MANY_SCRIPT if len(ttl_keys) > 1 else POP_CHECK_SCRIPT
+                (check,) = conn.execute_packed(script.pack(ttl_keys, ()))
+                if self.has_blmpop:
+                    fut = blocking_pop(conn)  # same write as the check
+                try:
+                    pttls = await asyncio.shield(check)
+                except asyncio.CancelledError:
+                    if what == "calls":
+                        # popped and being checked: put them back once the check answers
+                        check.add_done_callback(lambda f, ps=parsed: self._requeue_checked(ps, f))
+                    raise
+                except RedisReplyError as exc:
+                    if not str(exc).startswith("NOSCRIPT"):
+                        log.warning("pop check of %d %s failed, dropping them: %s", len(parsed), what, exc)
+                        continue
+                    try:
+                        pttls = await self.router.pool_for(ttl_keys[0]).evalsha(script, ttl_keys, ())
+                    except BrokerError as exc2:
+                        log.warning("pop check of %d %s failed, dropping them: %s", len(parsed), what, exc2)
+                        continue
+                except BrokerError as exc:
+                    log.warning("pop check of %d %s failed, dropping them: %s", len(parsed), what, exc)
+                    continue
+                if not isinstance(pttls, list):
+                    pttls = [pttls]
+                yield parsed, pttls
+        finally:
+            if conn is not None and fut is not None and leftovers is not None and not self.router.closed:
+                # a pop is in flight: cut it short, keep what it popped
+                try:
+                    if not fut.done():
+                        unblock = self.router.pool_for(keys[0]).execute("CLIENT", "UNBLOCK", client_id)
+                        await asyncio.wait_for(unblock, 2.0)
+                    reply = await asyncio.wait_for(asyncio.shield(fut), 2.0)
+                    if reply:
+                        k, items = reply
+                        leftovers.extend((k, item) for item in (items if isinstance(items, list) else [items]))
+                    fut = None
+                except (BrokerError, TimeoutError):
+                    pass  # the orphan path below
+            if conn is not None:
+                if fut is not None and what == "calls":
+                    # a pop is in flight: the calls it may bring must not be lost
+                    if fut.done():
+                        self._orphaned(fut, conn)
+                    else:
+                        self._orphans.add(fut)
+                        fut.add_done_callback(lambda f, c=conn: self._orphaned(f, c))
+                else:
+                    self.connections.discard(conn)
+                    conn.close()
+
+    def _requeue_checked(self, parsed: list[Any], check: asyncio.Future[Any]) -> None:
+        if self.router.closed or check.cancelled() or check.exception() is not None:
+            return
+        pttls = check.result()
+        pttls = pttls if isinstance(pttls, list) else [pttls]
+        now = time.monotonic()
+        items = [(p, t, now) for p, t in zip(parsed, pttls, strict=True) if isinstance(t, int) and t > 0]
+        if items:
+            task = asyncio.get_running_loop().create_task(self.requeue(items))
+            self._requeues.add(task)
+            task.add_done_callback(self._requeues.discard)
+
+    def _orphaned(self, fut: asyncio.Future[Any], conn: RespConnection) -> None:
+        """The reply of a cancelled blocking pop: put calls back, drop results."""
+        self._orphans.discard(fut)
+        self.connections.discard(conn)
+        conn.close()
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        reply = fut.result()
+        if not reply:
+            return
+        key, items = reply
+        payloads = list(items) if isinstance(items, list) else [items]
+        key_s = key.decode() if isinstance(key, bytes) else key
+        if key_s.startswith("juggler:calls:") and not self.router.closed:
+            task = asyncio.get_running_loop().create_task(self._requeue_raw(key_s, payloads))
+            self._requeues.add(task)
+            task.add_done_callback(self._requeues.discard)
+        else:
+            log.info("dropping %d popped payloads of %s after cancellation", len(payloads), key_s)
+
+    async def requeue_raw_list(self, popped: list[tuple[bytes, bytes]]) -> None:
+        """Calls popped but never pop-checked (TTL keys intact), back to their lists as they were."""
+        by_key: dict[str, list[bytes]] = {}
+        for key, payload in popped:
+            by_key.setdefault(key.decode(), []).append(payload)
+        for key, items in by_key.items():
+            await asyncio.shield(self._requeue_raw(key, items))
+
+    async def _requeue_raw(self, list_key: str, payloads: list[bytes]) -> None:
+        """Calls popped without a pop check yet: their TTL keys are intact, so
+        they go back as they were (RPUSH: next to be popped)."""
+        async def push(conn: RespConnection) -> None:
+            await asyncio.gather(*[conn.execute("RPUSH", list_key, p) for p in reversed(payloads)])
+
+        try:
+            await self.router.run(list_key, push)
+        except BrokerError as exc:
+            log.warning("could not requeue %d calls on %s: %s", len(payloads), list_key, exc)
+
+    # CalleeBroker --------------------------------------------------------------
+
+    async def requeue(self, items: list[tuple[Any, int, float]]) -> None:
+        codec = rustext
+        calls = []
+        for p, pttl, at in reversed(items):
+            left = pttl - int((time.monotonic() - at) * 1000)
+            if left <= 0:
+                self.stats.expired_calls += 1
+                continue
+            payload = codec.build_call_payload(p.conn_uuid, p.msg_uuid, p.uri, p.args)
+            calls.append(((call_ttl_key(p.uri, p.msg_uuid), call_key(p.uri)), (left, payload)))
+        if not calls:
+            return
+        try:
+            if self.router.cluster:
+                by_key: dict[str, list[Any]] = {}
+                for c in calls:
+                    by_key.setdefault(c[0][1], []).append(c)
+                for list_key, cs in by_key.items():
+                    await asyncio.shield(self.router.pool_for(list_key).evalsha_many(REQUEUE_SCRIPT, cs))
+            else:
+                await asyncio.shield(self.router.pool.evalsha_many(REQUEUE_SCRIPT, calls))  # type: ignore[union-attr]
+        except BrokerError as exc:
+            log.warning("could not requeue %d calls: %s", len(calls), exc)
+
+
+def parse_payloads(payloads: list[bytes], what: str) -> list[Any]:
+    """Parse call/result payloads in one crossing into Rust; invalid ones are logged and dropped."""
+    parsed = rustext.parse_call_payloads(payloads)
+    good = [p for p in parsed if p is not None]
+    if len(good) != len(parsed):
+        log.warning("dropping %d invalid %s payloads", len(parsed) - len(good), what)
+    return good
