@@ -1,8 +1,12 @@
-"""The typed stub `rustext/_native.pyi` matches the compiled module (all areas)."""
+"""The typed stub `rustext/_native.pyi` matches the compiled module (all
+areas): every name both ways, every class's public members both ways, the
+parameters of every function and constructor whose signature the module
+reports, and the facade ``rustext`` re-exports every public name."""
 
 from __future__ import annotations
 
 import ast
+import inspect
 import os
 
 import rustext
@@ -69,25 +73,52 @@ def test_every_public_name_is_stubbed() -> None:
     assert unstubbed == [], f"in rustext._native but not in _native.pyi: {unstubbed}"
 
 
-def test_stubbed_class_members_exist() -> None:
+def _params(fn: ast.FunctionDef, *, method: bool) -> list[str]:
+    args = fn.args.posonlyargs + fn.args.args
+    if method:
+        args = args[1:]  # self
+    return [a.arg for a in args + fn.args.kwonlyargs]
+
+
+def _signature(obj: object) -> list[str] | None:
+    try:
+        return list(inspect.signature(obj).parameters)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None  # the module reports none for it
+
+
+def test_stubbed_class_members_match() -> None:
     for name, node in stub_names().items():
         if not isinstance(node, ast.ClassDef) or not hasattr(_native, name):
             continue  # a pending area (see above)
         cls = getattr(_native, name)
+        stubbed = set()
         for item in node.body:
-            member = None
             if isinstance(item, ast.FunctionDef):
-                member = item.name
+                stubbed.add(item.name)
             elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                member = item.target.id
-            if member is None or (member.startswith("__") and member != "__init__"):
-                continue
-            if member == "__init__":
-                continue
-            assert hasattr(cls, member), f"{name}.{member} is stubbed but missing"
+                stubbed.add(item.target.id)
+        stubbed = {m for m in stubbed if not m.startswith("_")}
+        actual = {m for m in dir(cls) if not m.startswith("_")}
+        if issubclass(cls, BaseException):
+            actual -= set(dir(BaseException))
+        assert stubbed == actual, f"{name}: stubbed {sorted(stubbed - actual)}, unstubbed {sorted(actual - stubbed)}"
+        init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+        got = _signature(cls)
+        if init is not None and got is not None:
+            assert got == _params(init, method=True), f"{name}.__init__"
+
+
+def test_function_signatures_match() -> None:
+    for name, node in stub_names().items():
+        if not isinstance(node, ast.FunctionDef) or not hasattr(_native, name):
+            continue
+        got = _signature(getattr(_native, name))
+        if got is not None:
+            assert got == _params(node, method=False), name
 
 
 def test_facade_reexports_everything() -> None:
-    assert set(rustext.__all__) <= module_public_names()
+    assert set(rustext.__all__) == module_public_names()
     for name in rustext.__all__:
         assert getattr(rustext, name) is getattr(_native, name)

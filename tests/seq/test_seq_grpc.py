@@ -4,9 +4,7 @@ bridge under concurrency, and a lifecycle that leaves no thread or port behind."
 
 from __future__ import annotations
 
-import ast
 import asyncio
-import inspect
 import os
 import pathlib
 import socket
@@ -56,24 +54,6 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
         return True
-
-
-def test_stub_matches_the_module() -> None:
-    import rustext._native as native
-
-    stub = pathlib.Path(rustext.__file__).with_name("_native.pyi").read_text()
-    section = stub.split("# --- seq (grpc) ---", 1)[1].split("\n", 1)[1]
-    classes = {n.name: n for n in ast.parse(section).body if isinstance(n, ast.ClassDef)}
-    assert set(classes) == {"GrpcServer", "GrpcClient"}
-    for name, node in classes.items():
-        cls = getattr(native, name)
-        assert name in rustext.__all__
-        documented = {f.name for f in node.body if isinstance(f, ast.FunctionDef)} - {"__init__"}
-        actual = {m for m in dir(cls) if not m.startswith("_")}
-        assert documented == actual, name
-        init = next(f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
-        params = [a.arg for a in init.args.args[1:] + init.args.kwonlyargs]
-        assert list(inspect.signature(cls).parameters) == params, name
 
 
 class App:
