@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 # Subcommand modules, in the order `juggler --help` lists them.
-SUBCOMMANDS = ("up", "server", "callee", "client", "load", "balancer", "rpc", "seq")
+SUBCOMMANDS = ("up", "server", "callee", "client", "load", "balancer", "rpc", "seq", "tls")
 
 EPILOG = """examples:
   juggler up                         # server + in-memory broker + test callees on :9000

@@ -68,3 +68,12 @@ def shared_dir() -> str:
         if os.path.isdir(os.path.join(path, "vectors")):
             return path
     pytest.fail(f"shared vectors not found at {' or '.join(tried)} (set JUGGLER_SHARED_DIR)")
+
+
+@pytest.fixture
+def pki(tmp_path_factory: pytest.TempPathFactory) -> "TestPKI":
+    """A fresh test CA (root + intermediate) issuing certificates as PEM files
+    (tests/tlsutil.py)."""
+    from tests.tlsutil import TestPKI
+
+    return TestPKI(tmp_path_factory.mktemp("pki"))

@@ -8,6 +8,7 @@
 //! - [`wsframe`]  websocket frames (RFC 6455 §5), server side: the client-frame
 //!   reader (bytes in, events out) and the server-frame writer.
 //! - [`timer`]    min-heap of deadlines: add / cancel / pop_expired(now).
+//! - [`tls`]      PEM certificates and keys, SNI certificate choice with reload, rustls configs.
 //! - [`grpc`]     gRPC (HTTP/2) server and client for seq's `pb.RRAPI`, batched to Python
 //!   (`grpc/`: `frame`, `proto`, `server`, `client`, `python`).
 //! - [`balancer`] the HTTP load balancer's data plane (tokio + hyper, own threads;
@@ -25,6 +26,7 @@ pub mod grpc;
 pub mod juggler;
 pub mod rpcx;
 pub mod timer;
+pub mod tls;
 pub mod wsframe;
 
 #[cfg(feature = "python")]
