@@ -15,6 +15,8 @@ re-exports its public names (see ``_native.pyi`` for the typed API).
 - grpc      gRPC (HTTP/2) server and client for seq (``GrpcServer``, ``GrpcClient``)
 - backoff   capped, jittered exponential backoff (pure Python), the one policy
             behind every reconnect and retry loop of the suite
+- tls       ssl contexts from PEM files, reload in place, a development CA
+            (pure Python; the native servers load the same files with rustls)
 """
 
 from rustext._native import (
