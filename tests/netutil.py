@@ -105,6 +105,15 @@ class RedisServer(ServerProcess):
         return f"redis://127.0.0.1:{self.port}/0"
 
 
+def redis_tls_args(leaf: Any, ca: str, *, auth_clients: bool = False) -> list[str]:
+    """redis-server options serving TLS with ``leaf`` (a tests.tlsutil.Leaf);
+    with ``auth_clients``, clients must present a certificate signed by ``ca``."""
+    return [
+        "--tls-cert-file", str(leaf.cert), "--tls-key-file", str(leaf.key), "--tls-ca-cert-file", str(ca),
+        "--tls-auth-clients", "yes" if auth_clients else "no",
+    ]
+
+
 def start_redis(extra: list[str] | None = None, port: int | None = None) -> RedisServer:
     """Start a real redis-server on a free loopback port, without persistence."""
     exe = shutil.which("redis-server")

@@ -46,6 +46,7 @@ from juggler.broker.resp import (
     RespPool,
 )
 from rustext.backoff import Backoff, BackoffPolicy
+from rustext.tls import ClientTls
 
 __all__ = ["ClusterRouter", "SingleRouter", "cluster_error_kind", "key_slot"]
 
@@ -160,10 +161,10 @@ class ClusterRouter:
     cluster = True
 
     def __init__(self, seeds: Sequence[str], *, pool_size: int, command_timeout: float,
-                 connect_timeout: float, retry_timeout: float = 10.0) -> None:
+                 connect_timeout: float, retry_timeout: float = 10.0, tls: ClientTls | None = None) -> None:
         if not seeds:
             raise ValueError("no cluster seed node")
-        self.seeds = [RedisAddress.from_url(u) for u in seeds]
+        self.seeds = [RedisAddress.from_url(u, tls=tls) for u in seeds]
         tmpl = self.seeds[0]
         self._tmpl = tmpl
         self.pool_size = pool_size
@@ -189,11 +190,17 @@ class ClusterRouter:
         from redis.asyncio.cluster import ClusterNode, RedisCluster
 
         t = self._tmpl
+        tls: dict[str, Any] = {}
+        if t.tls is not None:  # the topology client reaches the nodes as ours do
+            tls = dict(
+                ssl=True, ssl_ca_certs=t.tls.ca, ssl_certfile=t.tls.cert, ssl_keyfile=t.tls.key,
+                ssl_cert_reqs="none" if t.tls.insecure else "required", ssl_check_hostname=not t.tls.insecure,
+            )
         self._client = RedisCluster(
             startup_nodes=[ClusterNode(a.host, a.port) for a in self.seeds],
             username=t.username, password=t.password,
             socket_connect_timeout=self.connect_timeout, socket_timeout=self.command_timeout,
-            require_full_coverage=False,
+            require_full_coverage=False, **tls,
         )
         try:
             await self._client.initialize()
@@ -203,8 +210,7 @@ class ClusterRouter:
         self._snapshot()
 
     def _addr(self, host: str, port: int) -> RedisAddress:
-        t = self._tmpl
-        return RedisAddress(host=host, port=port, username=t.username, password=t.password)
+        return self._tmpl.at(host, port)
 
     def _snapshot(self) -> None:
         nm = self._client.nodes_manager

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -34,6 +35,8 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import hiredis
+
+from rustext.tls import ClientTls, describe_ssl_error
 
 from juggler.broker.base import BrokerError
 
@@ -96,7 +99,8 @@ def pack_command(args: Sequence[Arg]) -> bytes:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RedisAddress:
-    """Where and how to connect (parsed from ``redis://[user:pass@]host:port/db``)."""
+    """Where and how to connect (parsed from ``redis://[user:pass@]host:port/db``,
+    ``rediss://…`` for TLS, or ``unix:///path?db=N``)."""
 
     host: str = "127.0.0.1"
     port: int = 6379
@@ -104,12 +108,19 @@ class RedisAddress:
     username: str | None = None
     password: str | None = None
     unix_path: str | None = None
+    #: TLS to Redis (``rediss://``): how the server is verified, the client certificate
+    tls: ClientTls | None = None
 
     @classmethod
-    def from_url(cls, url: str) -> RedisAddress:
+    def from_url(cls, url: str, *, tls: ClientTls | None = None) -> RedisAddress:
+        """Parse ``url``; ``tls`` (CA, client certificate) applies to a
+        ``rediss://`` URL, which without it verifies Redis against the
+        system's trust store."""
         u = urlparse(url)
-        if u.scheme not in ("redis", "unix"):
-            raise ValueError(f"unsupported Redis URL scheme {u.scheme!r} (use redis:// or unix://)")
+        if u.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"unsupported Redis URL scheme {u.scheme!r} in {url!r} (use redis://, rediss:// or unix://)")
+        if tls is not None and u.scheme != "rediss":
+            raise ValueError(f"TLS options for Redis need a rediss:// URL, got {url!r}")
         db = 0
         if u.scheme == "unix":
             q = dict(p.split("=", 1) for p in u.query.split("&") if "=" in p)
@@ -121,19 +132,28 @@ class RedisAddress:
             )
         path = u.path.lstrip("/")
         if path:
-            db = int(path)
+            try:
+                db = int(path)
+            except ValueError:
+                raise ValueError(f"the database in a Redis URL is a number, got {path!r} in {url!r}") from None
         return cls(
             host=u.hostname or "127.0.0.1",
             port=u.port or 6379,
             db=db,
             username=unquote(u.username) if u.username else None,
             password=unquote(u.password) if u.password else None,
+            tls=(tls or ClientTls()) if u.scheme == "rediss" else None,
         )
+
+    def at(self, host: str, port: int) -> RedisAddress:
+        """The same credentials and TLS options for another node (a cluster's)."""
+        return RedisAddress(host=host, port=port, username=self.username, password=self.password, tls=self.tls)
 
     def __str__(self) -> str:
         if self.unix_path:
             return f"unix://{self.unix_path}?db={self.db}"
-        return f"redis://{self.host}:{self.port}/{self.db}"
+        scheme = "rediss" if self.tls is not None else "redis"
+        return f"{scheme}://{self.host}:{self.port}/{self.db}"
 
 
 class _Protocol(asyncio.Protocol):
@@ -217,7 +237,10 @@ class RespConnection:
                 if a.unix_path:
                     await loop.create_unix_connection(lambda: _Protocol(self), a.unix_path)
                 else:
-                    transport, _ = await loop.create_connection(lambda: _Protocol(self), a.host, a.port)
+                    tls = a.tls.context() if a.tls is not None else None
+                    transport, _ = await loop.create_connection(
+                        lambda: _Protocol(self), a.host, a.port, ssl=tls, server_hostname=a.host if tls else None
+                    )
                     sock = transport.get_extra_info("socket")
                     if sock is not None:
                         import socket
@@ -237,8 +260,9 @@ class RespConnection:
                 for f in setup:
                     await f
         except (OSError, TimeoutError) as exc:
-            self._fail(RedisConnectionError(f"cannot connect to Redis at {a}: {exc}"))
-            raise RedisConnectionError(f"cannot connect to Redis at {a}: {exc}") from exc
+            why = describe_ssl_error(exc) if isinstance(exc, ssl.SSLError) else exc
+            self._fail(RedisConnectionError(f"cannot connect to Redis at {a}: {why}"))
+            raise RedisConnectionError(f"cannot connect to Redis at {a}: {why}") from exc
         except RedisReplyError as exc:
             self._fail(RedisConnectionError(f"Redis refused the connection setup: {exc}"))
             raise

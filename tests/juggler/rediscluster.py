@@ -16,7 +16,10 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
-from tests.netutil import free_port, wait_for_port
+from typing import Any
+
+from tests.netutil import free_port, redis_tls_args, wait_for_port
+from tests.tlsutil import Leaf
 
 
 @dataclass
@@ -25,16 +28,24 @@ class Node:
     bus_port: int  # explicit (cluster-port): port + 10000 may not exist
     dir: str
     proc: subprocess.Popen | None = None
+    scheme: str = "redis"
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
 
 @dataclass
 class RedisCluster:
     nodes: list[Node] = field(default_factory=list)
     node_timeout_ms: int = 1000
+    #: TLS only (client, cluster bus and replication links): the nodes' certificate and the CA
+    tls: tuple[Leaf, str] | None = None
+
+    def _client_kw(self) -> dict[str, Any]:
+        if self.tls is None:
+            return {}
+        return {"ssl": True, "ssl_ca_certs": self.tls[1]}
 
     @property
     def seeds(self) -> str:
@@ -50,8 +61,13 @@ class RedisCluster:
     def _start_node(self, node: Node) -> None:
         exe = shutil.which("redis-server")
         assert exe is not None, "redis-server is not installed"
+        ports = ["--port", str(node.port)]
+        if self.tls is not None:
+            leaf, ca = self.tls
+            ports = ["--port", "0", "--tls-port", str(node.port), "--tls-cluster", "yes", "--tls-replication", "yes",
+                     *redis_tls_args(leaf, ca)]
         args = [
-            exe, "--port", str(node.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            exe, *ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--dir", node.dir, "--logfile", os.path.join(node.dir, "redis.log"),
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", str(node.bus_port),
             "--cluster-node-timeout", str(self.node_timeout_ms),
@@ -61,17 +77,23 @@ class RedisCluster:
         wait_for_port(node.port, proc=node.proc)
 
     @classmethod
-    def create(cls, masters: int = 3, replicas: int = 1, timeout: float = 60.0) -> RedisCluster:
-        cluster = cls()
+    def create(cls, masters: int = 3, replicas: int = 1, timeout: float = 60.0,
+               tls: tuple[Leaf, str] | None = None) -> RedisCluster:
+        """``tls``: (the nodes' certificate, the CA file) for a cluster spoken to
+        over TLS only (``rediss://`` seeds)."""
+        cluster = cls(tls=tls)
+        scheme = "rediss" if tls else "redis"
         try:
             for _ in range(masters * (1 + replicas)):
-                node = Node(port=free_port(), bus_port=free_port(), dir=tempfile.mkdtemp(prefix="redis-cluster-"))
+                node = Node(port=free_port(), bus_port=free_port(), dir=tempfile.mkdtemp(prefix="redis-cluster-"),
+                            scheme=scheme)
                 cluster._start_node(node)
                 cluster.nodes.append(node)
             cli = shutil.which("redis-cli")
             assert cli is not None, "redis-cli is not installed"
+            tls_cli = ["--tls", "--cacert", tls[1]] if tls else []
             subprocess.run(
-                [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in cluster.nodes),
+                [cli, *tls_cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in cluster.nodes),
                  "--cluster-replicas", str(replicas), "--cluster-yes"],
                 check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout,
             )
@@ -95,7 +117,7 @@ class RedisCluster:
         import redis
 
         r = redis.Redis(host="127.0.0.1", port=port, socket_timeout=timeout, socket_connect_timeout=timeout,
-                        decode_responses=True)
+                        decode_responses=True, **self._client_kw())
         try:
             return r.execute_command(*args)  # type: ignore[no-any-return]
         finally:
@@ -133,7 +155,7 @@ class RedisCluster:
         import redis
 
         port = self.live()[0].port
-        r = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, decode_responses=True)
+        r = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, decode_responses=True, **self._client_kw())
         try:
             for start, end, master, *_ in r.execute_command("CLUSTER", "SLOTS"):
                 if int(start) <= slot <= int(end):

@@ -11,51 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from jugglerprocs import Proc, juggler, juggler_listening, juggler_server
 from rediscluster import RedisCluster
+from stacks import URIS, redis_stack
 
 from juggler.broker.cluster import key_slot
 from juggler.broker.redis import RedisBroker, RedisBrokerConfig, call_key, group_by_slot
-from juggler.callee import Callee, make_test_app
 from juggler.client import connect
-from juggler.config import ServerConfig
 from juggler.errors import CallError
-from juggler.server import Server
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
-
-URIS = make_test_app(4).uris  # test.echo, test.reverse, test.delay, test.delay.0..3
-
-
-@contextlib.asynccontextmanager
-async def cluster_stack(seeds: str, *, pubsub_url: str | None = None, **broker_kw: Any) -> AsyncIterator[Server]:
-    broker = RedisBroker(RedisBrokerConfig(cluster=seeds, **broker_kw))
-    await broker.start()
-    pubsub = None
-    if pubsub_url is not None:
-        pubsub = RedisBroker(RedisBrokerConfig(url=pubsub_url))
-        await pubsub.start()
-    callee_broker = RedisBroker(RedisBrokerConfig(cluster=seeds, **broker_kw))
-    await callee_broker.start()
-    server = Server(broker, ServerConfig(port=0), pubsub=pubsub)
-    callee = Callee(callee_broker, make_test_app(4), workers=50)
-    try:
-        await server.start()
-        await callee.start()
-        yield server
-    finally:
-        await server.aclose()
-        await callee.drain(timeout=5)
-        await callee.aclose()
-        await callee_broker.aclose()
-        await broker.aclose()
-        if pubsub is not None:
-            await pubsub.aclose()
-
 
 async def test_uris_spread_over_slots_and_nodes(cluster_seeds: str, redis_cluster: RedisCluster) -> None:
     groups = group_by_slot(URIS)
@@ -74,7 +42,7 @@ async def test_uris_spread_over_slots_and_nodes(cluster_seeds: str, redis_cluste
 
 
 async def test_call_pub_sub_through_the_cluster(cluster_seeds: str) -> None:
-    async with cluster_stack(cluster_seeds) as server:
+    async with redis_stack(cluster=cluster_seeds) as server:
         async with connect(server.url) as c, connect(server.url) as d:
             for uri in URIS:
                 if uri.startswith("test.delay"):
@@ -94,7 +62,7 @@ async def test_call_pub_sub_through_the_cluster(cluster_seeds: str) -> None:
 async def test_separate_pubsub_redis(cluster_seeds: str, redis_url: str) -> None:
     import redis.asyncio as aioredis
 
-    async with cluster_stack(cluster_seeds, pubsub_url=redis_url) as server:
+    async with redis_stack(cluster=cluster_seeds, pubsub_url=redis_url) as server:
         async with connect(server.url) as c:
             assert await c.call("test.echo", "rpc", timeout=10) == "rpc"
             await c.sub("only.here")
@@ -110,7 +78,7 @@ async def test_separate_pubsub_redis(cluster_seeds: str, redis_url: str) -> None
 
 async def test_moved_and_ask_are_followed(cluster_seeds: str, redis_cluster: RedisCluster) -> None:
     """A stale slot map (MOVED) and a slot being migrated (ASK) are followed."""
-    async with cluster_stack(cluster_seeds) as server:
+    async with redis_stack(cluster=cluster_seeds) as server:
         broker = server.broker
         router = broker.router
         async with connect(server.url) as c:
@@ -194,7 +162,7 @@ async def test_master_failover_is_survived(cluster_seeds: str, redis_cluster: Re
     key, maybe more): calls in flight may expire but nothing hangs; once the
     replica is promoted every call succeeds, events flow again, and no
     connection is leaked."""
-    async with cluster_stack(cluster_seeds, cluster_retry_timeout=3.0) as server:
+    async with redis_stack(cluster=cluster_seeds, cluster_retry_timeout=3.0) as server:
         broker = server.broker
         async with connect(server.url) as c, connect(server.url) as d:
             slot = key_slot(call_key("test.echo"))

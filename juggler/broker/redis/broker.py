@@ -39,7 +39,7 @@ from juggler.broker.redis.pops import BlockingPops
 from juggler.broker.redis.pubsub import PubSubFanout
 from juggler.broker.redis.pushes import Item, Pusher
 from juggler.broker.redis.results import ResultsListener
-from juggler.broker.resp import RedisAddress, RedisReplyError, RespPool, evalsha
+from juggler.broker.resp import RedisReplyError, RespPool, evalsha
 
 __all__ = ["RedisBroker"]
 
@@ -57,7 +57,7 @@ class RedisBroker(BrokerBase):
     def __init__(self, config: RedisBrokerConfig | None = None, **kw: Any) -> None:
         self.config = config or RedisBrokerConfig(**kw)
         cfg = self.config
-        self.address = RedisAddress.from_url(cfg.cluster[0] if cfg.cluster else cfg.url)
+        self.address = cfg.address()
         self._conn_uuid = cfg.conn_uuid or rustext.new_uuid()
         self.stats = RedisBrokerStats()
         self.router: SingleRouter | ClusterRouter
@@ -65,6 +65,7 @@ class RedisBroker(BrokerBase):
             self.router = ClusterRouter(
                 cfg.cluster, pool_size=cfg.pool_size, command_timeout=cfg.command_timeout,
                 connect_timeout=cfg.connect_timeout, retry_timeout=cfg.cluster_retry_timeout,
+                tls=cfg.client_tls(),
             )
             self.pool: RespPool | None = None
         else:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rustext.tls import ClientTls, TlsConfigError
+
 from juggler.broker.resp import RedisAddress
 
 __all__ = ["RedisBrokerConfig", "RedisBrokerStats"]
@@ -13,7 +15,7 @@ __all__ = ["RedisBrokerConfig", "RedisBrokerStats"]
 class RedisBrokerConfig:
     """Redis broker options: where Redis is, queue capacities, batching, timeouts."""
 
-    #: ``redis://[user:password@]host:port/db`` or ``unix:///path?db=N`` (unused when ``cluster`` is set)
+    #: ``redis://[user:password@]host:port/db``, ``rediss://…`` (TLS) or ``unix:///path?db=N`` (unused when ``cluster`` is set)
     url: str = "redis://127.0.0.1:6379/0"
     #: max calls queued per URI (more: NACK 500 "list capacity exceeded"); 0 = unbounded, as the original
     call_cap: int = 10_000
@@ -39,14 +41,23 @@ class RedisBrokerConfig:
     cluster: tuple[str, ...] = ()
     #: cluster mode: seconds an operation keeps retrying MOVED/ASK/CLUSTERDOWN/connection errors
     cluster_retry_timeout: float = 10.0
+    #: ``rediss://`` URLs: PEM CA certificates to verify Redis against (none: the system's trust store)
+    tls_ca: str | None = None
+    #: ``rediss://`` URLs: PEM client certificate, for a Redis that requires one (``tls-auth-clients``)
+    tls_cert: str | None = None
+    #: ``rediss://`` URLs: PEM private key of ``tls_cert``
+    tls_key: str | None = None
+    #: ``rediss://`` URLs: do not verify Redis's certificate at all (only for trying things out)
+    tls_insecure: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.cluster, str):
             object.__setattr__(self, "cluster", tuple(u for u in self.cluster.split(",") if u))
         else:
             object.__setattr__(self, "cluster", tuple(self.cluster))
+        tls = self.client_tls()
         for u in self.cluster:
-            RedisAddress.from_url(u)
+            RedisAddress.from_url(u, tls=tls)
         if self.cluster_retry_timeout <= 0:
             raise ValueError("cluster_retry_timeout must be > 0")
         if self.call_cap < 0 or self.result_cap < 0:
@@ -57,7 +68,23 @@ class RedisBrokerConfig:
             raise ValueError("block_timeout and pubsub_health_interval must be > 0")
         if self.pool_size < 1:
             raise ValueError("pool_size must be >= 1")
-        RedisAddress.from_url(self.url)
+        if not self.cluster:
+            RedisAddress.from_url(self.url, tls=tls)
+        if tls is not None:
+            tls.context()  # a bad file is reported at start, naming it
+
+    def client_tls(self) -> ClientTls | None:
+        """The TLS options for ``rediss://`` URLs, if any was set."""
+        if not (self.tls_ca or self.tls_cert or self.tls_key or self.tls_insecure):
+            return None
+        try:
+            return ClientTls(ca=self.tls_ca, cert=self.tls_cert, key=self.tls_key, insecure=self.tls_insecure)
+        except TlsConfigError as exc:
+            raise ValueError(f"Redis TLS: {exc}") from None
+
+    def address(self) -> RedisAddress:
+        """Where the broker connects (the first seed in cluster mode)."""
+        return RedisAddress.from_url(self.cluster[0] if self.cluster else self.url, tls=self.client_tls())
 
 
 @dataclass(slots=True)
