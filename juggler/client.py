@@ -30,12 +30,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import uuid as uuidlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rustext.tls import ClientTls, describe_ssl_error
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
@@ -368,9 +370,16 @@ class _Connect:
             headers["Juggler-Allowed-Messages"] = ", ".join(allowed)
         open_timeout = kw.pop("open_timeout")
         max_size = kw.pop("max_size")
+        tls: ClientTls | ssl.SSLContext | None = kw.pop("tls")
+        ssl_ctx: ssl.SSLContext | None = None
+        if self.url.startswith("wss://"):
+            ssl_ctx = tls if isinstance(tls, ssl.SSLContext) else (tls or ClientTls()).context()
+        elif tls is not None:
+            raise ValueError(f"TLS options need a wss:// URL, got {self.url}")
         try:
             ws = await ws_connect(
                 self.url,
+                ssl=ssl_ctx,
                 subprotocols=list(subprotocols) if subprotocols else None,  # type: ignore[arg-type]
                 additional_headers=headers or None,
                 compression=None,
@@ -378,6 +387,8 @@ class _Connect:
                 max_size=max_size,
                 ping_interval=None,
             )
+        except ssl.SSLError as exc:
+            raise ConnectionClosed(f"cannot connect to {self.url}: {describe_ssl_error(exc)}") from exc
         except (OSError, TimeoutError) as exc:
             raise ConnectionClosed(f"cannot connect to {self.url}: {exc}") from exc
         except Exception as exc:  # websockets.InvalidHandshake and friends
@@ -407,8 +418,13 @@ def connect(
     max_size: int | None = 16 * 1024 * 1024,
     max_queued_events: int = 10_000,
     on_message: Callable[[dict[str, Any], str], None] | None = None,
+    tls: ClientTls | ssl.SSLContext | None = None,
 ) -> _Connect:
     """Open a juggler connection; use ``async with`` (or ``await`` then ``aclose()``).
+
+    A ``wss://`` URL is verified against the system's trust store, or as
+    ``tls`` says (``ClientTls(ca=…)``, a client certificate, or an explicit
+    ``insecure=True``); ``tls`` with a ``ws://`` URL is an error.
 
     Raises :class:`ConnectionClosed` when the handshake fails and
     :class:`ProtocolError` when the server does not negotiate ``juggler.0``.
@@ -416,5 +432,5 @@ def connect(
     return _Connect(url, {
         "subprotocols": subprotocols, "headers": headers, "allowed_messages": allowed_messages,
         "default_timeout": default_timeout, "open_timeout": open_timeout, "max_size": max_size,
-        "max_queued_events": max_queued_events, "on_message": on_message,
+        "max_queued_events": max_queued_events, "on_message": on_message, "tls": tls,
     })

@@ -41,6 +41,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from rustext.tls import ServerTls
+
 from juggler.broker.memory import MemoryBrokerConfig
 
 __all__ = ["AppConfig", "MetricsConfig", "ServerConfig", "load_config", "parse_listen"]
@@ -111,8 +113,25 @@ class ServerConfig:
     drain_timeout: float = 10.0
     #: log one line per connection open and close (with the reason)
     log_connections: bool = True
+    #: PEM certificate chain: serve wss:// (and the HTTP pages over https) instead of ws://
+    tls_cert: str | None = None
+    #: PEM private key of ``tls_cert``
+    tls_key: str | None = None
+    #: PEM CA certificates client certificates must chain to (mutual TLS); none = no client certificates
+    tls_client_ca: str | None = None
+
+    def tls(self) -> ServerTls | None:
+        """The TLS options, when ``tls_cert`` and ``tls_key`` are set."""
+        if self.tls_cert is None:
+            return None
+        assert self.tls_key is not None
+        return ServerTls(cert=self.tls_cert, key=self.tls_key, client_ca=self.tls_client_ca)
 
     def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both tls_cert and tls_key")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key")
         if self.rate_limit_action not in ("nack", "close"):
             raise ValueError('rate_limit_action must be "nack" or "close"')
         for name in ("max_connections", "rate_limit", "rate_burst", "max_inflight_calls", "drain_timeout"):

@@ -50,6 +50,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -105,6 +106,7 @@ class Server:
         self.conns: set[Conn] = set()
         self.draining = False
         self._pending_changed: asyncio.Event | None = None
+        self._ssl: ssl.SSLContext | None = None
         chain_in: Handler | None = None
         chain_out: Handler | None = None
         if self.middleware:
@@ -152,9 +154,23 @@ class Server:
         self._closed = asyncio.Event()
         self.broker.on_result(self._on_result)
         cfg = self.config
+        tls = cfg.tls()
+        self._ssl = tls.context(alpn=["http/1.1"]) if tls is not None else None
         self._server = await loop.create_server(
-            lambda: Conn(self.conn_context), cfg.host, cfg.port, reuse_address=True, backlog=1024
+            lambda: Conn(self.conn_context), cfg.host, cfg.port, reuse_address=True, backlog=1024,
+            ssl=self._ssl, ssl_handshake_timeout=cfg.handshake_timeout if self._ssl else None,
         )
+
+    def reload_tls(self) -> bool:
+        """Read the certificate files again (SIGHUP): new connections get the
+        new certificate, open ones keep theirs. False without TLS; raises
+        ``rustext.tls.TlsConfigError`` (the current certificate stays in
+        service) when the files are not usable."""
+        tls = self.config.tls()
+        if tls is None or self._ssl is None:
+            return False
+        tls.reload(self._ssl)
+        return True
 
     @property
     def port(self) -> int:
@@ -166,7 +182,8 @@ class Server:
         host = self.config.host
         if ":" in host:
             host = f"[{host}]"
-        return f"ws://{host}:{self.port}{self.config.path}"
+        scheme = "wss" if self.config.tls_cert else "ws"
+        return f"{scheme}://{host}:{self.port}{self.config.path}"
 
     async def __aenter__(self) -> Server:
         await self.start()
