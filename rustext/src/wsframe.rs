@@ -10,15 +10,20 @@
 //!   length plus the bytes of the fragments already held must not exceed the
 //!   limit, else failure 1009 "message too big" (before its payload is buffered);
 //! - unmasks payloads 32 bytes at a time (vector XOR);
-//! - reassembles fragmented text messages: text frames come out whole;
+//! - reassembles fragmented text messages: text frames come out whole, and
+//!   valid UTF-8 (§8.1), checked fragment by fragment so an invalid byte
+//!   fails at once: failure 1007 "invalid UTF-8 in a text message";
 //! - a binary frame is reported (juggler.0 is text only) and ends the stream;
 //! - control frames: FIN unset or payload over 125 bytes is failure 1002
 //!   "invalid control frame"; pings are reported with their payload; pongs are
-//!   dropped; a close frame is reported with its payload (a 1-byte close
-//!   payload is failure 1002 "invalid close frame");
+//!   dropped; a close frame is reported with its payload: empty, or a valid
+//!   code (§7.4: 1000–1003, 1007–1014, 3000–4999; 1005, 1006 and 1015 are
+//!   never sent) and a UTF-8 reason; else failure 1002 "invalid close frame",
+//!   "invalid close code N", or 1007 "invalid UTF-8 in a close reason";
 //! - text while a fragmented message is open: 1002 "expected a continuation
 //!   frame"; continuation without one: 1002 "unexpected continuation frame";
-//!   opcodes 3–7 and 11–15: 1002 "reserved opcode N".
+//!   opcodes 3–7 and 11–15: 1002 "reserved opcode N"; a 64-bit length with
+//!   its most significant bit set: 1002 "protocol error".
 //!
 //! Server frames go the other way through [`encode_server_frame`] (unmasked,
 //! FIN set), and [`encode_text_frames`] writes the text frames of one
@@ -40,14 +45,14 @@ pub const EV_FAIL: u8 = 0xFF;
 /// One thing a client's bytes said.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WsEvent {
-    /// A complete text message, reassembled and unmasked (not UTF-8 checked).
+    /// A complete text message, reassembled, unmasked, valid UTF-8.
     Text(Vec<u8>),
     /// A binary frame (its payload is not kept). The reader is finished.
     Binary,
     /// A ping with its (unmasked) payload, at most 125 bytes.
     Ping(Vec<u8>),
-    /// A close frame with its (unmasked) payload: empty, or ≥ 2 bytes (code
-    /// first). The reader is finished.
+    /// A close frame with its (unmasked) payload: empty, or a valid code
+    /// then a UTF-8 reason. The reader is finished.
     Close(Vec<u8>),
     /// The stream is invalid: close with `code` and `reason`. The reader is finished.
     Fail { code: u16, reason: String },
@@ -59,7 +64,15 @@ pub struct FrameReader {
     limit: u64,
     buf: Vec<u8>,
     frag: Option<Vec<u8>>,
+    /// bytes at the start of `frag` known to be complete, valid UTF-8
+    checked: usize,
     done: bool,
+}
+
+/// Close codes a peer may send (RFC 6455 §7.4.1 and the IANA registry):
+/// 1005, 1006 and 1015 are reserved for reporting and never on the wire.
+pub fn close_code_is_valid(code: u16) -> bool {
+    matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
 }
 
 impl FrameReader {
@@ -143,8 +156,9 @@ impl FrameReader {
                 ln = u64::from_be_bytes(a);
                 hdr = 10;
             }
-            if b0 & 0x70 != 0 || b1 & 0x80 == 0 {
-                // RSV bits (no extension is negotiated), or an unmasked client frame
+            if b0 & 0x70 != 0 || b1 & 0x80 == 0 || ln >> 63 != 0 {
+                // RSV bits (no extension is negotiated), an unmasked client frame,
+                // or a 64-bit length with its most significant bit set (§5.2)
                 self.fail(1002, "protocol error", out);
                 return n;
             }
@@ -172,16 +186,23 @@ impl FrameReader {
                 if self.frag.is_some() {
                     self.fail(1002, "expected a continuation frame", out);
                 } else if fin {
-                    out.push(WsEvent::Text(unmasked(masked, key)));
+                    let text = unmasked(masked, key);
+                    if std::str::from_utf8(&text).is_ok() {
+                        out.push(WsEvent::Text(text));
+                    } else {
+                        self.fail(1007, INVALID_TEXT, out);
+                    }
                 } else {
                     self.frag = Some(unmasked(masked, key));
+                    self.checked = 0;
+                    self.check_fragments(false, out);
                 }
             }
             0 => match self.frag.as_mut() {
                 None => self.fail(1002, "unexpected continuation frame", out),
                 Some(frag) => {
                     unmask_into(frag, masked, key);
-                    if fin {
+                    if self.check_fragments(fin, out) && fin {
                         if let Some(text) = self.frag.take() {
                             out.push(WsEvent::Text(text));
                         }
@@ -196,14 +217,45 @@ impl FrameReader {
             9 => out.push(WsEvent::Ping(unmasked(masked, key))),
             10 => {} // pong: nothing to do (the server sends no pings)
             8 => {
-                if masked.len() == 1 {
+                let payload = unmasked(masked, key);
+                if payload.len() == 1 {
                     self.fail(1002, "invalid close frame", out);
+                } else if payload.len() >= 2 && !close_code_is_valid(u16::from_be_bytes([payload[0], payload[1]])) {
+                    let code = u16::from_be_bytes([payload[0], payload[1]]);
+                    self.fail(1002, format!("invalid close code {code}"), out);
+                } else if payload.len() > 2 && std::str::from_utf8(&payload[2..]).is_err() {
+                    self.fail(1007, "invalid UTF-8 in a close reason", out);
                 } else {
-                    out.push(WsEvent::Close(unmasked(masked, key)));
+                    out.push(WsEvent::Close(payload));
                     self.finish();
                 }
             }
             _ => self.fail(1002, format!("reserved opcode {op}"), out),
+        }
+    }
+}
+
+const INVALID_TEXT: &str = "invalid UTF-8 in a text message";
+
+impl FrameReader {
+    /// Validate the fragments held past `checked`; an incomplete character at
+    /// the end is fine until the last fragment (`fin`). False (and failure
+    /// 1007) on invalid UTF-8.
+    fn check_fragments(&mut self, fin: bool, out: &mut Vec<WsEvent>) -> bool {
+        let Some(frag) = self.frag.as_ref() else { return true };
+        match std::str::from_utf8(&frag[self.checked..]) {
+            Ok(_) => {
+                self.checked = frag.len();
+                true
+            }
+            Err(e) if e.error_len().is_none() && !fin => {
+                self.checked += e.valid_up_to();
+                true
+            }
+            Err(_) => {
+                self.fail(1007, INVALID_TEXT, out);
+                false
+            }
         }
     }
 }
@@ -406,6 +458,42 @@ mod tests {
     }
 
     #[test]
+    fn text_must_be_utf8_checked_fragment_by_fragment() {
+        let euro = "€".as_bytes(); // 3 bytes
+        let mut data = frame(false, 1, &euro[..1]);
+        data.extend(frame(false, 0, &euro[1..]));
+        data.extend(frame(true, 0, b"!"));
+        assert_eq!(FrameReader::new(0).feed(&data), vec![WsEvent::Text("€!".as_bytes().to_vec())]);
+        assert_eq!(FrameReader::new(0).feed(&frame(true, 1, b"\xff")), vec![fail(1007, INVALID_TEXT)]);
+        // an invalid byte fails at once, before the message ends
+        let mut r = FrameReader::new(0);
+        assert_eq!(r.feed(&frame(false, 1, b"ok\xc0\xaf")), vec![fail(1007, INVALID_TEXT)]);
+        // a character left incomplete by the last fragment
+        let mut r = FrameReader::new(0);
+        assert!(r.feed(&frame(false, 1, &euro[..2])).is_empty());
+        assert_eq!(r.feed(&frame(true, 0, b"")), vec![fail(1007, INVALID_TEXT)]);
+        // surrogates encoded in UTF-8 (CESU) are not UTF-8
+        assert_eq!(FrameReader::new(0).feed(&frame(true, 1, b"\xed\xa0\x80")), vec![fail(1007, INVALID_TEXT)]);
+    }
+
+    #[test]
+    fn close_codes_and_reasons_are_checked() {
+        for code in [1000u16, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014, 3000, 3999, 4000, 4999] {
+            let mut p = code.to_be_bytes().to_vec();
+            p.extend(b"bye");
+            assert_eq!(FrameReader::new(0).feed(&frame(true, 8, &p)), vec![WsEvent::Close(p.clone())], "{code}");
+        }
+        for code in [0u16, 999, 1004, 1005, 1006, 1015, 1016, 1100, 2000, 2999, 5000, 65535] {
+            let got = FrameReader::new(0).feed(&frame(true, 8, &code.to_be_bytes()));
+            assert_eq!(got, vec![fail(1002, &format!("invalid close code {code}"))]);
+        }
+        let mut p = 1000u16.to_be_bytes().to_vec();
+        p.extend(b"\xce\xba\xe1\xbd\xb9\xcf\x83\xce\xbc\xce\xb5\xed\xa0\x80");
+        assert_eq!(FrameReader::new(0).feed(&frame(true, 8, &p)), vec![fail(1007, "invalid UTF-8 in a close reason")]);
+        assert_eq!(FrameReader::new(0).feed(&frame(true, 8, b"")), vec![WsEvent::Close(Vec::new())]);
+    }
+
+    #[test]
     fn header_errors_need_the_whole_length_field() {
         // an unmasked frame with a 16-bit length is judged once the length is readable
         let mut r = FrameReader::new(0);
@@ -429,11 +517,15 @@ mod tests {
         // a huge 64-bit length does not overflow
         let mut r = FrameReader::new(10);
         let mut h = vec![0x81, 0xFF];
-        h.extend(u64::MAX.to_be_bytes());
+        h.extend((1u64 << 62).to_be_bytes());
         assert_eq!(r.feed(&h), vec![fail(1009, "message too big")]);
         let mut r = FrameReader::new(0);
         h.extend(K);
         assert!(r.feed(&h).is_empty());
+        // the most significant bit of a 64-bit length must be 0 (§5.2)
+        let mut h = vec![0x81, 0xFF];
+        h.extend(u64::MAX.to_be_bytes());
+        assert_eq!(FrameReader::new(0).feed(&h), vec![fail(1002, "protocol error")]);
     }
 
     #[test]
@@ -492,7 +584,8 @@ mod tests {
 
     fn arb_frame() -> impl Strategy<Value = F> {
         prop_oneof![
-            4 => (proptest::collection::vec(any::<u8>(), 0..300), 0usize..4).prop_map(|(p, k)| F::Text(p, k)),
+            // valid UTF-8, fragmented at any byte (characters split between fragments)
+            4 => (any::<String>(), 0usize..4).prop_map(|(p, k)| F::Text(p.into_bytes(), k)),
             1 => proptest::collection::vec(any::<u8>(), 0..126).prop_map(F::Ping),
             1 => proptest::collection::vec(any::<u8>(), 0..126).prop_map(F::Pong),
         ]
@@ -557,7 +650,7 @@ mod tests {
             for c in &chunks {
                 for ev in r.feed(c) {
                     if let WsEvent::Fail { code, .. } = ev {
-                        prop_assert!(code == 1002 || code == 1009);
+                        prop_assert!(code == 1002 || code == 1007 || code == 1009);
                         prop_assert!(r.is_done());
                     }
                 }

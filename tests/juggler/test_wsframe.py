@@ -1,11 +1,13 @@
 """rustext.WsFrameReader (the juggler server's client-frame reader) against
 references written here: an encoder of client frames with the events a
-valid stream must give, and the server's former pure-Python parser (the
-rules of juggler/conn.py before the Rust reader) on arbitrary frame
-sequences, valid or not, fed in arbitrary chunks."""
+valid stream must give, and a pure-Python parser of RFC 6455's rules (the
+server's former parser plus UTF-8 and close-code checks, with Python's own
+UTF-8 decoder) on arbitrary frame sequences, valid or not, fed in arbitrary
+chunks."""
 
 from __future__ import annotations
 
+import codecs
 import random
 
 import pytest
@@ -48,15 +50,23 @@ def feed_split(reader: WsFrameReader, data: bytes, cuts: list[int]) -> list:
     return events
 
 
+INVALID_TEXT = (WS_FAIL, 1007, "invalid UTF-8 in a text message")
+
+
+def close_code_is_valid(code: int) -> bool:
+    return 1000 <= code <= 1003 or 1007 <= code <= 1014 or 3000 <= code <= 4999
+
+
 def reference(data: bytes, limit: int) -> list:
-    """The former Python parser of juggler/conn.py (_frames_in + _frame), as a
-    pure function over the whole stream, stopping as the server does on a
+    """RFC 6455's rules for a server reading client frames, as a pure
+    function over the whole stream, stopping as the server does on a
     failure, a binary frame or a close frame."""
     out: list = []
     n = len(data)
     pos = 0
     frag: list[bytes] | None = None
     frag_size = 0
+    utf8 = codecs.getincrementaldecoder("utf-8")()
     while n - pos >= 2:
         b0, b1 = data[pos], data[pos + 1]
         ln = b1 & 0x7F
@@ -72,7 +82,7 @@ def reference(data: bytes, limit: int) -> list:
                 break
             ln = int.from_bytes(data[pos + 2:pos + 10], "big")
             hdr = 10
-        if b0 & 0x70 or not b1 & 0x80:
+        if b0 & 0x70 or not b1 & 0x80 or ln >> 63:
             return out + [(WS_FAIL, 1002, "protocol error")]
         if limit and ln + frag_size > limit:
             return out + [(WS_FAIL, 1009, "message too big")]
@@ -82,16 +92,19 @@ def reference(data: bytes, limit: int) -> list:
         payload = mask(data[pos + hdr + 4:end], data[pos + hdr:pos + hdr + 4])
         pos = end
         fin, op = b0 & 0x80, b0 & 0x0F
-        if op == 1:
-            if frag is not None:
+        if op in (0, 1):
+            if op == 1 and frag is not None:
                 return out + [(WS_FAIL, 1002, "expected a continuation frame")]
-            if fin:
-                out.append(payload)
-            else:
-                frag, frag_size = [payload], len(payload)
-        elif op == 0:
-            if frag is None:
+            if op == 0 and frag is None:
                 return out + [(WS_FAIL, 1002, "unexpected continuation frame")]
+            if op == 1:
+                frag, frag_size = [], 0
+                utf8.reset()
+            assert frag is not None
+            try:
+                utf8.decode(payload, final=bool(fin))
+            except UnicodeDecodeError:
+                return out + [INVALID_TEXT]
             frag.append(payload)
             frag_size += len(payload)
             if fin:
@@ -108,6 +121,12 @@ def reference(data: bytes, limit: int) -> list:
         elif op == 8:
             if len(payload) == 1:
                 return out + [(WS_FAIL, 1002, "invalid close frame")]
+            if payload and not close_code_is_valid(code := int.from_bytes(payload[:2], "big")):
+                return out + [(WS_FAIL, 1002, f"invalid close code {code}")]
+            try:
+                payload[2:].decode("utf-8")
+            except UnicodeDecodeError:
+                return out + [(WS_FAIL, 1007, "invalid UTF-8 in a close reason")]
             return out + [(WS_CLOSE, payload)]
         else:
             return out + [(WS_FAIL, 1002, f"reserved opcode {op}")]
@@ -115,15 +134,16 @@ def reference(data: bytes, limit: int) -> list:
 
 
 keys = st.binary(min_size=4, max_size=4)
-small = st.binary(max_size=140)
+small = st.text(max_size=60).map(str.encode)
 # 16- and 64-bit lengths without making hypothesis draw every byte
-large = st.builds(lambda n, b, head: head + bytes((b,)) * n, st.integers(126, 70_000), st.integers(0, 255),
-                  st.binary(max_size=8))
+large = st.builds(lambda n, c, head: head.encode() + c.encode() * n, st.integers(126, 70_000),
+                  st.characters(codec="utf-8"), st.text(max_size=8))
 
 
 @st.composite
 def valid_stream(draw) -> tuple[bytes, list]:
-    """Text messages (in 1–4 fragments), pings and pongs, maybe a close at the end."""
+    """Text messages (in 1–4 fragments cut at any byte, so characters straddle
+    fragments), pings and pongs, maybe a close at the end."""
     data = b""
     want: list = []
     for _ in range(draw(st.integers(0, 8))):
@@ -143,7 +163,7 @@ def valid_stream(draw) -> tuple[bytes, list]:
             if kind == "ping":
                 want.append((WS_PING, p))
     if draw(st.booleans()):
-        p = draw(st.sampled_from([b"", b"\x03\xe8", b"\x03\xe9going away"]))
+        p = draw(st.sampled_from([b"", b"\x03\xe8", b"\x03\xe9going away", b"\x0f\xa0\xce\xba\xe1\xbd\xb9"]))
         data += encode(True, 8, p, draw(keys))
         want.append((WS_CLOSE, p))
     return data, want
@@ -183,7 +203,7 @@ def any_frame(draw) -> bytes:
     st.lists(st.integers(0, 3000), max_size=6),
     st.binary(max_size=12),
 )
-def test_matches_the_former_python_parser(frames: list[bytes], limit: int, cuts: list[int],
+def test_matches_the_reference_parser(frames: list[bytes], limit: int, cuts: list[int],
                                           tail: bytes) -> None:
     data = b"".join(frames) + tail
     want = reference(data, limit)
@@ -221,7 +241,9 @@ def test_limit_fires_from_the_header() -> None:
 
 
 def test_huge_64_bit_length() -> None:
-    head = bytes((0x81, 0xFF)) + (2**64 - 1).to_bytes(8, "big") + b"\0\0\0\0"
+    too_big = bytes((0x81, 0xFF)) + (2**64 - 1).to_bytes(8, "big") + b"\0\0\0\0"
+    assert WsFrameReader(0).feed(too_big) == [(WS_FAIL, 1002, "protocol error")]  # MSB set (RFC 6455 §5.2)
+    head = bytes((0x81, 0xFF)) + (2**63 - 1).to_bytes(8, "big") + b"\0\0\0\0"
     assert WsFrameReader(1 << 20).feed(head) == [(WS_FAIL, 1009, "message too big")]
     reader = WsFrameReader(0)
     assert reader.feed(head) == []  # waits (no limit), without overflow
