@@ -5,10 +5,14 @@ the credential is a bearer token taken from a header (``Authorization:
 Bearer <token>`` by default) or a query parameter (``?token=...``). It is
 verified by a configurable function ``verify(token, request) -> claims``
 (``verifier = "module:function"``, may be ``async``-free only: it runs on
-the handshake path and must be fast), or by the built-in JWT HS256 check
-(:func:`jwt_decode_hs256`, secret from config; ``exp``/``nbf`` honoured,
-``aud``/``iss`` checked when configured). A missing or invalid credential
-refuses the handshake with HTTP 401, unless ``anonymous = true`` (then the
+the handshake path and must be fast), or as a JWT by
+:class:`rustext.tokens.TokenVerifier` (PyJWT): a shared secret (HS256/384/512),
+a PEM public key, or a JWKS URL (RS*, PS*, ES*, EdDSA), the algorithm fixed
+by the key; ``exp``/``nbf`` honoured, ``aud``/``iss`` checked when
+configured. A token naming a key the JWKS does not hold yet waits for one
+(rate-limited) refetch; every other handshake is checked without I/O. A
+missing or invalid credential refuses the handshake with HTTP 401, unless
+``anonymous = true`` (then the
 connection is anonymous and every message that needs an identity gets
 NACK 401). The ``Origin`` header is checked against ``allowed_origins``
 (glob patterns; empty = any origin): others get HTTP 403.
@@ -26,16 +30,14 @@ subscription is checked as a string against the ``sub`` patterns.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import importlib
-import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from rustext.tokens import TokenConfig, TokenError, TokenVerifier, UnknownKey
 
 from juggler.broker.glob import glob_match
 from juggler.errors import JugglerError
@@ -46,8 +48,6 @@ __all__ = [
     "AuthError",
     "Identity",
     "Rule",
-    "jwt_decode_hs256",
-    "jwt_encode_hs256",
 ]
 
 KINDS = ("call", "pub", "sub")
@@ -59,74 +59,6 @@ class AuthError(JugglerError):
     def __init__(self, message: str, status: int = 401) -> None:
         super().__init__(message)
         self.status = status
-
-
-def _b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _b64url_decode(s: str) -> bytes:
-    return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
-
-
-def jwt_encode_hs256(claims: Mapping[str, Any], secret: str | bytes) -> str:
-    """A compact HS256 JWT of `claims` (for tests and token tools)."""
-    key = secret.encode() if isinstance(secret, str) else secret
-    header = _b64url(json.dumps({"alg": "HS256", "typ": "JWT"}, separators=(",", ":")).encode())
-    body = _b64url(json.dumps(dict(claims), separators=(",", ":")).encode())
-    signing = f"{header}.{body}".encode()
-    return f"{header}.{body}.{_b64url(hmac.new(key, signing, hashlib.sha256).digest())}"
-
-
-def jwt_decode_hs256(
-    token: str,
-    secret: str | bytes,
-    *,
-    leeway: float = 0.0,
-    audience: str | None = None,
-    issuer: str | None = None,
-    now: float | None = None,
-) -> dict[str, Any]:
-    """Verify an HS256 JWT and return its claims; :class:`AuthError` if invalid.
-
-    Only ``alg: HS256`` is accepted (never ``none``); the signature is
-    compared in constant time; ``exp`` and ``nbf`` are checked (with
-    `leeway` s); ``aud``/``iss`` when given.
-    """
-    key = secret.encode() if isinstance(secret, str) else secret
-    parts = token.split(".")
-    if len(parts) != 3:
-        raise AuthError("malformed token")
-    try:
-        header = json.loads(_b64url_decode(parts[0]))
-        claims = json.loads(_b64url_decode(parts[1]))
-        sig = _b64url_decode(parts[2])
-    except (ValueError, UnicodeDecodeError):
-        raise AuthError("malformed token") from None
-    if not isinstance(header, dict) or header.get("alg") != "HS256":
-        raise AuthError("unsupported token algorithm")
-    if not isinstance(claims, dict):
-        raise AuthError("malformed token claims")
-    expected = hmac.new(key, f"{parts[0]}.{parts[1]}".encode(), hashlib.sha256).digest()
-    if not hmac.compare_digest(sig, expected):
-        raise AuthError("bad token signature")
-    t = time.time() if now is None else now
-    exp = claims.get("exp")
-    if exp is not None:
-        if not isinstance(exp, int | float) or t > exp + leeway:
-            raise AuthError("token expired")
-    nbf = claims.get("nbf")
-    if nbf is not None:
-        if not isinstance(nbf, int | float) or t + leeway < nbf:
-            raise AuthError("token not valid yet")
-    if audience is not None:
-        aud = claims.get("aud")
-        auds = aud if isinstance(aud, list) else [aud]
-        if audience not in auds:
-            raise AuthError("token audience mismatch")
-    if issuer is not None and claims.get("iss") != issuer:
-        raise AuthError("token issuer mismatch")
-    return claims
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -162,8 +94,16 @@ class Rule:
 class AuthConfig:
     """``[auth]`` options; ``enabled`` when a secret or a verifier is set."""
 
-    #: HS256 secret of the built-in JWT verification
+    #: shared secret of HS256/384/512 tokens
     jwt_secret: str = ""
+    #: PEM public key file verifying RS*/PS*/ES*/EdDSA tokens
+    jwt_public_key: str = ""
+    #: JSON Web Key Set URL of an identity provider (fetched at start, refreshed in the background)
+    jwks_url: str = ""
+    #: seconds between background refreshes of the JWKS (a token with an unknown kid also triggers one)
+    jwks_refresh: float = 300.0
+    #: fewest seconds between two JWKS fetches caused by tokens naming unknown key ids
+    jwks_min_interval: float = 10.0
     #: "module:function" called as f(token, request) -> claims dict (raise or return None to refuse)
     verifier: str = ""
     #: header carrying the token ("Bearer " prefix optional)
@@ -193,10 +133,18 @@ class AuthConfig:
             raise ValueError("leeway must be >= 0")
         if self.verifier and ":" not in self.verifier:
             raise ValueError("verifier must be 'module:function'")
+        self.tokens()  # validates the JWT options
+
+    def tokens(self) -> TokenConfig:
+        """The JWT verification options."""
+        return TokenConfig(
+            secret=self.jwt_secret, public_key=self.jwt_public_key, jwks_url=self.jwks_url,
+            jwks_refresh=self.jwks_refresh, jwks_min_interval=self.jwks_min_interval, audience=self.audience, issuer=self.issuer, leeway=self.leeway,
+        )
 
     @property
     def enabled(self) -> bool:
-        return bool(self.jwt_secret or self.verifier)
+        return bool(self.verifier) or self.tokens().enabled
 
     @property
     def active(self) -> bool:
@@ -254,12 +202,26 @@ def _load_verifier(spec: str) -> Callable[[str, Any], Any]:
 
 
 class Auth:
-    """The handshake hook and the per-message check of one server (see module doc)."""
+    """The handshake hook and the per-message check of one server (see module doc).
+
+    Lifecycle: ``await start()`` (fetches a JWKS when one is configured)
+    before the server accepts connections, ``await aclose()`` after.
+    """
 
     def __init__(self, config: AuthConfig, verifier: Callable[[str, Any], Any] | None = None) -> None:
         self.config = config
         self.verifier = verifier or (_load_verifier(config.verifier) if config.verifier else None)
         self.enabled = config.enabled or verifier is not None
+        tokens = config.tokens()
+        self.tokens = TokenVerifier(tokens) if self.verifier is None and tokens.enabled else None
+
+    async def start(self) -> None:
+        if self.tokens is not None:
+            await self.tokens.start()
+
+    async def aclose(self) -> None:
+        if self.tokens is not None:
+            await self.tokens.aclose()
 
     def check_origin(self, request: Any) -> None:
         allowed = self.config.allowed_origins
@@ -289,8 +251,10 @@ class Auth:
                     return values[0]
         return None
 
-    def authenticate(self, request: Any) -> Identity:
-        """The handshake hook: the connection's identity, or AuthError (401/403)."""
+    def authenticate(self, request: Any) -> Identity | Awaitable[Identity]:
+        """The handshake hook: the connection's identity, or AuthError
+        (401/403). An awaitable of it when the token names a JWKS key not
+        held yet and a refetch is allowed (the caller waits for it)."""
         self.check_origin(request)
         if not self.enabled:
             return Identity({}, self._grants({}))
@@ -299,7 +263,6 @@ class Auth:
             if self.config.anonymous:
                 return Identity(None, None)
             raise AuthError("missing token")
-        cfg = self.config
         if self.verifier is not None:
             try:
                 claims = self.verifier(token, request)
@@ -314,9 +277,23 @@ class Auth:
             if not isinstance(claims, Mapping):
                 raise AuthError("verifier returned no claims")
         else:
-            claims = jwt_decode_hs256(
-                token, cfg.jwt_secret, leeway=cfg.leeway, audience=cfg.audience or None, issuer=cfg.issuer or None
-            )
+            assert self.tokens is not None
+            try:
+                claims = self.tokens.verify(token)
+            except UnknownKey as exc:
+                if not self.tokens.refetch_allowed():
+                    raise AuthError(str(exc)) from None
+                return self._authenticate_fresh(token)
+            except TokenError as exc:
+                raise AuthError(str(exc)) from None
+        return Identity(claims, self._grants(claims))
+
+    async def _authenticate_fresh(self, token: str) -> Identity:
+        assert self.tokens is not None
+        try:
+            claims = await self.tokens.verify_fresh(token)
+        except TokenError as exc:
+            raise AuthError(str(exc)) from None
         return Identity(claims, self._grants(claims))
 
     def _grants(self, claims: Mapping[str, Any]) -> dict[str, tuple[str, ...]] | None:

@@ -60,7 +60,7 @@ from juggler.protocol import (
 from juggler.wsproto import OPEN, WsServerProtocol
 
 if TYPE_CHECKING:
-    from juggler.auth import Auth
+    from juggler.auth import Auth, AuthError, Identity
     from juggler.static_files import StaticSite
 
 __all__ = ["Conn", "ConnContext", "ConnListener", "ConnState", "Handler", "Middleware"]
@@ -205,6 +205,7 @@ class Conn(asyncio.Protocol):
         self._chained = context.chain_in is not None
         #: who this connection is (juggler.auth.Identity), when the server has auth
         self.identity: Any = None
+        self._auth_task: asyncio.Task[None] | None = None  # a handshake waiting for keys
         #: why it closed (a short token: logs and juggler_connections_closed_total{reason})
         self.close_reason: str | None = None
         #: CALLs ACKed and waiting for their RES (kept by the pending-call table)
@@ -271,6 +272,9 @@ class Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.state is ConnState.CLOSED:
             return
+        if self._auth_task is not None:
+            self._auth_task.cancel()
+            self._auth_task = None
         for t in (self._timer, self._write_timer):
             if t is not None:
                 t.cancel()
@@ -318,16 +322,53 @@ class Conn(asyncio.Protocol):
             self._refuse_for("max_connections", 503, "Service Unavailable: too many connections\n")
             return
         if ctx.auth is not None:
-            from juggler.auth import AuthError
+            from juggler.auth import AuthError, Identity
 
             try:
-                self.identity = ctx.auth.authenticate(request)
+                identity = ctx.auth.authenticate(request)
             except AuthError as exc:
-                log.debug("connection %s refused: %s", self.remote, exc)
-                reason = "origin" if exc.status == 403 else "unauthenticated"
-                text = "Forbidden\n" if exc.status == 403 else "Unauthorized\n"
-                self._refuse_for(reason, exc.status, text)
+                self._refuse_auth(exc)
                 return
+            if not isinstance(identity, Identity):
+                # a key to fetch first (a JWKS rotation): reading waits, frames sent
+                # early stay buffered until the handshake is answered
+                assert self.transport is not None
+                self.transport.pause_reading()
+                self._auth_task = self.loop.create_task(self._authenticated_later(request, identity))
+                return
+            self.identity = identity
+        self._accept(request)
+
+    async def _authenticated_later(self, request: Request, pending: Awaitable[Identity]) -> None:
+        from juggler.auth import AuthError
+
+        try:
+            identity = await pending
+        except AuthError as exc:
+            if self.state is ConnState.ACCEPTING:
+                self._refuse_auth(exc)
+            return
+        finally:
+            self._auth_task = None
+        if self.state is not ConnState.ACCEPTING:
+            return  # gone meanwhile
+        self.identity = identity
+        assert self.transport is not None
+        self.transport.resume_reading()
+        self._accept(request)
+        if self.state is ConnState.CONNECTED:
+            self._frames_in(b"")
+        self._flush()
+
+    def _refuse_auth(self, exc: AuthError) -> None:
+        log.debug("connection %s refused: %s", self.remote, exc)
+        reason = "origin" if exc.status == 403 else "unauthenticated"
+        text = "Forbidden\n" if exc.status == 403 else "Unauthorized\n"
+        self._refuse_for(reason, exc.status, text)
+
+    def _accept(self, request: Request) -> None:
+        ws = self.ws
+        listener = self._listener
         try:
             self.allowed = allowed_mask(_allowed_messages(request))
         except ValueError as exc:

@@ -44,9 +44,12 @@ class Running:
     callee: Any = None
     metrics: MetricsServer | None = None
     pubsub: Any = None  # a separate pub-sub broker, if any
+    auth: Any = None  # juggler.auth.Auth (its JWKS refresh), if any
 
     async def aclose(self) -> None:
         await self.server.aclose()
+        if self.auth is not None:
+            await self.auth.aclose()
         if self.callee is not None:
             await self.callee.drain(timeout=5.0)
             await self.callee.aclose()
@@ -88,6 +91,7 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
         from juggler.auth import Auth
 
         auth = Auth(config.auth)
+        await auth.start()
     callee = None
     metrics = None
     stats = ServerStats()
@@ -111,13 +115,15 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
             metrics = serve_metrics(registry, config.metrics.port, config.metrics.host)
     except BaseException:
         await server.aclose()
+        if auth is not None:
+            await auth.aclose()
         if callee is not None:
             await callee.aclose()
         await broker.aclose()
         if pubsub is not None:
             await pubsub.aclose()
         raise
-    return Running(server=server, broker=broker, callee=callee, metrics=metrics, pubsub=pubsub)
+    return Running(server=server, broker=broker, callee=callee, metrics=metrics, pubsub=pubsub, auth=auth)
 
 
 async def run_app(config: AppConfig, *, test_callees: bool = False, callee_workers: int = 200,

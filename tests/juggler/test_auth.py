@@ -1,66 +1,33 @@
-"""juggler/auth.py: JWT (HS256), the auth configuration, authentication at the
-handshake and per-message authorization, through a real server."""
+"""juggler/auth.py: the auth configuration, authentication at the handshake
+(JWT through rustext.tokens, custom verifiers, origins, a JWKS with key
+rotation) and per-message authorization, through a real server. The JWT
+rules themselves are tested in tests/rustext/test_tokens.py."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import jwt
 import pytest
 from test_server import call, recv, stack, ws
 from websockets.exceptions import InvalidStatus
 
-from juggler.auth import Auth, AuthConfig, AuthError, Rule, jwt_decode_hs256, jwt_encode_hs256
+from juggler.auth import Auth, AuthConfig, Rule
+from tests.jwks import JwksServer, SigningKey
 from juggler.client import ACK, connect
 from juggler.config import config_from_dict
 
 pytestmark = pytest.mark.timeout(60)
 
 
-SECRET = "s3cret"
+SECRET = "a-test-secret-of-at-least-32-bytes-for-hs256"
 
 
 def token(**claims: Any) -> str:
     claims.setdefault("sub", "alice")
     claims.setdefault("exp", time.time() + 600)
-    return jwt_encode_hs256(claims, SECRET)
-
-
-# JWT ---------------------------------------------------------------------------
-
-
-def test_jwt_hs256_roundtrip_and_refusals() -> None:
-    t = token(role="admin")
-    assert jwt_decode_hs256(t, SECRET)["role"] == "admin"
-    with pytest.raises(AuthError, match="signature"):
-        jwt_decode_hs256(t, "other")
-    with pytest.raises(AuthError, match="expired"):
-        jwt_decode_hs256(token(exp=time.time() - 5), SECRET)
-    assert jwt_decode_hs256(token(exp=time.time() - 5), SECRET, leeway=10)["sub"] == "alice"
-    with pytest.raises(AuthError, match="not valid yet"):
-        jwt_decode_hs256(token(nbf=time.time() + 60), SECRET)
-    with pytest.raises(AuthError, match="audience"):
-        jwt_decode_hs256(token(aud="a"), SECRET, audience="b")
-    head, body, sig = t.split(".")
-    import base64
-
-    none_head = base64.urlsafe_b64encode(b'{"alg":"none"}').rstrip(b"=").decode()
-    with pytest.raises(AuthError, match="algorithm"):
-        jwt_decode_hs256(f"{none_head}.{body}.", SECRET)
-    with pytest.raises(AuthError, match="malformed"):
-        jwt_decode_hs256("abc", SECRET)
-    tampered = body[:-2] + ("A" if body[-2] != "A" else "B") + body[-1]
-    with pytest.raises(AuthError):
-        jwt_decode_hs256(f"{head}.{tampered}.{sig}", SECRET)
-
-
-def test_jwt_matches_a_known_vector() -> None:
-    # the HS256 example of RFC 7519 section 3.1's style, checked against a fixed signature
-    t = jwt_encode_hs256({"sub": "1234567890", "name": "John Doe", "iat": 1516239022}, "your-256-bit-secret")
-    assert t == (
-        "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5"
-        "MDIyfQ.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
-    )
+    return jwt.encode(claims, SECRET, algorithm="HS256")
 
 
 def test_auth_config_from_toml_dict() -> None:
@@ -96,7 +63,7 @@ async def test_auth_accepts_header_and_query_token_refuses_others() -> None:
         async with connect(server.url + "?token=" + token()) as c:
             assert await c.call("test.echo", "q", timeout=5) == "q"
         for headers in ({}, {"Authorization": "Bearer nope"},
-                        {"Authorization": "Bearer " + jwt_encode_hs256({"sub": "x"}, "wrong")},
+                        {"Authorization": "Bearer " + jwt.encode({"sub": "x"}, "wrong-secret-" * 4, algorithm="HS256")},
                         {"Authorization": "Bearer " + token(exp=time.time() - 1)}):
             with pytest.raises(InvalidStatus) as info:
                 async with ws(server, additional_headers=headers):
@@ -158,3 +125,41 @@ async def test_per_message_authorization_nacks_401_and_403() -> None:
             await c.pub("anything", 1)
         assert server.stats.rejections["forbidden"] == 3
         assert server.stats.rejections["unauthorized"] == 1
+
+
+async def test_jwks_keys_rotated_while_serving() -> None:
+    """An identity provider rotates its signing key: handshakes with tokens of
+    the new key are accepted after one refetch, the old key's tokens are
+    refused once it is gone, and connections made before go on."""
+    old, new = SigningKey("RS256", kid="k1"), SigningKey("ES256", kid="k2")
+    async with JwksServer([old]) as idp:
+        auth = Auth(AuthConfig(jwks_url=idp.url, audience="juggler", issuer="https://idp.test", jwks_refresh=3600,
+                               jwks_min_interval=0))
+        await auth.start()
+        claims = {"sub": "carol", "aud": "juggler", "iss": "https://idp.test", "exp": time.time() + 600}
+        try:
+            async with stack(auth=auth) as server:
+                bearer = {"Authorization": "Bearer " + old.sign(claims)}
+                async with connect(server.url, headers=bearer) as before:
+                    assert await before.call("test.echo", "a", timeout=5) == "a"
+                    idp.keys = [old, new]
+                    fetches = idp.fetches
+                    async with connect(server.url, headers={"Authorization": "Bearer " + new.sign(claims)}) as c:
+                        assert await c.call("test.echo", "b", timeout=5) == "b"
+                    assert idp.fetches == fetches + 1
+                    idp.keys = [new]
+                    assert auth.tokens is not None
+                    await auth.tokens.refresh()  # what the background refresh does
+                    with pytest.raises(InvalidStatus) as info:
+                        async with ws(server, additional_headers=bearer):
+                            pass
+                    assert info.value.response.status_code == 401
+                    assert await before.call("test.echo", "still", timeout=5) == "still"
+                for bad in ({**claims, "aud": "other"}, {**claims, "iss": "https://evil.test"},
+                            {**claims, "exp": time.time() - 5}, {**claims, "nbf": time.time() + 600}):
+                    with pytest.raises(InvalidStatus) as info:
+                        async with ws(server, additional_headers={"Authorization": "Bearer " + new.sign(bad)}):
+                            pass
+                    assert info.value.response.status_code == 401
+        finally:
+            await auth.aclose()
