@@ -1,0 +1,84 @@
+"""Write the committed seed corpora of the fuzz targets (corpus/<target>/):
+valid inputs of each format, so libFuzzer starts from the shapes real peers
+send. Run from the repository with the package installed:
+
+    python rustext/fuzz/seeds.py [SHARED_DIR]
+
+SHARED_DIR (default ../shared beside the checkout) adds the captured rpcx
+frames and juggler messages of the protocol vectors when present.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import rustext
+
+HERE = Path(__file__).resolve().parent
+
+
+def write(target: str, blobs: list[bytes]) -> None:
+    out = HERE / "corpus" / target
+    out.mkdir(parents=True, exist_ok=True)
+    for blob in blobs:
+        (out / hashlib.sha1(blob).hexdigest()[:16]).write_bytes(blob)
+
+
+def ws_frame(fin: bool, op: int, payload: bytes, key: bytes = b"\x11\x22\x33\x44") -> bytes:
+    n = len(payload)
+    head = bytes(((0x80 if fin else 0) | op,))
+    if n < 126:
+        head += bytes((0x80 | n,))
+    elif n < 65536:
+        head += bytes((0x80 | 126,)) + n.to_bytes(2, "big")
+    else:
+        head += bytes((0x80 | 127,)) + n.to_bytes(8, "big")
+    return head + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+
+
+def main() -> None:
+    shared = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE.parents[2] / "shared"
+    messages = [
+        b'{"meta":{"uuid":"d11bff91-58fb-4e20-87ca-8c221fccbb49","type":0},"payload":'
+        b'{"uri":"test.echo","timeout":5000,"args":"hello"}}',
+        b'{"meta":{"uuid":"982ea198-679c-4ab2-a0a5-6f9626821755","type":1},"payload":{"channel":"news","args":{"a":[1,2.5e3,true,null]}}}',
+        b'{"meta":{"uuid":"982ea198-679c-4ab2-a0a5-6f9626821755","type":2},"payload":{"channel":"n*","pattern":true}}',
+        b'{"a":"\\u00e9\\ud83d\\ude00","b":-0.0e-0}',
+    ]
+    transcript = shared / "vectors" / "juggler" / "transcript.jsonl"
+    if transcript.exists():
+        for line in transcript.read_text().splitlines():
+            try:
+                frame = json.loads(line).get("frame")
+            except ValueError:
+                continue  # a capture line cut short
+            if isinstance(frame, str) and frame.startswith("{"):
+                messages.append(frame.encode())
+    write("juggler_json", messages)
+
+    # headers before the selector: limit byte, cut byte, then the frames
+    text = messages[0]
+    frames = [
+        ws_frame(True, 1, text),
+        ws_frame(False, 1, text[:10]) + ws_frame(True, 9, b"ping") + ws_frame(True, 0, text[10:]),
+        ws_frame(True, 1, "€ and ✓".encode()) + ws_frame(True, 8, b"\x03\xe8bye"),
+        ws_frame(True, 1, b"x" * 300) + ws_frame(True, 10, b""),
+    ]
+    write("wsframe", [bytes((limit, cut)) + f for f in frames for limit, cut in ((0, 0), (2, 3))])
+
+    rpcx = [
+        rustext.encode_rpcx_request(1, b'{"A":10,"B":20}', service_path="Arith", service_method="Mul", serialize_type=1),
+        rustext.encode_rpcx_request(7, b"\x82\xa1A\x01\xa1B\x02", service_path="Arith", service_method="Add",
+                                    metadata=[("__AUTH", "token"), ("k", "v")], serialize_type=3),
+    ]
+    vectors = shared / "vectors" / "rpcx" / "frames.json"
+    if vectors.exists():
+        rpcx += [bytes.fromhex(v["frame_hex"]) for v in json.loads(vectors.read_text()) if v.get("frame_hex")]
+    write("rpcx_codec", [bytes((cut,)) + b"".join(rpcx[:3]) for cut in (0, 5)] + [b"\x00" + f for f in rpcx])
+
+
+if __name__ == "__main__":
+    main()
