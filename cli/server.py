@@ -173,14 +173,52 @@ def run(args: argparse.Namespace, *, test_callees: bool = False, banner: str | N
 
     import uvloop
 
-    from juggler.runner import run_app
-
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    prog = f"juggler {args.command}"
     try:
         config = build_config(args)
     except (OSError, ValueError) as exc:
-        print(f"juggler {args.command}: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    return uvloop.run(run_app(config, test_callees=test_callees,
-                              callee_workers=getattr(args, "workers", 200), banner=banner,
-                              demo=demo or getattr(args, "demo", False)))
+    return uvloop.run(serve_app(prog, config, test_callees=test_callees, callee_workers=getattr(args, "workers", 200),
+                                banner=banner, demo=demo or getattr(args, "demo", False)))
+
+
+async def serve_app(prog: str, config: Any, *, test_callees: bool, callee_workers: int, banner: str | None,
+                    demo: bool) -> int:
+    """Run a juggler server process under cli.lifecycle: one start-up line,
+    drain on the first signal, stop on the second, SIGHUP reloads TLS."""
+    import logging
+
+    from cli.lifecycle import StartError, serve
+    from juggler.broker.base import BrokerError
+    from juggler.runner import Running, start_app
+    from rustext.tls import TlsConfigError
+    from rustext.tokens import TokenError
+
+    log = logging.getLogger("juggler.server")
+    if not logging.getLogger("juggler.conn.ws").level:
+        logging.getLogger("juggler.conn.ws").setLevel(logging.WARNING)
+
+    async def start() -> Running:
+        try:
+            return await start_app(config, test_callees=test_callees, callee_workers=callee_workers, demo=demo)
+        except (TlsConfigError, ValueError) as exc:
+            raise StartError(str(exc), status=2) from exc
+        except (BrokerError, TokenError) as exc:
+            raise StartError(str(exc)) from exc
+
+    def ready(running: Running) -> None:
+        broker_desc = f"redis {running.broker.description}" if config.redis is not None else "in-memory broker"
+        if running.pubsub is not None:
+            broker_desc += f", pub-sub on redis {running.pubsub.description}"
+        extra = f", metrics on http://{config.metrics.host}:{running.metrics.port}/metrics" if running.metrics else ""
+        callees = ", test callees test.echo/test.reverse/test.delay" if test_callees else ""
+        log.info("juggler server listening on %s (%s%s%s)", running.server.url, broker_desc, callees, extra)
+        page = running.server.url.replace("ws", "http", 1).removesuffix(config.server.path) + "/"
+        if demo:
+            log.info("demo page on %s (browser client %sjuggler.js)", page, page)
+        if banner:
+            print(banner.format(url=running.server.url, page=page), flush=True)
+
+    return await serve(prog, start, ready=ready, reload=Running.reload_tls)

@@ -209,5 +209,10 @@ def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1
     """Serve `registry` on http://host:port/metrics (port 0 picks a free one)."""
     from prometheus_client.exposition import start_http_server
 
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    from rustext.net import listen_error
+
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise listen_error(host, port, exc) from exc
     return MetricsServer(server, thread)

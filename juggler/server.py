@@ -54,6 +54,8 @@ import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rustext.net import listen_error
+
 from juggler.broker.base import Result
 from juggler.config import ServerConfig
 from juggler.conn import Conn, ConnContext, ConnState, Handler, Middleware
@@ -107,6 +109,7 @@ class Server:
         self.draining = False
         self._pending_changed: asyncio.Event | None = None
         self._ssl: ssl.SSLContext | None = None
+        self._aborted = asyncio.Event()
         chain_in: Handler | None = None
         chain_out: Handler | None = None
         if self.middleware:
@@ -156,10 +159,13 @@ class Server:
         cfg = self.config
         tls = cfg.tls()
         self._ssl = tls.context(alpn=["http/1.1"]) if tls is not None else None
-        self._server = await loop.create_server(
-            lambda: Conn(self.conn_context), cfg.host, cfg.port, reuse_address=True, backlog=1024,
-            ssl=self._ssl, ssl_handshake_timeout=cfg.handshake_timeout if self._ssl else None,
-        )
+        try:
+            self._server = await loop.create_server(
+                lambda: Conn(self.conn_context), cfg.host, cfg.port, reuse_address=True, backlog=1024,
+                ssl=self._ssl, ssl_handshake_timeout=cfg.handshake_timeout if self._ssl else None,
+            )
+        except OSError as exc:
+            raise listen_error(cfg.host, cfg.port, exc) from exc
 
     def reload_tls(self) -> bool:
         """Read the certificate files again (SIGHUP): new connections get the
@@ -198,8 +204,14 @@ class Server:
         await self._closed.wait()
 
     async def aclose(self) -> None:
-        """Stop accepting, close connections (1001) within ``close_timeout``. Idempotent."""
-        if self._closing or self._server is None:
+        """Stop accepting, let calls in flight finish (``drain_timeout``), close
+        connections (1001) within ``close_timeout``. Idempotent; :meth:`abort`
+        cuts it short."""
+        if self._server is None:  # never listening: nothing to close
+            if self._closed is not None:
+                self._closed.set()
+            return
+        if self._closing:
             if self._closed is not None:
                 await self._closed.wait()
             return
@@ -212,18 +224,42 @@ class Server:
             c.close(1001, "server shutting down")
         if conns:
             waits = [asyncio.ensure_future(c.wait_closed()) for c in conns]
-            _, pending = await asyncio.wait(waits, timeout=self.config.close_timeout)
+            await self._until(asyncio.gather(*waits), self.config.close_timeout)
             for c in conns:
                 if not c.closed:
                     c.abort()
-            for w in pending:
+            for w in waits:
                 w.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
+            await asyncio.wait(waits, timeout=1.0)
         await self._server.wait_closed()
         self._pending.clear()
         assert self._closed is not None
         self._closed.set()
+
+    def abort(self) -> None:
+        """Stop now (a second Ctrl-C): a drain in progress ends at once and
+        every connection is dropped without its closing handshake."""
+        self._aborted.set()
+        self.draining = True
+        if self._server is not None:
+            self._server.close()
+        for c in list(self.conns):
+            c.abort()
+
+    async def _until(self, aw: Any, timeout: float) -> None:
+        """Wait for `aw` for up to `timeout` s, or until :meth:`abort`."""
+        task = asyncio.ensure_future(aw)
+        aborted = asyncio.ensure_future(self._aborted.wait())
+        try:
+            await asyncio.wait([task, aborted], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (task, aborted):
+                t.cancel()
+            await asyncio.gather(task, aborted, return_exceptions=True)
+
+    def calls_in_flight(self) -> int:
+        """Calls whose caller is connected and whose result may still come."""
+        return self._live_pending()
 
     async def _drain_calls(self) -> None:
         """Let the calls in flight get their RES, for up to ``drain_timeout`` s."""
@@ -237,14 +273,11 @@ class Server:
         n = self._live_pending()
         if n:
             log.info("draining: %d calls in flight (up to %.1fs)", n, timeout)
-        while n and loop.time() < deadline:
+        while n and loop.time() < deadline and not self._aborted.is_set():
             self._pending_changed.clear()
-            try:
-                await asyncio.wait_for(self._pending_changed.wait(), min(1.0, deadline - loop.time()))
-            except TimeoutError:
-                pass
+            await self._until(self._pending_changed.wait(), min(1.0, deadline - loop.time()))
             n = self._live_pending()
-        if n:
+        if n and not self._aborted.is_set():
             log.warning("drain deadline passed with %d calls in flight", n)
 
     def _live_pending(self) -> int:

@@ -17,11 +17,22 @@ re-exports its public names (see ``_native.pyi`` for the typed API).
             behind every reconnect and retry loop of the suite
 - tls       ssl contexts from PEM files, reload in place, a development CA
             (pure Python; the native servers load the same files with rustls)
+- net       ListenError: "cannot listen on HOST:PORT: reason", for every server
 - tokens    JWT verification on PyJWT (secrets, PEM keys, JWKS with rotation),
             shared by juggler's handshake and rpc's auth plugin (pure Python)
 """
 
-from rustext._native import (
+# Inside a source checkout, ``python -m …`` and ``python -c`` put the
+# checkout's root first on sys.path, so this source folder (without the
+# compiled module) shadows the installed package. Extending __path__ with the
+# other ``rustext`` folders on sys.path lets ``rustext._native`` be found in
+# the installed one (site-packages) all the same.
+from pkgutil import extend_path
+
+__path__ = extend_path(__path__, __name__)
+del extend_path
+
+from rustext._native import (  # noqa: E402
     BalancerConfigError,
     BalancerError,
     DecodeError,

@@ -1,0 +1,205 @@
+"""How every long-running command starts, serves and stops.
+
+As uvicorn does: the first SIGINT/SIGTERM drains, and says so on stderr
+(``draining 3 calls for up to 10 s; Ctrl-C again to stop now``); the second
+stops at once; an idle process stops within a second. Ctrl-C while starting
+(waiting for Redis, say) stops at once too. SIGHUP, where a command gives
+``reload``, reloads (TLS certificates) without dropping connections.
+
+A start that fails on something the user can fix prints one line and exits
+2 (a busy port, a bad file or option) or 1 (a dependency that cannot be
+reached), never a traceback; a traceback is for a bug.
+
+:func:`serve` runs one :class:`Service` on the running loop;
+:func:`interrupted` gives batch tools (benchmarks, load generators) the
+same two-step Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Protocol, TypeVar
+
+from rustext.net import ListenError
+
+__all__ = ["Service", "StartError", "interrupted", "serve"]
+
+#: seconds a drain gets to finish once aborted (the second signal)
+ABORT_GRACE = 5.0
+
+S = TypeVar("S", bound="Service")
+
+
+class StartError(Exception):
+    """A start that failed for a reason the user can act on: the message is
+    printed as is. ``status`` is the exit status (2: fix the command line or
+    a file; 1: something it needs is not there)."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Service(Protocol):
+    """What :func:`serve` needs of a started command."""
+
+    def draining(self) -> str:
+        """What the drain waits for, for the message of the first signal
+        (``draining 3 calls for up to 10 s``); empty when nothing is in flight."""
+
+    async def drain(self) -> None:
+        """Stop accepting, let work in flight finish within its deadline, close."""
+
+    async def abort(self) -> None:
+        """Stop now: make a :meth:`drain` in progress finish at once (drop
+        what is in flight, skip the closing handshakes)."""
+
+
+class _Signals:
+    """Counts SIGINT/SIGTERM on the loop; ``first``/``second`` are set in turn."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, reload: Callable[[], None] | None) -> None:
+        self.loop = loop
+        self.first = asyncio.Event()
+        self.second = asyncio.Event()
+        self._reload = reload
+        self._installed: list[int] = []
+
+    def __enter__(self) -> _Signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.loop.add_signal_handler(sig, self._on_stop)
+            self._installed.append(sig)
+        if self._reload is not None:
+            self.loop.add_signal_handler(signal.SIGHUP, self._reload)
+            self._installed.append(signal.SIGHUP)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig in self._installed:
+            self.loop.remove_signal_handler(sig)
+
+    def _on_stop(self) -> None:
+        if self.first.is_set():
+            self.second.set()
+        else:
+            self.first.set()
+
+
+async def _race(aw: Awaitable[object], event: asyncio.Event) -> bool:
+    """Await `aw` unless `event` comes first (then `aw` is cancelled): True if `aw` finished."""
+    task = asyncio.ensure_future(aw)
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if task.done():
+        task.result()  # re-raise its exception
+        return True
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    return False
+
+
+def say(prog: str, message: str) -> None:
+    print(f"{prog}: {message}", file=sys.stderr, flush=True)
+
+
+async def serve(
+    prog: str,
+    start: Callable[[], Awaitable[S]],
+    *,
+    ready: Callable[[S], None] | None = None,
+    reload: Callable[[S], None] | None = None,
+    wait: Callable[[S], Awaitable[object]] | None = None,
+) -> int:
+    """Start a service, serve until a signal (or until ``wait(service)``
+    returns: the service ended by itself), drain, stop; returns the exit status.
+
+    ``ready`` runs once started (the start-up line); ``reload`` on SIGHUP.
+    """
+    loop = asyncio.get_running_loop()
+    holder: list[S] = []
+
+    def on_hup() -> None:
+        if holder and reload is not None:
+            reload(holder[0])
+
+    with _Signals(loop, on_hup if reload is not None else None) as signals:
+        try:
+            started = await _race(_start(start, holder), signals.first)
+        except ListenError as exc:
+            say(prog, str(exc))
+            return 2
+        except StartError as exc:
+            say(prog, str(exc))
+            return exc.status
+        if not started:
+            say(prog, "stopped while starting")
+            return 130
+        service = holder[0]
+        if ready is not None:
+            ready(service)
+        ended = False
+        if wait is not None:
+            ended = await _race(wait(service), signals.first)
+        else:
+            await signals.first.wait()
+        what = service.draining()
+        if not ended:
+            say(prog, f"{what}; Ctrl-C again to stop now" if what else "stopping")
+        drain = asyncio.ensure_future(service.drain())
+        second = asyncio.ensure_future(signals.second.wait())
+        try:
+            await asyncio.wait([drain, second], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            second.cancel()
+        if not drain.done():
+            say(prog, "stopping now")
+            await service.abort()
+            try:
+                await asyncio.wait_for(asyncio.shield(drain), ABORT_GRACE)
+            except TimeoutError:
+                say(prog, f"still stopping after {ABORT_GRACE:g} s; giving up")
+                drain.cancel()
+                return 1
+            return 130
+        drain.result()
+        return 1 if ended else 0
+
+
+async def _start(start: Callable[[], Awaitable[S]], holder: list[S]) -> None:
+    holder.append(await start())
+
+
+@contextlib.contextmanager
+def interrupted(on_first: Callable[[], None], *, prog: str, what: str = "stopping early") -> Iterator[None]:
+    """For batch tools on the running loop: the first Ctrl-C/SIGTERM calls
+    ``on_first`` (stop sending, keep what was measured, print the partial
+    report), the second raises KeyboardInterrupt in the loop (stop now).
+    Children of the tool must be ended by its own ``finally``."""
+    loop = asyncio.get_running_loop()
+    count = 0
+    main = asyncio.current_task()
+
+    def handler() -> None:
+        nonlocal count
+        count += 1
+        if count == 1:
+            say(prog, f"{what}; Ctrl-C again to stop now")
+            on_first()
+        elif main is not None:
+            main.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, handler)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,35 @@
+"""Listening sockets: one error type for "cannot listen", whichever server
+(juggler's, rpc's, seq's, the balancer's, a metrics endpoint) failed to bind,
+so every command reports it the same way, in one line."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+__all__ = ["ListenError", "listen_error"]
+
+
+class ListenError(OSError):
+    """A server could not listen on its address. ``str()`` is one line a user
+    can act on: ``cannot listen on 127.0.0.1:9000: address already in use``."""
+
+    def __init__(self, host: str, port: int | str, reason: str, err: int | None = None) -> None:
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        super().__init__(err or 0, f"cannot listen on {where}: {reason}")
+        self.host, self.port, self.reason = host, port, reason
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def listen_error(host: str, port: int | str, exc: OSError) -> ListenError:
+    """The :class:`ListenError` for a failed bind/listen (``raise … from exc``)."""
+    if isinstance(exc, ListenError):
+        return exc
+    code = exc.errno
+    if code is not None and code in errno.errorcode:
+        reason = os.strerror(code).lower()
+    else:
+        reason = str(exc.strerror or exc).lower()
+    return ListenError(host, port, reason, code)
