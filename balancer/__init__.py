@@ -4,10 +4,12 @@ The data plane (forwarding, pools, algorithms, stats) is ``rustext.Balancer``
 on threads of its own; this package configures and watches it.
 
 - config    typed config dataclasses and the TOML loader (validation)
-- health    active HTTP health checks (asyncio) marking backends up/down
-- admin     the admin HTTP endpoint: backends, drain, weights, reload, metrics
-- metrics   Prometheus text rendering of the data plane's stats
-- service   ``LoadBalancer``: lifecycle, SIGHUP reload, drain
+- health    active HTTP health checks (asyncio, aiohttp) marking backends up/down
+- service   ``LoadBalancer``: data plane + health checks, reload, drain
+- admin     the admin HTTP endpoint (aiohttp) on top of a service: backends,
+            drain, weights, reload, metrics
+- metrics   the data plane's stats as a prometheus-client collector
+- runner    ``BalancerProcess``: a service and its admin endpoint, as ``juggler balancer`` runs them
 - errors    ``BalancerError`` / ``BalancerConfigError``
 """
 

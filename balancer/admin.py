@@ -1,4 +1,4 @@
-"""The admin HTTP endpoint (its own port, asyncio, loopback by default).
+"""The admin HTTP endpoint (its own port, loopback by default), on aiohttp.
 
 ==========================================  ===========================================
 ``GET  /backends``                          JSON list: name, weight, state, counters
@@ -13,125 +13,130 @@
 ==========================================  ===========================================
 
 Errors answer 4xx with a JSON ``{"error": ...}``; an invalid reload is a 400
-and the running configuration stays.
+and the running configuration stays. The endpoint sits on top of
+:class:`balancer.service.LoadBalancer`, which knows nothing of it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, unquote, urlsplit
+
+from aiohttp import web
+
+from rustext.net import listen_error
 
 from balancer.errors import BalancerConfigError, BalancerError
-from balancer.metrics import render
+from balancer.metrics import CONTENT_TYPE_LATEST, exposition, registry_for
 
 if TYPE_CHECKING:
     from balancer.service import LoadBalancer
 
 log = logging.getLogger("balancer.admin")
 
-MAX_HEAD = 16384
-READ_TIMEOUT = 10.0
+#: largest request body the endpoint reads (its requests carry none that matter)
+MAX_BODY = 16384
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, text=json.dumps(obj, indent=1), content_type="application/json")
 
 
 class AdminServer:
+    """The admin endpoint of one :class:`LoadBalancer`; ``start()`` / ``aclose()``."""
+
     def __init__(self, lb: LoadBalancer, host: str, port: int) -> None:
         self._lb = lb
         self._host, self._port = host, port
-        self._server: asyncio.Server | None = None
+        self._registry = registry_for(lb.stats)
+        self._runner: web.AppRunner | None = None
+        self._address: tuple[str, int] | None = None
 
     @property
     def address(self) -> tuple[str, int]:
-        assert self._server is not None
-        return self._server.sockets[0].getsockname()[:2]
+        assert self._address is not None, "not started"
+        return self._address
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors_as_json])
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/backends", self._backends)
+        app.router.add_get("/stats", self._stats)
+        app.router.add_get("/config", self._config)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_post("/reload", self._reload)
+        app.router.add_post("/backends/{name}/{action}", self._backend)
+        return app
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._client, self._host, self._port, limit=MAX_HEAD)
+        runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise listen_error(self._host, self._port, exc) from exc
+        self._runner = runner
+        self._address = tuple(runner.addresses[0][:2])  # type: ignore[assignment]  # the bound port when 0 was asked
 
     async def aclose(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    # handlers -----------------------------------------------------------------------
+
+    async def _backends(self, request: web.Request) -> web.Response:
+        return _json(self._lb.backends())
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        return _json(self._lb.stats())
+
+    async def _config(self, request: web.Request) -> web.Response:
+        return _json(dataclasses.asdict(self._lb.config))
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=exposition(self._registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _reload(self, request: web.Request) -> web.Response:
         try:
-            async with asyncio.timeout(READ_TIMEOUT):
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, target, _ = lines[0].split(" ", 2)
-                length = 0
-                for line in lines[1:]:
-                    k, _, v = line.partition(":")
-                    if k.strip().lower() == "content-length":
-                        length = int(v.strip())
-                if length > MAX_HEAD:
-                    raise ValueError("body too large")
-                if length:
-                    await reader.readexactly(length)
-            status, ctype, body = await self._route(method, target)
-        except (ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
-            status, ctype, body = 400, "application/json", b'{"error": "bad request"}'
-        except ConnectionError:
-            writer.close()
-            return
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict"}.get(status, "Error")
-        writer.write(
-            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n".encode("latin-1") + body
-        )
+            await self._lb.reload()
+        except BalancerConfigError as exc:
+            return _json({"error": str(exc)}, 400)
+        return _json({"reloaded": True})
+
+    async def _backend(self, request: web.Request) -> web.Response:
+        name, action = request.match_info["name"], request.match_info["action"]
         try:
-            await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
+            if action in ("drain", "up", "down"):
+                self._lb.set_backend_state(name, action)
+            elif action == "weight":
+                raw = request.query.get("w", request.query.get("weight", ""))
+                try:
+                    weight = int(raw)
+                except ValueError:
+                    return _json({"error": "weight must be an integer"}, 400)
+                self._lb.set_backend_weight(name, weight)
+            else:
+                return _json({"error": f"unknown action {action!r}"}, 404)
+        except BalancerError as exc:
+            return _json({"error": str(exc)}, 404 if "no backend" in str(exc) else 400)
+        return _json({"backend": name, "action": action})
 
-    async def _route(self, method: str, target: str) -> tuple[int, str, bytes]:
-        url = urlsplit(target)
-        path = url.path.rstrip("/") or "/"
-        query = parse_qs(url.query)
-        lb = self._lb
 
-        def js(obj: Any, status: int = 200) -> tuple[int, str, bytes]:
-            return status, "application/json", json.dumps(obj, indent=1).encode()
-
-        if method == "GET":
-            if path == "/metrics":
-                return 200, "text/plain; version=0.0.4; charset=utf-8", render(lb.stats()).encode()
-            if path == "/backends":
-                return js(lb.backends())
-            if path == "/stats":
-                return js(lb.stats())
-            if path == "/config":
-                return js(dataclasses.asdict(lb.config))
-            if path == "/healthz":
-                return 200, "text/plain", b"ok\n"
-            return js({"error": f"no such resource {path}"}, 404)
-        if method != "POST":
-            return js({"error": "use GET or POST"}, 405)
-        if path == "/reload":
-            try:
-                await lb.reload()
-            except BalancerConfigError as exc:
-                return js({"error": str(exc)}, 400)
-            return js({"reloaded": True})
-        parts = path.split("/")
-        if len(parts) == 4 and parts[1] == "backends":
-            name, action = unquote(parts[2]), parts[3]
-            try:
-                if action in ("drain", "up", "down"):
-                    lb.set_backend_state(name, action)
-                elif action == "weight":
-                    lb.set_backend_weight(name, int(query.get("w", query.get("weight", ["x"]))[0]))
-                else:
-                    return js({"error": f"unknown action {action!r}"}, 404)
-            except ValueError:
-                return js({"error": "weight must be an integer"}, 400)
-            except BalancerError as exc:
-                return js({"error": str(exc)}, 404 if "no backend" in str(exc) else 400)
-            return js({"backend": name, "action": action})
-        return js({"error": f"no such resource {path}"}, 404)
+@web.middleware
+async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamResponse:
+    """aiohttp's own 404/405/413 answers, as JSON like every other error here."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = {404: f"no such resource {request.path}", 405: "use GET or POST"}.get(exc.status, exc.reason)
+        return _json({"error": message}, exc.status)

@@ -1,7 +1,8 @@
 """Active health checks, run from asyncio.
 
 Each backend gets one task that sends ``GET <path>`` on a fresh connection
-every ``interval`` (bounded by ``timeout``); a 2xx/3xx answer is a success.
+every ``interval`` (bounded by ``timeout``); a 2xx/3xx answer is a success
+(redirects are not followed). The HTTP client is aiohttp.
 After ``rise`` successes in a row a down backend is marked up, after
 ``fall`` failures in a row an up backend is marked down; every transition
 calls ``on_change(name, healthy)`` (the service forwards it to the data
@@ -14,32 +15,27 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable
 
+import aiohttp
+
 from balancer.config import HealthCheck, parse_hostport
 
 log = logging.getLogger("balancer.health")
 
 
-async def probe(address: str, check: HealthCheck) -> bool:
+async def probe(session: aiohttp.ClientSession, address: str, check: HealthCheck) -> bool:
     """One check: True when the backend answers 2xx/3xx within the timeout."""
     host, port = parse_hostport(address, "backend address")
-    writer = None
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        async with asyncio.timeout(check.timeout):
-            reader, writer = await asyncio.open_connection(host, port)
-            host_header = check.host or address
-            writer.write(
-                f"GET {check.path} HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: juggler-balancer-health\r\n"
-                "Connection: close\r\n\r\n".encode("latin-1")
-            )
-            await writer.drain()
-            line = await reader.readline()
-        parts = line.split(None, 2)
-        return len(parts) >= 2 and parts[0].startswith(b"HTTP/1.") and parts[1][:1] in (b"2", b"3")
-    except (OSError, TimeoutError, ValueError):
+        async with session.get(
+            f"http://{authority}{check.path}",
+            headers={"Host": check.host or address, "User-Agent": "juggler-balancer-health"},
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=check.timeout),
+        ) as resp:
+            return 200 <= resp.status < 400
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
         return False
-    finally:
-        if writer is not None:
-            writer.close()
 
 
 class HealthChecker:
@@ -50,6 +46,14 @@ class HealthChecker:
         self._on_change = on_change
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.healthy: dict[str, bool] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # a fresh connection per check: a backend's listener is what is tested
+            connector = aiohttp.TCPConnector(force_close=True, limit=0)
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        return self._session
 
     def set_backends(self, addresses: Iterable[str], check: HealthCheck | None = None) -> None:
         """Start checking new backends and stop checking removed ones."""
@@ -70,7 +74,7 @@ class HealthChecker:
     async def _run(self, name: str) -> None:
         ok_streak = bad_streak = 0
         while True:
-            ok = await probe(name, self.check)
+            ok = await probe(self._client(), name, self.check)
             if ok:
                 ok_streak, bad_streak = ok_streak + 1, 0
             else:
@@ -96,3 +100,6 @@ class HealthChecker:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,69 +1,89 @@
-"""Prometheus text exposition of the data plane's stats."""
+"""Prometheus metrics of the data plane, through prometheus-client's collector
+API (as juggler, rpc and seq expose theirs): :class:`BalancerCollector` reads
+``rustext.Balancer.stats()`` at scrape time; :func:`exposition` renders a
+registry holding it in the text format."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
 
-def _esc(v: str) -> str:
-    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+__all__ = ["CONTENT_TYPE_LATEST", "BalancerCollector", "exposition", "registry_for"]
+
+STATES = ("up", "down", "drain", "ejected")
 
 
-def render(stats: dict[str, Any]) -> str:
-    """Render ``rustext.Balancer.stats()`` in the Prometheus text format 0.0.4."""
-    out: list[str] = []
+class BalancerCollector(Collector):
+    """The balancer's counters, gauges and latency histogram, from ``stats()``."""
 
-    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-        out.append(f"# HELP {name} {help_}")
-        out.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            out.append(f"{name}{labels} {value}")
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self._stats = stats
 
-    metric("balancer_connections_total", "counter", "Client connections accepted.", [("", stats["connections_total"])])
-    metric("balancer_connections_active", "gauge", "Client connections open.", [("", stats["connections_active"])])
-    metric("balancer_requests_total", "counter", "Client requests received.", [("", stats["requests"])])
-    metric(
-        "balancer_responses_total", "counter", "Responses sent to clients by status class.",
-        [(f'{{class="{k}"}}', v) for k, v in stats["responses"].items()],
-    )
-    metric("balancer_request_bytes_total", "counter", "Request body bytes from clients.", [("", stats["bytes_in"])])
-    metric("balancer_response_bytes_total", "counter", "Response body bytes to clients.", [("", stats["bytes_out"])])
-    metric("balancer_retries_total", "counter", "Requests retried on another backend.", [("", stats["retries"])])
-    metric("balancer_no_backend_total", "counter", "Requests answered 503 (no backend).", [("", stats["no_backend"])])
-    metric("balancer_backend_errors_total", "counter", "Requests answered 502.", [("", stats["backend_errors"])])
-    metric("balancer_timeouts_total", "counter", "Backend timeouts (504 or cut body).", [("", stats["timeouts"])])
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        yield CounterMetricFamily("balancer_connections", "Client connections accepted.", value=s["connections_total"])
+        yield GaugeMetricFamily("balancer_connections_active", "Client connections open.", value=s["connections_active"])
+        yield CounterMetricFamily("balancer_requests", "Client requests received.", value=s["requests"])
+        responses = CounterMetricFamily("balancer_responses", "Responses sent to clients by status class.",
+                                        labels=["class"])
+        for cls, n in s["responses"].items():
+            responses.add_metric([cls], n)
+        yield responses
+        yield CounterMetricFamily("balancer_request_bytes", "Request body bytes from clients.", value=s["bytes_in"])
+        yield CounterMetricFamily("balancer_response_bytes", "Response body bytes to clients.", value=s["bytes_out"])
+        yield CounterMetricFamily("balancer_retries", "Requests retried on another backend.", value=s["retries"])
+        yield CounterMetricFamily("balancer_no_backend", "Requests answered 503 (no backend).", value=s["no_backend"])
+        yield CounterMetricFamily("balancer_backend_errors", "Requests answered 502.", value=s["backend_errors"])
+        yield CounterMetricFamily("balancer_timeouts", "Backend timeouts (504 or cut body).", value=s["timeouts"])
 
-    name = "balancer_request_duration_seconds"
-    out.append(f"# HELP {name} Time to the response head, as seen by the balancer.")
-    out.append(f"# TYPE {name} histogram")
-    cum = 0
-    for bound, n in zip([*stats["latency_bounds"], "+Inf"], stats["latency_buckets"], strict=True):
-        cum += n
-        out.append(f'{name}_bucket{{le="{bound}"}} {cum}')
-    out.append(f"{name}_sum {stats['latency_sum']}")
-    out.append(f"{name}_count {cum}")
+        buckets, cum = [], 0
+        for bound, n in zip([*s["latency_bounds"], "+Inf"], s["latency_buckets"], strict=True):
+            cum += n
+            buckets.append((str(bound), cum))
+        yield HistogramMetricFamily("balancer_request_duration_seconds",
+                                    "Time to the response head, as seen by the balancer.",
+                                    buckets=buckets, sum_value=s["latency_sum"])
 
-    backends = stats.get("backends", [])
-    states = ("up", "down", "drain", "ejected")
-    out.append("# HELP balancer_backend_state Backend state (1 for the current one).")
-    out.append("# TYPE balancer_backend_state gauge")
-    for b in backends:
-        for s in states:
-            out.append(f'balancer_backend_state{{backend="{_esc(b["name"])}",state="{s}"}} {int(b["state"] == s)}')
-    for key, kind, help_ in (
-        ("weight", "gauge", "Backend weight."),
-        ("active", "gauge", "Requests in flight to the backend."),
-        ("requests", "counter", "Requests sent to the backend."),
-        ("failures", "counter", "Transport failures (connect, reset, timeout)."),
-        ("ejections", "counter", "Passive ejections."),
-        ("bytes_out", "counter", "Response body bytes from the backend."),
-    ):
-        mname = f"balancer_backend_{key}" + ("_total" if kind == "counter" and key != "bytes_out" else "")
-        if key == "bytes_out":
-            mname = "balancer_backend_response_bytes_total"
-        metric(mname, kind, help_, [(f'{{backend="{_esc(b["name"])}"}}', b[key]) for b in backends])
-    metric(
-        "balancer_backend_responses_total", "counter", "Backend responses by status class.",
-        [(f'{{backend="{_esc(b["name"])}",class="{k}"}}', v) for b in backends for k, v in b["responses"].items()],
-    )
-    return "\n".join(out) + "\n"
+        backends = s.get("backends", [])
+        state = GaugeMetricFamily("balancer_backend_state", "Backend state (1 for the current one).",
+                                  labels=["backend", "state"])
+        for b in backends:
+            for st in STATES:
+                state.add_metric([b["name"], st], int(b["state"] == st))
+        yield state
+        for key, family, name, help_ in (
+            ("weight", GaugeMetricFamily, "balancer_backend_weight", "Backend weight."),
+            ("active", GaugeMetricFamily, "balancer_backend_active", "Requests in flight to the backend."),
+            ("requests", CounterMetricFamily, "balancer_backend_requests", "Requests sent to the backend."),
+            ("failures", CounterMetricFamily, "balancer_backend_failures",
+             "Transport failures (connect, reset, timeout)."),
+            ("ejections", CounterMetricFamily, "balancer_backend_ejections", "Passive ejections."),
+            ("bytes_out", CounterMetricFamily, "balancer_backend_response_bytes",
+             "Response body bytes from the backend."),
+        ):
+            m = family(name, help_, labels=["backend"])
+            for b in backends:
+                m.add_metric([b["name"]], b[key])
+            yield m
+        by_class = CounterMetricFamily("balancer_backend_responses", "Backend responses by status class.",
+                                       labels=["backend", "class"])
+        for b in backends:
+            for cls, n in b["responses"].items():
+                by_class.add_metric([b["name"], cls], n)
+        yield by_class
+
+
+def registry_for(stats: Callable[[], dict[str, Any]]) -> CollectorRegistry:
+    """A registry of its own (no global state) holding a :class:`BalancerCollector`."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(BalancerCollector(stats))
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The Prometheus text format of ``registry``."""
+    return generate_latest(registry)

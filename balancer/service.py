@@ -1,10 +1,12 @@
-"""The balancer as a service: data plane + health checks + admin + reload.
+"""The balancer as a service: data plane + health checks + reload.
 
 Lifecycle: ``await lb.start()`` → serving; ``await lb.reload()`` (SIGHUP or
-``POST /reload``) re-reads the file and swaps backends and policy without
-dropping a connection, or raises BalancerConfigError and keeps the running
-configuration; ``await lb.drain(timeout)`` stops accepting and waits for
-in-flight requests; ``await lb.aclose()`` stops at once. All idempotent.
+the admin endpoint's ``POST /reload``) re-reads the file and swaps backends
+and policy without dropping a connection, or raises BalancerConfigError and
+keeps the running configuration; ``await lb.drain(timeout)`` stops accepting
+and waits for in-flight requests; ``await lb.aclose()`` stops at once. All
+idempotent. The admin endpoint (balancer.admin) and the process around both
+(balancer.runner) sit on top of this module.
 """
 
 from __future__ import annotations
@@ -13,14 +15,12 @@ import asyncio
 import dataclasses
 import logging
 import os
-import signal
 from typing import Any
 
 import rustext
 
 from balancer import config as config_mod
-from balancer.admin import AdminServer
-from balancer.config import BalancerConfig, parse_hostport
+from balancer.config import BalancerConfig
 from balancer.errors import BalancerConfigError
 from balancer.health import HealthChecker
 
@@ -33,7 +33,6 @@ class LoadBalancer:
         self.config_path = config_path
         self._native = rustext.Balancer(config.to_native())
         self._health: HealthChecker | None = None
-        self._admin: AdminServer | None = None
         self._reload_lock = asyncio.Lock()
         self._closed = asyncio.Event()
         self._started = False
@@ -47,14 +46,9 @@ class LoadBalancer:
         if self.config.health is not None:
             self._health = HealthChecker(self.config.health, self._native.set_backend_health)
             self._health.set_backends(b.address for b in self.config.backends)
-        if self.config.admin is not None:
-            host, port = parse_hostport(self.config.admin, "admin")
-            self._admin = AdminServer(self, host, port)
-            await self._admin.start()
         log.info(
-            "balancer listening on %s:%d (%d workers, %s) over %d backends%s",
+            "balancer listening on %s:%d (%d workers, %s) over %d backends",
             *self.address, self._native.workers, self.config.algorithm, len(self.config.backends),
-            f"; admin on {self.admin_address[0]}:{self.admin_address[1]}" if self._admin else "",
         )
 
     @property
@@ -63,10 +57,6 @@ class LoadBalancer:
         if addr is None:
             raise RuntimeError("not started")
         return addr
-
-    @property
-    def admin_address(self) -> tuple[str, int] | None:
-        return self._admin.address if self._admin is not None else None
 
     async def drain(self, timeout: float = 30.0) -> None:
         """Stop accepting, finish in-flight requests within ``timeout``, stop."""
@@ -79,13 +69,14 @@ class LoadBalancer:
         await asyncio.to_thread(self._native.close)
         self._closed.set()
 
+    async def abort(self) -> None:
+        """Cut a :meth:`drain` under way short: in-flight exchanges end now."""
+        await asyncio.to_thread(self._native.close)
+
     async def _stop_control(self) -> None:
         if self._health is not None:
             await self._health.aclose()
             self._health = None
-        if self._admin is not None:
-            await self._admin.aclose()
-            self._admin = None
 
     async def __aenter__(self) -> LoadBalancer:
         await self.start()
@@ -94,27 +85,9 @@ class LoadBalancer:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def serve_forever(self, *, drain_timeout: float = 30.0) -> None:
-        """Run until SIGINT/SIGTERM (then drain); SIGHUP reloads the file."""
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        loop.add_signal_handler(signal.SIGINT, stop.set)
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
-        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self._reload_logged()))
-        try:
-            await asyncio.wait(
-                [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._closed.wait())],
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                loop.remove_signal_handler(s)
-        if not self._closed.is_set():
-            log.info("draining (up to %.1fs)", drain_timeout)
-            await self.drain(drain_timeout)
-
     # --- reconfiguration -------------------------------------------------
-    async def _reload_logged(self) -> None:
+    async def reload_logged(self) -> None:
+        """:meth:`reload`, logging a rejected file instead of raising (SIGHUP)."""
         try:
             await self.reload()
         except BalancerConfigError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 EXAMPLES = """examples:
   juggler balancer --listen 0.0.0.0:8080 --backends 127.0.0.1:9001,127.0.0.1:9002
@@ -79,8 +80,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import sys
 
-    from balancer.errors import BalancerConfigError, BalancerError
-    from balancer.service import LoadBalancer
+    from balancer.errors import BalancerConfigError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -88,21 +88,34 @@ def run(args: argparse.Namespace) -> int:
     except BalancerConfigError as exc:
         print(f"juggler balancer: {exc}", file=sys.stderr)
         return 2
-
-    async def main() -> int:
-        lb = LoadBalancer(cfg, config_path=args.config)
-        try:
-            await lb.start()
-        except BalancerError as exc:
-            print(f"juggler balancer: {exc}", file=sys.stderr)
-            await lb.aclose()
-            return 1
-        await lb.serve_forever(drain_timeout=args.drain_timeout)
-        return 0
-
     try:
         import uvloop
 
-        return uvloop.run(main())
+        return uvloop.run(_serve(cfg, args))
     except ImportError:
-        return asyncio.run(main())
+        return asyncio.run(_serve(cfg, args))
+
+
+async def _serve(cfg: Any, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from balancer.errors import BalancerError
+    from balancer.runner import BalancerProcess
+    from cli.lifecycle import StartError, serve
+
+    async def start() -> BalancerProcess:
+        process = BalancerProcess(cfg, config_path=args.config, drain_timeout=args.drain_timeout)
+        try:
+            await process.start()
+        except BalancerError as exc:
+            raise StartError(str(exc), status=2) from exc
+        return process
+
+    def ready(p: BalancerProcess) -> None:
+        if p.admin_address is not None:
+            import logging
+
+            logging.getLogger("balancer").info("admin on http://%s:%d/", *p.admin_address)
+
+    return await serve("juggler balancer", start, ready=ready,
+                       reload=lambda p: asyncio.ensure_future(p.lb.reload_logged()))

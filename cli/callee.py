@@ -41,71 +41,101 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
     import logging
-    import signal
     import sys
 
     import uvloop
 
-    from juggler.broker.redis import RedisBroker, RedisBrokerConfig
-    from juggler.callee import Callee, load_app, make_test_app
+    from juggler.broker.redis import RedisBrokerConfig
+    from juggler.callee import load_app, make_test_app
+    from rustext.appspec import AppImportError, cwd_on_path
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.workers < 1 or args.n < 0:
         print("juggler callee: --workers must be >= 1 and -n >= 0", file=sys.stderr)
         return 2
     try:
-        app = load_app(args.app) if args.app else make_test_app(args.n)
+        if args.app:
+            cwd_on_path()
+            app = load_app(args.app)
+        else:
+            app = make_test_app(args.n)
         config = RedisBrokerConfig(url=args.redis, call_batch=max(1, min(args.workers, 64)), result_cap=args.result_cap,
                                    cluster=args.redis_cluster or ())
-    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+    except (AppImportError, TypeError, ValueError) as exc:
         print(f"juggler callee: {exc}", file=sys.stderr)
         return 2
+    return uvloop.run(_serve(args, app, config))
 
-    async def main() -> int:
-        broker = RedisBroker(config)
-        try:
-            await broker.start()
-        except Exception as exc:
-            print(f"juggler callee: cannot use Redis at {broker.description}: {exc}", file=sys.stderr)
-            await broker.aclose()
-            return 1
-        callee = Callee(broker, app, workers=args.workers)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        metrics = None
-        if args.metrics_port:
-            metrics = _serve_metrics(callee, broker, args.metrics_port)
-        await callee.start()
-        logging.getLogger("juggler.callee").info(
-            "serving %d URIs (%s) from %s with %d workers",
-            len(callee.uris), ", ".join(callee.uris[:6]) + (" …" if len(callee.uris) > 6 else ""),
-            broker.description, args.workers,
-        )
-        waiter = asyncio.create_task(callee.wait())
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        code = 0
-        if waiter.done() and not waiter.cancelled() and waiter.exception() is not None:
-            code = 1
-        await callee.drain(timeout=args.drain_timeout)
-        waiter.cancel()
-        await asyncio.wait([waiter])
-        await callee.aclose()
-        await broker.aclose()
-        if metrics is not None:
-            metrics.close()
-        s = callee.stats
+
+class _Running:
+    """A started callee process (see cli.lifecycle.Service)."""
+
+    def __init__(self, callee: Any, broker: Any, metrics: Any, drain_timeout: float) -> None:
+        self.callee, self.broker, self.metrics, self.drain_timeout = callee, broker, metrics, drain_timeout
+        self._aborted = False
+
+    def draining(self) -> str:
+        n = self.callee.stats.running
+        if not n:
+            return ""
+        return f"draining {n} running call{'s' if n != 1 else ''} for up to {self.drain_timeout:g} s"
+
+    async def drain(self) -> None:
+        import logging
+
+        await self.callee.drain(timeout=0.0 if self._aborted else self.drain_timeout)
+        await self.callee.aclose()
+        await self.broker.aclose()
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+        s = self.callee.stats
         logging.getLogger("juggler.callee").info(
             "stopped: %d calls, %d results, %d errors, %d expired", s.calls, s.results, s.errors, s.expired
         )
-        return code
 
-    return uvloop.run(main())
+    async def abort(self) -> None:
+        self._aborted = True
+        await self.callee.drain(timeout=0.0)
+
+
+async def _serve(args: argparse.Namespace, app: Any, config: Any) -> int:
+    import logging
+
+    from cli.lifecycle import StartError, serve
+    from juggler.broker.base import BrokerError
+    from juggler.broker.redis import RedisBroker
+    from juggler.callee import Callee
+
+    async def start() -> _Running:
+        broker = RedisBroker(config)
+        try:
+            await broker.start()
+        except BaseException as exc:
+            await broker.aclose()
+            if isinstance(exc, BrokerError):
+                raise StartError(str(exc)) from exc
+            raise
+        callee = Callee(broker, app, workers=args.workers)
+        metrics = None
+        try:
+            if args.metrics_port:
+                metrics = _serve_metrics(callee, broker, args.metrics_port)
+            await callee.start()
+        except BaseException:
+            await broker.aclose()
+            raise
+        return _Running(callee, broker, metrics, args.drain_timeout)
+
+    def ready(r: _Running) -> None:
+        uris = r.callee.uris
+        logging.getLogger("juggler.callee").info(
+            "serving %d URIs (%s) from %s with %d workers",
+            len(uris), ", ".join(uris[:6]) + (" …" if len(uris) > 6 else ""), r.broker.description, args.workers,
+        )
+
+    return await serve("juggler callee", start, ready=ready, wait=lambda r: r.callee.wait())
 
 
 def _serve_metrics(callee: Any, broker: Any, port: int) -> Any:
@@ -132,4 +162,4 @@ def _serve_metrics(callee: Any, broker: Any, port: int) -> Any:
 
     registry = CollectorRegistry()
     registry.register(CalleeCollector())
-    return serve_metrics(registry, port)
+    return serve_metrics(registry, port)  # raises rustext.net.ListenError on a busy port

@@ -69,7 +69,7 @@ def register(subparsers: Any) -> None:
 def _hostport(value: str, flag: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit():
-        raise SystemExit(f"{flag} must be HOST:PORT, got {value!r}")
+        raise ValueError(f"{flag} must be HOST:PORT, got {value!r}")
     return host or "127.0.0.1", int(port)
 
 
@@ -88,18 +88,80 @@ async def _start_rpcx_listener(
     return rpcx
 
 
-async def serve(args: argparse.Namespace) -> int:
-    import asyncio
-    import logging
-    import signal
+class _Running:
+    """A started ``rpc serve`` (see cli.lifecycle.Service): the rpcx listener
+    (with HTTP on its port), the gateway, the gRPC peer, the metrics endpoint."""
 
+    def __init__(self, server: Any, timeout: float) -> None:
+        self.server = server
+        self.timeout = timeout
+        self.listener: Any = None
+        self.gateway: Any = None
+        self.grpc_server: Any = None
+        self.metrics_httpd: Any = None
+        self.drained = True
+
+    def draining(self) -> str:
+        n = self.server.in_flight
+        if not n:
+            return ""
+        return f"draining {n} request{'s' if n != 1 else ''} for up to {self.timeout:g} s"
+
+    async def stop_accepting(self) -> None:  # rpc.server.Listener, both listeners at once
+        if self.listener is not None:
+            await self.listener.stop_accepting()
+
+    async def close_connections(self) -> None:
+        if self.listener is not None:
+            await self.listener.close_connections()
+        if self.gateway is not None:
+            await self.gateway.aclose(drain_timeout=1.0)
+
+    async def drain(self) -> None:
+        self.drained = await self.server.shutdown(self, timeout=self.timeout)
+        if self.grpc_server is not None:
+            await self.grpc_server.stop(grace=1.0)
+            self.grpc_server = None
+        if self.metrics_httpd is not None:
+            self.metrics_httpd.shutdown()
+            self.metrics_httpd.server_close()
+            self.metrics_httpd = None
+
+    async def abort(self) -> None:
+        self.server.dispatcher.abort_drain()
+
+
+async def serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from cli.lifecycle import StartError
+    from cli.lifecycle import serve as serve_until_signalled
     from rpc.examples import register_example
     from rpc.plugins import AccessLogPlugin, AuthPlugin, ConnRateLimitPlugin, MetricsPlugin, ReqRateLimitPlugin
     from rpc.server import Server, load_app
+    from rustext.appspec import AppImportError, cwd_on_path
 
+    prog = "juggler rpc serve"
     log = logging.getLogger("rpc.serve")
     if not args.listen and not args.gateway and not args.grpc:
-        print("error: give --listen, --gateway and/or --grpc", file=sys.stderr)
+        print(f"{prog}: give --listen, --gateway and/or --grpc", file=sys.stderr)
+        return 2
+    if args.idle_timeout is not None and args.idle_timeout <= 0:
+        print(f"{prog}: --idle-timeout must be > 0", file=sys.stderr)
+        return 2
+    try:
+        gateway_at = _hostport(args.gateway, "--gateway") if args.gateway else None
+        grpc_at = _hostport(args.grpc, "--grpc") if args.grpc else None
+        config = None
+        if args.listen:
+            from rpc.transport.config import ConnectionConfig, ServerConfig
+
+            config = ServerConfig(
+                connection=ConnectionConfig(max_frame=args.max_message, max_decompressed=args.max_message),
+                max_connections=args.max_connections,
+            )
+    except ValueError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     plugins: list[object] = []
     metrics = None
@@ -125,92 +187,80 @@ async def serve(args: argparse.Namespace) -> int:
         registrars.append(EtcdRegistrar(args.etcd, base=args.base, ttl=max(2, round(args.ttl))))
     server = Server(plugins=plugins, registrars=registrars, max_sync_workers=args.max_sync_workers,
                     handler_timeout=args.handler_timeout)
-    if args.example:
-        register_example(server.registry, args.example)
-    else:
-        load_app(args.app, server)
+    try:
+        if args.example:
+            register_example(server.registry, args.example)
+        else:
+            cwd_on_path()
+            load_app(args.app, server)
+    except (AppImportError, TypeError, ValueError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     if args.metadata:
         for service in server.registry.services.values():
             service.metadata = args.metadata
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    async def start() -> _Running:
+        r = _Running(server, args.shutdown_timeout)
+        try:
+            if args.listen:
+                r.listener = await _start_rpcx_listener(server, args.listen, http=not args.no_http, config=config,
+                                                        idle_timeout=args.idle_timeout)
+                args.listen = r.listener.address.partition("@")[2]  # the bound port when 0 was asked
+            if gateway_at is not None:
+                from rpc.gateway import Gateway, GatewayServer
 
-    listener = None
-    gateway = None
-    grpc_server = None
-    metrics_httpd = None
-    try:
-        if args.listen:
-            from rpc.transport.config import ConnectionConfig, ServerConfig
+                r.gateway = GatewayServer(Gateway(server.dispatcher), *gateway_at)
+                await r.gateway.start()
+            if grpc_at is not None:
+                from rpc.grpc_peer import start_grpc_server
 
-            try:
-                config = ServerConfig(
-                    connection=ConnectionConfig(max_frame=args.max_message, max_decompressed=args.max_message),
-                    max_connections=args.max_connections,
-                )
-            except ValueError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
-            if args.idle_timeout is not None and args.idle_timeout <= 0:
-                print("error: --idle-timeout must be > 0", file=sys.stderr)
-                return 2
-            listener = await _start_rpcx_listener(server, args.listen, http=not args.no_http, config=config,
-                                                  idle_timeout=args.idle_timeout)
-            args.listen = listener.address.partition("@")[2]  # the bound port when 0 was asked
-        if args.gateway:
-            from rpc.gateway import Gateway, GatewayServer
+                r.grpc_server, port = await start_grpc_server(*grpc_at)
+                args.grpc = f"{grpc_at[0]}:{port}"
+            if metrics is not None:
+                from prometheus_client import start_http_server
 
-            host, port = _hostport(args.gateway, "--gateway")
-            gateway = GatewayServer(Gateway(server.dispatcher), host, port)
-            await gateway.start()
-        if args.grpc:
-            from rpc.grpc_peer import start_grpc_server
+                from rustext.net import listen_error
 
-            host, port = _hostport(args.grpc, "--grpc")
-            grpc_server, port = await start_grpc_server(host, port)
-            args.grpc = f"{host}:{port}"
-        if metrics is not None:
-            from prometheus_client import start_http_server
+                try:
+                    r.metrics_httpd, _ = start_http_server(args.metrics_port, addr=args.metrics_host,
+                                                           registry=metrics.registry)
+                except OSError as exc:
+                    raise listen_error(args.metrics_host, args.metrics_port, exc) from exc
+            advertise = args.advertise or (r.listener.address if r.listener is not None else None)
+            if registrars and advertise:
+                try:
+                    await server.publish(advertise)
+                except (OSError, ConnectionError) as exc:
+                    raise StartError(f"cannot register in the registry: {exc}") from exc
+        except BaseException:
+            await r.drain()
+            raise
+        return r
 
-            metrics_httpd, _ = start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
-        advertise = args.advertise or (listener.address if listener is not None else None)
-        if registrars and advertise:
-            await server.publish(advertise)
+    def ready(r: _Running) -> None:
         where = ", ".join(
             x for x in (
-                f"rpcx on {listener.address}" if listener is not None else "",
-                f"http gateway on {gateway.host}:{gateway.port}" if gateway else "",
-                f"grpc.aio Hello.Say on {args.grpc}" if grpc_server is not None else "",
+                f"rpcx on {r.listener.address}" if r.listener is not None else "",
+                f"http gateway on {r.gateway.host}:{r.gateway.port}" if r.gateway else "",
+                f"grpc.aio Hello.Say on {args.grpc}" if r.grpc_server is not None else "",
                 f"metrics on :{args.metrics_port}" if metrics is not None else "",
             ) if x
         )
         services = ", ".join(sorted(server.registry.services))
         log.info("rpc serve: %s; services %s", where, services)
         print(f"rpc serve: {where}; services {services}", flush=True)
-        await stop.wait()
-        print("rpc serve: shutting down", flush=True)
-    finally:
-        class _Both:
-            async def stop_accepting(self) -> None:
-                if listener is not None:
-                    await listener.stop_accepting()
 
-            async def close_connections(self) -> None:
-                if listener is not None:
-                    await listener.close_connections()
-                if gateway is not None:
-                    await gateway.aclose(drain_timeout=1.0)
+    holder: list[_Running] = []
 
-        drained = await server.shutdown(_Both(), timeout=args.shutdown_timeout)
-        if grpc_server is not None:
-            await grpc_server.stop(grace=1.0)
-        if metrics_httpd is not None:
-            metrics_httpd.shutdown()
-            metrics_httpd.server_close()
-    return 0 if drained else 1
+    async def start_kept() -> _Running:
+        holder.append(await start())
+        return holder[0]
+
+    status = await serve_until_signalled(prog, start_kept, ready=ready)
+    if status == 0 and holder and not holder[0].drained:
+        return 1
+    return status
 
 
 def run(args: argparse.Namespace) -> int:

@@ -89,13 +89,41 @@ def _run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def run_server(args: argparse.Namespace) -> int:
-    import asyncio
-    import logging
-    import signal
+class _Member:
+    """A started member (see cli.lifecycle.Service)."""
 
-    from seq.errors import SeqError, UnsafeStart
-    from seq.server import ServerConfig, run_server as serve
+    GRACE = 2.0  # seconds the calls received get to be answered at shutdown
+
+    def __init__(self, server: Any, httpd: Any) -> None:
+        self.server, self.httpd = server, httpd
+
+    def draining(self) -> str:
+        n = self.server.pending()
+        return f"answering {n} call{'s' if n != 1 else ''} for up to {self.GRACE:g} s" if n else ""
+
+    async def drain(self) -> None:
+        import logging
+
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd = None
+        await self.server.aclose(grace=self.GRACE)
+        s, store = self.server.stats, self.server.store
+        logging.getLogger("seq.server").info(
+            "stopped: requests=%d rounds_won=%d conflicts=%d no_quorum=%d expired=%d ids=%d "
+            "max_attempts=%d fsync_batches=%d writes=%d",
+            s.requests, s.rounds_won, s.rounds_conflict, s.rounds_no_quorum, s.requests_expired,
+            s.ids_issued, s.max_attempts, store.fsyncs, store.writes,
+        )
+
+    async def abort(self) -> None:
+        self.server.abort()
+
+
+def run_server(args: argparse.Namespace) -> int:
+    import logging
+
+    from seq.server import ServerConfig
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -107,25 +135,48 @@ def run_server(args: argparse.Namespace) -> int:
             forward=not args.no_forward, max_inflight=args.max_inflight, peer_port=args.peer_port, linger=args.linger_ms / 1000,
         )
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"juggler seq server: {exc}", file=sys.stderr)
         return 2
+    return int(_run(_serve_member(config, args.metrics_port)))
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(config, stop, metrics_port=args.metrics_port)
 
-    try:
-        _run(main())
-    except UnsafeStart as exc:
-        print(f"error: refusing to start: {exc}", file=sys.stderr)
-        return 2
-    except (SeqError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+async def _serve_member(config: Any, metrics_port: int | None) -> int:
+    from cli.lifecycle import StartError, say, serve
+    from rustext.net import ListenError
+    from seq.errors import SeqError, UnsafeStart
+    from seq.server import RRServer
+
+    prog = "juggler seq server"
+
+    async def start() -> _Member:
+        server = RRServer(config)
+        try:
+            await server.start()
+        except UnsafeStart as exc:
+            raise StartError(f"refusing to start: {exc}", status=2) from exc
+        except ListenError:
+            raise
+        except (SeqError, OSError) as exc:
+            raise StartError(str(exc)) from exc
+        httpd = None
+        if metrics_port is not None:
+            from rustext.net import listen_error
+            from seq.metrics import serve_metrics
+
+            try:
+                httpd = serve_metrics(server, metrics_port)
+            except OSError as exc:
+                await server.aclose(grace=0)
+                raise listen_error("127.0.0.1", metrics_port, exc) from exc
+        return _Member(server, httpd)
+
+    async def until_fatal(m: _Member) -> None:
+        try:
+            await m.server.serve_forever()
+        except (SeqError, OSError) as exc:  # the member had to stop (its store failed, …)
+            say(prog, f"stopping: {exc}")
+
+    return await serve(prog, start, wait=until_fatal)
 
 
 def run_client(args: argparse.Namespace) -> int:

@@ -30,7 +30,6 @@ subscription is checked as a string against the ``sub`` patterns.
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -192,10 +191,9 @@ class Identity:
 
 
 def _load_verifier(spec: str) -> Callable[[str, Any], Any]:
-    mod, _, name = spec.partition(":")
-    obj: Any = importlib.import_module(mod)
-    for part in name.split("."):
-        obj = getattr(obj, part)
+    from rustext.appspec import import_object
+
+    obj = import_object(spec, what="verifier")
     if not callable(obj):
         raise ValueError(f"verifier {spec} is not callable")
     return obj  # type: ignore[no-any-return]

@@ -117,14 +117,9 @@ class CalleeApp:
 def load_app(spec: str) -> CalleeApp:
     """Load ``module:object`` where object is a CalleeApp, a mapping URI→function,
     or a zero-argument callable returning one of those."""
-    import importlib
+    from rustext.appspec import import_object
 
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"--app must be module:object, got {spec!r}")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+    obj = import_object(spec)
     if callable(obj) and not isinstance(obj, CalleeApp) and not isinstance(obj, Mapping):
         obj = obj()
     if isinstance(obj, CalleeApp):

@@ -37,6 +37,8 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode
 
+from rustext.net import listen_error
+
 from rpc.message import META_AUTH, META_ERROR, Message, MessageType, SerializeType
 from rpc.service import Peer, ServiceDispatcher
 
@@ -356,7 +358,10 @@ class GatewayServer:
     async def start(self) -> None:
         if self._server is not None:
             return
-        self._server = await asyncio.start_server(self._on_conn, self.host, self.port)
+        try:
+            self._server = await asyncio.start_server(self._on_conn, self.host, self.port)
+        except OSError as exc:
+            raise listen_error(self.host, self.port, exc) from exc
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("rpc gateway listening on http://%s:%d", self.host, self.port)
 

@@ -42,9 +42,14 @@ async def start_grpc_server(host: str = "127.0.0.1", port: int = 0) -> tuple[grp
         },
     )
     server.add_generic_rpc_handlers((handler,))
-    bound = server.add_insecure_port(f"{host}:{port}")
+    from rustext.net import ListenError
+
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpcio >= 1.62 raises instead of returning 0
+        bound = 0
     if not bound:
-        raise OSError(f"cannot bind gRPC server to {host}:{port}")
+        raise ListenError(host, port, "address already in use or not available")
     await server.start()
     return server, bound
 

@@ -140,15 +140,11 @@ def load_app(spec: str, server: Server) -> None:
     name), a function ``f(server)`` that registers what it wants, or a
     ``dict`` name → service object. ``module:object.attr`` paths work.
     """
-    import importlib
     import inspect
 
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"app must be module:object, got {spec!r}")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+    from rustext.appspec import import_object
+
+    obj = import_object(spec)
     if isinstance(obj, dict):
         for name, service in obj.items():
             server.register(service, name)

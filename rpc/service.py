@@ -331,7 +331,8 @@ class ServiceDispatcher:
         self.closing = True
 
     async def drain(self, timeout: float | None) -> bool:
-        """Wait until no request is in flight; False if ``timeout`` passed first."""
+        """Wait until no request is in flight; False if ``timeout`` passed
+        first or :meth:`abort_drain` was called."""
         if self._in_flight == 0:
             return True
         if self._idle is None:
@@ -339,11 +340,21 @@ class ServiceDispatcher:
         try:
             async with asyncio.timeout(timeout):
                 while self._in_flight:
+                    if self._drain_aborted:
+                        return False
                     self._idle.clear()
                     await self._idle.wait()
         except TimeoutError:
             return False
         return True
+
+    def abort_drain(self) -> None:
+        """End a :meth:`drain` in progress at once (a second Ctrl-C)."""
+        self._drain_aborted = True
+        if self._idle is not None:
+            self._idle.set()
+
+    _drain_aborted = False
 
     async def aclose(self) -> None:
         """Stop the thread pool (does not wait for running sync handlers). Idempotent."""

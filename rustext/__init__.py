@@ -17,6 +17,7 @@ re-exports its public names (see ``_native.pyi`` for the typed API).
             behind every reconnect and retry loop of the suite
 - tls       ssl contexts from PEM files, reload in place, a development CA
             (pure Python; the native servers load the same files with rustls)
+- appspec   MODULE:OBJECT specs (--app), resolved with errors that name the part missing
 - net       ListenError: "cannot listen on HOST:PORT: reason", for every server
 - tokens    JWT verification on PyJWT (secrets, PEM keys, JWKS with rotation),
             shared by juggler's handshake and rpc's auth plugin (pure Python)

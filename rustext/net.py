@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 
 __all__ = ["ListenError", "listen_error"]
 
@@ -28,6 +29,9 @@ def listen_error(host: str, port: int | str, exc: OSError) -> ListenError:
     if isinstance(exc, ListenError):
         return exc
     code = exc.errno
+    if code is None:  # the native servers' errors carry it in their text: "... (os error 98)"
+        found = re.search(r"\(os error (\d+)\)", str(exc))
+        code = int(found.group(1)) if found else None
     if code is not None and code in errno.errorcode:
         reason = os.strerror(code).lower()
     else:

@@ -156,11 +156,23 @@ class ApiServer:
         """Stop accepting connections and calls; calls already received are still served."""
         self._native.drain()
 
+    def pending(self) -> int:
+        """Calls received and not answered yet."""
+        return int(self._native.pending())
+
+    def abort_drain(self) -> None:
+        """End a :meth:`wait_drained` in progress at once."""
+        self._drain_aborted = True
+
+    _drain_aborted = False
+
     async def wait_drained(self, grace: float) -> None:
-        """Until every received call is answered, or `grace` seconds."""
+        """Until every received call is answered, or `grace` seconds, or
+        :meth:`abort_drain`. The answers leave from the native side, which
+        does not signal the loop, so this looks every 5 ms (shutdown only)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + grace
-        while self._native.pending() and loop.time() < end:
+        while self._native.pending() and loop.time() < end and not self._drain_aborted:
             await asyncio.sleep(0.005)
 
     async def aclose(self) -> None:

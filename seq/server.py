@@ -45,6 +45,8 @@ from typing import Literal
 
 import grpc
 
+from rustext.net import ListenError, listen_error
+
 from rpc.transport import ServerConfig as TransportServerConfig
 from rpc.transport import TransportServer
 from seq import peerlink
@@ -263,7 +265,10 @@ class RRServer:
         # The fixed --listen port is claimed before the peer port is chosen:
         # an any-port (0) peer listener bound first could be given the very
         # port --listen names when that one lies in the ephemeral range.
-        self.port = self._api.bind()
+        try:
+            self.port = self._api.bind()
+        except OSError as exc:
+            raise listen_error(host, cfg.listen.rpartition(":")[2], exc) from exc
         self._transport = TransportServer(
             f"tcp://{host}:{cfg.peer_port}",
             self._peer_call,
@@ -274,7 +279,8 @@ class RRServer:
         try:
             ep = await self._transport.start()
         except OSError as exc:
-            raise OSError(f"cannot listen on {host}:{cfg.peer_port} (peer port): {exc}") from exc
+            err = listen_error(host, cfg.peer_port, exc)
+            raise ListenError(host, cfg.peer_port, f"{err.reason} (the peer port)", err.errno) from exc
         self.peer_port = ep.port
         # Calls queued since bind() (a peer asking for the peer port) are
         # served from here on, when the peer port is known.
@@ -312,7 +318,18 @@ class RRServer:
         assert self._store is not None
         return self._store
 
+    def pending(self) -> int:
+        """gRPC calls received and not answered yet."""
+        return self._api.pending() if self._api is not None else 0
+
+    def abort(self) -> None:
+        """Make a close in progress skip what is left of its grace period."""
+        if self._api is not None:
+            self._api.abort_drain()
+
     async def aclose(self, grace: float = 2.0) -> None:
+        """Stop accepting, answer the calls received within ``grace`` seconds,
+        stop the coordinator, the links and the store. Idempotent."""
         if self._closing:
             await self._stopped.wait()
             return

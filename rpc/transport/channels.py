@@ -16,6 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
+from rustext.net import listen_error
+
 from rpc.transport.endpoint import Endpoint
 
 ProtocolFactory = Callable[[], asyncio.Protocol]
@@ -80,7 +82,10 @@ class TcpChannel(Channel):
 
     async def listen(self, endpoint: Endpoint, factory: ProtocolFactory) -> Listener:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(factory, endpoint.host, endpoint.port, reuse_address=True, backlog=1024)
+        try:
+            server = await loop.create_server(factory, endpoint.host, endpoint.port, reuse_address=True, backlog=1024)
+        except OSError as exc:
+            raise listen_error(endpoint.host, endpoint.port, exc) from exc
         port = server.sockets[0].getsockname()[1]
         return _ServerListener(server, Endpoint("tcp", host=endpoint.host, port=port))
 
@@ -96,7 +101,10 @@ class UnixChannel(Channel):
             os.unlink(endpoint.path)  # a stale socket file from a dead process
         except FileNotFoundError:
             pass
-        server = await loop.create_unix_server(factory, endpoint.path, backlog=1024)
+        try:
+            server = await loop.create_unix_server(factory, endpoint.path, backlog=1024)
+        except OSError as exc:
+            raise listen_error("unix", endpoint.path, exc) from exc
         return _ServerListener(server, endpoint, unlink=endpoint.path)
 
 

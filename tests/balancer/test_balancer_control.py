@@ -18,6 +18,7 @@ from tests.netutil import free_port, wait_for_port
 import rustext
 
 from balancer import BalancerConfig, BalancerConfigError, HealthCheck, LoadBalancer, load
+from balancer.runner import BalancerProcess
 from balancer.config import BackendConfig, from_dict, parse_backends
 
 GOOD = """
@@ -143,7 +144,8 @@ async def test_admin_api(backends):
     admin = free_port()
     cfg = BalancerConfig(listen="127.0.0.1:0", workers=1, admin=f"127.0.0.1:{admin}",
                          backends=(BackendConfig(address=b[0].address), BackendConfig(address=b[1].address)))
-    async with LoadBalancer(cfg) as lb:
+    async with BalancerProcess(cfg) as process:
+        lb = process.lb
         port = lb.address[1]
         for _ in range(4):
             assert (await aget(port, "/whoami"))[0] == 200
@@ -171,7 +173,8 @@ async def test_reload_file_under_load_and_invalid_reload_keeps_old(tmp_path, bac
     b = backends(3)
     admin = free_port()
     path = write(tmp_path, GOOD.format(port=0, admin=admin, algorithm="round_robin", b0=b[0].address, b1=b[1].address))
-    async with LoadBalancer(load(path), config_path=path) as lb:
+    async with BalancerProcess(load(path), config_path=path) as process:
+        lb = process.lb
         port = lb.address[1]
         stop = asyncio.Event()
         errors: list[object] = []

@@ -94,6 +94,30 @@ fn listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     Ok(sock.into())
 }
 
+/// Fail like a plain listener would if `addr` is taken: the workers' own
+/// listeners set `SO_REUSEPORT`, with which a second balancer (or anything
+/// else listening with it) could silently share the port instead.
+fn check_free(addr: SocketAddr) -> io::Result<()> {
+    if addr.port() == 0 {
+        return Ok(());
+    }
+    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    probe.set_reuse_address(true)?;
+    probe.bind(&addr.into())
+}
+
+/// "address already in use": an I/O error as a user reads it, without the
+/// "(os error N)" suffix.
+fn os_reason(e: &io::Error) -> String {
+    let text = e.to_string();
+    let text = text.split(" (os error").next().unwrap_or(&text);
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(c) => c.to_lowercase().chain(chars).collect(),
+        None => text.to_string(),
+    }
+}
+
 impl Balancer {
     /// Bind the listeners and start the workers; errors are returned before
     /// any thread starts.
@@ -102,14 +126,13 @@ impl Balancer {
         let epoch = Instant::now();
         let ids = AtomicU64::new(0);
         let upstream = Upstream::new(config.settings.clone(), None, epoch, &ids)?;
-        let first = listener(config.listen)
-            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+        let cannot = |addr: SocketAddr, e: io::Error| format!("cannot listen on {addr}: {}", os_reason(&e));
+        check_free(config.listen).map_err(|e| cannot(config.listen, e))?;
+        let first = listener(config.listen).map_err(|e| cannot(config.listen, e))?;
         let local_addr = first.local_addr().map_err(|e| e.to_string())?;
         let mut listeners = vec![first];
         for _ in 1..config.workers {
-            listeners.push(
-                listener(local_addr).map_err(|e| format!("cannot listen on {local_addr}: {e}"))?,
-            );
+            listeners.push(listener(local_addr).map_err(|e| cannot(local_addr, e))?);
         }
         let workers: Vec<Arc<WorkerStats>> = (0..config.workers)
             .map(|_| Arc::new(WorkerStats::default()))
@@ -265,15 +288,17 @@ impl Balancer {
     }
 
     /// Stop accepting, let in-flight exchanges finish within `timeout`, then
-    /// stop the workers. Blocks; idempotent.
+    /// stop the workers. Blocks; idempotent; a call with a sooner deadline
+    /// (from another thread) shortens a drain under way.
     pub fn drain(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
-        self.stop.send_if_modified(|v| {
-            if v.is_none() {
+        // a drain already under way keeps its deadline unless this one is sooner
+        // (a second Ctrl-C: drain(0) while a graceful drain waits)
+        self.stop.send_if_modified(|v| match v {
+            Some(current) if *current <= deadline => false,
+            _ => {
                 *v = Some(deadline);
                 true
-            } else {
-                false
             }
         });
         let threads: Vec<_> =
@@ -418,8 +443,8 @@ async fn worker_main(
     for ctl in conns.map.lock().unwrap_or_else(|e| e.into_inner()).values() {
         ctl.ask_close();
     }
-    let deadline = stop.borrow().unwrap_or_else(Instant::now);
-    while stats.connections_active.load(Relaxed) > 0 && Instant::now() < deadline {
+    // the deadline is read again each turn: a second drain may bring it forward
+    while stats.connections_active.load(Relaxed) > 0 && Instant::now() < stop.borrow().unwrap_or_else(Instant::now) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -1,0 +1,71 @@
+"""A balancer process: the service (data plane, health checks, reload) and,
+when configured, the admin endpoint on top of it; what ``juggler balancer``
+runs under ``cli.lifecycle``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from balancer.admin import AdminServer
+from balancer.config import BalancerConfig, parse_hostport
+from balancer.service import LoadBalancer
+
+__all__ = ["BalancerProcess"]
+
+
+class BalancerProcess:
+    """``await start()``, then ``drain()`` (stop accepting, finish in-flight
+    requests within ``drain_timeout``) or ``abort()``; ``reload()`` as SIGHUP."""
+
+    def __init__(self, config: BalancerConfig, *, config_path: str | os.PathLike[str] | None = None,
+                 drain_timeout: float = 30.0) -> None:
+        self.lb = LoadBalancer(config, config_path=config_path)
+        self.drain_timeout = drain_timeout
+        self.admin: AdminServer | None = None
+
+    async def start(self) -> None:
+        await self.lb.start()
+        admin = self.lb.config.admin
+        if admin is not None:
+            host, port = parse_hostport(admin, "admin")
+            self.admin = AdminServer(self.lb, host, port)
+            try:
+                await self.admin.start()
+            except BaseException:
+                self.admin = None
+                await self.lb.aclose()
+                raise
+
+    @property
+    def admin_address(self) -> tuple[str, int] | None:
+        return self.admin.address if self.admin is not None else None
+
+    def draining(self) -> str:
+        n = self.lb.stats()["connections_active"]
+        if not n:
+            return ""
+        return f"draining {n} connection{'s' if n != 1 else ''} for up to {self.drain_timeout:g} s"
+
+    async def drain(self) -> None:
+        await self._close_admin()
+        await self.lb.drain(self.drain_timeout)
+
+    async def abort(self) -> None:
+        await self.lb.abort()
+
+    async def aclose(self) -> None:
+        await self._close_admin()
+        await self.lb.aclose()
+
+    async def _close_admin(self) -> None:
+        if self.admin is not None:
+            await self.admin.aclose()
+            self.admin = None
+
+    async def __aenter__(self) -> BalancerProcess:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
