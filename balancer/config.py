@@ -54,6 +54,8 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from rustext.fields import check_fields
+
 from balancer.errors import BalancerConfigError
 
 ALGORITHMS = ("round_robin", "weighted_round_robin", "least_connections", "random_two", "consistent_hash")
@@ -296,7 +298,9 @@ def _section(cls: type, data: Any, where: str) -> Any:
     if unknown:
         raise BalancerConfigError(f"unknown key(s) in [{where}]: {', '.join(sorted(unknown))}")
     try:
-        return cls(**data)
+        return cls(**check_fields(cls, data, where))
+    except ValueError as exc:
+        raise BalancerConfigError(str(exc)) from exc
     except TypeError as exc:
         raise BalancerConfigError(f"[{where}]: {exc}") from exc
 
@@ -329,7 +333,11 @@ def from_dict(data: dict[str, Any]) -> BalancerConfig:
         health = _section(HealthCheck, data["health"], "health")
         data["health"] = health if health.enabled else None
     try:
-        return BalancerConfig(**data)
+        return BalancerConfig(**check_fields(BalancerConfig, data, ""))
+    except BalancerConfigError:
+        raise
+    except ValueError as exc:
+        raise BalancerConfigError(str(exc)) from exc
     except TypeError as exc:
         raise BalancerConfigError(str(exc)) from exc
 

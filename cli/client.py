@@ -10,6 +10,7 @@ EXAMPLES = """examples:
   juggler client                          # then: connect, call 1 test.echo 5s "hello", help, exit
   juggler client --connect                # open connection 1 to the default URL at start
   printf 'connect\\ncall 1 test.echo 5s "hi"\\nexit\\n' | juggler client    # scripted (stdin is a pipe)
+  juggler client --url wss://localhost:9000/ws --tls-ca certs/ca.pem --connect
 """
 
 
@@ -19,7 +20,8 @@ def register(subparsers: Any) -> None:
         help="the interactive juggler REPL (connect / call / sub / pub / help / exit)",
         description="Interactive juggler.0 client. Commands: help, exit, connect, disconnect, close, "
         "send, rand, call, pub, sub, psub, unsb, punsb, wait, sleep, list. Reads commands "
-        "from stdin when it is not a terminal (each command then waits for its outcome).",
+        "from stdin when it is not a terminal (each command then waits for its outcome; errors go to "
+        "stderr and the exit status is 1 when a command failed: an error, a NACK, an expired call).",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -27,7 +29,29 @@ def register(subparsers: Any) -> None:
     p.add_argument("--connect", action="store_true", help="open a connection to --url at start")
     p.add_argument("--history", default="~/.juggler_history", metavar="FILE",
                    help="history file of the interactive prompt [%(default)s]; '' for none")
+    add_tls_client_arguments(p)
     p.set_defaults(func=run)
+
+
+def add_tls_client_arguments(p: argparse.ArgumentParser) -> None:
+    """--tls-ca / --tls-cert / --tls-key / --insecure, for clients of wss:// servers."""
+    p.add_argument("--tls-ca", metavar="FILE",
+                   help="PEM CA certificate(s) to verify wss:// servers with (default: the system's trust store)")
+    p.add_argument("--tls-cert", metavar="FILE", help="PEM client certificate, for servers that require one")
+    p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    p.add_argument("--insecure", action="store_true",
+                   help="do not verify wss:// servers at all (only for trying things out)")
+
+
+def client_tls(args: argparse.Namespace) -> Any:
+    """The rustext.tls.ClientTls of the TLS flags, or None; raises TlsConfigError."""
+    from rustext.tls import ClientTls
+
+    if not (args.tls_ca or args.tls_cert or args.tls_key or args.insecure):
+        return None
+    tls = ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, insecure=args.insecure)
+    tls.context()  # a bad file is reported now, naming it
+    return tls
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,13 +59,20 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from juggler.repl import Repl
+    from rustext.tls import TlsConfigError
 
+    try:
+        tls = client_tls(args)
+    except TlsConfigError as exc:
+        print(f"juggler client: {exc}", file=sys.stderr)
+        return 2
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
 
     async def main() -> int:
         if interactive:
-            return await _interactive(args)
-        repl = Repl(lambda line: print(line, flush=True), wait_outcomes=True, default_url=args.url)
+            return await _interactive(args, tls)
+        repl = Repl(lambda line: print(line, flush=True), wait_outcomes=True, default_url=args.url,
+                    err=lambda line: print(line, file=sys.stderr, flush=True), tls=tls)
         loop = asyncio.get_running_loop()
 
         async def next_line() -> str | None:
@@ -57,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return 130
 
 
-async def _interactive(args: argparse.Namespace) -> int:
+async def _interactive(args: argparse.Namespace, tls: Any) -> int:
     import os
 
     from prompt_toolkit import PromptSession
@@ -76,7 +107,7 @@ async def _interactive(args: argparse.Namespace) -> int:
     session: PromptSession[str] = PromptSession(
         history=history, completer=WordCompleter(list(COMMANDS), sentence=True)
     )
-    repl = Repl(print, wait_outcomes=False, default_url=args.url)
+    repl = Repl(print, wait_outcomes=False, default_url=args.url, tls=tls)
     print("Welcome to the juggler client. Enter ? or help for the available\ncommands. Press ^D (ctrl-D) to exit.")
 
     async def next_line() -> str | None:
@@ -94,7 +125,8 @@ async def _interactive(args: argparse.Namespace) -> int:
 
 async def _drive(repl: Any, next_line: Callable[[], Awaitable[str | None]], connect: bool) -> int:
     """Run ``repl`` on the lines ``next_line()`` gives (None: end of input)
-    until one says stop (``exit``); the REPL is closed in any case."""
+    until one says stop (``exit``); the REPL is closed in any case. The exit
+    status is 1 when a command failed."""
     try:
         if connect:
             await repl.execute("connect")
@@ -103,4 +135,4 @@ async def _drive(repl: Any, next_line: Callable[[], Awaitable[str | None]], conn
                 break
     finally:
         await repl.aclose()
-    return 0
+    return 1 if repl.failures else 0

@@ -10,9 +10,9 @@ A start that fails on something the user can fix prints one line and exits
 2 (a busy port, a bad file or option) or 1 (a dependency that cannot be
 reached), never a traceback; a traceback is for a bug.
 
-:func:`serve` runs one :class:`Service` on the running loop;
-:func:`interrupted` gives batch tools (benchmarks, load generators) the
-same two-step Ctrl-C.
+:func:`serve` runs one :class:`Service` on the running loop. Batch tools
+(benchmarks, load generators) have the same two-step Ctrl-C through
+``rustext.interrupt``.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from rustext.net import ListenError
 
-__all__ = ["Service", "StartError", "interrupted", "serve"]
+__all__ = ["Service", "StartError", "serve"]
 
 #: seconds a drain gets to finish once aborted (the second signal)
 ABORT_GRACE = 5.0
@@ -175,31 +175,3 @@ async def serve(
 
 async def _start(start: Callable[[], Awaitable[S]], holder: list[S]) -> None:
     holder.append(await start())
-
-
-@contextlib.contextmanager
-def interrupted(on_first: Callable[[], None], *, prog: str, what: str = "stopping early") -> Iterator[None]:
-    """For batch tools on the running loop: the first Ctrl-C/SIGTERM calls
-    ``on_first`` (stop sending, keep what was measured, print the partial
-    report), the second raises KeyboardInterrupt in the loop (stop now).
-    Children of the tool must be ended by its own ``finally``."""
-    loop = asyncio.get_running_loop()
-    count = 0
-    main = asyncio.current_task()
-
-    def handler() -> None:
-        nonlocal count
-        count += 1
-        if count == 1:
-            say(prog, f"{what}; Ctrl-C again to stop now")
-            on_first()
-        elif main is not None:
-            main.cancel()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, handler)
-    try:
-        yield
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)

@@ -60,13 +60,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"juggler load: {exc}", file=sys.stderr)
         return 2
     progress = None if args.quiet else main_progress_printer(sys.stderr)
-    report = run_load(cfg, progress)
+    try:
+        report = run_load(cfg, progress, prog="juggler load")
+    except KeyboardInterrupt:
+        print("juggler load: stopped", file=sys.stderr)
+        return 130
     if progress is not None and sys.stderr.isatty():
         sys.stderr.write("\n")
     if args.json:
         print(report.to_json())
     else:
         print(report.format())
+    if report.interrupted:
+        return 130
     if report.calls == 0:
         return 1
     return 0

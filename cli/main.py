@@ -25,16 +25,23 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"cli.{name}":
-                continue  # subcommand not built into this tree
-            raise
-        module.register(subparsers)
+        # a missing module is a broken install: fail loudly rather than drop a command from --help
+        importlib.import_module(f"cli.{name}").register(subparsers)
     return parser
+
+
+def version() -> str:
+    """The installed distribution's version."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("juggler-suite")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

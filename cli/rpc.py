@@ -3,7 +3,8 @@
 Each sub-subcommand lives in its own module listed in ``SUBCOMMANDS`` (name →
 module); a module defines ``register(subparsers)`` (adding its parser with
 ``set_defaults(func=run)``) and ``run(args) -> int``. To add one, add a line
-here and a ``cli/rpc_<name>.py`` module; modules not in this tree are skipped.
+here and a ``cli/rpc_<name>.py`` module (a missing one is an error, not a
+command quietly gone from ``--help``).
 """
 
 from __future__ import annotations
@@ -34,14 +35,8 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="rpc_command", metavar="SUBCOMMAND")
-    for name, module_name in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue
-            raise
-        module.register(sub)
+    for module_name in SUBCOMMANDS.values():
+        importlib.import_module(module_name).register(sub)
     parser.set_defaults(func=lambda args: _usage(parser))
 
 

@@ -57,8 +57,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         target = BenchTarget(args.address, "Arith", "Mul", SerializeType.JSON, b'{"A":7,"B":6}',
                              pool=args.pool, timeout=args.timeout)
-    result = run_bench(target, concurrency=args.concurrency, total=args.total, processes=args.processes)
+    try:
+        result = run_bench(target, concurrency=args.concurrency, total=args.total, processes=args.processes)
+    except KeyboardInterrupt:
+        print("juggler rpc bench: stopped", file=sys.stderr)
+        return 130
     print(format_report(result, concurrency=args.concurrency, processes=args.processes))
+    if result.interrupted:
+        return 130
     return 0 if result.errors == 0 else 1
 
 

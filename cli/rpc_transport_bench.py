@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 EPILOG = """examples:
@@ -37,17 +38,28 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rpc.transport import bench
+    from rustext.interrupt import two_step_interrupt
 
     if args.payload < 0 or args.inflight < 1 or args.duration <= 0:
-        print("error: need --payload >= 0, --inflight >= 1, --duration > 0")
+        print("juggler rpc transport-bench: need --payload >= 0, --inflight >= 1, --duration > 0", file=sys.stderr)
         return 2
-    results = [bench.run_one("transport", args.channel, args.payload, args.inflight, args.duration, args.protocol)]
-    if not args.no_raw:
-        results.append(bench.run_one("raw", args.channel, args.payload, args.inflight, args.duration))
-    if args.iperf3:
-        r = bench.run_iperf3(args.duration)
-        if r is not None:
-            results.append(r)
+    box = {"stop": False}
+    stopped = lambda: box["stop"]  # noqa: E731
+    results = []
+    try:
+        with two_step_interrupt(lambda: box.update(stop=True), prog="juggler rpc transport-bench"):
+            results.append(bench.run_one("transport", args.channel, args.payload, args.inflight, args.duration,
+                                         args.protocol, stopped))
+            if not args.no_raw and not box["stop"]:
+                results.append(bench.run_one("raw", args.channel, args.payload, args.inflight, args.duration,
+                                             stopped=stopped))
+            if args.iperf3 and not box["stop"]:
+                r = bench.run_iperf3(args.duration)
+                if r is not None:
+                    results.append(r)
+    except KeyboardInterrupt:
+        print("juggler rpc transport-bench: stopped", file=sys.stderr)
+        return 130
     if args.json:
         for r in results:
             print(json.dumps(bench.result_dict(r)))
@@ -57,4 +69,4 @@ def run(args: argparse.Namespace) -> int:
             print(bench.format_row(r))
         if len(results) > 1 and results[1].mbps > 0:
             print(f"\ntransport / raw bandwidth: {100 * results[0].mbps / results[1].mbps:.0f}%")
-    return 0
+    return 130 if box["stop"] else 0

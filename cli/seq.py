@@ -201,6 +201,15 @@ def run_client(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    from rustext.interrupt import two_step_interrupt
     from seq.bench import bench_main
 
-    return int(_run(bench_main(args.servers and _addrs(args.servers), args.clients, args.buf, args.duration, args.name)))
+    box = {"stop": False}
+    try:
+        with two_step_interrupt(lambda: box.update(stop=True), prog="juggler seq bench"):
+            status = int(_run(bench_main(args.servers and _addrs(args.servers), args.clients, args.buf,
+                                         args.duration, args.name, stopped=lambda: box["stop"])))
+    except KeyboardInterrupt:
+        print("juggler seq bench: stopped", file=sys.stderr)
+        return 130
+    return 130 if box["stop"] else status

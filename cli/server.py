@@ -96,6 +96,9 @@ def apply_overrides(config: Any, items: list[str]) -> Any:
             unknown = sorted(set(values) - names)
             if unknown:
                 raise ValueError(f"unknown option(s) in [{section}]: {', '.join(unknown)}")
+            from rustext.fields import check_fields
+
+            values = check_fields(type(current), values, section)
             try:
                 built = dataclasses.replace(current, **values)
             except TypeError as exc:

@@ -41,6 +41,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from rustext.fields import check_fields
 from rustext.tls import ServerTls
 
 from juggler.broker.memory import MemoryBrokerConfig
@@ -197,6 +198,7 @@ def _build(cls: type, section: str, data: dict[str, Any]) -> Any:
     unknown = sorted(set(data) - names)
     if unknown:
         raise ValueError(f"unknown option(s) in [{section}]: {', '.join(unknown)}")
+    data = check_fields(cls, data, section)
     try:
         return cls(**data)
     except (TypeError, ValueError) as exc:

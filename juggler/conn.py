@@ -596,7 +596,7 @@ class Conn(asyncio.Protocol):
                 await self.broker.call(msg.uuid, uri, msg.args, ms)
             except Exception as exc:
                 pending.pop(msg.uuid)
-                self.nack(msg, 500, str(exc) or type(exc).__name__)
+                self.nack(msg, getattr(exc, "code", 500), str(exc) or type(exc).__name__)
                 return
             self.stats.calls += 1
             self.send(ACK, msg.uuid, _build_ack(msg.uuid, CALL, uri))

@@ -29,11 +29,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from rustext.interrupt import ignore_sigint, two_step_interrupt
+
 __all__ = ["LoadConfig", "LoadReport", "run_load"]
 
 # counter slots shared with the parent for the live progress line
 _CALLS, _ACKS, _NACKS, _RESULTS, _EXPIRED, _ERRORS = range(6)
-_NSLOTS = 6
+_STOP = 6  # set to 1 by the parent: stop sending (Ctrl-C), finish the calls in flight
+_NSLOTS = 7
+_COUNTED = 6  # slots that are counters
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,7 +61,10 @@ class LoadConfig:
             raise ValueError("rate must be >= 0")
         if self.procs < 1:
             raise ValueError("procs must be >= 1")
-        json.loads(self.payload)  # ValueError when not JSON
+        try:
+            json.loads(self.payload)
+        except ValueError as exc:
+            raise ValueError(f"the payload must be JSON, e.g. '\"hello\"' for a string ({exc})") from None
 
 
 @dataclass(kw_only=True)
@@ -74,6 +81,8 @@ class LoadReport:
     throughput: float = 0.0  # results per second
     latency_ms: dict[str, float] = field(default_factory=dict)
     error_messages: list[str] = field(default_factory=list)
+    #: stopped early (Ctrl-C): the figures cover ``duration_s`` only
+    interrupted: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -84,7 +93,8 @@ class LoadReport:
         lat = self.latency_ms
         lines = [
             f"{c['connections']} connections ({c['procs']} process{'es' if c['procs'] > 1 else ''}), {mode}, "
-            f"{c['uri']} args {c['payload'][:40]}, timeout {c['timeout']:g}s, {self.duration_s:.2f}s",
+            f"{c['uri']} args {c['payload'][:40]}, timeout {c['timeout']:g}s, {self.duration_s:.2f}s"
+            + (" (stopped early)" if self.interrupted else ""),
             f"calls {self.calls}  acks {self.acks}  nacks {self.nacks}  results {self.results}  "
             f"expired {self.expired}  late {self.late_results}  errors {self.errors}",
             f"throughput {self.throughput:,.0f} results/s",
@@ -383,6 +393,18 @@ async def _worker(cfg: LoadConfig, nconns: int, rate: float, counters: Any, star
     for c in conns:
         c.end = end
 
+    async def watch_stop() -> None:  # the parent's Ctrl-C: stop sending now
+        nonlocal end
+        while time.perf_counter() < end:
+            if counters[_STOP]:
+                end = time.perf_counter()
+                for c in conns:
+                    c.end = end
+                return
+            await asyncio.sleep(0.05)
+
+    stopper = asyncio.ensure_future(watch_stop())
+
     if closed_loop:
         for c in conns:
             c.send_call()
@@ -421,6 +443,7 @@ async def _worker(cfg: LoadConfig, nconns: int, rate: float, counters: Any, star
                     del c.pending[u]
                     counters[_EXPIRED] += 1
             await asyncio.sleep(0.01)
+    stopper.cancel()
     late = sum(c.late for c in conns)
     for c in conns:
         if c.ws is not None:
@@ -435,6 +458,7 @@ async def _worker(cfg: LoadConfig, nconns: int, rate: float, counters: Any, star
 
 
 def _proc_main(cfg: LoadConfig, nconns: int, rate: float, counters: Any, start_at: float, out: Any) -> None:
+    ignore_sigint()  # Ctrl-C reaches the whole process group: the parent decides (stop flag, or kill)
     try:
         import uvloop
 
@@ -445,8 +469,25 @@ def _proc_main(cfg: LoadConfig, nconns: int, rate: float, counters: Any, start_a
     out.close()
 
 
-def run_load(cfg: LoadConfig, progress: Callable[[str], None] | None = None) -> LoadReport:
-    """Run the load (blocking); `progress` gets a status line about once a second."""
+def run_load(cfg: LoadConfig, progress: Callable[[str], None] | None = None,
+             prog: str | None = None) -> LoadReport:
+    """Run the load (blocking); `progress` gets a status line about once a second.
+
+    In the main thread, the first Ctrl-C (or SIGTERM) stops sending: the
+    calls in flight finish and the report covers the time until then
+    (``interrupted``; with ``prog``, stderr is told); the second ends the
+    workers at once and raises KeyboardInterrupt. No worker process outlives it."""
+    stop_box: dict[str, Any] = {}
+
+    def stop() -> None:
+        stop_box["at"] = time.perf_counter()
+
+    with two_step_interrupt(stop, prog=prog):
+        return _run_load(cfg, progress, stop_box)
+
+
+def _run_load(cfg: LoadConfig, progress: Callable[[str], None] | None,
+              stop_box: dict[str, Any] | None) -> LoadReport:
     ctx = mp.get_context("spawn") if cfg.procs > 1 else None
     procs = min(cfg.procs, cfg.connections)
     counters_all = [mp.Array("q", _NSLOTS, lock=False) if ctx is None else ctx.Array("q", _NSLOTS, lock=False)
@@ -457,7 +498,16 @@ def run_load(cfg: LoadConfig, progress: Callable[[str], None] | None = None) -> 
     t_start = time.perf_counter() + (start_at - time.time())  # when the calls start
 
     def totals() -> list[int]:
-        return [sum(c[i] for c in counters_all) for i in range(_NSLOTS)]
+        return [sum(c[i] for c in counters_all) for i in range(_COUNTED)]
+
+    stop_sent = False
+
+    def check_stop() -> None:
+        nonlocal stop_sent
+        if stop_box is not None and "at" in stop_box and not stop_sent:
+            stop_sent = True
+            for c in counters_all:
+                c[_STOP] = 1
 
     def line(elapsed: float, last: list[int], last_t: float) -> str:
         t = totals()
@@ -479,9 +529,10 @@ def run_load(cfg: LoadConfig, progress: Callable[[str], None] | None = None) -> 
         th.start()
         last, last_t = totals(), 0.0
         while th.is_alive():
-            th.join(1.0)
-            if progress is not None and th.is_alive() and time.perf_counter() > t_start:
-                el = time.perf_counter() - t_start
+            th.join(0.1)
+            check_stop()
+            el = time.perf_counter() - t_start
+            if progress is not None and th.is_alive() and el > 0 and el - last_t >= 1.0:
                 progress(line(el, last, last_t))
                 last, last_t = totals(), el
         results.append(box.get("r") or {"lat": b"", "late": 0, "errors": ["worker failed"]})
@@ -496,28 +547,21 @@ def run_load(cfg: LoadConfig, progress: Callable[[str], None] | None = None) -> 
             child.close()
             pipes.append(parent)
             workers.append(p)
-        last, last_t = totals(), 0.0
         pending = list(range(procs))
         got: dict[int, dict[str, Any]] = {}
         deadline = time.time() + cfg.duration + cfg.timeout + 60
-        while pending and time.time() < deadline:
-            for i in list(pending):
-                if pipes[i].poll(0 if len(pending) > 1 else 1.0):
-                    try:
-                        got[i] = pipes[i].recv()
-                    except EOFError:
-                        got[i] = {"lat": b"", "late": 0, "errors": ["worker died"]}
-                    pending.remove(i)
-            if pending and len(pending) > 1:
-                time.sleep(0.2)
-            el = time.perf_counter() - t_start
-            if progress is not None and el - last_t >= 1.0 and pending and el > 0:
-                progress(line(el, last, last_t))
-                last, last_t = totals(), el
-        for p in workers:
-            p.join(5)
-            if p.is_alive():
+        try:
+            _collect(pipes, pending, got, deadline, check_stop, progress, line, t_start, totals)
+        except BaseException:  # a second Ctrl-C: stop now
+            for p in workers:
                 p.kill()
+            raise
+        finally:
+            for p in workers:  # no worker outlives the run
+                p.join(5)
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
         results = [got.get(i, {"lat": b"", "late": 0, "errors": ["worker timed out"]}) for i in range(procs)]
 
     t = totals()
@@ -531,14 +575,41 @@ def run_load(cfg: LoadConfig, progress: Callable[[str], None] | None = None) -> 
         late += r["late"]
         errs.extend(r["errors"])
     duration = cfg.duration
+    interrupted = stop_box is not None and "at" in stop_box
+    if interrupted:
+        duration = max(1e-3, min(cfg.duration, stop_box["at"] - t_start))  # type: ignore[index]
     report = LoadReport(
         config={**asdict(cfg), "procs": procs},
         duration_s=duration,
+        interrupted=interrupted,
         calls=t[_CALLS], acks=t[_ACKS], nacks=t[_NACKS], results=t[_RESULTS], expired=t[_EXPIRED],
         late_results=late, errors=t[_ERRORS], throughput=t[_RESULTS] / duration,
         latency_ms=_percentiles(lat), error_messages=errs,
     )
     return report
+
+
+def _collect(pipes: list[Any], pending: list[int], got: dict[int, dict[str, Any]], deadline: float,
+             check_stop: Callable[[], None], progress: Callable[[str], None] | None,
+             line: Callable[[float, list[int], float], str], t_start: float,
+             totals: Callable[[], list[int]]) -> None:
+    """Gather the workers' results as they come, with progress lines."""
+    last, last_t = totals(), 0.0
+    while pending and time.time() < deadline:
+        check_stop()
+        for i in list(pending):
+            if pipes[i].poll(0 if len(pending) > 1 else 0.2):
+                try:
+                    got[i] = pipes[i].recv()
+                except EOFError:
+                    got[i] = {"lat": b"", "late": 0, "errors": ["worker died"]}
+                pending.remove(i)
+        if pending and len(pending) > 1:
+            time.sleep(0.2)
+        el = time.perf_counter() - t_start
+        if progress is not None and el - last_t >= 1.0 and pending and el > 0:
+            progress(line(el, last, last_t))
+            last, last_t = totals(), el
 
 
 def main_progress_printer(stream: Any = sys.stderr) -> Callable[[str], None]:

@@ -9,11 +9,14 @@ Better than the original REPL (vectors/juggler/repl_session.txt):
 
 - ARGS are JSON as typed: ``"500"`` sends the JSON string ``"500"``, ``500``
   the number, ``{"a":1}`` the object; raw JSON may also be put between
-  backticks; text that is not JSON is sent as a JSON string.
+  backticks. Anything else (a typo, a string without its quotes, a
+  malformed duration) is refused with a message and nothing is sent.
 - It works when stdin is a pipe: then each command waits for its outcome
   (ACK/NACK, the RES or the local expiry of a call) before the next one, so
   scripts are deterministic; ``wait ID [TIMEOUT]`` waits for an event.
-- Errors are printed as ``(error) ...`` and the session goes on.
+- Errors are printed as ``(error) ...`` (through ``err``: stderr in pipe
+  mode) and the session goes on; :attr:`Repl.failures` counts them, with
+  NACKs, expired calls and lost connections, for the exit status.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ HELP = """commands (connections are numbered from 1):
   sleep DURATION                    pause (scripts)
   list                              the open connections
 ARGS: JSON as typed ("500" is a string, 500 a number, {"a":1} an object),
-or raw JSON between backticks; other text is sent as a JSON string."""
+or raw JSON between backticks; anything else is refused, not sent."""
 
 COMMANDS = (
     "help", "?", "exit", "connect", "disconnect", "close", "send", "rand", "call",
@@ -102,20 +105,18 @@ def _strict_json(text: str) -> None:
 
 
 def parse_args_json(text: str) -> str:
-    """The JSON text to send for ARGS as typed (see the module doc)."""
+    """The JSON text to send for ARGS as typed (see the module doc);
+    :class:`ReplError` when it is not JSON."""
     text = text.strip()
-    if len(text) >= 2 and text.startswith("`") and text.endswith("`"):
-        raw = text[1:-1].strip()
-        try:
-            _strict_json(raw)
-        except ValueError as exc:
-            raise ReplError(f"invalid JSON between backticks: {exc}") from None
-        return raw
+    quoted = len(text) >= 2 and text.startswith("`") and text.endswith("`")
+    raw = text[1:-1].strip() if quoted else text
     try:
-        _strict_json(text)
-        return text
-    except ValueError:
-        return json.dumps(text, ensure_ascii=False)
+        _strict_json(raw)
+    except ValueError as exc:
+        hint = "" if raw[:1] in '"[{' or raw[:1].isdigit() or raw[:1] == "-" else \
+            f' (a string needs quotes: "{raw}")'
+        raise ReplError(f"ARGS is not JSON: {exc}{hint}; nothing sent") from None
+    return raw
 
 
 def _show(value: Any) -> str:
@@ -137,10 +138,17 @@ class Repl:
     """Run REPL command lines; `out` prints one line (above the prompt)."""
 
     def __init__(self, out: Callable[[str], None] = print, *, wait_outcomes: bool = False,
-                 default_url: str = DEFAULT_URL) -> None:
+                 default_url: str = DEFAULT_URL, err: Callable[[str], None] | None = None,
+                 tls: Any = None) -> None:
         self.out = out
+        #: where errors go (``out`` unless given: stderr in pipe mode)
+        self.err = err or out
         self.wait_outcomes = wait_outcomes
         self.default_url = default_url
+        #: how wss:// servers are verified (rustext.tls.ClientTls), None: the system's trust store
+        self.tls = tls
+        #: commands that failed: errors, NACKs, expired calls, lost connections
+        self.failures = 0
         self.conns: dict[int, _Conn] = {}
         self._next_id = 1
         self._background: set[asyncio.Task[Any]] = set()
@@ -160,7 +168,7 @@ class Repl:
             name = "help"
         handler = getattr(self, f"do_{name}", None)
         if handler is None:
-            self.out(f"(error) unknown command {name!r}; enter ? or help for the commands")
+            self._fail(f"(error) unknown command {name!r}; enter ? or help for the commands")
             return True
         try:
             outcome = await handler(rest.strip())
@@ -172,8 +180,12 @@ class Repl:
                     self._background.add(task)
                     task.add_done_callback(self._background.discard)
         except (ReplError, JugglerError, OSError, ValueError) as exc:
-            self.out(f"(error) {exc}")
+            self._fail(f"(error) {exc}")
         return True
+
+    def _fail(self, line: str) -> None:
+        self.failures += 1
+        self.err(line)
 
     async def aclose(self) -> None:
         for task in list(self._background):
@@ -260,8 +272,10 @@ class Repl:
                 holder[0].events_seen += 1
                 holder[0].event_signal.set()
 
+        tls = self.tls if url.startswith("wss://") else None
         try:
-            client = await connect(url, subprotocols=[proto], on_message=on_message, default_timeout=DEFAULT_CALL_TIMEOUT)
+            client = await connect(url, subprotocols=[proto], on_message=on_message, default_timeout=DEFAULT_CALL_TIMEOUT,
+                                   tls=tls)
         except JugglerError as exc:
             raise ReplError(f"dial failed: {exc}") from None
         self._next_id += 1
@@ -321,7 +335,9 @@ class Repl:
                 timeout = parse_duration(first)
                 tail = after
             except ReplError:
-                pass  # no TIMEOUT given: the whole tail is ARGS
+                # no TIMEOUT: the whole tail is ARGS, unless it is neither (5q "x")
+                if _looks_like_duration(first) and not _is_json(tail):
+                    raise
             if tail.strip():
                 raw_args = parse_args_json(tail)
         if timeout <= 0:
@@ -335,13 +351,13 @@ class Repl:
         try:
             await aw
         except CallExpired:
-            self.out(f"[{cid}] {what} {msg_uuid} expired: no result within {first_word_duration(timeout)}")
+            self._fail(f"[{cid}] {what} {msg_uuid} expired: nothing answered within {first_word_duration(timeout)}")
         except CallNacked:
-            pass  # the NACK is printed as it arrives
+            self.failures += 1  # the NACK itself is printed as it arrives
         except TimeoutError:
-            self.out(f"[{cid}] {what} {msg_uuid}: no ACK within {first_word_duration(timeout)}")
+            self._fail(f"[{cid}] {what} {msg_uuid}: no ACK within {first_word_duration(timeout)}")
         except ConnectionClosed as exc:
-            self.out(f"[{cid}] {what} {msg_uuid}: {exc}")
+            self._fail(f"[{cid}] {what} {msg_uuid}: {exc}")
 
     async def do_pub(self, rest: str) -> Awaitable[None] | None:
         parts = self._split(rest, 2, "pub ID CHANNEL [ARGS]")
@@ -381,6 +397,8 @@ class Repl:
         words = rest.split()
         if not words or len(words) > 2:
             raise ReplError("usage: wait ID [TIMEOUT]")
+        if words[0].isdigit() and 0 < int(words[0]) < self._next_id and int(words[0]) not in self.conns:
+            return  # it closed already: the event waited for (its closing line is printed)
         conn = self._conn(words[0])
         timeout = parse_duration(words[1]) if len(words) > 1 else 5.0
         try:
@@ -394,6 +412,18 @@ class Repl:
             conn.events_waited += 1
         elif conn.watcher is not None:
             await conn.watcher  # closed: its line is printed before the next command
+
+
+def _looks_like_duration(word: str) -> bool:
+    return bool(word) and (word[0].isdigit() or word[0] == ".") and not _is_json(word)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        _strict_json(text.strip())
+    except ValueError:
+        return False
+    return True
 
 
 def first_word_duration(seconds: float) -> str:

@@ -129,18 +129,20 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
             auth = Auth(config.auth)
             started.append(auth)
             await auth.start()
-        stats = ServerStats()
-        server = Server(broker, config.server, stats=stats, pubsub=pubsub, auth=auth)
-        server.http = StaticSite(demo=demo, stats=functools.partial(stats_snapshot, server))
-        started.append(server)
-        await server.start()
         callee = None
-        if test_callees:
+        if test_callees:  # before the server: no call may come before its callee is there
             from juggler.callee import Callee, make_test_app
 
             callee = Callee(broker, make_test_app(), workers=callee_workers)
             started.append(callee)
             await callee.start()
+            if isinstance(broker, MemoryBroker):
+                await broker.until_served(callee.uris)
+        stats = ServerStats()
+        server = Server(broker, config.server, stats=stats, pubsub=pubsub, auth=auth)
+        server.http = StaticSite(demo=demo, stats=functools.partial(stats_snapshot, server))
+        started.append(server)
+        await server.start()
         metrics = None
         if config.metrics.port:
             registry = CollectorRegistry(auto_describe=True)

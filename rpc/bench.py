@@ -26,9 +26,10 @@ import resource
 import time
 from array import array
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+from rustext.interrupt import ignore_sigint, two_step_interrupt
 
 from rpc.callers import open_caller
 from rpc.message import Message, SerializeType
@@ -56,6 +57,7 @@ class BenchResult:
     first_error: str | None = None
     started: float = 0.0  # wall clock (time.time()) of the first call, 0 = unknown
     ended: float = 0.0  # wall clock when the last call finished
+    interrupted: bool = False  # stopped early (Ctrl-C): the figures cover what was sent
 
     @property
     def tps(self) -> float:
@@ -78,6 +80,7 @@ class BenchResult:
         self.cpu_user += other.cpu_user
         self.cpu_sys += other.cpu_sys
         self.first_error = self.first_error or other.first_error
+        self.interrupted = self.interrupted or other.interrupted
 
     def summary(self) -> dict[str, float]:
         """Latency statistics in nanoseconds (nearest-rank percentiles)."""
@@ -110,7 +113,8 @@ def format_report(result: BenchResult, *, concurrency: int, processes: int = 1) 
     cpu = result.cpu_user + result.cpu_sys
     lines = [
         f"took {result.elapsed * 1000:.0f} ms for {result.sent} requests "
-        f"(concurrency {concurrency}, {processes} client process(es))",
+        f"(concurrency {concurrency}, {processes} client process(es))"
+        + (" (stopped early)" if result.interrupted else ""),
         f"sent     requests    : {result.sent}",
         f"received requests_OK : {result.ok}",
         f"errors               : {result.errors}" + (f" (first: {result.first_error})" if result.first_error else ""),
@@ -125,9 +129,11 @@ def format_report(result: BenchResult, *, concurrency: int, processes: int = 1) 
 
 
 async def run_load(
-    call: Callable[[], Awaitable[Any]], *, concurrency: int, total: int
+    call: Callable[[], Awaitable[Any]], *, concurrency: int, total: int,
+    stopped: Callable[[], bool] = lambda: False,
 ) -> BenchResult:
-    """Run ``total`` calls with ``concurrency`` concurrent callers."""
+    """Run ``total`` calls with ``concurrency`` concurrent callers, or fewer
+    when ``stopped()`` turns true (no new call; those in flight finish)."""
     if concurrency < 1 or total < 0:
         raise ValueError("concurrency must be >= 1 and total >= 0")
     result = BenchResult()
@@ -138,6 +144,9 @@ async def run_load(
     async def worker() -> None:
         nonlocal remaining
         while remaining > 0:
+            if stopped():
+                result.interrupted = True
+                return
             remaining -= 1
             result.sent += 1
             t0 = clock()
@@ -164,7 +173,8 @@ async def run_load(
 
 
 async def bench_target(
-    target: BenchTarget, *, concurrency: int, total: int, start_at: float | None = None
+    target: BenchTarget, *, concurrency: int, total: int, start_at: float | None = None,
+    stopped: Callable[[], bool] = lambda: False,
 ) -> BenchResult:
     """Run the load against ``target`` in this process. ``start_at`` (wall
     clock): warm up (connect) first, then start the load at that time, so
@@ -193,43 +203,83 @@ async def bench_target(
             delay = start_at - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-        return await run_load(call, concurrency=concurrency, total=total)
+        return await run_load(call, concurrency=concurrency, total=total, stopped=stopped)
     finally:
         await close()
 
 
-def _worker(target: BenchTarget, concurrency: int, total: int, start_at: float | None = None) -> BenchResult:
+def _worker(target: BenchTarget, concurrency: int, total: int, start_at: float | None,
+            stopped: Callable[[], bool]) -> BenchResult:
+    import uvloop
+
+    return uvloop.run(bench_target(target, concurrency=concurrency, total=total, start_at=start_at, stopped=stopped))
+
+
+def _child(target: BenchTarget, concurrency: int, total: int, start_at: Any, stop: Any, out: Any) -> None:
+    """A client process: waits for the common start time (``start_at.value``
+    set by the parent once every process is up), reports through ``out``."""
+    ignore_sigint()  # the parent handles Ctrl-C and raises ``stop``
+    out.send("ready")
+    while not start_at.value and not stop.value:
+        time.sleep(0.01)
     try:
-        import uvloop
-
-        return uvloop.run(bench_target(target, concurrency=concurrency, total=total, start_at=start_at))
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        return asyncio.run(bench_target(target, concurrency=concurrency, total=total, start_at=start_at))
-
-
-def _ready(_: int) -> int:
-    return os.getpid()
+        result = _worker(target, concurrency, total, start_at.value or None, lambda: bool(stop.value))
+    except Exception as exc:  # report, never hang the parent
+        result = BenchResult(errors=1, first_error=f"client process: {exc!r}")
+    out.send(result)
+    out.close()
 
 
 def run_bench(target: BenchTarget, *, concurrency: int, total: int, processes: int = 1) -> BenchResult:
-    """Run the benchmark with ``processes`` client processes (1 = this one)."""
+    """Run the benchmark with ``processes`` client processes (1 = this one).
+
+    The first Ctrl-C stops sending (the calls in flight finish) and the
+    result covers what was sent (``interrupted``); the second stops now
+    (KeyboardInterrupt). No client process outlives it."""
     if processes < 1:
         raise ValueError("processes must be >= 1")
     if processes == 1:
-        # open the connections before the clock starts, as the processes below do
-        return _worker(target, concurrency, total, start_at=time.time())
+        box = {"stop": False}
+        with two_step_interrupt(lambda: box.update(stop=True), prog="juggler rpc bench"):
+            # open the connections before the clock starts, as the processes below do
+            return _worker(target, concurrency, total, time.time(), lambda: box["stop"])
     shares = [(concurrency // processes + (i < concurrency % processes), total // processes + (i < total % processes))
               for i in range(processes)]
     ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Value("b", 0, lock=False)
+    start_at = ctx.Value("d", 0.0, lock=False)
+    pipes, children = [], []
     merged = BenchResult()
-    with ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:
-        # start the processes first (imports take a while on a loaded machine),
-        # then give them one common start time
-        list(pool.map(_ready, range(processes)))
-        start_at = time.time() + 1.0
-        futures = [pool.submit(_worker, target, max(1, c), n, start_at) for c, n in shares]
-        for fut in futures:
-            merged.merge(fut.result())
+    with two_step_interrupt(lambda: setattr(stop, "value", 1), prog="juggler rpc bench"):
+        try:
+            for c, n in shares:
+                parent, child = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_child, args=(target, max(1, c), n, start_at, stop, child), daemon=True)
+                p.start()
+                child.close()
+                pipes.append(parent)
+                children.append(p)
+            # the processes start first (imports take a while on a loaded machine),
+            # then get one common start time
+            for pipe in pipes:
+                if pipe.poll(60):
+                    pipe.recv()
+            start_at.value = time.time() + 1.0
+            for pipe in pipes:
+                try:
+                    merged.merge(pipe.recv())
+                except EOFError:
+                    merged.merge(BenchResult(errors=1, first_error="a client process died"))
+        except BaseException:  # a second Ctrl-C: stop now
+            for p in children:
+                p.kill()
+            raise
+        finally:
+            for p in children:
+                p.join(5)
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
     return merged
 
 

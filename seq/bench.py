@@ -68,8 +68,10 @@ async def measure(
     per_client: int | None = None,
     duration: float | None = None,
     latencies: bool = True,
+    stopped: Callable[[], bool] = lambda: False,
 ) -> Result:
-    """Draw `per_client` IDs (or for `duration` s) from each of `clients` sequences.
+    """Draw `per_client` IDs (or for `duration` s) from each of `clients` sequences,
+    or until ``stopped()`` turns true (Ctrl-C; with latencies on).
 
     Every ID is checked: strictly increasing per sequence, unique across all.
     """
@@ -90,7 +92,7 @@ async def measure(
                     out.append(await s.next())
                     lats.append(pc() - t0)
                     if (per_client is not None and len(out) >= per_client) or (
-                        stop_at is not None and len(out) % 64 == 0 and time.perf_counter() >= stop_at
+                        len(out) % 64 == 0 and ((stop_at is not None and time.perf_counter() >= stop_at) or stopped())
                     ):
                         return
             else:
@@ -115,7 +117,11 @@ async def measure(
     return Result(clients, total, seconds, _pct(lats, 0.5), _pct(lats, 0.99), (lats[-1] / 1e6) if lats else 0.0)
 
 
-async def bench_main(servers: Sequence[str], clients: int, buf: int, duration: float, name: str) -> int:
+async def bench_main(servers: Sequence[str], clients: int, buf: int, duration: float, name: str,
+                     stopped: Callable[[], bool] = lambda: False) -> int:
+    """Measure SimpleBufSeq then RRSeq, printing each line as it is done;
+    ``stopped()`` (Ctrl-C) ends the current measurement early and skips the
+    rest. A cluster started here is closed in any case."""
     from seq.client import RRSeq
     from seq.localcluster import LocalCluster
     from seq.simple import LocalCounter, SimpleBufSeq
@@ -129,10 +135,11 @@ async def bench_main(servers: Sequence[str], clients: int, buf: int, duration: f
         print(f"started a local 3-member cluster (fsync on) in {cluster.root}")
     try:
         counter = LocalCounter()
-        r = await measure(lambda: SimpleBufSeq(buf, counter=counter), clients, duration=duration)
-        print(r.line(f"SimpleBufSeq buf={buf}"))
-        r = await measure(lambda: RRSeq(name, buf, servers), clients, duration=duration)
-        print(r.line(f"RRSeq buf={buf}"))
+        r = await measure(lambda: SimpleBufSeq(buf, counter=counter), clients, duration=duration, stopped=stopped)
+        print(r.line(f"SimpleBufSeq buf={buf}"), flush=True)
+        if not stopped():
+            r = await measure(lambda: RRSeq(name, buf, servers), clients, duration=duration, stopped=stopped)
+            print(r.line(f"RRSeq buf={buf}"), flush=True)
     finally:
         if cluster is not None:
             cluster.close()

@@ -91,8 +91,9 @@ class LocalCluster:
         logf = open(m.log_path, "ab")
         m.log_offset = logf.seek(0, os.SEEK_END)
         try:
+            # a session of its own: a Ctrl-C at the terminal is the owner's to handle (close())
             m.proc = subprocess.Popen(self.command(i, *flags), stdout=logf, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL)
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             logf.close()
         return m.proc

@@ -22,11 +22,21 @@ from juggler.errors import JugglerError
 
 
 class BrokerError(JugglerError):
-    """A broker operation failed; the server answers NACK 500 with the message."""
+    """A broker operation failed; the server answers NACK ``code`` (500) with the message."""
+
+    #: the NACK code the server answers with
+    code = 500
 
 
 class CapacityExceeded(BrokerError):
     """The target list is full ("list capacity exceeded")."""
+
+
+class NoCallee(BrokerError):
+    """No callee serves the URI, and the broker knows none will before the
+    call expires (the in-memory broker: its callees live in this process)."""
+
+    code = 404
 
 
 @dataclass(frozen=True, slots=True)

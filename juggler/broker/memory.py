@@ -36,6 +36,7 @@ import rustext
 from juggler.broker.base import (
     BrokerBase,
     BrokerError,
+    NoCallee,
     Call,
     CapacityExceeded,
     Event,
@@ -62,6 +63,9 @@ class MemoryBrokerConfig:
     result_cap: int = 100_000
     #: the routing key put in calls (a fresh UUID when None)
     conn_uuid: str | None = None
+    #: refuse (NACK 404 "no callee serves URI") calls to URIs no callee of this process serves,
+    #: instead of letting them wait until they expire
+    refuse_unserved: bool = True
 
     def __post_init__(self) -> None:
         if self.call_cap < 0 or self.result_cap < 0:
@@ -116,6 +120,7 @@ class MemoryBroker(BrokerBase):
         # uri -> deque of (deadline, msg_uuid, conn_uuid, args); append left, pop right
         self._calls: dict[str, deque[tuple[float, str, str, bytes | None]]] = {}
         self._waiters: dict[str, list[_Waiter]] = {}
+        self._registered = asyncio.Event()  # set when a callee stream registers
         self._results: list[tuple[float, Result]] = []
         self._flush_scheduled = False
         self._result_handler: ResultHandler | None = None
@@ -163,6 +168,9 @@ class MemoryBroker(BrokerBase):
             except ValueError as exc:
                 self.stats.call_failures += 1
                 raise BrokerError(f"invalid args: {exc}") from exc
+        if self.config.refuse_unserved and uri not in self._waiters:
+            self.stats.call_failures += 1
+            raise NoCallee(f"no callee serves {uri}")
         q = self._calls.get(uri)
         if q is None:
             q = self._calls[uri] = deque()
@@ -178,6 +186,17 @@ class MemoryBroker(BrokerBase):
                 if w.wake is not None and not w.wake.done():
                     w.wake.set_result(None)
                     break
+
+    def serves(self, uri: str) -> bool:
+        """Whether a callee of this process takes calls for ``uri`` now."""
+        return uri in self._waiters
+
+    async def until_served(self, uris: list[str]) -> None:
+        """Wait until callees take calls for every one of ``uris`` (a callee
+        registers when its stream first asks for a call)."""
+        while not all(u in self._waiters for u in uris):
+            self._registered.clear()
+            await self._registered.wait()
 
     def on_result(self, handler: ResultHandler) -> None:
         self._result_handler = handler
@@ -216,6 +235,7 @@ class MemoryBroker(BrokerBase):
         waiter = _Waiter(uris)
         for u in uris:
             self._waiters.setdefault(u, []).append(waiter)
+        self._registered.set()
         loop = asyncio.get_running_loop()
         try:
             while not self._closed:

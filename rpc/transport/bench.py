@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -152,6 +153,7 @@ class _Server:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            start_new_session=True,  # Ctrl-C is the parent's to handle; the server ends with its stdin
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -179,7 +181,12 @@ def _endpoint(channel: str, tmp: str) -> str:
     return "tcp://127.0.0.1:0" if channel == "tcp" else f"unix://{tmp}/bench.sock"
 
 
-async def _client_transport(endpoint: str, protocol: str, payload: int, inflight: int, duration: float) -> tuple[int, list[int], float]:
+def _never() -> bool:
+    return False
+
+
+async def _client_transport(endpoint: str, protocol: str, payload: int, inflight: int, duration: float,
+                            stopped: Callable[[], bool] = _never) -> tuple[int, list[int], float]:
     from rpc.transport import TransportPool
 
     data = os.urandom(payload)
@@ -203,7 +210,9 @@ async def _client_transport(endpoint: str, protocol: str, payload: int, inflight
 
         start = time.perf_counter()
         tasks = [asyncio.ensure_future(worker()) for _ in range(inflight)]
-        await asyncio.sleep(duration)
+        end = start + duration
+        while (left := end - time.perf_counter()) > 0 and not stopped():
+            await asyncio.sleep(min(0.1, left))
         stop = True
         await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - start
@@ -211,7 +220,8 @@ async def _client_transport(endpoint: str, protocol: str, payload: int, inflight
     return count, lat, elapsed
 
 
-def _client_raw(endpoint: str, payload: int, inflight: int, duration: float) -> tuple[int, list[int], float]:
+def _client_raw(endpoint: str, payload: int, inflight: int, duration: float,
+                stopped: Callable[[], bool] = _never) -> tuple[int, list[int], float]:
     from rpc.transport import Endpoint
 
     ep = Endpoint.parse(endpoint)
@@ -250,7 +260,7 @@ def _client_raw(endpoint: str, payload: int, inflight: int, duration: float) -> 
         start = time.perf_counter()
         end = start + duration
         perf = time.perf_counter_ns
-        while time.perf_counter() < end:
+        while time.perf_counter() < end and not stopped():
             t0 = perf()
             exchange()
             dt = perf() - t0
@@ -264,8 +274,10 @@ def _client_raw(endpoint: str, payload: int, inflight: int, duration: float) -> 
     return len(lat), lat, elapsed
 
 
-def run_one(kind: str, channel: str, payload: int, inflight: int, duration: float, protocol: str = "rpcx") -> Result:
-    """One measurement (``kind`` transport or raw) with its own server process."""
+def run_one(kind: str, channel: str, payload: int, inflight: int, duration: float, protocol: str = "rpcx",
+            stopped: Callable[[], bool] = _never) -> Result:
+    """One measurement (``kind`` transport or raw) with its own server
+    process; ``stopped()`` turning true ends it early (Ctrl-C)."""
     import uvloop
 
     from rpc.transport.tuning import tune_malloc
@@ -277,9 +289,10 @@ def run_one(kind: str, channel: str, payload: int, inflight: int, duration: floa
     try:
         s_cpu0, c_cpu0 = proc_cpu_seconds(server.proc.pid), self_cpu_seconds()
         if kind == "transport":
-            count, lat, elapsed = uvloop.run(_client_transport(server.endpoint, protocol, payload, inflight, duration))
+            count, lat, elapsed = uvloop.run(
+                _client_transport(server.endpoint, protocol, payload, inflight, duration, stopped))
         else:
-            count, lat, elapsed = _client_raw(server.endpoint, payload, inflight, duration)
+            count, lat, elapsed = _client_raw(server.endpoint, payload, inflight, duration, stopped)
         s_cpu, c_cpu = proc_cpu_seconds(server.proc.pid) - s_cpu0, self_cpu_seconds() - c_cpu0
         s_rss = proc_peak_rss_mb(server.proc.pid)
     finally:

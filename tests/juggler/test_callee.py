@@ -13,6 +13,8 @@ import sys
 from collections.abc import AsyncIterator
 
 import pytest
+
+from rustext.appspec import AppImportError
 import redis.asyncio as aredis
 
 from juggler.broker.base import Result
@@ -223,8 +225,12 @@ async def test_load_app(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyp
     assert load_app("myapp_mod:app").uris == ["x.one"]
     assert load_app("myapp_mod:funcs").uris == ["y.two"]
     assert load_app("myapp_mod:make").uris == ["z.three"]
-    with pytest.raises(ValueError):
+    with pytest.raises(AppImportError, match="MODULE:OBJECT"):
         load_app("nocolon")
+    with pytest.raises(AppImportError, match="no module named 'nope'"):
+        load_app("nope:app")
+    with pytest.raises(AppImportError, match="no attribute 'missing'"):
+        load_app("myapp_mod:missing")
 
 
 def test_callee_needs_workers_and_uris() -> None:

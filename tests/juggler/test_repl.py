@@ -38,10 +38,8 @@ def test_parse_duration_rejects(bad: str) -> None:
         ("500", "500"),
         ('{"a": [1, 2]}', '{"a": [1, 2]}'),
         ("`{\"raw\": true}`", '{"raw": true}'),  # backticks: raw JSON
-        ("hello world", '"hello world"'),  # not JSON: sent as a string
-        ("héllo", '"héllo"'),
+        ('"héllo"', '"héllo"'),
         ("null", "null"),
-        ("NaN", '"NaN"'),  # not JSON (a Python extension): a string
     ],
 )
 def test_parse_args_json(typed: str, sent: str) -> None:
@@ -49,9 +47,20 @@ def test_parse_args_json(typed: str, sent: str) -> None:
     json.loads(sent)
 
 
-def test_parse_args_json_rejects_bad_backticks() -> None:
-    with pytest.raises(ReplError):
-        parse_args_json("`{not json`")
+@pytest.mark.parametrize(
+    ("typed", "says"),
+    [
+        ("hello world", 'a string needs quotes: "hello world"'),  # a typo is never sent as a string
+        ("{not json", "ARGS is not JSON"),
+        ("`{not json`", "ARGS is not JSON"),
+        ("NaN", "ARGS is not JSON"),  # a Python extension, not JSON
+        ('"unterminated', "ARGS is not JSON"),
+    ],
+)
+def test_parse_args_json_refuses_what_is_not_json(typed: str, says: str) -> None:
+    with pytest.raises(ReplError, match="nothing sent") as info:
+        parse_args_json(typed)
+    assert says in str(info.value)
 
 
 async def test_errors_are_printed_and_the_session_goes_on() -> None:
@@ -82,10 +91,10 @@ def up_url() -> Iterator[str]:
         yield url
 
 
-def run_client(script: str, timeout: float = 60) -> str:
+def run_client(script: str, timeout: float = 60, status: int = 0) -> str:
     res = subprocess.run(juggler("client"), input=script, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    assert res.returncode == 0, res.stderr
-    return res.stdout
+    assert res.returncode == status, res.stdout + res.stderr
+    return res.stdout + res.stderr
 
 
 def test_repl_through_a_pipe(up_url: str) -> None:
@@ -94,7 +103,7 @@ def test_repl_through_a_pipe(up_url: str) -> None:
         'call 1 test.echo 5s "hello"\n'
         'call 1 test.reverse "héllo"\n'  # no TIMEOUT: the default
         'call 1 test.delay 5s "20"\n'  # a JSON string of ms: works (the original sent "\\"20\\"")
-        "call 1 test.delay 100ms `\"1000\"`\n"  # expires locally
+        "call 1 test.delay 100ms `\"1000\"`\n"  # expires locally: a failed command
         f"connect {up_url}\n"
         "sub 1 news\n"
         "psub 1 new*\n"
@@ -104,14 +113,15 @@ def test_repl_through_a_pipe(up_url: str) -> None:
         "unsb 1 news\n"
         "punsb 1 new*\n"
         "call 3 test.echo\n"
-        "exit\n"
+        "exit\n",
+        status=1,  # the expired call and the bad connection ID
     )
     lines = out.splitlines()
     assert f"[1] connected to {up_url} (juggler.0)" in lines
     assert any(re.match(r'\[1\] <<< RES  message: \S+ for CALL \S+ \(test\.echo\): "hello"$', ln) for ln in lines), out
     assert any(ln.endswith('(test.reverse): "olléh"') for ln in lines), out
     assert any(ln.endswith("(test.delay): 20") for ln in lines), out
-    assert any("expired: no result within 100ms" in ln for ln in lines), out
+    assert any("expired: nothing answered within 100ms" in ln for ln in lines), out
     evnts = [ln for ln in lines if ln.startswith("[1] <<< EVNT")]
     assert len(evnts) == 2, out
     assert any("via pattern new*" in ln for ln in evnts) and all(ln.endswith(': {"x":1}') for ln in evnts)
@@ -133,8 +143,8 @@ def test_repl_eof_exits_and_close_and_bad_frames(up_url: str) -> None:
         "wait 3\n"
         f"connect {up_url}\n"
         "disconnect 4\n"  # no close handshake
-        "list\n"
-        # EOF, no exit
+        "list\n",
+        # EOF, no exit; connections closed by the server are events, not failed commands
     )
     lines = out.splitlines()
     assert "[1] >>> 4 bytes of text" in lines
@@ -155,9 +165,33 @@ def test_parse_args_json_always_gives_json_or_a_repl_error(text: str) -> None:
     try:
         sent = parse_args_json(text)
     except ReplError:
-        assert text.strip().startswith("`")
         return
     json.loads(sent, parse_constant=lambda name: pytest.fail(f"{name} sent"))
+
+
+def test_pipe_mode_errors_go_to_stderr_and_set_the_exit_status(up_url: str) -> None:
+    """A script whose commands all succeed exits 0 with nothing on stderr; a
+    typo, a malformed duration or ARGS that are not JSON are refused on
+    stderr, never sent, and the exit status is 1; a call to a URI no callee
+    serves is refused (NACK 404) rather than left to expire."""
+    ok = subprocess.run(juggler("client"), input=f'connect {up_url}\ncall 1 test.echo 5s "x"\nexit\n',
+                        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert ok.returncode == 0 and ok.stderr == "", ok.stderr
+    for line, says in (
+        ('call 1 test.echo 5q "x"', "(error) invalid duration '5q'"),
+        ("call 1 test.echo 5s hello", 'a string needs quotes: "hello"'),
+        ("call 1 test.echo 5s {bad", "ARGS is not JSON"),
+        ("cal 1 test.echo", "(error) unknown command 'cal'"),
+    ):
+        res = subprocess.run(juggler("client"), input=f"connect {up_url}\n{line}\nexit\n",
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert says in res.stderr and "(error)" not in res.stdout, res.stderr
+        assert ">>> CALL" not in res.stdout  # nothing was sent
+    nack = subprocess.run(juggler("client"), input=f'connect {up_url}\ncall 1 test.nope 5s "x"\nexit\n',
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert nack.returncode == 1
+    assert "404: no callee serves test.nope" in nack.stdout
 
 
 @given(st.text(max_size=30))

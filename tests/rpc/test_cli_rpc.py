@@ -72,7 +72,7 @@ def test_serve_call_and_graceful_stop(redis_url: str) -> None:
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
-        assert "shutting down" in proc.stdout.read()
+        assert "juggler rpc serve: stopping" in proc.stderr.read()
         assert r.exists("/rpcx/Arith/tcp@127.0.0.1:18972") == 0  # deregistered on shutdown
     finally:
         if proc.poll() is None:

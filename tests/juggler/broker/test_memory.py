@@ -7,7 +7,16 @@ import asyncio
 import pytest
 
 import rustext
-from juggler.broker.base import BrokerError, CalleeBroker, CallerBroker, CapacityExceeded, Event, PubSubBroker, Result
+from juggler.broker.base import (
+    BrokerError,
+    CalleeBroker,
+    CallerBroker,
+    CapacityExceeded,
+    Event,
+    NoCallee,
+    PubSubBroker,
+    Result,
+)
 from juggler.broker.memory import MemoryBroker, MemoryBrokerConfig
 from tests.netutil import wait_until
 
@@ -39,7 +48,7 @@ def test_implements_the_interfaces() -> None:
 
 async def test_calls_fifo_with_ttl_and_pop_time_expiry() -> None:
     clock = Clock()
-    b = MemoryBroker(clock=clock)
+    b = MemoryBroker(clock=clock, refuse_unserved=False)
     ids = [uid() for _ in range(3)]
     await b.call(ids[0], "u", b'"a"', 1000)
     await b.call(ids[1], "u", None, 100)
@@ -55,7 +64,7 @@ async def test_calls_fifo_with_ttl_and_pop_time_expiry() -> None:
 
 
 async def test_blocking_pop_wakes_on_push_and_checks_uris_in_order() -> None:
-    b = MemoryBroker()
+    b = MemoryBroker(refuse_unserved=False)
     it = b.calls(["a", "b"]).__aiter__()
     waiter = asyncio.ensure_future(next_call(it))
     await asyncio.sleep(0)  # one loop turn: the pop runs until it waits (in-process, no I/O)
@@ -71,7 +80,7 @@ async def test_blocking_pop_wakes_on_push_and_checks_uris_in_order() -> None:
 
 
 async def test_capacity_and_invalid_input() -> None:
-    b = MemoryBroker(call_cap=2)
+    b = MemoryBroker(call_cap=2, refuse_unserved=False)
     await b.call(uid(), "u", None, 1000)
     await b.call(uid(), "u", None, 1000)
     with pytest.raises(CapacityExceeded, match="list capacity exceeded"):
@@ -82,6 +91,21 @@ async def test_capacity_and_invalid_input() -> None:
     with pytest.raises(BrokerError):
         await b.call(uid(), "v", b"{bad", 1000)
     assert b.stats.call_failures == 3
+
+
+async def test_calls_to_uris_no_callee_serves_are_refused() -> None:
+    b = MemoryBroker()
+    with pytest.raises(NoCallee, match="no callee serves nobody.home") as info:
+        await b.call(uid(), "nobody.home", None, 1000)
+    assert info.value.code == 404 and b.stats.call_failures == 1
+    it = b.calls(["served"]).__aiter__()
+    waiter = asyncio.ensure_future(it.__anext__())
+    await wait_until(lambda: b.serves("served"), what="the callee registered")
+    m = uid()
+    await b.call(m, "served", None, 1000)
+    assert (await asyncio.wait_for(waiter, 5)).msg_uuid == m
+    await it.aclose()
+    assert not b.serves("served")
 
 
 async def test_results_routed_to_the_sink_and_expired_ones_dropped() -> None:
