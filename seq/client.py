@@ -19,6 +19,8 @@ import asyncio
 import random
 from collections.abc import Sequence
 
+from rustext.backoff import BackoffPolicy
+
 from seq.buffered import BufferedSeq
 from seq.channel import ApiChannel
 from seq.errors import RpcFailed, SeqExhausted, SeqUnavailable
@@ -73,8 +75,7 @@ class RRSeq(BufferedSeq):
         self.name = name
         self.timeout = timeout
         self.attempt_timeout = attempt_timeout or timeout / 3
-        self._backoff_min = backoff_min
-        self._backoff_max = backoff_max
+        self._backoff = BackoffPolicy(initial=min(backoff_min, backoff_max), maximum=backoff_max)
         self._rng = rng or random.Random()
         self._addrs = tuple(servers)
         self._leased = channel is None
@@ -128,9 +129,7 @@ class RRSeq(BufferedSeq):
 
     def _failed(self, server: _Server, now: float, *, soft: bool = False) -> None:
         server.failures += 1
-        base = self._backoff_min if soft else self._backoff_min * (1 << min(server.failures - 1, 10))
-        delay = min(self._backoff_max, base)
-        server.retry_at = now + delay * (0.5 + self._rng.random() / 2)
+        server.retry_at = now + self._backoff.delay(1 if soft else server.failures, self._rng)
 
     async def _close_source(self) -> None:
         if self._leased and self._channel is not None:

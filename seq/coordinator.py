@@ -59,6 +59,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rustext.backoff import BackoffPolicy
+
 from seq.errors import SeqExhausted, StoreError
 from seq.log import MAX_VALUE
 from seq.peerlink import EXHAUSTED, OK, OP_ACQUIRE, OP_CAS, OP_READ, PeerLink
@@ -144,8 +146,7 @@ class Coordinator:
         self._r = read_quorum
         self._w = write_quorum
         self._peer_timeout = peer_timeout
-        self._base = backoff_base
-        self._cap = backoff_cap
+        self._backoff = BackoffPolicy(initial=min(backoff_base, backoff_cap), maximum=backoff_cap, jitter=1.0)
         self._on_store_failure = on_store_failure
         self._rng = rng or random.Random()
         self._queues: dict[str, list[_Request]] = {}
@@ -305,10 +306,9 @@ class Coordinator:
                     self.stats.rounds_conflict += 1
             if attempt == 1 and hint is not None:
                 continue  # a first conflict: retry at once with the values just learned
-            # Full jitter: uniform in [0, min(cap, base * 2^k)], never past the first deadline.
-            window = min(self._cap, self._base * (1 << min(attempt - 1, 16)))
+            # full jitter (uniform up to min(cap, base * 2^k)), never past the first deadline
             first = min((r.deadline for r in batch if not r.fut.done()), default=now)
-            delay = min(self._rng.uniform(0, window), max(0.0, first - loop.time()))
+            delay = min(self._backoff.delay(attempt, self._rng), max(0.0, first - loop.time()))
             await asyncio.sleep(delay)
 
     @staticmethod

@@ -36,6 +36,8 @@ from typing import Any
 import grpc
 import msgpack
 
+from rustext.backoff import BackoffPolicy
+
 from rpc.transport import ConnectionConfig, TransportError, TransportProtocol
 from rpc.transport.connection import Connection, connect, expire
 from rpc.transport.payload import RawCodec
@@ -101,8 +103,7 @@ class PeerLink:
         self._connecting: asyncio.Future[Connection] | None = None
         self._failures = 0
         self._retry_at = 0.0
-        self._backoff_min = backoff_min
-        self._backoff_max = backoff_max
+        self._backoff = BackoffPolicy(initial=min(backoff_min, backoff_max), maximum=backoff_max)
         self._rng = rng or random.Random()
         self._scheduler: DeadlineScheduler | None = None
         self._closed = False
@@ -174,8 +175,7 @@ class PeerLink:
             )
         except BaseException:
             self._failures += 1
-            delay = min(self._backoff_max, self._backoff_min * (1 << min(self._failures - 1, 10)))
-            self._retry_at = loop.time() + delay * (0.5 + self._rng.random() / 2)
+            self._retry_at = loop.time() + self._backoff.delay(self._failures, self._rng)
             raise
         finally:
             self._connecting = None

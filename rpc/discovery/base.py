@@ -13,12 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
+from rustext.backoff import Backoff, BackoffPolicy
+
 from rpc.discovery.cache import FileCache
 from rpc.errors import RegistryError, RegistryUnavailable
+
+#: how a registry watch that ended is restarted (each delay jittered)
+WATCH_BACKOFF = BackoffPolicy(initial=0.1, maximum=5.0)
 
 log = logging.getLogger("rpc.discovery")
 
@@ -221,17 +225,18 @@ class WatchingDiscovery(Discovery):
                 log.exception("registry refresh failed")
 
     async def _watch_loop(self) -> None:
-        backoff = 0.1
+        backoff = Backoff(WATCH_BACKOFF)
         while True:
             try:
                 await self._watch(self._changed)
-                backoff = 0.1
+                backoff.reset()
+                delay = backoff.next_delay()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.info("registry watch ended (%s); retrying in %.1fs", exc, backoff)
-            await asyncio.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, 5.0)
+                delay = backoff.next_delay()
+                log.info("registry watch ended (%s); retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
             self._changed.set()  # we may have missed events while not watching
 
     async def aclose(self) -> None:

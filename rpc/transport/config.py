@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rustext.backoff import BackoffPolicy
+
 
 @dataclass(frozen=True, kw_only=True)
 class ConnectionConfig:
@@ -62,8 +64,9 @@ class PoolConfig:
     """Pool behaviour: reconnecting with backoff, failing fast while an
     endpoint is down, and finding silent peers with heartbeats.
 
-    The delay before reconnect attempt n is ``backoff_initial * backoff_factor**n``,
-    capped at ``backoff_max``, randomised by ±``jitter``."""
+    The delay before reconnect attempt n is ``backoff_initial * backoff_factor**(n-1)``,
+    capped at ``backoff_max``, the last ``jitter`` of it random (the suite's
+    one backoff policy, ``rustext.backoff``)."""
 
     #: the behaviour of every pooled connection
     connection: ConnectionConfig = ConnectionConfig()
@@ -75,7 +78,7 @@ class PoolConfig:
     backoff_factor: float = 2.0
     #: longest delay between attempts, in seconds
     backoff_max: float = 5.0
-    #: fraction by which each delay is randomised (0 ≤ jitter < 1)
+    #: fraction of each delay that is random (0 ≤ jitter < 1): a delay d is drawn from [d·(1−jitter), d]
     jitter: float = 0.2
     #: consecutive failed attempts after which the endpoint is down: callers fail fast (Unavailable)
     #: while the pool keeps retrying
@@ -98,5 +101,11 @@ class PoolConfig:
             raise ValueError("backoff_factor must be >= 1")
         if not 0 <= self.jitter < 1:
             raise ValueError("jitter must be in [0, 1)")
+
+    @property
+    def backoff(self) -> BackoffPolicy:
+        """The reconnect delays as the suite's backoff policy."""
+        return BackoffPolicy(initial=self.backoff_initial, maximum=self.backoff_max,
+                             factor=self.backoff_factor, jitter=self.jitter)
         if self.down_after < 1:
             raise ValueError("down_after must be >= 1")

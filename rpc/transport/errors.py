@@ -1,7 +1,7 @@
 """Exception tree of rpc.transport.
 
 ```
-TransportError(rpc.errors.RpcError)
+TransportError(Exception)
 ├── ConnectionLost(TransportError, ConnectionError)   the connection died; in-flight requests fail with it
 │   └── TransportClosed(ConnectionLost)               closed locally (close/aclose); no new requests
 ├── Unavailable(TransportError, ConnectionError)      the pool cannot reach an endpoint (down / backing off)
@@ -14,14 +14,11 @@ TransportError(rpc.errors.RpcError)
 
 from __future__ import annotations
 
-from rpc.errors import RpcError
-
-
-class TransportError(RpcError):
-    """Root of every error raised by rpc.transport. It is an ``RpcError``, so
-    one ``except RpcError`` catches the whole rpc package. (Not to be confused
-    with ``rpc.errors.TransportError``, the retryable error the rpc callers
-    raise: ``rpc.rpcx_client`` maps these onto that one.)"""
+class TransportError(Exception):
+    """Root of every error raised by rpc.transport, the layer under rpc (seq
+    uses it on its own): it knows nothing of rpc's errors. The rpc callers
+    (``rpc.rpcx_client``) map these onto ``rpc.errors.TransportError``, the
+    retryable error of the rpc package."""
 
 
 class ConnectionLost(TransportError, ConnectionError):

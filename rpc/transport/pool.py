@@ -188,9 +188,7 @@ class TransportPool:
 
     def backoff(self, attempt: int) -> float:
         """Delay before reconnect attempt ``attempt`` (1-based), with jitter."""
-        c = self.config
-        base = min(c.backoff_max, c.backoff_initial * c.backoff_factor ** (attempt - 1))
-        return base * (1 + self._rng.uniform(-c.jitter, c.jitter))
+        return self.config.backoff.delay(attempt, self._rng)
 
     async def _reconnect(self, ep: Endpoint, entry: _Entry) -> None:
         attempt = 0

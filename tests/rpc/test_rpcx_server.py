@@ -189,9 +189,22 @@ def test_addresses() -> None:
     assert address_of(Endpoint("unix", path="/s")) == "unix@/s"
 
 
-def test_one_error_tree() -> None:
+def test_the_transport_knows_nothing_of_rpc() -> None:
+    """rpc.transport is the layer under rpc (seq uses it on its own): its
+    errors have a root of their own and none of its modules imports rpc."""
+    import ast
+    import pathlib
+
+    import rpc.transport
+
     for cls in (terr.TransportError, terr.ConnectionLost, terr.RequestTimeout, terr.RemoteError, terr.ProtocolError):
-        assert issubclass(cls, RpcError)
+        assert issubclass(cls, terr.TransportError) and not issubclass(cls, RpcError)
+    for path in pathlib.Path(rpc.transport.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert not (name.startswith("rpc.") and not name.startswith("rpc.transport")), (path.name, name)
 
 
 async def test_http_on_the_rpcx_port_and_quick_close_of_idle_http() -> None:
