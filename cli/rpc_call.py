@@ -55,7 +55,7 @@ def _jsonable(value: Any) -> Any:
 
 async def call(args: argparse.Namespace) -> int:
     from rpc.callers import open_caller
-    from rpc.codec import CodecRegistry, serialize_type_from_name
+    from rpc.transport.codec import CodecRegistry, serialize_type_from_name
     from rpc.errors import RpcError
     from rpc.message import META_AUTH, META_SERVER_TIMEOUT, Message
 

@@ -4,7 +4,6 @@ Layout (one module per concept):
 
 - ``errors``     the exception tree (RpcError, ServiceError never retried, TransportError, ...)
 - ``message``    the rpcx message model (types, flags, seq, path/method, metadata, payload)
-- ``codec``      payload codecs by serialize type: raw, JSON, protobuf (by annotation), msgpack
 - ``service``    registered services, Context, ServiceDispatcher (message → response), ServerSession
 - ``server``     Server: services + plugins + registry publication + graceful shutdown order
 - ``plugins/``   hook container, auth, connection/request rate limits, Prometheus metrics, access log
@@ -25,4 +24,5 @@ Layout (one module per concept):
 - ``examples``   Hello.Say (rpcx benchmark, protobuf) and Arith.Mul/Add (JSON)
 - ``proto/``     generated protobuf messages of the examples
 - ``transport/`` the multiplexed network transport (TCP, unix, in-process channels, pool)
+                 and the payload codecs (``transport/codec``: raw, JSON, protobuf, msgpack)
 """

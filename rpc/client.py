@@ -21,7 +21,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from rpc.codec import CodecRegistry
+from rpc.transport.codec import CodecRegistry
 from rpc.errors import CallTimeout, RpcError, ServiceError
 from rpc.message import META_AUTH, META_SERVER_TIMEOUT, CompressType, Message, SerializeType
 from rpc.xclient import ServerCaller

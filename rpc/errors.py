@@ -10,7 +10,9 @@
     │   ├── AuthFailed          the server's auth hook refused ``__AUTH`` (connection closes)
     │   ├── RateLimited         a rate-limit plugin refused the request
     │   └── HandlerTimeout      the handler overran ``__ServerTimeout`` and was cancelled
-    ├── CodecError (ValueError) a payload could not be encoded or decoded
+    ├── (CodecError (ValueError): a payload could not be encoded or decoded; raised by
+    │    the codecs of rpc.transport.codec, so a TransportError of the layer
+    │    underneath, not an RpcError: ``except (RpcError, CodecError)``)
     ├── TransportError (ConnectionError)
     │                           the request may not have reached a server: retryable
     │                           by the fail modes; ``kind`` says which step failed
@@ -77,8 +79,9 @@ class HandlerTimeout(ServiceError):
     """The handler did not finish before the request's ``__ServerTimeout``."""
 
 
-class CodecError(RpcError, ValueError):
-    """A payload could not be encoded or decoded with the selected codec."""
+# the codecs live in the layer underneath (rpc.transport.codec): their error is
+# the transport's, re-exported here so that rpc code names it as rpc's own
+from rpc.transport.errors import CodecError  # noqa: E402
 
 
 class TransportErrorKind(enum.Enum):

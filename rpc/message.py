@@ -12,6 +12,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from rpc.transport.codec import SerializeType
+
 # Reserved metadata keys.
 META_ERROR = "__rpcx_error__"
 META_AUTH = "__AUTH"
@@ -31,15 +33,6 @@ class CompressType(enum.IntEnum):
 class MessageStatus(enum.IntEnum):
     NORMAL = 0
     ERROR = 1
-
-
-class SerializeType(enum.IntEnum):
-    RAW = 0
-    NONE = 0  # rpcx's name for raw bytes (SerializeNone)
-    JSON = 1
-    PROTOBUF = 2
-    MSGPACK = 3
-    THRIFT = 4
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from rpc.codec import CodecRegistry
+from rpc.transport.codec import CodecRegistry
 from rpc.discovery.base import Registrar
 from rpc.errors import RegistryError
 from rpc.plugins.container import PluginContainer

@@ -21,7 +21,7 @@ Handlers are methods ``async def Method(self, ctx, args) -> reply`` or plain
 ``def Method(self, ctx, args)``. A sync handler runs in a bounded thread pool,
 or inline on the event loop when marked ``@fast`` (for handlers that never
 block). ``args`` is decoded from the payload by the request's serialize type
-and the annotation of the parameter (see ``rpc.codec``); the reply is encoded
+and the annotation of the parameter (see ``rpc.transport.codec``); the reply is encoded
 the same way.
 
 Deadline: ``__ServerTimeout`` (milliseconds) sets ``ctx.deadline``; an async
@@ -45,9 +45,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpc.codec import CodecRegistry, Decoder
+from rpc.transport.codec import CodecRegistry, Decoder
 from rpc.errors import (
     AuthFailed,
+    CodecError,
     HandlerTimeout,
     RpcError,
     ServerClosing,
@@ -577,7 +578,7 @@ class ServiceDispatcher:
     def _handler_failed(self, msg: Message, error: BaseException, ctx: Context) -> Outcome:
         """The reply to a request whose decode, handler or hooks raised; an
         error that is not an ``RpcError`` is a bug in the handler: logged."""
-        if not isinstance(error, RpcError):
+        if not isinstance(error, (RpcError, CodecError)):
             log.error("%s.%s raised", msg.service_path, msg.service_method, exc_info=error)
         return self._error_outcome(msg, error, ctx)
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rpc.breaker import BreakerConfig, CircuitBreaker
-from rpc.codec import CodecRegistry
+from rpc.transport.codec import CodecRegistry
 from rpc.discovery.base import Discovery
 from rpc.errors import (
     BroadcastError,

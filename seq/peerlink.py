@@ -40,7 +40,7 @@ from rustext.backoff import BackoffPolicy
 
 from rpc.transport import ConnectionConfig, TransportError, TransportProtocol
 from rpc.transport.connection import Connection, connect, expire
-from rpc.transport.payload import RawCodec
+from rpc.transport.codec import RawCodec
 from rpc.transport.registry import ProtocolRegistry
 from rpc.transport.timer import DeadlineScheduler
 from rpc.transport.wire import FrameWire

@@ -4,7 +4,8 @@ Map:
 - ``endpoint``    Endpoint: tcp://host:port, unix:///path, inproc://name (the pool key)
 - ``channels``    byte streams behind one interface: TCP, Unix, in-process (InProcNetwork)
 - ``wire``        packet + message layer per protocol: rpcx (rustext codec), frame (rustext framing)
-- ``payload``     payload codecs: raw, JSON, msgpack, protobuf
+- ``codec``       payload codecs by serialize type: raw, JSON, protobuf (by annotation),
+                  msgpack; SerializeType; the one codec module of rpc too
 - ``registry``    ProtocolRegistry: protocol name → wire + payload codec
 - ``timer``       DeadlineScheduler: request deadlines on the rustext min-heap, one loop timer
 - ``connection``  Connection: multiplexing, request styles, back-pressure, lifecycle
@@ -30,7 +31,16 @@ from rpc.transport.errors import (
     TransportError,
     Unavailable,
 )
-from rpc.transport.payload import JsonCodec, MsgpackCodec, PayloadCodec, ProtobufCodec, RawCodec
+from rpc.transport.codec import (
+    CodecError,
+    CodecRegistry,
+    JSONCodec,
+    MsgpackCodec,
+    PayloadCodec,
+    ProtobufCodec,
+    RawCodec,
+    SerializeType,
+)
 from rpc.transport.pool import Health, TransportPool
 from rpc.transport.registry import ProtocolRegistry, TransportProtocol
 from rpc.transport.server import TransportServer
@@ -50,7 +60,9 @@ __all__ = [
     "HandlerLimiter",
     "Health",
     "InProcNetwork",
-    "JsonCodec",
+    "CodecError",
+    "CodecRegistry",
+    "JSONCodec",
     "Listener",
     "MsgpackCodec",
     "PayloadCodec",
@@ -63,6 +75,7 @@ __all__ = [
     "RemoteError",
     "RequestTimeout",
     "RpcxWire",
+    "SerializeType",
     "ServerConfig",
     "TcpChannel",
     "TransportClosed",

@@ -132,6 +132,7 @@ class Connection(asyncio.BufferedProtocol):
         self.name = name
         self._wire = protocol.wire
         self._payload = protocol.payload
+        self._decode = protocol.payload.decoder_for(protocol.payload_type)
         self._decoder = protocol.wire.decoder(config)
         self._scheduler = scheduler
         self._handler = handler
@@ -398,7 +399,7 @@ class Connection(asyncio.BufferedProtocol):
     def _encode_result(self, value: Any) -> Any:
         if value is None or type(value) in _BYTES:
             return value
-        return self._payload.dumps(value)
+        return self._payload.encode(value)
 
     def _bad_input(self, exc: Exception) -> None:
         self._bad = True
@@ -563,9 +564,9 @@ class Connection(asyncio.BufferedProtocol):
     async def call(self, obj: Any, *, service_path: str = "", service_method: str = "", timeout: float | None = DEFAULT, metadata: Iterable[tuple[str, str]] | None = None) -> Any:
         """``request`` with the protocol's payload codec on both ends."""
         msg = await self.request(
-            self._payload.dumps(obj), service_path=service_path, service_method=service_method, timeout=timeout, metadata=metadata
+            self._payload.encode(obj), service_path=service_path, service_method=service_method, timeout=timeout, metadata=metadata
         )
-        return self._payload.loads(msg.payload)
+        return self._decode(msg.payload)
 
     async def notify(
         self,

@@ -8,7 +8,8 @@ TransportError(Exception)
 ├── RequestTimeout(TransportError, TimeoutError)      a request's deadline passed
 ├── QueueFull(TransportError)                         the send queue is full and the policy is fail-fast
 ├── RemoteError(TransportError)                       the peer's handler failed (error text from the peer)
-└── ProtocolError(TransportError, ValueError)         the peer sent bad input (the connection is closed)
+├── ProtocolError(TransportError, ValueError)         the peer sent bad input (the connection is closed)
+└── CodecError(TransportError, ValueError)            a payload could not be encoded or decoded (rpc.errors re-exports it)
 ```
 """
 
@@ -50,3 +51,7 @@ class RemoteError(TransportError):
 class ProtocolError(TransportError, ValueError):
     """Malformed or oversized input from the peer. The connection is closed;
     its in-flight requests fail with ConnectionLost caused by this."""
+
+
+class CodecError(TransportError, ValueError):
+    """A payload could not be encoded or decoded (``rpc.transport.codec``)."""

@@ -10,15 +10,19 @@ holds the built-in protocols:
 | ``frame`` | u32 length prefix + flags/seq header | raw bytes |
 | ``frame+json`` / ``frame+msgpack`` | same | JSON / msgpack |
 
-Add your own with ``registry.register(TransportProtocol(name, wire, payload))``
-(e.g. ``ProtobufCodec(MyMessage)`` as payload).
+Add your own with ``registry.register(TransportProtocol(name, wire, payload,
+payload_type))``: the payload codecs are ``rpc.transport.codec``'s (e.g.
+``ProtobufCodec()`` with ``payload_type=MyMessage``, what ``Connection.call``
+decodes replies into).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rpc.transport.payload import JsonCodec, MsgpackCodec, PayloadCodec, RawCodec
+from typing import Any
+
+from rpc.transport.codec import JSONCodec, MsgpackCodec, PayloadCodec, RawCodec
 from rpc.transport.wire import FrameWire, RpcxWire, Wire
 
 
@@ -27,6 +31,8 @@ class TransportProtocol:
     name: str
     wire: Wire
     payload: PayloadCodec
+    #: what replies decode into (a protobuf message class, a dataclass, ...); None: as the codec gives
+    payload_type: Any = None
 
 
 class ProtocolRegistry:
@@ -55,6 +61,6 @@ class ProtocolRegistry:
         rpcx, frame = RpcxWire(), FrameWire()
         for wire in (rpcx, frame):
             reg.register(TransportProtocol(wire.name, wire, RawCodec()))
-            reg.register(TransportProtocol(f"{wire.name}+json", wire, JsonCodec()))
+            reg.register(TransportProtocol(f"{wire.name}+json", wire, JSONCodec()))
             reg.register(TransportProtocol(f"{wire.name}+msgpack", wire, MsgpackCodec()))
         return reg

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpc.codec import CodecRegistry, JSONCodec, MsgpackCodec, ProtobufCodec, RawCodec, serialize_type_from_name
+from rpc.transport.codec import CodecRegistry, JSONCodec, MsgpackCodec, ProtobufCodec, RawCodec, serialize_type_from_name
 from rpc.errors import CodecError
 from rpc.examples import benchmark_request
 from rpc.message import SerializeType

@@ -121,7 +121,7 @@ async def test_request_styles(endpoint: str, inproc: InProcNetwork, no_leaks: No
 
 async def test_payload_codecs(inproc: InProcNetwork, no_leaks: None) -> None:
     def handler(conn: Any, msg: Any) -> Any:
-        obj = conn.protocol.payload.loads(msg.payload)
+        obj = conn.protocol.payload.decode(msg.payload)
         return {"sum": obj["a"] + obj["b"], "via": conn.protocol.name}
 
     for proto in ("rpcx+json", "rpcx+msgpack", "frame+json", "frame+msgpack"):

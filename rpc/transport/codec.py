@@ -1,4 +1,6 @@
-"""Payload codecs selected by the rpcx serialize type: raw, JSON, protobuf, msgpack.
+"""Payload codecs selected by the rpcx serialize type: raw, JSON, protobuf,
+msgpack: the one codec module of the suite, in the transport (the layer
+under rpc) so that both rpc and the transport's own protocols use it.
 
 A codec turns a Python object into payload bytes and back. Decoding is driven
 by a *type* (a handler's argument annotation, a client's ``reply_type``):
@@ -18,6 +20,7 @@ at registration), so the per-call cost is one function call.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import typing
 from collections.abc import Callable
@@ -25,10 +28,34 @@ from typing import Any, Protocol
 
 import msgpack
 
-from rpc.errors import CodecError
-from rpc.message import SerializeType
+import rustext
+from rpc.transport.errors import CodecError
+
+__all__ = [
+    "CodecError",
+    "CodecRegistry",
+    "Decoder",
+    "JSONCodec",
+    "MsgpackCodec",
+    "PayloadCodec",
+    "ProtobufCodec",
+    "RawCodec",
+    "SerializeType",
+    "serialize_type_from_name",
+]
 
 Decoder = Callable[[bytes], Any]
+
+
+class SerializeType(enum.IntEnum):
+    """rpcx's serialize types; the numbers are the native codec's (``rustext.RPCX_SERIALIZE_*``)."""
+
+    RAW = rustext.RPCX_SERIALIZE_RAW
+    NONE = rustext.RPCX_SERIALIZE_RAW  # rpcx's name for raw bytes (SerializeNone)
+    JSON = rustext.RPCX_SERIALIZE_JSON
+    PROTOBUF = rustext.RPCX_SERIALIZE_PROTOBUF
+    MSGPACK = rustext.RPCX_SERIALIZE_MSGPACK
+    THRIFT = rustext.RPCX_SERIALIZE_THRIFT
 
 
 class PayloadCodec(Protocol):
