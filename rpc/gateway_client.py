@@ -4,7 +4,8 @@
 the ``X-RPCX-*`` headers and turns the HTTP response back into a response
 ``Message`` (``X-RPCX-MessageStatusType: Error`` → status error with
 ``__rpcx_error__``). It keeps up to ``pool`` keep-alive connections per
-address (HTTP/1.1 carries one request at a time per connection).
+address (HTTP/1.1 carries one request at a time per connection). The HTTP
+client is aiohttp, the suite's control-plane HTTP library.
 
 Addresses: ``http://host:port``, ``tcp@host:port`` or ``host:port``.
 Errors: ``TransportError`` when the request could not be carried (connect,
@@ -15,8 +16,10 @@ request timed out or failed is closed, never reused (its state is unknown).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
+
+import aiohttp
 
 from rpc.errors import CallTimeout, TransportError, TransportErrorKind
 from rpc.gateway import (
@@ -47,147 +50,83 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-class _StaleConnection(Exception):
-    """A reused keep-alive connection was already closed by the server."""
-
-
-class _Conn:
-    __slots__ = ("reader", "writer")
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 class HTTPCaller:
+    """See the module doc. One aiohttp session (its connection pool: up to
+    ``pool`` keep-alive connections per address) per caller; ``aclose()``."""
+
     def __init__(self, *, pool: int = 4, connect_timeout: float = 5.0) -> None:
         if pool < 1:
             raise ValueError("pool must be >= 1")
         self.pool = pool
         self.connect_timeout = connect_timeout
-        self._idle: dict[str, list[_Conn]] = {}
-        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._session: aiohttp.ClientSession | None = None
         self._closed = False
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.pool, enable_cleanup_closed=True)
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent"),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
+            )
+        return self._session
 
     async def __call__(self, address: str, request: Message, timeout: float | None) -> Message | None:
         if self._closed:
             raise TransportError("caller is closed", TransportErrorKind.CLOSED)
-        slots = self._slots.get(address)
-        if slots is None:
-            slots = self._slots[address] = asyncio.Semaphore(self.pool)
+        host, port = split_address(address)
+        url = f"http://{host}:{port}/{quote(request.service_path)}"
+        headers = self._headers(request)
         try:
             async with asyncio.timeout(timeout):
-                async with slots:
-                    return await self._exchange(address, request)
+                async with self._client().post(url, data=request.payload, headers=headers) as resp:
+                    body = await resp.content.read(MAX_RESPONSE + 1)
+                    if len(body) > MAX_RESPONSE:
+                        raise TransportError(f"{address}: oversized response", TransportErrorKind.PROTOCOL)
+                    res = self._reply(request, resp.status, resp.headers, body)
         except TimeoutError:
             raise CallTimeout(f"no response from {address} in {timeout}s") from None
-
-    async def _connect(self, address: str) -> _Conn:
-        host, port = split_address(address)
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                reader, writer = await asyncio.open_connection(host, port)
-        except (OSError, TimeoutError) as exc:
-            raise TransportError(f"cannot connect to {address}: {exc}", TransportErrorKind.CONNECT) from exc
-        return _Conn(reader, writer)
-
-    async def _exchange(self, address: str, request: Message) -> Message | None:
-        idle = self._idle.setdefault(address, [])
-        while idle:
-            # a kept-alive connection the server closed meanwhile fails before any
-            # byte of a response: then (and only then) try again on a new one
-            conn = idle.pop()
-            try:
-                return await self._on(conn, address, request, idle)
-            except _StaleConnection:
-                continue
-        return await self._on(await self._connect(address), address, request, idle, fresh=True)
-
-    async def _on(self, conn: _Conn, address: str, request: Message, idle: list[_Conn], fresh: bool = False) -> Message | None:
-        ok = False
-        try:
-            conn.writer.write(self._encode(address, request))
-            try:
-                await conn.writer.drain()
-            except OSError as exc:
-                if not fresh:
-                    raise _StaleConnection() from exc
-                raise TransportError(f"write to {address} failed: {exc}", TransportErrorKind.WRITE) from exc
-            res, reusable = await self._read(address, conn, request, fresh)
-            ok = reusable
-            return None if request.oneway else res
-        finally:
-            if ok and not self._closed:
-                idle.append(conn)
-            else:
-                conn.close()  # cancelled, timed out or failed: state unknown, never reused
+        except aiohttp.ClientConnectorError as exc:
+            raise TransportError(f"cannot connect to {address}: {exc.os_error or exc}", TransportErrorKind.CONNECT) from exc
+        except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError) as exc:
+            raise TransportError(f"{address} is not an HTTP gateway: {exc}", TransportErrorKind.PROTOCOL) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise TransportError(f"connection to {address} lost: {exc}", TransportErrorKind.CLOSED) from exc
+        return None if request.oneway else res
 
     @staticmethod
-    def _encode(address: str, request: Message) -> bytes:
+    def _headers(request: Message) -> dict[str, str]:
         metadata = dict(request.metadata)
         auth = metadata.pop(META_AUTH, None)
-        host, port = split_address(address)
-        headers = [
-            f"POST /{quote(request.service_path)} HTTP/1.1",
-            f"Host: {host}:{port}",
-            f"{X_SERVICE_PATH}: {request.service_path}",
-            f"{X_SERVICE_METHOD}: {request.service_method}",
-            f"{X_SERIALIZE}: {int(request.serialize_type)}",
-            f"{X_MESSAGE_ID}: {request.seq}",
-            f"Content-Length: {len(request.payload)}",
-        ]
+        headers = {
+            X_SERVICE_PATH: request.service_path,
+            X_SERVICE_METHOD: request.service_method,
+            X_SERIALIZE: str(int(request.serialize_type)),
+            X_MESSAGE_ID: str(request.seq),
+        }
         if metadata:
-            headers.append(f"{X_META}: {urlencode(metadata)}")
+            headers[X_META] = urlencode(metadata)
         if auth is not None:
-            headers.append(f"Authorization: {auth}")
+            headers["Authorization"] = auth
         if request.oneway:
-            headers.append(f"{X_ONEWAY}: true")
-        for line in headers:
-            if any(c in line for c in "\r\n\x00"):
+            headers[X_ONEWAY] = "true"
+        for value in headers.values():
+            if any(c in value for c in "\r\n\x00"):
                 raise ValueError("header values must not contain line breaks")
-        return ("\r\n".join(headers) + "\r\n\r\n").encode("utf-8") + request.payload
+        return headers
 
-    async def _read(self, address: str, conn: _Conn, request: Message, fresh: bool) -> tuple[Message, bool]:
-        try:
-            head = await conn.reader.readuntil(b"\r\n\r\n")
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError) as exc:
-            if not fresh and isinstance(exc, asyncio.IncompleteReadError) and not exc.partial:
-                raise _StaleConnection() from exc
-            raise TransportError(f"connection to {address} lost: {exc}", TransportErrorKind.CLOSED) from exc
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-            raise TransportError(f"{address} is not an HTTP gateway", TransportErrorKind.PROTOCOL)
-        status = int(parts[1])
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            k, _, v = line.partition(":")
-            if k:
-                headers.setdefault(k.strip().lower(), v.strip())
-        raw_length = headers.get("content-length", "0") or "0"
-        length = int(raw_length) if raw_length.isdigit() else -1
-        if not 0 <= length <= MAX_RESPONSE or "transfer-encoding" in headers:
-            raise TransportError(f"{address}: unsupported or oversized response", TransportErrorKind.PROTOCOL)
-        try:
-            body = await conn.reader.readexactly(length)
-        except (asyncio.IncompleteReadError, OSError) as exc:
-            raise TransportError(f"connection to {address} lost: {exc}", TransportErrorKind.CLOSED) from exc
-        res = request.reply(body, dict(parse_qsl(headers.get(X_META.lower(), ""), keep_blank_values=True)))
+    @staticmethod
+    def _reply(request: Message, status: int, headers: Any, body: bytes) -> Message:
+        res = request.reply(body, dict(parse_qsl(headers.get(X_META, ""), keep_blank_values=True)))
         res.message_type = MessageType.RESPONSE
-        if headers.get(X_STATUS.lower()) == "Error" or status >= 400:
+        if headers.get(X_STATUS) == "Error" or status >= 400:
             res.status = MessageStatus.ERROR
             res.payload = b""
-            res.metadata[META_ERROR] = headers.get(X_ERROR.lower()) or f"HTTP {status}"
-        return res, headers.get("connection", "").lower() != "close"
+            res.metadata[META_ERROR] = headers.get(X_ERROR) or f"HTTP {status}"
+        return res
 
     async def aclose(self) -> None:
         self._closed = True
-        idle, self._idle = self._idle, {}
-        for conns in idle.values():
-            for c in conns:
-                c.close()
-                with contextlib.suppress(Exception):
-                    await c.writer.wait_closed()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()

@@ -22,6 +22,8 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
+
 from rpc.discovery import _http
 from rpc.discovery.base import WatchingDiscovery, stop_heartbeat_and_unregister
 from rpc.discovery.cache import FileCache
@@ -63,8 +65,10 @@ class EtcdHTTP:
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
             return await _http.post_json(self.host, self.port, path, body, timeout=self.timeout)
-        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
-            raise RegistryUnavailable(f"etcd {self.host}:{self.port}: {exc!r}") from exc
+        except (OSError, TimeoutError, aiohttp.ClientConnectionError) as exc:
+            raise RegistryUnavailable(f"etcd {self.host}:{self.port}: {exc or type(exc).__name__}") from exc
+        except aiohttp.ClientError as exc:
+            raise RegistryError(f"etcd {path}: {exc}") from exc
         except (_http.HTTPError, ValueError) as exc:
             raise RegistryError(f"etcd {path}: {exc}") from exc
 
