@@ -248,8 +248,9 @@ describe("connection", () => {
 describe("NACKs", () => {
   let srv;
   before(async () => {
-    // no callees, tiny limits: the server refuses with NACK 500
-    srv = await JugglerProc.server("[server]\nmax_subscriptions = 1\n[memory]\ncall_cap = 1\n");
+    // no callees, tiny limits: the server refuses with NACK 500 (calls to URIs no callee
+    // serves are queued until they expire, as with Redis, rather than refused with 404)
+    srv = await JugglerProc.server("[server]\nmax_subscriptions = 1\n[memory]\ncall_cap = 1\nrefuse_unserved = false\n");
   });
   after(async () => {
     await srv.stop();
@@ -266,6 +267,16 @@ describe("NACKs", () => {
       return true;
     });
     await first;
+  });
+
+  test("a call no callee serves is refused with NACK 404 by the in-memory broker", async () => {
+    const c = await connect();
+    await assert.rejects(c.call("nobody.home", "x", { timeout: 2000 }), (err) => {
+      assert.ok(err instanceof NackError);
+      assert.equal(err.code, 404);
+      assert.match(err.serverMessage, /no callee serves nobody.home/);
+      return true;
+    });
   });
 
   test("a refused subscription rejects its ready promise and drops the handler", async () => {
