@@ -2,7 +2,7 @@
 //!
 //! Layout (one module, one concept):
 //! - [`framing`]  length-prefixed stream splitter: feed bytes, get whole frames back.
-//! - [`rpcx`]     rpcx message encode/decode (see shared/protocols/rpcx.md).
+//! - [`rpcx`]     rpcx message codec (`rpcx/`: `decode`, `encode`, `stream`, `python` bindings).
 //! - [`juggler`]  juggler.0 envelope codec; `args` stay raw JSON bytes
 //!   (`juggler/`: `scan` JSON scanner, `parse`, `build`, `python` bindings).
 //! - [`wsframe`]  websocket frames (RFC 6455 §5), server side: the client-frame
