@@ -35,7 +35,8 @@ use super::h1::{
     self, BodyMode, Chunks, ClientView, MethodKind, ReqHead, ReqParse, RespHead, RespParse,
 };
 use super::pool::Fail;
-use super::proxy::{acquire_slot, ConnCtl, Lease, Peer, Worker};
+use super::attempts::{Attempts, Next};
+use super::proxy::{ConnCtl, Peer, Worker};
 use super::stats::{bump, IdMap};
 use super::upstream::{Backend, Key, Upstream};
 
@@ -385,40 +386,23 @@ async fn exchange(
         closing: peer.ctl.close.load(Relaxed),
     };
     let body = &req[head.head_len..];
-    // Idempotent body-less requests may be replayed after a reset; any
-    // request moves on to another backend while nothing of it was sent.
-    let retryable = body.is_empty() && head.method != MethodKind::Other;
-    let attempts = s.retries as usize + 1;
-    let deadline = (!s.total_timeout.is_zero()).then(|| start + s.total_timeout);
+    let mut attempts = Attempts::new(up, start, body.is_empty() && head.method != MethodKind::Other);
     let path = std::str::from_utf8(h1::slice(req, head.path)).unwrap_or("/");
     let header = head.hash_value.map(|r| h1::slice(req, r));
+    let key = Key {
+        client_ip: peer.ip,
+        path,
+        header,
+    };
     let base = out.len();
-    let mut tried = 0u64;
     let mut failed: Option<Fail> = None;
-    let mut sent = false;
-    for attempt in 0..attempts {
-        if sent && !retryable {
-            break; // the request is gone: never replayed
-        }
-        let key = Key {
-            client_ip: peer.ip,
-            path,
-            header,
+    loop {
+        let (backend, lease) = match attempts.next(w, &key).await {
+            Next::Try(backend, lease) => (backend, lease),
+            Next::QueueFull => return reply(w, client, resp, view, start, QUEUE_FULL).await,
+            Next::Done => break,
         };
-        let Some(i) = up.select(&key, tried) else {
-            break;
-        };
-        tried |= 1u64 << (i % 64);
-        let backend = &up.backends[i];
-        if attempt > 0 {
-            bump(&w.stats.retries, 1);
-        }
-        let Ok(permit) = acquire_slot(backend, s.queue_timeout).await else {
-            bump(&w.stats.no_backend, 1);
-            return reply(w, client, resp, view, start, QUEUE_FULL).await;
-        };
-        let lease = Lease::new(backend.clone(), permit);
-        backend.stats.requests.fetch_add(1, Relaxed);
+        let backend = &backend;
         out.truncate(base);
         h1::finish_request(
             out,
@@ -428,16 +412,13 @@ async fn exchange(
             peer.forwarded.as_bytes(),
             backend.authority.as_str(),
         );
-        let mut wait = s.response_timeout;
-        if let Some(d) = deadline {
-            wait = wait.min(d.saturating_duration_since(Instant::now()));
-        }
+        let wait = attempts.response_wait();
         match attempt_one(
             w,
             backend,
             out,
             body,
-            retryable,
+            attempts.replayable(),
             s.connect_timeout,
             wait,
             view,
@@ -453,7 +434,7 @@ async fn exchange(
                 w.stats.observe(rh.status, start.elapsed());
                 let mut bytes = 0u64;
                 let relay = relay(w, client, link, rh, resp, backend.id, &mut bytes);
-                let end = match deadline {
+                let end = match attempts.deadline() {
                     None => relay.await,
                     Some(d) => match tokio::time::timeout_at(d.into(), relay).await {
                         Ok(e) => e,
@@ -477,19 +458,18 @@ async fn exchange(
                 };
             }
             Err(Outcome::Unsent(f)) => {
-                backend.record_failure(s.eject_after, s.eject_cooldown);
+                attempts.failed(backend, false);
                 failed = Some(f);
             }
             Err(Outcome::Sent(Fail::Timeout)) => {
-                backend.record_failure(s.eject_after, s.eject_cooldown);
+                attempts.failed(backend, true);
                 // A timed-out request may have had effects: never replayed.
                 bump(&w.stats.timeouts, 1);
                 return reply(w, client, resp, view, start, GATEWAY_TIMEOUT).await;
             }
             Err(Outcome::Sent(f)) => {
-                backend.record_failure(s.eject_after, s.eject_cooldown);
+                attempts.failed(backend, true);
                 failed = Some(f);
-                sent = true;
             }
         }
     }

@@ -5,7 +5,8 @@
 //!
 //! - [`config`]   typed, validated configuration (defaults documented there)
 //! - [`upstream`] backends, their state, and the balancing algorithms
-//! - [`h1`]       sans-I/O HTTP/1 heads for the fast path (httparse)
+//! - [`attempts`] the attempt policy of a request (retries, replays, timeouts), both paths
+//! - [`h1`]       sans-I/O HTTP/1 heads for the fast path (httparse; `h1/`: request, response, chunks)
 //! - [`fast`]     the fast path: common exchanges on raw sockets, its pool
 //! - [`proxy`]    hyper's path: choose, forward, stream back, retry
 //! - [`pool`]     hyper's keep-alive backend connections, one pool per worker
@@ -14,6 +15,7 @@
 //! - [`stats`]    per-worker counters and the latency histogram
 //! - `python`     the `rustext.Balancer` class
 
+pub mod attempts;
 pub mod config;
 pub mod fast;
 pub mod h1;

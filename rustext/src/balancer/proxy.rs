@@ -22,11 +22,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{
-    header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
+    header, HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version,
 };
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::rt::TokioIo;
 use tokio::sync::OwnedSemaphorePermit;
+
+use super::attempts::{idempotent, Attempts, Next};
 use tokio::time::Sleep;
 
 use super::config::{Config, HashKey};
@@ -343,13 +345,6 @@ pub async fn acquire_slot(
     }
 }
 
-fn idempotent(m: &Method) -> bool {
-    matches!(
-        *m,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    )
-}
-
 /// How far a request body got: lets the response timeout wait for a long
 /// upload, and tells a client abort from a backend failure.
 #[derive(Default)]
@@ -664,49 +659,29 @@ async fn forward(
     } else {
         Some(Arc::new(Progress::default()))
     };
-    // Idempotent body-less requests may be replayed after a reset; any
-    // request moves on to another backend while nothing of it was sent.
-    let retryable = empty && idempotent(&method) && !upgrade;
-    let attempts = s.retries as usize + 1;
-    let deadline = (!s.total_timeout.is_zero()).then(|| start + s.total_timeout);
-
-    let mut tried = 0u64;
+    let mut attempts = Attempts::new(up, start, empty && idempotent(method.as_str().as_bytes()) && !upgrade);
+    let key_header = match &s.hash_key {
+        HashKey::Header(name) => headers.get(name).map(|v| v.as_bytes().to_vec()),
+        _ => None,
+    };
+    let key = Key {
+        client_ip: peer.ip,
+        path: pq.path(),
+        header: key_header.as_deref(),
+    };
     let mut failed: Option<Fail> = None;
     let mut pending: Option<Request<ReqBody>> = None;
-    let mut built = false;
-    for attempt in 0..attempts {
-        if built && pending.is_none() && !retryable {
-            break; // the request is gone: never replayed
-        }
-        let key = Key {
-            client_ip: peer.ip,
-            path: pq.path(),
-            header: match &s.hash_key {
-                HashKey::Header(name) => headers.get(name).map(|v| v.as_bytes()),
-                _ => None,
-            },
+    loop {
+        let (backend, lease) = match attempts.next(w, &key).await {
+            Next::Try(backend, lease) => (backend, lease),
+            Next::QueueFull => return error_response(StatusCode::SERVICE_UNAVAILABLE, "backend queue full\n"),
+            Next::Done => break,
         };
-        let Some(i) = up.select(&key, tried) else {
-            break;
-        };
-        tried |= 1u64 << (i % 64);
-        let backend = up.backends[i].clone();
-        if attempt > 0 {
-            bump(&w.stats.retries, 1);
-        }
-
-        let Ok(permit) = acquire_slot(&backend, s.queue_timeout).await else {
-            bump(&w.stats.no_backend, 1);
-            return error_response(StatusCode::SERVICE_UNAVAILABLE, "backend queue full\n");
-        };
-        let lease = Lease::new(backend.clone(), permit);
-        backend.stats.requests.fetch_add(1, Relaxed);
-
         let breq = match pending.take() {
             Some(r) => r,
             None => {
                 // Keep a copy of the head only while a replay may still be needed.
-                let keep = retryable && attempt + 1 < attempts;
+                let keep = attempts.replayable() && attempts.more_after_this();
                 let mut r = Request::new(match body.take() {
                     Some(b) => {
                         ReqBody::Client(b, w.stats.clone(), progress.clone().unwrap_or_default())
@@ -726,15 +701,10 @@ async fn forward(
                         r.headers_mut().insert(header::HOST, v);
                     }
                 }
-                built = true;
                 r
             }
         };
-
-        let mut wait = s.response_timeout;
-        if let Some(d) = deadline {
-            wait = wait.min(d.saturating_duration_since(Instant::now()));
-        }
+        let wait = attempts.response_wait();
         match send(
             w,
             &backend,
@@ -775,19 +745,19 @@ async fn forward(
                     worker: w.clone(),
                     peer: peer.clone(),
                     conn: Some(bc),
-                    deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
+                    deadline: attempts.deadline().map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
                     bytes: 0,
                     eject: (s.eject_after, s.eject_cooldown),
                 };
                 return Response::from_parts(parts, RespBody::Stream(streaming));
             }
             Outcome::Unsent(r, f) => {
-                backend.record_failure(s.eject_after, s.eject_cooldown);
+                attempts.failed(&backend, false);
                 failed = Some(f);
                 pending = Some(r);
             }
             Outcome::Sent(Fail::Timeout) => {
-                backend.record_failure(s.eject_after, s.eject_cooldown);
+                attempts.failed(&backend, true);
                 // A timed-out request may have had effects: never replayed.
                 bump(&w.stats.timeouts, 1);
                 return error_response(StatusCode::GATEWAY_TIMEOUT, "backend timeout\n");
@@ -801,7 +771,7 @@ async fn forward(
                 return error_response(StatusCode::BAD_REQUEST, "incomplete request body\n");
             }
             Outcome::Sent(f) => {
-                backend.record_failure(s.eject_after, s.eject_cooldown);
+                attempts.failed(&backend, true);
                 failed = Some(f);
             }
         }

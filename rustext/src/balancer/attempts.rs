@@ -1,0 +1,137 @@
+//! The attempt policy of one request, shared by both paths ([`super::fast`]
+//! and [`super::proxy`]): which backend to try next, which requests may be
+//! replayed, and the time each attempt may wait.
+//!
+//! - A request moves on to another backend while nothing of it was sent
+//!   (connect refused, a pooled connection found closed), up to
+//!   `retries + 1` attempts, each backend tried once.
+//! - Once sent, only an idempotent request without a body is replayed (on a
+//!   reset before any response byte); a timed-out one never is.
+//! - Each attempt first takes a slot of the backend's concurrency limit,
+//!   waiting up to `queue_timeout` (no slot: 503), and holds it as a
+//!   [`Lease`] for as long as the exchange lasts.
+//! - The response wait is `response_timeout`, cut short by `total_timeout`
+//!   counted from the request's arrival.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::proxy::{acquire_slot, Lease, Worker};
+use super::stats::bump;
+use super::upstream::{Backend, Key, Upstream};
+
+/// Methods whose requests may be sent twice with the effect of once (RFC
+/// 9110 §9.2.2), so a body-less one is replayed after a reset.
+pub fn idempotent(method: &[u8]) -> bool {
+    matches!(method, b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE" | b"PUT" | b"DELETE")
+}
+
+/// What [`Attempts::next`] gives.
+pub enum Next {
+    /// Try this backend, holding this slot.
+    Try(Arc<Backend>, Lease),
+    /// The chosen backend's queue stayed full for `queue_timeout`: answer 503.
+    QueueFull,
+    /// No attempt left (or no backend to try): answer from the last failure.
+    Done,
+}
+
+/// The attempts of one request (see the module doc).
+pub struct Attempts<'a> {
+    up: &'a Upstream,
+    retryable: bool,
+    left: usize,
+    made: usize,
+    tried: u64,
+    sent: bool,
+    deadline: Option<Instant>,
+}
+
+impl<'a> Attempts<'a> {
+    /// `replayable`: the request is idempotent, has no body and is not an
+    /// upgrade, so it may be sent again after a reset.
+    pub fn new(up: &'a Upstream, start: Instant, replayable: bool) -> Self {
+        let s = &up.settings;
+        Attempts {
+            up,
+            retryable: replayable,
+            left: s.retries as usize + 1,
+            made: 0,
+            tried: 0,
+            sent: false,
+            deadline: (!s.total_timeout.is_zero()).then(|| start + s.total_timeout),
+        }
+    }
+
+    /// Whether the request may be replayed once sent.
+    pub fn replayable(&self) -> bool {
+        self.retryable
+    }
+
+    /// Whether another attempt could follow the one about to be made.
+    pub fn more_after_this(&self) -> bool {
+        self.left > 0
+    }
+
+    /// The next backend and its slot (a retry is counted in `w`'s stats).
+    pub async fn next(&mut self, w: &Worker, key: &Key<'_>) -> Next {
+        if self.left == 0 || (self.sent && !self.retryable) {
+            return Next::Done; // out of attempts, or the request is gone: never replayed
+        }
+        let Some(i) = self.up.select(key, self.tried) else {
+            return Next::Done;
+        };
+        self.left -= 1;
+        self.tried |= 1u64 << (i % 64);
+        let backend = self.up.backends[i].clone();
+        if self.made > 0 {
+            bump(&w.stats.retries, 1);
+        }
+        self.made += 1;
+        let Ok(permit) = acquire_slot(&backend, self.up.settings.queue_timeout).await else {
+            bump(&w.stats.no_backend, 1);
+            return Next::QueueFull;
+        };
+        let lease = Lease::new(backend.clone(), permit);
+        backend.stats.requests.fetch_add(1, Relaxed);
+        Next::Try(backend, lease)
+    }
+
+    /// The attempt on `backend` failed; `sent`: the request (or part of it)
+    /// reached the backend.
+    pub fn failed(&mut self, backend: &Backend, sent: bool) {
+        let s = &self.up.settings;
+        backend.record_failure(s.eject_after, s.eject_cooldown);
+        self.sent |= sent;
+    }
+
+    /// How long this attempt may wait for the response head.
+    pub fn response_wait(&self) -> Duration {
+        let wait = self.up.settings.response_timeout;
+        match self.deadline {
+            Some(d) => wait.min(d.saturating_duration_since(Instant::now())),
+            None => wait,
+        }
+    }
+
+    /// When the whole exchange must be over (`total_timeout`), if set.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idempotent_methods_are_rfc_9110s() {
+        for m in ["GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"] {
+            assert!(idempotent(m.as_bytes()), "{m}");
+        }
+        for m in ["POST", "PATCH", "CONNECT", "get", "PROPFIND", ""] {
+            assert!(!idempotent(m.as_bytes()), "{m}");
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! Sans-I/O HTTP/1 for the fast path: parse a request head (httparse) and
+//! rewrite it for a backend, parse a backend's response head and rewrite it
+//! for the client, and follow chunked bodies.
+//!
+//! Only the common exchange is handled here: origin-form targets, no body or
+//! a `Content-Length` body, no `Upgrade`, no `Expect`, no request
+//! `Transfer-Encoding`. Anything else is [`ReqParse::Fallback`]: the
+//! connection goes to hyper, which handles (or rejects) every case.
+//!
+//! The rewrites follow the hyper path exactly: hop-by-hop headers (and those
+//! named by `Connection`) removed, `X-Forwarded-For` / `Forwarded` appended
+//! to, `X-Forwarded-Proto` replaced, `Host` kept (added only when missing),
+//! HTTP/1.0 clients never see chunked encoding.
+//!
+//! Layout: `request` (request heads in, rewritten out), `response` (response
+//! heads, our own answers), `chunks` (chunked bodies), `tests`; the shared
+//! header helpers are here.
+
+mod chunks;
+mod request;
+mod response;
+#[cfg(test)]
+mod tests;
+
+pub use chunks::{chunk_header, ChunkError, Chunks};
+pub use request::{finish_request, parse_request, MethodKind, ReqHead, ReqParse};
+pub use response::{parse_response, simple_response, BodyMode, ClientView, RespHead, RespParse};
+
+/// Headers parsed per request head; more goes to hyper (limit 100 there).
+pub const MAX_HEADERS: usize = 64;
+/// Headers accepted in a backend's response head.
+pub const MAX_RESP_HEADERS: usize = 128;
+/// Previous values of `X-Forwarded-For` / `Forwarded` joined (more: hyper).
+const MAX_PREV: usize = 4;
+
+type Range = (u32, u32);
+
+fn range_of(buf: &[u8], s: &[u8]) -> Range {
+    let start = s.as_ptr() as usize - buf.as_ptr() as usize;
+    (start as u32, (start + s.len()) as u32)
+}
+
+#[inline]
+pub fn slice(buf: &[u8], r: Range) -> &[u8] {
+    &buf[r.0 as usize..r.1 as usize]
+}
+
+/// Hop-by-hop header names (RFC 9110 §7.6.1), lower-case.
+fn is_hop_by_hop(n: &[u8]) -> bool {
+    const HOP: [&[u8]; 9] = [
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    ];
+    HOP.iter().any(|h| h.eq_ignore_ascii_case(n))
+}
+
+fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
+    v.split(|&c| c == b',')
+        .map(|t| t.trim_ascii())
+        .filter(|t| !t.is_empty())
+}
+
+/// What `Connection` headers say.
+#[derive(Default, Clone, Copy)]
+struct ConnFlags {
+    close: bool,
+    keep_alive: bool,
+    upgrade: bool,
+    /// Names other headers (to be removed as hop-by-hop).
+    names_others: bool,
+}
+
+impl ConnFlags {
+    fn add(&mut self, v: &[u8]) {
+        for t in tokens(v) {
+            if t.eq_ignore_ascii_case(b"close") {
+                self.close = true;
+            } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                self.keep_alive = true;
+            } else {
+                if t.eq_ignore_ascii_case(b"upgrade") {
+                    self.upgrade = true;
+                }
+                self.names_others = true;
+            }
+        }
+    }
+}
+
+/// Whether header `name` is hop-by-hop, statically or by a `Connection` header.
+fn drop_header(name: &[u8], conn: ConnFlags, headers: &[httparse::Header<'_>]) -> bool {
+    if is_hop_by_hop(name) {
+        return true;
+    }
+    conn.names_others
+        && headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+            .any(|h| tokens(h.value).any(|t| t.eq_ignore_ascii_case(name.as_ref())))
+}
+
+fn parse_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 18 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(v.iter().fold(0u64, |n, &d| n * 10 + (d - b'0') as u64))
+}

@@ -1,0 +1,199 @@
+//! Request heads: parsed (httparse) and rewritten for a backend.
+
+use super::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MethodKind {
+    Head,
+    /// GET, OPTIONS, TRACE, PUT, DELETE: may be replayed (without a body).
+    Idempotent,
+    Other,
+}
+
+/// A request head ready for a backend (its rewritten start in `out`).
+#[derive(Clone, Debug)]
+pub struct ReqHead {
+    pub head_len: usize,
+    pub body_len: u64,
+    pub http10: bool,
+    /// The client keeps the connection after this exchange.
+    pub keep_alive: bool,
+    pub method: MethodKind,
+    /// The target's path (before `?`), for hashing.
+    pub path: Range,
+    /// The value of the hash header, if asked for and present.
+    pub hash_value: Option<Range>,
+    pub has_host: bool,
+    xff: [Range; MAX_PREV],
+    n_xff: u8,
+    fwd: [Range; MAX_PREV],
+    n_fwd: u8,
+}
+
+#[derive(Debug)]
+pub enum ReqParse {
+    /// More bytes needed.
+    Partial,
+    /// Not for the fast path (or invalid): hand the bytes to hyper.
+    Fallback,
+    Ready(ReqHead),
+}
+
+/// Parse a request head from `buf` and write its backend form into `out`
+/// (cleared first): request line and kept headers, without the final
+/// forwarding headers and blank line (see [`finish_request`]).
+pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -> ReqParse {
+    out.clear();
+    let mut hs = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut hs);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return ReqParse::Partial,
+        Err(_) => return ReqParse::Fallback,
+    };
+    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
+        return ReqParse::Fallback;
+    };
+    if version > 1
+        || !target.starts_with('/')
+        || !target
+            .bytes()
+            .all(|c| (0x21..0x7f).contains(&c) && c != b'#')
+    {
+        return ReqParse::Fallback;
+    }
+    let headers: &[httparse::Header<'_>] = req.headers;
+    let mut conn = ConnFlags::default();
+    let mut body_len: Option<u64> = None;
+    let mut has_host = false;
+    let mut hash_value = None;
+    let mut head = ReqHead {
+        head_len,
+        body_len: 0,
+        http10: version == 0,
+        keep_alive: false,
+        method: match method {
+            "HEAD" => MethodKind::Head,
+            m if crate::balancer::attempts::idempotent(m.as_bytes()) => MethodKind::Idempotent,
+            _ => MethodKind::Other,
+        },
+        path: (0, 0),
+        hash_value: None,
+        has_host: false,
+        xff: [(0, 0); MAX_PREV],
+        n_xff: 0,
+        fwd: [(0, 0); MAX_PREV],
+        n_fwd: 0,
+    };
+    for h in headers {
+        let n = h.name.as_bytes();
+        match n.len() {
+            4 if n.eq_ignore_ascii_case(b"host") => has_host = true,
+            10 if n.eq_ignore_ascii_case(b"connection") => conn.add(h.value),
+            14 if n.eq_ignore_ascii_case(b"content-length") => {
+                match (parse_length(h.value.trim_ascii()), body_len) {
+                    (Some(l), None) => body_len = Some(l),
+                    _ => return ReqParse::Fallback, // invalid or repeated
+                }
+            }
+            6 if n.eq_ignore_ascii_case(b"expect") => return ReqParse::Fallback,
+            7 if n.eq_ignore_ascii_case(b"upgrade") => return ReqParse::Fallback,
+            17 if n.eq_ignore_ascii_case(b"transfer-encoding") => return ReqParse::Fallback,
+            15 if n.eq_ignore_ascii_case(b"x-forwarded-for") => {
+                if head.n_xff as usize == MAX_PREV {
+                    return ReqParse::Fallback;
+                }
+                head.xff[head.n_xff as usize] = range_of(buf, h.value);
+                head.n_xff += 1;
+            }
+            9 if n.eq_ignore_ascii_case(b"forwarded") => {
+                if head.n_fwd as usize == MAX_PREV {
+                    return ReqParse::Fallback;
+                }
+                head.fwd[head.n_fwd as usize] = range_of(buf, h.value);
+                head.n_fwd += 1;
+            }
+            _ => {}
+        }
+        if hash_value.is_none() && hash_header.is_some_and(|k| k.eq_ignore_ascii_case(h.name)) {
+            hash_value = Some(range_of(buf, h.value));
+        }
+    }
+    if conn.upgrade {
+        return ReqParse::Fallback;
+    }
+    out.reserve(head_len + 128);
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for h in headers {
+        let n = h.name.as_bytes();
+        if drop_header(n, conn, headers)
+            || n.eq_ignore_ascii_case(b"x-forwarded-for")
+            || n.eq_ignore_ascii_case(b"x-forwarded-proto")
+            || n.eq_ignore_ascii_case(b"forwarded")
+        {
+            continue;
+        }
+        out.extend_from_slice(n);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    let t = range_of(buf, target.as_bytes());
+    let path_len = target.find('?').unwrap_or(target.len()) as u32;
+    head.path = (t.0, t.0 + path_len);
+    head.body_len = body_len.unwrap_or(0);
+    head.keep_alive = if head.http10 {
+        conn.keep_alive && !conn.close
+    } else {
+        !conn.close
+    };
+    head.has_host = has_host;
+    head.hash_value = hash_value;
+    ReqParse::Ready(head)
+}
+
+fn joined(out: &mut Vec<u8>, name: &[u8], buf: &[u8], prev: &[Range], item: &[u8]) {
+    out.extend_from_slice(name);
+    for &r in prev {
+        out.extend_from_slice(slice(buf, r));
+        out.extend_from_slice(b", ");
+    }
+    out.extend_from_slice(item);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Complete the head written by [`parse_request`]: `Host` if the client sent
+/// none, the forwarding headers, the blank line.
+pub fn finish_request(
+    out: &mut Vec<u8>,
+    buf: &[u8],
+    head: &ReqHead,
+    xff: &[u8],
+    forwarded: &[u8],
+    host: &str,
+) {
+    if !head.has_host {
+        out.extend_from_slice(b"host: ");
+        out.extend_from_slice(host.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    joined(
+        out,
+        b"x-forwarded-for: ",
+        buf,
+        &head.xff[..head.n_xff as usize],
+        xff,
+    );
+    out.extend_from_slice(b"x-forwarded-proto: http\r\n");
+    joined(
+        out,
+        b"forwarded: ",
+        buf,
+        &head.fwd[..head.n_fwd as usize],
+        forwarded,
+    );
+    out.extend_from_slice(b"\r\n");
+}
