@@ -122,6 +122,7 @@ async def bench_main(servers: Sequence[str], clients: int, buf: int, duration: f
     """Measure SimpleBufSeq then RRSeq, printing each line as it is done;
     ``stopped()`` (Ctrl-C) ends the current measurement early and skips the
     rest. A cluster started here is closed in any case."""
+    from seq.channel import ApiChannel
     from seq.client import RRSeq
     from seq.localcluster import LocalCluster
     from seq.simple import LocalCounter, SimpleBufSeq
@@ -138,7 +139,9 @@ async def bench_main(servers: Sequence[str], clients: int, buf: int, duration: f
         r = await measure(lambda: SimpleBufSeq(buf, counter=counter), clients, duration=duration, stopped=stopped)
         print(r.line(f"SimpleBufSeq buf={buf}"), flush=True)
         if not stopped():
-            r = await measure(lambda: RRSeq(name, buf, servers), clients, duration=duration, stopped=stopped)
+            async with ApiChannel(servers) as channel:  # the sequences share one connection per server
+                r = await measure(lambda: RRSeq(name, buf, channel=channel), clients, duration=duration,
+                                  stopped=stopped)
             print(r.line(f"RRSeq buf={buf}"), flush=True)
     finally:
         if cluster is not None:

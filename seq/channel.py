@@ -8,32 +8,29 @@ the loop's reader callback takes every finished call in one native call and
 resolves their futures. Any gRPC server works on the other end (grpc.aio
 included: tests/seq/test_seq_grpc.py).
 
-One channel serves many :class:`seq.RRSeq` of one event loop. An RRSeq
-made without ``channel=`` leases the loop's channel for its server list
-(:meth:`ApiChannel.lease`, reference-counted: the last sequence to close
-closes it and its thread), the way grpc's own subchannel pool shares
-connections among channels: 32 sequences with a channel (and a Rust
-thread) each cost 3x the CPU per call of one shared channel, since every
-completion then wakes the loop separately. Pass ``channel=`` to manage
-one yourself (``await ch.aclose()`` after its sequences). Not thread-safe.
+One channel serves many :class:`seq.RRSeq` of one event loop: make one
+(``async with ApiChannel(servers) as ch``) and pass it to each sequence
+(``RRSeq(name, buf, channel=ch)``), the way a grpc channel is shared by its
+stubs. 32 sequences with a channel (and a Rust thread) each cost 3x the CPU
+per call of one shared channel, since every completion then wakes the loop
+separately; a sequence made without a channel opens one of its own. There
+is no process-wide registry: the channel is the object that is shared.
+
+Cancelling the future of a call cancels the call in Rust: one not sent yet
+never is, one running has its HTTP/2 stream reset; either way it frees its
+place at once. Not thread-safe.
 """
 
 from __future__ import annotations
 
 import asyncio
-import weakref
+import functools
 from collections.abc import Sequence
 
 from rustext import GrpcClient
 from seq.errors import RpcFailed, SeqClosed
 
 Range = tuple[int, int]
-
-# The channels leased per event loop and server list (see the module doc).
-_LEASED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, ...], ApiChannel]] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 class ApiChannel:
     """Calls to the RRAPI servers `servers` (HOST:PORT each), addressed by index."""
@@ -48,29 +45,11 @@ class ApiChannel:
         self._fd = -1
         self._futs: dict[int, asyncio.Future[Range]] = {}
         self._closed = False
-        self._leases = 0
 
-    @classmethod
-    def lease(cls, servers: Sequence[str]) -> ApiChannel:
-        """The running loop's shared channel to `servers`; give it back with :meth:`release`."""
-        loop = asyncio.get_running_loop()
-        key = tuple(servers)
-        by_servers = _LEASED.setdefault(loop, {})
-        ch = by_servers.get(key)
-        if ch is None or ch._closed:
-            ch = by_servers[key] = cls(key)
-        ch._leases += 1
-        return ch
+    async def __aenter__(self) -> ApiChannel:
+        return self
 
-    async def release(self) -> None:
-        """Give back a lease; the last one closes the channel."""
-        self._leases -= 1
-        if self._leases > 0:
-            return
-        loop = asyncio.get_running_loop()
-        by_servers = _LEASED.get(loop, {})
-        if by_servers.get(self.servers) is self:
-            del by_servers[self.servers]
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     def _client(self) -> GrpcClient:
@@ -90,7 +69,15 @@ class ApiChannel:
         assert self._loop is not None
         fut: asyncio.Future[Range] = self._loop.create_future()
         self._futs[token] = fut
+        fut.add_done_callback(functools.partial(self._maybe_cancelled, token))
         return fut
+
+    def _maybe_cancelled(self, token: int, fut: asyncio.Future[Range]) -> None:
+        """A caller gave up (its future cancelled): cancel the call in Rust too."""
+        if fut.cancelled() and self._futs.pop(token, None) is fut:
+            native = self._native
+            if native is not None:
+                native.cancel(token)
 
     def next_id(self, server: int, name: str, n: int, timeout: float) -> asyncio.Future[Range]:
         """A future of (from_id, to_id); it fails with RpcFailed (the call's gRPC status)."""

@@ -45,10 +45,10 @@ class RRSeq(BufferedSeq):
     bounds one server's answer (default: a third of `timeout`), so one hung
     server cannot use a whole fetch's time. `max_fetch` caps the adaptive
     fetch size (default 64 × `buf_size`; see :mod:`seq.buffered`).
-    `channel`: an :class:`ApiChannel` to use (its servers are used when
-    `servers` is empty; the caller closes it); by default the sequence leases
-    the loop's shared channel to `servers` (:meth:`ApiChannel.lease`) on its
-    first fetch.
+    `channel`: an :class:`ApiChannel` to use, shared with other sequences
+    (its servers are used when `servers` is empty; the caller closes it);
+    without one, the sequence opens a channel of its own to `servers` on its
+    first fetch and closes it in :meth:`aclose`.
     """
 
     def __init__(
@@ -78,8 +78,8 @@ class RRSeq(BufferedSeq):
         self._backoff = BackoffPolicy(initial=min(backoff_min, backoff_max), maximum=backoff_max)
         self._rng = rng or random.Random()
         self._addrs = tuple(servers)
-        self._leased = channel is None
-        self._channel = channel  # leased on the first fetch when None (needs the running loop)
+        self._owns_channel = channel is None
+        self._channel = channel  # opened on the first fetch when None (needs the running loop)
         known = {a: i for i, a in enumerate(channel.servers if channel is not None else self._addrs)}
         missing = [a for a in servers if a not in known]
         if missing:
@@ -93,7 +93,7 @@ class RRSeq(BufferedSeq):
         reason = "no server tried"
         channel = self._channel
         if channel is None:
-            channel = self._channel = ApiChannel.lease(self._addrs)
+            channel = self._channel = ApiChannel(self._addrs)
         while True:
             now = loop.time()
             if now >= deadline:
@@ -132,5 +132,5 @@ class RRSeq(BufferedSeq):
         server.retry_at = now + self._backoff.delay(1 if soft else server.failures, self._rng)
 
     async def _close_source(self) -> None:
-        if self._leased and self._channel is not None:
-            await self._channel.release()
+        if self._owns_channel and self._channel is not None:
+            await self._channel.aclose()

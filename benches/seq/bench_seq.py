@@ -28,6 +28,7 @@ import uvloop
 from seq import RRSeq, SimpleBufSeq
 from seq.bench import _pct, proc_cpu_seconds, self_cpu_seconds
 from seq.buffered import BufferedSeq
+from seq.channel import ApiChannel
 from seq.localcluster import LocalCluster
 from seq.simple import LocalCounter
 
@@ -121,10 +122,12 @@ def test_ns_per_id(benchmark, loop, cluster, impl: str, buf: int, clients: int) 
     seen: set[int] = set()
     counter = LocalCounter()
 
+    channel = ApiChannel(cluster.addrs)  # one connection per server, shared by the sequences
+
     def make() -> BufferedSeq:
         if impl == "simple":
             return SimpleBufSeq(buf, counter=counter)
-        return RRSeq(f"bench-{buf}-{clients}", buf, cluster.addrs, timeout=10)
+        return RRSeq(f"bench-{buf}-{clients}", buf, channel=channel, timeout=10)
 
     def close_live() -> None:
         seqs = list(live)
@@ -157,6 +160,7 @@ def test_ns_per_id(benchmark, loop, cluster, impl: str, buf: int, clients: int) 
     rounds = 3 if impl == "rr" and buf < 1024 else 7
     benchmark.pedantic(run, setup=setup, rounds=rounds, iterations=1, warmup_rounds=0)
     close_live()
+    loop.run_until_complete(channel.aclose())
     ids = per_client * clients
     assert len(seen) == ids * rounds, "an ID was handed out twice"
     mean = benchmark.stats.stats.mean

@@ -22,31 +22,28 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from seq import RRSeq
+from seq.channel import ApiChannel
 from seq.bench import measure, proc_cpu_seconds, self_cpu_seconds
 from seq.localcluster import LocalCluster
 
 from benches.common import loadavg, save
 
 
-async def main(clients: int, duration: float, rounds: int, label: str, shared: bool,
+async def main(clients: int, duration: float, rounds: int, label: str,
                server_flags: list[str]) -> list[dict[str, Any]]:
     c = LocalCluster(3)
     c.start_all("--bootstrap", *server_flags)
     try:
         await c.wait_ready(timeout=60)
         pids = [m.proc.pid for m in c.members if m.proc is not None]
-        await measure(lambda: RRSeq("warm", 0, c.addrs, timeout=10), clients, duration=0.5)
-        channel = None
-        if shared:
-            from seq.channel import ApiChannel
-
-            channel = ApiChannel(c.addrs)
+        channel = ApiChannel(c.addrs)  # one connection per server, shared by the clients
+        await measure(lambda: RRSeq("warm", 0, channel=channel, timeout=10), clients, duration=0.5)
         out: list[dict[str, Any]] = []
         for _ in range(rounds):
             load = os.getloadavg()[0]
             load0 = loadavg()
             c0, s0 = self_cpu_seconds(), [proc_cpu_seconds(p) for p in pids]
-            r = await measure(lambda: RRSeq("b0", 0, c.addrs, timeout=10, **({"channel": channel} if channel else {})), clients, duration=duration)
+            r = await measure(lambda: RRSeq("b0", 0, channel=channel, timeout=10), clients, duration=duration)
             cli = (self_cpu_seconds() - c0) * 1e6 / r.ids
             srv = [(proc_cpu_seconds(p) - s) * 1e6 / r.ids for p, s in zip(pids, s0)]
             print(f"{label} {time.strftime('%H:%M:%S')} load={load:.1f} clients={clients} "
@@ -57,8 +54,7 @@ async def main(clients: int, duration: float, rounds: int, label: str, shared: b
                         "p99_ms": r.p99_ms, "max_ms": r.max_ms, "client_cpu_us_per_id": round(cli, 1),
                         "servers_cpu_us_per_id": [round(x, 1) for x in srv], "loadavg_before": load0,
                         "loadavg_after": loadavg()})
-        if channel is not None:
-            await channel.aclose()
+        await channel.aclose()
         return out
     finally:
         c.close()
@@ -71,10 +67,9 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--label", default="")
     ap.add_argument("--server-flag", action="append", default=[], help="extra flag for the servers (repeat)")
-    ap.add_argument("--shared", action="store_true", help="one ApiChannel for all clients (native client only)")
     ap.add_argument("--out", metavar="FILE", help="write every round (JSON) there")
     a = ap.parse_args()
-    rounds = uvloop.run(main(a.clients, a.duration, a.rounds, a.label, a.shared, a.server_flag))
+    rounds = uvloop.run(main(a.clients, a.duration, a.rounds, a.label, a.server_flag))
     if a.out:
         save(a.out, {"setup": {"clients": a.clients, "duration": a.duration, "buffer": 0,
                                "server_flags": a.server_flag}, "rounds": rounds})

@@ -22,7 +22,7 @@ from seq.channel import ApiChannel
 from seq.errors import RpcFailed
 from seq.localcluster import LocalCluster
 from seq.wire import API_SERVICE, ApiStub, api_handler
-from tests.netutil import free_port
+from tests.netutil import free_port, wait_until
 
 NEXT, CUR, SET = f"/{API_SERVICE}/GRPCNextID", f"/{API_SERVICE}/GRPCCurID", f"/{API_SERVICE}/GRPCSetID"
 
@@ -373,21 +373,39 @@ async def test_rrseq_round_robin_skips_a_dead_server_and_maps_out_of_range() -> 
         assert "UNAVAILABLE" in str(e.value)
 
 
-async def test_sequences_share_one_leased_channel() -> None:
+async def test_sequences_share_the_channel_they_are_given() -> None:
+    """Sequences made with one ApiChannel share it (one native thread) and leave
+    it open; a sequence made without one owns a channel of its own."""
     before = len(native_threads())
     async with AioRRAPI() as srv:
-        seqs = [RRSeq("x", 0, [srv.addr]) for _ in range(8)]
-        got = await asyncio.gather(*(s.next() for s in seqs))
-        assert len({id(s._channel) for s in seqs}) == 1
-        assert sorted(got) == list(range(1, 9))
-        await threads_become(before + 1)
-        for s in seqs[:-1]:
-            await s.aclose()
-        assert await seqs[-1].next() == 9  # still open for the last one
-        await seqs[-1].aclose()
+        async with ApiChannel([srv.addr]) as ch:
+            seqs = [RRSeq("x", 0, channel=ch) for _ in range(8)]
+            got = await asyncio.gather(*(s.next() for s in seqs))
+            assert sorted(got) == list(range(1, 9))
+            await threads_become(before + 1)
+            for s in seqs:
+                await s.aclose()
+            assert await ch.next_id(0, "x", 1, 5.0) == (9, 10)  # the sequences did not close it
         assert len(native_threads()) == before
-        async with RRSeq("x", 0, [srv.addr]) as s:  # a new lease after the last release
+        async with RRSeq("x", 0, [srv.addr]) as s:  # a channel of its own, closed with it
             assert await s.next() == 10
+            await threads_become(before + 1)
+        assert len(native_threads()) == before
+
+
+async def test_cancelling_a_call_cancels_it_in_the_native_client() -> None:
+    """A cancelled future frees its call at once (never sent, or its stream
+    reset), not when the server answers: no in-flight call is left behind."""
+    async with AioRRAPI(hang=True) as srv:
+        async with ApiChannel([srv.addr]) as ch:
+            futs = [ch.next_id(0, "x", 1, 30.0) for _ in range(200)]
+            await wait_until(lambda: srv.calls >= 1, what="the server received calls")
+            for f in futs:
+                f.cancel()
+            await asyncio.sleep(0)  # the done callbacks run
+            native = ch._native
+            assert native is not None and native.inflight() == 0
+            assert not ch._futs
 
 
 def test_rrseq_can_be_made_outside_a_loop() -> None:

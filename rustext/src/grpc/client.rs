@@ -18,6 +18,7 @@
 //! flight: their completions never come; stops the runtime and joins its
 //! thread; also on drop).
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +33,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http2::{self, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::sync::{watch, Notify};
+use tokio::task::AbortHandle;
 
 use super::frame::{encode_message, format_timeout, parse_code, percent_decode, unary_message, Code};
 use super::proto::{CurIdReply, CurIdRequest, NextIdReply, NextIdRequest, SetIdReply, SetIdRequest};
@@ -71,6 +73,9 @@ struct Submitted {
 struct Queues {
     submitted: Vec<Submitted>,
     done: Vec<Completion>,
+    /// calls running on the runtime: cancelling one aborts its task, which
+    /// drops its HTTP/2 stream (the server sees RST_STREAM CANCEL)
+    running: HashMap<u64, AbortHandle>,
     inflight: usize,
     closed: bool,
 }
@@ -96,6 +101,7 @@ impl Shared {
 
     fn finish(&self, token: u64, outcome: Outcome) {
         let mut g = self.lock();
+        g.running.remove(&token);
         g.inflight = g.inflight.saturating_sub(1);
         if g.closed {
             return;
@@ -123,7 +129,13 @@ impl GrpcClient {
         wake_tx.set_nonblocking(true)?;
         wake_rx.set_nonblocking(true)?;
         let shared = Arc::new(Shared {
-            q: Mutex::new(Queues { submitted: Vec::new(), done: Vec::new(), inflight: 0, closed: false }),
+            q: Mutex::new(Queues {
+                submitted: Vec::new(),
+                done: Vec::new(),
+                running: HashMap::new(),
+                inflight: 0,
+                closed: false,
+            }),
             notify: Notify::new(),
             wake_tx,
             wake_rx,
@@ -202,6 +214,28 @@ impl GrpcClient {
         self.shared.lock().inflight
     }
 
+    /// Give up call `token`: not sent yet, it never is; running, its task is
+    /// aborted and its stream reset; its completion never comes (one already
+    /// queued is dropped). False when the call had finished and was taken.
+    pub fn cancel(&self, token: u64) -> bool {
+        let mut g = self.shared.lock();
+        if let Some(i) = g.submitted.iter().position(|s| s.token == token) {
+            g.submitted.swap_remove(i);
+            g.inflight = g.inflight.saturating_sub(1);
+            return true;
+        }
+        if let Some(handle) = g.running.remove(&token) {
+            handle.abort();
+            g.inflight = g.inflight.saturating_sub(1);
+            return true;
+        }
+        if let Some(i) = g.done.iter().position(|c| c.token == token) {
+            g.done.swap_remove(i);
+            return true;
+        }
+        false
+    }
+
     /// Stop: calls in flight are dropped (their completions never come), the thread is joined. Idempotent.
     pub fn close(&self) {
         {
@@ -227,17 +261,24 @@ impl Drop for GrpcClient {
 
 async fn dispatch(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     loop {
-        let batch = std::mem::take(&mut sh.lock().submitted);
-        for s in batch {
-            let sh2 = sh.clone();
-            tokio::spawn(async move {
-                let deadline = Instant::now() + s.timeout;
-                let outcome = match tokio::time::timeout_at(deadline.into(), one_call(&sh2, &s)).await {
-                    Ok(o) => o,
-                    Err(_) => Err((Code::DeadlineExceeded, "deadline exceeded".into())),
-                };
-                sh2.finish(s.token, outcome);
-            });
+        {
+            // spawned under the lock, which the tasks take only once they run (this
+            // thread's runtime): a cancel always finds a call submitted or running
+            let mut g = sh.lock();
+            let batch = std::mem::take(&mut g.submitted);
+            for s in batch {
+                let sh2 = sh.clone();
+                let token = s.token;
+                let task = tokio::spawn(async move {
+                    let deadline = Instant::now() + s.timeout;
+                    let outcome = match tokio::time::timeout_at(deadline.into(), one_call(&sh2, &s)).await {
+                        Ok(o) => o,
+                        Err(_) => Err((Code::DeadlineExceeded, "deadline exceeded".into())),
+                    };
+                    sh2.finish(s.token, outcome);
+                });
+                g.running.insert(token, task.abort_handle());
+            }
         }
         if *stop.borrow() {
             return;
@@ -392,6 +433,37 @@ mod tests {
             }
             served
         })
+    }
+
+    #[test]
+    fn cancelled_calls_never_complete_and_free_their_slot() {
+        let server = GrpcServer::start("127.0.0.1:0".parse().unwrap(), ServerConfig::default()).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let app = serve_in_thread(&server, stop.clone());
+        let c = GrpcClient::start(&[server.local_addr().to_string()], ClientConfig::default()).unwrap();
+        let sec = Duration::from_secs(30);
+        // never answered by the server: only a cancel ends them
+        let slow: Vec<u64> = (0..500).map(|_| c.call(0, Kind::NextId, "slow", 1, sec).unwrap()).collect();
+        let quick = c.call(0, Kind::NextId, "x", 7, sec).unwrap();
+        assert_eq!(wait_take(&c, 1).iter().map(|d| d.token).collect::<Vec<_>>(), vec![quick]);
+        assert_eq!(c.inflight(), 500);
+        for t in &slow {
+            assert!(c.cancel(*t));
+        }
+        assert_eq!(c.inflight(), 0);
+        assert!(!c.cancel(slow[0])); // once only
+        assert!(!c.cancel(quick)); // finished and taken
+        // the connection still serves, and no cancelled call ever completes
+        let after = c.call(0, Kind::NextId, "x", 3, sec).unwrap();
+        let got = wait_take(&c, 1);
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].token, got[0].outcome.clone()), (after, Ok((3, 6))));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(c.take().is_empty());
+        c.close();
+        stop.store(true, Ordering::Relaxed);
+        app.join().unwrap();
+        server.drain();
     }
 
     #[test]

@@ -278,6 +278,12 @@ impl PyGrpcClient {
         Ok(list)
     }
 
+    /// Give up call `token` (its asyncio future was cancelled): never sent, or
+    /// its stream reset; no completion comes. False when it had finished.
+    fn cancel(&self, token: u64) -> bool {
+        self.get().is_ok_and(|c| c.cancel(token))
+    }
+
     /// Calls started and not finished.
     fn inflight(&self) -> usize {
         self.get().map_or(0, |c| c.inflight())
