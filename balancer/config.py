@@ -10,7 +10,6 @@ A file looks like::
     listen = "0.0.0.0:8080"
     admin = "127.0.0.1:9090"          # optional admin/metrics endpoint
     workers = 4                       # default: number of cores
-    nap_us = 60                       # busy worker naps before it waits (0 = off)
     algorithm = "round_robin"         # weighted_round_robin, least_connections,
                                       # random_two, consistent_hash
     hash_key = "client_ip"            # path, header:NAME (consistent_hash)
@@ -203,9 +202,6 @@ class BalancerConfig:
     hash_key: str = "client_ip"
     #: data-plane threads, each with its own listener, pools and stats (a change needs a restart)
     workers: int = field(default_factory=lambda: os.cpu_count() or 1, metadata={"default": "the number of CPUs"})
-    #: µs a worker busy with keep-alive traffic naps, checking its sockets, before it waits to be woken
-    #: (0..1000; 0 = off; a change needs a restart)
-    nap_us: int = 60
     #: further backends tried for a request that fails before its response started (0..16)
     retries: int = 2
     #: ``host:port`` of the admin and metrics endpoint; unset = none (a change needs a restart)
@@ -234,8 +230,6 @@ class BalancerConfig:
             raise BalancerConfigError(f"hash_key must be client_ip, path or header:NAME; got {self.hash_key!r}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 1024:
             raise BalancerConfigError(f"workers must be an integer in 1..1024, got {self.workers!r}")
-        if isinstance(self.nap_us, bool) or not isinstance(self.nap_us, int) or not 0 <= self.nap_us <= 1000:
-            raise BalancerConfigError(f"nap_us must be an integer in 0..1000, got {self.nap_us!r}")
         if not isinstance(self.retries, int) or not 0 <= self.retries <= 16:
             raise BalancerConfigError(f"retries must be an integer in 0..16, got {self.retries!r}")
         seen: set[str] = set()
@@ -250,7 +244,6 @@ class BalancerConfig:
         return {
             "listen": self.listen,
             "workers": self.workers,
-            "nap_us": self.nap_us,
             "backends": [
                 {"address": b.address, "weight": b.weight, "max_connections": b.max_connections}
                 for b in self.backends
@@ -275,7 +268,7 @@ class BalancerConfig:
     def fixed_changes(self, other: BalancerConfig) -> list[str]:
         """Settings that a reload cannot change in place (they need a restart)."""
         out = []
-        for name in ("listen", "workers", "nap_us", "admin"):
+        for name in ("listen", "workers", "admin"):
             if getattr(self, name) != getattr(other, name):
                 out.append(name)
         for name in ("header", "idle"):

@@ -29,8 +29,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--algorithm", help="balancing algorithm (default round_robin)")
     p.add_argument("--hash-key", help="consistent_hash key: client_ip, path or header:NAME")
     p.add_argument("--workers", type=int, help="data plane threads (default: number of cores)")
-    p.add_argument("--nap-us", type=int, metavar="US",
-                   help="a busy worker naps up to US microseconds, checking its sockets, before it waits to be woken (default 60, 0 = off)")
     p.add_argument("--admin", metavar="HOST:PORT", help="admin/metrics endpoint")
     p.add_argument("--metrics-port", type=int, help="admin/metrics endpoint on 127.0.0.1:PORT")
     p.add_argument("--health-path", help="enable active health checks: GET this path")
@@ -64,8 +62,6 @@ def build_config(args: argparse.Namespace):  # -> BalancerConfig
         changes["hash_key"] = args.hash_key
     if args.workers is not None:
         changes["workers"] = args.workers
-    if args.nap_us is not None:
-        changes["nap_us"] = args.nap_us
     if args.admin:
         changes["admin"] = args.admin
     elif args.metrics_port is not None:

@@ -12,7 +12,7 @@
 //! - [`grpc`]     gRPC (HTTP/2) server and client for seq's `pb.RRAPI`, batched to Python
 //!   (`grpc/`: `frame`, `proto`, `server`, `client`, `python`).
 //! - [`balancer`] the HTTP load balancer's data plane (tokio + hyper, own threads;
-//!   `balancer/`: `config`, `server`, `fast`, `h1`, `proxy`, `upstream`, `pool`, `nap`, `stats`, …).
+//!   `balancer/`: `config`, `server`, `fast`, `h1`, `proxy`, `upstream`, `pool`, `attempts`, `stats`, …).
 //! - [`errors`]   the Python exception tree; Rust errors are enums converted only here.
 //!
 //! The pure-Rust cores build and test without Python (`cargo test`); the PyO3

@@ -111,11 +111,6 @@ pub struct Settings {
     pub queue_timeout: Duration,
 }
 
-/// Default nap limit, in microseconds.
-pub const DEFAULT_NAP_US: u64 = 60;
-/// Largest nap limit accepted, in microseconds.
-pub const MAX_NAP_US: u64 = 1000;
-
 /// Fixed for the life of a running balancer (listener, threads, pools).
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -130,9 +125,6 @@ pub struct Config {
     /// Idle keep-alive connections kept per backend per worker.
     pub pool_max_idle: usize,
     pub pool_idle_timeout: Duration,
-    /// Longest a busy worker naps (checking its sockets between naps)
-    /// before it waits in `epoll_wait` to be woken (zero = never); see `nap`.
-    pub nap: Duration,
     pub settings: Settings,
 }
 
@@ -166,7 +158,6 @@ impl Config {
             max_header_bytes: 65536,
             pool_max_idle: 64,
             pool_idle_timeout: Duration::from_secs(60),
-            nap: Duration::from_micros(DEFAULT_NAP_US),
             settings,
         }
     }
@@ -174,12 +165,6 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         if self.workers == 0 || self.workers > 1024 {
             return Err(format!("workers must be in 1..=1024, got {}", self.workers));
-        }
-        if self.nap > Duration::from_micros(MAX_NAP_US) {
-            return Err(format!(
-                "nap_us must be in 0..={MAX_NAP_US}, got {}",
-                self.nap.as_micros()
-            ));
         }
         if self.max_header_bytes < 8192 {
             return Err(format!(

@@ -296,7 +296,6 @@ pub async fn serve(
     let mut inb: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
     let mut resp: Vec<u8> = Vec::new();
-    let mut first = true;
     loop {
         let (up, head) = loop {
             if !inb.is_empty() {
@@ -325,10 +324,6 @@ pub async fn serve(
             return Some((client, inb));
         };
         ctl.begin();
-        if !first {
-            w.nap.keep_alive_seen();
-        }
-        first = false;
         let total = head.head_len + head.body_len as usize;
         while inb.len() < total {
             match client.read(&mut inb).await {

@@ -20,7 +20,6 @@ pub mod config;
 pub mod fast;
 pub mod h1;
 pub mod net;
-pub mod nap;
 mod pool;
 pub mod proxy;
 pub mod server;

@@ -70,8 +70,6 @@ pub struct Worker {
     /// that open a connection per request (HTTP/1.0, `ab`) mostly come from
     /// a few addresses, and formatting an IP costs more than the lookup.
     pub last_peer: PeerCache,
-    /// How the worker goes idle (see `nap`).
-    pub nap: Arc<super::nap::Nap>,
 }
 
 #[derive(Default)]

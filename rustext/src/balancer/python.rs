@@ -31,9 +31,8 @@ const SETTINGS_KEYS: [&str; 12] = [
     "queue_timeout",
     "listen",
 ];
-const FIXED_KEYS: [&str; 7] = [
+const FIXED_KEYS: [&str; 6] = [
     "workers",
-    "nap_us",
     "header_timeout",
     "idle_timeout",
     "max_header_bytes",
@@ -162,8 +161,6 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     c.max_header_bytes = int(d, "max_header_bytes", c.max_header_bytes)?;
     c.pool_max_idle = int(d, "pool_max_idle", c.pool_max_idle)?;
     c.pool_idle_timeout = secs(d, "pool_idle_timeout", c.pool_idle_timeout)?;
-    let us: u64 = int(d, "nap_us", c.nap.as_micros() as u64)?;
-    c.nap = Duration::from_micros(us);
     Ok(c)
 }
 

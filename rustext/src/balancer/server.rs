@@ -25,7 +25,6 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::config::{Config, Settings};
-use super::nap::Nap;
 use super::fast::{self, Client, FastPool};
 use super::net::{poll_send, poll_send_vectored};
 use super::pool::Pool;
@@ -144,34 +143,18 @@ impl Balancer {
             epoch,
             ids,
         });
-        let config_nap = shared.config.nap;
         let (stop, stop_rx) = watch::channel(None);
         let mut threads = Vec::new();
         for (i, (l, stats)) in listeners.into_iter().zip(workers).enumerate() {
             let shared = shared.clone();
             let stop_rx = stop_rx.clone();
-            let nap = Arc::new(Nap::new(config_nap));
-            let mut b = tokio::runtime::Builder::new_current_thread();
-            b.enable_all();
-            if nap.enabled() {
-                let (n1, n2) = (nap.clone(), nap.clone());
-                b.on_thread_park(move || n1.before_park())
-                    .on_thread_unpark(move || n2.after_park());
-            }
-            let rt = b
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
                 .build()
                 .map_err(|e| format!("cannot build a runtime: {e}"))?;
             let t = std::thread::Builder::new()
                 .name(format!("balancer-{i}"))
-                .spawn(move || {
-                    if nap.enabled() {
-                        // Naps are 20 µs steps: the default 50 µs timer slack
-                        // would stretch them.
-                        // SAFETY: prctl with an integer argument.
-                        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
-                    }
-                    rt.block_on(worker_main(shared, stats, l, stop_rx, nap))
-                })
+                .spawn(move || rt.block_on(worker_main(shared, stats, l, stop_rx)))
                 .map_err(|e| format!("cannot start a worker thread: {e}"))?;
             threads.push(t);
         }
@@ -341,14 +324,12 @@ async fn worker_main(
     stats: Arc<WorkerStats>,
     l: std::net::TcpListener,
     mut stop: watch::Receiver<Option<Instant>>,
-    nap: Arc<Nap>,
 ) {
     // SAFETY: the listener owns its descriptor and keeps it while registered.
     let listener = match unsafe { AsyncFd::register_with_interest(l, Interest::READABLE) } {
         Ok(l) => l,
         Err(_) => return,
     };
-    nap.attach(std::os::fd::AsRawFd::as_raw_fd(listener.get_ref()));
     let cfg = &shared.config;
     let pool = Pool::new(cfg.pool_max_idle, cfg.pool_idle_timeout);
     let worker = Arc::new(Worker {
@@ -358,7 +339,6 @@ async fn worker_main(
         stats: stats.clone(),
         clock: Clock::default(),
         last_peer: Default::default(),
-        nap: nap.clone(),
     });
     let conns = Arc::new(Conns::default());
     let sweep_every = if cfg.pool_idle_timeout.is_zero() {
