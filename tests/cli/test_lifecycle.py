@@ -285,9 +285,9 @@ def test_rpc_bench_stops_early_with_its_report_and_no_child() -> None:
         deadline = time.monotonic() + 60
         kids: list[int] = []
         while len(kids) < 2 and time.monotonic() < deadline:
-            kids = children_of(b.proc.pid)
+            kids = children_of(b.proc.pid)  # the two client processes (and multiprocessing's helper)
             time.sleep(0.05)
-        assert len(kids) == 2, b.stderr()
+        assert len(kids) >= 2, b.stderr()
         b.signal(signal.SIGINT)
         assert b.wait(timeout=60) == 130, b.stderr()
         assert "(stopped early)" in b.stdout() and "throughput" in b.stdout()
