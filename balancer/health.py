@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
-import aiohttp
+if TYPE_CHECKING:
+    import aiohttp
 
 from balancer.config import HealthCheck, parse_hostport
 
@@ -24,6 +26,8 @@ log = logging.getLogger("balancer.health")
 
 async def probe(session: aiohttp.ClientSession, address: str, check: HealthCheck) -> bool:
     """One check: True when the backend answers 2xx/3xx within the timeout."""
+    import aiohttp
+
     host, port = parse_hostport(address, "backend address")
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
@@ -49,6 +53,8 @@ class HealthChecker:
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
+        import aiohttp  # loaded only when health checks are configured
+
         if self._session is None:
             # a fresh connection per check: a backend's listener is what is tested
             connector = aiohttp.TCPConnector(force_close=True, limit=0)

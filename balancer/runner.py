@@ -5,11 +5,15 @@ runs under ``cli.lifecycle``."""
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from balancer.admin import AdminServer
+
+from typing import TYPE_CHECKING, Any
+
 from balancer.config import BalancerConfig, parse_hostport
 from balancer.service import LoadBalancer
+
+if TYPE_CHECKING:
+    from balancer.admin import AdminServer
 
 __all__ = ["BalancerProcess"]
 
@@ -28,6 +32,8 @@ class BalancerProcess:
         await self.lb.start()
         admin = self.lb.config.admin
         if admin is not None:
+            from balancer.admin import AdminServer  # aiohttp: loaded only when an admin endpoint is asked for
+
             host, port = parse_hostport(admin, "admin")
             self.admin = AdminServer(self.lb, host, port)
             try:

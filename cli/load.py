@@ -35,6 +35,9 @@ def register(subparsers: Any) -> None:
                    help="processes to spread the connections over [%(default)s]")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no live progress line")
+    p.add_argument("--tls-ca", metavar="FILE",
+                   help="wss:// URLs: PEM CA certificate(s) to verify the server with (default: the system's trust store)")
+    p.add_argument("--insecure", action="store_true", help="wss:// URLs: do not verify the server at all")
     p.set_defaults(func=run)
 
 
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = LoadConfig(
             url=args.url, connections=args.connections, duration=seconds(args.duration),
             rate=args.rate, uri=args.uri, payload=args.payload, timeout=seconds(args.timeout),
-            procs=args.procs,
+            procs=args.procs, tls_ca=args.tls_ca, insecure=args.insecure,
         )
     except (ValueError, ReplError) as exc:
         print(f"juggler load: {exc}", file=sys.stderr)

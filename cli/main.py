@@ -56,6 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `juggler … | head`: the reader left; not an error to report
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

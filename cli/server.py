@@ -12,7 +12,10 @@ EXAMPLES = """examples:
   juggler server --config juggler.toml               # every option: the manual's configuration reference
   juggler server --redis-cluster redis://10.0.0.1:7000,redis://10.0.0.2:7000   # Redis Cluster seeds
   juggler server --redis-rpc redis://rpc:6379/0 --redis-pubsub redis://events:6379/0
-  juggler server --redis redis://127.0.0.1:6379/0 --jwt-secret s3cret --allowed-origin 'https://*.example.com'
+  juggler server --redis redis://127.0.0.1:6379/0 --jwt-secret "$SECRET" --allowed-origin 'https://*.example.com'
+  juggler server --jwks-url https://idp.example.com/.well-known/jwks.json --jwt-audience juggler
+  juggler server --tls-cert certs/cert.pem --tls-key certs/key.pem     # wss:// (juggler tls dev-cert --out certs)
+  juggler server --redis rediss://redis.internal:6380/0 --redis-tls-ca redis-ca.pem
   juggler server --max-connections 20000 --rate-limit 100 --max-inflight-calls 64 --drain-timeout 15
 """
 
@@ -51,7 +54,19 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-inflight-calls", type=int, metavar="N", help="calls in flight per connection (0 = none)")
     p.add_argument("--max-subscriptions", type=int, metavar="N", help="subscriptions per connection (0 = none)")
     p.add_argument("--drain-timeout", type=float, metavar="S", help="at SIGTERM, time in-flight calls get [10]")
-    p.add_argument("--jwt-secret", metavar="SECRET", help="require an HS256 JWT (header or ?token=)")
+    p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve wss:// (and the pages over https)")
+    p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca", metavar="FILE",
+                   help="require client certificates signed by these PEM CA certificates (mutual TLS)")
+    p.add_argument("--redis-tls-ca", metavar="FILE",
+                   help="rediss:// URLs: PEM CA certificates to verify Redis with (default: the system's trust store)")
+    p.add_argument("--redis-tls-cert", metavar="FILE", help="rediss:// URLs: PEM client certificate for Redis")
+    p.add_argument("--redis-tls-key", metavar="FILE", help="rediss:// URLs: PEM private key of --redis-tls-cert")
+    p.add_argument("--jwt-secret", metavar="SECRET", help="require a JWT signed with this HS256/384/512 secret (header or ?token=)")
+    p.add_argument("--jwt-public-key", metavar="FILE", help="require a JWT signed by this PEM public key (RS*, PS*, ES*, EdDSA)")
+    p.add_argument("--jwks-url", metavar="URL", help="require a JWT signed by a key of this JSON Web Key Set (an identity provider's)")
+    p.add_argument("--jwt-audience", metavar="AUD", help="with JWTs: the aud claim must contain this")
+    p.add_argument("--jwt-issuer", metavar="ISS", help="with JWTs: the iss claim must be this")
     p.add_argument("--auth-verifier", metavar="MODULE:FUNC", help="verify tokens with FUNC(token, request) -> claims")
     p.add_argument("--allowed-origin", action="append", metavar="GLOB", help="Origin allow-list (repeatable)")
     p.add_argument("--anonymous", action="store_true", default=None,
@@ -122,7 +137,7 @@ def build_config(args: argparse.Namespace) -> Any:
     if getattr(args, "path", None):
         server_kw["path"] = args.path
     for flag in ("max_connections", "rate_limit", "rate_burst", "rate_limit_action", "max_inflight_calls",
-                 "max_subscriptions", "drain_timeout"):
+                 "max_subscriptions", "drain_timeout", "tls_cert", "tls_key", "tls_client_ca"):
         value = getattr(args, flag, None)
         if value is not None:
             server_kw[flag] = value
@@ -148,11 +163,21 @@ def build_config(args: argparse.Namespace) -> Any:
         ps = dataclasses.replace(ps, cluster=ps_cluster) if ps_cluster else dataclasses.replace(
             ps, url=ps_url, cluster=())
         config = dataclasses.replace(config, pubsub=ps)
+    redis_tls = {k: getattr(args, f"redis_{k}", None) for k in ("tls_ca", "tls_cert", "tls_key")}
+    redis_tls = {k: v for k, v in redis_tls.items() if v}
+    if redis_tls:
+        if config.redis is None:
+            raise ValueError("--redis-tls-* options need a rediss:// Redis (--redis or --redis-cluster)")
+        config = dataclasses.replace(config, redis=dataclasses.replace(config.redis, **redis_tls))
+        if config.pubsub is not None:
+            config = dataclasses.replace(config, pubsub=dataclasses.replace(config.pubsub, **redis_tls))
     if config.pubsub is not None and config.redis is None:
         raise ValueError("a separate pub-sub Redis needs --redis/--redis-rpc/--redis-cluster for RPC too")
     auth_kw: dict[str, Any] = {}
-    if getattr(args, "jwt_secret", None):
-        auth_kw["jwt_secret"] = args.jwt_secret
+    for flag, key in (("jwt_secret", "jwt_secret"), ("jwt_public_key", "jwt_public_key"), ("jwks_url", "jwks_url"),
+                      ("jwt_audience", "audience"), ("jwt_issuer", "issuer")):
+        if getattr(args, flag, None):
+            auth_kw[key] = getattr(args, flag)
     if getattr(args, "auth_verifier", None):
         auth_kw["verifier"] = args.auth_verifier
     if getattr(args, "allowed_origin", None):

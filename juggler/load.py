@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import math
 import multiprocessing as mp
+import os
+import ssl
 import sys
 import time
 import uuid as uuidlib
@@ -51,6 +52,10 @@ class LoadConfig:
     timeout: float = 5.0  # call timeout (sent to the server and used locally)
     procs: int = 1
     open_timeout: float = 10.0
+    #: wss:// URLs: PEM CA certificates to verify the server with (None: the system's trust store)
+    tls_ca: str | None = None
+    #: wss:// URLs: no verification of the server (only for trying things out)
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         if self.connections < 1:
@@ -61,6 +66,19 @@ class LoadConfig:
             raise ValueError("rate must be >= 0")
         if self.procs < 1:
             raise ValueError("procs must be >= 1")
+        if not self.url.startswith(("ws://", "wss://")):
+            raise ValueError(f"the URL must be ws:// or wss://, got {self.url!r}")
+        if (self.tls_ca or self.insecure) and not self.url.startswith("wss://"):
+            raise ValueError("--tls-ca and --insecure need a wss:// URL")
+        self.tls_context()  # a bad CA file is reported now, naming it
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The client TLS context of a wss:// URL, else None."""
+        if not self.url.startswith("wss://"):
+            return None
+        from rustext.tls import ClientTls
+
+        return ClientTls(ca=self.tls_ca, insecure=self.insecure).context()
         try:
             json.loads(self.payload)
         except ValueError as exc:
@@ -139,10 +157,10 @@ class _WsClient(asyncio.Protocol):
 
     def __init__(self, url: str, subprotocol: str, on_frame: Callable[[str], None]) -> None:
         u = urlparse(url)
-        if u.scheme != "ws":
-            raise ValueError("the load tool speaks ws:// only")
+        if u.scheme not in ("ws", "wss"):
+            raise ValueError("the load tool speaks ws:// and wss:// only")
         self.host = u.hostname or "127.0.0.1"
-        self.port = u.port or 80
+        self.port = u.port or (443 if u.scheme == "wss" else 80)
         self.path = (u.path or "/") + (f"?{u.query}" if u.query else "")
         self.subprotocol = subprotocol
         self.on_frame = on_frame
@@ -366,15 +384,22 @@ async def _worker(cfg: LoadConfig, nconns: int, rate: float, counters: Any, star
     )
     closed_loop = rate <= 0
     conns: list[_Conn] = []
+    tls = cfg.tls_context()
 
     async def open_one() -> None:
         c = _Conn(counters, lat, template, float("inf"), cfg.timeout, closed_loop)
         try:
             ws = _WsClient(cfg.url, "juggler.0", c.on_frame)
-            await asyncio.wait_for(loop.create_connection(lambda: ws, ws.host, ws.port), cfg.open_timeout)
+            await asyncio.wait_for(loop.create_connection(
+                lambda: ws, ws.host, ws.port, ssl=tls, server_hostname=ws.host if tls is not None else None,
+            ), cfg.open_timeout)
             await asyncio.wait_for(ws.opened, cfg.open_timeout)
         except Exception as exc:
             counters[_ERRORS] += 1
+            if isinstance(exc, ssl.SSLError):
+                from rustext.tls import describe_ssl_error
+
+                exc = describe_ssl_error(exc)  # type: ignore[assignment]
             errors.append(f"connect: {exc}")
             return
         c.ws = ws
