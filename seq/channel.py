@@ -16,15 +16,14 @@ per call of one shared channel, since every completion then wakes the loop
 separately; a sequence made without a channel opens one of its own. There
 is no process-wide registry: the channel is the object that is shared.
 
-Cancelling the future of a call cancels the call in Rust: one not sent yet
-never is, one running has its HTTP/2 stream reset; either way it frees its
-place at once. Not thread-safe.
+:meth:`ApiChannel.cancel` cancels a call in Rust too: one not sent yet never
+is, one running has its HTTP/2 stream reset; either way it frees its place
+at once (a cancelled fetch of :class:`seq.RRSeq` does it). Not thread-safe.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Sequence
 
 from rustext import GrpcClient
@@ -69,15 +68,24 @@ class ApiChannel:
         assert self._loop is not None
         fut: asyncio.Future[Range] = self._loop.create_future()
         self._futs[token] = fut
-        fut.add_done_callback(functools.partial(self._maybe_cancelled, token))
         return fut
 
-    def _maybe_cancelled(self, token: int, fut: asyncio.Future[Range]) -> None:
-        """A caller gave up (its future cancelled): cancel the call in Rust too."""
-        if fut.cancelled() and self._futs.pop(token, None) is fut:
-            native = self._native
-            if native is not None:
-                native.cancel(token)
+    def cancel(self, fut: asyncio.Future[Range]) -> bool:
+        """Cancel the call behind `fut` (one of this channel's) in the native
+        client too: not sent yet, it never is; running, its HTTP/2 stream is
+        reset; `fut` is cancelled. False when it had finished. (Cancelling
+        `fut` alone only drops the result when it comes; RRSeq calls this
+        when its fetch is cancelled.) Looks through the calls in flight, so
+        it is for giving up, not for every call."""
+        for token, f in self._futs.items():
+            if f is fut:
+                del self._futs[token]
+                native = self._native
+                if native is not None:
+                    native.cancel(token)
+                fut.cancel()
+                return True
+        return False
 
     def next_id(self, server: int, name: str, n: int, timeout: float) -> asyncio.Future[Range]:
         """A future of (from_id, to_id); it fails with RpcFailed (the call's gRPC status)."""

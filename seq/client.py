@@ -103,8 +103,12 @@ class RRSeq(BufferedSeq):
                 wake = min(s.retry_at for s in self._servers)
                 await asyncio.sleep(max(0.0, min(wake, deadline) - now))
                 continue
+            call = channel.next_id(server.index, self.name, n, min(self.attempt_timeout, deadline - now))
             try:
-                lo, hi = await channel.next_id(server.index, self.name, n, min(self.attempt_timeout, deadline - now))
+                lo, hi = await call
+            except asyncio.CancelledError:
+                channel.cancel(call)  # the call too, not only our wait for it
+                raise
             except RpcFailed as exc:
                 if exc.code == OUT_OF_RANGE:
                     raise SeqExhausted(exc.details or "sequence exhausted") from exc

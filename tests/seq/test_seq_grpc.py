@@ -393,19 +393,26 @@ async def test_sequences_share_the_channel_they_are_given() -> None:
         assert len(native_threads()) == before
 
 
-async def test_cancelling_a_call_cancels_it_in_the_native_client() -> None:
-    """A cancelled future frees its call at once (never sent, or its stream
-    reset), not when the server answers: no in-flight call is left behind."""
+async def test_a_cancelled_call_is_cancelled_in_the_native_client() -> None:
+    """A cancelled call frees its place at once (never sent, or its stream
+    reset), not when the server answers: no in-flight call is left behind;
+    a cancelled RRSeq fetch does it by itself."""
     async with AioRRAPI(hang=True) as srv:
         async with ApiChannel([srv.addr]) as ch:
             futs = [ch.next_id(0, "x", 1, 30.0) for _ in range(200)]
             await wait_until(lambda: srv.calls >= 1, what="the server received calls")
-            for f in futs:
-                f.cancel()
-            await asyncio.sleep(0)  # the done callbacks run
+            assert all(ch.cancel(f) for f in futs) and all(f.cancelled() for f in futs)
             native = ch._native
             assert native is not None and native.inflight() == 0
-            assert not ch._futs
+            assert not ch.cancel(futs[0])
+            seq = RRSeq("x", 0, channel=ch, timeout=30)
+            fetch = asyncio.ensure_future(seq.next())
+            await wait_until(lambda: native.inflight() == 1, what="the sequence's call in flight")
+            fetch.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await fetch
+            await seq.aclose()  # its background fetch is cancelled, and with it the call
+            assert native.inflight() == 0
 
 
 def test_rrseq_can_be_made_outside_a_loop() -> None:

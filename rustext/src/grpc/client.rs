@@ -18,7 +18,7 @@
 //! flight: their completions never come; stops the runtime and joins its
 //! thread; also on drop).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,6 +76,10 @@ struct Queues {
     /// calls running on the runtime: cancelling one aborts its task, which
     /// drops its HTTP/2 stream (the server sees RST_STREAM CANCEL)
     running: HashMap<u64, AbortHandle>,
+    /// the batch being spawned: out of `submitted`, not in `running` yet
+    spawning: Vec<u64>,
+    /// calls of that batch cancelled meanwhile
+    cancelled: HashSet<u64>,
     inflight: usize,
     closed: bool,
 }
@@ -133,6 +137,8 @@ impl GrpcClient {
                 submitted: Vec::new(),
                 done: Vec::new(),
                 running: HashMap::new(),
+                spawning: Vec::new(),
+                cancelled: HashSet::new(),
                 inflight: 0,
                 closed: false,
             }),
@@ -233,6 +239,12 @@ impl GrpcClient {
             g.done.swap_remove(i);
             return true;
         }
+        if g.spawning.contains(&token) {
+            // taken from `submitted`, its task not filed yet: the dispatcher aborts it
+            g.cancelled.insert(token);
+            g.inflight = g.inflight.saturating_sub(1);
+            return true;
+        }
         false
     }
 
@@ -261,11 +273,16 @@ impl Drop for GrpcClient {
 
 async fn dispatch(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     loop {
-        {
-            // spawned under the lock, which the tasks take only once they run (this
-            // thread's runtime): a cancel always finds a call submitted or running
+        let batch = {
             let mut g = sh.lock();
             let batch = std::mem::take(&mut g.submitted);
+            g.spawning.extend(batch.iter().map(|s| s.token));
+            batch
+        };
+        if !batch.is_empty() {
+            // spawned outside the lock (the application thread submits under it); the
+            // tasks cannot run before their handles are filed (this thread's runtime)
+            let mut handles = Vec::with_capacity(batch.len());
             for s in batch {
                 let sh2 = sh.clone();
                 let token = s.token;
@@ -277,7 +294,16 @@ async fn dispatch(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                     };
                     sh2.finish(s.token, outcome);
                 });
-                g.running.insert(token, task.abort_handle());
+                handles.push((token, task.abort_handle()));
+            }
+            let mut g = sh.lock();
+            g.spawning.clear();
+            for (token, handle) in handles {
+                if g.cancelled.remove(&token) {
+                    handle.abort(); // cancelled while being spawned
+                } else {
+                    g.running.insert(token, handle);
+                }
             }
         }
         if *stop.borrow() {
