@@ -149,7 +149,7 @@ BALANCER_COLORS = {"ours": OURS, "haproxy": REFERENCE, "nginx": OTHER}
 
 def balancer() -> list[Path]:
     plt = pyplot()
-    rows = load("balancer", "nap-run2.json")["medians"]
+    rows = load("balancer", "run.json")["medians"]
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     files = []
     for tool in ("wrk", "ab"):
@@ -164,8 +164,9 @@ def balancer() -> list[Path]:
                                 label=r["balancer"], color=BALANCER_COLORS[r["balancer"]])
             axes[1][j].set_title(f"{sc}: latency (ms)")
             axes[1][j].legend(fontsize=8)
+        rounds = load("balancer", "run.json")["setup"]["rounds"]
         fig.suptitle(f"{tool} ({'keep-alive' if tool == 'wrk' else 'HTTP/1.0, a connection per request'}), "
-                     "one thread each, medians of 5 rounds")
+                     f"one thread each, medians of {rounds} rounds")
         files.append(save(fig, f"balancer-{tool}.png"))
     fig, ax = plt.subplots(figsize=(10, 3.8))
     labels = [f"{sc}\n{tool}" for sc in scenarios for tool in ("wrk", "ab")]
@@ -314,8 +315,8 @@ def transport_tables() -> str:
 
 
 def balancer_tables() -> str:
-    runs = load("balancer", "nap-run1.json")["runs"] + load("balancer", "nap-run2.json")["runs"]
-    out = [balancer_table(load("balancer", "nap-run2.json")["medians"])]
+    runs = load("balancer", "run.json")["runs"]
+    out = [balancer_table(load("balancer", "run.json")["medians"])]
     out += ["", "| scenario | tool | req/s ours ÷ HAProxy | CPU/req ours ÷ HAProxy | p99 ours ÷ HAProxy | failures (ours) |",
             "| --- | --- | ---: | ---: | ---: | ---: |"]
     for sc in dict.fromkeys(r["scenario"] for r in runs):
