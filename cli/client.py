@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cli.tls import add_client_tls_arguments, client_tls
+
 EXAMPLES = """examples:
   juggler client                          # then: connect, call 1 test.echo 5s "hello", help, exit
   juggler client --connect                # open connection 1 to the default URL at start
@@ -29,29 +31,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--connect", action="store_true", help="open a connection to --url at start")
     p.add_argument("--history", default="~/.juggler_history", metavar="FILE",
                    help="history file of the interactive prompt [%(default)s]; '' for none")
-    add_tls_client_arguments(p)
+    add_client_tls_arguments(p, "wss:// servers")
     p.set_defaults(func=run)
-
-
-def add_tls_client_arguments(p: argparse.ArgumentParser) -> None:
-    """--tls-ca / --tls-cert / --tls-key / --insecure, for clients of wss:// servers."""
-    p.add_argument("--tls-ca", metavar="FILE",
-                   help="PEM CA certificate(s) to verify wss:// servers with (default: the system's trust store)")
-    p.add_argument("--tls-cert", metavar="FILE", help="PEM client certificate, for servers that require one")
-    p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
-    p.add_argument("--insecure", action="store_true",
-                   help="do not verify wss:// servers at all (only for trying things out)")
-
-
-def client_tls(args: argparse.Namespace) -> Any:
-    """The rustext.tls.ClientTls of the TLS flags, or None; raises TlsConfigError."""
-    from rustext.tls import ClientTls
-
-    if not (args.tls_ca or args.tls_cert or args.tls_key or args.insecure):
-        return None
-    tls = ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, insecure=args.insecure)
-    tls.context()  # a bad file is reported now, naming it
-    return tls
 
 
 def run(args: argparse.Namespace) -> int:

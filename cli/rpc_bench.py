@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cli.tls import add_client_tls_arguments, client_tls
+
 EPILOG = """examples:
   juggler rpc bench 127.0.0.1:8972 -c 100 -n 1000000 --pool 10 --processes 2   # vs `rpc serve --example bench`
   juggler rpc bench http://127.0.0.1:8080 -c 50 -n 20000                        # through the HTTP gateway
@@ -27,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--example", choices=("bench", "arith"), default="bench",
                    help="bench: Hello.Say with the 581-byte protobuf message; arith: Arith.Mul JSON")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per-call deadline (default 10 s)")
+    p.add_argument("--tls", action="store_true",
+                   help="rpcx over TLS, verified against the system's trust store (implied by --tls-ca, --insecure)")
+    add_client_tls_arguments(p, "TLS servers (rpcx, https:// gateways)")
 
 
 def register(subparsers: Any) -> None:
@@ -49,14 +54,24 @@ def run(args: argparse.Namespace) -> int:
     if scheme_of(args.address) not in SCHEMES:
         print(f"error: no caller for {args.address!r}", file=sys.stderr)
         return 2
+    from rustext.tls import TlsConfigError
+
+    try:
+        tls = client_tls(args, force=args.tls)
+    except (TlsConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if tls is not None and scheme_of(args.address) in ("inproc", "grpc"):
+        print("error: TLS options apply to rpcx and https:// addresses only", file=sys.stderr)
+        return 2
     if args.example == "bench":
         from rpc.examples import benchmark_request
 
         target = BenchTarget(args.address, "Hello", "Say", SerializeType.PROTOBUF,
-                             benchmark_request().SerializeToString(), pool=args.pool, timeout=args.timeout)
+                             benchmark_request().SerializeToString(), pool=args.pool, timeout=args.timeout, tls=tls)
     else:
         target = BenchTarget(args.address, "Arith", "Mul", SerializeType.JSON, b'{"A":7,"B":6}',
-                             pool=args.pool, timeout=args.timeout)
+                             pool=args.pool, timeout=args.timeout, tls=tls)
     try:
         result = run_bench(target, concurrency=args.concurrency, total=args.total, processes=args.processes)
     except KeyboardInterrupt:

@@ -14,10 +14,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cli.tls import add_client_tls_arguments, client_tls
+
 EPILOG = """examples:
   juggler rpc call 127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}'                # rpcx protocol
   juggler rpc call http://127.0.0.1:8080 Arith.Mul '{"A":6,"B":7}'         # HTTP gateway (ours or Go rpcx's)
   juggler rpc call http://127.0.0.1:8080 Arith.Add '{"A":1,"B":2}' --codec msgpack --timeout 2
+  juggler rpc call 127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem   # rpcx over TLS
+  juggler rpc call https://127.0.0.1:8080 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem
 """
 
 
@@ -29,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="call deadline (default 5 s)")
     p.add_argument("--auth", metavar="TOKEN", help="__AUTH token")
     p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="request metadata (repeatable)")
+    p.add_argument("--tls", action="store_true",
+                   help="rpcx over TLS, verified against the system's trust store (implied by --tls-ca, --insecure)")
+    add_client_tls_arguments(p, "TLS servers (rpcx, https:// gateways)")
 
 
 def register(subparsers: Any) -> None:
@@ -80,9 +87,12 @@ async def call(args: argparse.Namespace) -> int:
     metadata[META_SERVER_TIMEOUT] = str(max(1, int(args.timeout * 1000)))
     st = serialize_type_from_name(args.codec)
     codec = CodecRegistry().get(st)
+    from rustext.tls import TlsConfigError
+
     try:
-        caller, close = await open_caller(args.address)
-    except (LookupError, ValueError) as exc:
+        tls = client_tls(args, force=args.tls)
+        caller, close = await open_caller(args.address, tls=tls)
+    except (LookupError, ValueError, TlsConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:

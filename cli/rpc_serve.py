@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cli.tls import add_server_tls_arguments, server_tls
+
 EPILOG = """examples:
   juggler rpc serve --listen 127.0.0.1:8972 --example bench          # rpcx-benchmark's Hello.Say
   juggler rpc serve --listen 127.0.0.1:8972 --example arith --gateway 127.0.0.1:8080
@@ -20,6 +22,9 @@ EPILOG = """examples:
   curl -s http://127.0.0.1:8080/Arith -H 'X-RPCX-ServiceMethod: Mul' -H 'X-RPCX-SerializeType: 1' -d '{"A":6,"B":7}'
   curl -s http://127.0.0.1:8972/Arith -H 'X-RPCX-ServiceMethod: Mul' -H 'X-RPCX-SerializeType: 1' -d '{"A":6,"B":7}'
       # the same HTTP API answered on the rpcx port (unless --no-http)
+  juggler rpc serve --listen 127.0.0.1:8972 --example arith --tls-cert certs/cert.pem --tls-key certs/key.pem
+  juggler rpc call 127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem
+      # rpcx over TLS (and https:// on the same port); certificates: juggler tls dev-cert --out certs
 """
 
 
@@ -52,9 +57,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", default="/rpcx", help="registry base path (default /rpcx)")
     p.add_argument("--advertise", metavar="tcp@HOST:PORT", help="address published to the registry (default: --listen)")
     p.add_argument("--ttl", type=float, default=10.0, help="registry TTL in seconds (default 10)")
+    p.add_argument("--registry-tls-ca", metavar="FILE",
+                   help="rediss:// or https:// registries: PEM CA to verify the registry with (default: system store)")
+    p.add_argument("--registry-tls-cert", metavar="FILE", help="PEM client certificate for the registry")
+    p.add_argument("--registry-tls-key", metavar="FILE", help="PEM private key of --registry-tls-cert")
     p.add_argument("--handler-timeout", type=float, metavar="S", help="deadline for requests without __ServerTimeout")
     p.add_argument("--max-sync-workers", type=int, default=32, help="thread pool of sync handlers (default 32)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0, help="drain deadline at shutdown (default 10 s)")
+    add_server_tls_arguments(p, "rpcx over TLS (and https://) on --listen, https:// on --gateway")
 
 
 def register(subparsers: Any) -> None:
@@ -74,7 +84,8 @@ def _hostport(value: str, flag: str) -> tuple[str, int]:
 
 
 async def _start_rpcx_listener(
-    server: Any, address: str, *, http: bool = True, config: Any = None, idle_timeout: float | None = None
+    server: Any, address: str, *, http: bool = True, config: Any = None, idle_timeout: float | None = None,
+    tls: Any = None,
 ) -> Any:
     """Start the rpcx listener (``rpc.rpcx_server.RpcxServer``) on ``address``
     (``HOST:PORT``, ``tcp@HOST:PORT`` or ``unix@/path``); with ``http`` the
@@ -83,7 +94,7 @@ async def _start_rpcx_listener(
     from rpc.rpcx_server import RpcxServer
 
     rpcx = RpcxServer(server, address, gateway=Gateway(server.dispatcher) if http else None, config=config,
-                      idle_timeout=idle_timeout)
+                      idle_timeout=idle_timeout, tls=tls)
     await rpcx.start()
     return rpcx
 
@@ -92,9 +103,11 @@ class _Running:
     """A started ``rpc serve`` (see cli.lifecycle.Service): the rpcx listener
     (with HTTP on its port), the gateway, the gRPC peer, the metrics endpoint."""
 
-    def __init__(self, server: Any, timeout: float) -> None:
+    def __init__(self, server: Any, timeout: float, tls: Any = None, tls_context: Any = None) -> None:
         self.server = server
         self.timeout = timeout
+        self.tls = tls  # rustext.tls.ServerTls: the files
+        self.tls_context = tls_context  # the one ssl.SSLContext both listeners serve
         self.listener: Any = None
         self.gateway: Any = None
         self.grpc_server: Any = None
@@ -130,6 +143,24 @@ class _Running:
     async def abort(self) -> None:
         self.server.dispatcher.abort_drain()
 
+    def reload_tls(self) -> None:
+        """SIGHUP: read the certificate files again; new handshakes get the
+        new certificate, established connections keep theirs (logged; the
+        current certificate stays when the new files are unusable)."""
+        import logging
+
+        from rustext.tls import TlsConfigError
+
+        log = logging.getLogger("rpc.serve")
+        if self.tls is None:
+            log.info("SIGHUP: no TLS certificate to reload")
+            return
+        try:
+            self.tls.reload(self.tls_context)
+            log.info("TLS certificate reloaded from %s", self.tls.cert)
+        except TlsConfigError as exc:
+            log.error("TLS certificate not reloaded: %s", exc)
+
 
 async def serve(args: argparse.Namespace) -> int:
     import logging
@@ -149,7 +180,13 @@ async def serve(args: argparse.Namespace) -> int:
     if args.idle_timeout is not None and args.idle_timeout <= 0:
         print(f"{prog}: --idle-timeout must be > 0", file=sys.stderr)
         return 2
+    from rustext.tls import TlsConfigError
+
     try:
+        tls = server_tls(args)
+        tls_context = tls.context() if tls is not None else None
+        if tls is not None and args.listen and args.listen.startswith("unix@"):
+            raise ValueError("TLS is for TCP listeners; --listen is a Unix socket")
         gateway_at = _hostport(args.gateway, "--gateway") if args.gateway else None
         grpc_at = _hostport(args.grpc, "--grpc") if args.grpc else None
         config = None
@@ -160,7 +197,7 @@ async def serve(args: argparse.Namespace) -> int:
                 connection=ConnectionConfig(max_frame=args.max_message, max_decompressed=args.max_message),
                 max_connections=args.max_connections,
             )
-    except ValueError as exc:
+    except (TlsConfigError, ValueError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     plugins: list[object] = []
@@ -177,14 +214,25 @@ async def serve(args: argparse.Namespace) -> int:
     if args.access_log:
         plugins.append(AccessLogPlugin())
     registrars: list[Any] = []
-    if args.redis:
-        from rpc.discovery.redis import RedisRegistrar
+    try:
+        registry_tls = None
+        if args.registry_tls_ca or args.registry_tls_cert or args.registry_tls_key:
+            from rustext.tls import ClientTls
 
-        registrars.append(RedisRegistrar(args.redis, base=args.base, ttl=args.ttl))
-    elif args.etcd:
-        from rpc.discovery.etcd import EtcdRegistrar
+            registry_tls = ClientTls(ca=args.registry_tls_ca, cert=args.registry_tls_cert, key=args.registry_tls_key)
+        if args.redis:
+            from rpc.discovery.redis import RedisRegistrar
 
-        registrars.append(EtcdRegistrar(args.etcd, base=args.base, ttl=max(2, round(args.ttl))))
+            registrars.append(RedisRegistrar(args.redis, base=args.base, ttl=args.ttl, tls=registry_tls))
+        elif args.etcd:
+            from rpc.discovery.etcd import EtcdRegistrar
+
+            registrars.append(EtcdRegistrar(args.etcd, base=args.base, ttl=max(2, round(args.ttl)), tls=registry_tls))
+        elif registry_tls is not None:
+            raise ValueError("--registry-tls-* options need a registry (--redis rediss://… or --etcd https://…)")
+    except (TlsConfigError, ValueError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     server = Server(plugins=plugins, registrars=registrars, max_sync_workers=args.max_sync_workers,
                     handler_timeout=args.handler_timeout)
     try:
@@ -201,16 +249,16 @@ async def serve(args: argparse.Namespace) -> int:
             service.metadata = args.metadata
 
     async def start() -> _Running:
-        r = _Running(server, args.shutdown_timeout)
+        r = _Running(server, args.shutdown_timeout, tls, tls_context)
         try:
             if args.listen:
                 r.listener = await _start_rpcx_listener(server, args.listen, http=not args.no_http, config=config,
-                                                        idle_timeout=args.idle_timeout)
+                                                        idle_timeout=args.idle_timeout, tls=tls_context)
                 args.listen = r.listener.address.partition("@")[2]  # the bound port when 0 was asked
             if gateway_at is not None:
                 from rpc.gateway import Gateway, GatewayServer
 
-                r.gateway = GatewayServer(Gateway(server.dispatcher), *gateway_at)
+                r.gateway = GatewayServer(Gateway(server.dispatcher), *gateway_at, ssl=tls_context)
                 await r.gateway.start()
             if grpc_at is not None:
                 from rpc.grpc_peer import start_grpc_server
@@ -241,8 +289,8 @@ async def serve(args: argparse.Namespace) -> int:
     def ready(r: _Running) -> None:
         where = ", ".join(
             x for x in (
-                f"rpcx on {r.listener.address}" if r.listener is not None else "",
-                f"http gateway on {r.gateway.host}:{r.gateway.port}" if r.gateway else "",
+                f"rpcx{' over TLS' if tls else ''} on {r.listener.address}" if r.listener is not None else "",
+                f"{'https' if tls else 'http'} gateway on {r.gateway.host}:{r.gateway.port}" if r.gateway else "",
                 f"grpc.aio Hello.Say on {args.grpc}" if r.grpc_server is not None else "",
                 f"metrics on :{args.metrics_port}" if metrics is not None else "",
             ) if x
@@ -257,7 +305,7 @@ async def serve(args: argparse.Namespace) -> int:
         holder.append(await start())
         return holder[0]
 
-    status = await serve_until_signalled(prog, start_kept, ready=ready)
+    status = await serve_until_signalled(prog, start_kept, ready=ready, reload=_Running.reload_tls)
     if status == 0 and holder and not holder[0].drained:
         return 1
     return status

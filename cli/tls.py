@@ -16,6 +16,55 @@ EXAMPLES = """examples:
 """
 
 
+def add_client_tls_arguments(p: argparse.ArgumentParser, servers: str) -> None:
+    """--tls-ca / --tls-cert / --tls-key / --insecure, for clients of TLS
+    servers (``servers`` names them in the help)."""
+    p.add_argument("--tls-ca", metavar="FILE",
+                   help=f"PEM CA certificate(s) to verify {servers} with (default: the system's trust store)")
+    p.add_argument("--tls-cert", metavar="FILE", help="PEM client certificate, for servers that require one")
+    p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    p.add_argument("--insecure", action="store_true",
+                   help=f"do not verify {servers} at all (only for trying things out)")
+
+
+def client_tls(args: argparse.Namespace, *, force: bool = False) -> Any:
+    """The rustext.tls.ClientTls of the client TLS flags, or None when none
+    is given (unless ``force``: then the system's trust store); raises
+    TlsConfigError naming a bad file."""
+    from rustext.tls import ClientTls
+
+    if not force and not (args.tls_ca or args.tls_cert or args.tls_key or args.insecure):
+        return None
+    tls = ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, insecure=args.insecure)
+    tls.context()  # a bad file is reported now, naming it
+    return tls
+
+
+def add_server_tls_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """--tls-cert / --tls-key / --tls-client-ca, for servers (``what`` says
+    what TLS serves, in the help)."""
+    p.add_argument("--tls-cert", metavar="FILE",
+                   help=f"PEM certificate chain (the server's first): {what}; reloaded on SIGHUP")
+    p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (ECDSA or RSA)")
+    p.add_argument("--tls-client-ca", metavar="FILE",
+                   help="require client certificates signed by these PEM CA certificates (mutual TLS)")
+
+
+def server_tls(args: argparse.Namespace) -> Any:
+    """The rustext.tls.ServerTls of the server TLS flags, or None; raises
+    TlsConfigError (a bad file, named) or ValueError (flags that do not go
+    together)."""
+    from rustext.tls import ServerTls
+
+    if not (args.tls_cert or args.tls_key or args.tls_client_ca):
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    tls = ServerTls(cert=args.tls_cert, key=args.tls_key, client_ca=args.tls_client_ca)
+    tls.context()
+    return tls
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "tls",

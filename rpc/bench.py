@@ -43,6 +43,8 @@ class BenchTarget:
     payload: bytes
     pool: int = 10
     timeout: float | None = 10.0
+    #: rpcx over TLS / how https:// is verified (``rustext.tls.ClientTls``; picklable, for client processes)
+    tls: Any = None
 
 
 @dataclass
@@ -179,7 +181,7 @@ async def bench_target(
     """Run the load against ``target`` in this process. ``start_at`` (wall
     clock): warm up (connect) first, then start the load at that time, so
     that several processes load the server together."""
-    caller, close = await open_caller(target.address, pool=target.pool)
+    caller, close = await open_caller(target.address, pool=target.pool, tls=target.tls)
     template = Message(
         service_path=target.service,
         service_method=target.method,

@@ -343,8 +343,11 @@ class GatewayServer:
         request_timeout: float = 30.0,
         max_connections: int = 1024,
         max_body: int = 4 * 1024 * 1024,
+        ssl: Any = None,
     ) -> None:
         self.gateway = gateway
+        #: a server ``ssl.SSLContext``: HTTPS
+        self.ssl = ssl
         self.host = host
         self.port = port
         self.idle_timeout = idle_timeout
@@ -359,11 +362,12 @@ class GatewayServer:
         if self._server is not None:
             return
         try:
-            self._server = await asyncio.start_server(self._on_conn, self.host, self.port)
+            self._server = await asyncio.start_server(self._on_conn, self.host, self.port, ssl=self.ssl,
+                                                      ssl_handshake_timeout=10.0 if self.ssl is not None else None)
         except OSError as exc:
             raise listen_error(self.host, self.port, exc) from exc
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("rpc gateway listening on http://%s:%d", self.host, self.port)
+        log.info("rpc gateway listening on %s://%s:%d", "https" if self.ssl is not None else "http", self.host, self.port)
 
     async def _on_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
 
 import aiohttp
+from rustext.tls import describe_ssl_error
 
 from rpc.errors import CallTimeout, TransportError, TransportErrorKind
 from rpc.gateway import (
@@ -54,10 +55,12 @@ class HTTPCaller:
     """See the module doc. One aiohttp session (its connection pool: up to
     ``pool`` keep-alive connections per address) per caller; ``aclose()``."""
 
-    def __init__(self, *, pool: int = 4, connect_timeout: float = 5.0) -> None:
+    def __init__(self, *, pool: int = 4, connect_timeout: float = 5.0, tls: Any = None) -> None:
         if pool < 1:
             raise ValueError("pool must be >= 1")
         self.pool = pool
+        #: how ``https://`` gateways are verified (``rustext.tls.ClientTls``); default: the system's trust store
+        self._ssl: Any = tls.context() if tls is not None else True
         self.connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
@@ -75,17 +78,22 @@ class HTTPCaller:
         if self._closed:
             raise TransportError("caller is closed", TransportErrorKind.CLOSED)
         host, port = split_address(address)
-        url = f"http://{host}:{port}/{quote(request.service_path)}"
+        https = address.startswith("https://")
+        url = f"{'https' if https else 'http'}://{host}:{port}/{quote(request.service_path)}"
         headers = self._headers(request)
         try:
             async with asyncio.timeout(timeout):
-                async with self._client().post(url, data=request.payload, headers=headers) as resp:
+                async with self._client().post(url, data=request.payload, headers=headers,
+                                               ssl=self._ssl) as resp:
                     body = await resp.content.read(MAX_RESPONSE + 1)
                     if len(body) > MAX_RESPONSE:
                         raise TransportError(f"{address}: oversized response", TransportErrorKind.PROTOCOL)
                     res = self._reply(request, resp.status, resp.headers, body)
         except TimeoutError:
             raise CallTimeout(f"no response from {address} in {timeout}s") from None
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise TransportError(f"cannot connect to {address}: {describe_ssl_error(exc.certificate_error)}",
+                                 TransportErrorKind.CONNECT) from exc
         except aiohttp.ClientConnectorError as exc:
             raise TransportError(f"cannot connect to {address}: {exc.os_error or exc}", TransportErrorKind.CONNECT) from exc
         except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError) as exc:

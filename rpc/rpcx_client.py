@@ -60,6 +60,7 @@ class RpcxCaller:
         heartbeat_timeout: float = 5.0,
         connect_timeout: float = 5.0,
         on_push: Callable[[Message], Any] | None = None,
+        tls: Any = None,
     ) -> None:
         if pool < 1:
             raise ValueError("pool must be >= 1")
@@ -72,7 +73,9 @@ class RpcxCaller:
             )
         self.config = config
         self.on_push = on_push
-        self._pools = [TransportPool("rpcx", config=config, handler=self._on_request) for _ in range(pool)]
+        # one client context shared by the pools (``rustext.tls.ClientTls`` or an ``ssl.SSLContext``)
+        ctx = tls.context() if hasattr(tls, "context") else tls
+        self._pools = [TransportPool("rpcx", config=config, handler=self._on_request, tls=ctx) for _ in range(pool)]
         self._next = 0
         self._endpoints: dict[str, Endpoint] = {}
         self._closed = False

@@ -299,6 +299,9 @@ class RpcxServer:
     ``gateway`` (an ``rpc.gateway.Gateway``) serves HTTP on the same port.
     ``idle_timeout`` (seconds): a connection that sends nothing for that
     long (clients keep it with heartbeats) and has no call running is closed.
+    ``tls`` (an ``rustext.tls.ServerTls`` or a server ``ssl.SSLContext``)
+    serves rpcx and HTTP over TLS on the port; ``reload_tls()`` picks up new
+    certificate files without touching established connections.
     """
 
     def __init__(
@@ -309,6 +312,7 @@ class RpcxServer:
         config: ServerConfig | None = None,
         gateway: Any = None,
         idle_timeout: float | None = None,
+        tls: Any = None,
     ) -> None:
         if idle_timeout is not None and idle_timeout <= 0:
             raise ValueError("idle_timeout must be > 0 or None")
@@ -325,6 +329,7 @@ class RpcxServer:
             config=config,
             on_connection=self._on_connection,
             connection_factory=self._make,
+            tls=tls,
         )
 
     def _make(self, *args: Any, **kwargs: Any) -> RpcxServerConnection:
@@ -343,6 +348,15 @@ class RpcxServer:
     def address(self) -> str:
         """What to publish in a registry: ``tcp@host:port`` or ``unix@/path``."""
         return address_of(self._transport.endpoint)
+
+    @property
+    def tls(self) -> bool:
+        """Whether the port speaks TLS."""
+        return self._transport.tls is not None
+
+    def reload_tls(self) -> None:
+        """Load the certificate files again (see ``TransportServer.reload_tls``)."""
+        self._transport.reload_tls()
 
     @property
     def connections(self) -> list[RpcxServerConnection]:

@@ -140,6 +140,14 @@ class ClientTls:
             ctx.set_alpn_protocols(list(alpn))
         return ctx
 
+    def redis_kwargs(self) -> dict[str, object]:
+        """The same checks as keyword arguments of redis-py's clients
+        (``rediss://`` URLs, Redis Cluster)."""
+        return {
+            "ssl_ca_certs": self.ca, "ssl_certfile": self.cert, "ssl_keyfile": self.key,
+            "ssl_cert_reqs": "none" if self.insecure else "required", "ssl_check_hostname": not self.insecure,
+        }
+
 
 def describe_ssl_error(exc: BaseException) -> str:
     """One line a user can act on for a failed handshake (wrong CA, expired
@@ -151,7 +159,7 @@ def describe_ssl_error(exc: BaseException) -> str:
             hint = " (pass the CA that signed it with --tls-ca FILE)"
         elif exc.verify_code == 10:  # expired
             hint = " (renew the server's certificate)"
-        elif exc.verify_code == 62:  # host name mismatch
+        elif exc.verify_code in (62, 64):  # host name or IP address mismatch
             hint = " (connect with a name the certificate lists)"
         return f"server certificate refused: {msg}{hint}"
     if isinstance(exc, ssl.SSLError):

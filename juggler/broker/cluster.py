@@ -192,10 +192,7 @@ class ClusterRouter:
         t = self._tmpl
         tls: dict[str, Any] = {}
         if t.tls is not None:  # the topology client reaches the nodes as ours do
-            tls = dict(
-                ssl=True, ssl_ca_certs=t.tls.ca, ssl_certfile=t.tls.cert, ssl_keyfile=t.tls.key,
-                ssl_cert_reqs="none" if t.tls.insecure else "required", ssl_check_hostname=not t.tls.insecure,
-            )
+            tls = dict(ssl=True, **t.tls.redis_kwargs())
         self._client = RedisCluster(
             startup_nodes=[ClusterNode(a.host, a.port) for a in self.seeds],
             username=t.username, password=t.password,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,9 +27,9 @@ class HTTPError(Exception):
         self.body = body
 
 
-def _url(host: str, port: int, path: str) -> str:
+def _url(host: str, port: int, path: str, https: bool = False) -> str:
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return f"http://{authority}{path}"
+    return f"{'https' if https else 'http'}://{authority}{path}"
 
 
 async def _read_bounded(resp: aiohttp.ClientResponse) -> bytes:
@@ -40,10 +41,12 @@ async def _read_bounded(resp: aiohttp.ClientResponse) -> bytes:
     return bytes(out)
 
 
-async def post_json(host: str, port: int, path: str, body: dict[str, Any], *, timeout: float = 5.0) -> dict[str, Any]:
-    """POST ``body`` as JSON and return the decoded JSON response (HTTPError if not 2xx)."""
+async def post_json(host: str, port: int, path: str, body: dict[str, Any], *, timeout: float = 5.0,
+                    ssl: ssl.SSLContext | None = None) -> dict[str, Any]:
+    """POST ``body`` as JSON and return the decoded JSON response (HTTPError
+    if not 2xx); with an ``ssl`` client context, over HTTPS."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
-        async with session.post(_url(host, port, path), json=body) as resp:
+        async with session.post(_url(host, port, path, ssl is not None), json=body, ssl=ssl or True) as resp:
             data = await _read_bounded(resp)
             if not 200 <= resp.status < 300:
                 raise HTTPError(resp.status, data)
@@ -51,14 +54,16 @@ async def post_json(host: str, port: int, path: str, body: dict[str, Any], *, ti
 
 
 async def stream_json(
-    host: str, port: int, path: str, body: dict[str, Any], *, timeout: float = 5.0
+    host: str, port: int, path: str, body: dict[str, Any], *, timeout: float = 5.0,
+    ssl: ssl.SSLContext | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """POST ``body`` and yield each JSON object of a streamed response. The
     stream has no read deadline (it is a watch); connecting and the response
     head have ``timeout``."""
     limits = aiohttp.ClientTimeout(total=None, connect=timeout, sock_connect=timeout)
     async with aiohttp.ClientSession(timeout=limits) as session:
-        async with session.post(_url(host, port, path), json=body, timeout=limits) as resp:
+        async with session.post(_url(host, port, path, ssl is not None), json=body, timeout=limits,
+                                ssl=ssl or True) as resp:
             if not 200 <= resp.status < 300:
                 raise HTTPError(resp.status, await _read_bounded(resp))
             decoder = json.JSONDecoder()

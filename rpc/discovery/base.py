@@ -214,9 +214,13 @@ class WatchingDiscovery(Discovery):
 
     async def _refresh_loop(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.refresh_interval):
-                    await self._changed.wait()
+            # asyncio.wait, not asyncio.timeout: on Python 3.11 a cancel that lands as the timeout
+            # expires is turned into TimeoutError and lost, and aclose() would wait for ever
+            changed = asyncio.ensure_future(self._changed.wait())
+            try:
+                await asyncio.wait((changed,), timeout=self.refresh_interval)
+            finally:
+                changed.cancel()
             self._changed.clear()
             try:
                 await self.refresh()

@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from rustext.tls import ClientTls, describe_ssl_error
 
 from rpc.discovery import _http
 from rpc.discovery.base import WatchingDiscovery, stop_heartbeat_and_unregister
@@ -52,19 +53,28 @@ def prefix_end(prefix: bytes) -> bytes:
 
 
 class EtcdHTTP:
-    """The etcd endpoint (``http://host:port``), with typed errors."""
+    """The etcd endpoint (``http://host:port``, or ``https://host:port``
+    verified as ``tls`` says: the system's trust store by default, a CA, a
+    client certificate), with typed errors."""
 
-    def __init__(self, endpoint: str, *, timeout: float = 5.0) -> None:
+    def __init__(self, endpoint: str, *, timeout: float = 5.0, tls: ClientTls | None = None) -> None:
         parts = urlsplit(endpoint if "//" in endpoint else f"http://{endpoint}")
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"etcd endpoint must be http://host:port, got {endpoint!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"etcd endpoint must be http://host:port or https://host:port, got {endpoint!r}")
+        if tls is not None and parts.scheme != "https":
+            raise ValueError(f"TLS options need an https:// etcd endpoint, got {endpoint!r}")
         self.host = parts.hostname
         self.port = parts.port or 2379
         self.timeout = timeout
+        #: client TLS context of an https:// endpoint
+        self.ssl = (tls or ClientTls()).context() if parts.scheme == "https" else None
 
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            return await _http.post_json(self.host, self.port, path, body, timeout=self.timeout)
+            return await _http.post_json(self.host, self.port, path, body, timeout=self.timeout, ssl=self.ssl)
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise RegistryUnavailable(
+                f"etcd {self.host}:{self.port}: {describe_ssl_error(exc.certificate_error)}") from exc
         except (OSError, TimeoutError, aiohttp.ClientConnectionError) as exc:
             raise RegistryUnavailable(f"etcd {self.host}:{self.port}: {exc or type(exc).__name__}") from exc
         except aiohttp.ClientError as exc:
@@ -73,16 +83,17 @@ class EtcdHTTP:
             raise RegistryError(f"etcd {path}: {exc}") from exc
 
     def stream(self, path: str, body: dict[str, Any]):  # type: ignore[no-untyped-def]
-        return _http.stream_json(self.host, self.port, path, body, timeout=self.timeout)
+        return _http.stream_json(self.host, self.port, path, body, timeout=self.timeout, ssl=self.ssl)
 
 
 class EtcdRegistrar:
     """Server side: keys under one lease, kept alive by keepalive calls."""
 
-    def __init__(self, endpoint: str, *, base: str = "/rpcx", ttl: int = 10, heartbeat: float | None = None) -> None:
+    def __init__(self, endpoint: str, *, base: str = "/rpcx", ttl: int = 10, heartbeat: float | None = None,
+                 tls: ClientTls | None = None) -> None:
         if ttl < 2:
             raise ValueError("ttl must be >= 2 seconds (etcd leases are in whole seconds)")
-        self.http = EtcdHTTP(endpoint)
+        self.http = EtcdHTTP(endpoint, tls=tls)
         self.base = base.rstrip("/")
         self.ttl = int(ttl)
         self.heartbeat = heartbeat if heartbeat is not None else ttl / 3
@@ -172,9 +183,10 @@ class EtcdDiscovery(WatchingDiscovery):
         base: str = "/rpcx",
         refresh_interval: float = 0.5,
         cache: FileCache | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         super().__init__(refresh_interval=refresh_interval, cache=cache)
-        self.http = EtcdHTTP(endpoint)
+        self.http = EtcdHTTP(endpoint, tls=tls)
         self.service = service
         self.prefix = f"{base.rstrip('/')}/{service}/"
         key = self.prefix.encode()

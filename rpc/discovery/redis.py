@@ -23,9 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from rustext.tls import ClientTls
 
 from rpc.discovery.base import WatchingDiscovery, stop_heartbeat_and_unregister
 from rpc.discovery.cache import FileCache
@@ -49,9 +51,23 @@ return out
 """
 
 
-def _client(url_or_client: str | aioredis.Redis) -> tuple[aioredis.Redis, bool]:
+#: seconds closing a connection may take
+CLOSE_TIMEOUT = 2.0
+
+
+def _client(url_or_client: str | aioredis.Redis, tls: ClientTls | None = None) -> tuple[aioredis.Redis, bool]:
+    """A client of its own for a URL (``rediss://`` for TLS, checked as
+    ``tls`` says: its CA, a client certificate), or the caller's client."""
     if isinstance(url_or_client, str):
-        return aioredis.Redis.from_url(url_or_client, socket_timeout=5.0, socket_connect_timeout=5.0), True
+        extra: dict[str, Any] = {}
+        if tls is not None:
+            if not url_or_client.startswith("rediss://"):
+                raise ValueError("TLS options need a rediss:// Redis URL")
+            tls.context()  # a bad file is reported now, naming it
+            extra = tls.redis_kwargs()
+        return aioredis.Redis.from_url(url_or_client, socket_timeout=5.0, socket_connect_timeout=5.0, **extra), True
+    if tls is not None:
+        raise ValueError("TLS options apply to a Redis URL, not to a client given ready-made")
     return url_or_client, False
 
 
@@ -71,10 +87,11 @@ class RedisRegistrar:
         base: str = "/rpcx",
         ttl: float = 10.0,
         heartbeat: float | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         if ttl <= 0:
             raise ValueError("ttl must be > 0")
-        self._redis, self._owned = _client(redis)
+        self._redis, self._owned = _client(redis, tls)
         self.base = base.rstrip("/")
         self.ttl = ttl
         self.heartbeat = heartbeat if heartbeat is not None else ttl / 3
@@ -150,9 +167,10 @@ class RedisDiscovery(WatchingDiscovery):
         base: str = "/rpcx",
         refresh_interval: float = 0.5,
         cache: FileCache | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         super().__init__(refresh_interval=refresh_interval, cache=cache)
-        self._redis, self._owned = _client(redis)
+        self._redis, self._owned = _client(redis, tls)
         self.service = service
         self.index = f"{base.rstrip('/')}/{service}"
         self._script = self._redis.register_script(_FETCH)
@@ -180,10 +198,13 @@ class RedisDiscovery(WatchingDiscovery):
                 if msg is not None:
                     changed.set()
         finally:
+            # bounded: closing a TLS connection can wait for a close_notify that never comes
             with contextlib.suppress(Exception):
-                await pubsub.aclose()
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await pubsub.aclose()
 
     async def _close_backend(self) -> None:
         if self._owned:
             with contextlib.suppress(Exception):
-                await self._redis.aclose()
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await self._redis.aclose()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import ssl
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -73,17 +74,37 @@ def tune_socket(transport: asyncio.BaseTransport) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
 
+#: seconds a TLS handshake may take before the connection is dropped
+TLS_HANDSHAKE_TIMEOUT = 10.0
+
+
 class TcpChannel(Channel):
+    """TCP, with TLS when given an ``ssl`` context: a client context verifies
+    the server against the endpoint's host name (or IP address), a server
+    context serves its certificate."""
+
+    def __init__(self, ssl: ssl.SSLContext | None = None) -> None:
+        self.ssl = ssl
+
     async def connect(self, endpoint: Endpoint, factory: ProtocolFactory) -> tuple[asyncio.BaseTransport, asyncio.Protocol]:
         loop = asyncio.get_running_loop()
-        transport, protocol = await loop.create_connection(factory, endpoint.host, endpoint.port)
+        if self.ssl is None:
+            transport, protocol = await loop.create_connection(factory, endpoint.host, endpoint.port)
+        else:
+            transport, protocol = await loop.create_connection(
+                factory, endpoint.host, endpoint.port, ssl=self.ssl,
+                server_hostname=endpoint.host if self.ssl.check_hostname else "",
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT)
         tune_socket(transport)
         return transport, protocol
 
     async def listen(self, endpoint: Endpoint, factory: ProtocolFactory) -> Listener:
         loop = asyncio.get_running_loop()
+        tls: dict[str, object] = {} if self.ssl is None else {
+            "ssl": self.ssl, "ssl_handshake_timeout": TLS_HANDSHAKE_TIMEOUT}
         try:
-            server = await loop.create_server(factory, endpoint.host, endpoint.port, reuse_address=True, backlog=1024)
+            server = await loop.create_server(factory, endpoint.host, endpoint.port, reuse_address=True, backlog=1024,
+                                              **tls)  # type: ignore[arg-type]
         except OSError as exc:
             raise listen_error(endpoint.host, endpoint.port, exc) from exc
         port = server.sockets[0].getsockname()[1]
@@ -295,10 +316,13 @@ class InProcChannel(Channel):
         return listener
 
 
-def channel_for(endpoint: Endpoint, inproc: InProcNetwork | None = None) -> Channel:
-    """The channel that serves ``endpoint`` (``inproc`` needs its network)."""
+def channel_for(endpoint: Endpoint, inproc: InProcNetwork | None = None, tls: ssl.SSLContext | None = None) -> Channel:
+    """The channel that serves ``endpoint`` (``inproc`` needs its network;
+    ``tls`` is for TCP endpoints only)."""
     if endpoint.kind == "tcp":
-        return TcpChannel()
+        return TcpChannel(tls)
+    if tls is not None:
+        raise ValueError(f"{endpoint}: TLS is for TCP endpoints only")
     if endpoint.kind == "unix":
         return UnixChannel()
     if inproc is None:

@@ -693,13 +693,15 @@ async def connect(
     handler: Handler | None = None,
     inproc: Any = None,
     on_close: Callable[[Connection, BaseException | None], None] | None = None,
+    tls: Any = None,
 ) -> Connection:
-    """Open one connection to ``endpoint`` over its channel."""
+    """Open one connection to ``endpoint`` over its channel (``tls``: a
+    client ``ssl.SSLContext`` for TLS over TCP)."""
     from rpc.transport.channels import channel_for
     from rpc.transport.endpoint import Endpoint
 
     ep = Endpoint.parse(endpoint)
-    channel = channel_for(ep, inproc)
+    channel = channel_for(ep, inproc, tls)
 
     def factory() -> Connection:
         return Connection(protocol, config, scheduler, handler=handler, on_close=on_close, name=str(ep))

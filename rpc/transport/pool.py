@@ -17,7 +17,10 @@ import asyncio
 import enum
 import logging
 import random
+import ssl
 from typing import Any
+
+from rustext.tls import ClientTls, describe_ssl_error
 
 from rpc.transport.channels import InProcNetwork
 from rpc.transport.config import PoolConfig
@@ -58,9 +61,12 @@ class TransportPool:
         handler: Handler | None = None,
         inproc: InProcNetwork | None = None,
         rng: random.Random | None = None,
+        tls: ClientTls | ssl.SSLContext | None = None,
     ) -> None:
         self.protocol = (registry or ProtocolRegistry.default()).get(protocol)
         self.config = config or PoolConfig()
+        #: client TLS context of every connection (TCP endpoints), built once
+        self.tls = tls.context() if isinstance(tls, ClientTls) else tls
         self._handler = handler  # answers requests the servers push to us
         self._inproc = inproc
         self._rng = rng or random.Random()
@@ -102,6 +108,8 @@ class TransportPool:
             entry.connecting = asyncio.ensure_future(self._connect(ep, entry))
         try:
             return await asyncio.shield(entry.connecting)
+        except ssl.SSLError as exc:
+            raise Unavailable(f"cannot connect to {ep}: {describe_ssl_error(exc)}") from exc
         except (OSError, TimeoutError) as exc:
             raise Unavailable(f"cannot connect to {ep}: {exc}") from exc
 
@@ -130,6 +138,7 @@ class TransportPool:
                 handler=self._handler,
                 inproc=self._inproc,
                 on_close=lambda c, exc: self._lost(ep, c),
+                tls=self.tls,
             ),
             self.config.connect_timeout,
         )

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
+
+from rustext.tls import ServerTls
 
 from rpc.transport.channels import InProcNetwork, Listener, channel_for, tune_socket
 from rpc.transport.config import ServerConfig
@@ -38,8 +41,12 @@ class TransportServer:
         inproc: InProcNetwork | None = None,
         on_connection: Callable[[Connection], None] | None = None,
         connection_factory: Callable[..., Connection] = Connection,
+        tls: ServerTls | ssl.SSLContext | None = None,
     ) -> None:
         self.endpoint = Endpoint.parse(endpoint)
+        #: server TLS context (TCP endpoints); ``reload_tls()`` loads new files into it
+        self._tls_files = tls if isinstance(tls, ServerTls) else None
+        self.tls = tls.context() if isinstance(tls, ServerTls) else tls
         self.protocol = (registry or ProtocolRegistry.default()).get(protocol)
         self.config = config or ServerConfig()
         self._handler = handler
@@ -61,7 +68,7 @@ class TransportServer:
             raise TransportClosed("server is closed")
         loop = asyncio.get_running_loop()
         self._scheduler = DeadlineScheduler(loop, expire)
-        channel = channel_for(self.endpoint, self._inproc)
+        channel = channel_for(self.endpoint, self._inproc, self.tls)
         self._listener = await channel.listen(self.endpoint, self._make_connection)
         self.endpoint = self._listener.endpoint
         log.info("transport server listening on %s (protocol %s)", self.endpoint, self.protocol.name)
@@ -102,6 +109,14 @@ class TransportServer:
 
     def _forget(self, conn: Connection, exc: BaseException | None) -> None:
         self.connections.discard(conn)
+
+    def reload_tls(self) -> None:
+        """Load the certificate files again (SIGHUP): new handshakes get the
+        new certificate, established connections keep theirs. On a bad file
+        the old certificate stays and ``TlsConfigError`` is raised."""
+        if self._tls_files is None or self.tls is None:
+            raise ValueError("this server was not given TLS certificate files")
+        self._tls_files.reload(self.tls)
 
     async def __aenter__(self) -> TransportServer:
         await self.start()

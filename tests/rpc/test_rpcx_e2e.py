@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -74,10 +75,11 @@ def serve(*args: str, listen: str = "127.0.0.1:0") -> Served:
         line = proc.stdout.readline()
     finally:
         sel.close()
-    if not line.startswith("rpc serve: rpcx on "):
+    found = re.match(r"rpc serve: rpcx(?: over TLS)? on ([^,;\s]+)", line)
+    if found is None:
         served.stop()
         pytest.fail(f"rpc serve failed: {line!r} {served.stderr()}")
-    served.address = line.split("rpcx on ", 1)[1].split(",")[0].split(";")[0].strip()
+    served.address = found.group(1)
     return served
 
 

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,3 +121,51 @@ def test_our_server_pushes_to_a_go_bidirectional_client(go_peer: Path) -> None:
         ]
     finally:
         ours.stop()
+
+
+# --- over TLS ------------------------------------------------------------------------
+
+
+def test_go_client_calls_our_server_over_tls(go_peer: Path, pki: Any) -> None:
+    """A Go rpcx client (``client.Option.TLSConfig``, verifying against the
+    test CA) calls our ``juggler rpc serve --tls-cert/--tls-key``; with
+    mutual TLS it presents its certificate."""
+    leaf, client_leaf = pki.leaf(), pki.leaf("go-client")
+    ours: Served = serve("--example", "arith", "--tls-cert", str(leaf.cert), "--tls-key", str(leaf.key),
+                         "--tls-client-ca", str(pki.ca))
+    env = {**os.environ, "TLS_CA": str(pki.ca)}
+    try:
+        addr = ours.address.removeprefix("tcp@")
+        refused = subprocess.run([str(go_peer), "client", addr, "6", "7"], capture_output=True, text=True,
+                                 timeout=60, env=env)
+        assert refused.returncode != 0  # no client certificate
+        res = subprocess.run([str(go_peer), "client", addr, "6", "7"], capture_output=True, text=True, timeout=60,
+                             env={**env, "TLS_CLIENT_CERT": str(client_leaf.cert),
+                                  "TLS_CLIENT_KEY": str(client_leaf.key)})
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == '{"C":42}'
+    finally:
+        ours.stop()
+
+
+async def test_our_client_calls_a_go_server_over_tls(go_peer: Path, pki: Any) -> None:
+    from rustext.tls import ClientTls
+
+    leaf = pki.leaf()
+    port = free_port()
+    proc = subprocess.Popen([str(go_peer), "server", f"127.0.0.1:{port}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "TLS_CERT": str(leaf.cert), "TLS_KEY": str(leaf.key)})
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        assert sel.select(timeout=30) and proc.stdout.readline().startswith("ready"), "the Go server did not start"
+        address = f"tcp@127.0.0.1:{port}"
+        async with Client(address, RpcxCaller(tls=ClientTls(ca=str(pki.ca))), close_caller=True) as client:
+            assert await client.call("Arith", "Mul", {"A": 6, "B": 7}, timeout=5) == {"C": 42}
+    finally:
+        sel.close()
+        proc.kill()
+        proc.wait(timeout=10)
+        proc.stdout.close()

@@ -123,8 +123,9 @@ async def test_cache_fallback(etcd_endpoint: str, base: str, tmp_path) -> None:
 
 def test_endpoint_validation() -> None:
     assert EtcdHTTP("127.0.0.1:2379").port == 2379
+    assert EtcdHTTP("https://x:1").ssl is not None  # verified against the system's trust store
     with pytest.raises(ValueError):
-        EtcdHTTP("https://x:1")
+        EtcdHTTP("ftp://x:1")
 
 
 async def test_xclient_follows_etcd_registry(etcd_endpoint: str, base: str) -> None:

@@ -4,12 +4,19 @@
 //	go run . client ADDR A B     call Arith.Mul(A, B) over rpcx and print the reply as JSON
 //	go run . push ADDR N         with heartbeats every 50 ms, call Probe.Push({"n": N}) on a
 //	                             bidirectional client; print the reply, then each pushed message
+//
+// TLS: with TLS_CERT and TLS_KEY (PEM files) the server serves rpcx over TLS; with TLS_CA
+// the clients connect over TLS and verify the server against that CA (and TLS_SERVER_NAME,
+// default the host of ADDR); TLS_CLIENT_CERT/TLS_CLIENT_KEY give clients a certificate.
 package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"time"
@@ -41,6 +48,48 @@ func (t *Arith) Add(ctx context.Context, args *Args, reply *Reply) error {
 	return nil
 }
 
+// serverTLS is the server's TLS configuration from TLS_CERT/TLS_KEY, or nil.
+func serverTLS() *tls.Config {
+	cert, key := os.Getenv("TLS_CERT"), os.Getenv("TLS_KEY")
+	if cert == "" {
+		return nil
+	}
+	pair, err := tls.LoadX509KeyPair(cert, key)
+	if err != nil {
+		panic(err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{pair}}
+}
+
+// clientTLS is the clients' TLS configuration from TLS_CA (and a client certificate), or nil.
+func clientTLS(addr string) *tls.Config {
+	ca := os.Getenv("TLS_CA")
+	if ca == "" {
+		return nil
+	}
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		panic(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		panic("no certificate in " + ca)
+	}
+	name := os.Getenv("TLS_SERVER_NAME")
+	if name == "" {
+		name, _, _ = net.SplitHostPort(addr)
+	}
+	conf := &tls.Config{RootCAs: roots, ServerName: name}
+	if cert := os.Getenv("TLS_CLIENT_CERT"); cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, os.Getenv("TLS_CLIENT_KEY"))
+		if err != nil {
+			panic(err)
+		}
+		conf.Certificates = []tls.Certificate{pair}
+	}
+	return conf
+}
+
 func main() {
 	if len(os.Args) < 3 {
 		fmt.Fprintln(os.Stderr, "usage: server ADDR | client ADDR A B")
@@ -48,7 +97,12 @@ func main() {
 	}
 	switch os.Args[1] {
 	case "server":
-		s := server.NewServer()
+		var s *server.Server
+		if conf := serverTLS(); conf != nil {
+			s = server.NewServer(server.WithTLSConfig(conf))
+		} else {
+			s = server.NewServer()
+		}
 		if err := s.RegisterName("Arith", new(Arith), ""); err != nil {
 			panic(err)
 		}
@@ -67,6 +121,7 @@ func main() {
 		b, _ := strconv.Atoi(os.Args[4])
 		opt := client.DefaultOption
 		opt.SerializeType = protocol.JSON
+		opt.TLSConfig = clientTLS(os.Args[2])
 		d, err := client.NewPeer2PeerDiscovery("tcp@"+os.Args[2], "")
 		if err != nil {
 			panic(err)
@@ -89,6 +144,7 @@ func main() {
 		opt.SerializeType = protocol.JSON
 		opt.Heartbeat = true
 		opt.HeartbeatInterval = 50 * time.Millisecond
+		opt.TLSConfig = clientTLS(os.Args[2])
 		d, err := client.NewPeer2PeerDiscovery("tcp@"+os.Args[2], "")
 		if err != nil {
 			panic(err)
