@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from cli.tls import add_client_tls_arguments, client_tls
+
 EPILOG = """examples:
   # a brand-new 3-member cluster (one terminal each)
   juggler seq server --listen 127.0.0.1:19001 --data /var/lib/seq1 --peers 127.0.0.1:19002,127.0.0.1:19003 --bootstrap
@@ -14,6 +16,10 @@ EPILOG = """examples:
   # later restarts: same command without --bootstrap; after losing a data dir: --rejoin
   juggler seq client myseq --servers 127.0.0.1:19001,127.0.0.1:19002,127.0.0.1:19003 --buf 100 --count 5
   juggler seq bench --clients 32 --buf 0 --duration 3      # starts its own 3-member cluster
+  # over TLS: each member with its certificate and the CA (juggler tls dev-cert --out certs)
+  juggler seq server --listen 127.0.0.1:19001 --data /var/lib/seq1 --peers ... \
+      --tls-cert certs/cert.pem --tls-key certs/key.pem --tls-ca certs/ca.pem
+  juggler seq client myseq --servers 127.0.0.1:19001,... --tls-ca certs/ca.pem
 """
 
 
@@ -54,6 +60,12 @@ def register(subparsers: Any) -> None:
                         "peers learn it over gRPC)")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
     s.add_argument("--log-level", default="INFO")
+    s.add_argument("--tls-cert", metavar="FILE",
+                   help="PEM certificate chain: RRAPI over TLS, and this member's certificate to the others "
+                        "(reloaded on SIGHUP)")
+    s.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (ECDSA or RSA)")
+    s.add_argument("--tls-ca", metavar="FILE",
+                   help="PEM CA the members' certificates chain to: each member verifies the others with it")
     s.set_defaults(func=run_server)
 
     c = sub.add_parser("client", help="draw IDs and print them, one a line")
@@ -62,6 +74,9 @@ def register(subparsers: Any) -> None:
     c.add_argument("--buf", type=int, default=0, help="buffer size (IDs fetched ahead)")
     c.add_argument("--count", type=int, default=10, help="IDs to draw (0: until interrupted)")
     c.add_argument("--timeout", type=float, default=5.0, help="bound of one fetch (s)")
+    c.add_argument("--tls", action="store_true",
+                   help="gRPC over TLS, verified against the system's trust store (implied by --tls-ca, --insecure)")
+    add_client_tls_arguments(c, "the servers")
     c.set_defaults(func=run_client)
 
     b = sub.add_parser("bench", help="IDs/s and latency, RRSeq vs SimpleBufSeq")
@@ -119,10 +134,25 @@ class _Member:
     async def abort(self) -> None:
         self.server.abort()
 
+    def reload_tls(self) -> None:
+        """SIGHUP: the certificate files again (logged; the current
+        certificate stays when the new files are unusable)."""
+        import logging
+
+        from rustext.tls import TlsConfigError
+
+        log = logging.getLogger("seq.server")
+        try:
+            self.server.reload_tls()
+            log.info("TLS certificate reloaded from %s", self.server.config.tls_cert)
+        except (TlsConfigError, ValueError) as exc:
+            log.error("TLS certificate not reloaded: %s", exc)
+
 
 def run_server(args: argparse.Namespace) -> int:
     import logging
 
+    from rustext.tls import TlsConfigError
     from seq.server import ServerConfig
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -133,8 +163,12 @@ def run_server(args: argparse.Namespace) -> int:
             mode="bootstrap" if args.bootstrap else "rejoin" if args.rejoin else "normal",
             default_timeout=args.timeout, peer_timeout=args.peer_timeout,
             forward=not args.no_forward, max_inflight=args.max_inflight, peer_port=args.peer_port, linger=args.linger_ms / 1000,
+            tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
         )
-    except ValueError as exc:
+        if config.tls:
+            config.peer_server_tls().context()  # type: ignore[union-attr]  # a bad file, named, before anything starts
+            config.peer_client_tls().context()  # type: ignore[union-attr]
+    except (ValueError, TlsConfigError) as exc:
         print(f"juggler seq server: {exc}", file=sys.stderr)
         return 2
     return int(_run(_serve_member(config, args.metrics_port)))
@@ -156,7 +190,7 @@ async def _serve_member(config: Any, metrics_port: int | None) -> int:
             raise StartError(f"refusing to start: {exc}", status=2) from exc
         except ListenError:
             raise
-        except (SeqError, OSError) as exc:
+        except (SeqError, OSError, ValueError) as exc:
             raise StartError(str(exc)) from exc
         httpd = None
         if metrics_port is not None:
@@ -176,15 +210,22 @@ async def _serve_member(config: Any, metrics_port: int | None) -> int:
         except (SeqError, OSError) as exc:  # the member had to stop (its store failed, …)
             say(prog, f"stopping: {exc}")
 
-    return await serve(prog, start, wait=until_fatal)
+    return await serve(prog, start, wait=until_fatal, reload=_Member.reload_tls if config.tls else None)
 
 
 def run_client(args: argparse.Namespace) -> int:
+    from rustext.tls import TlsConfigError
     from seq.client import RRSeq
     from seq.errors import SeqError
 
+    try:
+        tls = client_tls(args, force=args.tls)
+    except (TlsConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
     async def main() -> int:
-        async with RRSeq(args.name, args.buf, _addrs(args.servers), timeout=args.timeout) as s:
+        async with RRSeq(args.name, args.buf, _addrs(args.servers), timeout=args.timeout, tls=tls) as s:
             k = 0
             async for i in s.stream():
                 print(i, flush=args.count == 0)

@@ -385,7 +385,10 @@ class GrpcServer:
     call, ``complete()`` answers a batch. A call not answered by its
     ``grpc-timeout`` (or ``max_wait`` s when the client sent none) gets
     DEADLINE_EXCEEDED; unknown methods UNIMPLEMENTED; malformed messages
-    INTERNAL; calls after ``drain()``/``close()`` UNAVAILABLE."""
+    INTERNAL; calls after ``drain()``/``close()`` UNAVAILABLE. With
+    ``tls_cert``/``tls_key`` (PEM) every connection is TLS (ALPN h2), the
+    handshake done on the server's thread; ``tls_client_ca`` requires client
+    certificates signed by it. Bad files raise ValueError naming them."""
 
     def __init__(
         self,
@@ -396,7 +399,13 @@ class GrpcServer:
         max_message: int = 4194304,
         max_concurrent_streams: int = 4096,
         max_wait: float = 60.0,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
     ) -> None: ...
+    def reload_tls(self) -> None:
+        """Read the certificate files again: new handshakes get the new
+        certificate. ValueError (the current one stays) on unusable files."""
     def start(self) -> int:
         """Bind and serve; returns the bound port. Raises OSError. Once."""
     def fileno(self) -> int:
@@ -430,7 +439,21 @@ class GrpcClient:
     at once; ``fileno()`` turns readable when finished calls wait in ``take()``.
     Each call is bounded by its timeout (sent as ``grpc-timeout``)."""
 
-    def __init__(self, targets: list[str], *, connect_timeout: float = 1.0, max_message: int = 4194304) -> None: ...
+    def __init__(
+        self,
+        targets: list[str],
+        *,
+        connect_timeout: float = 1.0,
+        max_message: int = 4194304,
+        tls: bool = False,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_insecure: bool = False,
+    ) -> None:
+        """TLS (ALPN h2) when ``tls`` or any ``tls_*`` is given: servers
+        verified against ``tls_ca`` or the system's trust store and the host
+        of their HOST:PORT (``tls_insecure``: not verified at all)."""
     def fileno(self) -> int: ...
     def next_id(self, target: int, name: str, range_size: int, timeout: float) -> int:
         """Start GRPCNextID on targets[target]; returns the call's token."""

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rustext import GrpcServer
+from rustext.tls import TlsConfigError
 from seq._proto import rrpeer_pb2 as peer_pb
 from seq.errors import SeqExhausted, StoreError
 from seq.log import MAX_NAME
@@ -123,8 +124,14 @@ class ApiServer:
         on_store_failure: Callable[[BaseException], None],
         max_range: int,
         default_timeout: float,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
-        self._native = GrpcServer(host.strip("[]"), port, raw_methods=[SNAPSHOT_PATH], max_wait=max(60.0, 2 * default_timeout))
+        try:
+            self._native = GrpcServer(host.strip("[]"), port, raw_methods=[SNAPSHOT_PATH],
+                                      max_wait=max(60.0, 2 * default_timeout), tls_cert=tls_cert, tls_key=tls_key)
+        except ValueError as exc:
+            raise TlsConfigError(str(exc)) from exc
         self._coordinator = coordinator
         self._store = store
         self._snapshot = snapshot
@@ -136,6 +143,15 @@ class ApiServer:
         self._fd = -1
         self._tasks: set[asyncio.Task[None]] = set()
         self._port: int | None = None
+
+    def reload_tls(self) -> None:
+        """Read the certificate files again: new handshakes get the new
+        certificate; on unusable files the current one stays
+        (TlsConfigError)."""
+        try:
+            self._native.reload_tls()
+        except ValueError as exc:
+            raise TlsConfigError(str(exc)) from exc
 
     def bind(self) -> int:
         """Listen on the address; calls are queued until ``start()``."""

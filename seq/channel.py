@@ -27,17 +27,22 @@ import asyncio
 from collections.abc import Sequence
 
 from rustext import GrpcClient
+from rustext.tls import ClientTls
 from seq.errors import RpcFailed, SeqClosed
 
 Range = tuple[int, int]
 
 class ApiChannel:
-    """Calls to the RRAPI servers `servers` (HOST:PORT each), addressed by index."""
+    """Calls to the RRAPI servers `servers` (HOST:PORT each), addressed by index.
 
-    def __init__(self, servers: Sequence[str], *, connect_timeout: float = 1.0) -> None:
+    `tls` (a :class:`rustext.tls.ClientTls`): gRPC over TLS, each server
+    verified against its CA (or the system's trust store) and its host name."""
+
+    def __init__(self, servers: Sequence[str], *, connect_timeout: float = 1.0, tls: ClientTls | None = None) -> None:
         if not servers:
             raise ValueError("at least one server")
         self.servers = tuple(servers)
+        self.tls = tls
         self._connect_timeout = connect_timeout
         self._native: GrpcClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -58,7 +63,10 @@ class ApiChannel:
         if self._closed:
             raise SeqClosed("channel is closed")
         loop = asyncio.get_running_loop()
-        native = GrpcClient(list(self.servers), connect_timeout=self._connect_timeout)
+        tls = self.tls
+        native = GrpcClient(list(self.servers), connect_timeout=self._connect_timeout,
+                            **({} if tls is None else {"tls": True, "tls_ca": tls.ca, "tls_cert": tls.cert,
+                                                       "tls_key": tls.key, "tls_insecure": tls.insecure}))
         self._native, self._loop = native, loop
         self._fd = native.fileno()
         loop.add_reader(self._fd, self._on_done)

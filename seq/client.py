@@ -20,6 +20,7 @@ import random
 from collections.abc import Sequence
 
 from rustext.backoff import BackoffPolicy
+from rustext.tls import ClientTls
 
 from seq.buffered import BufferedSeq
 from seq.channel import ApiChannel
@@ -45,7 +46,8 @@ class RRSeq(BufferedSeq):
     bounds one server's answer (default: a third of `timeout`), so one hung
     server cannot use a whole fetch's time. `max_fetch` caps the adaptive
     fetch size (default 64 × `buf_size`; see :mod:`seq.buffered`).
-    `channel`: an :class:`ApiChannel` to use, shared with other sequences
+    `tls` (a :class:`rustext.tls.ClientTls`): the servers speak TLS (for
+    the sequence's own channel). `channel`: an :class:`ApiChannel` to use, shared with other sequences
     (its servers are used when `servers` is empty; the caller closes it);
     without one, the sequence opens a channel of its own to `servers` on its
     first fetch and closes it in :meth:`aclose`.
@@ -64,8 +66,12 @@ class RRSeq(BufferedSeq):
         max_fetch: int | None = None,
         rng: random.Random | None = None,
         channel: ApiChannel | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         super().__init__(buf_size, max_fetch=max_fetch)
+        if channel is not None and tls is not None:
+            raise ValueError("give tls to the channel, not to a sequence that shares it")
+        self._tls = tls
         if channel is not None and not servers:
             servers = channel.servers
         if not servers:
@@ -93,7 +99,7 @@ class RRSeq(BufferedSeq):
         reason = "no server tried"
         channel = self._channel
         if channel is None:
-            channel = self._channel = ApiChannel(self._addrs)
+            channel = self._channel = ApiChannel(self._addrs, tls=self._tls)
         while True:
             now = loop.time()
             if now >= deadline:

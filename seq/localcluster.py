@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -59,6 +60,8 @@ class LocalCluster:
     root: str = ""
     members: list[Member] = field(default_factory=list)
     python: str = sys.executable
+    #: members over TLS: a ``rustext.tls.ClientTls`` (CA) to reach them with; start them with the TLS flags
+    tls: Any = None
     _own_root: bool = False
 
     def __post_init__(self) -> None:
@@ -143,7 +146,13 @@ class LocalCluster:
 
         peers = tuple(a for j, a in enumerate(self.addrs) if j != i)
         cluster = ServerConfig(listen=self.addrs[i], data_dir="-", peers=peers).cluster
-        async with grpc.aio.insecure_channel(self.addrs[i]) as ch:
+        if self.tls is None:
+            channel = grpc.aio.insecure_channel(self.addrs[i])
+        else:
+            from seq.wire import grpc_credentials
+
+            channel = grpc.aio.secure_channel(self.addrs[i], grpc_credentials(self.tls))
+        async with channel as ch:
             try:
                 rep = await PeerStub(ch).Snapshot(peer_pb.SnapshotRequest(cluster=cluster), timeout=timeout)
             except grpc.aio.AioRpcError:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 from typing import Any
 
 import grpc
@@ -94,8 +95,10 @@ class PeerLink:
         backoff_min: float = 0.05,
         backoff_max: float = 1.0,
         rng: random.Random | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.addr = addr
+        self._tls = tls  # client context of the peer connection (mutual TLS between members)
         self._host = addr.rpartition(":")[0]
         self._stub = PeerStub(channel)
         self._cluster = cluster
@@ -108,6 +111,10 @@ class PeerLink:
         self._scheduler: DeadlineScheduler | None = None
         self._closed = False
         self.connects = 0
+
+    def set_tls(self, tls: ssl.SSLContext | None) -> None:
+        """The context of the next connection (a reloaded certificate)."""
+        self._tls = tls
 
     @property
     def stub(self) -> PeerStub:
@@ -170,7 +177,8 @@ class PeerLink:
                 self._scheduler = DeadlineScheduler(loop, expire)
             self.connects += 1
             conn = await asyncio.wait_for(
-                connect(f"tcp://{self._host}:{rep.peer_port}", PROTOCOL, CONNECTION_CONFIG, self._scheduler),
+                connect(f"tcp://{self._host}:{rep.peer_port}", PROTOCOL, CONNECTION_CONFIG, self._scheduler,
+                        tls=self._tls),
                 timeout,
             )
         except BaseException:

@@ -46,6 +46,7 @@ from typing import Literal
 import grpc
 
 from rustext.net import ListenError, listen_error
+from rustext.tls import ClientTls, ServerTls
 
 from rpc.transport import ServerConfig as TransportServerConfig
 from rpc.transport import TransportServer
@@ -58,7 +59,7 @@ from seq.errors import SeqExhausted, StoreError, UnsafeStart
 from seq.log import MAX_NAME, MAX_VALUE
 from seq.peerlink import EXHAUSTED, NOT_READY, OK, OP_ACQUIRE, OP_CAS, OP_READ, WRONG_CLUSTER, PeerLink
 from seq.store import Meta, State, Store, ensure_dir, log_generations, read_meta, write_meta
-from seq.wire import CHANNEL_OPTIONS
+from seq.wire import CHANNEL_OPTIONS, grpc_credentials
 
 log = logging.getLogger("seq.server")
 
@@ -92,6 +93,9 @@ class ServerConfig:
     max_inflight: int = 1  # concurrent rounds per name (1: bigger batches, best when CPU-bound)
     linger: float = 0.001  # back-to-back rounds of a name wait this long to batch more requests
     peer_port: int = 0  # rpc.transport port for member-to-member calls, on the --listen host (0: any)
+    tls_cert: str | None = None  # PEM chain: RRAPI over TLS, and this member's identity to the others
+    tls_key: str | None = None  # PEM private key of tls_cert
+    tls_ca: str | None = None  # PEM CA the members' certificates chain to (each verifies the others)
 
     def __post_init__(self) -> None:
         _check_addr(self.listen)
@@ -115,6 +119,30 @@ class ServerConfig:
             raise ValueError("linger must be in [0, 1] s")
         if not 0 <= self.peer_port < 65536:
             raise ValueError("peer_port out of range")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+        if self.tls_cert is not None and self.tls_ca is None:
+            raise ValueError("TLS needs --tls-ca too: members verify each other against it")
+        if self.tls_ca is not None and self.tls_cert is None:
+            raise ValueError("--tls-ca needs --tls-cert and --tls-key")
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    def peer_server_tls(self) -> ServerTls | None:
+        """The peer listener's TLS: this member's certificate; the others
+        must present one signed by the CA (mutual TLS)."""
+        if self.tls_cert is None or self.tls_key is None:
+            return None
+        return ServerTls(cert=self.tls_cert, key=self.tls_key, client_ca=self.tls_ca)
+
+    def peer_client_tls(self) -> ClientTls | None:
+        """How this member reaches the others: verified against the CA,
+        showing its own certificate."""
+        if self.tls_cert is None:
+            return None
+        return ClientTls(ca=self.tls_ca, cert=self.tls_cert, key=self.tls_key)
 
     @property
     def self_address(self) -> str:
@@ -233,8 +261,15 @@ class RRServer:
             None, lambda: Store.open(cfg.data_dir, create=create, compact_bytes=cfg.compact_bytes)
         )
         self._store.start()
-        self._channels = [grpc.aio.insecure_channel(p, options=CHANNEL_OPTIONS) for p in cfg.peers]
-        self._peers = [PeerLink(a, c, cfg.cluster) for a, c in zip(cfg.peers, self._channels)]
+        peer_tls = cfg.peer_client_tls()
+        if peer_tls is None:
+            self._channels = [grpc.aio.insecure_channel(p, options=CHANNEL_OPTIONS) for p in cfg.peers]
+            link_tls = None
+        else:
+            self._channels = [grpc.aio.secure_channel(p, grpc_credentials(peer_tls), options=CHANNEL_OPTIONS)
+                              for p in cfg.peers]
+            link_tls = peer_tls.context()
+        self._peers = [PeerLink(a, c, cfg.cluster, tls=link_tls) for a, c in zip(cfg.peers, self._channels)]
         self._coordinator = Coordinator(
             store=self._store,
             votes=lambda: self._state == "ready",
@@ -261,6 +296,8 @@ class RRServer:
             on_store_failure=self._store_failed,
             max_range=cfg.max_range,
             default_timeout=cfg.default_timeout,
+            tls_cert=cfg.tls_cert,
+            tls_key=cfg.tls_key,
         )
         # The fixed --listen port is claimed before the peer port is chosen:
         # an any-port (0) peer listener bound first could be given the very
@@ -275,6 +312,7 @@ class RRServer:
             protocol=peerlink.PROTOCOL,
             registry=peerlink.registry(),
             config=TransportServerConfig(connection=peerlink.CONNECTION_CONFIG),
+            tls=cfg.peer_server_tls(),
         )
         try:
             ep = await self._transport.start()
@@ -326,6 +364,23 @@ class RRServer:
         """Make a close in progress skip what is left of its grace period."""
         if self._api is not None:
             self._api.abort_drain()
+
+    def reload_tls(self) -> None:
+        """Read the certificate files again (SIGHUP) for the API and the peer
+        listener: new handshakes get the new certificate, established
+        connections keep theirs. Raises TlsConfigError (the current
+        certificate stays) on unusable files."""
+        if not self.config.tls:
+            raise ValueError("this member does not serve TLS")
+        cfg = self.config
+        ServerTls(cert=cfg.tls_cert or "", key=cfg.tls_key or "", client_ca=cfg.tls_ca).context()  # checked first
+        if self._api is not None:
+            self._api.reload_tls()
+        if self._transport is not None:
+            self._transport.reload_tls()
+        # links to the others present the new certificate from their next connection
+        for p in self._peers:
+            p.set_tls(cfg.peer_client_tls().context())  # type: ignore[union-attr]
 
     async def aclose(self, grace: float = 2.0) -> None:
         """Stop accepting, answer the calls received within ``grace`` seconds,

@@ -45,6 +45,23 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
+def grpc_credentials(tls: Any) -> grpc.ChannelCredentials:
+    """grpcio's channel credentials for a ``rustext.tls.ClientTls``: its CA
+    (or the system's trust store) and its client certificate. grpcio has no
+    way to skip verification, so ``insecure`` is refused."""
+    if tls.insecure:
+        raise ValueError("grpcio channels cannot skip certificate verification; give the CA instead")
+
+    def read(path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    return grpc.ssl_channel_credentials(root_certificates=read(tls.ca), private_key=read(tls.key),
+                                        certificate_chain=read(tls.cert))
+
+
 def _unary(fn: Handler, req: Any, rep: Any) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(
         fn, request_deserializer=req.FromString, response_serializer=rep.SerializeToString

@@ -74,6 +74,38 @@ impl fmt::Display for TlsError {
 
 impl std::error::Error for TlsError {}
 
+/// One line a user can act on for a failed client handshake (unknown
+/// issuer, expired certificate, wrong name), the same wording as the
+/// Python side's `describe_ssl_error`.
+pub fn describe_io_error(e: &std::io::Error) -> String {
+    use rustls::{CertificateError, Error};
+    let Some(tls) = e.get_ref().and_then(|inner| inner.downcast_ref::<Error>()) else {
+        return e.to_string();
+    };
+    match tls {
+        Error::InvalidCertificate(cert) => {
+            let (what, hint) = match cert {
+                CertificateError::UnknownIssuer => {
+                    ("unable to get local issuer certificate", " (pass the CA that signed it with --tls-ca FILE)")
+                }
+                CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                    ("certificate has expired", " (renew the server's certificate)")
+                }
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
+                    ("certificate is not valid for this name", " (connect with a name the certificate lists)")
+                }
+                _ => ("", ""),
+            };
+            if what.is_empty() {
+                format!("server certificate refused: {cert:?}")
+            } else {
+                format!("server certificate refused: {what}{hint}")
+            }
+        }
+        other => format!("TLS handshake failed: {other}"),
+    }
+}
+
 fn provider() -> Arc<CryptoProvider> {
     CryptoProvider::get_default().cloned().unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
 }

@@ -44,11 +44,14 @@ use super::server::{Kind, CUR_ID_PATH, NEXT_ID_PATH, SET_ID_PATH};
 pub struct ClientConfig {
     pub connect_timeout: Duration,
     pub max_message: usize,
+    /// TLS to every target (ALPN `h2`), the server checked against the
+    /// host part of its `host:port`.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ClientConfig {
     fn default() -> Self {
-        ClientConfig { connect_timeout: Duration::from_secs(1), max_message: 4 << 20 }
+        ClientConfig { connect_timeout: Duration::from_secs(1), max_message: 4 << 20, tls: None }
     }
 }
 
@@ -330,18 +333,46 @@ async fn connection(sh: &Shared, t: &Target) -> Result<SendRequest<Full<Bytes>>,
         .map_err(|_| unavailable("connect timed out".into()))?
         .map_err(|e| unavailable(format!("cannot connect: {e}")))?;
     let _ = tcp.set_nodelay(true);
+    let sender = match sh.config.tls.clone() {
+        None => handshake(sh, tcp).await,
+        Some(tls) => {
+            let host = host_of(&t.authority);
+            let name = rustls::pki_types::ServerName::try_from(host.to_string())
+                .map_err(|_| unavailable(format!("{host:?} is not a valid TLS server name")))?;
+            let stream = tokio::time::timeout(sh.config.connect_timeout, tokio_rustls::TlsConnector::from(tls).connect(name, tcp))
+                .await
+                .map_err(|_| unavailable("TLS handshake timed out".into()))?
+                .map_err(|e| unavailable(format!("TLS handshake: {}", crate::tls::describe_io_error(&e))))?;
+            handshake(sh, stream).await
+        }
+    }
+    .map_err(unavailable)?;
+    *slot = Some(sender.clone());
+    Ok(sender)
+}
+
+/// The host of `host:port` (`[v6]:port` too), for TLS's server name.
+fn host_of(authority: &str) -> &str {
+    let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// The HTTP/2 handshake on a connected stream; its connection task runs on the runtime.
+async fn handshake<S>(sh: &Shared, io: S) -> Result<SendRequest<Full<Bytes>>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let mut b = http2::Builder::new(TokioExecutor::new());
     b.timer(TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(10)))
         .keep_alive_timeout(Duration::from_secs(5));
-    let (sender, conn) = tokio::time::timeout(sh.config.connect_timeout, b.handshake(TokioIo::new(tcp)))
+    let (sender, conn) = tokio::time::timeout(sh.config.connect_timeout, b.handshake(TokioIo::new(io)))
         .await
-        .map_err(|_| unavailable("HTTP/2 handshake timed out".into()))?
-        .map_err(|e| unavailable(format!("HTTP/2 handshake: {e}")))?;
+        .map_err(|_| "HTTP/2 handshake timed out".to_string())?
+        .map_err(|e| format!("HTTP/2 handshake: {e}"))?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    *slot = Some(sender.clone());
     Ok(sender)
 }
 
@@ -371,7 +402,8 @@ async fn one_call(sh: &Shared, s: &Submitted) -> Outcome {
         Kind::SetId => SET_ID_PATH,
         Kind::Raw => return Err((Code::Internal, "raw calls are not supported".into())),
     };
-    let req = Request::post(format!("http://{}{}", t.authority, path))
+    let scheme = if sh.config.tls.is_some() { "https" } else { "http" };
+    let req = Request::post(format!("{scheme}://{}{}", t.authority, path))
         .header(CONTENT_TYPE, HeaderValue::from_static("application/grpc"))
         .header(TE, HeaderValue::from_static("trailers"))
         .header("grpc-timeout", format_timeout(s.timeout))

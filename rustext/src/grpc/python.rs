@@ -16,6 +16,7 @@ use super::frame::Code;
 use super::client::{ClientConfig, GrpcClient};
 use super::server::{Call, GrpcServer, Kind, Reply, ServerConfig};
 use crate::errors::ErrorKind;
+use crate::tls::{client_config, server_config, CertPair, CertResolver, ServerTrust};
 
 fn resolve(host: &str, port: u16) -> PyResult<SocketAddr> {
     (host, port)
@@ -38,11 +39,16 @@ const KIND_CUR: u32 = 1;
 const KIND_SET: u32 = 2;
 const KIND_RAW: u32 = 3;
 
+fn tls_err(e: crate::tls::TlsError) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
 #[pyclass(name = "GrpcServer", module = "rustext", frozen)]
 pub struct PyGrpcServer {
     host: String,
     port: u16,
     config: ServerConfig,
+    certs: Option<std::sync::Arc<CertResolver>>,
     server: Mutex<Option<GrpcServer>>,
     bridge: Mutex<Option<std::sync::Arc<super::server::Bridge>>>,
 }
@@ -56,7 +62,8 @@ impl PyGrpcServer {
 #[pymethods]
 impl PyGrpcServer {
     #[new]
-    #[pyo3(signature = (host, port, *, raw_methods = Vec::new(), max_message = 4 << 20, max_concurrent_streams = 4096, max_wait = 60.0))]
+    #[pyo3(signature = (host, port, *, raw_methods = Vec::new(), max_message = 4 << 20, max_concurrent_streams = 4096, max_wait = 60.0, tls_cert = None, tls_key = None, tls_client_ca = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         host: String,
         port: u16,
@@ -64,6 +71,9 @@ impl PyGrpcServer {
         max_message: usize,
         max_concurrent_streams: u32,
         max_wait: f64,
+        tls_cert: Option<String>,
+        tls_key: Option<String>,
+        tls_client_ca: Option<String>,
     ) -> PyResult<Self> {
         if max_message == 0 || max_message > (1 << 30) {
             return Err(PyValueError::new_err("max_message must be in 1..=2**30"));
@@ -80,10 +90,21 @@ impl PyGrpcServer {
         if max_wait.is_zero() {
             return Err(PyValueError::new_err("max_wait must be > 0"));
         }
+        let (certs, tls) = match (tls_cert, tls_key) {
+            (Some(cert), Some(key)) => {
+                let resolver = std::sync::Arc::new(CertResolver::new(vec![CertPair::new(cert, key)]).map_err(tls_err)?);
+                let ca = tls_client_ca.as_deref().map(std::path::Path::new);
+                let config = server_config(resolver.clone(), &[b"h2"], ca).map_err(tls_err)?;
+                (Some(resolver), Some(std::sync::Arc::new(config)))
+            }
+            (None, None) if tls_client_ca.is_none() => (None, None),
+            _ => return Err(PyValueError::new_err("TLS needs both tls_cert and tls_key")),
+        };
         Ok(PyGrpcServer {
             host,
             port,
-            config: ServerConfig { max_message, max_concurrent_streams, max_wait, raw_methods },
+            certs,
+            config: ServerConfig { max_message, max_concurrent_streams, max_wait, raw_methods, tls },
             server: Mutex::new(None),
             bridge: Mutex::new(None),
         })
@@ -104,6 +125,15 @@ impl PyGrpcServer {
         *self.bridge.lock().unwrap_or_else(|e| e.into_inner()) = Some(server.bridge().clone());
         *slot = Some(server);
         Ok(port)
+    }
+
+    /// Read the certificate files again: new handshakes get the new
+    /// certificate, established connections keep theirs. Raises ValueError
+    /// (naming the file) and keeps the current certificate when the files
+    /// are unusable.
+    fn reload_tls(&self) -> PyResult<()> {
+        let certs = self.certs.as_ref().ok_or_else(|| PyValueError::new_err("this server does not serve TLS"))?;
+        certs.reload(None).map_err(tls_err)
     }
 
     /// The fd that is readable while calls are queued (for `loop.add_reader`).
@@ -223,8 +253,19 @@ impl PyGrpcClient {
 impl PyGrpcClient {
     /// Start the runtime thread; connections are made on first use.
     #[new]
-    #[pyo3(signature = (targets, *, connect_timeout = 1.0, max_message = 4 << 20))]
-    fn new(py: Python<'_>, targets: Vec<String>, connect_timeout: f64, max_message: usize) -> PyResult<Self> {
+    #[pyo3(signature = (targets, *, connect_timeout = 1.0, max_message = 4 << 20, tls = false, tls_ca = None, tls_cert = None, tls_key = None, tls_insecure = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        targets: Vec<String>,
+        connect_timeout: f64,
+        max_message: usize,
+        tls: bool,
+        tls_ca: Option<String>,
+        tls_cert: Option<String>,
+        tls_key: Option<String>,
+        tls_insecure: bool,
+    ) -> PyResult<Self> {
         if targets.is_empty() {
             return Err(PyValueError::new_err("at least one target"));
         }
@@ -238,7 +279,22 @@ impl PyGrpcClient {
         if connect_timeout.is_zero() || max_message == 0 {
             return Err(PyValueError::new_err("connect_timeout and max_message must be > 0"));
         }
-        let cfg = ClientConfig { connect_timeout, max_message };
+        let tls = if tls || tls_ca.is_some() || tls_cert.is_some() || tls_insecure {
+            let trust = match (tls_insecure, tls_ca) {
+                (true, _) => ServerTrust::Insecure,
+                (false, Some(ca)) => ServerTrust::CaFile(ca.into()),
+                (false, None) => ServerTrust::System,
+            };
+            let pair = match (tls_cert, tls_key) {
+                (Some(c), Some(k)) => Some(CertPair::new(c, k)),
+                (None, None) => None,
+                _ => return Err(PyValueError::new_err("a client certificate needs both tls_cert and tls_key")),
+            };
+            Some(std::sync::Arc::new(client_config(&trust, pair.as_ref(), &[b"h2"]).map_err(tls_err)?))
+        } else {
+            None
+        };
+        let cfg = ClientConfig { connect_timeout, max_message, tls };
         let c = py
             .detach(|| GrpcClient::start(&targets, cfg))
             .map_err(|e| PyOSError::new_err(format!("cannot start the gRPC client: {e}")))?;

@@ -63,6 +63,9 @@ pub struct ServerConfig {
     pub max_wait: Duration,
     /// Full paths (`/package.Service/Method`) passed to the application as raw bytes.
     pub raw_methods: Vec<String>,
+    /// TLS: every connection is a TLS handshake (ALPN `h2`) first, done on
+    /// the runtime thread; certificates come from the config's resolver.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Default for ServerConfig {
@@ -72,6 +75,7 @@ impl Default for ServerConfig {
             max_concurrent_streams: 4096,
             max_wait: Duration::from_secs(60),
             raw_methods: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -442,8 +446,27 @@ async fn serve(srv: &Srv, req: Request<hyper::body::Incoming>) -> Result<Reply, 
     }
 }
 
-async fn serve_conn(sock: tokio::net::TcpStream, srv: Arc<Srv>, mut stop: watch::Receiver<u8>) {
+/// How long a client may take to complete its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn serve_tcp(sock: tokio::net::TcpStream, srv: Arc<Srv>, stop: watch::Receiver<u8>) {
     let _ = sock.set_nodelay(true);
+    match srv.config.tls.clone() {
+        None => serve_conn(sock, srv, stop).await,
+        Some(tls) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+            // A failed or slow handshake ends this connection only.
+            if let Ok(Ok(stream)) = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(sock)).await {
+                serve_conn(stream, srv, stop).await
+            }
+        }
+    }
+}
+
+async fn serve_conn<S>(sock: S, srv: Arc<Srv>, mut stop: watch::Receiver<u8>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let streams = srv.config.max_concurrent_streams;
     let svc = service_fn(move |req| handle(srv.clone(), req));
     let mut b = http2::Builder::new(TokioExecutor::new());
@@ -469,7 +492,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, srv: Arc<Srv>, stop: wat
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((sock, _)) => {
-                    tokio::spawn(serve_conn(sock, srv.clone(), stop.clone()));
+                    tokio::spawn(serve_tcp(sock, srv.clone(), stop.clone()));
                 }
                 // Out of file descriptors and the like: do not spin.
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
