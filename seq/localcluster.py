@@ -94,9 +94,11 @@ class LocalCluster:
         logf = open(m.log_path, "ab")
         m.log_offset = logf.seek(0, os.SEEK_END)
         try:
-            # a session of its own: a Ctrl-C at the terminal is the owner's to handle (close())
+            # a process group of its own: a Ctrl-C at the terminal is the owner's to handle (close()).
+            # Not a session of its own: with the kernel's autogroup scheduling each session is
+            # scheduled as one group, which cost the cluster ~15% throughput in benchmarks.
             m.proc = subprocess.Popen(self.command(i, *flags), stdout=logf, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+                                      stdin=subprocess.DEVNULL, process_group=0)
         finally:
             logf.close()
         return m.proc

@@ -153,7 +153,9 @@ class _Server:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            start_new_session=True,  # Ctrl-C is the parent's to handle; the server ends with its stdin
+            # Ctrl-C is the parent's to handle; the server ends with its stdin. A process group, not a
+            # session: autogroup scheduling would schedule a new session apart from the client.
+            process_group=0,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
