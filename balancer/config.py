@@ -189,6 +189,52 @@ class HealthCheck:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Certificate:
+    """One certificate of the listener (``[[tls.certificates]]``): picked
+    for clients asking for a name it lists (SNI); the first is the default."""
+
+    #: PEM certificate chain, the server's certificate first
+    cert: str
+    #: PEM private key (ECDSA or RSA) of ``cert``
+    key: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tls:
+    """HTTPS termination (the ``[tls]`` table): TLS 1.2 and 1.3, ALPN h2 and
+    http/1.1, certificates by SNI, reloaded on SIGHUP; TLS to backends."""
+
+    #: the listener's certificates (``[[tls.certificates]]`` tables); none = plain HTTP
+    certificates: tuple[Certificate, ...] = ()
+    #: require client certificates signed by this PEM CA (mutual TLS); unset = none asked
+    client_ca: str | None = None
+    #: ``host:port`` of a plain-HTTP listener answering every request with a 308 redirect to HTTPS
+    redirect: str | None = None
+    #: speak TLS to the backends (verified against ``backend_ca`` or the system's trust store)
+    backend: bool = False
+    #: PEM CA to verify backends with
+    backend_ca: str | None = None
+    #: do not verify backends at all (only for trying things out)
+    backend_insecure: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "certificates", tuple(
+            c if isinstance(c, Certificate) else Certificate(**c) for c in self.certificates))
+        if self.redirect is not None:
+            parse_hostport(self.redirect, "tls.redirect")
+            if not self.certificates:
+                raise BalancerConfigError("tls.redirect needs certificates: the listener must serve HTTPS")
+        if self.client_ca is not None and not self.certificates:
+            raise BalancerConfigError("tls.client_ca needs certificates on the listener")
+        if (self.backend_ca is not None or self.backend_insecure) and not self.backend:
+            raise BalancerConfigError("tls.backend_ca and tls.backend_insecure need tls.backend = true")
+        for path in [p for c in self.certificates for p in (c.cert, c.key)] + [
+                p for p in (self.client_ca, self.backend_ca) if p]:
+            if not os.path.isfile(path):
+                raise BalancerConfigError(f"TLS file {path}: no such file")
+
+
+@dataclass(frozen=True, kw_only=True)
 class BalancerConfig:
     """The whole balancer: listener, backends, policy, and the sections below."""
 
@@ -214,6 +260,8 @@ class BalancerConfig:
     limits: Limits = field(default_factory=Limits)
     #: the ``[health]`` table; unset = no active checks
     health: HealthCheck | None = None
+    #: the ``[tls]`` table: HTTPS on ``listen``, the HTTP redirect, TLS to backends
+    tls: Tls = field(default_factory=Tls)
 
     def __post_init__(self) -> None:
         parse_hostport(self.listen, "listen")
@@ -241,7 +289,7 @@ class BalancerConfig:
     def to_native(self) -> dict[str, Any]:
         """The dict ``rustext.Balancer`` takes."""
         t, p, lim = self.timeouts, self.passive, self.limits
-        return {
+        native = {
             "listen": self.listen,
             "workers": self.workers,
             "backends": [
@@ -263,7 +311,14 @@ class BalancerConfig:
             "max_header_bytes": lim.max_header_bytes,
             "pool_max_idle": lim.pool_max_idle,
             "pool_idle_timeout": lim.pool_idle_timeout,
+            "tls_certificates": [(c.cert, c.key) for c in self.tls.certificates] or None,
+            "tls_client_ca": self.tls.client_ca,
+            "http_redirect": self.tls.redirect,
+            "backend_tls": self.tls.backend,
+            "backend_ca": self.tls.backend_ca,
+            "backend_tls_insecure": self.tls.backend_insecure,
         }
+        return {k: v for k, v in native.items() if v is not None or not k.startswith(("tls_", "http_", "backend_"))}
 
     def fixed_changes(self, other: BalancerConfig) -> list[str]:
         """Settings that a reload cannot change in place (they need a restart)."""
@@ -271,6 +326,8 @@ class BalancerConfig:
         for name in ("listen", "workers", "admin"):
             if getattr(self, name) != getattr(other, name):
                 out.append(name)
+        if self.tls != other.tls:
+            out.append("tls (the same files are reloaded in place; other TLS changes need a restart)")
         for name in ("header", "idle"):
             if getattr(self.timeouts, name) != getattr(other.timeouts, name):
                 out.append(f"timeouts.{name}")
@@ -322,6 +379,15 @@ def from_dict(data: dict[str, Any]) -> BalancerConfig:
     for key, cls in (("timeouts", Timeouts), ("passive", Passive), ("limits", Limits)):
         if key in data:
             data[key] = _section(cls, data[key], key)
+    if "tls" in data:
+        raw = data["tls"]
+        if isinstance(raw, dict) and "certificates" in raw:
+            certs = raw["certificates"]
+            if not isinstance(certs, list):
+                raise BalancerConfigError("tls.certificates must be an array of {cert, key} tables")
+            raw = {**raw, "certificates": tuple(
+                _section(Certificate, c, f"tls.certificates[{i}]") for i, c in enumerate(certs))}
+        data["tls"] = _section(Tls, raw, "tls")
     if "health" in data:
         health = _section(HealthCheck, data["health"], "health")
         data["health"] = health if health.enabled else None

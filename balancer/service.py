@@ -46,10 +46,20 @@ class LoadBalancer:
         if self.config.health is not None:
             self._health = HealthChecker(self.config.health, self._native.set_backend_health)
             self._health.set_backends(b.address for b in self.config.backends)
+        scheme = "https" if self._native.tls else "http"
+        redirect = self._native.redirect_address
+        extra = f", http://{redirect[0]}:{redirect[1]} redirects to https" if redirect else ""
+        extra += ", TLS to backends" if self.config.tls.backend else ""
         log.info(
-            "balancer listening on %s:%d (%d workers, %s) over %d backends",
-            *self.address, self._native.workers, self.config.algorithm, len(self.config.backends),
+            "balancer listening on %s://%s:%d (%d workers, %s%s) over %d backends",
+            scheme, *self.address, self._native.workers, self.config.algorithm, extra, len(self.config.backends),
         )
+
+    @property
+    def redirect_address(self) -> tuple[str, int] | None:
+        """(host, port) of the plain-HTTP listener redirecting to HTTPS, if any."""
+        addr = self._native.redirect_address
+        return None if addr is None else (addr[0], addr[1])
 
     @property
     def address(self) -> tuple[str, int]:
@@ -93,13 +103,27 @@ class LoadBalancer:
         except BalancerConfigError as exc:
             log.error("reload rejected, keeping the running configuration: %s", exc)
 
+    def _reload_tls(self) -> None:
+        """The certificate files again: new handshakes get them, established
+        connections keep theirs; on error the current ones stay."""
+        try:
+            self._native.reload_tls()
+        except BalancerConfigError as exc:
+            raise BalancerConfigError(f"TLS certificates not reloaded: {exc}") from exc
+        log.info("TLS certificates reloaded")
+
     async def reload(self, new: BalancerConfig | None = None) -> None:
         """Apply ``new`` (or re-read the config file) without dropping connections."""
         async with self._reload_lock:
             if new is None:
                 if self.config_path is None:
+                    if self._native.tls:  # configured by flags: the certificates are what can change
+                        self._reload_tls()
+                        return
                     raise BalancerConfigError("no configuration file to reload")
                 new = await asyncio.to_thread(config_mod.load, self.config_path)
+            if self._native.tls:
+                self._reload_tls()
             fixed = self.config.fixed_changes(new)
             if fixed:
                 log.warning("reload: %s need a restart; kept as they were", ", ".join(fixed))

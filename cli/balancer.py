@@ -10,6 +10,8 @@ EXAMPLES = """examples:
   juggler balancer --listen :8080 --backends 10.0.0.1:80=3,10.0.0.2:80=1 --algorithm weighted_round_robin
   juggler balancer --listen 127.0.0.1:8080 --backends 127.0.0.1:9001 --workers 1 --admin 127.0.0.1:9090
   juggler balancer --config balancer.toml        # SIGHUP reloads the file
+  juggler balancer --listen :443 --backends 127.0.0.1:9001 --tls-cert certs/cert.pem --tls-key certs/key.pem \
+      --http-redirect :80                        # HTTPS (h2 and http/1.1), HTTP redirected to it
 
 algorithms: round_robin, weighted_round_robin, least_connections, random_two, consistent_hash
 """
@@ -19,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "balancer",
         help="HTTP load balancer (Rust data plane, Python control plane)",
-        description="HTTP/1.1 reverse proxy and load balancer. Flags override the config file.",
+        description="HTTP/1.1 and HTTPS (HTTP/2) reverse proxy and load balancer. Flags override the config file.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -33,6 +35,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-port", type=int, help="admin/metrics endpoint on 127.0.0.1:PORT")
     p.add_argument("--health-path", help="enable active health checks: GET this path")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on exit")
+    p.add_argument("--tls-cert", action="append", default=[], metavar="FILE",
+                   help="serve HTTPS: PEM certificate chain (repeat with --tls-key for several certificates, "
+                        "picked by SNI; the first is the default); reloaded on SIGHUP")
+    p.add_argument("--tls-key", action="append", default=[], metavar="FILE",
+                   help="PEM private key of the --tls-cert at the same position")
+    p.add_argument("--tls-client-ca", metavar="FILE", help="require client certificates signed by this CA")
+    p.add_argument("--http-redirect", metavar="HOST:PORT",
+                   help="plain-HTTP listener that redirects every request to HTTPS (308)")
+    p.add_argument("--backend-tls", action="store_true", help="speak TLS to the backends")
+    p.add_argument("--backend-ca", metavar="FILE",
+                   help="PEM CA to verify backends with (default: the system's trust store)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
 
@@ -45,6 +58,8 @@ def build_config(args: argparse.Namespace):  # -> BalancerConfig
 
     if args.listen and args.listen.startswith(":"):
         args.listen = "0.0.0.0" + args.listen
+    if args.http_redirect and args.http_redirect.startswith(":"):
+        args.http_redirect = "0.0.0.0" + args.http_redirect
     if args.config:
         cfg = load(args.config)
     else:
@@ -68,6 +83,21 @@ def build_config(args: argparse.Namespace):  # -> BalancerConfig
         changes["admin"] = f"127.0.0.1:{args.metrics_port}"
     if args.health_path:
         changes["health"] = HealthCheck(path=args.health_path)
+    if args.tls_cert or args.tls_key or args.tls_client_ca or args.http_redirect or args.backend_tls or args.backend_ca:
+        from balancer.config import Certificate, Tls
+
+        if len(args.tls_cert) != len(args.tls_key):
+            raise BalancerConfigError("give one --tls-key for each --tls-cert")
+        base = cfg.tls
+        changes["tls"] = Tls(
+            certificates=tuple(Certificate(cert=c, key=k) for c, k in zip(args.tls_cert, args.tls_key))
+            or base.certificates,
+            client_ca=args.tls_client_ca or base.client_ca,
+            redirect=args.http_redirect or base.redirect,
+            backend=args.backend_tls or bool(args.backend_ca) or base.backend,
+            backend_ca=args.backend_ca or base.backend_ca,
+            backend_insecure=base.backend_insecure,
+        )
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
@@ -100,8 +130,8 @@ async def _serve(cfg: Any, args: argparse.Namespace) -> int:
     from cli.lifecycle import StartError, serve
 
     async def start() -> BalancerProcess:
-        process = BalancerProcess(cfg, config_path=args.config, drain_timeout=args.drain_timeout)
         try:
+            process = BalancerProcess(cfg, config_path=args.config, drain_timeout=args.drain_timeout)
             await process.start()
         except BalancerError as exc:
             raise StartError(str(exc), status=2) from exc

@@ -342,14 +342,28 @@ class Balancer:
     "max_connections"}] or "host:port"), algorithm, hash_key, connect_timeout,
     response_timeout, total_timeout, retries, eject_after, eject_cooldown,
     max_connections, queue_timeout, header_timeout, idle_timeout,
-    max_header_bytes, pool_max_idle, pool_idle_timeout (seconds; 0 = none).
-    Raises BalancerConfigError on an invalid config."""
+    max_header_bytes, pool_max_idle, pool_idle_timeout (seconds; 0 = none);
+    HTTPS: tls_certificates ([(cert, key)] PEM files, picked by SNI, the first
+    the default), tls_client_ca, http_redirect ("host:port" of a plain-HTTP
+    listener answering 308 to https), backend_tls, backend_ca,
+    backend_tls_insecure. Raises BalancerConfigError on an invalid config
+    (a bad certificate file is named)."""
 
     def __init__(self, config: dict[str, object]) -> None: ...
     def start(self) -> tuple[str, int]:
         """Bind and start the workers; returns the bound (host, port). Once."""
     @property
     def address(self) -> tuple[str, int] | None: ...
+    @property
+    def redirect_address(self) -> tuple[str, int] | None:
+        """The bound (host, port) of the HTTP-to-HTTPS redirect listener, if any."""
+    @property
+    def tls(self) -> bool:
+        """Whether the listener terminates TLS."""
+    def reload_tls(self) -> None:
+        """Read the certificate files again: new handshakes get them,
+        established connections keep theirs; BalancerConfigError (naming the
+        file) keeps the current ones."""
     @property
     def workers(self) -> int: ...
     @property

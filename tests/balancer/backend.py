@@ -1,6 +1,6 @@
 """A real HTTP/1.1 backend for the balancer's tests (run as a subprocess).
 
-    python backend.py PORT NAME      prints "ready" once listening
+    python backend.py PORT NAME [CERT KEY]   prints "ready" once listening (TLS with CERT KEY)
 
 GET  /size/N[?chunked=1|close=1]  N bytes of a fixed pattern (Content-Length,
                                    chunked, or HTTP/1.0-style close-delimited)
@@ -143,13 +143,19 @@ class Backend:
         return True
 
 
-async def main(port: int, name: str) -> None:
+async def main(port: int, name: str, cert: str | None = None, key: str | None = None) -> None:
     backend = Backend(name)
-    server = await asyncio.start_server(backend.handle, "127.0.0.1", port, limit=1 << 20)
+    ctx = None
+    if cert is not None and key is not None:  # a backend over TLS
+        import ssl
+
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+    server = await asyncio.start_server(backend.handle, "127.0.0.1", port, limit=1 << 20, ssl=ctx)
     print("ready", flush=True)
     async with server:
         await server.serve_forever()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), sys.argv[2]))
+    asyncio.run(main(int(sys.argv[1]), sys.argv[2], *sys.argv[3:5]))

@@ -38,9 +38,10 @@ class BackendProc:
             self.proc.stdout.close()
 
 
-def start_backend(name: str, port: int | None = None) -> BackendProc:
+def start_backend(name: str, port: int | None = None, tls: tuple[str, str] | None = None) -> BackendProc:
+    """A backend process; ``tls`` = (certificate, key) serves HTTPS."""
     port = port or free_port()
-    proc = subprocess.Popen([sys.executable, BACKEND, str(port), name], stdout=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, BACKEND, str(port), name, *(tls or ())], stdout=subprocess.PIPE)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if line.strip() != b"ready":

@@ -4,7 +4,24 @@
 //! values here are the documented defaults. Durations of zero mean "none".
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::tls::CertResolver;
+
+/// HTTPS termination on the listener: certificates picked by SNI (the
+/// resolver, reloadable), TLS 1.2 and 1.3, ALPN `h2` then `http/1.1`.
+#[derive(Clone)]
+pub struct ListenTls {
+    pub certs: Arc<CertResolver>,
+    pub config: Arc<rustls::ServerConfig>,
+}
+
+impl std::fmt::Debug for ListenTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ListenTls { .. }")
+    }
+}
 
 /// How a backend is chosen for a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,6 +143,12 @@ pub struct Config {
     pub pool_max_idle: usize,
     pub pool_idle_timeout: Duration,
     pub settings: Settings,
+    /// HTTPS on `listen` (None: plain HTTP).
+    pub tls: Option<ListenTls>,
+    /// A plain-HTTP listener whose every answer is a redirect to HTTPS.
+    pub redirect_listen: Option<SocketAddr>,
+    /// TLS to the backends, servers verified per this configuration (None: plain).
+    pub backend_tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for Settings {
@@ -159,6 +182,9 @@ impl Config {
             pool_max_idle: 64,
             pool_idle_timeout: Duration::from_secs(60),
             settings,
+            tls: None,
+            redirect_listen: None,
+            backend_tls: None,
         }
     }
 
@@ -171,6 +197,9 @@ impl Config {
                 "max_header_bytes must be >= 8192, got {}",
                 self.max_header_bytes
             ));
+        }
+        if self.redirect_listen.is_some() && self.tls.is_none() {
+            return Err("an HTTP-to-HTTPS redirect needs TLS on the listener (certificates)".into());
         }
         self.settings.validate()
     }

@@ -12,6 +12,7 @@
 //! - [`pool`]     hyper's keep-alive backend connections, one pool per worker
 //! - [`net`]      TCP streams writing with send/sendmsg
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
+//! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect, TLS to backends
 //! - [`stats`]    per-worker counters and the latency histogram
 //! - `python`     the `rustext.Balancer` class
 
@@ -19,6 +20,7 @@ pub mod attempts;
 pub mod config;
 pub mod fast;
 pub mod h1;
+pub mod https;
 pub mod net;
 mod pool;
 pub mod proxy;

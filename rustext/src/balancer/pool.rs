@@ -57,14 +57,17 @@ pub struct Pool {
     idle: Mutex<HashMap<u64, Vec<Idle>>>,
     max_idle: usize,
     idle_timeout: Duration,
+    /// TLS to backends (None: plain TCP).
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Pool {
-    pub fn new(max_idle: usize, idle_timeout: Duration) -> Self {
+    pub fn new(max_idle: usize, idle_timeout: Duration, tls: Option<std::sync::Arc<rustls::ClientConfig>>) -> Self {
         Pool {
             idle: Mutex::new(HashMap::new()),
             max_idle,
             idle_timeout,
+            tls,
         }
     }
 
@@ -106,13 +109,32 @@ impl Pool {
             Err(_) => return Err(Fail::ConnectTimeout),
         };
         let _ = stream.set_nodelay(true);
-        let (tx, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(SendStream(stream)))
-            .await
-            .map_err(|_| Fail::Connect)?;
-        tokio::spawn(async move {
-            let _ = conn.with_upgrades().await;
-        });
+        let tx = match &self.tls {
+            None => {
+                let (tx, conn) = http1::Builder::new()
+                    .handshake(TokioIo::new(SendStream(stream)))
+                    .await
+                    .map_err(|_| Fail::Connect)?;
+                tokio::spawn(async move {
+                    let _ = conn.with_upgrades().await;
+                });
+                tx
+            }
+            Some(tls) => {
+                let stream = tokio::time::timeout(timeout, super::https::connect_backend(tls, &b.authority, stream))
+                    .await
+                    .map_err(|_| Fail::ConnectTimeout)?
+                    .map_err(|_| Fail::Connect)?;
+                let (tx, conn) = http1::Builder::new()
+                    .handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(|_| Fail::Connect)?;
+                tokio::spawn(async move {
+                    let _ = conn.with_upgrades().await;
+                });
+                tx
+            }
+        };
         Ok(BackendConn { tx })
     }
 

@@ -172,15 +172,22 @@ pub struct Peer {
     pub xff: HeaderValue,
     pub forwarded: HeaderValue,
     pub ctl: Arc<ConnCtl>,
+    /// The client came over TLS (X-Forwarded-Proto / Forwarded proto=https).
+    pub https: bool,
 }
 
 impl Peer {
     pub fn new(addr: SocketAddr, ctl: Arc<ConnCtl>) -> Self {
+        Peer::with_proto(addr, ctl, false)
+    }
+
+    pub fn with_proto(addr: SocketAddr, ctl: Arc<ConnCtl>, https: bool) -> Self {
         let ip = addr.ip();
         let text = ip.to_string();
+        let proto = if https { "https" } else { "http" };
         let forwarded = match ip {
-            IpAddr::V4(_) => format!("for={text};proto=http"),
-            IpAddr::V6(_) => format!("for=\"[{text}]\";proto=http"),
+            IpAddr::V4(_) => format!("for={text};proto={proto}"),
+            IpAddr::V6(_) => format!("for=\"[{text}]\";proto={proto}"),
         };
         Peer {
             ip,
@@ -188,6 +195,7 @@ impl Peer {
             forwarded: HeaderValue::from_str(&forwarded)
                 .expect("for=IP;proto=http is a valid header value"),
             ctl,
+            https,
         }
     }
 
@@ -202,6 +210,7 @@ impl Peer {
                     xff: xff.clone(),
                     forwarded: fwd.clone(),
                     ctl,
+                    https: false,
                 };
             }
         }
@@ -317,7 +326,7 @@ fn add_forwarded(h: &mut HeaderMap, peer: &Peer) {
     } else {
         h.insert(X_FORWARDED_FOR, peer.xff.clone());
     }
-    h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(if peer.https { "https" } else { "http" }));
     if h.contains_key(&FORWARDED) {
         append_list(h, FORWARDED, peer.forwarded.as_bytes());
     } else {
@@ -632,6 +641,13 @@ async fn forward(
     let (parts, body) = req.into_parts();
     let method = parts.method;
     let mut headers = parts.headers;
+    let h2 = parts.version == Version::HTTP_2;
+    if h2 && !headers.contains_key(header::HOST) {
+        // HTTP/2 names the host in :authority; HTTP/1.1 backends want Host.
+        if let Some(v) = parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
+            headers.insert(header::HOST, v);
+        }
+    }
     let upgrade_value = if upgrade {
         headers.get(header::UPGRADE).cloned()
     } else {
@@ -734,8 +750,8 @@ async fn forward(
                     }
                 }
                 strip_hop_by_hop(resp.headers_mut());
-                // Our side speaks 1.1; hyper answers 1.0 clients as 1.0 itself.
-                *resp.version_mut() = Version::HTTP_11;
+                // Our side speaks 1.1 (hyper answers 1.0 clients as 1.0 itself), or 2.
+                *resp.version_mut() = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
                 let (parts, inner) = resp.into_parts();
                 let streaming = Streaming {
                     inner,

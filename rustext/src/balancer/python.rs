@@ -12,7 +12,8 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::config::{Algorithm, BackendSpec, Config, HashKey, Settings};
+use super::config::{Algorithm, BackendSpec, Config, HashKey, ListenTls, Settings};
+use crate::tls::{client_config, server_config, CertPair, CertResolver, ServerTrust};
 use super::server::Balancer;
 use super::stats::{Totals, LATENCY_BOUNDS_US};
 use crate::errors::ErrorKind;
@@ -31,14 +32,69 @@ const SETTINGS_KEYS: [&str; 12] = [
     "queue_timeout",
     "listen",
 ];
-const FIXED_KEYS: [&str; 6] = [
+const FIXED_KEYS: [&str; 12] = [
     "workers",
     "header_timeout",
     "idle_timeout",
     "max_header_bytes",
     "pool_max_idle",
     "pool_idle_timeout",
+    "tls_certificates",
+    "tls_client_ca",
+    "http_redirect",
+    "backend_tls",
+    "backend_ca",
+    "backend_tls_insecure",
 ];
+
+/// `tls_certificates`: a list of `(cert, key)` PEM file pairs (the first is
+/// the default); `tls_client_ca`: require client certificates.
+fn parse_listen_tls(d: &Bound<'_, PyDict>) -> PyResult<Option<ListenTls>> {
+    let Some(items) = d.get_item("tls_certificates")? else { return Ok(None) };
+    if items.is_none() {
+        return Ok(None);
+    }
+    let mut pairs = Vec::new();
+    for item in items.try_iter()? {
+        let (cert, key): (String, String) = item?
+            .extract()
+            .map_err(|_| cfg_err("tls_certificates is a list of (certificate file, key file) pairs"))?;
+        pairs.push(CertPair::new(cert, key));
+    }
+    if pairs.is_empty() {
+        return Ok(None);
+    }
+    let certs = Arc::new(CertResolver::new(pairs).map_err(|e| cfg_err(e.to_string()))?);
+    let ca = string(d, "tls_client_ca")?;
+    let config = server_config(certs.clone(), &[b"h2", b"http/1.1"], ca.as_deref().map(std::path::Path::new))
+        .map_err(|e| cfg_err(e.to_string()))?;
+    Ok(Some(ListenTls { certs, config: Arc::new(config) }))
+}
+
+fn parse_backend_tls(d: &Bound<'_, PyDict>) -> PyResult<Option<Arc<rustls::ClientConfig>>> {
+    let on = match d.get_item("backend_tls")? {
+        Some(v) if !v.is_none() => v.extract::<bool>().map_err(|_| cfg_err("backend_tls must be true or false"))?,
+        _ => false,
+    };
+    let ca = string(d, "backend_ca")?;
+    let insecure = match d.get_item("backend_tls_insecure")? {
+        Some(v) if !v.is_none() => v.extract::<bool>().map_err(|_| cfg_err("backend_tls_insecure must be true or false"))?,
+        _ => false,
+    };
+    if !on {
+        if ca.is_some() || insecure {
+            return Err(cfg_err("backend_ca and backend_tls_insecure need backend_tls"));
+        }
+        return Ok(None);
+    }
+    let trust = match (insecure, ca) {
+        (true, _) => ServerTrust::Insecure,
+        (false, Some(ca)) => ServerTrust::CaFile(ca.into()),
+        (false, None) => ServerTrust::System,
+    };
+    let config = client_config(&trust, None, &[b"http/1.1"]).map_err(|e| cfg_err(e.to_string()))?;
+    Ok(Some(Arc::new(config)))
+}
 
 fn cfg_err(msg: impl Into<String>) -> PyErr {
     ErrorKind::BalancerConfig.err(msg)
@@ -161,6 +217,16 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     c.max_header_bytes = int(d, "max_header_bytes", c.max_header_bytes)?;
     c.pool_max_idle = int(d, "pool_max_idle", c.pool_max_idle)?;
     c.pool_idle_timeout = secs(d, "pool_idle_timeout", c.pool_idle_timeout)?;
+    c.tls = parse_listen_tls(d)?;
+    if let Some(r) = string(d, "http_redirect")? {
+        let addr = r
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| cfg_err(format!("http_redirect address {r:?} must be host:port")))?;
+        c.redirect_listen = Some(addr);
+    }
+    c.backend_tls = parse_backend_tls(d)?;
     Ok(c)
 }
 
@@ -242,6 +308,30 @@ impl PyBalancer {
         inner
             .as_ref()
             .map(|b| (b.local_addr().ip().to_string(), b.local_addr().port()))
+    }
+
+    /// (host, port) of the HTTP-to-HTTPS redirect listener, or None.
+    #[getter]
+    fn redirect_address(&self) -> Option<(String, u16)> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner
+            .as_ref()
+            .and_then(|b| b.redirect_addr())
+            .map(|a| (a.ip().to_string(), a.port()))
+    }
+
+    /// Whether the listener terminates TLS.
+    #[getter]
+    fn tls(&self) -> bool {
+        self.config.tls.is_some()
+    }
+
+    /// Read the certificate files again (SIGHUP): new handshakes get the new
+    /// certificates, established connections keep theirs. Raises
+    /// BalancerConfigError naming the file, keeping the current ones.
+    fn reload_tls(&self) -> PyResult<()> {
+        let b = self.running()?;
+        b.reload_tls().map_err(cfg_err)
     }
 
     #[getter]

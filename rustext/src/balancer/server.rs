@@ -36,6 +36,8 @@ use super::upstream::{AdminState, Upstream};
 pub struct Balancer {
     shared: Arc<Shared>,
     local_addr: SocketAddr,
+    /// The bound address of the HTTP-to-HTTPS redirect listener.
+    redirect_addr: Option<SocketAddr>,
     /// `Some(deadline)` once draining started.
     stop: watch::Sender<Option<Instant>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -133,6 +135,16 @@ impl Balancer {
         for _ in 1..config.workers {
             listeners.push(listener(local_addr).map_err(|e| cannot(local_addr, e))?);
         }
+        let redirect = match config.redirect_listen {
+            Some(addr) => {
+                check_free(addr).map_err(|e| cannot(addr, e))?;
+                let l = listener(addr).map_err(|e| cannot(addr, e))?;
+                let bound = l.local_addr().map_err(|e| e.to_string())?;
+                Some((l, bound))
+            }
+            None => None,
+        };
+        let redirect_addr = redirect.as_ref().map(|(_, a)| *a);
         let workers: Vec<Arc<WorkerStats>> = (0..config.workers)
             .map(|_| Arc::new(WorkerStats::default()))
             .collect();
@@ -158,9 +170,27 @@ impl Balancer {
                 .map_err(|e| format!("cannot start a worker thread: {e}"))?;
             threads.push(t);
         }
+        if let Some((l, _)) = redirect {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot build a runtime: {e}"))?;
+            let port = local_addr.port();
+            let stop_rx = stop_rx.clone();
+            let t = std::thread::Builder::new()
+                .name("balancer-redirect".into())
+                .spawn(move || {
+                    let _g = rt.enter();
+                    rt.block_on(super::https::redirect_loop(l, port, stop_rx));
+                    rt.shutdown_timeout(Duration::from_millis(100));
+                })
+                .map_err(|e| format!("cannot start the redirect thread: {e}"))?;
+            threads.push(t);
+        }
         Ok(Balancer {
             shared,
             local_addr,
+            redirect_addr,
             stop,
             threads: Mutex::new(threads),
             update_lock: Mutex::new(()),
@@ -169,6 +199,20 @@ impl Balancer {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    pub fn redirect_addr(&self) -> Option<SocketAddr> {
+        self.redirect_addr
+    }
+
+    /// Read the certificate files again: new handshakes get the new
+    /// certificates, established connections keep theirs; on error the
+    /// current ones stay in service.
+    pub fn reload_tls(&self) -> Result<(), String> {
+        match &self.shared.config.tls {
+            Some(tls) => tls.certs.reload(None).map_err(|e| e.to_string()),
+            None => Err("this balancer does not serve TLS".into()),
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -331,7 +375,7 @@ async fn worker_main(
         Err(_) => return,
     };
     let cfg = &shared.config;
-    let pool = Pool::new(cfg.pool_max_idle, cfg.pool_idle_timeout);
+    let pool = Pool::new(cfg.pool_max_idle, cfg.pool_idle_timeout, cfg.backend_tls.clone());
     let worker = Arc::new(Worker {
         pool,
         fast_pool: FastPool::new(cfg.pool_max_idle, cfg.pool_idle_timeout),
@@ -399,7 +443,11 @@ async fn worker_main(
                             ctl.active.store(true, Relaxed);
                             let id = conns.next.fetch_add(1, Relaxed);
                             conns.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl.clone());
-                            tokio::spawn(serve_conn(worker.clone(), conns.clone(), id, ctl, sock, peer));
+                            if let Some(tls) = cfg.tls.clone() {
+                                tokio::spawn(serve_tls_conn(worker.clone(), conns.clone(), id, ctl, sock, peer, tls));
+                            } else {
+                                tokio::spawn(serve_conn(worker.clone(), conns.clone(), id, ctl, sock, peer));
+                            }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                             guard.clear_ready();
@@ -528,6 +576,22 @@ impl Drop for ConnCount {
     }
 }
 
+async fn serve_tls_conn(
+    w: Arc<Worker>,
+    conns: Arc<Conns>,
+    id: u64,
+    ctl: Arc<ConnCtl>,
+    sock: std::net::TcpStream,
+    peer: SocketAddr,
+    tls: super::config::ListenTls,
+) {
+    w.stats.connections_total.fetch_add(1, Relaxed);
+    w.stats.connections_active.fetch_add(1, Relaxed);
+    let _count = ConnCount(w.stats.clone());
+    super::https::serve(w, ctl, sock, peer, &tls).await;
+    conns.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+}
+
 async fn serve_conn(
     w: Arc<Worker>,
     conns: Arc<Conns>,
@@ -543,6 +607,27 @@ async fn serve_conn(
         let _ = sock.set_nodelay(true);
     }
     let peer = Arc::new(Peer::cached(peer, ctl.clone(), &w.last_peer));
+    if w.shared.config.backend_tls.is_some() {
+        // The fast path speaks to backends over raw sockets: with TLS to
+        // backends every exchange goes through hyper's path.
+        let Ok(io) = Client::new(sock, ctl.clone()).into_tokio() else { return };
+        let mut conn = hyper_conn(&w, &ctl, &peer, io, Vec::new());
+        let mut closing = false;
+        std::future::poll_fn(|cx| {
+            *ctl.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+            if ctl.abort.load(Relaxed) {
+                return Poll::Ready(());
+            }
+            if !closing && ctl.close.load(Relaxed) {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            conn.as_mut().poll(cx).map(|_| ())
+        })
+        .await;
+        conns.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        return;
+    }
     // Boxed: the task cell (128-byte aligned) stays small; a multi-KiB
     // over-aligned cell takes the allocator's slow path on every accept.
     let mut stage = Stage::Fast(Box::pin(fast::serve(
@@ -606,9 +691,15 @@ type HandleFuture = Pin<
 >;
 
 /// hyper's service for a connection: [`handle`] each request.
-struct Svc {
+pub(super) struct Svc {
     worker: Arc<Worker>,
     peer: Arc<Peer>,
+}
+
+impl Svc {
+    pub(super) fn new(worker: Arc<Worker>, peer: Arc<Peer>) -> Self {
+        Svc { worker, peer }
+    }
 }
 
 impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Svc {

@@ -1,0 +1,283 @@
+//! HTTPS on the balancer: TLS termination of client connections, the
+//! plain-HTTP listener that redirects to HTTPS, and TLS to backends.
+//!
+//! A TLS connection never takes the fast path (it reads and writes raw
+//! sockets): after the handshake (rustls, on the worker's runtime, bounded
+//! by [`HANDSHAKE_TIMEOUT`]) it is served by hyper, HTTP/2 when the client
+//! chose `h2` by ALPN and HTTP/1.1 otherwise, with the same request handler
+//! as plain connections and `X-Forwarded-Proto: https`. Idle, slow-header and
+//! drain handling go through the connection's `ConnCtl` as on the plain path.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use super::config::ListenTls;
+use super::proxy::{ConnCtl, Peer, Worker};
+
+/// How long a client may take to complete its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A TLS stream that marks its connection active on every read and write
+/// (idle timeout) and, for HTTP/1, notes reads for the request-head
+/// timeout. HTTP/2 multiplexes requests, so a read between two of them does
+/// not start a head: there the handshake alone is bounded.
+struct Watched<S> {
+    io: S,
+    ctl: Arc<ConnCtl>,
+    worker: Arc<Worker>,
+    track_head: bool,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut me.io).poll_read(cx, buf);
+        if r.is_ready() {
+            me.ctl.active.store(true, Relaxed);
+            if me.track_head && buf.filled().len() > before {
+                me.ctl.reading(me.worker.clock.now());
+            }
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let me = self.get_mut();
+        let r = Pin::new(&mut me.io).poll_write(cx, buf);
+        if r.is_ready() {
+            me.ctl.active.store(true, Relaxed);
+        }
+        r
+    }
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        let me = self.get_mut();
+        let r = Pin::new(&mut me.io).poll_write_vectored(cx, bufs);
+        if r.is_ready() {
+            me.ctl.active.store(true, Relaxed);
+        }
+        r
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+type Tls = tokio_rustls::server::TlsStream<TcpStream>;
+type H1 = http1::UpgradeableConnection<TokioIo<Watched<Tls>>, super::server::Svc>;
+type H2 = http2::Connection<TokioIo<Watched<Tls>>, super::server::Svc, TokioExecutor>;
+
+enum Conn {
+    H1(Pin<Box<H1>>),
+    H2(Pin<Box<H2>>),
+}
+
+impl Conn {
+    fn graceful_shutdown(&mut self) {
+        match self {
+            Conn::H1(c) => c.as_mut().graceful_shutdown(),
+            Conn::H2(c) => c.as_mut().graceful_shutdown(),
+        }
+    }
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match self {
+            Conn::H1(c) => c.as_mut().poll(cx).map(|_| ()),
+            Conn::H2(c) => c.as_mut().poll(cx).map(|_| ()),
+        }
+    }
+}
+
+/// Serve one accepted connection over TLS until it ends, is closed by the
+/// housekeeping (idle, drain: gracefully) or aborted (slow headers).
+pub(super) async fn serve(w: Arc<Worker>, ctl: Arc<ConnCtl>, sock: std::net::TcpStream, addr: SocketAddr, tls: &ListenTls) {
+    let Ok(sock) = TcpStream::from_std(sock) else { return };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
+    // The handshake counts as reading the request head: a client that
+    // stalls in it is dropped by the head timeout or by this bound.
+    ctl.reading(w.clock.now());
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(sock));
+    let stream = tokio::select! {
+        r = handshake => match r {
+            Ok(Ok(s)) => s,
+            _ => return, // refused or timed out: this connection only
+        },
+        _ = aborted(&ctl) => return,
+    };
+    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+    let peer = Arc::new(Peer::with_proto(addr, ctl.clone(), true));
+    let io = TokioIo::new(Watched { io: stream, ctl: ctl.clone(), worker: w.clone(), track_head: !h2 });
+    let svc = super::server::Svc::new(w.clone(), peer);
+    let cfg = &w.shared.config;
+    let mut conn = if h2 {
+        let mut b = http2::Builder::new(TokioExecutor::new());
+        b.timer(TokioTimer::new())
+            .max_concurrent_streams(256)
+            .max_header_list_size(cfg.max_header_bytes as u32)
+            .keep_alive_interval(None);
+        Conn::H2(Box::pin(b.serve_connection(io, svc)))
+    } else {
+        let mut b = http1::Builder::new();
+        b.timer(TokioTimer::new())
+            .max_buf_size(cfg.max_header_bytes)
+            .keep_alive(true)
+            .header_read_timeout(None);
+        Conn::H1(Box::pin(b.serve_connection(io, svc).with_upgrades()))
+    };
+    let mut closing = false;
+    let mut registered = false;
+    std::future::poll_fn(|cx| {
+        if !registered {
+            *ctl.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+            registered = true;
+        }
+        if ctl.abort.load(Relaxed) {
+            return Poll::Ready(());
+        }
+        if !closing && ctl.close.load(Relaxed) {
+            closing = true;
+            conn.graceful_shutdown();
+        }
+        conn.poll(cx)
+    })
+    .await;
+}
+
+/// Resolves once the housekeeping asks this connection to abort.
+async fn aborted(ctl: &Arc<ConnCtl>) {
+    std::future::poll_fn(|cx| {
+        *ctl.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+        if ctl.abort.load(Relaxed) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// The answer of the redirect listener: `308` to the same host and path on
+/// HTTPS (`https_port` unless 443), or `400` without a usable Host.
+pub fn redirect_response<B>(req: &Request<B>, https_port: u16) -> Response<http_body_util::Full<bytes::Bytes>> {
+    use http_body_util::Full;
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().host())
+        .and_then(host_without_port);
+    let Some(host) = host else {
+        let mut r = Response::new(Full::new(bytes::Bytes::from_static(b"a Host header is required\n")));
+        *r.status_mut() = StatusCode::BAD_REQUEST;
+        return r;
+    };
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let location = if https_port == 443 {
+        format!("https://{host}{path}")
+    } else {
+        format!("https://{host}:{https_port}{path}")
+    };
+    let mut r = Response::new(Full::new(bytes::Bytes::new()));
+    *r.status_mut() = StatusCode::PERMANENT_REDIRECT;
+    match HeaderValue::from_str(&location) {
+        Ok(v) => {
+            r.headers_mut().insert(header::LOCATION, v);
+        }
+        Err(_) => *r.status_mut() = StatusCode::BAD_REQUEST,
+    }
+    r
+}
+
+/// `example.com:80` → `example.com`, `[::1]:80` → `[::1]`; None for an
+/// empty or malformed host (nothing to redirect to).
+fn host_without_port(h: &str) -> Option<&str> {
+    let host = if h.starts_with('[') {
+        &h[..h.find(']')? + 1]
+    } else {
+        h.rsplit_once(':').map_or(h, |(host, port)| if port.bytes().all(|b| b.is_ascii_digit()) { host } else { h })
+    };
+    let ok = !host.is_empty()
+        && host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._[]:".contains(&b));
+    ok.then_some(host)
+}
+
+/// Run the redirect listener until `stop` (a drain) arrives.
+pub async fn redirect_loop(listener: std::net::TcpListener, https_port: u16, mut stop: watch::Receiver<Option<std::time::Instant>>) {
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
+    loop {
+        tokio::select! {
+            r = listener.accept() => {
+                let Ok((sock, _)) = r else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| async move {
+                        Ok::<_, std::convert::Infallible>(redirect_response(&req, https_port))
+                    });
+                    let mut b = http1::Builder::new();
+                    b.timer(TokioTimer::new()).header_read_timeout(Some(Duration::from_secs(10)));
+                    let _ = tokio::time::timeout(Duration::from_secs(60), b.serve_connection(TokioIo::new(sock), svc)).await;
+                });
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Connect to a backend over TLS, verifying it per `config` against the
+/// host of its address.
+pub async fn connect_backend(
+    config: &Arc<rustls::ClientConfig>,
+    authority: &http::uri::Authority,
+    stream: TcpStream,
+) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_string();
+    let name = rustls::pki_types::ServerName::try_from(host)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    tokio_rustls::TlsConnector::from(config.clone()).connect(name, stream).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redirects_keep_host_and_path() {
+        let req = Request::get("/a/b?c=1").header("host", "example.com:8080").body(()).unwrap();
+        let r = redirect_response(&req, 8443);
+        assert_eq!(r.status(), StatusCode::PERMANENT_REDIRECT);
+        assert_eq!(r.headers()[header::LOCATION], "https://example.com:8443/a/b?c=1");
+        let r = redirect_response(&Request::get("/").header("host", "[::1]:80").body(()).unwrap(), 443);
+        assert_eq!(r.headers()[header::LOCATION], "https://[::1]/");
+    }
+
+    #[test]
+    fn a_bad_host_gets_400() {
+        for h in ["", "evil.com\r\nx", "a b", ":80"] {
+            let req = Request::get("/").header("host", HeaderValue::from_bytes(h.as_bytes()).unwrap_or(HeaderValue::from_static("a b"))).body(()).unwrap();
+            assert_eq!(redirect_response(&req, 443).status(), StatusCode::BAD_REQUEST, "{h:?}");
+        }
+        assert_eq!(redirect_response(&Request::get("/").body(()).unwrap(), 443).status(), StatusCode::BAD_REQUEST);
+    }
+}
