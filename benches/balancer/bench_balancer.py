@@ -14,6 +14,11 @@ balancer CPU time per request (user+sys from /proc of the balancer's
 processes, divided by requests) and peak RSS. Medians over rounds are
 printed as a Markdown table; ``--out`` keeps every run and the medians (JSON),
 from which ``benches/charts.py`` draws the documentation's charts.
+
+``--tls``: the same over HTTPS. One ECDSA P-256 certificate (``juggler tls
+dev-cert``) for all three, TLS 1.3 with ALPN http/1.1; ``wrk`` keeps its
+connections (one handshake each), ``ab -f TLS1.3`` makes a full handshake
+per request. Backends stay plain HTTP.
 """
 
 from __future__ import annotations
@@ -204,35 +209,53 @@ http {{
             wait_port(port)
         return p, ports
 
+    def make_certificate(self) -> None:
+        """An ECDSA P-256 certificate for 127.0.0.1 (and the combined PEM HAProxy reads)."""
+        from rustext.tls import write_dev_cert
+
+        made = write_dev_cert(os.path.join(self.dir, "tls"), key_type="ec")
+        self.tls = (str(made.cert), str(made.key))
+        self.tls_combined = os.path.join(self.dir, "tls", "combined.pem")
+        with open(self.tls_combined, "wb") as f:
+            f.write(made.cert.read_bytes() + made.key.read_bytes())
+
     def start_balancer(self, kind: str, port: int, backends: list[int]) -> subprocess.Popen:
         addrs = [f"127.0.0.1:{p}" for p in backends]
+        tls = getattr(self, "tls", None)
+        proto = "https" if tls else "http"
         if kind == "ours":
+            extra = ["--tls-cert", tls[0], "--tls-key", tls[1]] if tls else []
             p = self.start([sys.executable, "-m", "cli", "balancer", "--listen", f"127.0.0.1:{port}",
-                            "--backends", ",".join(addrs), "--workers", "1", "--log-level", "WARNING"], cwd=ROOT)
+                            "--backends", ",".join(addrs), "--workers", "1", "--log-level", "WARNING", *extra],
+                           cwd=ROOT)
         elif kind == "haproxy":
             cfg = os.path.join(self.dir, f"haproxy-{port}.cfg")
+            ssl = f" ssl crt {self.tls_combined} ssl-min-ver TLSv1.3 alpn http/1.1" if tls else ""
             with open(cfg, "w") as f:
                 f.write("global\n  nbthread 1\n  maxconn 4000\ndefaults\n  mode http\n  timeout connect 3s\n"
                         "  timeout client 60s\n  timeout server 60s\n  option http-keep-alive\n  option forwardfor\n"
-                        f"frontend f\n  bind 127.0.0.1:{port}\n  http-request set-header X-Forwarded-Proto http\n"
+                        f"frontend f\n  bind 127.0.0.1:{port}{ssl}\n  http-request set-header X-Forwarded-Proto {proto}\n"
                         "  default_backend b\nbackend b\n  balance roundrobin\n  http-reuse always\n"
                         + "".join(f"  server s{i} {a}\n" for i, a in enumerate(addrs)))
             p = self.start(["haproxy", "-f", cfg])
         else:
             ups = "".join(f"server {a};" for a in addrs)
+            ssl = (f" ssl; ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]}; ssl_protocols TLSv1.3;"
+                   if tls else ";")
             body = (f"upstream b {{ {ups} keepalive 64; }}\n"
-                    f"server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://b;"
+                    f"server {{ listen 127.0.0.1:{port}{ssl} location / {{ proxy_pass http://b;"
                     " proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host $host;"
                     " proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;"
-                    " proxy_set_header X-Forwarded-Proto http; } }")
+                    f" proxy_set_header X-Forwarded-Proto {proto}; }} }}")
             p = self.start(["nginx", "-c", self.nginx_conf(f"lb-{port}", body), "-e", os.path.join(self.dir, "lb.err")])
         wait_port(port)
         return p
 
 
-def measure(kind: str, proc: subprocess.Popen, port: int, scenario: tuple, tool: str, rnd: int, duration: float) -> Run:
+def measure(kind: str, proc: subprocess.Popen, port: int, scenario: tuple, tool: str, rnd: int, duration: float,
+            tls: bool = False) -> Run:
     name, _, size, conc, ab_n = scenario
-    url = f"http://127.0.0.1:{port}/{size}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}/{size}"
     # warm the backend pools
     subprocess.run(["wrk", "-t1", f"-c{conc}", "-d1s", url], capture_output=True, timeout=60)
     pids = descendants(proc.pid)
@@ -242,7 +265,7 @@ def measure(kind: str, proc: subprocess.Popen, port: int, scenario: tuple, tool:
                              capture_output=True, text=True, timeout=120).stdout
         r = parse_wrk(out)
     else:
-        done = subprocess.run(["ab", "-q", "-n", str(ab_n), "-c", str(conc), url],
+        done = subprocess.run(["ab", "-q", *(["-f", "TLS1.3"] if tls else []), "-n", str(ab_n), "-c", str(conc), url],
                               capture_output=True, text=True, timeout=300)
         if "Failed requests:" in done.stdout:
             r = parse_ab(done.stdout)
@@ -298,6 +321,8 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=3.0, help="seconds per wrk run")
     ap.add_argument("--scenarios", default=",".join(s[0] for s in SCENARIOS))
     ap.add_argument("--out", metavar="FILE", help="write every run and the medians (JSON) there")
+    ap.add_argument("--tls", action="store_true", help="HTTPS termination (TLS 1.3, ECDSA P-256) instead of HTTP")
+    ap.add_argument("--balancers", default=",".join(BALANCERS), help="which to run (default all three)")
     args = ap.parse_args()
     for tool in ("nginx", "haproxy", "wrk", "ab"):
         if shutil.which(tool) is None:
@@ -308,18 +333,22 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="lbbench-") as d:
         os.chmod(d, 0o755)  # nginx workers run as an unprivileged user
         bench = Bench(d)
+        balancers = [b for b in BALANCERS if b in args.balancers.split(",")]
+        if args.tls:
+            bench.make_certificate()
         try:
             for sc in SCENARIOS:
                 if sc[0] not in wanted:
                     continue
                 be, ports = bench.start_backends(sc[1])
-                lbs = {k: (free_port(),) for k in BALANCERS}
-                procs = {k: bench.start_balancer(k, lbs[k][0], ports) for k in BALANCERS}
+                lbs = {k: (free_port(),) for k in balancers}
+                procs = {k: bench.start_balancer(k, lbs[k][0], ports) for k in balancers}
                 for rnd in range(args.rounds):
-                    order = BALANCERS[rnd % 3:] + BALANCERS[: rnd % 3]
+                    shift = rnd % len(balancers)
+                    order = balancers[shift:] + balancers[:shift]
                     for tool in ("wrk", "ab"):
                         for k in order:
-                            r = measure(k, procs[k], lbs[k][0], sc, tool, rnd, args.duration)
+                            r = measure(k, procs[k], lbs[k][0], sc, tool, rnd, args.duration, tls=args.tls)
                             runs.append(r)
                             print(f"{sc[0]:15} {tool:3} {k:8} r{rnd} {r.rps:9.0f} req/s p99 {r.p99_ms:7.2f} ms "
                                   f"cpu {r.cpu_us_per_req:6.1f} us/req fail {r.failures} rss {r.rss_mib:.1f} MiB",
@@ -336,7 +365,8 @@ def main() -> int:
     print()
     print(balancer_table(rows) + "\n\n" + versus(rows))
     if args.out:
-        save(args.out, {"setup": {"rounds": args.rounds, "duration": args.duration}, "runs": [asdict(r) for r in runs],
+        save(args.out, {"setup": {"rounds": args.rounds, "duration": args.duration, "tls": args.tls},
+                        "runs": [asdict(r) for r in runs],
                         "medians": rows, "loadavg_after": loadavg()})
     return 0
 

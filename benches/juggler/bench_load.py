@@ -11,7 +11,9 @@ the commands one call costs (the push script via EVALSHA, LPUSH/RPOP).
     .venv/bin/python benches/juggler/bench_load.py --runs 3 --out benches/juggler/results/load.json
 
 Each run starts everything afresh; ``--out`` keeps every run with the load
-average before and after it.
+average before and after it. ``--tls`` alternates plaintext runs with runs
+over ``wss://`` (the server with an ECDSA P-256 certificate of ``juggler tls
+dev-cert``, the load tool verifying it), so the two sit side by side.
 
 Not a test: it measures and prints, and exits 0 unless something failed to run.
 """
@@ -94,14 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-reference", action="store_true")
     ap.add_argument("--runs", type=int, default=1, help="fresh runs, one after the other [%(default)s]")
     ap.add_argument("--out", metavar="FILE", help="write the raw results of every run (JSON) there")
+    ap.add_argument("--tls", action="store_true", help="alternate ws:// runs with wss:// runs")
     args = ap.parse_args(argv)
     runs = []
-    for _ in range(args.runs):
-        load0 = loadavg()
-        result = run_once(args)
-        if result is None:
-            return 1
-        runs.append({**result, "loadavg_before": load0, "loadavg_after": loadavg()})
+    modes = [False, True] if args.tls else [False]
+    for i in range(args.runs):
+        for tls in modes if i % 2 == 0 else modes[::-1]:
+            load0 = loadavg()
+            result = run_once(args, tls=tls)
+            if result is None:
+                return 1
+            runs.append({**result, "tls": tls, "loadavg_before": load0, "loadavg_after": loadavg()})
     if args.out:
         save(args.out, {"setup": {"connections": args.connections, "duration": args.duration, "workers": args.workers,
                                   "callees": args.callees, "load_procs": args.procs, "uri": args.uri,
@@ -109,9 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_once(args: argparse.Namespace) -> dict | None:
-    """One run from a fresh redis-server; the figures, or None if something failed to run."""
+def run_once(args: argparse.Namespace, tls: bool = False) -> dict | None:
+    """One run from a fresh redis-server (``tls``: the server on wss://);
+    the figures, or None if something failed to run."""
     workdir = tempfile.mkdtemp(prefix="jbench-")
+    server_tls: list[str] = []
+    load_tls: list[str] = []
+    if tls:
+        from rustext.tls import write_dev_cert
+
+        made = write_dev_cert(os.path.join(workdir, "certs"))
+        server_tls = ["--tls-cert", str(made.cert), "--tls-key", str(made.key)]
+        load_tls = ["--tls-ca", str(made.ca)]
     rport, wport = free_port(), free_port()
     procs: list[subprocess.Popen] = []
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -132,7 +146,8 @@ def run_once(args: argparse.Namespace) -> dict | None:
             procs.append(p)
             return p
 
-        server = start("server", [*juggler_cmd(), "server", "--redis", url, "--listen", f"127.0.0.1:{wport}"])
+        server = start("server", [*juggler_cmd(), "server", "--redis", url, "--listen", f"127.0.0.1:{wport}",
+                                  *server_tls])
         for i in range(args.callees):
             start(f"callee{i}", [*juggler_cmd(), "callee", "--redis", url, "--workers", str(args.workers)])
         wait_port(wport, server)
@@ -141,7 +156,8 @@ def run_once(args: argparse.Namespace) -> dict | None:
         cpu_before = {k: sum(proc_cpu_seconds(p.pid) for p in ps) for k, ps in roles.items()}
         children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         load = subprocess.run(
-            [*juggler_cmd(), "load", "--url", f"ws://127.0.0.1:{wport}/ws", "-c", str(args.connections),
+            [*juggler_cmd(), "load", "--url", f"{'wss' if tls else 'ws'}://127.0.0.1:{wport}/ws", *load_tls,
+             "-c", str(args.connections),
              "-d", args.duration, "--uri", args.uri, "--payload", args.payload, "--procs", str(args.procs),
              "--json", "--quiet"],
             capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
@@ -161,7 +177,7 @@ def run_once(args: argparse.Namespace) -> dict | None:
             print(json.dumps(result, indent=2))
         else:
             lat = report["latency_ms"]
-            print(f"juggler (python server + callee x{args.callees} ({args.workers} workers) + redis, "
+            print(f"juggler{' over wss://' if tls else ''} (python server + callee x{args.callees} ({args.workers} workers) + redis, "
                   f"{args.connections} connections closed loop on {args.uri}, {report['duration_s']:g}s):")
             print(f"  {report['throughput']:,.0f} calls/s  calls {report['calls']} results {report['results']} "
                   f"nacks {report['nacks']} expired {report['expired']}")

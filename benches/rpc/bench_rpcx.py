@@ -17,6 +17,10 @@ latency, the client processes' CPU time and the server's CPU time
 HTTP/1.1 carries one request at a time per connection, so the gateway has at
 most ``processes × pool`` calls in flight where rpcx and gRPC multiplex all
 ``-c`` of them.
+
+``--tls`` adds ``rpcx-tls``: a second server, the same but serving rpcx over
+TLS (an ECDSA P-256 certificate of ``juggler tls dev-cert``), loaded the same
+way in the same rounds, so TLS's cost shows beside the plaintext figures.
 """
 
 from __future__ import annotations
@@ -40,13 +44,13 @@ from rpc.examples import benchmark_request  # noqa: E402
 from rpc.message import SerializeType  # noqa: E402
 from tests.netutil import free_port, wait_for_port  # noqa: E402
 
-PEERS = ("rpcx", "grpc.aio", "gateway")
+PEERS = ("rpcx", "rpcx-tls", "grpc.aio", "gateway")
 
 
 def measure(peer: str, address: str, server_pid: int, *, calls: int, concurrency: int, processes: int,
-            pool: int) -> dict[str, Any]:
+            pool: int, tls: Any = None) -> dict[str, Any]:
     target = BenchTarget(address, "Hello", "Say", SerializeType.PROTOBUF,
-                         benchmark_request().SerializeToString(), pool=pool)
+                         benchmark_request().SerializeToString(), pool=pool, tls=tls)
     load0 = loadavg()
     cpu0 = proc_cpu_seconds(server_pid)
     result = run_bench(target, concurrency=concurrency, total=calls, processes=processes)
@@ -93,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grpc-n", type=int, default=10_000, help="calls per grpc.aio round [%(default)s]")
     p.add_argument("--gateway-n", type=int, default=30_000, help="calls per gateway round; 0 = skip [%(default)s]")
     p.add_argument("--out", metavar="FILE", help="write the raw results (JSON) there")
+    p.add_argument("--tls", action="store_true", help="also rpcx over TLS (a second server), in the same rounds")
+    p.add_argument("--peers", default="", help="only these peers, comma-separated (default: all)")
     a = p.parse_args(argv)
     ports = {"rpcx": free_port(), "grpc.aio": free_port(), "gateway": free_port()}
     server = subprocess.Popen(
@@ -104,6 +110,27 @@ def main(argv: list[str] | None = None) -> int:
     plan = {"rpcx": (f"127.0.0.1:{ports['rpcx']}", a.rpcx_n), "grpc.aio": (f"grpc://127.0.0.1:{ports['grpc.aio']}", a.grpc_n)}
     if a.gateway_n:
         plan["gateway"] = (f"http://127.0.0.1:{ports['gateway']}", a.gateway_n)
+    pids = {peer: server.pid for peer in plan}
+    tls_server = None
+    client_tls = None
+    if a.tls:
+        import tempfile
+
+        from rustext.tls import ClientTls, write_dev_cert
+
+        made = write_dev_cert(tempfile.mkdtemp(prefix="rpc-bench-tls-"))
+        client_tls = ClientTls(ca=str(made.ca))
+        tls_port = free_port()
+        tls_server = subprocess.Popen(
+            [sys.executable, "-m", "cli", "rpc", "serve", "--example", "bench", "--no-http",
+             "--listen", f"127.0.0.1:{tls_port}", "--tls-cert", str(made.cert), "--tls-key", str(made.key)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        plan["rpcx-tls"] = (f"127.0.0.1:{tls_port}", a.rpcx_n)
+        pids["rpcx-tls"] = tls_server.pid
+        wait_for_port(tls_port, proc=tls_server)
+    if a.peers:
+        plan = {k: v for k, v in plan.items() if k in a.peers.split(",")}
     runs: list[dict[str, Any]] = []
     try:
         for port in ports.values():
@@ -112,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(a.rounds):
             for peer in order[rnd % len(order):] + order[:rnd % len(order)]:
                 address, calls = plan[peer]
-                r = measure(peer, address, server.pid, calls=calls, concurrency=a.c, processes=a.processes,
-                            pool=a.pool)
+                r = measure(peer, address, pids[peer], calls=calls, concurrency=a.c, processes=a.processes,
+                            pool=a.pool, tls=client_tls if peer == "rpcx-tls" else None)
                 r["round"] = rnd
                 runs.append(r)
                 print(f"r{rnd} {peer:9} {r['calls_per_s']:9,.0f} calls/s  p99 {r['latency_ms']['p99']:6.2f} ms  "
@@ -121,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"  errors {r['errors']}  load {r['loadavg_before'][0]:.2f}", flush=True)
                 time.sleep(0.5)
     finally:
+        if tls_server is not None:
+            tls_server.send_signal(signal.SIGTERM)
+            tls_server.wait(timeout=20)
         server.send_signal(signal.SIGTERM)
         try:
             server.wait(timeout=20)

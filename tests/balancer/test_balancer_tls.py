@@ -233,3 +233,11 @@ def test_cli_https_with_redirect_and_sighup(backends: Any, pki: TestPKI, tmp_pat
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert "https://127.0.0.1" in err and "TLS certificates reloaded" in err
+
+
+def test_rsa_certificates(proxy: Any, backends: Any, tmp_path: Path) -> None:
+    """RSA keys as well as ECDSA ones (the test CA's chains: leaf + intermediate)."""
+    rsa = TestPKI(tmp_path / "rsa", rsa=True)
+    leaf = rsa.leaf()
+    lb = proxy(backends(1), workers=1, tls_certificates=[(str(leaf.cert), str(leaf.key))])
+    assert get(lb.address[1], "/whoami", client_ctx(rsa.ca))[1] == b"b0"

@@ -190,3 +190,12 @@ def test_client_context_defaults_are_strict() -> None:
     ctx = ClientTls().context()
     assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
     assert ctx.minimum_version == ssl.TLSVersion.TLSv1_2
+
+
+async def test_rsa_certificate(tmp_path: Path) -> None:
+    rsa = TestPKI(tmp_path / "rsa", rsa=True)
+    leaf = rsa.leaf()
+    server = arith_server()
+    async with RpcxServer(server, "tcp@127.0.0.1:0", tls=ServerTls(cert=str(leaf.cert), key=str(leaf.key))) as rpcx:
+        assert await mul(rpcx.address, RpcxCaller(tls=ClientTls(ca=str(rsa.ca)))) == {"C": 42}
+    await server.dispatcher.aclose()
