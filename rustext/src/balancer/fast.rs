@@ -309,6 +309,14 @@ pub async fn serve(
                 match h1::parse_request(&inb, hash_name, &mut out) {
                     ReqParse::Ready(h) => break (up, Some(h)),
                     ReqParse::Fallback => break (up, None),
+                    ReqParse::Refuse => {
+                        const BAD: &[u8] = b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\n\
+                            content-length: 16\r\nconnection: close\r\n\r\n\
+                            invalid request\n";
+                        w.stats.observe(400, std::time::Duration::ZERO);
+                        let _ = client.send(&mut [IoSlice::new(BAD)]).await;
+                        return None;
+                    }
                     ReqParse::Partial if inb.len() >= max_head => break (up, None),
                     ReqParse::Partial => {}
                 }

@@ -141,6 +141,7 @@ pub(super) async fn serve(w: Arc<Worker>, ctl: Arc<ConnCtl>, sock: std::net::Tcp
         b.timer(TokioTimer::new())
             .max_buf_size(cfg.max_header_bytes)
             .keep_alive(true)
+            .half_close(true)
             .header_read_timeout(None);
         Conn::H1(Box::pin(b.serve_connection(io, svc).with_upgrades()))
     };

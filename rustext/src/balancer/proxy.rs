@@ -362,8 +362,46 @@ pub struct Progress {
 
 /// The request body sent to a backend: the client's, counted, or nothing.
 pub enum ReqBody {
-    Client(Incoming, Arc<WorkerStats>, Arc<Progress>),
+    /// The frames read ahead (see [`prebuffer`]), then the rest of the client's body, if any.
+    Client(std::collections::VecDeque<Frame<Bytes>>, Option<Incoming>, Arc<WorkerStats>, Arc<Progress>),
     Empty,
+}
+
+/// Request bodies up to this size are read whole before anything is
+/// forwarded (a body whose framing is broken is then refused with 400
+/// instead of reaching a backend cut short); larger ones stream from there.
+pub const PREBUFFER_LIMIT: usize = 64 * 1024;
+
+/// What [`prebuffer`] read.
+pub enum Prebuffered {
+    /// Frames read ahead, and the rest of the body when it was not all read.
+    Ok(std::collections::VecDeque<Frame<Bytes>>, Option<Incoming>),
+    /// The client's body is malformed (bad chunk framing, short of its length).
+    Malformed,
+}
+
+/// Read the start of a request body: until its end, [`PREBUFFER_LIMIT`]
+/// bytes, or `wait` (a slow uploader then streams as before).
+pub async fn prebuffer(mut body: Incoming, wait: Duration, stats: &WorkerStats) -> Prebuffered {
+    use http_body_util::BodyExt;
+    let mut frames = std::collections::VecDeque::new();
+    let mut total = 0usize;
+    let deadline = tokio::time::Instant::now() + wait;
+    while total <= PREBUFFER_LIMIT {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(f))) => {
+                if let Some(d) = f.data_ref() {
+                    total += d.len();
+                    bump(&stats.bytes_in, d.len() as u64);
+                }
+                frames.push_back(f);
+            }
+            Ok(Some(Err(_))) => return Prebuffered::Malformed,
+            Ok(None) => return Prebuffered::Ok(frames, None),
+            Err(_) => break,
+        }
+    }
+    Prebuffered::Ok(frames, Some(body))
 }
 
 impl Body for ReqBody {
@@ -375,7 +413,12 @@ impl Body for ReqBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
-            ReqBody::Client(b, stats, progress) => {
+            ReqBody::Client(ahead, rest, stats, progress) => {
+                if let Some(f) = ahead.pop_front() {
+                    progress.frames.fetch_add(1, Relaxed);
+                    return Poll::Ready(Some(Ok(f)));
+                }
+                let Some(b) = rest else { return Poll::Ready(None) };
                 let r = Pin::new(b).poll_frame(cx);
                 match &r {
                     Poll::Ready(Some(Ok(f))) => {
@@ -394,13 +437,28 @@ impl Body for ReqBody {
     }
     fn is_end_stream(&self) -> bool {
         match self {
-            ReqBody::Client(b, _, _) => b.is_end_stream(),
+            ReqBody::Client(ahead, rest, _, _) => ahead.is_empty() && rest.as_ref().is_none_or(|b| b.is_end_stream()),
             ReqBody::Empty => true,
         }
     }
     fn size_hint(&self) -> SizeHint {
         match self {
-            ReqBody::Client(b, _, _) => b.size_hint(),
+            ReqBody::Client(ahead, rest, _, _) => {
+                let n: u64 = ahead.iter().filter_map(|f| f.data_ref()).map(|d| d.len() as u64).sum();
+                match rest {
+                    None => SizeHint::with_exact(n),
+                    Some(b) => {
+                        let inner = b.size_hint();
+                        let mut h = SizeHint::new();
+                        // the upper bound first: set_lower refuses a lower above the upper
+                        if let Some(u) = inner.upper() {
+                            h.set_upper(u + n);
+                        }
+                        h.set_lower(inner.lower() + n);
+                        h
+                    }
+                }
+            }
             ReqBody::Empty => SizeHint::with_exact(0),
         }
     }
@@ -544,6 +602,77 @@ fn error_response(status: StatusCode, msg: &'static str) -> Response<RespBody> {
     r
 }
 
+/// Why a request is refused before anything is forwarded (RFC 9112 §3.2,
+/// §6.1, RFC 9110 §7.2): the rules hyper's parser leaves to its user.
+/// Framing errors hyper finds itself (malformed lines, fields, lengths,
+/// chunk sizes) never reach here: it answers 400 on its own.
+pub fn refuse_reason(version: Version, uri: &Uri, headers: &HeaderMap) -> Option<&'static str> {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Some("more than one Host header field\n");
+    }
+    match host {
+        None if version == Version::HTTP_11 => return Some("an HTTP/1.1 request needs a Host header field\n"),
+        Some(h) if !valid_host(h.as_bytes()) => return Some("invalid Host header field\n"),
+        _ => {}
+    }
+    if headers.get_all(header::TRANSFER_ENCODING).iter().nth(1).is_some() {
+        return Some("more than one Transfer-Encoding header field\n");
+    }
+    let te = headers.contains_key(header::TRANSFER_ENCODING);
+    if te && headers.contains_key(header::CONTENT_LENGTH) {
+        return Some("Content-Length and Transfer-Encoding together\n");
+    }
+    if te && version == Version::HTTP_10 {
+        return Some("Transfer-Encoding in an HTTP/1.0 request\n");
+    }
+    if headers.get_all(header::CONTENT_LENGTH).iter().nth(1).is_some() {
+        return Some("more than one Content-Length header field\n");
+    }
+    if uri.to_string().contains('#') {
+        return Some("a fragment in the request target\n");
+    }
+    None
+}
+
+/// `uri-host [ ":" port ]` (RFC 9110 §7.2, RFC 3986 §3.2.2): a reg-name or
+/// IPv4 address (unreserved, pct-encoded, sub-delims), or an IP literal in
+/// brackets; the port all digits. Empty is allowed (a target without an
+/// authority). No userinfo, spaces or controls.
+pub fn valid_host(h: &[u8]) -> bool {
+    let (host, port) = if h.first() == Some(&b'[') {
+        let Some(end) = h.iter().position(|&b| b == b']') else { return false };
+        let lit = &h[1..end];
+        if lit.is_empty() || !lit.iter().all(|&b| b.is_ascii_hexdigit() || b == b':' || b == b'.') {
+            return false;
+        }
+        match &h[end + 1..] {
+            [] => (&h[..0], None),
+            [b':', port @ ..] => (&h[..0], Some(port)),
+            _ => return false,
+        }
+    } else {
+        match h.iter().rposition(|&b| b == b':') {
+            Some(i) => (&h[..i], Some(&h[i + 1..])),
+            None => (h, None),
+        }
+    };
+    let reg_name = host.iter().all(|&b| {
+        b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&b)
+    });
+    reg_name && port.is_none_or(|p| p.iter().all(u8::is_ascii_digit))
+}
+
+fn refused(reason: &'static str, h2: bool) -> Response<RespBody> {
+    let mut r = error_response(StatusCode::BAD_REQUEST, reason);
+    if !h2 {
+        // what follows on the connection cannot be trusted to be framed as the client meant
+        r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    r
+}
+
 /// hyper's service: every outcome is a response (errors become 502/503/504).
 pub async fn handle(
     w: Arc<Worker>,
@@ -639,9 +768,27 @@ async fn forward(
         None
     };
     let (parts, body) = req.into_parts();
+    if let Some(reason) = refuse_reason(parts.version, &parts.uri, &parts.headers) {
+        return refused(reason, parts.version == Version::HTTP_2);
+    }
+    let head_bytes: usize = parts.headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
+    if head_bytes > w.shared.config.max_header_bytes {
+        // hyper's read buffer bounds the head only roughly: the same limit as the fast path's
+        let mut r = error_response(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "request header fields too large\n");
+        if parts.version != Version::HTTP_2 {
+            r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        return r;
+    }
     let method = parts.method;
     let mut headers = parts.headers;
     let h2 = parts.version == Version::HTTP_2;
+    if let Some(authority) = parts.uri.authority().filter(|_| !h2) {
+        // absolute-form (RFC 9112 §3.2.2): the target's authority is the host, whatever Host said
+        if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
+            headers.insert(header::HOST, v);
+        }
+    }
     if h2 && !headers.contains_key(header::HOST) {
         // HTTP/2 names the host in :authority; HTTP/1.1 backends want Host.
         if let Some(v) = parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
@@ -667,7 +814,17 @@ async fn forward(
     let uri = Uri::from(pq.clone());
 
     let empty = body.is_end_stream();
-    let mut body = if empty { None } else { Some(body) };
+    let mut body = if empty {
+        None
+    } else if upgrade {
+        Some((std::collections::VecDeque::new(), Some(body)))
+    } else {
+        let wait = if w.shared.config.header_timeout.is_zero() { Duration::from_secs(10) } else { w.shared.config.header_timeout };
+        match prebuffer(body, wait, &w.stats).await {
+            Prebuffered::Ok(ahead, rest) => Some((ahead, rest)),
+            Prebuffered::Malformed => return refused("malformed request body\n", h2),
+        }
+    };
     let progress = if empty {
         None
     } else {
@@ -698,7 +855,7 @@ async fn forward(
                 let keep = attempts.replayable() && attempts.more_after_this();
                 let mut r = Request::new(match body.take() {
                     Some(b) => {
-                        ReqBody::Client(b, w.stats.clone(), progress.clone().unwrap_or_default())
+                        ReqBody::Client(b.0, b.1, w.stats.clone(), progress.clone().unwrap_or_default())
                     }
                     None => ReqBody::Empty,
                 });

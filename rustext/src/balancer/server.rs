@@ -736,6 +736,8 @@ fn hyper_conn(w: &Arc<Worker>, ctl: &Arc<ConnCtl>, peer: &Arc<Peer>, io: TcpStre
         .timer(TokioTimer::new())
         .max_buf_size(cfg.max_header_bytes)
         .keep_alive(true)
+        // a client may shut its sending side after its request (as HAProxy allows): answer it
+        .half_close(true)
         .header_read_timeout(None);
     Box::pin(builder.serve_connection(io, svc).with_upgrades())
 }

@@ -36,6 +36,11 @@ pub enum ReqParse {
     Partial,
     /// Not for the fast path (or invalid): hand the bytes to hyper.
     Fallback,
+    /// Framing two parsers could read differently (Content-Length with
+    /// Transfer-Encoding, repeated Transfer-Encoding), or a fragment in the
+    /// target: answer 400 and close, forwarding nothing (RFC 9112 §6.3,
+    /// §3.2). hyper would normalize these instead.
+    Refuse,
     Ready(ReqHead),
 }
 
@@ -54,6 +59,10 @@ pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -
     let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
         return ReqParse::Fallback;
     };
+    if target.contains('#') {
+        // a fragment is never sent (RFC 9112 §3.2); hyper's path would drop it silently
+        return ReqParse::Refuse;
+    }
     if version > 1
         || !target.starts_with('/')
         || !target
@@ -63,6 +72,18 @@ pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -
         return ReqParse::Fallback;
     }
     let headers: &[httparse::Header<'_>] = req.headers;
+    let (mut n_cl, mut n_te) = (0u32, 0u32);
+    for h in headers {
+        let n = h.name.as_bytes();
+        if n.len() == 14 && n.eq_ignore_ascii_case(b"content-length") {
+            n_cl += 1;
+        } else if n.len() == 17 && n.eq_ignore_ascii_case(b"transfer-encoding") {
+            n_te += 1;
+        }
+    }
+    if n_te > 1 || (n_te > 0 && n_cl > 0) {
+        return ReqParse::Refuse;
+    }
     let mut conn = ConnFlags::default();
     let mut body_len: Option<u64> = None;
     let mut has_host = false;
@@ -88,7 +109,12 @@ pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -
     for h in headers {
         let n = h.name.as_bytes();
         match n.len() {
-            4 if n.eq_ignore_ascii_case(b"host") => has_host = true,
+            4 if n.eq_ignore_ascii_case(b"host") => {
+                if has_host || !crate::balancer::proxy::valid_host(h.value) {
+                    return ReqParse::Fallback; // refused on hyper's path
+                }
+                has_host = true;
+            }
             10 if n.eq_ignore_ascii_case(b"connection") => conn.add(h.value),
             14 if n.eq_ignore_ascii_case(b"content-length") => {
                 match (parse_length(h.value.trim_ascii()), body_len) {
@@ -150,6 +176,9 @@ pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -
     } else {
         !conn.close
     };
+    if !has_host && !head.http10 {
+        return ReqParse::Fallback; // HTTP/1.1 without Host: refused on hyper's path
+    }
     head.has_host = has_host;
     head.hash_value = hash_value;
     ReqParse::Ready(head)

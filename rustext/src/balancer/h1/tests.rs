@@ -45,13 +45,42 @@ fn http10_and_host() {
     assert!(finished(raw).contains("\r\nhost: be:80\r\n"));
     let (h, _) = ready(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", None);
     assert!(h.keep_alive);
-    let (h, _) = ready(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n", None);
+    let (h, _) = ready(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", None);
     assert!(!h.keep_alive);
 }
 
 #[test]
+fn host_rules_and_refusals() {
+    let mut out = Vec::new();
+    // HTTP/1.1 without Host, two Host lines, a malformed Host: hyper's path answers 400
+    for raw in [
+        &b"GET / HTTP/1.1\r\n\r\n"[..],
+        b"GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: u@a\r\n\r\n",
+    ] {
+        assert!(matches!(parse_request(raw, None, &mut out), ReqParse::Fallback), "{raw:?}");
+    }
+    // framing two parsers could read differently, a fragment: refused outright
+    for raw in [
+        &b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"GET /a#b HTTP/1.1\r\nHost: a\r\n\r\n",
+    ] {
+        assert!(matches!(parse_request(raw, None, &mut out), ReqParse::Refuse), "{raw:?}");
+    }
+    for host in ["a", "a.b:80", "[::1]:8080", "", "x_y.example", "10.0.0.1"] {
+        assert!(crate::balancer::proxy::valid_host(host.as_bytes()), "{host}");
+    }
+    for host in ["a b", "u@a", "a:8x", "[::1", "[zz]", "a/b", "a\tb"] {
+        assert!(!crate::balancer::proxy::valid_host(host.as_bytes()), "{host}");
+    }
+}
+
+#[test]
 fn forwarded_lists_and_hash_header() {
-    let raw = b"POST /x HTTP/1.1\r\nX-User: bob\r\nForwarded: for=1.1.1.1\r\nx-forwarded-for: a\r\nX-Forwarded-For: b\r\nContent-Length: 3\r\n\r\nabc";
+    let raw = b"POST /x HTTP/1.1\r\nHost: h\r\nX-User: bob\r\nForwarded: for=1.1.1.1\r\nx-forwarded-for: a\r\nX-Forwarded-For: b\r\nContent-Length: 3\r\n\r\nabc";
     let (h, _) = ready(raw, Some("x-user"));
     assert_eq!(h.body_len, 3);
     assert_eq!(h.method, MethodKind::Other);
@@ -77,7 +106,6 @@ fn fallbacks_and_partials() {
         b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
         b"GET http://a/ HTTP/1.1\r\n\r\n",
         b"OPTIONS * HTTP/1.1\r\n\r\n",
-        b"GET /a#b HTTP/1.1\r\n\r\n",
         b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
         b"G@T / HTTP/1.1\r\n\r\n",
     ] {
