@@ -149,6 +149,9 @@ class Limits:
 
     #: concurrent requests per backend (more wait up to ``timeouts.queue``); 0 = unlimited
     max_connections: int = 0
+    #: client connections open at once from one client address; more are closed at accept
+    #: (a restart applies a change); 0 = unlimited
+    max_client_connections: int = 0
     #: largest request head, at least 8192 (larger: ``431``)
     max_header_bytes: int = 65536
     #: idle keep-alive connections kept per backend and per worker
@@ -157,7 +160,7 @@ class Limits:
     pool_idle_timeout: float = 60.0
 
     def __post_init__(self) -> None:
-        _non_negative(self, "max_connections", "pool_max_idle", "pool_idle_timeout")
+        _non_negative(self, "max_connections", "pool_max_idle", "pool_idle_timeout", "max_client_connections")
         if self.max_header_bytes < 8192:
             raise BalancerConfigError(f"limits.max_header_bytes must be >= 8192, got {self.max_header_bytes}")
 
@@ -311,6 +314,7 @@ class BalancerConfig:
             "max_header_bytes": lim.max_header_bytes,
             "pool_max_idle": lim.pool_max_idle,
             "pool_idle_timeout": lim.pool_idle_timeout,
+            "max_client_connections": lim.max_client_connections,
             "tls_certificates": [(c.cert, c.key) for c in self.tls.certificates] or None,
             "tls_client_ca": self.tls.client_ca,
             "http_redirect": self.tls.redirect,
@@ -331,7 +335,7 @@ class BalancerConfig:
         for name in ("header", "idle"):
             if getattr(self.timeouts, name) != getattr(other.timeouts, name):
                 out.append(f"timeouts.{name}")
-        for name in ("max_header_bytes", "pool_max_idle", "pool_idle_timeout"):
+        for name in ("max_header_bytes", "pool_max_idle", "pool_idle_timeout", "max_client_connections"):
             if getattr(self.limits, name) != getattr(other.limits, name):
                 out.append(f"limits.{name}")
         return out

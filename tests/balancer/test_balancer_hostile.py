@@ -148,3 +148,50 @@ async def test_battery_over_the_hyper_path(origin: StrictOrigin) -> None:
     finally:
         lb.close()
     assert not problems, "\n".join(problems)
+
+
+def test_per_client_connection_limit(backends: object) -> None:
+    """``max_client_connections``: past it, a client's new connections are
+    closed at accept; others, and the same client once below it, are served."""
+    import socket
+    import time
+
+    bks = backends(1)  # type: ignore[operator]
+    lb = rustext.Balancer({"listen": "127.0.0.1:0", "workers": 2, "backends": [bks[0].address],
+                           "max_client_connections": 2})
+    lb.start()
+    port = lb.address[1]
+
+    def open_served() -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"GET /whoami HTTP/1.1\r\nHost: t\r\n\r\n")
+        got = b""
+        while not got.endswith(b"b0"):
+            chunk = s.recv(4096)
+            assert chunk, "closed before the response"
+            got += chunk
+        return s
+
+    try:
+        first, second = open_served(), open_served()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as third:
+            third.sendall(b"GET /whoami HTTP/1.1\r\nHost: t\r\n\r\n")
+            try:
+                assert third.recv(4096) == b""
+            except ConnectionResetError:
+                pass
+        assert lb.stats()["clients_refused"] == 1
+        first.close()
+        deadline = time.monotonic() + 10
+        while True:  # the slot is given back when the balancer sees the close
+            try:
+                open_served().close()
+                break
+            except (AssertionError, ConnectionResetError):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        second.close()
+    finally:
+        lb.close()
+    with pytest.raises(rustext.BalancerConfigError):
+        rustext.Balancer({"listen": "127.0.0.1:0", "backends": [], "max_client_connections": -1})

@@ -143,6 +143,8 @@ pub struct Config {
     pub pool_max_idle: usize,
     pub pool_idle_timeout: Duration,
     pub settings: Settings,
+    /// Client connections open at once from one client address (0 = no limit).
+    pub max_client_connections: usize,
     /// HTTPS on `listen` (None: plain HTTP).
     pub tls: Option<ListenTls>,
     /// A plain-HTTP listener whose every answer is a redirect to HTTPS.
@@ -182,6 +184,7 @@ impl Config {
             pool_max_idle: 64,
             pool_idle_timeout: Duration::from_secs(60),
             settings,
+            max_client_connections: 0,
             tls: None,
             redirect_listen: None,
             backend_tls: None,

@@ -46,6 +46,48 @@ pub struct Shared {
     pub epoch: Instant,
     /// Source of backend ids (pool keys).
     pub ids: std::sync::atomic::AtomicU64,
+    /// Open client connections per client address (with `max_client_connections`).
+    pub per_client: Mutex<std::collections::HashMap<IpAddr, u32>>,
+}
+
+/// A client address already at `max_client_connections`.
+#[derive(Debug)]
+pub struct OverClientLimit;
+
+/// A client connection counted against its address's limit; uncounted on drop.
+pub struct ClientSlot {
+    shared: Arc<Shared>,
+    ip: IpAddr,
+}
+
+impl ClientSlot {
+    /// A slot for a new connection from `ip`, or None when that address
+    /// already has `max_client_connections` open (0: no limit, no slot needed).
+    pub fn take(shared: &Arc<Shared>, ip: IpAddr) -> Result<Option<ClientSlot>, OverClientLimit> {
+        let limit = shared.config.max_client_connections;
+        if limit == 0 {
+            return Ok(None);
+        }
+        let mut map = shared.per_client.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(ip).or_insert(0);
+        if *n as usize >= limit {
+            return Err(OverClientLimit);
+        }
+        *n += 1;
+        Ok(Some(ClientSlot { shared: shared.clone(), ip }))
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut map = self.shared.per_client.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
 }
 
 impl Shared {

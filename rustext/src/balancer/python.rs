@@ -32,7 +32,8 @@ const SETTINGS_KEYS: [&str; 12] = [
     "queue_timeout",
     "listen",
 ];
-const FIXED_KEYS: [&str; 12] = [
+const FIXED_KEYS: [&str; 13] = [
+    "max_client_connections",
     "workers",
     "header_timeout",
     "idle_timeout",
@@ -217,6 +218,7 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     c.max_header_bytes = int(d, "max_header_bytes", c.max_header_bytes)?;
     c.pool_max_idle = int(d, "pool_max_idle", c.pool_max_idle)?;
     c.pool_idle_timeout = secs(d, "pool_idle_timeout", c.pool_idle_timeout)?;
+    c.max_client_connections = int(d, "max_client_connections", c.max_client_connections)?;
     c.tls = parse_listen_tls(d)?;
     if let Some(r) = string(d, "http_redirect")? {
         let addr = r
@@ -264,6 +266,7 @@ fn totals_dict<'py>(py: Python<'py>, t: &Totals) -> PyResult<Bound<'py, PyDict>>
     d.set_item("no_backend", t.no_backend)?;
     d.set_item("backend_errors", t.backend_errors)?;
     d.set_item("timeouts", t.timeouts)?;
+    d.set_item("clients_refused", t.clients_refused)?;
     let bounds: Vec<f64> = LATENCY_BOUNDS_US.iter().map(|&u| u as f64 / 1e6).collect();
     d.set_item("latency_bounds", bounds)?;
     d.set_item("latency_buckets", t.latency.to_vec())?;

@@ -154,6 +154,7 @@ impl Balancer {
             workers: workers.clone(),
             epoch,
             ids,
+            per_client: Mutex::new(std::collections::HashMap::new()),
         });
         let (stop, stop_rx) = watch::channel(None);
         let mut threads = Vec::new();
@@ -435,6 +436,12 @@ async fn worker_main(
                 for _ in 0..ACCEPT_BATCH {
                     match accept(guard.get_inner()) {
                         Ok((sock, peer)) => {
+                            let Ok(slot) = super::proxy::ClientSlot::take(&shared, peer.ip()) else {
+                                // over the per-client limit: closed at once, nothing read
+                                stats.clients_refused.fetch_add(1, Relaxed);
+                                drop(sock);
+                                continue;
+                            };
                             // Registered here, so a drain that starts next sees it.
                             let ctl = Arc::new(ConnCtl::default());
                             // Active from the start: an idle check right after the
@@ -444,7 +451,17 @@ async fn worker_main(
                             let id = conns.next.fetch_add(1, Relaxed);
                             conns.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl.clone());
                             if let Some(tls) = cfg.tls.clone() {
-                                tokio::spawn(serve_tls_conn(worker.clone(), conns.clone(), id, ctl, sock, peer, tls));
+                                let (w, c) = (worker.clone(), conns.clone());
+                                tokio::spawn(async move {
+                                    serve_tls_conn(w, c, id, ctl, sock, peer, tls).await;
+                                    drop(slot);
+                                });
+                            } else if slot.is_some() {
+                                let (w, c) = (worker.clone(), conns.clone());
+                                tokio::spawn(async move {
+                                    serve_conn(w, c, id, ctl, sock, peer).await;
+                                    drop(slot);
+                                });
                             } else {
                                 tokio::spawn(serve_conn(worker.clone(), conns.clone(), id, ctl, sock, peer));
                             }

@@ -60,6 +60,8 @@ pub struct WorkerStats {
     pub backend_errors: AtomicU64,
     /// Backend timeouts answered with 504.
     pub timeouts: AtomicU64,
+    /// Connections closed at accept: their address was at `max_client_connections`.
+    pub clients_refused: AtomicU64,
     pub latency: [AtomicU64; BUCKETS],
     pub latency_sum_us: AtomicU64,
 }
@@ -89,6 +91,7 @@ pub struct Totals {
     pub no_backend: u64,
     pub backend_errors: u64,
     pub timeouts: u64,
+    pub clients_refused: u64,
     pub latency: [u64; BUCKETS],
     pub latency_sum_us: u64,
 }
@@ -96,6 +99,7 @@ pub struct Totals {
 impl Totals {
     pub fn add(&mut self, w: &WorkerStats) {
         self.connections_total += w.connections_total.load(Relaxed);
+        self.clients_refused += w.clients_refused.load(Relaxed);
         self.connections_active += w.connections_active.load(Relaxed);
         self.requests += w.requests.load(Relaxed);
         for i in 0..5 {
