@@ -48,10 +48,13 @@ class BalancerProcess:
         return self.admin.address if self.admin is not None else None
 
     def draining(self) -> str:
-        n = self.lb.stats()["connections_active"]
+        # requests whose response has not started; idle keep-alive connections are closed at once,
+        # and counting them would make a just-closed probe connection look like work in flight
+        s = self.lb.stats()
+        n = max(0, s["requests"] - sum(s["responses"].values()))
         if not n:
             return ""
-        return f"draining {n} connection{'s' if n != 1 else ''} for up to {self.drain_timeout:g} s"
+        return f"draining {n} request{'s' if n != 1 else ''} for up to {self.drain_timeout:g} s"
 
     async def drain(self) -> None:
         await self._close_admin()

@@ -70,6 +70,10 @@ class LoadConfig:
             raise ValueError(f"the URL must be ws:// or wss://, got {self.url!r}")
         if (self.tls_ca or self.insecure) and not self.url.startswith("wss://"):
             raise ValueError("--tls-ca and --insecure need a wss:// URL")
+        try:
+            json.loads(self.payload)
+        except ValueError as exc:
+            raise ValueError(f"the payload must be JSON, e.g. '\"hello\"' for a string ({exc})") from None
         self.tls_context()  # a bad CA file is reported now, naming it
 
     def tls_context(self) -> ssl.SSLContext | None:
@@ -79,10 +83,6 @@ class LoadConfig:
         from rustext.tls import ClientTls
 
         return ClientTls(ca=self.tls_ca, insecure=self.insecure).context()
-        try:
-            json.loads(self.payload)
-        except ValueError as exc:
-            raise ValueError(f"the payload must be JSON, e.g. '\"hello\"' for a string ({exc})") from None
 
 
 @dataclass(kw_only=True)

@@ -468,6 +468,9 @@ class GrpcClient:
         """TLS (ALPN h2) when ``tls`` or any ``tls_*`` is given: servers
         verified against ``tls_ca`` or the system's trust store and the host
         of their HOST:PORT (``tls_insecure``: not verified at all)."""
+    def cancel(self, token: int) -> bool:
+        """Cancel a call: not sent yet, it never is; running, its HTTP/2
+        stream is reset; its completion never comes. False if it had finished."""
     def fileno(self) -> int: ...
     def next_id(self, target: int, name: str, range_size: int, timeout: float) -> int:
         """Start GRPCNextID on targets[target]; returns the call's token."""

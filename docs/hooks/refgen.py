@@ -199,6 +199,11 @@ def config_groups() -> list[ConfigGroup]:
                 Section(_cls("balancer.config.Limits"), "[limits]"),
                 Section(_cls("balancer.config.HealthCheck"), "[health]",
                         "Active health checks; absent or `enabled = false`: none."),
+                Section(_cls("balancer.config.Tls"), "[tls]",
+                        "HTTPS on `listen`, the HTTP-to-HTTPS redirect and TLS to backends (see the TLS page)."),
+                Section(_cls("balancer.config.Certificate"), "[[tls.certificates]]",
+                        "One table per certificate of the listener; the first is the default, others are "
+                        "picked by SNI."),
             ),
         ),
         ConfigGroup(
