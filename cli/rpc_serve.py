@@ -46,6 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     app.add_argument("--example", choices=("bench", "arith"), help="bench: Hello.Say (protobuf); arith: Arith.Mul/Add (JSON)")
     p.add_argument("--metadata", default="", metavar="QUERY", help="service metadata published to registries, e.g. weight=2")
     p.add_argument("--auth", action="append", metavar="TOKEN", help="accepted __AUTH token (repeatable)")
+    p.add_argument("--jwks-url", metavar="URL", help="accept __AUTH JWTs signed by a key of this JSON Web Key Set")
+    p.add_argument("--jwt-public-key", metavar="FILE", help="accept __AUTH JWTs signed by this PEM public key")
+    p.add_argument("--jwt-secret", metavar="SECRET", help="accept __AUTH JWTs (HS256/384/512) with this secret")
+    p.add_argument("--jwt-audience", metavar="AUD", help="JWTs must name this audience (aud)")
+    p.add_argument("--jwt-issuer", metavar="ISS", help="JWTs must come from this issuer (iss)")
     p.add_argument("--rate-limit", type=float, metavar="REQ_PER_S", help="server-wide request rate limit")
     p.add_argument("--conn-rate-limit", type=float, metavar="CONN_PER_S", help="accepted connections per second")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics on this port")
@@ -208,6 +213,23 @@ async def serve(args: argparse.Namespace) -> int:
         plugins.append(ReqRateLimitPlugin(args.rate_limit))
     if args.auth:
         plugins.append(AuthPlugin(args.auth))
+    jwt_plugin = None
+    if args.jwks_url or args.jwt_public_key or args.jwt_secret:
+        from rpc.plugins import JwtAuthPlugin
+        from rustext.tokens import TokenConfig
+
+        try:
+            jwt_plugin = JwtAuthPlugin.from_config(TokenConfig(
+                secret=args.jwt_secret or "", public_key=args.jwt_public_key or "", jwks_url=args.jwks_url or "",
+                audience=args.jwt_audience or "", issuer=args.jwt_issuer or ""))
+        except (TlsConfigError, ValueError) as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 2
+        plugins.append(jwt_plugin)
+    elif args.jwt_audience or args.jwt_issuer:
+        print(f"{prog}: --jwt-audience and --jwt-issuer need --jwks-url, --jwt-public-key or --jwt-secret",
+              file=sys.stderr)
+        return 2
     if args.metrics_port is not None:
         metrics = MetricsPlugin()
         plugins.append(metrics)
@@ -251,6 +273,13 @@ async def serve(args: argparse.Namespace) -> int:
     async def start() -> _Running:
         r = _Running(server, args.shutdown_timeout, tls, tls_context)
         try:
+            if jwt_plugin is not None:
+                from rustext.tokens import TokenError
+
+                try:
+                    await jwt_plugin.start()  # the JWKS, fetched before the first request
+                except TokenError as exc:
+                    raise StartError(str(exc)) from exc
             if args.listen:
                 r.listener = await _start_rpcx_listener(server, args.listen, http=not args.no_http, config=config,
                                                         idle_timeout=args.idle_timeout, tls=tls_context)
@@ -305,7 +334,11 @@ async def serve(args: argparse.Namespace) -> int:
         holder.append(await start())
         return holder[0]
 
-    status = await serve_until_signalled(prog, start_kept, ready=ready, reload=_Running.reload_tls)
+    try:
+        status = await serve_until_signalled(prog, start_kept, ready=ready, reload=_Running.reload_tls)
+    finally:
+        if jwt_plugin is not None:
+            await jwt_plugin.aclose()
     if status == 0 and holder and not holder[0].drained:
         return 1
     return status

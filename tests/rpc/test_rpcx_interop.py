@@ -169,3 +169,38 @@ async def test_our_client_calls_a_go_server_over_tls(go_peer: Path, pki: Any) ->
         proc.kill()
         proc.wait(timeout=10)
         proc.stdout.close()
+
+
+def test_go_client_with_auth_against_jwt_verification(go_peer: Path, tmp_path: Path) -> None:
+    """``juggler rpc serve --jwt-public-key`` checks the JWT a Go rpcx client
+    sends with ``XClient.Auth``: a valid one is served, an expired one or one
+    signed by another key is refused."""
+    import time
+
+    import jwt
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key, other = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    pub = tmp_path / "issuer.pem"
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                 serialization.PublicFormat.SubjectPublicKeyInfo))
+    ours: Served = serve("--example", "arith", "--jwt-public-key", str(pub), "--jwt-audience", "rpc")
+    now = time.time()
+    good = jwt.encode({"sub": "go", "aud": "rpc", "exp": now + 60}, key, algorithm="ES256")
+    expired = jwt.encode({"sub": "go", "aud": "rpc", "exp": now - 60}, key, algorithm="ES256")
+    forged = jwt.encode({"sub": "go", "aud": "rpc", "exp": now + 60}, other, algorithm="ES256")
+    try:
+        addr = ours.address.removeprefix("tcp@")
+
+        def call(token: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([str(go_peer), "client", addr, "6", "7"], capture_output=True, text=True,
+                                  timeout=60, env={**os.environ, "AUTH": token})
+
+        ok = call(good)
+        assert ok.returncode == 0 and ok.stdout.strip() == '{"C":42}', ok.stderr
+        for bad in (expired, forged, "not-a-jwt"):
+            refused = call(bad)
+            assert refused.returncode != 0 and "auth" in refused.stderr.lower(), refused.stderr
+    finally:
+        ours.stop()

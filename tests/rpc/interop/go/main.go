@@ -8,6 +8,7 @@
 // TLS: with TLS_CERT and TLS_KEY (PEM files) the server serves rpcx over TLS; with TLS_CA
 // the clients connect over TLS and verify the server against that CA (and TLS_SERVER_NAME,
 // default the host of ADDR); TLS_CLIENT_CERT/TLS_CLIENT_KEY give clients a certificate.
+// AUTH: the client sets it with XClient.Auth (rpcx's __AUTH metadata).
 package main
 
 import (
@@ -128,6 +129,9 @@ func main() {
 		}
 		xc := client.NewXClient("Arith", client.Failfast, client.RandomSelect, d, opt)
 		defer xc.Close()
+		if token := os.Getenv("AUTH"); token != "" {
+			xc.Auth(token)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		ctx = context.WithValue(ctx, share.ReqMetaDataKey, map[string]string{"k": "v"})
