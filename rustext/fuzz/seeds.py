@@ -79,6 +79,24 @@ def main() -> None:
         rpcx += [bytes.fromhex(v["frame_hex"]) for v in json.loads(vectors.read_text()) if v.get("frame_hex")]
     write("rpcx_codec", [bytes((cut,)) + b"".join(rpcx[:3]) for cut in (0, 5)] + [b"\x00" + f for f in rpcx])
 
+    # the balancer's HTTP/1 requests (the fast path, and the differential against hyper)
+    http = [
+        b"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"GET /x?y=1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+        b"POST /echo HTTP/1.1\r\nHost: a:80\r\nContent-Length: 5\r\nX-User: bob\r\n\r\nhello",
+        b"HEAD /h HTTP/1.1\r\nHost: [::1]:8080\r\nX-Forwarded-For: 1.2.3.4\r\nForwarded: for=1.2.3.4\r\n\r\n",
+        b"DELETE /d HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /second HTTP/1.1\r\nHost: a\r\n\r\n",
+    ]
+    write("h1_request", http)
+    write("h1_differential", http)
+
+    # seq's gRPC messages: framed, and bare protobuf of the RRAPI messages
+    def grpc_frame(msg: bytes) -> bytes:
+        return b"\x00" + len(msg).to_bytes(4, "big") + msg
+    protos = [b"\x0a\x03seq\x10\x64", b"\x08\x01\x10\x64", b"\x0a\x01a", b"\x08\xff\xff\x03", b"\x08\x01", b""]
+    write("grpc_codec", protos + [grpc_frame(p) for p in protos] + [b"5S", b"100m", b"abc%20def"])
+
 
 if __name__ == "__main__":
     main()

@@ -47,6 +47,12 @@ pub enum ReqParse {
 /// Parse a request head from `buf` and write its backend form into `out`
 /// (cleared first): request line and kept headers, without the final
 /// forwarding headers and blank line (see [`finish_request`]).
+/// A byte of an origin-form target: pchar, "/" and "?" (RFC 3986 §3.3, §3.4).
+#[inline]
+fn uri_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=:@/?".contains(&c)
+}
+
 pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -> ReqParse {
     out.clear();
     let mut hs = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -63,12 +69,9 @@ pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -
         // a fragment is never sent (RFC 9112 §3.2); hyper's path would drop it silently
         return ReqParse::Refuse;
     }
-    if version > 1
-        || !target.starts_with('/')
-        || !target
-            .bytes()
-            .all(|c| (0x21..0x7f).contains(&c) && c != b'#')
-    {
+    if version > 1 || !target.starts_with('/') || !target.bytes().all(uri_byte) {
+        // outside RFC 3986's path and query characters: hyper's path decides (it refuses what
+        // its URI parser does not take), so that both paths agree on every target they accept
         return ReqParse::Fallback;
     }
     let headers: &[httparse::Header<'_>] = req.headers;
