@@ -586,7 +586,15 @@ impl AsyncWrite for Watched {
     }
 }
 
+/// Counts a client connection for as long as it lives.
 struct ConnCount(Arc<WorkerStats>);
+impl ConnCount {
+    fn new(stats: &Arc<WorkerStats>) -> Self {
+        stats.connections_total.fetch_add(1, Relaxed);
+        stats.connections_active.fetch_add(1, Relaxed);
+        ConnCount(stats.clone())
+    }
+}
 impl Drop for ConnCount {
     fn drop(&mut self) {
         self.0.connections_active.fetch_sub(1, Relaxed);
@@ -602,9 +610,7 @@ async fn serve_tls_conn(
     peer: SocketAddr,
     tls: super::config::ListenTls,
 ) {
-    w.stats.connections_total.fetch_add(1, Relaxed);
-    w.stats.connections_active.fetch_add(1, Relaxed);
-    let _count = ConnCount(w.stats.clone());
+    let _count = ConnCount::new(&w.stats);
     super::https::serve(w, ctl, sock, peer, &tls).await;
     conns.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
 }
@@ -617,9 +623,7 @@ async fn serve_conn(
     sock: std::net::TcpStream,
     peer: SocketAddr,
 ) {
-    w.stats.connections_total.fetch_add(1, Relaxed);
-    w.stats.connections_active.fetch_add(1, Relaxed);
-    let _count = ConnCount(w.stats.clone());
+    let _count = ConnCount::new(&w.stats);
     if !cfg!(target_os = "linux") {
         let _ = sock.set_nodelay(true);
     }
