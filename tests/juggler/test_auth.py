@@ -72,6 +72,29 @@ async def test_auth_accepts_header_and_query_token_refuses_others() -> None:
         assert server.stats.rejections["unauthenticated"] == 4
 
 
+async def test_claims_checked_at_the_handshake() -> None:
+    """Not yet valid, another audience, another issuer, no audience: HTTP
+    401 at the handshake; the right claims pass. (Algorithms and keys:
+    tests/rustext/test_tokens.py.)"""
+    auth = Auth(AuthConfig(jwt_secret=SECRET, audience="app", issuer="https://idp.test/"))
+    good = {"aud": "app", "iss": "https://idp.test/"}
+    async with stack(auth=auth) as server:
+        async with connect(server.url + "?token=" + token(**good)) as c:
+            assert await c.call("test.echo", "ok", timeout=5) == "ok"
+        bad = [
+            token(**good, nbf=time.time() + 600),
+            token(aud="other", iss="https://idp.test/"),
+            token(aud="app", iss="https://evil.test/"),
+            token(iss="https://idp.test/"),  # no audience at all
+        ]
+        for t in bad:
+            with pytest.raises(InvalidStatus) as info:
+                async with ws(server, additional_headers={"Authorization": f"Bearer {t}"}):
+                    pass
+            assert info.value.response.status_code == 401
+        assert server.stats.rejections["unauthenticated"] == 4
+
+
 async def test_custom_verifier_and_origin_allow_list() -> None:
     def verify(tok: str, request: Any) -> dict[str, Any] | None:
         return {"sub": tok} if tok.startswith("good-") else None
