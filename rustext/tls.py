@@ -44,9 +44,26 @@ def _readable(path: str, what: str) -> None:
         raise TlsConfigError(f"{what} {path}: not readable")
 
 
+def _has_pem(path: str, kind: bytes) -> bool:
+    """Whether the file holds a PEM section whose label ends with ``kind``
+    (``CERTIFICATE``, ``PRIVATE KEY``: also RSA/EC ones)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(1 << 20)
+    except OSError:
+        return False
+    return any(line.startswith(b"-----BEGIN ") and line.rstrip().endswith(kind + b"-----")
+               for line in data.splitlines())
+
+
 def _load_chain(ctx: ssl.SSLContext, cert: str, key: str) -> None:
     _readable(cert, "certificate")
     _readable(key, "private key")
+    # OpenSSL's own message for a wrong file is "PEM lib": name the file and what it lacks
+    if not _has_pem(cert, b"CERTIFICATE"):
+        raise TlsConfigError(f"{cert}: no PEM certificate in it")
+    if not _has_pem(key, b"PRIVATE KEY"):
+        raise TlsConfigError(f"{key}: no PEM private key in it")
     try:
         ctx.load_cert_chain(cert, key)
     except ssl.SSLError as exc:
