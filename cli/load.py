@@ -10,6 +10,8 @@ EXAMPLES = """examples:
   juggler load -c 50 -d 30s --uri test.delay --payload '"10"'
   juggler load -r 5000 -d 20s --timeout 1s         # fixed total rate of 5000 calls/s
   juggler load --procs 2 --json > report.json      # spread over 2 processes, machine-readable
+  juggler load --mode fanout --subscribers 1000 --rate 50 --payload-bytes 100 -d 20s --procs 2
+                                                   # pub-sub: 1000 subscribers, 50 PUB/s, PUB→EVNT latency
 """
 
 
@@ -23,11 +25,18 @@ def register(subparsers: Any) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--mode", choices=("call", "fanout"), default="call",
+                   help="call: CALLs as below; fanout: subscribers on one channel and a publisher [%(default)s]")
+    p.add_argument("--subscribers", type=int, default=100, metavar="N",
+                   help="fanout: websocket subscribers of the channel [%(default)s]")
+    p.add_argument("--payload-bytes", type=int, default=100, metavar="B",
+                   help="fanout: padding of each published message [%(default)s]")
+    p.add_argument("--channel", default="bench.fanout", help="fanout: the channel [%(default)s]")
     p.add_argument("--url", default="ws://127.0.0.1:9000/ws", help="[%(default)s]")
     p.add_argument("-c", "--connections", type=int, default=20, metavar="N", help="connections [%(default)s]")
     p.add_argument("-d", "--duration", default="10s", metavar="DURATION", help="how long, e.g. 10s, 1m [%(default)s]")
-    p.add_argument("-r", "--rate", type=float, default=0.0, metavar="CALLS_PER_S",
-                   help="total calls per second; 0 = closed loop [%(default)s]")
+    p.add_argument("-r", "--rate", type=float, default=0.0, metavar="PER_S",
+                   help="total calls per second, 0 = closed loop; fanout: PUBs per second (default 50) [%(default)s]")
     p.add_argument("--uri", default="test.echo", help="[%(default)s]")
     p.add_argument("--payload", default='"hello"', metavar="JSON", help="the args of each call, JSON [%(default)s]")
     p.add_argument("--timeout", default="5s", metavar="DURATION", help="call timeout [%(default)s]")
@@ -53,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         except ValueError:
             return parse_duration(text)
 
+    if args.mode == "fanout":
+        return run_fanout_cli(args, seconds)
     try:
         cfg = LoadConfig(
             url=args.url, connections=args.connections, duration=seconds(args.duration),
@@ -79,3 +90,26 @@ def run(args: argparse.Namespace) -> int:
     if report.calls == 0:
         return 1
     return 0
+
+
+def run_fanout_cli(args: argparse.Namespace, seconds: Any) -> int:
+    """``juggler load --mode fanout``: see juggler/fanout.py."""
+    import sys
+
+    from juggler.fanout import FanoutConfig, run_fanout
+    from juggler.repl import ReplError
+
+    try:
+        cfg = FanoutConfig(url=args.url, subscribers=args.subscribers, rate=args.rate or 50.0,
+                           duration=seconds(args.duration), payload_bytes=args.payload_bytes,
+                           channel=args.channel, procs=args.procs)
+    except (ValueError, ReplError) as exc:
+        print(f"juggler load: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = run_fanout(cfg)
+    except KeyboardInterrupt:
+        print("juggler load: stopped", file=sys.stderr)
+        return 130
+    print(report.to_json() if args.json else report.format())
+    return 0 if report.published and not report.lost else 1

@@ -1,0 +1,247 @@
+"""Pub-sub fan-out load: N websocket subscribers on one channel, one
+publisher at R messages/s, for D seconds (``juggler load --mode fanout``).
+
+Each PUB carries its publish time (``time.time_ns()``) and a sequence
+number in its ``args``, padded to ``payload_bytes``; every subscriber
+records publish → delivery latency for each EVNT and checks the sequence
+numbers, so lost, duplicated or reordered events are counted. Subscribers
+are spread over ``procs`` processes (the load tool must not be the limit);
+the publisher runs in the first. The report: events published, deliveries
+expected and seen, deliveries/s, lost, duplicates, latency percentiles.
+
+Uses the load tool's own minimal websocket client (juggler.load._WsClient):
+the measuring side must cost less CPU than the server it measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import time
+import uuid
+from array import array
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from juggler.load import _percentiles, _WsClient
+from rustext.interrupt import ignore_sigint
+
+EVNT, ACK, NACK = 10, 8, 7
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FanoutConfig:
+    url: str = "ws://127.0.0.1:9000/ws"
+    subscribers: int = 100
+    rate: float = 50.0  # PUBs per second
+    duration: float = 10.0
+    payload_bytes: int = 100
+    channel: str = "bench.fanout"
+    procs: int = 1
+    open_timeout: float = 10.0
+    #: seconds to wait, after the last PUB, for its deliveries
+    settle: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.subscribers < 1:
+            raise ValueError("subscribers must be >= 1")
+        if self.rate <= 0:
+            raise ValueError("the fan-out mode needs a publish rate > 0 (--rate)")
+        if self.duration <= 0:
+            raise ValueError("duration must be > 0")
+        if self.payload_bytes < 0:
+            raise ValueError("payload bytes must be >= 0")
+        if self.procs < 1:
+            raise ValueError("procs must be >= 1")
+        if not self.url.startswith("ws://"):
+            raise ValueError("the fan-out mode speaks ws:// only")
+
+
+@dataclass(kw_only=True)
+class FanoutReport:
+    config: dict[str, Any]
+    duration_s: float
+    published: int = 0
+    expected: int = 0  # published × subscribers that were subscribed
+    delivered: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    out_of_order: int = 0
+    deliveries_per_s: float = 0.0
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    error_messages: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    def format(self) -> str:
+        c = self.config
+        lines = [
+            f"{c['subscribers']} subscribers ({c['procs']} process{'es' if c['procs'] > 1 else ''}) on "
+            f"{c['channel']}, {c['rate']:g} PUB/s of {c['payload_bytes']} bytes, {self.duration_s:.2f}s",
+            f"published {self.published}  deliveries {self.delivered} of {self.expected}  lost {self.lost}  "
+            f"duplicates {self.duplicates}  out of order {self.out_of_order}",
+            f"throughput {self.deliveries_per_s:,.0f} deliveries/s",
+        ]
+        if self.latency_ms:
+            lines.append("latency PUB→EVNT (ms): " + "  ".join(f"{k} {v:.3f}" for k, v in self.latency_ms.items()))
+        for m in self.error_messages[:5]:
+            lines.append(f"error: {m}")
+        return "\n".join(lines)
+
+
+class _Subscriber:
+    def __init__(self, lat: array) -> None:
+        self.lat = lat
+        self.ws: _WsClient | None = None
+        self.subscribed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.last = -1
+        self.seen = 0
+        self.duplicates = 0
+        self.out_of_order = 0
+
+    def on_frame(self, frame: str) -> None:
+        now = time.time_ns()
+        msg = json.loads(frame)
+        kind = msg["meta"]["type"]
+        if kind == EVNT:
+            args = msg["payload"]["args"]
+            seq = args["seq"]
+            self.lat.append((now - args["t"]) // 1000)
+            if seq == self.last:
+                self.duplicates += 1
+                return
+            if seq < self.last:
+                self.out_of_order += 1
+            self.last = max(self.last, seq)
+            self.seen += 1
+        elif kind in (ACK, NACK) and not self.subscribed.done():
+            self.subscribed.set_result(kind == ACK)
+
+
+async def _worker(cfg: FanoutConfig, n: int, publish: bool, start_at: float) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    lat = array("q")
+    errors: list[str] = []
+    subs: list[_Subscriber] = []
+
+    async def open_ws(on_frame: Any) -> _WsClient:
+        ws = _WsClient(cfg.url, "juggler.0", on_frame)
+        await asyncio.wait_for(loop.create_connection(lambda: ws, ws.host, ws.port), cfg.open_timeout)
+        await asyncio.wait_for(ws.opened, cfg.open_timeout)
+        return ws
+
+    async def subscribe() -> None:
+        s = _Subscriber(lat)
+        try:
+            s.ws = await open_ws(s.on_frame)
+            s.ws.send_text(json.dumps({"meta": {"type": 3, "uuid": str(uuid.uuid4())},
+                                       "payload": {"channel": cfg.channel, "pattern": False}}))
+            if not await asyncio.wait_for(s.subscribed, cfg.open_timeout):
+                errors.append("SUB refused (NACK)")
+                return
+        except Exception as exc:
+            errors.append(f"subscriber: {exc!r}")
+            return
+        subs.append(s)
+
+    await asyncio.gather(*(subscribe() for _ in range(n)))
+    pub_ws = None
+    if publish:
+        try:
+            pub_ws = await open_ws(lambda frame: None)
+        except Exception as exc:
+            errors.append(f"publisher: {exc!r}")
+    delay = start_at - time.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    published = 0
+    if pub_ws is not None:
+        pad = "x" * cfg.payload_bytes
+        t0 = time.perf_counter()
+        end = t0 + cfg.duration
+        while True:
+            now = time.perf_counter()
+            if now >= end:
+                break
+            due = int((now - t0) * cfg.rate) + 1 - published
+            for _ in range(max(0, due)):
+                pub_ws.send_text(
+                    '{"meta":{"type":2,"uuid":"%s"},"payload":{"channel":%s,"args":{"t":%d,"seq":%d,"pad":"%s"}}}'
+                    % (uuid.uuid4(), json.dumps(cfg.channel), time.time_ns(), published, pad))
+                published += 1
+            await asyncio.sleep(max(0.0005, min(end, t0 + (published / cfg.rate)) - time.perf_counter()))
+    else:
+        await asyncio.sleep(cfg.duration)
+    await asyncio.sleep(cfg.settle)  # the last events' deliveries
+    for s in subs:
+        if s.ws is not None:
+            s.ws.close()
+    if pub_ws is not None:
+        pub_ws.close()
+    return {
+        "lat": lat.tobytes(), "published": published, "subscribed": len(subs),
+        "seen": sum(s.seen for s in subs), "duplicates": sum(s.duplicates for s in subs),
+        "out_of_order": sum(s.out_of_order for s in subs), "errors": errors[:20],
+    }
+
+
+def _proc_main(cfg: FanoutConfig, n: int, publish: bool, start_at: float, out: Any) -> None:
+    ignore_sigint()
+    try:
+        import uvloop
+
+        result = uvloop.run(_worker(cfg, n, publish, start_at))
+    except BaseException as exc:  # report, never hang the parent
+        result = {"lat": b"", "published": 0, "subscribed": 0, "seen": 0, "duplicates": 0, "out_of_order": 0,
+                  "errors": [f"worker: {exc!r}"]}
+    out.send(result)
+    out.close()
+
+
+def run_fanout(cfg: FanoutConfig) -> FanoutReport:
+    """Run the fan-out load (blocking) and report."""
+    procs = min(cfg.procs, cfg.subscribers)
+    shares = [cfg.subscribers // procs + (1 if i < cfg.subscribers % procs else 0) for i in range(procs)]
+    # everyone subscribed before the first PUB: generous for thousands of connections
+    start_at = time.time() + 2.0 + cfg.subscribers / 2000
+    ctx = mp.get_context("spawn")
+    pipes, workers = [], []
+    for i in range(procs):
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_proc_main, args=(cfg, shares[i], i == 0, start_at, child), daemon=True)
+        p.start()
+        child.close()
+        pipes.append(parent)
+        workers.append(p)
+    results = []
+    deadline = time.time() + cfg.duration + cfg.settle + cfg.open_timeout + 60
+    try:
+        for pipe in pipes:
+            left = max(0.1, deadline - time.time())
+            results.append(pipe.recv() if pipe.poll(left) else {
+                "lat": b"", "published": 0, "subscribed": 0, "seen": 0, "duplicates": 0, "out_of_order": 0,
+                "errors": ["worker timed out"]})
+    finally:
+        for p in workers:  # no worker outlives the run
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    lat = array("q")
+    for r in results:
+        a = array("q")
+        a.frombytes(r["lat"])
+        lat.extend(a)
+    published = sum(r["published"] for r in results)
+    subscribed = sum(r["subscribed"] for r in results)
+    seen = sum(r["seen"] for r in results)
+    expected = published * subscribed
+    return FanoutReport(
+        config={**asdict(cfg), "procs": procs}, duration_s=cfg.duration, published=published,
+        expected=expected, delivered=seen, lost=max(0, expected - seen),
+        duplicates=sum(r["duplicates"] for r in results), out_of_order=sum(r["out_of_order"] for r in results),
+        deliveries_per_s=seen / cfg.duration, latency_ms=_percentiles(lat),
+        error_messages=[e for r in results for e in r["errors"]],
+    )
