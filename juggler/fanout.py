@@ -24,7 +24,7 @@ from array import array
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from juggler.load import _percentiles, _WsClient
+from juggler.load import _percentiles, _WsClient, reap
 from rustext.interrupt import ignore_sigint
 
 EVNT, ACK, NACK = 10, 8, 7
@@ -187,6 +187,12 @@ async def _worker(cfg: FanoutConfig, n: int, publish: bool, start_at: float) -> 
     }
 
 
+def _failed(why: str) -> dict[str, Any]:
+    """The result of a worker that did not report."""
+    return {"lat": b"", "published": 0, "subscribed": 0, "seen": 0, "duplicates": 0, "out_of_order": 0,
+            "errors": [why]}
+
+
 def _proc_main(cfg: FanoutConfig, n: int, publish: bool, start_at: float, out: Any) -> None:
     ignore_sigint()
     try:
@@ -194,8 +200,7 @@ def _proc_main(cfg: FanoutConfig, n: int, publish: bool, start_at: float, out: A
 
         result = uvloop.run(_worker(cfg, n, publish, start_at))
     except BaseException as exc:  # report, never hang the parent
-        result = {"lat": b"", "published": 0, "subscribed": 0, "seen": 0, "duplicates": 0, "out_of_order": 0,
-                  "errors": [f"worker: {exc!r}"]}
+        result = _failed(f"worker: {exc!r}")
     out.send(result)
     out.close()
 
@@ -220,15 +225,9 @@ def run_fanout(cfg: FanoutConfig) -> FanoutReport:
     try:
         for pipe in pipes:
             left = max(0.1, deadline - time.time())
-            results.append(pipe.recv() if pipe.poll(left) else {
-                "lat": b"", "published": 0, "subscribed": 0, "seen": 0, "duplicates": 0, "out_of_order": 0,
-                "errors": ["worker timed out"]})
+            results.append(pipe.recv() if pipe.poll(left) else _failed("worker timed out"))
     finally:
-        for p in workers:  # no worker outlives the run
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        reap(workers)
     lat = array("q")
     for r in results:
         a = array("q")

@@ -582,11 +582,7 @@ def _run_load(cfg: LoadConfig, progress: Callable[[str], None] | None,
                 p.kill()
             raise
         finally:
-            for p in workers:  # no worker outlives the run
-                p.join(5)
-                if p.is_alive():
-                    p.kill()
-                    p.join(5)
+            reap(workers)
         results = [got.get(i, {"lat": b"", "late": 0, "errors": ["worker timed out"]}) for i in range(procs)]
 
     t = totals()
@@ -612,6 +608,16 @@ def _run_load(cfg: LoadConfig, progress: Callable[[str], None] | None,
         latency_ms=_percentiles(lat), error_messages=errs,
     )
     return report
+
+
+def reap(workers: list[Any]) -> None:
+    """Join the worker processes, killing any still alive after 5 s: no
+    worker outlives a run."""
+    for p in workers:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
 
 
 def _collect(pipes: list[Any], pending: list[int], got: dict[int, dict[str, Any]], deadline: float,
