@@ -83,8 +83,8 @@ class TcpChannel(Channel):
     the server against the endpoint's host name (or IP address), a server
     context serves its certificate."""
 
-    def __init__(self, ssl: ssl.SSLContext | None = None) -> None:
-        self.ssl = ssl
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.ssl = tls
 
     async def connect(self, endpoint: Endpoint, factory: ProtocolFactory) -> tuple[asyncio.BaseTransport, asyncio.Protocol]:
         loop = asyncio.get_running_loop()

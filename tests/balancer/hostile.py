@@ -243,8 +243,13 @@ def send(port: int, raw: bytes, timeout: float = 3.0) -> str:
 
 
 async def run_case(port: int, origin: StrictOrigin, case: Case) -> Outcome:
-    """Send the case to a proxy on ``port`` in front of ``origin``."""
+    """Send the case to a proxy on ``port`` in front of ``origin``.
+
+    A request the proxy forwards and answers is recorded before its answer
+    exists (the origin records the head first); the short window after the
+    answer is only for what a faulty proxy might still forward after it has
+    answered (a body it streams after refusing), which no event announces."""
     before = len(origin.received)
     status = await asyncio.to_thread(send, port, case.raw)
-    await asyncio.sleep(0.05)  # the origin's handler records what arrived on its own loop turn
+    await asyncio.sleep(0.05)
     return Outcome(status, origin.received[before:])

@@ -185,9 +185,8 @@ def test_a_client_stalling_in_its_handshake_is_dropped(proxy: Any, backends: Any
     lb = proxy(backends(1), workers=1, header_timeout=1, tls_certificates=[(str(leaf.cert), str(leaf.key))])
     with socket.create_connection(("127.0.0.1", lb.address[1]), timeout=10) as s:
         s.sendall(b"\x16\x03\x01")  # the start of a ClientHello, then nothing
-        start = time.monotonic()
-        assert s.recv(1024) == b""  # closed by the balancer
-        assert time.monotonic() - start < 8
+        # closed by the balancer (header_timeout 1 s) well before this socket's own 10 s timeout
+        assert s.recv(1024) == b""
     # others are served meanwhile and after
     assert get(lb.address[1], "/whoami", client_ctx(pki.ca))[0] == 200
 

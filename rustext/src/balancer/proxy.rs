@@ -648,7 +648,7 @@ fn error_response(status: StatusCode, msg: &'static str) -> Response<RespBody> {
 /// §6.1, RFC 9110 §7.2): the rules hyper's parser leaves to its user.
 /// Framing errors hyper finds itself (malformed lines, fields, lengths,
 /// chunk sizes) never reach here: it answers 400 on its own.
-pub fn refuse_reason(version: Version, uri: &Uri, headers: &HeaderMap) -> Option<&'static str> {
+pub fn refuse_reason(version: Version, headers: &HeaderMap) -> Option<&'static str> {
     let mut hosts = headers.get_all(header::HOST).iter();
     let host = hosts.next();
     if hosts.next().is_some() {
@@ -672,9 +672,7 @@ pub fn refuse_reason(version: Version, uri: &Uri, headers: &HeaderMap) -> Option
     if headers.get_all(header::CONTENT_LENGTH).iter().nth(1).is_some() {
         return Some("more than one Content-Length header field\n");
     }
-    if uri.to_string().contains('#') {
-        return Some("a fragment in the request target\n");
-    }
+    // a fragment never reaches here: hyper's URI parser drops it (the fast path refuses it)
     None
 }
 
@@ -810,7 +808,7 @@ async fn forward(
         None
     };
     let (parts, body) = req.into_parts();
-    if let Some(reason) = refuse_reason(parts.version, &parts.uri, &parts.headers) {
+    if let Some(reason) = refuse_reason(parts.version, &parts.headers) {
         return refused(reason, parts.version == Version::HTTP_2);
     }
     let head_bytes: usize = parts.headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();

@@ -28,7 +28,7 @@ use super::config::{Config, Settings};
 use super::fast::{self, Client, FastPool};
 use super::net::{poll_send, poll_send_vectored};
 use super::pool::Pool;
-use super::proxy::{handle, Clock, ConnCtl, Peer, Shared, Worker};
+use super::proxy::{handle, ClientSlot, Clock, ConnCtl, Peer, Shared, Worker};
 use super::stats::{IdMap, Totals, WorkerStats};
 use super::upstream::{AdminState, Upstream};
 
@@ -436,7 +436,7 @@ async fn worker_main(
                 for _ in 0..ACCEPT_BATCH {
                     match accept(guard.get_inner()) {
                         Ok((sock, peer)) => {
-                            let Ok(slot) = super::proxy::ClientSlot::take(&shared, peer.ip()) else {
+                            let Ok(slot) = ClientSlot::take(&shared, peer.ip()) else {
                                 // over the per-client limit: closed at once, nothing read
                                 stats.clients_refused.fetch_add(1, Relaxed);
                                 drop(sock);
@@ -450,20 +450,10 @@ async fn worker_main(
                             ctl.active.store(true, Relaxed);
                             let id = conns.next.fetch_add(1, Relaxed);
                             conns.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl.clone());
-                            if let Some(tls) = cfg.tls.clone() {
-                                let (w, c) = (worker.clone(), conns.clone());
-                                tokio::spawn(async move {
-                                    serve_tls_conn(w, c, id, ctl, sock, peer, tls).await;
-                                    drop(slot);
-                                });
-                            } else if slot.is_some() {
-                                let (w, c) = (worker.clone(), conns.clone());
-                                tokio::spawn(async move {
-                                    serve_conn(w, c, id, ctl, sock, peer).await;
-                                    drop(slot);
-                                });
+                            if cfg.tls.is_some() {
+                                tokio::spawn(serve_tls_conn(worker.clone(), conns.clone(), id, ctl, sock, peer, slot));
                             } else {
-                                tokio::spawn(serve_conn(worker.clone(), conns.clone(), id, ctl, sock, peer));
+                                tokio::spawn(serve_conn(worker.clone(), conns.clone(), id, ctl, sock, peer, slot));
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -608,10 +598,12 @@ async fn serve_tls_conn(
     ctl: Arc<ConnCtl>,
     sock: std::net::TcpStream,
     peer: SocketAddr,
-    tls: super::config::ListenTls,
+    _slot: Option<ClientSlot>,
 ) {
     let _count = ConnCount::new(&w.stats);
-    super::https::serve(w, ctl, sock, peer, &tls).await;
+    if let Some(tls) = w.shared.config.tls.clone() {
+        super::https::serve(w, ctl, sock, peer, &tls).await;
+    }
     conns.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
 }
 
@@ -622,40 +614,23 @@ async fn serve_conn(
     ctl: Arc<ConnCtl>,
     sock: std::net::TcpStream,
     peer: SocketAddr,
+    _slot: Option<ClientSlot>,
 ) {
     let _count = ConnCount::new(&w.stats);
     if !cfg!(target_os = "linux") {
         let _ = sock.set_nodelay(true);
     }
     let peer = Arc::new(Peer::cached(peer, ctl.clone(), &w.last_peer));
-    if w.shared.config.backend_tls.is_some() {
+    let mut stage = if w.shared.config.backend_tls.is_some() {
         // The fast path speaks to backends over raw sockets: with TLS to
         // backends every exchange goes through hyper's path.
         let Ok(io) = Client::new(sock, ctl.clone()).into_tokio() else { return };
-        let mut conn = hyper_conn(&w, &ctl, &peer, io, Vec::new());
-        let mut closing = false;
-        std::future::poll_fn(|cx| {
-            *ctl.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
-            if ctl.abort.load(Relaxed) {
-                return Poll::Ready(());
-            }
-            if !closing && ctl.close.load(Relaxed) {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
-            }
-            conn.as_mut().poll(cx).map(|_| ())
-        })
-        .await;
-        conns.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-        return;
-    }
-    // Boxed: the task cell (128-byte aligned) stays small; a multi-KiB
-    // over-aligned cell takes the allocator's slow path on every accept.
-    let mut stage = Stage::Fast(Box::pin(fast::serve(
-        w.clone(),
-        peer.clone(),
-        Client::new(sock, ctl.clone()),
-    )));
+        Stage::Hyper(hyper_conn(&w, &ctl, &peer, io, Vec::new()))
+    } else {
+        // Boxed: the task cell (128-byte aligned) stays small; a multi-KiB
+        // over-aligned cell takes the allocator's slow path on every accept.
+        Stage::Fast(Box::pin(fast::serve(w.clone(), peer.clone(), Client::new(sock, ctl.clone()))))
+    };
     let mut closing = false;
     let mut registered = false;
     let _ = std::future::poll_fn(|cx| {
