@@ -72,3 +72,21 @@ class TestPKI:
         chain.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
         cert.private_key_pem.write_to_path(str(key))
         return Leaf(cert=chain, key=key)
+
+
+async def served_serial(host: str, port: int, ca: Path, alpn: list[str] | None = None) -> int:
+    """The serial number of the certificate a new TLS connection to
+    ``host:port`` is served (to see a reload take effect)."""
+    import asyncio
+
+    from cryptography import x509
+
+    from rustext.tls import ClientTls
+
+    ctx = ClientTls(ca=str(ca)).context(alpn=alpn or ())
+    _, writer = await asyncio.open_connection(host, port, ssl=ctx, server_hostname=host)
+    try:
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        return x509.load_der_x509_certificate(der).serial_number
+    finally:
+        writer.close()

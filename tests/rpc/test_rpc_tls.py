@@ -9,7 +9,6 @@ certificate to new connections while an established one goes on.
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from rpc.rpcx_server import RpcxServer
 from rpc.server import Server
 from rustext.tls import ClientTls, ServerTls
 from tests.netutil import free_port
-from tests.tlsutil import TestPKI
+from tests.tlsutil import TestPKI, served_serial
 
 
 def arith_server() -> Server:
@@ -40,19 +39,6 @@ def arith_server() -> Server:
 async def mul(address: str, caller: Any) -> Any:
     async with Client(address, caller, close_caller=True) as client:
         return await client.call("Arith", "Mul", {"A": 6, "B": 7}, timeout=5)
-
-
-async def peer_serial(port: int, ca: Path) -> int:
-    """The serial number of the certificate a new TLS connection gets."""
-    ctx = ClientTls(ca=str(ca)).context()
-    _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx, server_hostname="127.0.0.1")
-    try:
-        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
-        from cryptography import x509
-
-        return x509.load_der_x509_certificate(der).serial_number
-    finally:
-        writer.close()
 
 
 async def test_rpcx_over_tls_and_https_on_the_same_port(pki: TestPKI) -> None:
@@ -120,7 +106,7 @@ async def test_reload_serves_the_new_certificate_while_old_connections_go_on(pki
     server = arith_server()
     async with RpcxServer(server, "tcp@127.0.0.1:0", tls=ServerTls(cert=str(cert), key=str(key))) as rpcx:
         port = rpcx.endpoint.port
-        serial_before = await peer_serial(port, pki.ca)
+        serial_before = await served_serial("127.0.0.1", port, pki.ca)
         async with Client(rpcx.address, RpcxCaller(tls=ClientTls(ca=str(pki.ca))), close_caller=True) as client:
             assert await client.call("Arith", "Mul", {"A": 2, "B": 3}, timeout=5) == {"C": 6}
             cert.write_bytes(second.cert.read_bytes())
@@ -129,7 +115,7 @@ async def test_reload_serves_the_new_certificate_while_old_connections_go_on(pki
             # the established connection goes on with its session
             assert await client.call("Arith", "Mul", {"A": 3, "B": 3}, timeout=5) == {"C": 9}
             assert len(rpcx.connections) == 1
-        assert await peer_serial(port, pki.ca) != serial_before
+        assert await served_serial("127.0.0.1", port, pki.ca) != serial_before
         # an unusable file keeps the current certificate in service
         key.write_text("not a key")
         from rustext.tls import TlsConfigError

@@ -24,7 +24,7 @@ from seq._proto import rrseq_pb2 as pb
 from seq.errors import SeqUnavailable
 from seq.localcluster import LocalCluster
 from seq.wire import ApiStub, grpc_credentials
-from tests.tlsutil import TestPKI
+from tests.tlsutil import TestPKI, served_serial
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -51,16 +51,8 @@ async def tls_cluster(pki: TestPKI, tmp_path: Path) -> AsyncIterator[TlsCluster]
 
 
 async def serial_of(addr: str, ca: Path) -> int:
-    from cryptography import x509
-
     host, _, port = addr.rpartition(":")
-    ctx = ClientTls(ca=str(ca)).context(alpn=["h2"])
-    _, writer = await asyncio.open_connection(host, int(port), ssl=ctx, server_hostname=host)
-    try:
-        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
-        return x509.load_der_x509_certificate(der).serial_number
-    finally:
-        writer.close()
+    return await served_serial(host, int(port), ca, alpn=["h2"])
 
 
 async def test_rrseq_and_grpcio_draw_ids_over_tls(tls_cluster: TlsCluster) -> None:
