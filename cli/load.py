@@ -32,6 +32,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--payload-bytes", type=int, default=100, metavar="B",
                    help="fanout: padding of each published message [%(default)s]")
     p.add_argument("--channel", default="bench.fanout", help="fanout: the channel [%(default)s]")
+    p.add_argument("--server-pid", type=int, metavar="PID",
+                   help="fanout: the server's process id (same machine): report its CPU time per delivery")
     p.add_argument("--url", default="ws://127.0.0.1:9000/ws", help="[%(default)s]")
     p.add_argument("-c", "--connections", type=int, default=20, metavar="N", help="connections [%(default)s]")
     p.add_argument("-d", "--duration", default="10s", metavar="DURATION", help="how long, e.g. 10s, 1m [%(default)s]")
@@ -102,7 +104,7 @@ def run_fanout_cli(args: argparse.Namespace, seconds: Any) -> int:
     try:
         cfg = FanoutConfig(url=args.url, subscribers=args.subscribers, rate=args.rate or 50.0,
                            duration=seconds(args.duration), payload_bytes=args.payload_bytes,
-                           channel=args.channel, procs=args.procs)
+                           channel=args.channel, procs=args.procs, server_pid=args.server_pid)
     except (ValueError, ReplError) as exc:
         print(f"juggler load: {exc}", file=sys.stderr)
         return 2

@@ -32,6 +32,10 @@ section; unknown keys are errors (a typo must not be silently ignored)::
     [metrics]
     port = 0                     # 0 = no metrics endpoint
     host = "127.0.0.1"
+
+    [[channels]]                 # per-channel history/presence (juggler.channels)
+    match = "chat.*"
+    history_size = 100
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from rustext.fields import check_fields
 from rustext.tls import ServerTls
 
 from juggler.broker.memory import MemoryBrokerConfig
+from juggler.channels import ChannelRules
 
 __all__ = ["AppConfig", "MetricsConfig", "ServerConfig", "load_config", "parse_listen"]
 
@@ -189,6 +194,8 @@ class AppConfig:
     auth: Any = None
     memory: MemoryBrokerConfig = field(default_factory=MemoryBrokerConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    #: per-channel history, presence and join/leave options (``[[channels]]`` tables)
+    channels: ChannelRules = field(default_factory=ChannelRules)
 
 
 def _build(cls: type, section: str, data: dict[str, Any]) -> Any:
@@ -206,7 +213,7 @@ def _build(cls: type, section: str, data: dict[str, Any]) -> Any:
 
 
 def config_from_dict(data: dict[str, Any]) -> AppConfig:
-    unknown = sorted(set(data) - {"server", "redis", "pubsub", "memory", "metrics", "auth"})
+    unknown = sorted(set(data) - {"server", "redis", "pubsub", "memory", "metrics", "auth", "channels"})
     if unknown:
         raise ValueError(f"unknown section(s): {', '.join(unknown)}")
     server = data.get("server", {})
@@ -235,6 +242,7 @@ def config_from_dict(data: dict[str, Any]) -> AppConfig:
         auth=auth,
         memory=_build(MemoryBrokerConfig, "memory", data.get("memory", {})),
         metrics=_build(MetricsConfig, "metrics", data.get("metrics", {})),
+        channels=ChannelRules.from_toml(data.get("channels", [])),
     )
 
 

@@ -42,7 +42,7 @@ from urllib.parse import parse_qs
 import rustext
 from websockets.http11 import Request
 
-from juggler.broker.base import CallerBroker, Event, PubSubBroker
+from juggler.broker.base import CallerBroker, PubSubBroker
 from juggler.config import ServerConfig
 from juggler.http import http_response
 from juggler.limits import TokenBucket
@@ -76,7 +76,6 @@ _parse = rustext.parse_client_message
 _build_ack = rustext.build_ack
 _build_nack = rustext.build_nack
 _build_res = rustext.build_res
-_build_evnt = rustext.build_evnt
 _WS_PING, _WS_CLOSE, _WS_BINARY = rustext.WS_PING, rustext.WS_CLOSE, rustext.WS_BINARY
 
 
@@ -136,6 +135,8 @@ class ConnContext:
     http: StaticSite | None = None
     #: authenticates handshakes and authorizes CALL/PUB/SUB
     auth: Auth | None = None
+    #: the server's subscriptions and their fan-out (juggler.subscriptions.Subscriptions)
+    subscriptions: Any = None
 
 
 _CLOSED = ConnState.CLOSED
@@ -191,6 +192,9 @@ class Conn(asyncio.Protocol):
             logger=_ws_log,
         )
         self._flush_scheduled = False
+        #: this connection in the native fan-out (juggler.subscriptions), once connected
+        self.hub_id: int | None = None
+        self._held = False  # the fan-out hands our frames back: Python output is queued
         self._inbox: deque[Any] = deque()
         self._worker: asyncio.Task[None] | None = None
         self._subs: set[tuple[bool, str]] = set()  # (pattern, channel) subscribed
@@ -279,6 +283,7 @@ class Conn(asyncio.Protocol):
             if t is not None:
                 t.cancel()
         self._timer = self._write_timer = None
+        self._detach()
         self.ws.discard_output()
         was_connected = self.state is ConnState.CONNECTED
         self.state = ConnState.CLOSED
@@ -389,9 +394,27 @@ class Conn(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self.state = ConnState.CONNECTED
+        subs = self.context.subscriptions
+        if subs is not None:
+            self.hub_id = subs.add_conn(self, self._native_fd())
         listener.conn_connected(self)
         if self.config.read_timeout:
             self._timer = self.loop.call_later(self.config.read_timeout, self._read_timed_out)
+
+    def _native_fd(self) -> int:
+        """The socket the fan-out may write EVNTs to directly, or -1 (TLS, outgoing middleware)."""
+        transport = self.transport
+        if transport is None or self.context.chain_out is not None:
+            return -1
+        if transport.get_extra_info("sslcontext") is not None or transport.get_extra_info("ssl_object") is not None:
+            return -1
+        sock = transport.get_extra_info("socket")
+        return sock.fileno() if sock is not None else -1
+
+    def _detach(self) -> None:
+        """Nothing more goes out natively (closing): the fan-out lets go of the socket."""
+        if self.hub_id is not None and self.context.subscriptions is not None:
+            self.context.subscriptions.detach(self.hub_id)
 
     def _refuse_for(self, reason: str, status: int, text: str) -> None:
         self._listener.reject(reason)
@@ -450,6 +473,7 @@ class Conn(asyncio.Protocol):
             self.ws.receive_ping(ev[1])
             self._flush()
         elif kind == _WS_CLOSE:
+            self._detach()
             self._set_reason("peer_close")
             self.ws.receive_close(ev[1])  # echo the peer's code, then drop TCP (server side)
             self._flush()
@@ -465,6 +489,7 @@ class Conn(asyncio.Protocol):
     def _fail(self, code: int, reason: str) -> None:
         """Fail the connection: close frame with `code`, then drop TCP."""
         self._set_reason("too_big" if code == 1009 else "protocol_error")
+        self._detach()
         self.ws.stop_reading()
         self.stats.protocol_errors += 1
         log.info("connection %s: closing (%d %s)", self.remote, code, reason)
@@ -616,7 +641,7 @@ class Conn(asyncio.Protocol):
                 self.nack(msg, 500, f"too many subscriptions (max {cap})")
                 return
             try:
-                await self.pubsub.subscribe(self, msg.channel, msg.pattern, self._on_event)
+                await self.context.subscriptions.subscribe(self, msg.channel, msg.pattern)
             except Exception as exc:
                 self.nack(msg, 500, str(exc) or type(exc).__name__)
                 return
@@ -625,7 +650,7 @@ class Conn(asyncio.Protocol):
         elif t == UNSB:
             self._subs.discard((msg.pattern, msg.channel))
             try:
-                await self.pubsub.unsubscribe(self, msg.channel, msg.pattern)
+                await self.context.subscriptions.unsubscribe(self, msg.channel, msg.pattern)
             except Exception as exc:
                 self.nack(msg, 500, str(exc) or type(exc).__name__)
                 return
@@ -643,11 +668,10 @@ class Conn(asyncio.Protocol):
         self.stats.results += 1
         self.send(RES, for_uuid, _build_res(for_uuid, uri, args))
 
-    def _on_event(self, event: Event) -> None:
-        if self.state is _CLOSED:
-            return
-        self.stats.events += 1
-        self.send(EVNT, event.msg_uuid, _build_evnt(event.msg_uuid, event.channel, event.pattern, event.args))
+    async def drop_subscription(self, channel: str, pattern: bool = False) -> bool:
+        """End a subscription from the server side (the server API); False when there was none."""
+        self._subs.discard((bool(pattern), channel))
+        return await self.context.subscriptions.unsubscribe(self, channel, pattern)
 
     def send(self, msg_type: int, for_uuid: str, frame: bytes) -> None:
         """Queue one server frame (through the outgoing handler chain, if any)."""
@@ -689,6 +713,30 @@ class Conn(asyncio.Protocol):
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
+            if not self._held and self.hub_id is not None:
+                self._held = True  # the fan-out queues behind this frame
+                self.context.subscriptions.hold(self.hub_id, True)
+        return True
+
+    def write_rest(self, rest: bytes) -> None:
+        """Bytes of native fan-out frames the kernel did not take: the transport
+        queues them, and this connection stays held until they are out."""
+        self._held = True
+        transport = self.transport
+        if transport is None or self.state is _CLOSED or transport.is_closing():
+            return
+        transport.write(rest)
+        self._check_buffer(transport)
+
+    def _check_buffer(self, transport: asyncio.Transport) -> bool:
+        """Drop a reader that lets max_write_buffer bytes pile up; False if dropped."""
+        if transport.get_write_buffer_size() > self.config.max_write_buffer:
+            log.warning("connection %s: %d bytes unread; dropping the connection", self.remote,
+                        transport.get_write_buffer_size())
+            self._listener.reject("slow_consumer")
+            self._set_reason("slow_consumer")
+            self.abort()
+            return False
         return True
 
     def _flush(self) -> None:
@@ -696,24 +744,26 @@ class Conn(asyncio.Protocol):
         close the transport when it says so."""
         self._flush_scheduled = False
         data = self.ws.data_to_send()
-        if not data:
-            return
         transport = self.transport
         if transport is None or self.state is _CLOSED or transport.is_closing():
             return
-        eof = not data[-1]
-        chunk = data[0] if len(data) == 1 else b"".join(data)
-        if chunk:
-            transport.write(chunk)
-            if transport.get_write_buffer_size() > self.config.max_write_buffer:
-                log.warning("connection %s: %d bytes unread; dropping the connection", self.remote,
-                            transport.get_write_buffer_size())
-                self._listener.reject("slow_consumer")
-                self._set_reason("slow_consumer")
-                self.abort()
+        if data:
+            eof = not data[-1]
+            chunk = data[0] if len(data) == 1 else b"".join(data)
+            if chunk:
+                transport.write(chunk)
+                if not self._check_buffer(transport):
+                    return
+            if eof:
+                self._detach()
+                transport.close()
                 return
-        if eof:
-            transport.close()
+        if self.hub_id is not None:
+            # the fan-out writes natively again once the transport has nothing queued
+            held = transport.get_write_buffer_size() > 0
+            if held != self._held:
+                self._held = held
+                self.context.subscriptions.hold(self.hub_id, held)
 
     # closing --------------------------------------------------------------------
 
@@ -723,6 +773,7 @@ class Conn(asyncio.Protocol):
         if self.closed:
             return
         self._set_reason(_CLOSE_REASONS.get(code) or f"close_{code}")
+        self._detach()
         if self.ws.send_close(code, reason):
             self._flush()
             self.loop.call_later(self.config.close_timeout or 1.0, self.abort)
@@ -731,10 +782,12 @@ class Conn(asyncio.Protocol):
 
     def _close_transport(self) -> None:
         """Write what is queued, then close the TCP connection (no close frame)."""
+        self._detach()
         self.ws.send_eof()
         self._flush()
 
     def abort(self) -> None:
         """Drop the TCP connection now, without a closing handshake or what is queued."""
         if self.transport is not None and not self.closed:
+            self._detach()
             self.transport.abort()

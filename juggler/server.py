@@ -62,6 +62,7 @@ from juggler.conn import Conn, ConnContext, ConnState, Handler, Middleware
 from juggler.metrics import ServerStats
 from juggler.pending import PendingCalls
 from juggler.static_files import StaticSite
+from juggler.subscriptions import Subscriptions
 
 __all__ = ["Conn", "ConnState", "Middleware", "Server"]
 
@@ -96,6 +97,7 @@ class Server:
         stats: ServerStats | None = None,
         http: StaticSite | None = None,
         auth: Any = None,
+        native_fanout: bool = True,
     ) -> None:
         self.broker = broker
         self.pubsub = pubsub if pubsub is not None else broker
@@ -117,11 +119,14 @@ class Server:
             chain_out = _chain(self.middleware, Conn.write_outgoing)  # type: ignore[arg-type]
         # calls waiting for their result, routed by msg_uuid (expiring on their own timer)
         self._pending: PendingCalls[Conn] = PendingCalls()
+        #: who subscribes to what on this server, and the native fan-out of events
+        self.subscriptions = Subscriptions(self.pubsub, self.stats, native=native_fanout,
+                                           write_limit=self.config.write_limit)
         #: what each connection is handed: all it knows of this server
         self.conn_context = ConnContext(
             config=self.config, stats=self.stats, broker=self.broker, pubsub=self.pubsub,
             pending=self._pending, listener=_Listener(self), chain_in=chain_in, chain_out=chain_out,
-            http=http, auth=auth,
+            http=http, auth=auth, subscriptions=self.subscriptions,
         )
         self._server: asyncio.AbstractServer | None = None
         self._closed: asyncio.Event | None = None
@@ -365,7 +370,7 @@ class _Listener:
                                 reason)
         if was_connected:
             stats.connections_active -= 1
-            task = asyncio.get_running_loop().create_task(server.pubsub.unsubscribe_all(conn))
+            task = asyncio.get_running_loop().create_task(server.subscriptions.drop(conn))
             task.add_done_callback(_log_task_error)
         self._notify(conn, ConnState.CLOSED)
 

@@ -115,6 +115,7 @@ from rustext._native import (  # noqa: E402
     UNSB,
     CallPayload,
     ClientMessage,
+    FanoutHub,
     ServerMessage,
     build_ack,
     build_call,
@@ -125,6 +126,7 @@ from rustext._native import (  # noqa: E402
     build_pub_payload,
     build_res,
     build_sub,
+    build_sub_ack,
     build_unsb,
     canonical_uuid,
     new_uuid,
@@ -134,16 +136,17 @@ from rustext._native import (  # noqa: E402
     parse_call_payloads,
     parse_client_message,
     parse_pub_payload,
+    parse_pub_payload_at,
     parse_server_message,
 )
 
 __all__ += [
     "ACK", "ALL_CLIENT_TYPES", "CALL", "EVNT", "NACK", "PUB", "RES", "SUB", "UNSB",
-    "CallPayload", "ClientMessage", "ServerMessage",
+    "CallPayload", "ClientMessage", "FanoutHub", "ServerMessage",
     "build_ack", "build_call", "build_call_payload", "build_evnt", "build_nack", "build_pub",
-    "build_pub_payload", "build_res", "build_sub", "build_unsb", "canonical_uuid", "new_uuid",
+    "build_pub_payload", "build_res", "build_sub", "build_sub_ack", "build_unsb", "canonical_uuid", "new_uuid",
     "normalize_json", "parse_allowed_messages", "parse_call_payload", "parse_call_payloads",
-    "parse_client_message", "parse_pub_payload", "parse_server_message",
+    "parse_client_message", "parse_pub_payload", "parse_pub_payload_at", "parse_server_message",
 ]
 
 # websocket frames (RFC 6455 §5), for juggler/wsproto.py: client frames in, server frames out

@@ -193,6 +193,8 @@ class ClientMessage:
     channel: str | None  # PUB / SUB / UNSB ("" when absent); None for CALL
     pattern: bool  # SUB / UNSB
     args: bytes | None  # CALL / PUB: normalized raw JSON of `args`, None when absent (b"null" when null)
+    since: tuple[int, str] | None  # SUB extension: recover after (offset, epoch)
+    join_leave: bool  # SUB extension: send this subscriber join/leave notices
 
 def parse_client_message(frame: bytes | str, allowed: int = ...) -> ClientMessage:
     """Parse one client text frame; raises JugglerDecodeError on any protocol error
@@ -218,6 +220,11 @@ class ServerMessage:
     code: int | None  # NACK
     message: str | None  # NACK
     args: bytes | None  # RES / EVNT raw JSON
+    offset: int | None  # EVNT / SUB ACK extension: the channel's history position
+    epoch: str | None
+    recovered: bool | None  # SUB ACK (asked with since) / EVNT notice of an unrecoverable gap
+    join: bytes | None  # EVNT join notice (raw JSON object)
+    leave: bytes | None  # EVNT leave notice (raw JSON object)
 
 def parse_server_message(frame: bytes | str) -> ServerMessage:
     """Parse one server frame; raises JugglerDecodeError when invalid."""
@@ -230,14 +237,34 @@ def build_nack(for_uuid: str, for_type: int, target: str, code: int, message: st
 def build_res(for_uuid: str, uri: str, args: bytes | None) -> bytes:
     """RES frame. `args` is trusted raw JSON (from this codec); None -> null."""
 
-def build_evnt(for_uuid: str, channel: str, pattern: str | None, args: bytes | None) -> bytes:
-    """EVNT frame; `pattern` key only when not None; `args` None -> null."""
+def build_evnt(
+    for_uuid: str,
+    channel: str,
+    pattern: str | None = None,
+    args: bytes | None = None,
+    offset: int | None = None,
+    epoch: str | None = None,
+) -> bytes:
+    """EVNT frame; `pattern` key only when not None; `args` None -> null;
+    `offset` and `epoch` (extension) on channels with history."""
+
+def build_sub_ack(
+    for_uuid: str, channel: str, offset: int | None = None, epoch: str | None = None, recovered: bool | None = None
+) -> bytes:
+    """ACK of a SUB with the channel's history position and, when it asked
+    to recover, whether it was (extension fields)."""
 
 # Client frames (for clients/load tools); `args` must be valid JSON (validated,
 # normalized) and is omitted when None. Raises JugglerDecodeError on invalid args.
 def build_call(msg_uuid: str, uri: str, timeout_ns: int, args: bytes | None = None) -> bytes: ...
 def build_pub(msg_uuid: str, channel: str, args: bytes | None = None) -> bytes: ...
-def build_sub(msg_uuid: str, channel: str, pattern: bool = False) -> bytes: ...
+def build_sub(
+    msg_uuid: str,
+    channel: str,
+    pattern: bool = False,
+    since: tuple[int, str] | None = None,
+    join_leave: bool = False,
+) -> bytes: ...
 def build_unsb(msg_uuid: str, channel: str, pattern: bool = False) -> bytes: ...
 
 class CallPayload:
@@ -263,6 +290,29 @@ def build_pub_payload(msg_uuid: str, args: bytes | None) -> bytes:
 
 def parse_pub_payload(data: bytes) -> tuple[str, bytes | None]:
     """(msg_uuid, raw args or None) of a PUBLISH body."""
+
+def parse_pub_payload_at(data: bytes) -> tuple[str, bytes | None, int | None, str | None]:
+    """(msg_uuid, raw args, offset, epoch) of a PUBLISH body (offset/epoch on channels with history)."""
+
+class FanoutHub:
+    """Native fan-out of event frames to websocket connections: per key
+    (a channel or pattern numbered by the caller) its subscribed connections,
+    per connection a duplicate of its socket. ``publish`` writes each
+    connection's frames of one turn with one ``sendmsg``."""
+
+    def __init__(self) -> None: ...
+    def add_conn(self, conn: int, fd: int) -> None:
+        """Register `conn`; `fd` is duplicated; -1: Python writes everything for it."""
+    def remove_conn(self, conn: int) -> bool: ...
+    def hold(self, conn: int, held: bool) -> None:
+        """Held: Python has output queued for `conn`; its frames are handed back."""
+    def subscribe(self, conn: int, key: int) -> bool: ...
+    def unsubscribe(self, conn: int, key: int) -> bool: ...
+    def subscribers(self, key: int) -> int: ...
+    def publish(
+        self, frames: list[tuple[int, bytes]]
+    ) -> tuple[int, list[tuple[int, int]] | None, list[tuple[int, bytes]] | None, list[int] | None]:
+        """(frames written, held (conn, frame index), partial (conn, rest), failed conns)."""
 
 def normalize_json(data: bytes) -> bytes:
     """Validate one JSON value and return it normalized; JugglerDecodeError if invalid."""

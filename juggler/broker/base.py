@@ -68,6 +68,9 @@ class Event:
     pattern: str | None  # the pattern that matched, for pattern subscriptions
     msg_uuid: str
     args: bytes | None
+    #: the event's position in its channel's history, on channels with history
+    offset: int | None = None
+    epoch: str | None = None
 
 
 # A result sink: called (on the event loop, never blocking) for each result.

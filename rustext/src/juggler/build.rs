@@ -135,9 +135,16 @@ pub fn build_res(for_uuid: &str, uri: &str, args: Option<&[u8]>) -> Vec<u8> {
     out
 }
 
-/// EVNT frame; `pattern` only when a pattern subscription matched.
-pub fn build_evnt(for_uuid: &str, channel: &str, pattern: Option<&str>, args: Option<&[u8]>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(180 + channel.len() + args.map_or(4, <[u8]>::len));
+/// EVNT frame; `pattern` only when a pattern subscription matched; `position`
+/// (offset, epoch) on channels with history (an extension original clients ignore).
+pub fn build_evnt(
+    for_uuid: &str,
+    channel: &str,
+    pattern: Option<&str>,
+    args: Option<&[u8]>,
+    position: Option<(u64, &str)>,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(200 + channel.len() + args.map_or(4, <[u8]>::len));
     meta(&mut out, EVNT, &new_uuid());
     put_str(&mut out, b"\"for\":", for_uuid);
     put_str(&mut out, b",\"channel\":", channel);
@@ -146,6 +153,28 @@ pub fn build_evnt(for_uuid: &str, channel: &str, pattern: Option<&str>, args: Op
     }
     out.extend_from_slice(b",\"args\":");
     write_args(&mut out, args);
+    put_position(&mut out, position);
+    out.extend_from_slice(b"}}\n");
+    out
+}
+
+fn put_position(out: &mut Vec<u8>, position: Option<(u64, &str)>) {
+    if let Some((offset, epoch)) = position {
+        out.extend_from_slice(b",\"offset\":");
+        out.extend_from_slice(offset.to_string().as_bytes());
+        put_str(out, b",\"epoch\":", epoch);
+    }
+}
+
+/// ACK of a SUB on a channel with history: the channel's position, and
+/// `recovered` when the SUB asked to recover (`since`).
+pub fn build_sub_ack(for_uuid: &str, channel: &str, position: Option<(u64, &str)>, recovered: Option<bool>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(220 + channel.len());
+    answer_head(&mut out, ACK, for_uuid, SUB, channel);
+    put_position(&mut out, position);
+    if let Some(r) = recovered {
+        out.extend_from_slice(if r { b",\"recovered\":true" } else { b",\"recovered\":false" });
+    }
     out.extend_from_slice(b"}}\n");
     out
 }
@@ -180,6 +209,25 @@ pub fn build_sub(uuid: &str, channel: &str, pattern: bool, unsubscribe: bool) ->
     meta(&mut out, if unsubscribe { UNSB } else { SUB }, uuid);
     put_str(&mut out, b"\"channel\":", channel);
     out.extend_from_slice(if pattern { b",\"pattern\":true}}\n" } else { b",\"pattern\":false}}\n" });
+    out
+}
+
+/// SUB frame with the extensions: recover from `since` (offset, epoch), ask for join/leave notices.
+pub fn build_sub_ext(uuid: &str, channel: &str, pattern: bool, since: Option<(u64, &str)>, join_leave: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(200 + channel.len());
+    meta(&mut out, SUB, uuid);
+    put_str(&mut out, b"\"channel\":", channel);
+    out.extend_from_slice(if pattern { b",\"pattern\":true" } else { b",\"pattern\":false" });
+    if let Some((offset, epoch)) = since {
+        out.extend_from_slice(b",\"since\":{\"offset\":");
+        out.extend_from_slice(offset.to_string().as_bytes());
+        put_str(&mut out, b",\"epoch\":", epoch);
+        out.push(b'}');
+    }
+    if join_leave {
+        out.extend_from_slice(b",\"join_leave\":true");
+    }
+    out.extend_from_slice(b"}}\n");
     out
 }
 

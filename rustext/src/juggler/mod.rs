@@ -101,6 +101,10 @@ pub struct ClientMsg {
     pub pattern: bool,
     /// CALL/PUB: normalized raw JSON of `args`; None when absent.
     pub args: Option<Vec<u8>>,
+    /// SUB (extension): recover from this position, `{"offset": N, "epoch": "E"}`.
+    pub since: Option<(u64, String)>,
+    /// SUB (extension): send join/leave notices of this channel.
+    pub join_leave: bool,
 }
 
 /// A parsed server message (NACK, ACK, RES or EVNT).
@@ -120,6 +124,24 @@ pub struct ServerMsg {
     pub message: Option<String>,
     /// RES/EVNT: raw JSON of `args` (as sent); None when absent.
     pub args: Option<Vec<u8>>,
+    /// EVNT, SUB ACK (extension): the channel's history position.
+    pub offset: Option<u64>,
+    pub epoch: Option<String>,
+    /// SUB ACK, EVNT (extension): whether missed events could be recovered.
+    pub recovered: Option<bool>,
+    /// EVNT (extension): a join or leave notice, raw JSON.
+    pub join: Option<Vec<u8>>,
+    pub leave: Option<Vec<u8>>,
+}
+
+/// A Redis PUBLISH body: `{"msg_uuid","args"}`, plus `offset` and `epoch`
+/// on channels with history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PubPayload {
+    pub msg_uuid: String,
+    pub args: Option<Vec<u8>>,
+    pub offset: Option<u64>,
+    pub epoch: Option<String>,
 }
 
 /// The Redis call/result payload `{"conn_uuid","msg_uuid","uri","args"}`.
@@ -137,13 +159,18 @@ mod scan;
 
 pub use build::{
     build_ack, build_call, build_call_payload, build_evnt, build_nack, build_pub, build_pub_payload, build_res,
-    build_sub, write_str,
+    build_sub, build_sub_ack, build_sub_ext, write_str,
 };
-pub use parse::{allowed_mask, new_uuid, parse_call_payload, parse_client, parse_pub_payload, parse_server, parse_uuid};
+pub use parse::{
+    allowed_mask, new_uuid, parse_call_payload, parse_client, parse_pub_payload, parse_pub_payload_at, parse_server,
+    parse_uuid,
+};
 pub use scan::normalize_args;
 
 #[cfg(test)]
 mod tests;
+
+pub mod fanout;
 
 #[cfg(feature = "python")]
 pub mod python;

@@ -2,7 +2,7 @@
 //! UUIDs and the `Juggler-Allowed-Messages` header.
 
 use super::scan::{decode_string, normalized, Kind, Scanner, Span};
-use super::{CallPayload, ClientMsg, Error, Result, ServerMsg, ALL_CLIENT_TYPES, CALL, PUB, SUB, UNSB};
+use super::{CallPayload, ClientMsg, Error, PubPayload, Result, ServerMsg, ALL_CLIENT_TYPES, CALL, PUB, SUB, UNSB};
 
 pub(super) fn span_str(b: &[u8], s: Span, name: &'static str) -> Result<Option<String>> {
     match s.kind {
@@ -183,6 +183,8 @@ pub fn parse_client(b: &[u8], allowed: u32) -> Result<ClientMsg> {
         channel: None,
         pattern: false,
         args: None,
+        since: None,
+        join_leave: false,
     };
     let mut args: Option<Span> = None;
     let mut p = Scanner::new(b).at(payload.start);
@@ -209,6 +211,10 @@ pub fn parse_client(b: &[u8], allowed: u32) -> Result<ClientMsg> {
                     msg.channel = span_str(b, v, "channel")?;
                 } else if key.eq_ignore_ascii_case("pattern") {
                     msg.pattern = span_bool(v, "pattern")?.unwrap_or(false);
+                } else if t == SUB && key.eq_ignore_ascii_case("since") {
+                    msg.since = span_since(b, v)?;
+                } else if t == SUB && key.eq_ignore_ascii_case("join_leave") {
+                    msg.join_leave = span_bool(v, "join_leave")?.unwrap_or(false);
                 }
             }
         }
@@ -224,6 +230,34 @@ pub fn parse_client(b: &[u8], allowed: u32) -> Result<ClientMsg> {
     }
     msg.args = args.map(|a| normalized(&b[a.start..a.end]));
     Ok(msg)
+}
+
+/// A non-negative JSON integer that fits u64 (offsets).
+fn span_offset(b: &[u8], s: Span, name: &'static str) -> Result<Option<u64>> {
+    match span_int(b, s, name)? {
+        None => Ok(None),
+        Some(v) => u64::try_from(v).map(Some).map_err(|_| Error::FieldType(name)),
+    }
+}
+
+/// `since` of a SUB: `{"offset": N >= 0, "epoch": "E"}` (both required), or null.
+fn span_since(b: &[u8], s: Span) -> Result<Option<(u64, String)>> {
+    match s.kind {
+        Kind::Null => return Ok(None),
+        Kind::Object => {}
+        _ => return Err(Error::FieldType("since")),
+    }
+    let mut offset = None;
+    let mut epoch = None;
+    Scanner::new(b).at(s.start).members(|key, v| {
+        if key.eq_ignore_ascii_case("offset") {
+            offset = span_offset(b, v, "since.offset")?;
+        } else if key.eq_ignore_ascii_case("epoch") {
+            epoch = span_str(b, v, "since.epoch")?;
+        }
+        Ok(())
+    })?;
+    Ok(Some((offset.ok_or(Error::Missing("since.offset"))?, epoch.ok_or(Error::Missing("since.epoch"))?)))
 }
 
 /// Parse one server frame (NACK, ACK, RES or EVNT). `args` is returned as sent.
@@ -256,10 +290,26 @@ pub fn parse_server(b: &[u8]) -> Result<ServerMsg> {
             msg.message = span_str(b, v, "message")?;
         } else if key.eq_ignore_ascii_case("args") {
             msg.args = Some(b[v.start..v.end].to_vec());
+        } else if key.eq_ignore_ascii_case("offset") {
+            msg.offset = span_offset(b, v, "offset")?;
+        } else if key.eq_ignore_ascii_case("epoch") {
+            msg.epoch = span_str(b, v, "epoch")?;
+        } else if key.eq_ignore_ascii_case("recovered") {
+            msg.recovered = span_bool(v, "recovered")?;
+        } else if key.eq_ignore_ascii_case("join") && v.kind == Kind::Object {
+            msg.join = Some(b[v.start..v.end].to_vec());
+        } else if key.eq_ignore_ascii_case("leave") && v.kind == Kind::Object {
+            msg.leave = Some(b[v.start..v.end].to_vec());
         }
         Ok(())
     })?;
-    msg.for_uuid = for_uuid.ok_or(Error::Missing("for"))?;
+    // notices (join/leave, an unrecoverable gap) answer no message: no `for`
+    let notice = msg.msg_type == super::EVNT && (msg.join.is_some() || msg.leave.is_some() || msg.recovered == Some(false));
+    msg.for_uuid = match for_uuid {
+        Some(u) => u,
+        None if notice => String::new(),
+        None => return Err(Error::Missing("for")),
+    };
     Ok(msg)
 }
 
@@ -303,6 +353,32 @@ pub fn parse_call_payload(b: &[u8]) -> Result<CallPayload> {
         msg_uuid: msg.ok_or(Error::Missing("msg_uuid"))?,
         uri: uri.unwrap_or_default(),
         args: args.map(|a| normalized(&b[a.start..a.end])),
+    })
+}
+
+/// Parse a Redis PUBLISH body with its history position, if any.
+pub fn parse_pub_payload_at(b: &[u8]) -> Result<PubPayload> {
+    let mut msg = None;
+    let mut args: Option<Span> = None;
+    let mut offset = None;
+    let mut epoch = None;
+    payload_members(b, |key, v| {
+        if key.eq_ignore_ascii_case("msg_uuid") {
+            msg = span_uuid(b, v, "msg_uuid")?;
+        } else if key.eq_ignore_ascii_case("args") {
+            args = Some(v);
+        } else if key.eq_ignore_ascii_case("offset") {
+            offset = span_offset(b, v, "offset")?;
+        } else if key.eq_ignore_ascii_case("epoch") {
+            epoch = span_str(b, v, "epoch")?;
+        }
+        Ok(())
+    })?;
+    Ok(PubPayload {
+        msg_uuid: msg.ok_or(Error::Missing("msg_uuid"))?,
+        args: args.map(|a| normalized(&b[a.start..a.end])),
+        offset,
+        epoch,
     })
 }
 

@@ -31,6 +31,12 @@ pub struct ClientMessage {
     pattern: bool,
     #[pyo3(get)]
     args: Option<Py<PyBytes>>,
+    /// SUB: (offset, epoch) to recover from, or None
+    #[pyo3(get)]
+    since: Option<(u64, Py<PyString>)>,
+    /// SUB: the client asks for join/leave notices
+    #[pyo3(get)]
+    join_leave: bool,
 }
 
 #[pymethods]
@@ -64,6 +70,16 @@ pub struct ServerMessage {
     message: Option<Py<PyString>>,
     #[pyo3(get)]
     args: Option<Py<PyBytes>>,
+    #[pyo3(get)]
+    offset: Option<u64>,
+    #[pyo3(get)]
+    epoch: Option<Py<PyString>>,
+    #[pyo3(get)]
+    recovered: Option<bool>,
+    #[pyo3(get)]
+    join: Option<Py<PyBytes>>,
+    #[pyo3(get)]
+    leave: Option<Py<PyBytes>>,
 }
 
 #[pymethods]
@@ -118,6 +134,8 @@ fn client_message(py: Python<'_>, m: ClientMsg) -> ClientMessage {
         channel: opt_str(py, m.channel),
         pattern: m.pattern,
         args: opt_bytes(py, m.args),
+        since: m.since.map(|(o, e)| (o, PyString::new(py, &e).unbind())),
+        join_leave: m.join_leave,
     }
 }
 
@@ -142,6 +160,11 @@ fn parse_server_message(py: Python<'_>, frame: &Bound<'_, PyAny>) -> PyResult<Se
             code: m.code,
             message: opt_str(py, m.message),
             args: opt_bytes(py, m.args),
+            offset: m.offset,
+            epoch: opt_str(py, m.epoch),
+            recovered: m.recovered,
+            join: opt_bytes(py, m.join),
+            leave: opt_bytes(py, m.leave),
         })
     })
 }
@@ -174,14 +197,32 @@ fn build_res<'py>(py: Python<'py>, for_uuid: &str, uri: &str, args: Option<&[u8]
 }
 
 #[pyfunction]
+#[pyo3(signature = (for_uuid, channel, pattern = None, args = None, offset = None, epoch = None))]
 fn build_evnt<'py>(
     py: Python<'py>,
     for_uuid: &str,
     channel: &str,
     pattern: Option<&str>,
     args: Option<&[u8]>,
+    offset: Option<u64>,
+    epoch: Option<&str>,
 ) -> Bound<'py, PyBytes> {
-    PyBytes::new(py, &super::build_evnt(for_uuid, channel, pattern, args))
+    let position = offset.map(|o| (o, epoch.unwrap_or("")));
+    PyBytes::new(py, &super::build_evnt(for_uuid, channel, pattern, args, position))
+}
+
+#[pyfunction]
+#[pyo3(signature = (for_uuid, channel, offset = None, epoch = None, recovered = None))]
+fn build_sub_ack<'py>(
+    py: Python<'py>,
+    for_uuid: &str,
+    channel: &str,
+    offset: Option<u64>,
+    epoch: Option<&str>,
+    recovered: Option<bool>,
+) -> Bound<'py, PyBytes> {
+    let position = offset.map(|o| (o, epoch.unwrap_or("")));
+    PyBytes::new(py, &super::build_sub_ack(for_uuid, channel, position, recovered))
 }
 
 #[pyfunction]
@@ -203,9 +244,20 @@ fn build_pub<'py>(py: Python<'py>, msg_uuid: &str, channel: &str, args: Option<&
 }
 
 #[pyfunction]
-#[pyo3(signature = (msg_uuid, channel, pattern = false))]
-fn build_sub<'py>(py: Python<'py>, msg_uuid: &str, channel: &str, pattern: bool) -> Bound<'py, PyBytes> {
-    PyBytes::new(py, &super::build_sub(msg_uuid, channel, pattern, false))
+#[pyo3(signature = (msg_uuid, channel, pattern = false, since = None, join_leave = false))]
+fn build_sub<'py>(
+    py: Python<'py>,
+    msg_uuid: &str,
+    channel: &str,
+    pattern: bool,
+    since: Option<(u64, String)>,
+    join_leave: bool,
+) -> Bound<'py, PyBytes> {
+    if since.is_none() && !join_leave {
+        return PyBytes::new(py, &super::build_sub(msg_uuid, channel, pattern, false));
+    }
+    let since = since.as_ref().map(|(o, e)| (*o, e.as_str()));
+    PyBytes::new(py, &super::build_sub_ext(msg_uuid, channel, pattern, since, join_leave))
 }
 
 #[pyfunction]
@@ -269,6 +321,21 @@ fn parse_pub_payload<'py>(py: Python<'py>, data: &[u8]) -> PyResult<(Bound<'py, 
 }
 
 #[pyfunction]
+#[allow(clippy::type_complexity)]
+fn parse_pub_payload_at<'py>(
+    py: Python<'py>,
+    data: &[u8],
+) -> PyResult<(Bound<'py, PyString>, Option<Bound<'py, PyBytes>>, Option<u64>, Option<Bound<'py, PyString>>)> {
+    let p = super::parse_pub_payload_at(data).map_err(decode_err)?;
+    Ok((
+        PyString::new(py, &p.msg_uuid),
+        p.args.map(|a| PyBytes::new(py, &a)),
+        p.offset,
+        p.epoch.map(|e| PyString::new(py, &e)),
+    ))
+}
+
+#[pyfunction]
 fn normalize_json<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
     Ok(PyBytes::new(py, &normalize_args(data).map_err(decode_err)?))
 }
@@ -303,6 +370,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_nack, m)?)?;
     m.add_function(wrap_pyfunction!(build_res, m)?)?;
     m.add_function(wrap_pyfunction!(build_evnt, m)?)?;
+    m.add_function(wrap_pyfunction!(build_sub_ack, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_pub_payload_at, m)?)?;
+    m.add_class::<super::fanout::python::FanoutHub>()?;
     m.add_function(wrap_pyfunction!(build_call, m)?)?;
     m.add_function(wrap_pyfunction!(build_pub, m)?)?;
     m.add_function(wrap_pyfunction!(build_sub, m)?)?;

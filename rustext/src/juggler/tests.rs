@@ -152,10 +152,10 @@ fn builds_frames() {
     let res = build_res(U, "x", Some(b"{\"a\":1}"));
     let m = parse_server(&res).unwrap();
     assert_eq!(m.args.as_deref(), Some(&b"{\"a\":1}"[..]));
-    let ev = build_evnt(U, "c", Some("c*"), None);
+    let ev = build_evnt(U, "c", Some("c*"), None, None);
     let m = parse_server(&ev).unwrap();
     assert_eq!((m.pattern.as_deref(), m.args.as_deref()), (Some("c*"), Some(&b"null"[..])));
-    assert!(!String::from_utf8(build_evnt(U, "c", None, Some(b"1"))).unwrap().contains("pattern"));
+    assert!(!String::from_utf8(build_evnt(U, "c", None, Some(b"1"), None)).unwrap().contains("pattern"));
 }
 
 #[test]

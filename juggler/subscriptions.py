@@ -1,0 +1,283 @@
+"""The server's subscriptions: who on this server subscribes to what, and the
+fan-out of each event to them.
+
+The broker sees ONE subscriber per channel or pattern (this object), however
+many connections want it; the connections of each key are held natively by a
+``rustext.FanoutHub``. An event's EVNT frame is built once per key and handed
+to the hub with the other frames of the same event-loop turn; the hub writes
+each connection's frames with one ``sendmsg``, without a Python call per
+subscriber. Connections the hub cannot write itself (TLS, outgoing
+middleware, or Python output queued for them) are handed back and written
+through :meth:`juggler.conn.Conn.send`, behind what is already queued, so
+each connection gets its frames in order.
+
+A new subscriber of a key already subscribed in the broker joins at once and
+gets every event the broker delivers after that; the first subscriber of a
+key waits for the broker's subscription (its SUB's ACK says it took effect).
+
+Channels with history (``juggler.channels``) add recovery, see
+:mod:`juggler.recovery`: their EVNTs carry offset and epoch, a SUB may ask for
+what it missed (``since``), and a gap in what the broker delivers live is
+filled from the history before later events go out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import rustext
+
+from juggler.broker.base import Event, PubSubBroker
+from juggler.metrics import ServerStats
+
+if TYPE_CHECKING:
+    from juggler.conn import Conn
+
+__all__ = ["Subscriptions"]
+
+log = logging.getLogger("juggler.subscriptions")
+
+EVNT = rustext.EVNT
+_build_evnt = rustext.build_evnt
+_ws_text_frames = rustext.ws_text_frames
+
+Key = tuple[bool, str]  # (pattern, channel)
+
+
+@dataclass(slots=True, eq=False)
+class _Sub:
+    """One channel or pattern subscribed in the broker on behalf of local connections."""
+
+    id: int
+    pattern: bool
+    channel: str
+    conns: set[Conn] = field(default_factory=set)
+    #: the broker subscription: None until asked, then a future done when it took effect
+    ready: asyncio.Future[None] | None = None
+    waiting: int = 0  # SUBs waiting for `ready`
+    #: recovery state of a channel with history (juggler.recovery.Stream), else None
+    stream: Any = None
+
+
+class Subscriptions:
+    """Local subscribers per channel/pattern, one broker subscription each (see module doc).
+
+    ``hub`` is the native fan-out; ``None`` writes every event through
+    :meth:`Conn.send` (a reference path, and what the benchmarks compare with).
+    """
+
+    def __init__(self, pubsub: PubSubBroker, stats: ServerStats, *, native: bool = True,
+                 write_limit: int = 0) -> None:
+        self.pubsub = pubsub
+        self.write_limit = write_limit
+        self.stats = stats
+        self.hub: rustext.FanoutHub | None = rustext.FanoutHub() if native else None
+        self._subs: dict[Key, _Sub] = {}
+        self._by_conn: dict[Conn, set[Key]] = {}
+        self._conns: dict[int, Conn] = {}  # hub id -> connection
+        self._ids = itertools.count(1)
+        self._batch: list[tuple[int, bytes]] = []  # (key id, ws frame) of this turn
+        self._batch_json: list[tuple[_Sub, bytes, str]] = []  # (sub, EVNT json, for uuid), same order
+        self._flush_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: set by the recovery layer (juggler.recovery.Recovery) when channels have history
+        self.recovery: Any = None
+
+    # connections ------------------------------------------------------------------
+
+    def add_conn(self, conn: Conn, fd: int) -> int:
+        """Register a connection that may subscribe; `fd` is its socket (-1: written by Python)."""
+        hub_id = next(self._ids)
+        self._conns[hub_id] = conn
+        if self.hub is not None:
+            try:
+                self.hub.add_conn(hub_id, fd)
+            except OSError as exc:  # out of descriptors: Python writes this one
+                log.warning("connection %s: no native fan-out (%s)", conn.remote, exc)
+                self.hub.add_conn(hub_id, -1)
+        return hub_id
+
+    def hold(self, hub_id: int, held: bool) -> None:
+        """Python has output queued for this connection (True) or not any more."""
+        if self.hub is not None:
+            self.hub.hold(hub_id, held)
+
+    def detach(self, hub_id: int) -> None:
+        """The connection is closing: nothing more is written to it natively."""
+        if self.hub is not None:
+            self.hub.remove_conn(hub_id)
+
+    async def drop(self, conn: Conn) -> None:
+        """The connection is gone: every subscription of it ends."""
+        hub_id = conn.hub_id
+        if hub_id is not None:
+            self._conns.pop(hub_id, None)
+            self.detach(hub_id)
+        for pattern, channel in list(self._by_conn.get(conn, ())):
+            await self.unsubscribe(conn, channel, pattern)
+        self._by_conn.pop(conn, None)
+
+    # subscribing ------------------------------------------------------------------
+
+    async def subscribe(self, conn: Conn, channel: str, pattern: bool) -> _Sub:
+        """Subscribe `conn`; returns once its events flow (raises BrokerError if the broker refused)."""
+        key = (bool(pattern), channel)
+        sub = self._subs.get(key)
+        if sub is None:
+            sub = self._subs[key] = _Sub(next(self._ids), bool(pattern), channel)
+            if self.recovery is not None and not pattern:
+                sub.stream = self.recovery.stream_for(channel)
+        if sub.ready is None:
+            sub.ready = asyncio.get_running_loop().create_future()
+            task = asyncio.get_running_loop().create_task(self._subscribe_broker(sub))
+            task.add_done_callback(_log_task_error)
+        if not sub.ready.done():
+            sub.waiting += 1
+            try:
+                await asyncio.shield(sub.ready)
+            finally:
+                sub.waiting -= 1
+        else:
+            sub.ready.result()  # a failed subscription raises for every waiter
+        if conn.closed:
+            await self._release(sub)
+            return sub
+        self._join(conn, sub)
+        return sub
+
+    def _join(self, conn: Conn, sub: _Sub) -> None:
+        sub.conns.add(conn)
+        self._by_conn.setdefault(conn, set()).add((sub.pattern, sub.channel))
+        if self.hub is not None and conn.hub_id is not None:
+            self.hub.subscribe(conn.hub_id, sub.id)
+
+    async def _subscribe_broker(self, sub: _Sub) -> None:
+        assert sub.ready is not None
+        try:
+            await self.pubsub.subscribe(self, sub.channel, sub.pattern, functools.partial(self._on_event, sub))
+        except BaseException as exc:
+            fut = sub.ready
+            sub.ready = None  # the next SUB tries again
+            if not fut.done():
+                fut.set_exception(exc)
+                fut.exception()  # retrieved: the waiters have it
+            if self._subs.get((sub.pattern, sub.channel)) is sub and not sub.conns:
+                del self._subs[(sub.pattern, sub.channel)]
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if not sub.ready.done():
+            sub.ready.set_result(None)
+
+    async def unsubscribe(self, conn: Conn, channel: str, pattern: bool) -> bool:
+        """End one subscription of `conn`; False when it had none."""
+        key = (bool(pattern), channel)
+        keys = self._by_conn.get(conn)
+        if keys is not None:
+            keys.discard(key)
+        sub = self._subs.get(key)
+        if sub is None or conn not in sub.conns:
+            return False
+        sub.conns.discard(conn)
+        if self.hub is not None and conn.hub_id is not None:
+            self.hub.unsubscribe(conn.hub_id, sub.id)
+        if sub.stream is not None:
+            sub.stream.forget(conn)
+        await self._release(sub)
+        return True
+
+    async def _release(self, sub: _Sub) -> None:
+        """Unsubscribe from the broker once no local connection wants the key."""
+        if sub.conns or sub.waiting or sub.ready is None or not sub.ready.done():
+            return
+        key = (sub.pattern, sub.channel)
+        if self._subs.get(key) is sub:
+            del self._subs[key]
+        sub.ready = None
+        await self.pubsub.unsubscribe(self, sub.channel, sub.pattern)
+
+    # what the server API and metrics read ------------------------------------------
+
+    def channels(self) -> dict[Key, int]:
+        """(pattern, channel) -> local subscribers, for every key with one."""
+        return {key: len(sub.conns) for key, sub in self._subs.items() if sub.conns}
+
+    def of(self, conn: Conn) -> frozenset[Key]:
+        """The (pattern, channel) keys `conn` subscribes to."""
+        return frozenset(self._by_conn.get(conn, ()))
+
+    def subscribers(self, channel: str, pattern: bool = False) -> set[Conn]:
+        sub = self._subs.get((bool(pattern), channel))
+        return set(sub.conns) if sub is not None else set()
+
+    # fan-out ----------------------------------------------------------------------
+
+    def _on_event(self, sub: _Sub, event: Event) -> None:
+        """One event of `sub` from the broker (on the event loop)."""
+        if sub.stream is not None and not sub.stream.on_live(event):
+            return  # a duplicate, or held back behind a gap being filled
+        self.deliver(sub, event)
+
+    def deliver(self, sub: _Sub, event: Event) -> None:
+        """Queue `event` for every connection subscribed to `sub` (written at the end of this turn)."""
+        if not sub.conns:
+            return
+        json = _build_evnt(event.msg_uuid, event.channel, event.pattern, event.args, event.offset, event.epoch)
+        if sub.stream is not None:
+            sub.stream.fanned_out(event, json)
+        if self.hub is None or (self.write_limit and len(json) > self.write_limit):
+            # (an EVNT over write_limit: Conn.write closes each connection it was for)
+            for conn in list(sub.conns):
+                if not conn.closed:
+                    self.stats.events += 1
+                    conn.send(EVNT, event.msg_uuid, json)
+            return
+        self._batch.append((sub.id, _ws_text_frames([json])))
+        self._batch_json.append((sub, json, event.msg_uuid))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop = self._loop or asyncio.get_running_loop()
+            self._loop = loop
+            loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write the frames of this turn: natively where possible, the rest through Python."""
+        self._flush_scheduled = False
+        batch, self._batch = self._batch, []
+        jsons, self._batch_json = self._batch_json, []
+        if not batch:
+            return
+        assert self.hub is not None
+        written, held, partial, failed = self.hub.publish(batch)
+        stats = self.stats
+        if written:
+            stats.events += written
+            stats.written[EVNT] += written
+        conns = self._conns
+        if held is not None:
+            for hub_id, i in held:
+                conn = conns.get(hub_id)
+                if conn is not None and not conn.closed:
+                    _, json, for_uuid = jsons[i]
+                    stats.events += 1
+                    conn.send(EVNT, for_uuid, json)
+        if partial is not None:
+            for hub_id, rest in partial:
+                conn = conns.get(hub_id)
+                if conn is not None:
+                    conn.write_rest(rest)
+        if failed is not None:
+            for hub_id in failed:
+                conn = conns.get(hub_id)
+                if conn is not None:
+                    conn.abort()
+
+
+def _log_task_error(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("broker subscription failed: %s", task.exception())

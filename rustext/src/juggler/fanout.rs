@@ -1,0 +1,453 @@
+//! Native pub-sub fan-out: one event frame written to every local subscriber
+//! of a channel without a Python call per subscriber.
+//!
+//! The hub knows, per subscription key (a channel or pattern, numbered by
+//! the Python side), which connections subscribe to it, and per connection a
+//! duplicate of its socket's file descriptor. [`Hub::publish`] takes the
+//! frames of one event-loop turn and, per connection, writes all of its
+//! frames with ONE `sendmsg` (coalescing), straight from the frames' memory.
+//!
+//! A connection is written here only while Python has nothing queued for it:
+//! the Python driver marks it *held* while its own output (ACK, RES, close
+//! frames, bytes the kernel did not take) is pending, and the hub then hands
+//! that connection's frames back to Python, which queues them behind its own
+//! output. So frames reach each connection in the order they were produced.
+//! A short write (the socket buffer is full) hands the rest back too; the
+//! Python side then holds the connection until its transport has drained.
+//!
+//! The descriptor is a `dup` of the transport's, owned by the hub until the
+//! connection is removed: a descriptor number the event loop closed and the
+//! kernel reused for another connection can never be written by mistake.
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+
+/// What [`Hub::publish`] could not write itself.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Leftovers {
+    /// (connection, frame index): held connections, Python writes these frames
+    pub held: Vec<(u64, usize)>,
+    /// (connection, bytes not taken by the kernel): Python queues them and holds the connection
+    pub partial: Vec<(u64, Vec<u8>)>,
+    /// connections whose socket failed (reset, closed): Python drops them
+    pub failed: Vec<u64>,
+    /// frames written whole by the hub
+    pub written: u64,
+}
+
+struct Conn {
+    fd: RawFd, // a dup owned by the hub; -1: always written by Python (TLS, middleware)
+    held: bool,
+    keys: Vec<u64>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.fd >= 0 {
+            // SAFETY: the hub owns this duplicate and closes it exactly once.
+            unsafe { libc::close(self.fd) };
+        }
+    }
+}
+
+/// Subscribers per key and the connections' sockets (see module doc).
+#[derive(Default)]
+pub struct Hub {
+    conns: HashMap<u64, Conn>,
+    keys: HashMap<u64, Vec<u64>>,
+}
+
+/// Outcome of one gathered write to one connection.
+enum Sent {
+    All,
+    Part(usize),
+    Failed,
+}
+
+fn send_all(fd: RawFd, parts: &[&[u8]]) -> Sent {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut done = 0usize;
+    // at most IOV_MAX (1024) slices per call; frames of one turn rarely need more than one call
+    while done < total {
+        let mut iov: Vec<libc::iovec> = Vec::with_capacity(parts.len().min(1024));
+        let mut skip = done;
+        for p in parts {
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            let s = &p[skip..];
+            skip = 0;
+            iov.push(libc::iovec { iov_base: s.as_ptr() as *mut libc::c_void, iov_len: s.len() });
+            if iov.len() == 1024 {
+                break;
+            }
+        }
+        // SAFETY: msghdr is plain data; every iovec points into a live slice borrowed for this call.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = iov.as_mut_ptr();
+            msg.msg_iovlen = iov.len() as _;
+            libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            match err.kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock => return Sent::Part(done),
+                _ => return Sent::Failed,
+            }
+        }
+        done += n as usize;
+        if done < total && (n as usize) < iov.iter().map(|v| v.iov_len).sum::<usize>() {
+            return Sent::Part(done); // the kernel took less than offered: its buffer is full
+        }
+    }
+    Sent::All
+}
+
+fn rest_of(parts: &[&[u8]], mut done: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in parts {
+        if done >= p.len() {
+            done -= p.len();
+            continue;
+        }
+        out.extend_from_slice(&p[done..]);
+        done = 0;
+    }
+    out
+}
+
+impl Hub {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Register a connection; `fd` is duplicated (-1: Python writes everything for it).
+    /// Re-adding an id replaces the previous entry.
+    pub fn add_conn(&mut self, conn: u64, fd: RawFd) -> std::io::Result<()> {
+        let dup = if fd >= 0 {
+            // SAFETY: F_DUPFD_CLOEXEC on a descriptor the caller says is open; checked below.
+            let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+            if d < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            d
+        } else {
+            -1
+        };
+        self.remove_conn(conn);
+        self.conns.insert(conn, Conn { fd: dup, held: false, keys: Vec::new() });
+        Ok(())
+    }
+
+    /// Forget a connection: its subscriptions go, its descriptor is closed.
+    pub fn remove_conn(&mut self, conn: u64) -> bool {
+        let Some(c) = self.conns.remove(&conn) else { return false };
+        for k in &c.keys {
+            if let Some(subs) = self.keys.get_mut(k) {
+                if let Some(i) = subs.iter().position(|&x| x == conn) {
+                    subs.swap_remove(i);
+                }
+                if subs.is_empty() {
+                    self.keys.remove(k);
+                }
+            }
+        }
+        true
+    }
+
+    /// Mark a connection held (Python has output queued for it) or not.
+    pub fn hold(&mut self, conn: u64, held: bool) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.held = held;
+        }
+    }
+
+    /// Subscribe a registered connection to `key`; false when already subscribed or unknown.
+    pub fn subscribe(&mut self, conn: u64, key: u64) -> bool {
+        let Some(c) = self.conns.get_mut(&conn) else { return false };
+        if c.keys.contains(&key) {
+            return false;
+        }
+        c.keys.push(key);
+        self.keys.entry(key).or_default().push(conn);
+        true
+    }
+
+    /// Unsubscribe; false when it was not subscribed.
+    pub fn unsubscribe(&mut self, conn: u64, key: u64) -> bool {
+        let Some(c) = self.conns.get_mut(&conn) else { return false };
+        let Some(i) = c.keys.iter().position(|&k| k == key) else { return false };
+        c.keys.swap_remove(i);
+        if let Some(subs) = self.keys.get_mut(&key) {
+            if let Some(j) = subs.iter().position(|&x| x == conn) {
+                subs.swap_remove(j);
+            }
+            if subs.is_empty() {
+                self.keys.remove(&key);
+            }
+        }
+        true
+    }
+
+    /// Subscribers of `key`.
+    pub fn subscribers(&self, key: u64) -> usize {
+        self.keys.get(&key).map_or(0, Vec::len)
+    }
+
+    /// Write `frames` (key, bytes), in order, to the subscribers of each key;
+    /// one gathered write per connection (see module doc).
+    pub fn publish(&mut self, frames: &[(u64, &[u8])]) -> Leftovers {
+        let mut out = Leftovers::default();
+        if frames.len() == 1 {
+            let (key, frame) = frames[0];
+            let Some(subs) = self.keys.get(&key) else { return out };
+            for &id in subs {
+                let Some(c) = self.conns.get(&id) else { continue };
+                self.write_one(id, c, &[frame], &[0], &mut out);
+            }
+            self.apply(&out);
+            return out;
+        }
+        // several frames in this turn: gather each connection's frames, in order
+        let mut per_conn: HashMap<u64, Vec<usize>> = HashMap::new();
+        let mut order: Vec<u64> = Vec::new();
+        for (i, (key, _)) in frames.iter().enumerate() {
+            if let Some(subs) = self.keys.get(key) {
+                for &id in subs {
+                    per_conn
+                        .entry(id)
+                        .or_insert_with(|| {
+                            order.push(id);
+                            Vec::new()
+                        })
+                        .push(i);
+                }
+            }
+        }
+        let mut parts: Vec<&[u8]> = Vec::new();
+        for id in order {
+            let Some(c) = self.conns.get(&id) else { continue };
+            let idx = &per_conn[&id];
+            parts.clear();
+            parts.extend(idx.iter().map(|&i| frames[i].1));
+            self.write_one(id, c, &parts, idx, &mut out);
+        }
+        self.apply(&out);
+        out
+    }
+
+    fn write_one(&self, id: u64, c: &Conn, parts: &[&[u8]], idx: &[usize], out: &mut Leftovers) {
+        if c.held || c.fd < 0 {
+            out.held.extend(idx.iter().map(|&i| (id, i)));
+            return;
+        }
+        match send_all(c.fd, parts) {
+            Sent::All => out.written += parts.len() as u64,
+            Sent::Part(done) => {
+                // frames fully written count as written; the rest goes to Python
+                let mut left = done;
+                for p in parts {
+                    if left >= p.len() {
+                        left -= p.len();
+                        out.written += 1;
+                    } else {
+                        break;
+                    }
+                }
+                out.partial.push((id, rest_of(parts, done)));
+            }
+            Sent::Failed => out.failed.push(id),
+        }
+    }
+
+    /// A connection with a short write is held until Python says its transport drained;
+    /// a failed one is written no more.
+    fn apply(&mut self, out: &Leftovers) {
+        for (id, _) in &out.partial {
+            self.hold(*id, true);
+        }
+        for id in &out.failed {
+            self.hold(*id, true);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    fn pair() -> (UnixStream, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        b.set_read_timeout(Some(std::time::Duration::from_secs(2))).unwrap();
+        (a, b)
+    }
+
+    fn read_n(s: &mut UnixStream, n: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; n];
+        s.read_exact(&mut buf).unwrap();
+        buf
+    }
+
+    #[test]
+    fn fans_out_in_order_and_coalesces() {
+        let mut hub = Hub::new();
+        let (a, mut ra) = pair();
+        let (b, mut rb) = pair();
+        hub.add_conn(1, a.as_raw_fd()).unwrap();
+        hub.add_conn(2, b.as_raw_fd()).unwrap();
+        assert!(hub.subscribe(1, 7));
+        assert!(hub.subscribe(2, 7));
+        assert!(!hub.subscribe(2, 7));
+        assert!(hub.subscribe(2, 8));
+        let out = hub.publish(&[(7, b"one"), (8, b"two"), (7, b"three")]);
+        assert_eq!(out.written, 5);
+        assert_eq!(read_n(&mut ra, 8), b"onethree");
+        assert_eq!(read_n(&mut rb, 11), b"onetwothree");
+    }
+
+    #[test]
+    fn held_and_python_only_connections_are_handed_back() {
+        let mut hub = Hub::new();
+        let (a, _ra) = pair();
+        hub.add_conn(1, a.as_raw_fd()).unwrap();
+        hub.add_conn(2, -1).unwrap();
+        hub.subscribe(1, 1);
+        hub.subscribe(2, 1);
+        hub.hold(1, true);
+        let out = hub.publish(&[(1, b"x")]);
+        assert_eq!(out.written, 0);
+        let mut held = out.held.clone();
+        held.sort();
+        assert_eq!(held, vec![(1, 0), (2, 0)]);
+    }
+
+    #[test]
+    fn a_full_socket_hands_the_rest_back_and_holds() {
+        let mut hub = Hub::new();
+        let (a, _ra) = pair();
+        hub.add_conn(1, a.as_raw_fd()).unwrap();
+        hub.subscribe(1, 1);
+        let big = vec![b'z'; 1 << 20];
+        let out = hub.publish(&[(1, &big)]);
+        assert_eq!(out.partial.len(), 1);
+        let (id, rest) = &out.partial[0];
+        assert_eq!(*id, 1);
+        assert!(!rest.is_empty() && rest.len() < big.len());
+        // held now: the next frame goes to Python
+        let out = hub.publish(&[(1, b"after")]);
+        assert_eq!(out.held, vec![(1, 0)]);
+    }
+
+    #[test]
+    fn a_closed_peer_fails_and_removal_cleans_up() {
+        let mut hub = Hub::new();
+        let (a, ra) = pair();
+        hub.add_conn(1, a.as_raw_fd()).unwrap();
+        hub.subscribe(1, 3);
+        drop(ra);
+        let out = hub.publish(&[(3, b"x")]);
+        assert_eq!(out.failed, vec![1]);
+        assert!(hub.remove_conn(1));
+        assert_eq!(hub.subscribers(3), 0);
+        assert!(!hub.remove_conn(1));
+    }
+
+    #[test]
+    fn the_duplicate_outlives_the_original_descriptor() {
+        let mut hub = Hub::new();
+        let (a, mut ra) = pair();
+        hub.add_conn(1, a.as_raw_fd()).unwrap();
+        hub.subscribe(1, 1);
+        drop(a); // the event loop closed its descriptor
+        let out = hub.publish(&[(1, b"still")]);
+        assert_eq!(out.written, 1);
+        assert_eq!(read_n(&mut ra, 5), b"still");
+        hub.remove_conn(1); // last reference: the peer sees the end
+        let mut rest = Vec::new();
+        ra.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty());
+    }
+}
+
+#[cfg(feature = "python")]
+pub mod python {
+    //! `rustext.FanoutHub`: the [`Hub`](super::Hub) for the juggler server.
+
+    use pyo3::prelude::*;
+    use pyo3::types::{PyBytes, PyList, PyTuple};
+
+    /// Native fan-out of event frames to websocket connections (see the Rust module doc).
+    #[pyclass(module = "rustext", name = "FanoutHub")]
+    pub struct FanoutHub {
+        hub: super::Hub,
+    }
+
+    #[pymethods]
+    impl FanoutHub {
+        #[new]
+        fn new() -> Self {
+            Self { hub: super::Hub::new() }
+        }
+
+        /// Register connection `conn`; `fd` is its socket (duplicated), or -1 when
+        /// Python must write everything for it (TLS, outgoing middleware).
+        fn add_conn(&mut self, conn: u64, fd: i32) -> PyResult<()> {
+            self.hub.add_conn(conn, fd).map_err(PyErr::from)
+        }
+
+        /// Forget `conn` (its subscriptions; its descriptor is closed). False when unknown.
+        fn remove_conn(&mut self, conn: u64) -> bool {
+            self.hub.remove_conn(conn)
+        }
+
+        /// Held: Python has output queued for `conn`, frames go through Python.
+        fn hold(&mut self, conn: u64, held: bool) {
+            self.hub.hold(conn, held);
+        }
+
+        fn subscribe(&mut self, conn: u64, key: u64) -> bool {
+            self.hub.subscribe(conn, key)
+        }
+
+        fn unsubscribe(&mut self, conn: u64, key: u64) -> bool {
+            self.hub.unsubscribe(conn, key)
+        }
+
+        fn subscribers(&self, key: u64) -> usize {
+            self.hub.subscribers(key)
+        }
+
+        /// Write `frames` (a list of (key, bytes)) to the keys' subscribers.
+        /// Returns (frames written, held, partial, failed): held is a list of
+        /// (conn, frame index) for Python to write, partial a list of (conn,
+        /// bytes the kernel did not take), failed a list of conns whose socket
+        /// failed; each of the three is None when empty.
+        fn publish<'py>(&mut self, py: Python<'py>, frames: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyTuple>> {
+            let mut owned: Vec<(u64, Bound<'py, PyBytes>)> = Vec::with_capacity(frames.len());
+            for item in frames.iter() {
+                let (key, frame): (u64, Bound<'py, PyBytes>) = item.extract()?;
+                owned.push((key, frame));
+            }
+            let views: Vec<(u64, &[u8])> = owned.iter().map(|(k, b)| (*k, b.as_bytes())).collect();
+            let out = self.hub.publish(&views);
+            let none = || py.None().into_bound(py);
+            let held = if out.held.is_empty() { none() } else { out.held.into_pyobject(py)?.into_any() };
+            let partial = if out.partial.is_empty() {
+                none()
+            } else {
+                let items: Vec<(u64, Bound<'py, PyBytes>)> =
+                    out.partial.iter().map(|(id, rest)| (*id, PyBytes::new(py, rest))).collect();
+                items.into_pyobject(py)?.into_any()
+            };
+            let failed = if out.failed.is_empty() { none() } else { out.failed.into_pyobject(py)?.into_any() };
+            PyTuple::new(py, [out.written.into_pyobject(py)?.into_any(), held, partial, failed])
+        }
+    }
+}
