@@ -87,12 +87,20 @@ def encode_message(msg_type: int, msg_uuid: str, payload: Mapping[str, Any], raw
 
 @dataclass(frozen=True, slots=True)
 class ClientEvent:
-    """One EVNT: `args` decoded; `pattern` set when a pattern subscription matched."""
+    """One EVNT: `args` decoded; `pattern` set when a pattern subscription matched.
+
+    On channels with history, `offset` and `epoch` place it in the channel's
+    history. ``recovered=False`` marks a notice, not a publication: events of
+    this channel were lost and cannot be recovered (reload the state).
+    """
 
     channel: str
     pattern: str | None
     for_uuid: str  # the PUB's uuid
     args: Any
+    offset: int | None = None
+    epoch: str | None = None
+    recovered: bool | None = None
 
 
 class _Pending:
@@ -123,6 +131,8 @@ class Client:
         self.dropped_events = 0
         self._loop = asyncio.get_running_loop()
         self._pending: dict[str, _Pending] = {}
+        #: channel -> (offset, epoch) of the last event seen, on channels with history
+        self.positions: dict[str, tuple[int, str]] = {}
         self._events: deque[ClientEvent] = deque()
         self._event_waiter: asyncio.Future[None] | None = None
         self._closed_exc: ConnectionClosed | None = None
@@ -201,9 +211,32 @@ class Client:
             self._pending.pop(msg_uuid, None)
 
     async def sub(self, channel: str, pattern: bool = False, *, timeout: float | None = None,
-                  msg_uuid: str | None = None) -> None:
-        """Subscribe (``pattern=True``: `channel` is a Redis glob pattern)."""
-        await self._acked(SUB, {"channel": channel, "pattern": bool(pattern)}, None, timeout, msg_uuid)
+                  msg_uuid: str | None = None, since: tuple[int, str] | None = None,
+                  join_leave: bool = False) -> dict[str, Any]:
+        """Subscribe (``pattern=True``: `channel` is a Redis glob pattern); returns the ACK's payload.
+
+        On a channel with history the ACK carries its ``offset`` and ``epoch``;
+        ``since=(offset, epoch)`` asks for the events after that position (the
+        ACK says ``recovered``; the missed events follow it). ``since=(0, "")``
+        asks for no recovery but for notices of unrecoverable gaps.
+        """
+        payload: dict[str, Any] = {"channel": channel, "pattern": bool(pattern)}
+        if since is not None:
+            payload["since"] = {"offset": int(since[0]), "epoch": str(since[1])}
+        if join_leave:
+            payload["join_leave"] = True
+        uuid = msg_uuid or new_uuid()
+        pending = _Pending(self._loop, SUB, False)
+        self._pending[uuid] = pending
+        try:
+            await self.send(SUB, payload, msg_uuid=uuid)
+            async with asyncio.timeout(timeout if timeout is not None else self.default_timeout):
+                ack = await pending.ack
+        finally:
+            self._pending.pop(uuid, None)
+        if not pattern and ack.get("epoch") is not None:
+            self.positions[channel] = (int(ack.get("offset") or 0), str(ack["epoch"]))
+        return ack
 
     async def unsb(self, channel: str, pattern: bool = False, *, timeout: float | None = None,
                    msg_uuid: str | None = None) -> None:
@@ -272,9 +305,17 @@ class Client:
         msg_type = msg["meta"]["type"]
         payload = msg.get("payload") or {}
         if msg_type == EVNT:
+            channel = payload.get("channel", "")
+            offset, epoch = payload.get("offset"), payload.get("epoch")
+            if isinstance(offset, int) and isinstance(epoch, str) and not payload.get("pattern"):
+                seen = self.positions.get(channel)
+                if seen is not None and seen[1] == epoch and offset <= seen[0] and "recovered" not in payload:
+                    return  # already seen (a duplicate after recovery)
+                self.positions[channel] = (offset, epoch)
             self._push_event(ClientEvent(
-                channel=payload.get("channel", ""), pattern=payload.get("pattern") or None,
+                channel=channel, pattern=payload.get("pattern") or None,
                 for_uuid=payload.get("for", ""), args=payload.get("args"),
+                offset=offset, epoch=epoch, recovered=payload.get("recovered"),
             ))
             return
         pending = self._pending.get(payload.get("for", ""))

@@ -76,6 +76,8 @@ _parse = rustext.parse_client_message
 _build_ack = rustext.build_ack
 _build_nack = rustext.build_nack
 _build_res = rustext.build_res
+_build_sub_ack = rustext.build_sub_ack
+_build_evnt = rustext.build_evnt
 _WS_PING, _WS_CLOSE, _WS_BINARY = rustext.WS_PING, rustext.WS_CLOSE, rustext.WS_BINARY
 
 
@@ -627,7 +629,7 @@ class Conn(asyncio.Protocol):
             self.send(ACK, msg.uuid, _build_ack(msg.uuid, CALL, uri))
         elif t == PUB:
             try:
-                await self.pubsub.publish(msg.channel, msg.uuid, msg.args)
+                await self.context.subscriptions.publish(msg.channel, msg.uuid, msg.args)
             except Exception as exc:
                 self.nack(msg, 500, str(exc) or type(exc).__name__)
                 return
@@ -640,13 +642,31 @@ class Conn(asyncio.Protocol):
                 self._listener.reject("subscription_limit")
                 self.nack(msg, 500, f"too many subscriptions (max {cap})")
                 return
+            subs = self.context.subscriptions
+            since = msg.since
+            if since is not None:
+                if msg.pattern:
+                    self.nack(msg, 400, "since (recovery) needs a channel, not a pattern")
+                    return
+                if subs.recovery is None or subs.recovery.history_of(msg.channel) is None:
+                    self.nack(msg, 400, f"channel {msg.channel!r} keeps no history to recover from")
+                    return
             try:
-                await self.context.subscriptions.subscribe(self, msg.channel, msg.pattern)
+                joined = await subs.subscribe(self, msg.channel, msg.pattern, since)
             except Exception as exc:
                 self.nack(msg, 500, str(exc) or type(exc).__name__)
                 return
             self._subs.add(key)
-            self.send(ACK, msg.uuid, _build_ack(msg.uuid, SUB, msg.channel))
+            if joined is None:
+                self.send(ACK, msg.uuid, _build_ack(msg.uuid, SUB, msg.channel))
+                return
+            # on a channel with history: the position (and recovery) in the ACK, then what was missed
+            self.send(ACK, msg.uuid, _build_sub_ack(msg.uuid, msg.channel, joined.offset, joined.epoch,
+                                                    joined.recovered))
+            for ev in joined.events:
+                self.stats.events += 1
+                self.send(EVNT, ev.msg_uuid, _build_evnt(ev.msg_uuid, ev.channel, None, ev.args, ev.offset,
+                                                         ev.epoch))
         elif t == UNSB:
             self._subs.discard((msg.pattern, msg.channel))
             try:

@@ -54,6 +54,7 @@ import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import rustext
 from rustext.net import listen_error
 
 from juggler.broker.base import Result
@@ -62,6 +63,8 @@ from juggler.conn import Conn, ConnContext, ConnState, Handler, Middleware
 from juggler.metrics import ServerStats
 from juggler.pending import PendingCalls
 from juggler.static_files import StaticSite
+from juggler.channels import ChannelRules
+from juggler.recovery import PublishResult, Recovery
 from juggler.subscriptions import Subscriptions
 
 __all__ = ["Conn", "ConnState", "Middleware", "Server"]
@@ -97,7 +100,8 @@ class Server:
         stats: ServerStats | None = None,
         http: StaticSite | None = None,
         auth: Any = None,
-        native_fanout: bool = True,
+        native_fanout: bool | None = None,
+        channels: ChannelRules | None = None,
     ) -> None:
         self.broker = broker
         self.pubsub = pubsub if pubsub is not None else broker
@@ -120,8 +124,15 @@ class Server:
         # calls waiting for their result, routed by msg_uuid (expiring on their own timer)
         self._pending: PendingCalls[Conn] = PendingCalls()
         #: who subscribes to what on this server, and the native fan-out of events
-        self.subscriptions = Subscriptions(self.pubsub, self.stats, native=native_fanout,
+        self.subscriptions = Subscriptions(self.pubsub, self.stats,
+                                           native=self.config.native_fanout if native_fanout is None else native_fanout,
                                            write_limit=self.config.write_limit)
+        #: per-channel options (history, presence)
+        self.channels = channels or ChannelRules()
+        #: history and recovery of the channels that keep history
+        self.recovery = Recovery(self.subscriptions, self.pubsub, self.channels)
+        if any(rule.history for rule in self.channels.rules):
+            self.subscriptions.recovery = self.recovery
         #: what each connection is handed: all it knows of this server
         self.conn_context = ConnContext(
             config=self.config, stats=self.stats, broker=self.broker, pubsub=self.pubsub,
@@ -304,6 +315,15 @@ class Server:
             self.stats.expired_results += 1  # its caller has gone
             return
         conn.send_res(result.msg_uuid, result.uri, result.args)
+
+    async def publish(self, channel: str, args: bytes | None, msg_uuid: str | None = None) -> PublishResult:
+        """Publish to `channel` as a PUB would (with history where the channel keeps it):
+        the server API's publish. `args` is raw JSON."""
+        return await self.subscriptions.publish(channel, msg_uuid or rustext.new_uuid(), args)
+
+    async def history(self, channel: str, *, after: int = 0, limit: int = 0) -> Any:
+        """The channel's publications after offset `after` (a juggler.broker.history.HistoryPage)."""
+        return await self.recovery.history(channel, after=after, limit=limit)
 
     @property
     def pending_calls(self) -> int:

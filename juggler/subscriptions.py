@@ -34,6 +34,7 @@ import rustext
 
 from juggler.broker.base import Event, PubSubBroker
 from juggler.metrics import ServerStats
+from juggler.recovery import JoinResult, PublishResult
 
 if TYPE_CHECKING:
     from juggler.conn import Conn
@@ -124,14 +125,24 @@ class Subscriptions:
 
     # subscribing ------------------------------------------------------------------
 
-    async def subscribe(self, conn: Conn, channel: str, pattern: bool) -> _Sub:
-        """Subscribe `conn`; returns once its events flow (raises BrokerError if the broker refused)."""
+    async def publish(self, channel: str, msg_uuid: str, args: bytes | None) -> PublishResult:
+        """Publish (with history on channels that keep it)."""
+        if self.recovery is not None:
+            return await self.recovery.publish(channel, msg_uuid, args)
+        await self.pubsub.publish(channel, msg_uuid, args)
+        return PublishResult(msg_uuid)
+
+    async def subscribe(self, conn: Conn, channel: str, pattern: bool,
+                        since: tuple[int, str] | None = None) -> JoinResult | None:
+        """Subscribe `conn`; returns once its events flow (raises BrokerError if the
+        broker refused). On a channel with history: what the ACK says and the
+        events to send after it (see juggler.recovery), else None."""
         key = (bool(pattern), channel)
         sub = self._subs.get(key)
         if sub is None:
             sub = self._subs[key] = _Sub(next(self._ids), bool(pattern), channel)
             if self.recovery is not None and not pattern:
-                sub.stream = self.recovery.stream_for(channel)
+                sub.stream = self.recovery.stream_for(sub)
         if sub.ready is None:
             sub.ready = asyncio.get_running_loop().create_future()
             task = asyncio.get_running_loop().create_task(self._subscribe_broker(sub))
@@ -144,11 +155,18 @@ class Subscriptions:
                 sub.waiting -= 1
         else:
             sub.ready.result()  # a failed subscription raises for every waiter
+        result = None
+        if sub.stream is not None:
+            sub.waiting += 1
+            try:
+                result = await sub.stream.join(conn, since)
+            finally:
+                sub.waiting -= 1
         if conn.closed:
             await self._release(sub)
-            return sub
+            return None
         self._join(conn, sub)
-        return sub
+        return result
 
     def _join(self, conn: Conn, sub: _Sub) -> None:
         sub.conns.add(conn)
@@ -228,8 +246,6 @@ class Subscriptions:
         if not sub.conns:
             return
         json = _build_evnt(event.msg_uuid, event.channel, event.pattern, event.args, event.offset, event.epoch)
-        if sub.stream is not None:
-            sub.stream.fanned_out(event, json)
         if self.hub is None or (self.write_limit and len(json) > self.write_limit):
             # (an EVNT over write_limit: Conn.write closes each connection it was for)
             for conn in list(sub.conns):

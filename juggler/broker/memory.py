@@ -45,6 +45,8 @@ from juggler.broker.base import (
     ResultHandler,
 )
 from juggler.broker.glob import glob_match
+from juggler.broker.history import HistoryPage, MemoryHistory
+from juggler.channels import ChannelOptions
 
 __all__ = ["MemoryBroker", "MemoryBrokerConfig", "MemoryBrokerStats"]
 
@@ -115,6 +117,7 @@ class MemoryBroker(BrokerBase):
     ) -> None:
         self.config = config or MemoryBrokerConfig(**kw)  # type: ignore[arg-type]
         self._clock = clock
+        self._history = MemoryHistory(clock)
         self._conn_uuid = self.config.conn_uuid or rustext.new_uuid()
         self.stats = MemoryBrokerStats()
         # uri -> deque of (deadline, msg_uuid, conn_uuid, args); append left, pop right
@@ -303,7 +306,8 @@ class MemoryBroker(BrokerBase):
     async def publish(self, channel: str, msg_uuid: str, args: bytes | None) -> None:
         self.publish_now(channel, msg_uuid, args)
 
-    def publish_now(self, channel: str, msg_uuid: str, args: bytes | None) -> int:
+    def publish_now(self, channel: str, msg_uuid: str, args: bytes | None,
+                    position: tuple[int, str] | None = None) -> int:
         """Synchronous publish; returns the number of deliveries (Redis's PUBLISH reply)."""
         if self._closed:
             raise BrokerError("broker closed")
@@ -313,15 +317,39 @@ class MemoryBroker(BrokerBase):
             except ValueError as exc:
                 raise BrokerError(f"invalid args: {exc}") from exc
         self.stats.published += 1
+        offset, epoch = position if position is not None else (None, None)
         n = 0
         subs = self._channels.get(channel)
         if subs is not None and subs.handlers:
-            n += self._deliver(subs, Event(channel=channel, pattern=None, msg_uuid=msg_uuid, args=args))
+            n += self._deliver(subs, Event(channel=channel, pattern=None, msg_uuid=msg_uuid, args=args,
+                                           offset=offset, epoch=epoch))
         if self._patterns:
             for pattern, subs in list(self._patterns.items()):
                 if subs.handlers and glob_match(pattern, channel):
-                    n += self._deliver(subs, Event(channel=channel, pattern=pattern, msg_uuid=msg_uuid, args=args))
+                    n += self._deliver(subs, Event(channel=channel, pattern=pattern, msg_uuid=msg_uuid, args=args,
+                                                   offset=offset, epoch=epoch))
         return n
+
+    async def publish_history(self, channel: str, msg_uuid: str, args: bytes | None,
+                              opts: ChannelOptions) -> tuple[int, str]:
+        """Store the publication in the channel's history and publish it; returns (offset, epoch)."""
+        if self._closed:
+            raise BrokerError("broker closed")
+        if args is not None:
+            try:
+                args = rustext.normalize_json(args)
+            except ValueError as exc:
+                raise BrokerError(f"invalid args: {exc}") from exc
+        event = self._history.append(channel, msg_uuid, args, opts)
+        assert event.offset is not None and event.epoch is not None
+        self.publish_now(channel, msg_uuid, args, (event.offset, event.epoch))
+        return event.offset, event.epoch
+
+    async def read_history(self, channel: str, after: int, limit: int, opts: ChannelOptions) -> HistoryPage:
+        """The channel's publications with offset > `after` (at most `limit`; 0 = all) and its position."""
+        if self._closed:
+            raise BrokerError("broker closed")
+        return self._history.read(channel, after, limit, opts)
 
     def _deliver(self, subs: _Subs, event: Event) -> int:
         n = 0

@@ -36,7 +36,9 @@ from juggler.broker.redis.keys import (
     result_ttl_key,
 )
 from juggler.broker.redis.pops import BlockingPops
+from juggler.broker.history import HistoryPage, RedisHistory
 from juggler.broker.redis.pubsub import PubSubFanout
+from juggler.channels import ChannelOptions
 from juggler.broker.redis.pushes import Item, Pusher
 from juggler.broker.redis.results import ResultsListener
 from juggler.broker.resp import RedisReplyError, RespPool, evalsha
@@ -79,6 +81,7 @@ class RedisBroker(BrokerBase):
         self._pops = BlockingPops(self.router, cfg, self.stats)
         self._results = ResultsListener(self._pops, self._conn_uuid, cfg, self.stats)
         self._fanout = PubSubFanout(self.router, cfg, self.stats)
+        self._history = RedisHistory(self.router)
         self._started = False
         self._closed = False
 
@@ -249,6 +252,22 @@ class RedisBroker(BrokerBase):
 
     async def publish(self, channel: str, msg_uuid: str, args: bytes | None) -> None:
         await self._fanout.publish(channel, msg_uuid, args)
+
+    async def publish_history(self, channel: str, msg_uuid: str, args: bytes | None,
+                              opts: ChannelOptions) -> tuple[int, str]:
+        """Store the publication in the channel's history and publish it, in one
+        script run; returns its (offset, epoch) (see juggler.broker.history)."""
+        if self._closed:
+            raise BrokerError("broker closed")
+        position = await self._history.publish(channel, msg_uuid, args, opts)
+        self.stats.published += 1
+        return position
+
+    async def read_history(self, channel: str, after: int, limit: int, opts: ChannelOptions) -> HistoryPage:
+        """The channel's publications with offset > `after` (at most `limit`; 0 = all) and its position."""
+        if self._closed:
+            raise BrokerError("broker closed")
+        return await self._history.read(channel, after, limit, opts)
 
     async def subscribe(self, subscriber: object, channel: str, pattern: bool, handler: EventHandler) -> None:
         """Subscribe `subscriber`; returns once Redis has it subscribed (see

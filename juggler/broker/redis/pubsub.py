@@ -303,11 +303,11 @@ class PubSubFanout:
         if sub is None or not sub.handlers:
             return
         try:
-            msg_uuid, args = rustext.parse_pub_payload(data)
+            msg_uuid, args, offset, epoch = rustext.parse_pub_payload_at(data)
         except ValueError as exc:
             log.debug("dropping an invalid pub-sub payload on %s: %s", channel, exc)
             return
-        event = Event(channel=channel, pattern=pattern, msg_uuid=msg_uuid, args=args)
+        event = Event(channel=channel, pattern=pattern, msg_uuid=msg_uuid, args=args, offset=offset, epoch=epoch)
         for handler in list(sub.handlers.values()):
             self.stats.events += 1
             try:
