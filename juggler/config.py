@@ -119,6 +119,9 @@ class ServerConfig:
     drain_timeout: float = 10.0
     #: log one line per connection open and close (with the reason)
     log_connections: bool = True
+    #: write events to subscribers natively (one frame built per event, one write per connection);
+    #: false writes each through Python (slower; for comparison)
+    native_fanout: bool = True
     #: PEM certificate chain: serve wss:// (and the HTTP pages over https) instead of ws://
     tls_cert: str | None = None
     #: PEM private key of ``tls_cert``

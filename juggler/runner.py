@@ -139,7 +139,7 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
             if isinstance(broker, MemoryBroker):
                 await broker.until_served(callee.uris)
         stats = ServerStats()
-        server = Server(broker, config.server, stats=stats, pubsub=pubsub, auth=auth)
+        server = Server(broker, config.server, stats=stats, pubsub=pubsub, auth=auth, channels=config.channels)
         server.http = StaticSite(demo=demo, stats=functools.partial(stats_snapshot, server))
         started.append(server)
         await server.start()

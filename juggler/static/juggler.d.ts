@@ -91,6 +91,9 @@ export interface JugglerEvent {
   /** The uuid of the PUB. */
   uuid: string;
   args: Json;
+  /** Its position in the channel's history (channels with history only). */
+  offset?: number;
+  epoch?: string;
 }
 
 export type EventHandler = (args: Json, event: JugglerEvent) => void;
@@ -143,8 +146,10 @@ export interface StateChangeDetail {
 
 /**
  * A juggler.0 connection that reconnects by itself (backoff with jitter) and
- * restores its subscriptions. Events: "statechange" (CustomEvent<StateChangeDetail>),
- * "open", "close" and "error" (CustomEvent<{error: unknown}>).
+ * restores its subscriptions; on channels with history it recovers what was
+ * published while it was away. Events: "statechange" (CustomEvent<StateChangeDetail>),
+ * "open", "close", "error" (CustomEvent<{error: unknown}>) and "unrecovered"
+ * (CustomEvent<{channel: string}>: events of that channel were lost; reload its state).
  */
 export declare class Juggler extends EventTarget {
   /** Resolves once connected; rejects with ConnectionClosedError if the first attempt fails. */

@@ -474,12 +474,20 @@ export class Juggler extends EventTarget {
   }
 
   _sendSub(sub) {
-    const p = this._request(SUB, { channel: sub.channel, pattern: sub.pattern }, `subscribe ${sub.channel}`,
-      sub.timeout, { ms: Math.floor(sub.timeout) });
+    const payload = { channel: sub.channel, pattern: sub.pattern };
+    // a channel with history: ask for what was missed since the last event seen
+    if (sub.position) payload.since = { offset: sub.position.offset, epoch: sub.position.epoch };
+    const p = this._request(SUB, payload, `subscribe ${sub.channel}`, sub.timeout, { ms: Math.floor(sub.timeout) });
     p.then(
-      () => {
+      (ack) => {
         sub.resolveReady(); // also when unsubscribed meanwhile: it did take effect
         if (this._subs.get(sub.key) === sub) sub.acked = sub.everAcked = true;
+        if (ack && typeof ack.epoch === "string" && !sub.pattern) {
+          if (ack.recovered === false) this._unrecovered(sub);
+          if (!sub.position || ack.recovered === false || sub.position.epoch !== ack.epoch) {
+            sub.position = { offset: ack.offset ?? 0, epoch: ack.epoch };
+          }
+        }
       },
       (err) => {
         if (err instanceof NackError && this._subs.get(sub.key) === sub) {
@@ -493,6 +501,11 @@ export class Juggler extends EventTarget {
         // ConnectionLostError: re-sent on the next connection
       },
     );
+  }
+
+  _unrecovered(sub) {
+    // the application reloads its state: what it missed is gone
+    this.dispatchEvent(new CustomEvent("unrecovered", { detail: { channel: sub.channel } }));
   }
 
   // receiving --------------------------------------------------------------------
@@ -517,7 +530,7 @@ export class Juggler extends EventTarget {
         const p = this._pending.get(pl.for);
         if (!p) return;
         if (p.type === CALL) p.acked = true; // queued; the RES settles it
-        else this._settle(pl.for, p, null, undefined);
+        else this._settle(pl.for, p, null, p.type === SUB ? pl : undefined);
         return;
       }
       case NACK: {
@@ -534,7 +547,19 @@ export class Juggler extends EventTarget {
         const key = pl.pattern !== undefined ? subKey(pl.pattern, true) : subKey(pl.channel, false);
         const sub = this._subs.get(key);
         if (!sub) return;
-        const ev = { channel: pl.channel, pattern: pl.pattern, uuid: pl.for, args: pl.args ?? null };
+        if (pl.recovered === false) {
+          // a notice: events of this channel were lost and cannot be recovered
+          sub.position = { offset: pl.offset ?? 0, epoch: pl.epoch ?? "" };
+          this._unrecovered(sub);
+          return;
+        }
+        if (typeof pl.offset === "number" && typeof pl.epoch === "string" && pl.pattern === undefined) {
+          const seen = sub.position;
+          if (seen && seen.epoch === pl.epoch && pl.offset <= seen.offset) return; // already delivered
+          sub.position = { offset: pl.offset, epoch: pl.epoch };
+        }
+        const ev = { channel: pl.channel, pattern: pl.pattern, uuid: pl.for, args: pl.args ?? null,
+          offset: pl.offset, epoch: pl.epoch };
         for (const { handler } of [...sub.handlers]) {
           try {
             handler(ev.args, ev);

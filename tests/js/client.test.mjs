@@ -191,6 +191,32 @@ describe("connection", () => {
     }
   });
 
+  test("a dropped connection recovers the events of a channel with history, once each, in order", async () => {
+    const srv = await JugglerProc.server('[[channels]]\nmatch = "hist.*"\nhistory_size = 100\n');
+    try {
+      const a = await connect(srv.wsUrl);
+      const b = await connect(srv.wsUrl);
+      const got = [];
+      const unrecovered = [];
+      a.addEventListener("unrecovered", (ev) => unrecovered.push(ev.detail.channel));
+      const u = a.subscribe("hist.room", (x, ev) => got.push([x, ev.offset]));
+      await u.ready;
+      await b.publish("hist.room", 1);
+      await until(() => got.length === 1, { what: "first event" });
+      a._ws.terminate(); // the network drops: the client reconnects by itself
+      await until(() => a.state === "reconnecting", { what: "reconnecting" });
+      await b.publish("hist.room", 2);
+      await b.publish("hist.room", 3);
+      await until(() => a.state === "open", { what: "reconnected" });
+      await b.publish("hist.room", 4);
+      await until(() => got.length === 4, { what: "missed and live events" });
+      assert.deepEqual(got, [[1, 1], [2, 2], [3, 3], [4, 4]]);
+      assert.deepEqual(unrecovered, []);
+    } finally {
+      await srv.stop();
+    }
+  });
+
   test("close() rejects what is pending and is final", async () => {
     const c = await connect();
     const p = c.call("test.delay", "2000", { timeout: 5000 });

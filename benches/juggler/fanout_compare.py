@@ -1,0 +1,126 @@
+"""Pub-sub fan-out: native fan-out against the per-subscriber Python path, in one run.
+
+Starts ``juggler server`` twice per round (``server.native_fanout`` true and
+false, interleaved, the order alternating), runs ``juggler load --mode
+fanout`` against each with ``--server-pid``, and records deliveries/s,
+latency percentiles, losses and the server's CPU time per delivery (user and
+system separately: on loopback the kernel's TCP work for the receiving side
+is charged to the sender)::
+
+    python benches/juggler/fanout_compare.py --subscribers 1000 --rate 50 -d 10 --rounds 3
+    python benches/juggler/fanout_compare.py --subscribers 10000 --rate 10 -d 10 --rounds 2
+
+Writes benches/juggler/results/fanout-<subscribers>x<rate>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+JUGGLER = [sys.executable, "-m", "cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu(pid: int) -> tuple[float, float]:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"server on {port} did not start")
+
+
+def one(native: bool, args: argparse.Namespace) -> dict:
+    port = free_port()
+    cmd = [*JUGGLER, "server", "--listen", f"127.0.0.1:{port}", "--set",
+           f"server.native_fanout={'true' if native else 'false'}", "--set", "server.max_connections=0"]
+    if args.redis:
+        cmd += ["--redis", args.redis]
+    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        u0, s0 = cpu(server.pid)
+        out = subprocess.run(
+            [*JUGGLER, "load", "--mode", "fanout", "--url", f"ws://127.0.0.1:{port}/ws",
+             "--subscribers", str(args.subscribers), "--rate", str(args.rate), "-d", f"{args.duration}s",
+             "--payload-bytes", str(args.payload_bytes), "--procs", str(args.procs),
+             "--server-pid", str(server.pid), "--json"],
+            cwd=ROOT, capture_output=True, text=True, timeout=args.duration + 300)
+        u1, s1 = cpu(server.pid)
+        if out.returncode not in (0, 1):
+            raise RuntimeError(out.stderr)
+        report = json.loads(out.stdout)
+        d = max(1, report["delivered"])
+        report["server_user_us_per_delivery"] = report["server_cpu_us_per_delivery"] and None
+        report["native"] = native
+        # whole-run split (includes subscribing): the proportion applies to the window figure
+        total = (u1 - u0) + (s1 - s0)
+        if total > 0 and report["server_cpu_us_per_delivery"] is not None:
+            per = report["server_cpu_us_per_delivery"]
+            report["server_user_us_per_delivery"] = per * (u1 - u0) / total
+            report["server_system_us_per_delivery"] = per * (s1 - s0) / total
+        report["delivered_check"] = d
+        return report
+    finally:
+        server.terminate()
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--subscribers", type=int, default=1000)
+    p.add_argument("--rate", type=float, default=50)
+    p.add_argument("-d", "--duration", type=float, default=10)
+    p.add_argument("--payload-bytes", type=int, default=100)
+    p.add_argument("--procs", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--redis", metavar="URL", help="through this Redis instead of the in-memory broker")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    runs = []
+    for r in range(args.rounds):
+        for native in ((True, False) if r % 2 == 0 else (False, True)):
+            rep = one(native, args)
+            runs.append(rep)
+            if rep["server_cpu_us_per_delivery"] is None:
+                print(f"round {r + 1}: no figure: {json.dumps(rep)[:2000]}", flush=True)
+                continue
+            print(f"round {r + 1} {'native' if native else 'python'}: {rep['deliveries_per_s']:,.0f}/s "
+                  f"lost {rep['lost']} p50 {rep['latency_ms'].get('median', 0):.1f} ms "
+                  f"p99 {rep['latency_ms'].get('p99', 0):.1f} ms "
+                  f"server {rep['server_cpu_us_per_delivery']:.2f} µs/delivery "
+                  f"(user {rep.get('server_user_us_per_delivery') or 0:.2f}, "
+                  f"system {rep.get('server_system_us_per_delivery') or 0:.2f})", flush=True)
+    out = args.out or ROOT / "benches" / "juggler" / "results" / (
+        f"fanout-{args.subscribers}x{args.rate:g}{'-redis' if args.redis else ''}.json")
+    out.write_text(json.dumps({"command": " ".join(sys.argv), "runs": runs}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
