@@ -226,11 +226,19 @@ class Repl:
             line = f"{head} for {ft} {p.get('for')} ({target})"
             if t == NACK:
                 line += f" {p.get('code')}: {p.get('message')}"
+            elif p.get("epoch") is not None:  # a SUB to a channel with history
+                line += f" at offset {p.get('offset')} epoch {p['epoch']}"
+                if p.get("recovered") is not None:
+                    line += " recovered" if p["recovered"] else " NOT recovered"
         elif t == RES:
             line = f"{head} for CALL {p.get('for')} ({p.get('uri')}): {_show(p.get('args'))}"
+        elif t == EVNT and p.get("recovered") is False:
+            line = (f"{head} on {p.get('channel')}: events lost, NOT recovered "
+                    f"(now at offset {p.get('offset')} epoch {p.get('epoch')})")
         elif t == EVNT:
             via = f" via pattern {p['pattern']}" if p.get("pattern") else ""
-            line = f"{head} for PUB {p.get('for')} on {p.get('channel')}{via}: {_show(p.get('args'))}"
+            at = f" #{p['offset']}" if p.get("offset") is not None else ""
+            line = f"{head} for PUB {p.get('for')} on {p.get('channel')}{at}{via}: {_show(p.get('args'))}"
         else:
             line = f"{head}: {_show(p)}"
         self.out(line)

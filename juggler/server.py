@@ -177,7 +177,7 @@ class Server:
         self._ssl = tls.context(alpn=["http/1.1"]) if tls is not None else None
         try:
             self._server = await loop.create_server(
-                lambda: Conn(self.conn_context), cfg.host, cfg.port, reuse_address=True, backlog=1024,
+                lambda: Conn(self.conn_context), cfg.host, cfg.port, reuse_address=True, backlog=4096,
                 ssl=self._ssl, ssl_handshake_timeout=cfg.handshake_timeout if self._ssl else None,
             )
         except OSError as exc:

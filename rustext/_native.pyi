@@ -297,12 +297,13 @@ def parse_pub_payload_at(data: bytes) -> tuple[str, bytes | None, int | None, st
 class FanoutHub:
     """Native fan-out of event frames to websocket connections: per key
     (a channel or pattern numbered by the caller) its subscribed connections,
-    per connection a duplicate of its socket. ``publish`` writes each
-    connection's frames of one turn with one ``sendmsg``."""
+    per connection its socket (never closed by the hub: remove a connection
+    before its socket can close). ``publish`` writes each connection's frames
+    of one turn with one ``sendmsg``."""
 
     def __init__(self) -> None: ...
     def add_conn(self, conn: int, fd: int) -> None:
-        """Register `conn`; `fd` is duplicated; -1: Python writes everything for it."""
+        """Register `conn` writing to `fd`; -1: Python writes everything for it."""
     def remove_conn(self, conn: int) -> bool: ...
     def hold(self, conn: int, held: bool) -> None:
         """Held: Python has output queued for `conn`; its frames are handed back."""

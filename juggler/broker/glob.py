@@ -3,6 +3,11 @@
 ``*`` any run, ``?`` one byte, ``[abc]`` / ``[^abc]`` / ``[a-z]`` classes,
 ``\\x`` escapes. Redis matches bytes, so patterns and channels are compared as
 UTF-8 bytes.
+
+Each (pattern position, channel position) a ``*`` retries from is tried at
+most once per match (failures are remembered), so a hostile pattern such as
+``*a*a*a*a*a*b`` costs at most len(pattern) × len(channel) steps instead of
+exponential time.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ __all__ = ["glob_match"]
 def glob_match(pattern: str | bytes, channel: str | bytes) -> bool:
     p = pattern.encode() if isinstance(pattern, str) else pattern
     s = channel.encode() if isinstance(channel, str) else channel
-    return _match(p, s, 0)
+    if _literal(p):
+        return p == s
+    return _match(p, s, 0, 0, 0, set())
 
 
 @lru_cache(maxsize=4096)
@@ -23,10 +30,17 @@ def _literal(p: bytes) -> bool:
     return not any(c in p for c in b"*?[\\")
 
 
-def _match(p: bytes, s: bytes, depth: int) -> bool:
-    if _literal(p):
-        return p == s
-    pi, si = 0, 0
+def _match(p: bytes, s: bytes, pi: int, si: int, depth: int, failed: set[tuple[int, int]]) -> bool:
+    """Match p[pi:] against s[si:]; `failed` holds the starts already known not to match."""
+    if (pi, si) in failed:
+        return False
+    if not _match_from(p, s, pi, si, depth, failed):
+        failed.add((pi, si))
+        return False
+    return True
+
+
+def _match_from(p: bytes, s: bytes, pi: int, si: int, depth: int, failed: set[tuple[int, int]]) -> bool:
     plen, slen = len(p), len(s)
     while pi < plen and si < slen:
         c = p[pi]
@@ -37,9 +51,8 @@ def _match(p: bytes, s: bytes, depth: int) -> bool:
                 return True
             if depth > 1000:
                 return False
-            rest = p[pi + 1:]
             for k in range(si, slen):
-                if _match(rest, s[k:], depth + 1):
+                if _match(p, s, pi + 1, k, depth + 1, failed):
                     return True
             return False
         elif c == 0x3F:  # '?'

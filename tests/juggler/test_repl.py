@@ -200,3 +200,25 @@ def test_parse_duration_never_crashes(text: str) -> None:
         assert parse_duration(text) >= 0
     except ReplError:
         pass
+
+
+def test_repl_shows_history_positions(redis_url: str, tmp_path: object) -> None:
+    """On a channel with history, the REPL shows the SUB's position and each event's offset."""
+    from pathlib import Path
+
+    from jugglerprocs import juggler_server
+
+    config = Path(str(tmp_path)) / "history.toml"
+    config.write_text('[[channels]]\nmatch = "hist.*"\nhistory_size = 10\n')
+    with juggler_server(redis_url, "--config", str(config)) as url:
+        out = run_client(
+            f"connect {url}\n"
+            "sub 1 hist.room\n"
+            "pub 1 hist.room 7\n"
+            "wait 1\n"
+            "exit\n",
+        )
+    lines = out.splitlines()
+    assert any(re.match(r"\[1\] <<< ACK  message: \S+ for SUB \S+ \(hist\.room\) at offset 0 epoch \w+$", ln)
+               for ln in lines), out
+    assert any(re.match(r"\[1\] <<< EVNT message: \S+ for PUB \S+ on hist\.room #1: 7$", ln) for ln in lines), out

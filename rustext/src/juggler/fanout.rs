@@ -2,8 +2,8 @@
 //! of a channel without a Python call per subscriber.
 //!
 //! The hub knows, per subscription key (a channel or pattern, numbered by
-//! the Python side), which connections subscribe to it, and per connection a
-//! duplicate of its socket's file descriptor. [`Hub::publish`] takes the
+//! the Python side), which connections subscribe to it, and per connection
+//! its socket's file descriptor. [`Hub::publish`] takes the
 //! frames of one event-loop turn and, per connection, writes all of its
 //! frames with ONE `sendmsg` (coalescing), straight from the frames' memory.
 //!
@@ -15,9 +15,13 @@
 //! A short write (the socket buffer is full) hands the rest back too; the
 //! Python side then holds the connection until its transport has drained.
 //!
-//! The descriptor is a `dup` of the transport's, owned by the hub until the
-//! connection is removed: a descriptor number the event loop closed and the
-//! kernel reused for another connection can never be written by mistake.
+//! The descriptor stays the event loop's: the hub never closes it, and the
+//! Python side removes a connection from the hub BEFORE its transport can
+//! close the descriptor (every close path of the connection goes through
+//! that removal, and asyncio and uvloop both call `connection_lost` before
+//! they close the socket). So a descriptor number reused by the kernel for
+//! another connection is never written by mistake. No `dup`: a subscriber
+//! costs one descriptor, not two (10,000 subscribers fit a 20,000 limit).
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
@@ -36,18 +40,9 @@ pub struct Leftovers {
 }
 
 struct Conn {
-    fd: RawFd, // a dup owned by the hub; -1: always written by Python (TLS, middleware)
+    fd: RawFd, // the event loop's socket (never closed here); -1: always written by Python
     held: bool,
     keys: Vec<u64>,
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        if self.fd >= 0 {
-            // SAFETY: the hub owns this duplicate and closes it exactly once.
-            unsafe { libc::close(self.fd) };
-        }
-    }
 }
 
 /// Subscribers per key and the connections' sockets (see module doc).
@@ -124,25 +119,21 @@ impl Hub {
         Self::default()
     }
 
-    /// Register a connection; `fd` is duplicated (-1: Python writes everything for it).
-    /// Re-adding an id replaces the previous entry.
+    /// Register a connection writing to `fd` (-1: Python writes everything for it).
+    /// The caller removes it before `fd` can be closed. Re-adding an id replaces the entry.
     pub fn add_conn(&mut self, conn: u64, fd: RawFd) -> std::io::Result<()> {
-        let dup = if fd >= 0 {
-            // SAFETY: F_DUPFD_CLOEXEC on a descriptor the caller says is open; checked below.
-            let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-            if d < 0 {
+        if fd >= 0 {
+            // SAFETY: F_GETFD only reads the descriptor's flags: is it open at all?
+            if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            d
-        } else {
-            -1
-        };
+        }
         self.remove_conn(conn);
-        self.conns.insert(conn, Conn { fd: dup, held: false, keys: Vec::new() });
+        self.conns.insert(conn, Conn { fd, held: false, keys: Vec::new() });
         Ok(())
     }
 
-    /// Forget a connection: its subscriptions go, its descriptor is closed.
+    /// Forget a connection and its subscriptions (its descriptor is left alone).
     pub fn remove_conn(&mut self, conn: u64) -> bool {
         let Some(c) = self.conns.remove(&conn) else { return false };
         for k in &c.keys {
@@ -278,7 +269,7 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
+    use std::io::{Read, Write};
     use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
 
@@ -360,19 +351,18 @@ mod tests {
     }
 
     #[test]
-    fn the_duplicate_outlives_the_original_descriptor() {
+    fn removal_leaves_the_descriptor_to_its_owner() {
         let mut hub = Hub::new();
         let (a, mut ra) = pair();
         hub.add_conn(1, a.as_raw_fd()).unwrap();
         hub.subscribe(1, 1);
-        drop(a); // the event loop closed its descriptor
-        let out = hub.publish(&[(1, b"still")]);
-        assert_eq!(out.written, 1);
-        assert_eq!(read_n(&mut ra, 5), b"still");
-        hub.remove_conn(1); // last reference: the peer sees the end
-        let mut rest = Vec::new();
-        ra.read_to_end(&mut rest).unwrap();
-        assert!(rest.is_empty());
+        assert!(hub.remove_conn(1));
+        assert_eq!(hub.publish(&[(1, b"gone")]).written, 0);
+        // still open: its owner writes and closes it
+        (&a).write_all(b"owner").unwrap();
+        assert_eq!(read_n(&mut ra, 5), b"owner");
+        assert!(hub.add_conn(2, -1).is_ok());
+        assert!(hub.add_conn(3, 1_000_000).is_err()); // not an open descriptor
     }
 }
 
@@ -396,13 +386,13 @@ pub mod python {
             Self { hub: super::Hub::new() }
         }
 
-        /// Register connection `conn`; `fd` is its socket (duplicated), or -1 when
-        /// Python must write everything for it (TLS, outgoing middleware).
+        /// Register connection `conn`; `fd` is its socket (remove the connection
+        /// before it can close), or -1 when Python writes everything for it.
         fn add_conn(&mut self, conn: u64, fd: i32) -> PyResult<()> {
             self.hub.add_conn(conn, fd).map_err(PyErr::from)
         }
 
-        /// Forget `conn` (its subscriptions; its descriptor is closed). False when unknown.
+        /// Forget `conn` and its subscriptions. False when unknown.
         fn remove_conn(&mut self, conn: u64) -> bool {
             self.hub.remove_conn(conn)
         }

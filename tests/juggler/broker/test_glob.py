@@ -69,3 +69,14 @@ def test_glob_never_crashes(pattern: str, channel: str) -> None:
     assert isinstance(glob_match(pattern, channel), bool)
     if not any(c in pattern for c in "*?[\\"):
         assert glob_match(pattern, channel) == (pattern == channel)
+
+
+def test_hostile_patterns_take_polynomial_time() -> None:
+    """Patterns built to make a backtracking matcher explode still answer at once
+    (a client's PSUBSCRIBE must not stall the in-memory broker); exponential
+    matching would not finish within the test's timeout."""
+    from juggler.broker.glob import glob_match
+
+    assert not glob_match("*a*a*a*a*a*a*a*a*b", "a" * 200)
+    assert glob_match("*a*a*a*a*a*a*a*a*b", "a" * 200 + "b")
+    assert not glob_match("*" + "?*" * 50 + "x", "y" * 300)
