@@ -6,6 +6,9 @@
 //! its socket's file descriptor. [`Hub::publish`] takes the
 //! frames of one event-loop turn and, per connection, writes all of its
 //! frames with ONE `sendmsg` (coalescing), straight from the frames' memory.
+//! A fan-out to many connections is split over a few threads (one per core,
+//! at most 4): the writes are the cost, and the last subscriber of a large
+//! channel would otherwise wait for all the others.
 //!
 //! A connection is written here only while Python has nothing queued for it:
 //! the Python driver marks it *held* while its own output (ACK, RES, close
@@ -50,6 +53,15 @@ struct Conn {
 pub struct Hub {
     conns: HashMap<u64, Conn>,
     keys: HashMap<u64, Vec<u64>>,
+}
+
+/// Fan-outs of at least this many connections are written by several threads.
+const PARALLEL_MIN: usize = 512;
+
+/// Threads for a large fan-out: the machine's cores, at most 4.
+fn parallelism() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4))
 }
 
 /// Outcome of one gathered write to one connection.
@@ -191,42 +203,81 @@ impl Hub {
     /// Write `frames` (key, bytes), in order, to the subscribers of each key;
     /// one gathered write per connection (see module doc).
     pub fn publish(&mut self, frames: &[(u64, &[u8])]) -> Leftovers {
-        let mut out = Leftovers::default();
-        if frames.len() == 1 {
+        let out = if frames.len() == 1 {
             let (key, frame) = frames[0];
-            let Some(subs) = self.keys.get(&key) else { return out };
-            for &id in subs {
-                let Some(c) = self.conns.get(&id) else { continue };
-                self.write_one(id, c, &[frame], &[0], &mut out);
-            }
-            self.apply(&out);
-            return out;
-        }
-        // several frames in this turn: gather each connection's frames, in order
-        let mut per_conn: HashMap<u64, Vec<usize>> = HashMap::new();
-        let mut order: Vec<u64> = Vec::new();
-        for (i, (key, _)) in frames.iter().enumerate() {
-            if let Some(subs) = self.keys.get(key) {
-                for &id in subs {
-                    per_conn
-                        .entry(id)
-                        .or_insert_with(|| {
+            let Some(subs) = self.keys.get(&key) else { return Leftovers::default() };
+            let one: &[&[u8]] = &[frame];
+            self.write_all(subs, |_| (one, &[0usize][..]))
+        } else {
+            // several frames in this turn: gather each connection's frames, in order
+            let mut per_conn: HashMap<u64, (Vec<&[u8]>, Vec<usize>)> = HashMap::new();
+            let mut order: Vec<u64> = Vec::new();
+            for (i, (key, frame)) in frames.iter().enumerate() {
+                if let Some(subs) = self.keys.get(key) {
+                    for &id in subs {
+                        let e = per_conn.entry(id).or_insert_with(|| {
                             order.push(id);
-                            Vec::new()
-                        })
-                        .push(i);
+                            (Vec::new(), Vec::new())
+                        });
+                        e.0.push(frame);
+                        e.1.push(i);
+                    }
                 }
             }
-        }
-        let mut parts: Vec<&[u8]> = Vec::new();
-        for id in order {
-            let Some(c) = self.conns.get(&id) else { continue };
-            let idx = &per_conn[&id];
-            parts.clear();
-            parts.extend(idx.iter().map(|&i| frames[i].1));
-            self.write_one(id, c, &parts, idx, &mut out);
-        }
+            self.write_all(&order, |id| {
+                let (parts, idx) = &per_conn[&id];
+                (&parts[..], &idx[..])
+            })
+        };
         self.apply(&out);
+        out
+    }
+
+    /// Write each connection of `ids` its frames (`frames_of(id)`: the frames and
+    /// their indexes). A large fan-out is split over a few threads: the socket
+    /// writes are the cost, and the last subscriber waits for all before it.
+    fn write_all<'f, F>(&self, ids: &[u64], frames_of: F) -> Leftovers
+    where
+        F: Fn(u64) -> (&'f [&'f [u8]], &'f [usize]) + Sync,
+    {
+        let threads = if ids.len() >= PARALLEL_MIN { parallelism() } else { 1 };
+        if threads <= 1 {
+            let mut out = Leftovers::default();
+            for &id in ids {
+                if let Some(c) = self.conns.get(&id) {
+                    let (parts, idx) = frames_of(id);
+                    self.write_one(id, c, parts, idx, &mut out);
+                }
+            }
+            return out;
+        }
+        let chunk = ids.len().div_ceil(threads);
+        let results: Vec<Leftovers> = std::thread::scope(|scope| {
+            let handles: Vec<_> = ids
+                .chunks(chunk)
+                .map(|part| {
+                    let frames_of = &frames_of;
+                    scope.spawn(move || {
+                        let mut out = Leftovers::default();
+                        for &id in part {
+                            if let Some(c) = self.conns.get(&id) {
+                                let (parts, idx) = frames_of(id);
+                                self.write_one(id, c, parts, idx, &mut out);
+                            }
+                        }
+                        out
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_default()).collect()
+        });
+        let mut out = Leftovers::default();
+        for r in results {
+            out.held.extend(r.held);
+            out.partial.extend(r.partial);
+            out.failed.extend(r.failed);
+            out.written += r.written;
+        }
         out
     }
 
@@ -334,6 +385,30 @@ mod tests {
         // held now: the next frame goes to Python
         let out = hub.publish(&[(1, b"after")]);
         assert_eq!(out.held, vec![(1, 0)]);
+    }
+
+    #[test]
+    fn a_large_fan_out_is_written_by_several_threads_in_order() {
+        let mut hub = Hub::new();
+        let mut readers = Vec::new();
+        let mut writers = Vec::new();
+        for id in 0..(PARALLEL_MIN as u64 + 10) {
+            let (a, r) = pair();
+            hub.add_conn(id, a.as_raw_fd()).unwrap();
+            hub.subscribe(id, 9);
+            writers.push(a);
+            readers.push(r);
+        }
+        hub.hold(3, true);
+        let out = hub.publish(&[(9, b"ab"), (9, b"cd")]);
+        assert_eq!(out.written, 2 * (readers.len() as u64 - 1));
+        assert_eq!(out.held, vec![(3, 0), (3, 1)]);
+        for (id, r) in readers.iter_mut().enumerate() {
+            if id != 3 {
+                assert_eq!(read_n(r, 4), b"abcd");
+            }
+        }
+        drop(writers);
     }
 
     #[test]
