@@ -9,8 +9,10 @@ are spread over ``procs`` processes (the load tool must not be the limit);
 the publisher runs in the first. The report: events published, deliveries
 expected and seen, deliveries/s, lost, duplicates, latency percentiles.
 
-Uses the load tool's own minimal websocket client (juggler.load._WsClient):
-the measuring side must cost less CPU than the server it measures.
+The subscribers are native (``rustext.FanoutSubscribers``: tokio tasks that
+read ``t`` and ``seq`` without decoding the JSON) and the publisher uses the
+load tool's minimal websocket client (juggler.load._WsClient): the measuring
+side shares the machine and must cost less CPU than the server it measures.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from array import array
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from urllib.parse import urlparse
+
+import rustext
 from juggler.load import _percentiles, _WsClient, reap
 from rustext.interrupt import ignore_sigint
 
-EVNT, ACK, NACK = 10, 8, 7
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,44 +102,15 @@ class FanoutReport:
         return "\n".join(lines)
 
 
-class _Subscriber:
-    def __init__(self, lat: array) -> None:
-        self.lat = lat
-        self.ws: _WsClient | None = None
-        self.subscribed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self.last = -1
-        self.seen = 0
-        self.duplicates = 0
-        self.out_of_order = 0
-
-    def on_frame(self, frame: str) -> None:
-        now = time.time_ns()
-        if frame.startswith('{"meta":{"type":10,'):
-            # an EVNT of ours: read "t" and "seq" without decoding the frame (this
-            # side shares the machine with the server it measures)
-            i = frame.index('"t":', frame.index('"args":')) + 4
-            j = frame.index(",", i)
-            k = frame.index('"seq":', j) + 6
-            seq = int(frame[k:frame.index(",", k)])
-            self.lat.append((now - int(frame[i:j])) // 1000)
-            if seq == self.last:
-                self.duplicates += 1
-                return
-            if seq < self.last:
-                self.out_of_order += 1
-            self.last = max(self.last, seq)
-            self.seen += 1
-            return
-        kind = json.loads(frame)["meta"]["type"]
-        if kind in (ACK, NACK) and not self.subscribed.done():
-            self.subscribed.set_result(kind == ACK)
-
-
 async def _worker(cfg: FanoutConfig, n: int, publish: bool, start_at: float) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
-    lat = array("q")
     errors: list[str] = []
-    subs: list[_Subscriber] = []
+    u = urlparse(cfg.url)
+    subs = rustext.FanoutSubscribers(u.hostname or "127.0.0.1", u.port or 80, u.path or "/", cfg.channel, n,
+                                     threads=1)
+    subscribed, failed = await asyncio.to_thread(subs.wait_subscribed, cfg.open_timeout + n / 1000)
+    if failed or subscribed < n:
+        errors.append(f"{failed} of {n} subscribers failed, {n - subscribed - failed} not subscribed in time")
 
     async def open_ws(on_frame: Any) -> _WsClient:
         ws = _WsClient(cfg.url, "juggler.0", on_frame)
@@ -143,21 +118,6 @@ async def _worker(cfg: FanoutConfig, n: int, publish: bool, start_at: float) -> 
         await asyncio.wait_for(ws.opened, cfg.open_timeout)
         return ws
 
-    async def subscribe() -> None:
-        s = _Subscriber(lat)
-        try:
-            s.ws = await open_ws(s.on_frame)
-            s.ws.send_text(json.dumps({"meta": {"type": 3, "uuid": str(uuid.uuid4())},
-                                       "payload": {"channel": cfg.channel, "pattern": False}}))
-            if not await asyncio.wait_for(s.subscribed, cfg.open_timeout):
-                errors.append("SUB refused (NACK)")
-                return
-        except Exception as exc:
-            errors.append(f"subscriber: {exc!r}")
-            return
-        subs.append(s)
-
-    await asyncio.gather(*(subscribe() for _ in range(n)))
     pub_ws = None
     if publish:
         try:
@@ -186,15 +146,12 @@ async def _worker(cfg: FanoutConfig, n: int, publish: bool, start_at: float) -> 
     else:
         await asyncio.sleep(cfg.duration)
     await asyncio.sleep(cfg.settle)  # the last events' deliveries
-    for s in subs:
-        if s.ws is not None:
-            s.ws.close()
+    lat, seen, duplicates, out_of_order, subscribed, sub_errors = await asyncio.to_thread(subs.finish)
     if pub_ws is not None:
         pub_ws.close()
     return {
-        "lat": lat.tobytes(), "published": published, "subscribed": len(subs),
-        "seen": sum(s.seen for s in subs), "duplicates": sum(s.duplicates for s in subs),
-        "out_of_order": sum(s.out_of_order for s in subs), "errors": errors[:20],
+        "lat": lat, "published": published, "subscribed": subscribed, "seen": seen, "duplicates": duplicates,
+        "out_of_order": out_of_order, "errors": (errors + [f"subscriber: {e}" for e in sub_errors])[:20],
     }
 
 

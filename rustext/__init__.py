@@ -116,6 +116,7 @@ from rustext._native import (  # noqa: E402
     CallPayload,
     ClientMessage,
     FanoutHub,
+    FanoutSubscribers,
     ServerMessage,
     build_ack,
     build_call,
@@ -142,7 +143,7 @@ from rustext._native import (  # noqa: E402
 
 __all__ += [
     "ACK", "ALL_CLIENT_TYPES", "CALL", "EVNT", "NACK", "PUB", "RES", "SUB", "UNSB",
-    "CallPayload", "ClientMessage", "FanoutHub", "ServerMessage",
+    "CallPayload", "ClientMessage", "FanoutHub", "FanoutSubscribers", "ServerMessage",
     "build_ack", "build_call", "build_call_payload", "build_evnt", "build_nack", "build_pub",
     "build_pub_payload", "build_res", "build_sub", "build_sub_ack", "build_unsb", "canonical_uuid", "new_uuid",
     "normalize_json", "parse_allowed_messages", "parse_call_payload", "parse_call_payloads",

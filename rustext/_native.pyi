@@ -315,6 +315,20 @@ class FanoutHub:
     ) -> tuple[int, list[tuple[int, int]] | None, list[tuple[int, bytes]] | None, list[int] | None]:
         """(frames written, held (conn, frame index), partial (conn, rest), failed conns)."""
 
+class FanoutSubscribers:
+    """`n` native websocket subscribers of `channel` for the fan-out load
+    (``juggler load --mode fanout``): plain ws://, one SUB each; every EVNT's
+    ``args.t`` (publish time, ns) and ``args.seq`` give latency and
+    lost/duplicate/reordered counts. They start connecting at once, on
+    `threads` runtime threads."""
+
+    def __init__(self, host: str, port: int, path: str, channel: str, n: int, threads: int = 1) -> None: ...
+    def wait_subscribed(self, timeout: float) -> tuple[int, int]:
+        """Block until all are subscribed or failed, or `timeout` s: (subscribed, failed)."""
+    def finish(self) -> tuple[bytes, int, int, int, int, list[str]]:
+        """Stop them: (latencies in µs as native int64 bytes, seen, duplicates, out of order,
+        subscribed, errors (at most 20))."""
+
 def normalize_json(data: bytes) -> bytes:
     """Validate one JSON value and return it normalized; JugglerDecodeError if invalid."""
 

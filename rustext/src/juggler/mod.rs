@@ -171,6 +171,7 @@ pub use scan::normalize_args;
 mod tests;
 
 pub mod fanout;
+pub mod subscribers;
 
 #[cfg(feature = "python")]
 pub mod python;

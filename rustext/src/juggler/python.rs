@@ -373,6 +373,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_sub_ack, m)?)?;
     m.add_function(wrap_pyfunction!(parse_pub_payload_at, m)?)?;
     m.add_class::<super::fanout::python::FanoutHub>()?;
+    m.add_class::<super::subscribers::python::FanoutSubscribers>()?;
     m.add_function(wrap_pyfunction!(build_call, m)?)?;
     m.add_function(wrap_pyfunction!(build_pub, m)?)?;
     m.add_function(wrap_pyfunction!(build_sub, m)?)?;
