@@ -651,8 +651,13 @@ class Conn(asyncio.Protocol):
                 if subs.recovery is None or subs.recovery.history_of(msg.channel) is None:
                     self.nack(msg, 400, f"channel {msg.channel!r} keeps no history to recover from")
                     return
+            if msg.join_leave:
+                opts = subs.presence.rules.lookup(msg.channel) if subs.presence is not None else None
+                if msg.pattern or opts is None or not opts.join_leave:
+                    self.nack(msg, 400, f"channel {msg.channel!r} sends no join/leave notices")
+                    return
             try:
-                joined = await subs.subscribe(self, msg.channel, msg.pattern, since)
+                joined = await subs.subscribe(self, msg.channel, msg.pattern, since, msg.join_leave)
             except Exception as exc:
                 self.nack(msg, 500, str(exc) or type(exc).__name__)
                 return

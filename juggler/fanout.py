@@ -102,7 +102,7 @@ class FanoutReport:
         return "\n".join(lines)
 
 
-async def _worker(cfg: FanoutConfig, n: int, publish: bool, start_at: float) -> dict[str, Any]:
+async def _worker(cfg: FanoutConfig, n: int, publish: bool, pipe: Any) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     errors: list[str] = []
     u = urlparse(cfg.url)
@@ -124,9 +124,12 @@ async def _worker(cfg: FanoutConfig, n: int, publish: bool, start_at: float) -> 
             pub_ws = await open_ws(lambda frame: None)
         except Exception as exc:
             errors.append(f"publisher: {exc!r}")
-    delay = start_at - time.time()
-    if delay > 0:
-        await asyncio.sleep(delay)
+    # everyone subscribed (in every process) before the first PUB: the parent says when
+    pipe.send(("ready", subscribed))
+    if not await asyncio.to_thread(pipe.poll, cfg.open_timeout + cfg.subscribers / 500):
+        errors.append("no start signal from the parent")
+    else:
+        pipe.recv()
     published = 0
     if pub_ws is not None:
         pad = "x" * cfg.payload_bytes
@@ -173,12 +176,12 @@ def _failed(why: str) -> dict[str, Any]:
             "errors": [why]}
 
 
-def _proc_main(cfg: FanoutConfig, n: int, publish: bool, start_at: float, out: Any) -> None:
+def _proc_main(cfg: FanoutConfig, n: int, publish: bool, out: Any) -> None:
     ignore_sigint()
     try:
         import uvloop
 
-        result = uvloop.run(_worker(cfg, n, publish, start_at))
+        result = uvloop.run(_worker(cfg, n, publish, out))
     except BaseException as exc:  # report, never hang the parent
         result = _failed(f"worker: {exc!r}")
     out.send(result)
@@ -189,27 +192,38 @@ def run_fanout(cfg: FanoutConfig) -> FanoutReport:
     """Run the fan-out load (blocking) and report."""
     procs = min(cfg.procs, cfg.subscribers)
     shares = [cfg.subscribers // procs + (1 if i < cfg.subscribers % procs else 0) for i in range(procs)]
-    # everyone subscribed before the first PUB: generous for thousands of connections
-    start_at = time.time() + 2.0 + cfg.subscribers / 2000
     ctx = mp.get_context("spawn")
     pipes, workers = [], []
     for i in range(procs):
-        parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_proc_main, args=(cfg, shares[i], i == 0, start_at, child), daemon=True)
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_proc_main, args=(cfg, shares[i], i == 0, child), daemon=True)
         p.start()
         child.close()
         pipes.append(parent)
         workers.append(p)
-    results = []
-    deadline = time.time() + cfg.duration + cfg.settle + cfg.open_timeout + 60
+    deadline = time.time() + cfg.duration + cfg.settle + cfg.open_timeout + cfg.subscribers / 500 + 60
     cpu0 = cpu1 = None
+    results: list[dict[str, Any]] = []
     try:
+        # every worker's subscribers in place: the publisher starts, the CPU window opens
+        waiting = []
+        for pipe in pipes:
+            left = max(0.1, deadline - time.time())
+            msg = pipe.recv() if pipe.poll(left) else None
+            if isinstance(msg, tuple) and msg[0] == "ready":
+                waiting.append(pipe)
+            elif isinstance(msg, dict):
+                results.append(msg)  # a worker that failed before it was ready
+            else:
+                results.append(_failed("worker timed out"))
         if cfg.server_pid is not None:
-            time.sleep(max(0.0, start_at - time.time()))
             cpu0 = process_cpu(cfg.server_pid)
+        for pipe in waiting:
+            pipe.send("go")
+        if cfg.server_pid is not None:
             time.sleep(cfg.duration + cfg.settle / 2)
             cpu1 = process_cpu(cfg.server_pid)
-        for pipe in pipes:
+        for pipe in waiting:
             left = max(0.1, deadline - time.time())
             results.append(pipe.recv() if pipe.poll(left) else _failed("worker timed out"))
     finally:

@@ -102,6 +102,7 @@ class Server:
         auth: Any = None,
         native_fanout: bool | None = None,
         channels: ChannelRules | None = None,
+        presence: Any = None,
     ) -> None:
         self.broker = broker
         self.pubsub = pubsub if pubsub is not None else broker
@@ -133,6 +134,9 @@ class Server:
         self.recovery = Recovery(self.subscriptions, self.pubsub, self.channels)
         if any(rule.history for rule in self.channels.rules):
             self.subscriptions.recovery = self.recovery
+        #: who is subscribed where (juggler.presence.Presence; the caller starts and closes it)
+        self.presence = presence
+        self.subscriptions.presence = presence
         #: what each connection is handed: all it knows of this server
         self.conn_context = ConnContext(
             config=self.config, stats=self.stats, broker=self.broker, pubsub=self.pubsub,

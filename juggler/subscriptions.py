@@ -88,6 +88,8 @@ class Subscriptions:
         self._loop: asyncio.AbstractEventLoop | None = None
         #: set by the recovery layer (juggler.recovery.Recovery) when channels have history
         self.recovery: Any = None
+        #: the presence service (juggler.presence.Presence) when channels keep presence
+        self.presence: Any = None
 
     # connections ------------------------------------------------------------------
 
@@ -122,6 +124,8 @@ class Subscriptions:
         for pattern, channel in list(self._by_conn.get(conn, ())):
             await self.unsubscribe(conn, channel, pattern)
         self._by_conn.pop(conn, None)
+        if self.presence is not None:
+            await self.presence.left_all(conn)
 
     # subscribing ------------------------------------------------------------------
 
@@ -133,7 +137,7 @@ class Subscriptions:
         return PublishResult(msg_uuid)
 
     async def subscribe(self, conn: Conn, channel: str, pattern: bool,
-                        since: tuple[int, str] | None = None) -> JoinResult | None:
+                        since: tuple[int, str] | None = None, join_leave: bool = False) -> JoinResult | None:
         """Subscribe `conn`; returns once its events flow (raises BrokerError if the
         broker refused). On a channel with history: what the ACK says and the
         events to send after it (see juggler.recovery), else None."""
@@ -166,6 +170,9 @@ class Subscriptions:
             await self._release(sub)
             return None
         self._join(conn, sub)
+        presence = self.presence
+        if presence is not None and not pattern and presence.enabled(channel):
+            await presence.joined(conn, channel, notify=join_leave)
         return result
 
     def _join(self, conn: Conn, sub: _Sub) -> None:
@@ -206,6 +213,8 @@ class Subscriptions:
             self.hub.unsubscribe(conn.hub_id, sub.id)
         if sub.stream is not None:
             sub.stream.forget(conn)
+        if self.presence is not None and not sub.pattern:
+            await self.presence.left(conn, channel)
         await self._release(sub)
         return True
 
