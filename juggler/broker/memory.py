@@ -311,11 +311,7 @@ class MemoryBroker(BrokerBase):
         """Synchronous publish; returns the number of deliveries (Redis's PUBLISH reply)."""
         if self._closed:
             raise BrokerError("broker closed")
-        if args is not None:
-            try:
-                args = rustext.normalize_json(args)
-            except ValueError as exc:
-                raise BrokerError(f"invalid args: {exc}") from exc
+        args = _normalized(args)
         self.stats.published += 1
         offset, epoch = position if position is not None else (None, None)
         n = 0
@@ -335,11 +331,7 @@ class MemoryBroker(BrokerBase):
         """Store the publication in the channel's history and publish it; returns (offset, epoch)."""
         if self._closed:
             raise BrokerError("broker closed")
-        if args is not None:
-            try:
-                args = rustext.normalize_json(args)
-            except ValueError as exc:
-                raise BrokerError(f"invalid args: {exc}") from exc
+        args = _normalized(args)
         event = self._history.append(channel, msg_uuid, args, opts)
         assert event.offset is not None and event.epoch is not None
         self.publish_now(channel, msg_uuid, args, (event.offset, event.epoch))
@@ -399,3 +391,13 @@ class MemoryBroker(BrokerBase):
         """Calls waiting for `uri` (expired ones included until popped)."""
         q = self._calls.get(uri)
         return len(q) if q else 0
+
+
+def _normalized(args: bytes | None) -> bytes | None:
+    """`args` validated and normalized as the Redis path does (BrokerError if not JSON)."""
+    if args is None:
+        return None
+    try:
+        return rustext.normalize_json(args)
+    except ValueError as exc:
+        raise BrokerError(f"invalid args: {exc}") from exc

@@ -64,25 +64,6 @@ pub fn event_fields(text: &[u8]) -> Option<(i64, i64)> {
     Some((t, seq))
 }
 
-fn masked_text(payload: &[u8]) -> Vec<u8> {
-    // masked with a zero key: the payload goes out as is
-    let mut f = Vec::with_capacity(payload.len() + 14);
-    f.push(0x81);
-    let n = payload.len();
-    if n < 126 {
-        f.push(0x80 | n as u8);
-    } else if n < 65536 {
-        f.push(0x80 | 126);
-        f.extend_from_slice(&(n as u16).to_be_bytes());
-    } else {
-        f.push(0x80 | 127);
-        f.extend_from_slice(&(n as u64).to_be_bytes());
-    }
-    f.extend_from_slice(&[0, 0, 0, 0]);
-    f.extend_from_slice(payload);
-    f
-}
-
 /// One subscriber, until `shared.stop`.
 pub async fn run_one(addr: SocketAddr, host: String, path: String, sub_frame: Vec<u8>, shared: Arc<Shared>) -> SubStats {
     let mut st = SubStats::default();
@@ -207,7 +188,8 @@ pub fn sub_frame(channel: &str, uuid: &str) -> Vec<u8> {
     json.extend_from_slice(b"\"},\"payload\":{\"channel\":");
     super::write_str(&mut json, channel);
     json.extend_from_slice(b",\"pattern\":false}}");
-    masked_text(&json)
+    // masked with a zero key: the payload goes out as is
+    crate::wsframe::encode_client_frame(true, 1, &json, [0; 4])
 }
 
 /// Start `n` subscribers on `rt`; they run until `shared.stop` is set and the owner notifies.
