@@ -92,6 +92,10 @@ class ClientEvent:
     On channels with history, `offset` and `epoch` place it in the channel's
     history. ``recovered=False`` marks a notice, not a publication: events of
     this channel were lost and cannot be recovered (reload the state).
+
+    ``join`` or ``leave`` (``{"client", "user"[, "conn_info"]}``) marks a
+    join/leave notice of a channel with presence (``sub(..., join_leave=True)``
+    asks for them): someone subscribed or unsubscribed; it has no ``args``.
     """
 
     channel: str
@@ -101,6 +105,8 @@ class ClientEvent:
     offset: int | None = None
     epoch: str | None = None
     recovered: bool | None = None
+    join: dict[str, Any] | None = None
+    leave: dict[str, Any] | None = None
 
 
 class _Pending:
@@ -316,6 +322,7 @@ class Client:
                 channel=channel, pattern=payload.get("pattern") or None,
                 for_uuid=payload.get("for", ""), args=payload.get("args"),
                 offset=offset, epoch=epoch, recovered=payload.get("recovered"),
+                join=payload.get("join"), leave=payload.get("leave"),
             ))
             return
         pending = self._pending.get(payload.get("for", ""))

@@ -82,6 +82,16 @@ def key_slot(key: str | bytes) -> int:
     return _crc16(k) % 16384
 
 
+def hash_tagged(prefix: str, name: str) -> str:
+    """The key ``PREFIX{NAME}``: every key of `name` built this way lands in one
+    cluster slot. A name whose hash tag would be empty (empty, or starting with
+    ``}``) gets the fixed tag ``{!}`` in a key form no other name can produce,
+    so its keys still share a slot."""
+    if not name or name[0] == "}":
+        return prefix + "!{!}" + name
+    return prefix + "{" + name + "}"
+
+
 def cluster_error_kind(exc: BaseException) -> str | None:
     """``"MOVED"``, ``"ASK"``, ``"RETRY"`` (cluster busy/down, connection
     lost) or None (an error of the command itself: not retried)."""

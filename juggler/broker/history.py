@@ -39,6 +39,7 @@ from typing import Any
 import rustext
 
 from juggler.broker.base import BrokerError, Event
+from juggler.broker.cluster import hash_tagged
 from juggler.broker.resp import RedisReplyError, Script, evalsha
 from juggler.channels import ChannelOptions
 
@@ -60,11 +61,11 @@ class HistoryPage:
 
 
 def history_key(channel: str) -> str:
-    return "juggler:history:{" + channel + "}"
+    return hash_tagged("juggler:history:", channel)
 
 
 def history_meta_key(channel: str) -> str:
-    return "juggler:history:meta:{" + channel + "}"
+    return hash_tagged("juggler:history:meta:", channel)
 
 
 @dataclass(slots=True)

@@ -81,7 +81,33 @@ export interface SubscribeOptions {
   pattern?: boolean;
   /** Milliseconds to wait for the server's ACK. */
   timeout?: number;
+  /**
+   * Asks for the channel's join notices (a channel with presence and
+   * join_leave on the server; not for patterns): called for each subscriber
+   * that joins, this one included.
+   */
+  onJoin?: PresenceHandler;
+  /** Asks for the channel's leave notices: called for each subscriber that leaves. */
+  onLeave?: PresenceHandler;
 }
+
+/** A subscriber of a channel with presence. */
+export interface ClientInfo {
+  /** Its connection's id. */
+  client: string;
+  /** Its user (the token's `sub`), null without authentication. */
+  user: string | null;
+  /** The token's `info` claim, when it has one. */
+  conn_info?: Json;
+}
+
+export interface PresenceNotice {
+  channel: string;
+  join?: ClientInfo;
+  leave?: ClientInfo;
+}
+
+export type PresenceHandler = (info: ClientInfo, notice: PresenceNotice) => void;
 
 export interface JugglerEvent {
   /** The channel it was published on. */

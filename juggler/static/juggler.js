@@ -432,16 +432,22 @@ export class Juggler extends EventTarget {
    * Subscribe `handler(args, event)` to `channel` (a Redis glob when `pattern`).
    * Returns the unsubscribe function (async, idempotent) with a `ready` promise
    * that settles on the server's ACK/NACK. Subscriptions survive reconnections.
+   * `onJoin(info, event)` / `onLeave(info, event)` ask for the channel's
+   * join/leave notices (channels with presence and join_leave on the server).
    */
-  subscribe(channel, handler, { pattern = false, timeout = this.options.timeout } = {}) {
+  subscribe(channel, handler, { pattern = false, timeout = this.options.timeout, onJoin, onLeave } = {}) {
     if (typeof handler !== "function") throw new TypeError("handler must be a function");
+    for (const [name, cb] of [["onJoin", onJoin], ["onLeave", onLeave]]) {
+      if (cb !== undefined && typeof cb !== "function") throw new TypeError(`${name} must be a function`);
+    }
     if (this._closedByUser) throw new ConnectionClosedError("client closed");
     channel = String(channel);
     pattern = Boolean(pattern);
     const key = subKey(channel, pattern);
+    const notices = !pattern && Boolean(onJoin || onLeave);
     let sub = this._subs.get(key);
     if (!sub) {
-      sub = { key, channel, pattern, handlers: new Set(), acked: false, timeout, everAcked: false };
+      sub = { key, channel, pattern, handlers: new Set(), acked: false, timeout, everAcked: false, joinLeave: notices };
       sub.ready = new Promise((resolve, reject) => {
         sub.resolveReady = resolve;
         sub.rejectReady = reject;
@@ -450,8 +456,13 @@ export class Juggler extends EventTarget {
       this._subs.set(key, sub);
       if (this._state === "open" && this._ws) this._sendSub(sub);
     }
-    const entry = { handler };
+    const entry = { handler, onJoin, onLeave };
     sub.handlers.add(entry);
+    if (notices && !sub.joinLeave) {
+      // a subscription made without asking for the notices: ask now
+      sub.joinLeave = true;
+      if (this._state === "open" && this._ws) this._sendSub(sub);
+    }
     let done = false;
     const unsubscribe = async () => {
       if (done) return;
@@ -477,6 +488,7 @@ export class Juggler extends EventTarget {
     const payload = { channel: sub.channel, pattern: sub.pattern };
     // a channel with history: ask for what was missed since the last event seen
     if (sub.position) payload.since = { offset: sub.position.offset, epoch: sub.position.epoch };
+    if (sub.joinLeave) payload.join_leave = true;
     const p = this._request(SUB, payload, `subscribe ${sub.channel}`, sub.timeout, { ms: Math.floor(sub.timeout) });
     p.then(
       (ack) => {
@@ -547,6 +559,21 @@ export class Juggler extends EventTarget {
         const key = pl.pattern !== undefined ? subKey(pl.pattern, true) : subKey(pl.channel, false);
         const sub = this._subs.get(key);
         if (!sub) return;
+        if (pl.join !== undefined || pl.leave !== undefined) {
+          // a join/leave notice: to the handlers that asked for them
+          const join = pl.join !== undefined;
+          const ev = { channel: pl.channel, [join ? "join" : "leave"]: join ? pl.join : pl.leave };
+          for (const entry of [...sub.handlers]) {
+            const cb = join ? entry.onJoin : entry.onLeave;
+            if (!cb) continue;
+            try {
+              cb(join ? pl.join : pl.leave, ev);
+            } catch (err) {
+              this.dispatchEvent(new CustomEvent("error", { detail: { error: err } }));
+            }
+          }
+          return;
+        }
         if (pl.recovered === false) {
           // a notice: events of this channel were lost and cannot be recovered
           sub.position = { offset: pl.offset ?? 0, epoch: pl.epoch ?? "" };

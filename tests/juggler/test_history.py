@@ -206,3 +206,25 @@ async def test_a_go_style_payload_without_history_is_delivered(redis_url: str) -
         ev = await a.next_event(timeout=5)
         assert ev.args == 5 and ev.offset is None
         await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("channel", ["h.", "h.}x", "h.{a}b"])
+async def test_odd_channel_names_keep_their_keys_together_on_a_cluster(channel: str, cluster_seeds: str) -> None:
+    """Every key of a channel shares one slot, whatever braces its name holds."""
+    from juggler.broker.cluster import hash_tagged, key_slot
+    from juggler.broker.history import history_key, history_meta_key
+
+    assert key_slot(history_key(channel)) == key_slot(history_meta_key(channel))
+    for odd in ("", "}", "}x"):
+        assert key_slot(hash_tagged("a:", odd)) == key_slot(hash_tagged("b:", odd))
+        assert hash_tagged("a:", odd) != hash_tagged("a:", "!{!}" + odd)
+    broker = RedisBroker(RedisBrokerConfig(cluster=cluster_seeds))
+    await broker.start()
+    try:
+        opts = ChannelOptions(match="*", history_size=5)
+        for odd in (channel, "}" + channel, ""):
+            offset, epoch = await broker.publish_history(odd, "6ba7b810-9dad-11d1-80b4-00c04fd430c8", b"1", opts)
+            page = await broker.read_history(odd, 0, 0, opts)
+            assert page.offset == offset == 1 and page.epoch == epoch and len(page.publications) == 1
+    finally:
+        await broker.aclose()
