@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   juggler server --tls-cert certs/cert.pem --tls-key certs/key.pem     # wss:// (juggler tls dev-cert --out certs)
   juggler server --redis rediss://redis.internal:6380/0 --redis-tls-ca redis-ca.pem
   juggler server --max-connections 20000 --rate-limit 100 --max-inflight-calls 64 --drain-timeout 15
+  JUGGLER_API_KEY=$KEY juggler server --redis redis://127.0.0.1:6379/0 --api 127.0.0.1:9001   # the server HTTP API
 """
 
 
@@ -71,6 +72,12 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-origin", action="append", metavar="GLOB", help="Origin allow-list (repeatable)")
     p.add_argument("--anonymous", action="store_true", default=None,
                    help="with auth: let connections without a token in (NACK 401 where an identity is needed)")
+    p.add_argument("--api", metavar="HOST:PORT",
+                   help="serve the server HTTP API here (POST /api/<method>, for backends); needs a key")
+    p.add_argument("--api-key", metavar="KEY",
+                   help="the key API requests must carry (default: the JUGGLER_API_KEY environment variable)")
+    p.add_argument("--api-insecure", action="store_true", default=None,
+                   help="serve the API without a key (only where every client that can reach it is trusted)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="any config option, VALUE in TOML syntax (repeatable), e.g. --set server.max_outbound=1000 "
                    "--set 'auth.issuer=\"me\"' --set 'redis.cluster_retry_timeout=5'")
@@ -98,12 +105,12 @@ def apply_overrides(config: Any, items: list[str]) -> Any:
     out = config
     for section, values in data.items():
         current = getattr(config, section, None)
-        if section not in ("server", "redis", "pubsub", "memory", "metrics", "auth"):
+        if section not in ("server", "redis", "pubsub", "memory", "metrics", "auth", "api"):
             raise ValueError(f"unknown config section {section!r}")
         if current is None:  # not configured yet: build it from these values alone
             built = getattr(config_from_dict({section: values}), section)
         else:
-            if section == "server" and "listen" in values:
+            if section in ("server", "api") and "listen" in values:
                 from juggler.config import parse_listen
 
                 values["host"], values["port"] = parse_listen(values.pop("listen"))
@@ -188,10 +195,41 @@ def build_config(args: argparse.Namespace) -> Any:
         from juggler.auth import AuthConfig
 
         config = dataclasses.replace(config, auth=dataclasses.replace(config.auth or AuthConfig(), **auth_kw))
+    config = _api_config(args, config)
     if args.metrics_port is not None:
         config = dataclasses.replace(config, metrics=dataclasses.replace(
             config.metrics or MetricsConfig(), port=args.metrics_port))
     return config
+
+
+def _api_config(args: argparse.Namespace, config: Any) -> Any:
+    """The [api] table with --api, --api-key, --api-insecure and JUGGLER_API_KEY on top
+    (flags first, then the environment, then the file)."""
+    import dataclasses
+    import os
+
+    from juggler.config import ApiConfig, parse_listen
+
+    listen, key = getattr(args, "api", None), getattr(args, "api_key", None)
+    insecure = getattr(args, "api_insecure", None)
+    if key is not None and insecure:
+        raise ValueError("--api-key and --api-insecure exclude each other")
+    api = config.api
+    if listen:
+        host, port = parse_listen(listen)
+        api = dataclasses.replace(api, host=host, port=port) if api is not None else ApiConfig(host=host, port=port)
+    if api is None:
+        if key is not None or insecure:
+            raise ValueError(f"{'--api-key' if key is not None else '--api-insecure'} needs --api HOST:PORT "
+                             "(or an [api] table in the config file)")
+        return config
+    if insecure:
+        api = dataclasses.replace(api, key=None, insecure=True)
+    elif key is not None:
+        api = dataclasses.replace(api, key=key, insecure=False)
+    elif os.environ.get("JUGGLER_API_KEY") and not api.insecure:
+        api = dataclasses.replace(api, key=os.environ["JUGGLER_API_KEY"])
+    return dataclasses.replace(config, api=api)
 
 
 def run(args: argparse.Namespace, *, test_callees: bool = False, banner: str | None = None,
@@ -241,6 +279,8 @@ async def serve_app(prog: str, config: Any, *, test_callees: bool, callee_worker
         if running.pubsub is not None:
             broker_desc += f", pub-sub on redis {running.pubsub.description}"
         extra = f", metrics on http://{config.metrics.host}:{running.metrics.port}/metrics" if running.metrics else ""
+        if running.api is not None:
+            extra += f", server API on {running.api.url}"
         callees = ", test callees test.echo/test.reverse/test.delay" if test_callees else ""
         log.info("juggler server listening on %s (%s%s%s)", running.server.url, broker_desc, callees, extra)
         page = running.server.url.replace("ws", "http", 1).removesuffix(config.server.path) + "/"

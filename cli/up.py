@@ -15,6 +15,7 @@ EXAMPLES = """examples:
                                               # or in a browser: http://127.0.0.1:9000/ (demo page)
   juggler up --listen 0.0.0.0:9000
   juggler up --redis redis://127.0.0.1:6379/0 # same, through Redis (Go peers can join)
+  juggler up --api 127.0.0.1:9001 --api-key "$KEY"   # and the server HTTP API for backends
 """
 
 BANNER = """juggler is up: server {url} with the test callees (test.echo, test.reverse, test.delay).

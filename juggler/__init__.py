@@ -15,9 +15,13 @@
 - config.py       typed options (ServerConfig, AppConfig) and the TOML loader
 - metrics.py      server counters and their Prometheus exposition
 - runner.py       a server process: broker + server (+ callees) + metrics until a signal
+- api.py          the server HTTP API for backends (publish, disconnect, channels, info, …)
+- control.py      the control plane between servers sharing a Redis: heartbeats, requests
+                  run on every server (sharded pub-sub)
 - static/         juggler.js (the browser client, ES module) + juggler.d.ts, the demo page
 - broker/         base.py interfaces · memory.py embedded · redis/ Redis (+ cluster.py)
                   · resp.py the RESP client · glob.py Redis glob patterns
+- presence/       who is subscribed to a channel (in memory or Redis) and join/leave notices
 - callee.py       callee runtime; client.py asyncio client; repl.py the REPL; load.py load tool
 - errors.py       exception tree
 """

@@ -33,6 +33,11 @@ section; unknown keys are errors (a typo must not be silently ignored)::
     port = 0                     # 0 = no metrics endpoint
     host = "127.0.0.1"
 
+    [api]                        # present = serve the HTTP server API (juggler.api)
+    listen = "127.0.0.1:9001"
+    key = "..."                  # or JUGGLER_API_KEY; required unless insecure = true
+    max_body = 1048576
+
     [[channels]]                 # per-channel history/presence (juggler.channels)
     match = "chat.*"
     history_size = 100
@@ -51,7 +56,7 @@ from rustext.tls import ServerTls
 from juggler.broker.memory import MemoryBrokerConfig
 from juggler.channels import ChannelRules
 
-__all__ = ["AppConfig", "MetricsConfig", "ServerConfig", "load_config", "parse_listen"]
+__all__ = ["ApiConfig", "AppConfig", "MetricsConfig", "ServerConfig", "load_config", "parse_listen"]
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -185,6 +190,51 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ApiConfig:
+    """The server HTTP API (``juggler.api``): where it listens, its key, its limits."""
+
+    #: address the API listens on
+    host: str = "127.0.0.1"
+    #: port the API listens on (0: any free port)
+    port: int = 9001
+    #: the key every request must carry (``Authorization: apikey KEY`` or ``X-API-Key: KEY``);
+    #: visible ASCII, no spaces. Also ``--api-key`` or the ``JUGGLER_API_KEY`` environment variable
+    key: str | None = None
+    #: serve the API without a key: only where every client that can reach it is trusted
+    insecure: bool = False
+    #: max bytes of a request body (larger: 413)
+    max_body: int = 1 << 20
+    #: seconds a request waits for the other servers' answers (disconnect, unsubscribe, channels, info)
+    survey_timeout: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError("api port must be in 0..65535")
+        if self.key is not None:
+            if not self.key:
+                raise ValueError("api key must not be empty")
+            if not all(0x21 <= ord(c) <= 0x7E for c in self.key):
+                raise ValueError("api key must be visible ASCII characters without spaces")
+            if self.insecure:
+                raise ValueError("api key and insecure exclude each other: drop one")
+        if self.max_body < 2:
+            raise ValueError("max_body must be >= 2")
+        if self.survey_timeout <= 0:
+            raise ValueError("survey_timeout must be > 0")
+
+    def check_key(self) -> None:
+        """ValueError unless a key is set or ``insecure`` is."""
+        if self.key is None and not self.insecure:
+            raise ValueError("the server API needs a key: --api-key KEY, the JUGGLER_API_KEY environment "
+                             "variable or key in [api]; or --api-insecure to serve it without one "
+                             "(only where every client is trusted)")
+
+    @property
+    def listen(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class AppConfig:
     """Everything ``juggler server`` runs with."""
 
@@ -197,6 +247,8 @@ class AppConfig:
     auth: Any = None
     memory: MemoryBrokerConfig = field(default_factory=MemoryBrokerConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    #: the server HTTP API (``[api]``); None = not served
+    api: ApiConfig | None = None
     #: per-channel history, presence and join/leave options (``[[channels]]`` tables)
     channels: ChannelRules = field(default_factory=ChannelRules)
 
@@ -216,7 +268,7 @@ def _build(cls: type, section: str, data: dict[str, Any]) -> Any:
 
 
 def config_from_dict(data: dict[str, Any]) -> AppConfig:
-    unknown = sorted(set(data) - {"server", "redis", "pubsub", "memory", "metrics", "auth", "channels"})
+    unknown = sorted(set(data) - {"server", "redis", "pubsub", "memory", "metrics", "auth", "channels", "api"})
     if unknown:
         raise ValueError(f"unknown section(s): {', '.join(unknown)}")
     server = data.get("server", {})
@@ -238,6 +290,15 @@ def config_from_dict(data: dict[str, Any]) -> AppConfig:
     from juggler.auth import AuthConfig
 
     auth = _build(AuthConfig, "auth", data.get("auth", {}))
+    api = None
+    if "api" in data:
+        table = data["api"]
+        if not isinstance(table, dict):
+            raise ValueError("[api] must be a table")
+        table = dict(table)
+        if "listen" in table:
+            table["host"], table["port"] = parse_listen(table.pop("listen"))
+        api = _build(ApiConfig, "api", table)
     return AppConfig(
         server=_build(ServerConfig, "server", server),
         redis=redis,
@@ -245,6 +306,7 @@ def config_from_dict(data: dict[str, Any]) -> AppConfig:
         auth=auth,
         memory=_build(MemoryBrokerConfig, "memory", data.get("memory", {})),
         metrics=_build(MetricsConfig, "metrics", data.get("metrics", {})),
+        api=api,
         channels=ChannelRules.from_toml(data.get("channels", [])),
     )
 

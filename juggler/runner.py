@@ -1,4 +1,4 @@
-"""A juggler server process: broker + server (+ callees) + metrics.
+"""A juggler server process: broker + server (+ callees) + metrics (+ the server API).
 
 Shared by ``juggler server`` and ``juggler up`` (cli/), which run it with
 ``cli.lifecycle.serve``: :func:`start_app` starts everything or, on failure,
@@ -48,6 +48,9 @@ class Running:
     metrics: MetricsServer | None = None
     pubsub: Any = None  # a separate pub-sub broker, if any
     auth: Any = None  # juggler.auth.Auth (its JWKS refresh), if any
+    control: Any = None  # juggler.control.Control: the server API's commands between servers
+    api: Any = None  # juggler.api.ApiServer, if served
+    presence: Any = None  # juggler.presence.Presence, when channels keep presence
 
     def draining(self) -> str:
         """What a drain waits for, in words (empty: nothing in flight)."""
@@ -61,7 +64,13 @@ class Running:
     async def drain(self) -> None:
         """Stop accepting, let calls in flight finish (``drain_timeout``),
         close connections, stop the callees, close the brokers. Idempotent."""
+        if self.api is not None:
+            await self.api.aclose()
         await self.server.aclose()
+        if self.presence is not None:
+            await self.presence.aclose()
+        if self.control is not None:
+            await self.control.aclose()
         if self.auth is not None:
             await self.auth.aclose()
         if self.callee is not None:
@@ -80,6 +89,8 @@ class Running:
         """Stop now: a drain in progress ends at once, connections are
         dropped, running callee calls cancelled."""
         self._aborted = True
+        if self.api is not None:
+            self.api.abort()
         self.server.abort()
         if self.callee is not None:
             await self.callee.drain(timeout=0.0)
@@ -105,6 +116,8 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
     browser client) always; the demo page at ``/`` and ``/stats.json`` when
     ``demo`` (``juggler up``).
     """
+    if config.api is not None:
+        config.api.check_key()  # before anything is started
     started: list[Any] = []  # what to close if a later step fails, last first
     try:
         if config.redis is not None:
@@ -138,11 +151,20 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
             await callee.start()
             if isinstance(broker, MemoryBroker):
                 await broker.until_served(callee.uris)
+        presence = None
+        if any(rule.presence for rule in config.channels.rules):
+            from juggler.presence import Presence
+
+            presence = Presence(pubsub if pubsub is not None else broker, config.channels)
+            started.append(presence)
+            await presence.start()
         stats = ServerStats()
-        server = Server(broker, config.server, stats=stats, pubsub=pubsub, auth=auth, channels=config.channels)
+        server = Server(broker, config.server, stats=stats, pubsub=pubsub, auth=auth, channels=config.channels,
+                        presence=presence)
         server.http = StaticSite(demo=demo, stats=functools.partial(stats_snapshot, server))
         started.append(server)
         await server.start()
+        control, api = await _start_api(config, server, started)
         metrics = None
         if config.metrics.port:
             registry = CollectorRegistry(auto_describe=True)
@@ -160,4 +182,36 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
             except Exception:  # a part that failed to start may fail to close too
                 log.debug("closing %r after a failed start", part, exc_info=True)
         raise
-    return Running(server=server, broker=broker, callee=callee, metrics=metrics, pubsub=pubsub, auth=auth)
+    return Running(server=server, broker=broker, callee=callee, metrics=metrics, pubsub=pubsub, auth=auth,
+                   control=control, api=api, presence=presence)
+
+
+async def _start_api(config: AppConfig, server: Server, started: list[Any]) -> tuple[Any, Any]:
+    """The control plane (always with Redis: the server API of any server
+    sharing it reaches this one's connections) and the server API, if
+    configured. Without the API, a control plane that cannot start (Redis
+    older than 7) is logged and done without."""
+    from juggler.broker.base import BrokerError
+    from juggler.control import Control, package_version
+
+    control = None
+    if config.api is not None or config.redis is not None:
+        control = Control.for_server(server, version=package_version())
+        started.append(control)
+        try:
+            await control.start()
+        except BrokerError as exc:
+            if config.api is not None:
+                raise
+            log.warning("server API commands will not reach this server: %s", exc)
+            started.remove(control)
+            await control.aclose()
+            control = None
+    api = None
+    if config.api is not None:
+        from juggler.api import ApiServer
+
+        api = ApiServer(server, config.api, control=control)
+        started.append(api)
+        await api.start()
+    return control, api

@@ -182,6 +182,9 @@ def config_groups() -> list[ConfigGroup]:
                         "Grants: an identity may use what any rule matching its claims allows."),
                 Section(_cls("juggler.config.MetricsConfig"), "[metrics]",
                         "The Prometheus endpoint (`--metrics-port`)."),
+                Section(_cls("juggler.config.ApiConfig"), "[api]",
+                        "Present: the [server API](../juggler/api.md) (`--api`, `--api-key`, `--api-insecure`). "
+                        "`listen = \"HOST:PORT\"` may stand for `host` and `port`."),
                 Section(_cls("juggler.channels.ChannelOptions"), "[[channels]]",
                         "Per-channel options, chosen by `match` (a Redis glob; the first table that matches "
                         "wins): [history and recovery](../juggler/pubsub.md), presence, join/leave."),

@@ -56,6 +56,8 @@ Layout (one concern a module):
 - pops.py     blocking pops (``BLMPOP``/``BRPOP``), pop checks, requeues, reconnects
 - results.py  the one results listener of a server process
 - pubsub.py   the one pub-sub connection and its reference-counted fan-out
+- sharded.py  sharded pub-sub (SSUBSCRIBE/SPUBLISH, Redis >= 7), one connection per node:
+              what presence's join/leave notices travel on
 - broker.py   ``RedisBroker``: the caller, callee and pub-sub interfaces over them
 """
 
