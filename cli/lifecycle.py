@@ -24,7 +24,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
-from rustext.net import ListenError
+from rustext.net import ListenError, raise_open_files_limit
 
 __all__ = ["Service", "StartError", "serve"]
 
@@ -124,6 +124,7 @@ async def serve(
     ``ready`` runs once started (the start-up line); ``reload`` on SIGHUP.
     """
     loop = asyncio.get_running_loop()
+    raise_open_files_limit()  # thousands of connections: not the distribution's 1024
     holder: list[S] = []
 
     def on_hup() -> None:

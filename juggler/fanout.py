@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 import rustext
 from juggler.load import _percentiles, _WsClient, reap
 from rustext.interrupt import ignore_sigint
+from rustext.net import raise_open_files_limit
 
 
 
@@ -178,6 +179,7 @@ def _failed(why: str) -> dict[str, Any]:
 
 def _proc_main(cfg: FanoutConfig, n: int, publish: bool, out: Any) -> None:
     ignore_sigint()
+    raise_open_files_limit()
     try:
         import uvloop
 

@@ -8,7 +8,7 @@ import errno
 import os
 import re
 
-__all__ = ["ListenError", "listen_error"]
+__all__ = ["ListenError", "listen_error", "raise_open_files_limit"]
 
 
 class ListenError(OSError):
@@ -37,3 +37,21 @@ def listen_error(host: str, port: int | str, exc: OSError) -> ListenError:
     else:
         reason = str(exc.strerror or exc).lower()
     return ListenError(host, port, reason, code)
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit of open descriptors to its hard limit
+    (as Go's runtime does at start): a server holding thousands of
+    connections must not stop at a distribution's default of 1024. Returns
+    the limit now in force."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            return soft
+        return target
+    return soft
