@@ -665,6 +665,9 @@ class Conn(asyncio.Protocol):
             if joined is None:
                 self.send(ACK, msg.uuid, _build_ack(msg.uuid, SUB, msg.channel))
                 return
+            if joined.recovered is not None:
+                outcome = "recovered" if joined.recovered else "not_recovered"
+                self.stats.recoveries[outcome] = self.stats.recoveries.get(outcome, 0) + 1
             # on a channel with history: the position (and recovery) in the ACK, then what was missed
             self.send(ACK, msg.uuid, _build_sub_ack(msg.uuid, msg.channel, joined.offset, joined.epoch,
                                                     joined.recovered))

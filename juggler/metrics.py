@@ -21,6 +21,8 @@ original's expvar counters:
 | ``juggler_slow_messages_total`` | counter | messages over the slow threshold |
 | ``juggler_recovered_total`` | counter | handler exceptions recovered (connection closed) |
 | ``juggler_protocol_errors_total`` | counter | connections closed for bad input |
+| ``juggler_history_recoveries_total{outcome}`` | counter | SUBs with ``since``: ``recovered`` or ``not_recovered`` |
+| ``juggler_history_gaps_total{outcome}`` | counter | gaps in live events: ``filled`` from history, or ``lost`` (notice sent) |
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class ServerStats:
     protocol_errors: int = 0
     rejections: dict[str, int] = field(default_factory=dict)  # refusals by reason (juggler.limits.REASONS)
     closed: dict[str, int] = field(default_factory=dict)  # connections closed, by reason
+    recoveries: dict[str, int] = field(default_factory=dict)  # SUBs with since, by outcome
+    history_gaps: dict[str, int] = field(default_factory=dict)  # live gaps, by outcome (filled / lost)
 
 
 class StatsCollector(Collector):
@@ -115,6 +119,14 @@ class StatsCollector(Collector):
         for reason, n in sorted(dict(s.closed).items()):
             closed.add_metric([reason], n)
         yield closed
+        for name, help_text, counts in (
+            ("juggler_history_recoveries", "SUBs that asked to recover (since), by outcome", s.recoveries),
+            ("juggler_history_gaps", "Gaps in live events of channels with history, by outcome", s.history_gaps),
+        ):
+            family = CounterMetricFamily(name, help_text, labels=["outcome"])
+            for outcome, n in sorted(dict(counts).items()):
+                family.add_metric([outcome], n)
+            yield family
         for k, v in extra.items():
             if k.startswith("redis_"):
                 yield CounterMetricFamily(f"juggler_{k}", f"Redis broker: {k[6:].replace('_', ' ')}", value=v)

@@ -168,11 +168,14 @@ class Stream:
             log.warning("channel %s: history unreadable (%s); the gap is reported", self.sub.channel, exc)
         held, self._held = self._held, None
         subs = self.recovery.subscriptions
+        gaps = subs.stats.history_gaps
         if page is not None and page.epoch == self.epoch and (
             page.publications and page.publications[0].offset == self.offset + 1
         ):
             events = page.publications + held
+            gaps["filled"] = gaps.get("filled", 0) + 1
         else:
+            gaps["lost"] = gaps.get("lost", 0) + 1
             first = held[0]
             assert first.offset is not None and first.epoch is not None
             self._lost(first.offset - 1, first.epoch)

@@ -88,6 +88,7 @@ async def test_recovery_after_a_reconnect(kind: str, request: pytest.FixtureRequ
             assert ack["recovered"] is True
             with pytest.raises(TimeoutError):
                 await c.next_event(timeout=0.3)
+        assert server.stats.recoveries == {"recovered": 2}
 
 
 @pytest.mark.parametrize("kind", brokers())
@@ -104,6 +105,7 @@ async def test_not_recovered(kind: str, request: pytest.FixtureRequest) -> None:
             assert (await b.sub("short.x", since=(4, "other")))["recovered"] is False
             # a position the channel never reached
             assert (await b.sub("short.x", since=(99, epoch)))["recovered"] is False
+            assert server.stats.recoveries == {"not_recovered": 3}
             # within what is kept
             ack = await b.sub("short.y", since=(0, ""))
             assert "recovered" not in ack and ack["offset"] == 0
@@ -146,6 +148,8 @@ async def test_live_gap_is_filled_from_history(redis_url: str) -> None:
                 assert ev.recovered is None, "a gap reported though history had it"
                 got.append(ev.args["i"])
             assert got == list(range(total))
+            # counted: filled from history (how many depends on what the kills caught in flight)
+            assert server.stats.history_gaps.get("lost", 0) == 0
         finally:
             await admin.aclose()
 
