@@ -232,6 +232,9 @@ class Repl:
                     line += " recovered" if p["recovered"] else " NOT recovered"
         elif t == RES:
             line = f"{head} for CALL {p.get('for')} ({p.get('uri')}): {_show(p.get('args'))}"
+        elif t == EVNT and (p.get("join") is not None or p.get("leave") is not None):
+            kind = "join" if p.get("join") is not None else "leave"
+            line = f"{head} on {p.get('channel')}: {kind} {_show(p[kind])}"
         elif t == EVNT and p.get("recovered") is False:
             line = (f"{head} on {p.get('channel')}: events lost, NOT recovered "
                     f"(now at offset {p.get('offset')} epoch {p.get('epoch')})")

@@ -222,3 +222,15 @@ def test_repl_shows_history_positions(redis_url: str, tmp_path: object) -> None:
     assert any(re.match(r"\[1\] <<< ACK  message: \S+ for SUB \S+ \(hist\.room\) at offset 0 epoch \w+$", ln)
                for ln in lines), out
     assert any(re.match(r"\[1\] <<< EVNT message: \S+ for PUB \S+ on hist\.room #1: 7$", ln) for ln in lines), out
+
+
+def test_repl_prints_notices() -> None:
+    """Join/leave and "not recovered" notices read as such, not as events of nobody."""
+    lines: list[str] = []
+    repl = Repl(out=lines.append)
+    repl._print_message(1, {"meta": {"type": 10, "uuid": "u"},
+                            "payload": {"channel": "c", "join": {"client": "x", "user": "ann"}}})
+    repl._print_message(1, {"meta": {"type": 10, "uuid": "u"},
+                            "payload": {"channel": "c", "recovered": False, "offset": 3, "epoch": "e"}})
+    assert lines == ['[1] <<< EVNT message: u on c: join {"client":"x","user":"ann"}',
+                     "[1] <<< EVNT message: u on c: events lost, NOT recovered (now at offset 3 epoch e)"]
