@@ -147,18 +147,41 @@ class Subscriptions:
             sub = self._subs[key] = _Sub(next(self._ids), bool(pattern), channel)
             if self.recovery is not None and not pattern:
                 sub.stream = self.recovery.stream_for(sub)
+        # without history, Redis's own semantics: the connection gets exactly the
+        # events published after its subscription took effect (with history,
+        # positions make it exact: see juggler.recovery)
+        exact = sub.stream is None
         if sub.ready is None:
             sub.ready = asyncio.get_running_loop().create_future()
             task = asyncio.get_running_loop().create_task(self._subscribe_broker(sub))
             task.add_done_callback(_log_task_error)
         if not sub.ready.done():
+            # not active in the broker yet: joined now, events flow from when it is
+            if exact:
+                self._join(conn, sub)
             sub.waiting += 1
             try:
                 await asyncio.shield(sub.ready)
+            except BaseException:
+                if exact:
+                    self._leave(conn, sub)
+                raise
             finally:
                 sub.waiting -= 1
         else:
             sub.ready.result()  # a failed subscription raises for every waiter
+            if exact:
+                barrier = getattr(self.pubsub, "barrier", None)
+                if barrier is None:  # an in-process broker: nothing is in flight
+                    self._join(conn, sub)
+                else:
+                    # joined where the broker's stream shows the SUB took effect: not
+                    # on events published before it and still on their way
+                    sub.waiting += 1
+                    try:
+                        await barrier(lambda: conn.closed or self._join(conn, sub))
+                    finally:
+                        sub.waiting -= 1
         result = None
         if sub.stream is not None:
             sub.waiting += 1
@@ -167,9 +190,13 @@ class Subscriptions:
             finally:
                 sub.waiting -= 1
         if conn.closed:
-            await self._release(sub)
+            if conn in sub.conns:
+                await self.unsubscribe(conn, channel, pattern)
+            else:
+                await self._release(sub)
             return None
-        self._join(conn, sub)
+        if not exact:
+            self._join(conn, sub)
         presence = self.presence
         if presence is not None and not pattern and presence.enabled(channel):
             await presence.joined(conn, channel, notify=join_leave)
@@ -180,6 +207,18 @@ class Subscriptions:
         self._by_conn.setdefault(conn, set()).add((sub.pattern, sub.channel))
         if self.hub is not None and conn.hub_id is not None:
             self.hub.subscribe(conn.hub_id, sub.id)
+
+    def _leave(self, conn: Conn, sub: _Sub) -> None:
+        """Undo :meth:`_join` (the broker refused the subscription)."""
+        sub.conns.discard(conn)
+        keys = self._by_conn.get(conn)
+        if keys is not None:
+            keys.discard((sub.pattern, sub.channel))
+        if self.hub is not None and conn.hub_id is not None:
+            self.hub.unsubscribe(conn.hub_id, sub.id)
+        key = (sub.pattern, sub.channel)
+        if not sub.conns and sub.ready is None and self._subs.get(key) is sub:
+            del self._subs[key]
 
     async def _subscribe_broker(self, sub: _Sub) -> None:
         assert sub.ready is not None

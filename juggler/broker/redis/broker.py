@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import rustext
@@ -275,6 +275,13 @@ class RedisBroker(BrokerBase):
         if self._closed:
             raise BrokerError("broker closed")
         await self._fanout.subscribe(subscriber, channel, pattern, handler)
+
+    async def barrier(self, callback: Callable[[], object]) -> None:
+        """Run `callback` where the pub-sub stream has delivered everything published
+        before this call and nothing after (see PubSubFanout.barrier)."""
+        if self._closed:
+            raise BrokerError("broker closed")
+        await self._fanout.barrier(callback)
 
     async def unsubscribe(self, subscriber: object, channel: str, pattern: bool) -> None:
         await self._fanout.unsubscribe(subscriber, channel, pattern)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,8 @@ class _Barrier:
 
     fut: asyncio.Future[None]
     activate: list[tuple[tuple[bool, str], object]] = field(default_factory=list)
+    #: run when Redis answers, in the step that reads the answer (see PubSubFanout.barrier)
+    callbacks: list[Callable[[], object]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -142,6 +145,22 @@ class PubSubFanout:
         except (BrokerError, TimeoutError) as exc:
             await self.unsubscribe(subscriber, channel, pattern)
             raise BrokerError(f"subscribe failed: {exc or 'no answer from Redis'}") from exc
+
+    async def barrier(self, callback: Callable[[], object]) -> None:
+        """Run `callback` at the point of the pub-sub stream where everything
+        published before this call has been delivered and nothing published
+        after it yet (a PING behind it, as for a subscriber joining a channel
+        already subscribed). Raises BrokerError when the connection is lost first;
+        `callback` then never runs."""
+        conn = await self._connection()
+        barrier = _Barrier(asyncio.get_running_loop().create_future(), callbacks=[callback])
+        self._pings.append(barrier)
+        conn.send_push("PING")
+        try:
+            await asyncio.wait_for(asyncio.shield(barrier.fut), self.config.command_timeout)
+        except TimeoutError:
+            barrier.callbacks.clear()
+            raise BrokerError("subscribe failed: no answer from Redis") from None
 
     async def unsubscribe(self, subscriber: object, channel: str, pattern: bool) -> None:
         """Remove one subscription (a no-op when absent); no event reaches it afterwards."""
@@ -258,6 +277,11 @@ class PubSubFanout:
             conn.send_push("PING")
 
     def _activate(self, barrier: _Barrier) -> None:
+        for callback in barrier.callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("pub-sub barrier callback failed")
         for key, subscriber in barrier.activate:
             sub = self._subs.get(key)
             if sub is not None:

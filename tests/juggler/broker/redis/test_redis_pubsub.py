@@ -133,3 +133,17 @@ async def test_pubsub_health_ping_detects_a_dead_connection(redis_url: str, r: a
                                        and not b._fanout.conn.closed and b.stats.redis_subscriptions == 1)
         await b.publish("health.ch", U1, b"1")
         await wait_until(lambda: len(got) == 1)
+
+
+async def test_barrier_runs_between_earlier_and_later_messages(broker: RedisBroker, r: aredis.Redis) -> None:
+    """A barrier's callback runs after every message published before it was
+    asked for and before any published after: where the server joins a
+    connection to a channel it already subscribes (Redis's own semantics)."""
+    seen: list[str] = []
+    await broker.subscribe("S", "bar", False, lambda ev: seen.append(ev.msg_uuid))
+    for _ in range(3):
+        await broker.publish("bar", U1, b"1")  # acknowledged: on its way to the pub-sub connection
+        await broker.barrier(lambda: seen.append("barrier"))
+        await broker.publish("bar", U2, b"2")
+    await wait_until(lambda: len(seen) == 9)
+    assert seen == [U1, "barrier", U2] * 3
