@@ -18,6 +18,8 @@ EPILOG = """examples:
   juggler rpc serve --listen 127.0.0.1:8972 --example arith --gateway 127.0.0.1:8080
   juggler rpc serve --listen 0.0.0.0:8972 --app myapp.services:Arith \\
       --redis redis://127.0.0.1:6379/0 --advertise tcp@10.0.0.5:8972 --metrics-port 9100
+  juggler rpc serve --listen 0.0.0.0:8973 --example arith --etcd http://127.0.0.1:2379 \
+      --advertise tcp@10.0.0.6:8973 --metadata weight=2 --group canary   # published as weight=2&group=canary
   juggler rpc serve --listen unix@/tmp/arith.sock --example arith --idle-timeout 90
   curl -s http://127.0.0.1:8080/Arith -H 'X-RPCX-ServiceMethod: Mul' -H 'X-RPCX-SerializeType: 1' -d '{"A":6,"B":7}'
   curl -s http://127.0.0.1:8972/Arith -H 'X-RPCX-ServiceMethod: Mul' -H 'X-RPCX-SerializeType: 1' -d '{"A":6,"B":7}'
@@ -45,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     app.add_argument("--app", metavar="MODULE:OBJECT", help="service object/class, dict, or f(server)")
     app.add_argument("--example", choices=("bench", "arith"), help="bench: Hello.Say (protobuf); arith: Arith.Mul/Add (JSON)")
     p.add_argument("--metadata", default="", metavar="QUERY", help="service metadata published to registries, e.g. weight=2")
+    p.add_argument("--group", metavar="NAME",
+                   help="publish group=NAME with every service: XClients of that group use this server")
     p.add_argument("--auth", action="append", metavar="TOKEN", help="accepted __AUTH token (repeatable)")
     p.add_argument("--jwks-url", metavar="URL", help="accept __AUTH JWTs signed by a key of this JSON Web Key Set")
     p.add_argument("--jwt-public-key", metavar="FILE", help="accept __AUTH JWTs signed by this PEM public key")
@@ -167,6 +171,19 @@ class _Running:
             log.error("TLS certificate not reloaded: %s", exc)
 
 
+def _add_group(server: Any, group: str) -> None:
+    """Append ``group=NAME`` to the metadata of every registered service."""
+    from urllib.parse import parse_qsl, urlencode
+
+    if not group:
+        raise ValueError("--group needs a name")
+    for service in server.registry.services.values():
+        if any(k == "group" for k, _ in parse_qsl(service.metadata, keep_blank_values=True)):
+            raise ValueError(f"service {service.name} already has a group in its metadata ({service.metadata!r})")
+        pair = urlencode({"group": group})
+        service.metadata = f"{service.metadata}&{pair}" if service.metadata else pair
+
+
 async def serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -269,6 +286,12 @@ async def serve(args: argparse.Namespace) -> int:
     if args.metadata:
         for service in server.registry.services.values():
             service.metadata = args.metadata
+    if args.group is not None:
+        try:
+            _add_group(server, args.group)
+        except ValueError as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 2
 
     async def start() -> _Running:
         r = _Running(server, args.shutdown_timeout, tls, tls_context)
@@ -287,7 +310,8 @@ async def serve(args: argparse.Namespace) -> int:
             if gateway_at is not None:
                 from rpc.gateway import Gateway, GatewayServer
 
-                r.gateway = GatewayServer(Gateway(server.dispatcher), *gateway_at, ssl=tls_context)
+                r.gateway = GatewayServer(Gateway(server.dispatcher), *gateway_at, ssl=tls_context,
+                                          on_connect=r.listener.adopt if r.listener is not None else None)
                 await r.gateway.start()
             if grpc_at is not None:
                 from rpc.grpc_peer import start_grpc_server

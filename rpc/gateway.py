@@ -19,11 +19,19 @@ Three layers, each usable on its own:
     supported. Service errors use code -32603 (rpcx's choice).
 - ``HTTPParser``: a sans-I/O HTTP/1.1 request parser (``feed(bytes)`` →
   complete requests), with size limits; keep-alive; bodies by
-  Content-Length only (a chunked request body is refused with 411).
+  Content-Length only (a chunked request body is refused with 411); only a
+  ``CONNECT`` may end its lines in a bare LF (Go's rpcx client does). A ``CONNECT`` request ends
+  HTTP on the connection: what follows it is left in the parser (``rest()``).
 - ``GatewayServer``: an asyncio server on its own port driving both. When the
   transport serves rpcx and HTTP on one port, it sniffs the first byte (rpcx
   frames start with 0x08) and hands HTTP connections to
   ``GatewayServer.serve_connection``.
+- rpcx's ``http`` network: a Go client dialing ``http@host:port`` sends
+  ``CONNECT /_rpcx_ HTTP/1.0`` and then speaks rpcx on the connection. With
+  ``on_connect`` (the rpcx listener's ``RpcxServer.adopt``), the gateway
+  answers ``HTTP/1.0 200 Connected to rpcx`` exactly as Go's server does and
+  hands the connection over; a ``CONNECT`` anywhere else, or with no
+  ``on_connect``, is answered 405 and the connection closed.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -56,6 +66,14 @@ X_SERVICE_METHOD = "X-RPCX-ServiceMethod"
 X_META = "X-RPCX-Meta"
 X_ERROR = "X-RPCX-ErrorMessage"
 X_JSONRPC = "X-JSONRPC-2.0"
+
+#: where rpcx's ``http`` network CONNECTs (Go's ``share.DefaultRPCPath``)
+RPCX_PATH = "/_rpcx_"
+#: Go's answer to that CONNECT, byte for byte (``server.ServeHTTP``)
+RPCX_CONNECTED = b"HTTP/1.0 200 Connected to rpcx\n\n"
+
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_LINE_END = re.compile(r"\r?\n")
 
 # JSON-RPC 2.0 error codes
 PARSE_ERROR = -32700
@@ -138,16 +156,24 @@ class HTTPParser:
         self._buf = bytearray()
         self._pending: HTTPRequest | None = None
         self._need = 0
+        self._tunnel = False  # a CONNECT was parsed: the rest is not HTTP
 
     @property
     def partial(self) -> bool:
         """Part of a request is buffered (a request has begun but not completed)."""
         return bool(self._buf) or self._pending is not None
 
+    def rest(self) -> bytes:
+        """The bytes buffered after the last request (after a ``CONNECT``:
+        the first bytes of the tunnelled protocol); clears them."""
+        out = bytes(self._buf)
+        self._buf.clear()
+        return out
+
     def feed(self, data: bytes) -> list[HTTPRequest]:
         self._buf += data
         out: list[HTTPRequest] = []
-        while True:
+        while not self._tunnel:
             if self._pending is not None:
                 if len(self._buf) < self._need:
                     break
@@ -157,16 +183,23 @@ class HTTPParser:
                 self._pending = None
                 out.append(req)
                 continue
-            end = self._buf.find(b"\r\n\r\n")
-            if end < 0:
+            m = _HEAD_END.search(self._buf)
+            if m is None:
                 if len(self._buf) > self.max_header:
                     raise HTTPParseError(431, "request header too large")
                 break
-            if end > self.max_header:
+            if m.start() > self.max_header:
                 raise HTTPParseError(431, "request header too large")
-            head = bytes(self._buf[:end]).decode("latin-1")
-            del self._buf[: end + 4]
-            lines = head.split("\r\n")
+            raw_head = bytes(self._buf[: m.start()])
+            if not raw_head.startswith(b"CONNECT ") and (
+                m.group() != b"\r\n\r\n" or b"\n" in raw_head.replace(b"\r\n", b"")
+            ):
+                # bare LF only where Go's rpcx client sends it (its CONNECT); anywhere
+                # else a line ending a front proxy may read differently is refused
+                raise HTTPParseError(400, "malformed line ending (bare LF)")
+            head = raw_head.decode("latin-1")
+            del self._buf[: m.end()]
+            lines = _LINE_END.split(head)
             parts = lines[0].split(" ")
             if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
                 raise HTTPParseError(400, "malformed request line")
@@ -177,6 +210,10 @@ class HTTPParser:
                     raise HTTPParseError(400, "malformed header")
                 items.append((name, value.strip()))
             headers = Headers(items)
+            if parts[0] == "CONNECT":
+                self._tunnel = True
+                out.append(HTTPRequest(parts[0], parts[1], headers, b"", parts[2]))
+                break
             if "transfer-encoding" in headers:
                 raise HTTPParseError(411, "chunked request bodies are not supported; send Content-Length")
             try:
@@ -344,8 +381,13 @@ class GatewayServer:
         max_connections: int = 1024,
         max_body: int = 4 * 1024 * 1024,
         ssl: Any = None,
+        on_connect: Callable[[asyncio.StreamWriter, bytes], None] | None = None,
     ) -> None:
         self.gateway = gateway
+        #: takes over a connection that sent ``CONNECT /_rpcx_`` (after the
+        #: answer is written) with the bytes already read past the request:
+        #: ``RpcxServer.adopt``; None refuses such requests with 405
+        self.on_connect = on_connect
         #: a server ``ssl.SSLContext``: HTTPS
         self.ssl = ssl
         self.host = host
@@ -399,6 +441,7 @@ class GatewayServer:
         task = asyncio.current_task()
         conns = self._conns
         begun: float | None = None
+        handed_over = False
         try:
             while True:
                 try:
@@ -408,6 +451,16 @@ class GatewayServer:
                     await writer.drain()
                     return
                 for req in requests:
+                    if req.method == "CONNECT" and req.path == RPCX_PATH and self.on_connect is not None:
+                        # No await from here to the handover: every byte read
+                        # past the request is in the parser or the reader.
+                        writer.write(RPCX_CONNECTED)
+                        # StreamReader has no public way to take what it buffered
+                        rest = parser.rest() + bytes(reader._buffer)
+                        reader._buffer.clear()
+                        self.on_connect(writer, rest)
+                        handed_over = True
+                        return
                     if task in conns:
                         conns[task] = True
                     try:
@@ -415,7 +468,7 @@ class GatewayServer:
                     except Exception:
                         log.exception("gateway request failed")
                         res = HTTPResponse(500, body=b"internal error\n")
-                    keep = req.keep_alive
+                    keep = req.keep_alive and req.method != "CONNECT"  # after CONNECT the bytes are not HTTP
                     writer.write(res.to_bytes(keep_alive=keep))
                     await writer.drain()
                     if not keep:
@@ -446,9 +499,10 @@ class GatewayServer:
         except (ConnectionError, OSError):
             return
         finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            if not handed_over:
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await writer.wait_closed()
 
     async def aclose(self, drain_timeout: float = 5.0) -> None:
         server, self._server = self._server, None

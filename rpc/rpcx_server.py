@@ -36,7 +36,9 @@ live ones.
 
 HTTP on the same port: with ``gateway=`` a connection whose first byte is
 not rpcx's magic (0x08) is handed to the HTTP gateway (``X-RPCX-*`` headers,
-JSON-RPC 2.0) instead (TCP endpoints).
+JSON-RPC 2.0) instead (TCP endpoints). A ``CONNECT /_rpcx_`` there (Go's
+``http@host:port`` network) is answered as Go answers it and the connection
+comes back as rpcx (``adopt``).
 
 Shutdown (``rpc.server.Listener``): ``stop_accepting()`` closes the listener
 (accepted connections are still served: a request arriving then is refused
@@ -87,6 +89,7 @@ class RpcxServerConnection(Connection):
         self.session: ServerSession = dispatcher.session(self.peer)
         self._accepted = False  # on_conn_accept said yes: on_conn_close will run
         self._sniffing = rpcx is not None and rpcx.gateway is not None
+        self._http_writer: Any = None  # see RpcxServer.adopt
         self.last_read = self._loop.time()
 
     # --- accept / close --------------------------------------------------------
@@ -367,7 +370,7 @@ class RpcxServer:
         if self.gateway is not None:
             from rpc.gateway import GatewayServer
 
-            self._gateway_server = GatewayServer(self.gateway)
+            self._gateway_server = GatewayServer(self.gateway, on_connect=self.adopt)
         if self.idle_timeout is not None and self._reaper is None:
             self._reaper = asyncio.get_running_loop().create_task(self._reap(self.idle_timeout))
         return ep
@@ -410,6 +413,19 @@ class RpcxServer:
             gw._conns.pop(t, None)
 
         task.add_done_callback(done)
+
+    def adopt(self, writer: asyncio.StreamWriter, initial: bytes = b"") -> None:
+        """Serve rpcx on a connection an HTTP gateway accepted with
+        ``CONNECT /_rpcx_`` (this port's or a ``GatewayServer``'s
+        ``on_connect``): it joins this listener's connections (bounds,
+        plugins' hooks, shutdown); ``initial`` is what was read past the
+        request."""
+        conn = self._transport.adopt(writer.transport)
+        assert isinstance(conn, RpcxServerConnection)
+        conn._sniffing = False
+        conn._http_writer = writer  # a StreamWriter closes its transport when collected
+        if initial and not conn._lost:
+            conn.data_received(initial)
 
     # -- rpc.server.Listener -------------------------------------------------------------
     async def stop_accepting(self) -> None:

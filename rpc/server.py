@@ -70,9 +70,12 @@ class Server:
 
     # -- services ---------------------------------------------------------------
 
-    def register(self, obj: object, name: str | None = None, metadata: str = "") -> Service:
-        """Register a service object (or class); see ``ServiceRegistry.register``."""
-        return self.registry.register(obj, name, metadata)
+    def register(
+        self, obj: object, name: str | None = None, metadata: str = "", *, methods: Iterable[str] | None = None
+    ) -> Service:
+        """Register a service object (or class); ``methods`` is an allow-list of
+        the methods exported (default: all); see ``ServiceRegistry.register``."""
+        return self.registry.register(obj, name, metadata, methods=methods)
 
     def register_function(self, service: str, func: Callable[..., Any], name: str | None = None, metadata: str = "") -> None:
         self.registry.register_function(service, func, name, metadata)

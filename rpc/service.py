@@ -41,7 +41,7 @@ import itertools
 import logging
 import time
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,13 +220,23 @@ class ServiceRegistry:
     def __init__(self) -> None:
         self._services: dict[str, Service] = {}
 
-    def register(self, obj: object, name: str | None = None, metadata: str = "") -> Service:
+    def register(
+        self, obj: object, name: str | None = None, metadata: str = "", *, methods: Iterable[str] | None = None
+    ) -> Service:
         """Register an object (or a class, instantiated without arguments).
 
         Every public method with the handler shape ``(ctx, args)`` is exported
         under its own name; ``name`` defaults to the class name. ``metadata``
         is the rpcx service metadata published to registries (``weight=3&...``).
+        ``methods``, when given, is an allow-list: only these methods are
+        exported, a call to any other gets ``rpcx: can't find method X``; a
+        name that is not such a method raises ``ValueError`` naming it.
         """
+        if isinstance(methods, str):
+            raise TypeError("methods must be a list of method names, not a string")
+        allowed = None if methods is None else list(dict.fromkeys(methods))
+        if allowed is not None and not allowed:
+            raise ValueError("methods= is empty: a service needs at least one method")
         if isinstance(obj, type):
             obj = obj()
         sname = name or type(obj).__name__
@@ -234,7 +244,7 @@ class ServiceRegistry:
             raise ValueError("a service needs a name")
         if sname in self._services:
             raise ValueError(f"service {sname!r} is already registered")
-        methods: dict[str, MethodSpec] = {}
+        exported: dict[str, MethodSpec] = {}
         for attr in dir(type(obj)):
             if attr.startswith("_"):
                 continue
@@ -243,10 +253,17 @@ class ServiceRegistry:
                 continue
             spec = _method_spec(attr, func)
             if spec is not None:
-                methods[attr] = spec
-        if not methods:
+                exported[attr] = spec
+        if not exported:
             raise ValueError(f"{type(obj).__name__} has no method of the shape Method(self, ctx, args)")
-        service = Service(sname, obj, methods, metadata)
+        if allowed is not None:
+            unknown = [m for m in allowed if m not in exported]
+            if unknown:
+                raise ValueError(
+                    f"{type(obj).__name__} has no method {', '.join(unknown)} of the shape Method(self, ctx, args)"
+                )
+            exported = {m: exported[m] for m in allowed}
+        service = Service(sname, obj, exported, metadata)
         self._services[sname] = service
         return service
 

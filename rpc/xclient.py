@@ -18,9 +18,13 @@ Calls::
         await xc.oneway("Log", {"line": "..."})                          # no reply
         replies = await xc.broadcast("Reload", {})                       # every server must succeed
         first = await xc.fork("Mul", {"A": 1, "B": 2})                   # first success wins
+        receipts = await xc.inform("Reload", {})                         # every server's reply or error
 
 The discovery is the caller's to start and close (it may be shared by several
-XClients); ``XClient.start`` subscribes to it.
+XClients); ``XClient.start`` subscribes to it. Of the servers it reports, the
+XClient uses those not marked ``state=inactive`` and, when
+``options.group`` is set, only those registered with ``group=`` that name
+(``filter_by_state_and_group``, applied again on each discovery update).
 
 ``timeout`` (seconds; None = ``options.timeout``; None there = no deadline)
 bounds the whole call including retries, and is sent to the server as
@@ -30,10 +34,12 @@ bounds the whole call including retries, and is sent to the server as
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import unquote_plus
 
 from rpc.breaker import BreakerConfig, CircuitBreaker
 from rpc.transport.codec import CodecRegistry
@@ -82,6 +88,9 @@ class XClientOptions:
     compress_type: CompressType = CompressType.NONE
     auth: str | None = None  # sent as __AUTH
     breaker: BreakerConfig | None = field(default_factory=BreakerConfig)  # None = no breaker
+    #: use only servers registered with ``group=`` this name in their metadata ("" = every server,
+    #: grouped or not, as rpcx's ``Option.Group``)
+    group: str = ""
 
     def __post_init__(self) -> None:
         self.fail_mode = FailMode.parse(self.fail_mode)
@@ -91,6 +100,58 @@ class XClientOptions:
     @property
     def policy(self) -> RetryPolicy:
         return RetryPolicy(retries=self.retries, retry_interval=self.retry_interval, backup_latency=self.backup_latency)
+
+
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _go_parse_query(metadata: str) -> dict[str, list[str]] | None:
+    """Go's ``url.ParseQuery``: the values of each key, or None where Go
+    returns an error (a ``;`` in a pair, a malformed ``%`` escape)."""
+    values: dict[str, list[str]] = {}
+    ok = True
+    for pair in metadata.split("&"):
+        if not pair:
+            continue
+        if ";" in pair:
+            ok = False
+            continue
+        key, _, value = pair.partition("=")
+        if _BAD_ESCAPE.search(key) or _BAD_ESCAPE.search(value):
+            ok = False
+            continue
+        values.setdefault(unquote_plus(key, errors="surrogateescape"), []).append(
+            unquote_plus(value, errors="surrogateescape"))
+    return values if ok else None
+
+
+def filter_by_state_and_group(group: str, servers: Mapping[str, str]) -> dict[str, str]:
+    """The servers an XClient of ``group`` uses, as rpcx v1.9.1's
+    ``filterByStateAndGroup``: drop ``state=inactive`` servers and, when
+    ``group`` is not empty, servers none of whose ``group=`` values equal it.
+    An empty ``group`` keeps grouped and ungrouped servers alike. Metadata Go
+    cannot parse as a query leaves its server in (rpcx skips it)."""
+    kept: dict[str, str] = {}
+    for addr, metadata in servers.items():
+        values = _go_parse_query(metadata)
+        if values is not None:
+            if values.get("state", [""])[0] == "inactive":
+                continue
+            if group and group not in values.get("group", ()):
+                continue
+        kept[addr] = metadata
+    return kept
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """One server's answer to ``XClient.inform`` (rpcx's ``client.Receipt``):
+    ``address`` without its network (``127.0.0.1:8972``, as rpcx reports
+    it), and the decoded ``reply`` or the ``error``."""
+
+    address: str
+    reply: Any = None
+    error: BaseException | None = None
 
 
 class XClient:
@@ -150,7 +211,8 @@ class XClient:
         await self.aclose()
 
     def _on_servers(self, servers: Mapping[str, str]) -> None:
-        self._servers = dict(servers)
+        # filtered on every discovery update, as rpcx's watch does
+        self._servers = filter_by_state_and_group(self.options.group, servers)
         self.selector.update_servers(self._servers)
         for addr in list(self._breakers):
             if addr not in self._servers:
@@ -158,6 +220,7 @@ class XClient:
 
     @property
     def servers(self) -> dict[str, str]:
+        """The servers in use: discovery's, less inactive ones and other groups'."""
         return dict(self._servers)
 
     def breaker(self, address: str) -> CircuitBreaker | None:
@@ -369,11 +432,35 @@ class XClient:
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
 
+    async def inform(
+        self,
+        method: str,
+        args: Any,
+        *,
+        reply_type: Any = None,
+        timeout: float | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> list[Receipt]:
+        """Call every server once (no retries) and return every server's
+        ``Receipt``, successes and failures alike, in server order: rpcx's
+        ``XClient.Inform``. Nothing is raised for a server's failure (see
+        each receipt's ``error``); ``NoServerAvailable`` when there is no
+        server. Cancelling it cancels every call."""
+        calls = self._to_every_server(method, args, timeout, metadata, reply_type)
+        results = await asyncio.gather(*calls.values(), return_exceptions=True)
+        receipts: list[Receipt] = []
+        for addr, r in zip(calls, results, strict=True):
+            if isinstance(r, asyncio.CancelledError):
+                raise r
+            address = addr.partition("@")[2] or addr
+            receipts.append(Receipt(address, error=r) if isinstance(r, BaseException) else Receipt(address, reply=r))
+        return receipts
+
     def _to_every_server(
         self, method: str, args: Any, timeout: float | None, metadata: Mapping[str, str] | None, reply_type: Any
     ) -> dict[str, Coroutine[Any, Any, Any]]:
         """Address → the not yet started call of one request to that server
-        (broadcast and fork): one attempt each, no retries, one deadline."""
+        (broadcast, fork and inform): one attempt each, no retries, one deadline."""
         request = self._request(method, args, metadata, oneway=False)
         deadline = self._deadline(timeout)
         addrs = sorted(self._servers)

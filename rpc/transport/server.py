@@ -11,6 +11,7 @@ closes what is left; it is idempotent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Callable
@@ -105,6 +106,17 @@ class TransportServer:
                     log.exception("on_connection callback failed")
 
         conn.connection_made = made  # type: ignore[method-assign]
+        return conn
+
+    def adopt(self, transport: asyncio.BaseTransport) -> Connection:
+        """Serve a connection accepted elsewhere (an HTTP ``CONNECT`` tunnel)
+        as one of ours: same bounds, hooks and shutdown as an accepted one.
+        The caller feeds any bytes it already read to ``data_received``."""
+        conn = self._make_connection()
+        transport.set_protocol(conn)  # type: ignore[attr-defined]
+        conn.connection_made(transport)
+        with contextlib.suppress(AttributeError, NotImplementedError, RuntimeError):
+            transport.resume_reading()  # type: ignore[attr-defined]  # in case the last owner paused it
         return conn
 
     def _forget(self, conn: Connection, exc: BaseException | None) -> None:

@@ -64,3 +64,10 @@ class Probe:
 def setup(server: Any) -> None:
     register_example(server.registry, "arith")
     server.register(Probe(), "Probe")
+
+
+def setup_add_only(server: Any) -> None:
+    """Arith with ``Add`` only (a method allow-list): ``Mul`` is not exported."""
+    from rpc.examples import Arith
+
+    server.register(Arith(), "Arith", methods=["Add"])

@@ -3,6 +3,7 @@ registration, metrics, SIGTERM shutdown), call, bench."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -99,3 +100,55 @@ def test_bench_in_process(processes: str) -> None:
 def test_bench_reports_errors_against_a_dead_address() -> None:
     res = run_cli("cli.rpc_bench", "127.0.0.1:1", "-n", "10")
     assert res.returncode == 1 and "errors               : 10" in res.stdout
+
+
+async def test_serve_group_publishes_metadata_and_xclients_of_that_group_use_it(etcd_endpoint: str) -> None:
+    from rpc.discovery.etcd import EtcdDiscovery
+    from rpc.errors import NoServerAvailable
+    from rpc.rpcx_client import RpcxCaller
+    from rpc.xclient import XClient, XClientOptions
+
+    port, base = free_port(), f"/rpcx-cli-group-{os.getpid()}"
+    address = f"tcp@127.0.0.1:{port}"
+    proc = await asyncio.to_thread(
+        subprocess.Popen,
+        [sys.executable, "-m", "cli.rpc_serve", "--example", "arith", "--listen", f"127.0.0.1:{port}",
+         "--etcd", etcd_endpoint, "--base", base, "--metadata", "weight=2", "--group", "canary"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.getcwd(),
+    )
+    disc = EtcdDiscovery(etcd_endpoint, "Arith", base=base, refresh_interval=0.2)
+    caller = RpcxCaller()
+    try:
+        assert (await asyncio.to_thread(proc.stdout.readline)).startswith("rpc serve: ")
+        await disc.start()
+        from tests.rpc.discovery.helpers import wait_servers
+
+        assert await wait_servers(disc, lambda s: address in s, timeout=10) == {address: "weight=2&group=canary"}
+        async with XClient("Arith", disc, caller, options=XClientOptions(group="canary")) as canary:
+            assert await canary.call("Mul", {"A": 6, "B": 7}, timeout=5) == {"C": 42}
+        async with XClient("Arith", disc, caller, options=XClientOptions(group="stable")) as stable:
+            assert stable.servers == {}
+            with pytest.raises(NoServerAvailable):
+                await stable.call("Mul", {"A": 6, "B": 7}, timeout=5)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            await asyncio.to_thread(proc.wait, 5)
+        proc.stdout.close()
+        proc.stderr.close()
+        await disc.aclose()
+        await caller.aclose()
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        (["--group", ""], "--group needs a name"),
+        (["--metadata", "group=a", "--group", "b"], "already has a group"),
+    ],
+)
+def test_serve_group_usage_errors(extra: list[str], error: str) -> None:
+    res = run_cli("cli.rpc_serve", "--example", "arith", "--gateway", f"127.0.0.1:{free_port()}", *extra)
+    assert res.returncode == 2 and error in res.stderr and "Traceback" not in res.stderr

@@ -228,3 +228,124 @@ async def test_gateway_server_times_out_slow_requests(gateway: Gateway) -> None:
         assert head.startswith(b"HTTP/1.1 408")
         writer.close()
         await writer.wait_closed()
+
+
+# -- CONNECT /_rpcx_ (rpcx's "http" network) ---------------------------------------------
+
+
+def test_parser_connect_ends_http_and_bare_lf() -> None:
+    p = HTTPParser()
+    out = p.feed(b"CONNECT /_rpcx_ HTTP/1.0\n\n\x08\x01rest")  # Go's client: bare LF
+    assert [(r.method, r.path, r.version) for r in out] == [("CONNECT", "/_rpcx_", "HTTP/1.0")]
+    assert p.feed(b"GET / HTTP/1.1\r\n\r\n") == []  # after CONNECT nothing is HTTP
+    assert p.rest() == b"\x08\x01restGET / HTTP/1.1\r\n\r\n" and p.rest() == b""
+    # anything but a CONNECT: bare LF is refused (a front proxy may read it otherwise)
+    for raw in (b"POST /a HTTP/1.1\nContent-Length: 2\nX-A: 1\n\nok",
+                b"GET /a HTTP/1.1\r\nX-A: 1\nX-B: 2\r\n\r\n"):
+        with pytest.raises(HTTPParseError) as e:
+            HTTPParser().feed(raw)
+        assert e.value.status == 400
+
+
+async def _rpcx_call(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seq: int, a: int, b: int) -> bytes:
+    from rpc.transport.config import ConnectionConfig
+    from rpc.transport.wire import RpcxWire
+
+    wire = RpcxWire()
+    writer.write(wire.encode_request(seq, json.dumps({"A": a, "B": b}).encode(), service_path="Arith",
+                                     service_method="Mul", serialize_type=1))
+    decoder = wire.decoder(ConnectionConfig())
+    while True:
+        data = await asyncio.wait_for(reader.read(65536), 5)
+        assert data, "connection closed"
+        msgs = decoder.feed(data)
+        if msgs:
+            assert msgs[0].seq == seq and not msgs[0].status
+            return bytes(msgs[0].payload)
+
+
+async def _connect(port: int, preamble: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(preamble)
+    return reader, writer
+
+
+async def _closed(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    await writer.wait_closed()
+
+
+@pytest.fixture
+async def rpcx_port() -> Any:
+    from rpc.rpcx_server import RpcxServer
+    from rpc.server import Server
+
+    server = Server()
+    server.register(Arith())
+    async with RpcxServer(server, "tcp@127.0.0.1:0", gateway=Gateway(server.dispatcher)) as rpcx:
+        yield rpcx
+
+
+async def test_connect_rpcx_path_on_the_rpcx_port(rpcx_port: Any) -> None:
+    port = rpcx_port.endpoint.port
+    reader, writer = await _connect(port, b"CONNECT /_rpcx_ HTTP/1.0\n\n")
+    assert await asyncio.wait_for(reader.readexactly(32), 5) == b"HTTP/1.0 200 Connected to rpcx\n\n"
+    assert await _rpcx_call(reader, writer, 1, 6, 7) == b'{"C":42}'
+    assert len(rpcx_port.connections) == 1  # it is one of the listener's rpcx connections now
+    # pipelined: the first rpcx frame right behind the request (CRLF as well)
+    from rpc.transport.wire import RpcxWire
+
+    frame = RpcxWire().encode_request(9, b'{"A":2,"B":3}', service_path="Arith", service_method="Mul", serialize_type=1)
+    r2, w2 = await _connect(port, b"CONNECT /_rpcx_ HTTP/1.1\r\nHost: x\r\n\r\n" + frame)
+    assert await asyncio.wait_for(r2.readexactly(32), 5) == b"HTTP/1.0 200 Connected to rpcx\n\n"
+    from rpc.transport.config import ConnectionConfig
+
+    dec = RpcxWire().decoder(ConnectionConfig())
+    msgs: list[Any] = []
+    while not msgs:
+        msgs = dec.feed(await asyncio.wait_for(r2.read(65536), 5))
+    assert msgs[0].seq == 9 and bytes(msgs[0].payload) == b'{"C":6}'
+    assert await _rpcx_call(reader, writer, 2, 2, 2) == b'{"C":4}'  # the first is unharmed
+    await _closed(w2)
+    await _closed(writer)
+
+
+@pytest.mark.parametrize(
+    ("preamble", "answer"),
+    [
+        (b"CONNECT /other HTTP/1.0\n\n", b"HTTP/1.1 405"),  # another path: today's 405, then closed
+        (b"CONNECT /_rpcx_\n\n", b"HTTP/1.1 400"),  # malformed request line
+        (b"CONNECT /_rpcx_ HTTP/1.0", b""),  # cut short, then EOF: closed quietly
+        (b"CONNECT /_rpcx_ HTTP/1.0\n\nGET / HTTP/1.1\r\n\r\n" + b"\x00" * 64, b"HTTP/1.0 200 Connected to rpcx\n\n"),
+    ],
+)
+async def test_connect_hostile(rpcx_port: Any, preamble: bytes, answer: bytes) -> None:
+    port = rpcx_port.endpoint.port
+    good_r, good_w = await _connect(port, b"CONNECT /_rpcx_ HTTP/1.0\n\n")
+    await asyncio.wait_for(good_r.readexactly(32), 5)
+    reader, writer = await _connect(port, preamble)
+    if not preamble.endswith(b"\n"):
+        writer.write_eof()
+    got = await asyncio.wait_for(reader.read(), 5)  # refused: the server closes the connection
+    assert got.startswith(answer) and (not answer.startswith(b"HTTP/1.0") or got == answer)
+    await _closed(writer)
+    assert await _rpcx_call(good_r, good_w, 3, 3, 3) == b'{"C":9}'  # other connections go on
+    await _closed(good_w)
+
+
+async def test_connect_on_the_gateway_port(gateway: Gateway) -> None:
+    from rpc.rpcx_server import RpcxServer
+    from rpc.server import Server
+
+    server = Server()
+    server.register(Arith())
+    async with RpcxServer(server, "tcp@127.0.0.1:0") as rpcx:
+        async with GatewayServer(Gateway(server.dispatcher), on_connect=rpcx.adopt) as gw:
+            reader, writer = await _connect(gw.port, b"CONNECT /_rpcx_ HTTP/1.0\n\n")
+            assert await asyncio.wait_for(reader.readexactly(32), 5) == b"HTTP/1.0 200 Connected to rpcx\n\n"
+            assert await _rpcx_call(reader, writer, 1, 4, 5) == b'{"C":20}'
+            await _closed(writer)
+        async with GatewayServer(gateway) as plain:  # no rpcx listener to hand to: 405 as before
+            reader, writer = await _connect(plain.port, b"CONNECT /_rpcx_ HTTP/1.0\n\n")
+            assert (await asyncio.wait_for(reader.read(), 5)).startswith(b"HTTP/1.1 405")
+            await _closed(writer)

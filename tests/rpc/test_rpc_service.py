@@ -426,3 +426,29 @@ async def test_protobuf_handler_called_with_json() -> None:
     assert res is not None and not res.is_error
     assert _json.loads(res.payload)["field1"] == "OK" and _json.loads(res.payload)["field3"] == 3
     await d.aclose()
+
+
+async def test_register_with_a_method_allow_list() -> None:
+    d = ServiceDispatcher(max_sync_workers=2)
+    svc = d.registry.register(Calc(), "Calc", methods=["Add", "Inline"])
+    assert set(svc.methods) == {"Add", "Inline"}
+    res = (await d.dispatch(req("Calc", "Add", b'{"A":1,"B":2}'))).reply
+    assert res is not None and not res.is_error and res.payload == b'{"C":3}'
+    for method in ("SyncMul", "Fail", "helper"):
+        # the answer Go's rpcx server gives for a method it does not export
+        for out in (await d.dispatch(req("Calc", method, b"null")), d.dispatch_now(req("Calc", method, b"null"), Peer("p"))):
+            assert out is not None and out.reply is not None
+            assert out.reply.metadata[META_ERROR] == f"rpcx: can't find method {method}"
+    assert d.dispatch_now(req("Calc", "Inline", b"41"), Peer("p")).reply.payload == b"42"  # the fast path still serves listed ones
+    await d.aclose()
+
+    reg = ServiceRegistry()
+    with pytest.raises(ValueError, match=r"Calc has no method Sub, helper of the shape"):
+        reg.register(Calc(), methods=["Add", "Sub", "helper"])  # unknown and not-a-handler names, in order
+    with pytest.raises(ValueError, match="_private"):
+        reg.register(Calc(), methods=["_private"])
+    with pytest.raises(ValueError, match="empty"):
+        reg.register(Calc(), methods=[])
+    with pytest.raises(TypeError):
+        reg.register(Calc(), methods="Add")
+    assert reg.services == {}  # a refused registration registers nothing

@@ -108,6 +108,35 @@ def test_go_client_calls_our_server(go_peer: Path) -> None:
         ours.stop()
 
 
+def test_go_http_client_calls_our_server(go_peer: Path) -> None:
+    """A Go client dialing ``http@host:port`` (HTTP ``CONNECT /_rpcx_``, then
+    rpcx on that connection) calls our server: on the rpcx port (where the
+    HTTP gateway answers too) and on the ``--gateway`` port."""
+    gateway_port = free_port()
+    ours: Served = serve("--example", "arith", "--gateway", f"127.0.0.1:{gateway_port}")
+    try:
+        for addr in (ours.address.removeprefix("tcp@"), f"127.0.0.1:{gateway_port}"):
+            res = subprocess.run([str(go_peer), "httpclient", addr, "6", "7"],
+                                 capture_output=True, text=True, timeout=60)
+            assert res.returncode == 0, res.stderr
+            assert res.stdout.strip() == '{"C":42}'
+    finally:
+        ours.stop()
+
+
+def test_go_client_gets_cant_find_method_for_a_method_not_in_the_allow_list(go_peer: Path) -> None:
+    """A method left out of ``register(methods=[...])`` answers a Go client as
+    a Go server answers an unknown method."""
+    ours: Served = serve("--app", "tests.rpc.rpcx_app:setup_add_only")
+    try:
+        res = subprocess.run([str(go_peer), "client", ours.address.removeprefix("tcp@"), "6", "7"],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert res.returncode == 1
+        assert res.stderr.strip() == "call failed: rpcx: can't find method Mul"
+    finally:
+        ours.stop()
+
+
 def test_our_server_pushes_to_a_go_bidirectional_client(go_peer: Path) -> None:
     """A Go rpcx bidirectional XClient (with heartbeats every 50 ms) calls
     Probe.Push on our server and receives the pushed messages."""

@@ -229,6 +229,48 @@ async def test_broadcast(cluster: Cluster) -> None:
     assert set(info.value.replies) == set(ADDRS[:2])
 
 
+async def test_inform_returns_every_servers_receipt(cluster: Cluster) -> None:
+    async with cluster.client() as xc:
+        await cluster.net.remove(ADDRS[1])
+        receipts = await xc.inform("Who", None, timeout=5)
+        assert [(r.address, r.reply) for r in receipts] == [
+            ("127.0.0.1:9001", "9001"), ("127.0.0.1:9002", None), ("127.0.0.1:9003", "9003")]
+        assert [r.error is None for r in receipts] == [True, False, True]
+        assert isinstance(receipts[1].error, TransportError)
+        bad = await xc.inform("Bad", None)  # every server fails: still receipts, nothing raised
+        assert [type(r.error) for r in bad] == [ServiceError, TransportError, ServiceError]
+        assert [cluster.nodes[a].calls for a in ADDRS] == [2, 0, 2]  # once each, no retries
+        cluster.discovery.update([])
+        with pytest.raises(NoServerAvailable):
+            await xc.inform("Who", None)
+
+
+async def test_inform_over_rpcx_servers() -> None:
+    """Three of our rpcx servers, one of them stopped: a receipt each."""
+    from rpc.rpcx_client import RpcxCaller
+    from rpc.rpcx_server import RpcxServer
+
+    servers = []
+    for name in ("a", "b", "c"):
+        d = ServiceDispatcher()
+        d.registry.register(Node(name), "Node")
+        servers.append(await RpcxServer(d, "tcp@127.0.0.1:0").__aenter__())
+    addrs = [s.address for s in servers]
+    await servers[1].aclose()  # down: its receipt carries the connection error
+    caller = RpcxCaller()
+    try:
+        async with XClient("Node", StaticDiscovery(addrs), caller) as xc:
+            receipts = await xc.inform("Who", None, timeout=5)
+        by_addr = {r.address: r for r in receipts}
+        assert set(by_addr) == {a.removeprefix("tcp@") for a in addrs}
+        assert [(by_addr[a.removeprefix("tcp@")].reply) for a in addrs] == ["a", None, "c"]
+        assert isinstance(by_addr[addrs[1].removeprefix("tcp@")].error, TransportError)
+    finally:
+        await caller.aclose()
+        for s in servers:
+            await s.aclose()
+
+
 async def test_fork_first_success_wins(cluster: Cluster) -> None:
     cluster.nodes[ADDRS[0]].gate = asyncio.Event()
     async with cluster.client() as xc:
@@ -265,3 +307,46 @@ async def test_latency_selector_gets_rtt(cluster: Cluster) -> None:
         for _ in range(6):
             await xc.call("Who", None)
     assert set(sel.rtt) == set(ADDRS)
+
+
+# -- groups (rpcx's Option.Group) and state=inactive ------------------------------
+
+
+def test_filter_by_state_and_group_matches_rpcx() -> None:
+    from rpc.xclient import filter_by_state_and_group
+
+    servers = {
+        "tcp@a:1": "group=a",
+        "tcp@b:1": "weight=2&group=b",
+        "tcp@ab:1": "group=b&group=a",  # any group= value may match
+        "tcp@none:1": "",
+        "tcp@w:1": "weight=3",
+        "tcp@off:1": "group=a&state=inactive",
+        "tcp@esc:1": "group=c%20d",
+        "tcp@bad:1": "group=b&state=inactive&x=%zz",  # Go cannot parse it: rpcx keeps it, unfiltered
+        "tcp@semi:1": "group=b;state=inactive",  # likewise (a ";" is an error in Go's ParseQuery)
+    }
+    assert set(filter_by_state_and_group("a", servers)) == {"tcp@a:1", "tcp@ab:1", "tcp@bad:1", "tcp@semi:1"}
+    assert set(filter_by_state_and_group("b", servers)) == {"tcp@b:1", "tcp@ab:1", "tcp@bad:1", "tcp@semi:1"}
+    assert set(filter_by_state_and_group("c d", servers)) == {"tcp@esc:1", "tcp@bad:1", "tcp@semi:1"}
+    assert set(filter_by_state_and_group("A", servers)) == {"tcp@bad:1", "tcp@semi:1"}  # case-sensitive
+    # no group: every active server, grouped or not (rpcx filters by group only when one is set)
+    assert set(filter_by_state_and_group("", servers)) == set(servers) - {"tcp@off:1"}
+
+
+async def test_group_filters_servers_and_follows_discovery_updates(cluster: Cluster) -> None:
+    a, b, c = ADDRS
+    cluster.discovery.update({a: "group=a", b: "group=b&weight=2", c: ""})
+    async with cluster.client(group="a") as xa, cluster.client(group="b") as xb, cluster.client() as xany:
+        assert xa.servers == {a: "group=a"}
+        assert {await xa.call("Who", None) for _ in range(4)} == {"9001"}
+        assert {await xb.call("Who", None) for _ in range(4)} == {"9002"}
+        assert {await xany.call("Who", None) for _ in range(6)} == {"9001", "9002", "9003"}
+        assert set(await xa.broadcast("Who", None)) == {a}  # broadcast and fork see the same servers
+        cluster.discovery.update({a: "group=a&state=inactive", b: "group=b", c: "group=a"})
+        assert xa.servers == {c: "group=a"}
+        assert {await xa.call("Who", None) for _ in range(4)} == {"9003"}
+        assert set(xany.servers) == {b, c}
+        cluster.discovery.update({b: "group=b"})
+        with pytest.raises(NoServerAvailable):
+            await xa.call("Who", None)

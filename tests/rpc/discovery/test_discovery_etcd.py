@@ -149,3 +149,38 @@ async def test_xclient_follows_etcd_registry(etcd_endpoint: str, base: str) -> N
             await xc.aclose()
             await disc.aclose()
             await reg.aclose()
+
+
+async def test_xclient_groups_with_etcd(etcd_endpoint: str, base: str) -> None:
+    """Servers registered in two groups and one in none: an XClient of a group
+    uses only that group's servers, one without a group uses all of them, and
+    a server re-registered in another group moves with the next update."""
+    from rpc.xclient import XClient, XClientOptions
+
+    C = "tcp@127.0.0.1:7003"
+    reg = EtcdRegistrar(etcd_endpoint, base=base, ttl=10)
+    async with node_servers(reg, (A, B, C)) as net:
+        await reg.register("Node", A, "group=blue")
+        await reg.register("Node", B, "weight=2&group=green")
+        disc = EtcdDiscovery(etcd_endpoint, "Node", base=base, refresh_interval=60)
+        await disc.start()
+        clients = {g: XClient("Node", disc, net, options=XClientOptions(group=g)) for g in ("blue", "green", "")}
+        try:
+            for xc in clients.values():
+                await xc.start()
+            await wait_servers(disc, lambda s: s.get(A) == "group=blue" and s.get(B) == "weight=2&group=green")
+            assert {await clients["blue"].call("Who", None) for _ in range(6)} == {"7001"}
+            assert {await clients["green"].call("Who", None) for _ in range(6)} == {"7002"}
+            assert {await clients[""].call("Who", None) for _ in range(30)} == {"7001", "7002", "7003"}
+            await reg.register("Node", C, "group=blue")
+            await wait_servers(disc, lambda s: s.get(C) == "group=blue")
+            assert set(clients["blue"].servers) == {A, C}
+            await reg.register("Node", A, "group=blue&state=inactive")
+            await wait_servers(disc, lambda s: "inactive" in s[A])
+            assert {await clients["blue"].call("Who", None) for _ in range(6)} == {"7003"}
+            assert set(clients[""].servers) == {B, C}
+        finally:
+            for xc in clients.values():
+                await xc.aclose()
+            await disc.aclose()
+            await reg.aclose()

@@ -2,6 +2,8 @@
 //
 //	go run . server ADDR         serve Arith.Mul / Arith.Add (JSON) on ADDR until killed; prints "ready"
 //	go run . client ADDR A B     call Arith.Mul(A, B) over rpcx and print the reply as JSON
+//	go run . httpclient ADDR A B the same through rpcx's "http" network (http@ADDR: an HTTP
+//	                             CONNECT /_rpcx_, then rpcx on that connection)
 //	go run . push ADDR N         with heartbeats every 50 ms, call Probe.Push({"n": N}) on a
 //	                             bidirectional client; print the reply, then each pushed message
 //
@@ -117,13 +119,17 @@ func main() {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
-	case "client":
+	case "client", "httpclient":
 		a, _ := strconv.Atoi(os.Args[3])
 		b, _ := strconv.Atoi(os.Args[4])
 		opt := client.DefaultOption
 		opt.SerializeType = protocol.JSON
 		opt.TLSConfig = clientTLS(os.Args[2])
-		d, err := client.NewPeer2PeerDiscovery("tcp@"+os.Args[2], "")
+		network := "tcp"
+		if os.Args[1] == "httpclient" {
+			network = "http"
+		}
+		d, err := client.NewPeer2PeerDiscovery(network+"@"+os.Args[2], "")
 		if err != nil {
 			panic(err)
 		}
