@@ -164,12 +164,16 @@ def test_per_client_connection_limit(backends: object) -> None:
 
     def open_served() -> socket.socket:
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        s.sendall(b"GET /whoami HTTP/1.1\r\nHost: t\r\n\r\n")
-        got = b""
-        while not got.endswith(b"b0"):
-            chunk = s.recv(4096)
-            assert chunk, "closed before the response"
-            got += chunk
+        try:
+            s.sendall(b"GET /whoami HTTP/1.1\r\nHost: t\r\n\r\n")
+            got = b""
+            while not got.endswith(b"b0"):
+                chunk = s.recv(4096)
+                assert chunk, "closed before the response"
+                got += chunk
+        except BaseException:
+            s.close()  # refused (the slot not given back yet): not left to the garbage collector
+            raise
         return s
 
     try:
