@@ -11,17 +11,21 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cli.rpc_route import TARGET_HELP, add_route_arguments, route_of
 from cli.tls import add_client_tls_arguments, client_tls
 
 EPILOG = """examples:
   juggler rpc bench 127.0.0.1:8972 -c 100 -n 1000000 --pool 10 --processes 2   # vs `rpc serve --example bench`
   juggler rpc bench http://127.0.0.1:8080 -c 50 -n 20000                        # through the HTTP gateway
   juggler rpc bench inproc:bench -n 200000                                     # client + service layer, no network
+  juggler rpc bench etcd://127.0.0.1:2379/rpcx -c 50 -n 100000 --selector roundrobin   # the servers registered there
+  juggler rpc bench redis://127.0.0.1:6379/rpcx --example arith --fail-mode failover --group canary
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("address", metavar="ADDR", help="host:port (rpcx), http://host:port (gateway) or inproc:NAME")
+    p.add_argument("address", metavar="ADDR|REGISTRY",
+                   help=f"host:port (rpcx), http://host:port (gateway), inproc:NAME, or {TARGET_HELP}")
     p.add_argument("-c", "--concurrency", type=int, default=100, help="concurrent callers (default 100)")
     p.add_argument("-n", "--total", type=int, default=100_000, help="total calls (default 100000)")
     p.add_argument("--pool", type=int, default=10, help="connections per client process (default 10)")
@@ -32,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls", action="store_true",
                    help="rpcx over TLS, verified against the system's trust store (implied by --tls-ca, --insecure)")
     add_client_tls_arguments(p, "TLS servers (rpcx, https:// gateways)")
+    add_route_arguments(p)
 
 
 def register(subparsers: Any) -> None:
@@ -51,27 +56,34 @@ def run(args: argparse.Namespace) -> int:
     if args.concurrency < 1 or args.total < 1 or args.pool < 1 or args.processes < 1:
         print("error: -c, -n, --pool and --processes must be >= 1", file=sys.stderr)
         return 2
-    if scheme_of(args.address) not in SCHEMES:
-        print(f"error: no caller for {args.address!r}", file=sys.stderr)
-        return 2
     from rustext.tls import TlsConfigError
 
     try:
+        route = route_of(args, args.address)
         tls = client_tls(args, force=args.tls)
     except (TlsConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if tls is not None and scheme_of(args.address) in ("inproc", "grpc"):
+    if route is None and scheme_of(args.address) not in SCHEMES:
+        print(f"error: no caller for {args.address!r}", file=sys.stderr)
+        return 2
+    if route is None and tls is not None and scheme_of(args.address) in ("inproc", "grpc"):
         print("error: TLS options apply to rpcx and https:// addresses only", file=sys.stderr)
         return 2
     if args.example == "bench":
         from rpc.examples import benchmark_request
 
         target = BenchTarget(args.address, "Hello", "Say", SerializeType.PROTOBUF,
-                             benchmark_request().SerializeToString(), pool=args.pool, timeout=args.timeout, tls=tls)
+                             benchmark_request().SerializeToString(), pool=args.pool, timeout=args.timeout, tls=tls,
+                             route=route)
     else:
         target = BenchTarget(args.address, "Arith", "Mul", SerializeType.JSON, b'{"A":7,"B":6}',
-                             pool=args.pool, timeout=args.timeout, tls=tls)
+                             pool=args.pool, timeout=args.timeout, tls=tls, route=route)
+    if route is not None:
+        problem = _check_route(route, target.service)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 1
     try:
         result = run_bench(target, concurrency=args.concurrency, total=args.total, processes=args.processes)
     except KeyboardInterrupt:
@@ -81,6 +93,24 @@ def run(args: argparse.Namespace) -> int:
     if result.interrupted:
         return 130
     return 0 if result.errors == 0 else 1
+
+
+def _check_route(route: Any, service: str) -> str:
+    """Why the benchmark cannot run through ``route`` ("" when it can): the
+    registry unreachable, or no server there for ``service``; said once here
+    rather than as every call's error."""
+    import uvloop
+
+    from rpc.errors import NoServerAvailable, RegistryUnavailable
+
+    async def check() -> str:
+        try:
+            async with route.xclient(service, None):
+                return ""
+        except (RegistryUnavailable, NoServerAvailable) as exc:
+            return str(exc)
+
+    return uvloop.run(check())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

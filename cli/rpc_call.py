@@ -2,7 +2,13 @@
 
 Wired by ``cli/rpc.py`` (``rpc_call.register(rpc_subparsers)``); also runs
 alone: ``python -m cli.rpc_call http://127.0.0.1:8080 Arith.Mul '{"A":6,"B":7}'``.
-Exit code 0 on a reply, 1 when the call failed (``(error) ...`` on stderr), 2 on usage errors.
+The target is a server's address, or a registry (``etcd://host:2379/rpcx``,
+``redis://host:6379/rpcx``): then an XClient calls one of the servers
+registered there for the service, with ``--selector``, ``--fail-mode`` and
+``--group`` as rpcx's XClient takes them.
+Exit code 0 on a reply, 1 when the call failed (``(error) ...`` on stderr) or
+the registry has no server for the service or cannot be reached, 2 on usage
+errors (a bad registry URL among them).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cli.rpc_route import TARGET_HELP, add_route_arguments, route_of
 from cli.tls import add_client_tls_arguments, client_tls
 
 EPILOG = """examples:
@@ -22,11 +29,16 @@ EPILOG = """examples:
   juggler rpc call http://127.0.0.1:8080 Arith.Add '{"A":1,"B":2}' --codec msgpack --timeout 2
   juggler rpc call 127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem   # rpcx over TLS
   juggler rpc call https://127.0.0.1:8080 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem
+  juggler rpc call etcd://127.0.0.1:2379/rpcx Arith.Mul '{"A":6,"B":7}'   # a server registered in etcd
+  juggler rpc call redis://127.0.0.1:6379/rpcx Arith.Mul '{"A":6,"B":7}' --selector roundrobin --fail-mode failover
+  juggler rpc call etcd://127.0.0.1:2379/rpcx Arith.Mul '{"A":6,"B":7}' --group canary
+  juggler rpc call etcds://10.0.0.2:2379/rpcx Arith.Mul '{"A":6,"B":7}' --registry-tls-ca certs/ca.pem
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("address", metavar="ADDR", help="host:port or tcp@host:port (rpcx), http://host:port (gateway)")
+    p.add_argument("address", metavar="ADDR|REGISTRY",
+                   help=f"host:port or tcp@host:port (rpcx), http://host:port (gateway), or {TARGET_HELP}")
     p.add_argument("target", metavar="Service.Method")
     p.add_argument("args", metavar="JSON", nargs="?", default="null", help="the argument as JSON (default null)")
     p.add_argument("--codec", choices=("json", "msgpack"), default="json", help="payload codec (default json)")
@@ -36,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls", action="store_true",
                    help="rpcx over TLS, verified against the system's trust store (implied by --tls-ca, --insecure)")
     add_client_tls_arguments(p, "TLS servers (rpcx, https:// gateways)")
+    add_route_arguments(p)
 
 
 def register(subparsers: Any) -> None:
@@ -91,11 +104,15 @@ async def call(args: argparse.Namespace) -> int:
 
     try:
         tls = client_tls(args, force=args.tls)
-        caller, close = await open_caller(args.address, tls=tls)
+        route = route_of(args, args.address)
+        # a registry's servers are rpcx servers (tcp@host:port), as rpc serve registers them
+        caller, close = await open_caller("tcp@registry" if route is not None else args.address, tls=tls)
     except (LookupError, ValueError, TlsConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
+        if route is not None:
+            return await _call_through(route, caller, service, method, value, metadata, st, codec, args.timeout)
         res = await caller(args.address, Message(service_path=service, service_method=method, serialize_type=st,
                                                  metadata=metadata, payload=codec.encode(value)), args.timeout)
         if res is None:
@@ -110,6 +127,34 @@ async def call(args: argparse.Namespace) -> int:
     finally:
         await close()
     print(json.dumps(_jsonable(reply), ensure_ascii=False))
+    return 0
+
+
+async def _call_through(route: Any, caller: Any, service: str, method: str, value: Any,
+                        metadata: dict[str, str], st: Any, codec: Any, timeout: float) -> int:
+    """One call through an XClient of ``route``: the selector picks a
+    registered server, the fail mode handles a failure."""
+    from rpc.errors import (
+        NoServerAvailable,
+        RegistryUnavailable,
+        RpcError,
+        ServiceError,
+    )
+
+    try:
+        async with route.xclient(service, caller, serialize_type=st, timeout=timeout) as xc:
+            try:
+                res = await xc.call_message(method, value, metadata=metadata)
+            except ServiceError as exc:
+                print(f"(error) {exc}", file=sys.stderr)
+                return 1
+            except (RpcError, ValueError) as exc:
+                print(f"(error) {type(exc).__name__}: {exc}", file=sys.stderr)
+                return 1
+    except (RegistryUnavailable, NoServerAvailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(_jsonable(codec.decode(res.payload)), ensure_ascii=False))
     return 0
 
 

@@ -12,6 +12,7 @@ Layout (one module per concept):
 - ``breaker``    per-server circuit breaker (consecutive failures or failure rate, half-open probe)
 - ``client``     Client: calls to one server over a ServerCaller
 - ``xclient``    XClient: discovery + selector + fail mode + breakers over a ServerCaller
+- ``client_plugins``  client hooks: before/after each call, connection opened/closed
 - ``inprocess``  an in-process ServerCaller (XClient straight onto local dispatchers)
 - ``gateway``    HTTP gateway (rpcx X-RPCX-* API, JSON-RPC 2.0), its HTTP/1.1 parser and server
 - ``gateway_client``  HTTPCaller: a ServerCaller over the HTTP gateway

@@ -14,12 +14,14 @@ A target says what to call and through which caller::
 
 The caller comes from ``rpc.callers`` by the address's scheme (``host:port``
 / ``tcp@`` / ``unix@`` rpcx protocol, ``http://`` gateway, ``grpc://``,
-``inproc:`` examples in process).
+``inproc:`` examples in process); with a ``route`` (a registry), an XClient
+picks among the registered servers for each call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import resource
@@ -45,6 +47,8 @@ class BenchTarget:
     timeout: float | None = 10.0
     #: rpcx over TLS / how https:// is verified (``rustext.tls.ClientTls``; picklable, for client processes)
     tls: Any = None
+    #: call through a registry (``rpc.discovery.url.RegistryRoute``) with an XClient instead of ``address``
+    route: Any = None
 
 
 @dataclass
@@ -181,7 +185,11 @@ async def bench_target(
     """Run the load against ``target`` in this process. ``start_at`` (wall
     clock): warm up (connect) first, then start the load at that time, so
     that several processes load the server together."""
-    caller, close = await open_caller(target.address, pool=target.pool, tls=target.tls)
+    stack = contextlib.AsyncExitStack()
+    # a registry's servers are rpcx servers (tcp@host:port)
+    caller, close = await open_caller("tcp@registry" if target.route else target.address, pool=target.pool,
+                                      tls=target.tls)
+    stack.push_async_callback(close)
     template = Message(
         service_path=target.service,
         service_method=target.method,
@@ -195,6 +203,19 @@ async def bench_target(
         if res is not None and res.is_error:
             raise RuntimeError(res.error_text)
 
+    if target.route is not None:
+        try:
+            # the payload is encoded already: sent as it is, under the target's serialize type
+            xc = await stack.enter_async_context(target.route.xclient(
+                target.service, caller, serialize_type=target.serialize_type, timeout=timeout, codecs=_AsIs()))
+        except BaseException:
+            await stack.aclose()
+            raise
+        payload, method = target.payload, target.method
+
+        async def call() -> None:
+            await xc.call_message(method, payload)
+
     try:
         if start_at is not None:
             for _ in range(target.pool):  # open the pool's connections before the clock starts
@@ -207,7 +228,17 @@ async def bench_target(
                 await asyncio.sleep(delay)
         return await run_load(call, concurrency=concurrency, total=total, stopped=stopped)
     finally:
-        await close()
+        await stack.aclose()
+
+
+class _AsIs:
+    """A codec registry whose every codec sends bytes as they are (the
+    benchmark's payload, encoded once)."""
+
+    def get(self, serialize_type: Any) -> Any:
+        from rpc.transport.codec import RawCodec
+
+        return RawCodec()
 
 
 def _worker(target: BenchTarget, concurrency: int, total: int, start_at: float | None,

@@ -10,6 +10,10 @@ gateway, ``GrpcCaller``... see ``rpc.callers``), and decodes the reply::
         task = client.go("Arith", "Add", {"A": 1, "B": 2})                          # asyncio.Task
         await client.oneway("Log", "Write", {"line": "x"})
 
+``plugins=[...]`` adds client plugins (``rpc.client_plugins``): hooks before
+and after each call, and, through a caller that owns connections
+(``RpcxCaller``), when connections open and close.
+
 An error response raises ``ServiceError``; transport failures raise
 ``TransportError``; the deadline ``CallTimeout``. No retries here (that is
 XClient's fail modes).
@@ -21,6 +25,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from rpc.client_plugins import CallInfo, as_container, share_conn_hooks, unshare_conn_hooks
 from rpc.transport.codec import CodecRegistry
 from rpc.errors import CallTimeout, RpcError, ServiceError
 from rpc.message import META_AUTH, META_SERVER_TIMEOUT, CompressType, Message, SerializeType
@@ -39,6 +44,7 @@ class Client:
         timeout: float | None = None,
         codecs: CodecRegistry | None = None,
         close_caller: bool = False,
+        plugins: Any = (),
     ) -> None:
         if timeout is not None and timeout <= 0:
             raise ValueError("timeout must be > 0 or None")
@@ -50,6 +56,9 @@ class Client:
         self.timeout = timeout
         self.codecs = codecs or CodecRegistry()
         self._close_caller = close_caller
+        #: client plugins (``rpc.client_plugins``): call hooks run here, connection hooks in the caller
+        self.plugins = as_container(plugins)
+        self._conn_plugins = share_conn_hooks(self.plugins, caller)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
 
@@ -80,17 +89,28 @@ class Client:
                            metadata: Mapping[str, str] | None = None) -> Message:
         """Call and return the response Message (reply metadata, undecoded payload)."""
         req, t = self._request(service, method, args, metadata, False, timeout)
+        call = None
+        if self.plugins.call_hooks:
+            call = CallInfo(service=service, method=method, address=self.address, metadata=req.metadata)
+            await self.plugins.pre_call(call, args)
         try:
-            async with asyncio.timeout(t):
-                res = await self.caller(self.address, req, t)
-        except TimeoutError as exc:
-            if isinstance(exc, CallTimeout):
-                raise
-            raise CallTimeout(f"{service}.{method}: no reply in {t}s") from None
-        if res is None:
-            raise RpcError("the server caller returned no response to a two-way call")
-        if res.is_error:
-            raise ServiceError(res.error_text or "")
+            try:
+                async with asyncio.timeout(t):
+                    res = await self.caller(self.address, req, t)
+            except TimeoutError as exc:
+                if isinstance(exc, CallTimeout):
+                    raise
+                raise CallTimeout(f"{service}.{method}: no reply in {t}s") from None
+            if res is None:
+                raise RpcError("the server caller returned no response to a two-way call")
+            if res.is_error:
+                raise ServiceError(res.error_text or "")
+        except Exception as exc:
+            if call is not None:
+                await self.plugins.post_call(call, args, None, exc)
+            raise
+        if call is not None:
+            await self.plugins.post_call(call, args, res, None)
         return res
 
     async def call(self, service: str, method: str, args: Any, *, reply_type: Any = None,
@@ -108,7 +128,17 @@ class Client:
     async def oneway(self, service: str, method: str, args: Any, *, timeout: float | None = None,
                      metadata: Mapping[str, str] | None = None) -> None:
         req, t = self._request(service, method, args, metadata, True, timeout)
-        await self.caller(self.address, req, t)
+        if not self.plugins.call_hooks:
+            await self.caller(self.address, req, t)
+            return
+        call = CallInfo(service=service, method=method, address=self.address, metadata=req.metadata, oneway=True)
+        await self.plugins.pre_call(call, args)
+        try:
+            await self.caller(self.address, req, t)
+        except Exception as exc:
+            await self.plugins.post_call(call, args, None, exc)
+            raise
+        await self.plugins.post_call(call, args, None, None)
 
     async def aclose(self) -> None:
         """Cancel ``go`` tasks; close the caller if this client owns it. Idempotent."""
@@ -123,6 +153,9 @@ class Client:
             close = getattr(self.caller, "aclose", None)
             if close is not None:
                 await close()
+        # after closing the caller, so that its connections' close hooks still ran
+        unshare_conn_hooks(self._conn_plugins, self.caller)
+        self._conn_plugins = ()
 
     async def __aenter__(self) -> Client:
         return self

@@ -16,7 +16,10 @@
   unanswered within ``heartbeat_timeout`` closes the connection (its calls
   fail at once with a retryable ``TransportError``) and reconnecting starts;
 - ``on_push(message)``: server push (a oneway request the server sends on
-  this connection); may be a coroutine function.
+  this connection); may be a coroutine function;
+- ``plugins``: client plugins (``rpc.client_plugins``) whose
+  ``on_conn_open`` / ``on_conn_close`` hooks see every connection opened
+  and closed (a refused connection fails like one that cannot connect).
 
 Errors are mapped onto ``rpc.errors`` for the fail modes: cannot connect →
 ``TransportError`` (CONNECT); connection lost / closed with the call in
@@ -36,6 +39,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from rpc.client_plugins import as_container
 from rpc.errors import CallTimeout, TransportError, TransportErrorKind
 from rpc.message import META_ERROR, Message, MessageStatus, MessageType, from_wire
 from rpc.rpcx_server import endpoint_of
@@ -61,6 +65,7 @@ class RpcxCaller:
         connect_timeout: float = 5.0,
         on_push: Callable[[Message], Any] | None = None,
         tls: Any = None,
+        plugins: Any = (),
     ) -> None:
         if pool < 1:
             raise ValueError("pool must be >= 1")
@@ -75,9 +80,17 @@ class RpcxCaller:
         self.on_push = on_push
         # one client context shared by the pools (``rustext.tls.ClientTls`` or an ``ssl.SSLContext``)
         ctx = tls.context() if hasattr(tls, "context") else tls
-        self._pools = [TransportPool("rpcx", config=config, handler=self._on_request, tls=ctx) for _ in range(pool)]
+        #: client plugins whose connection hooks (``on_conn_open``, ``on_conn_close``) run here
+        self.plugins = as_container(plugins)
+        self._pools = [
+            TransportPool("rpcx", config=config, handler=self._on_request, tls=ctx,
+                          on_connect=self._conn_open, on_disconnect=self._conn_close)
+            for _ in range(pool)
+        ]
         self._next = 0
         self._endpoints: dict[str, Endpoint] = {}
+        self._addresses: dict[Endpoint, str] = {}  # endpoint → the address the hooks are given
+        self._hook_tasks: set[asyncio.Task[Any]] = set()  # async on_conn_close hooks running
         self._closed = False
         self._push_tasks: set[asyncio.Task[Any]] = set()
 
@@ -85,6 +98,7 @@ class RpcxCaller:
         ep = self._endpoints.get(address)
         if ep is None:
             ep = self._endpoints[address] = endpoint_of(address)
+            self._addresses[ep] = address
         return ep
 
     async def connection(self, address: str) -> Any:
@@ -152,6 +166,26 @@ class RpcxCaller:
         res.metadata = {META_ERROR: text}
         return res
 
+    # -- client plugins (connection hooks) ----------------------------------------------
+    def add_plugin(self, plugin: object) -> None:
+        """Add a client plugin; its connection hooks see connections opened from now on."""
+        self.plugins.add(plugin)
+
+    def remove_plugin(self, plugin: object) -> None:
+        self.plugins.remove(plugin)
+
+    async def _conn_open(self, ep: Endpoint, conn: Any) -> None:
+        if self.plugins._on_conn_open:
+            await self.plugins.conn_open(self._addresses.get(ep, str(ep)), conn)
+
+    def _conn_close(self, ep: Endpoint, conn: Any) -> None:
+        if self.plugins._on_conn_close:
+            pending = self.plugins.conn_close_now(self._addresses.get(ep, str(ep)), conn)
+            if pending is not None:
+                task = asyncio.ensure_future(pending)
+                self._hook_tasks.add(task)
+                task.add_done_callback(self._hook_tasks.discard)
+
     # -- server push -------------------------------------------------------------------
     def _on_request(self, conn: Any, raw: Any) -> Any:
         """Requests a server sends us: pushes (oneway) go to ``on_push``."""
@@ -180,6 +214,8 @@ class RpcxCaller:
             return
         self._closed = True
         await asyncio.gather(*(p.aclose(1.0) for p in self._pools), return_exceptions=True)
+        if self._hook_tasks:  # on_conn_close hooks of the connections just closed run to the end
+            await asyncio.gather(*list(self._hook_tasks), return_exceptions=True)
         tasks = list(self._push_tasks)
         for t in tasks:
             t.cancel()

@@ -26,6 +26,10 @@ XClient uses those not marked ``state=inactive`` and, when
 ``options.group`` is set, only those registered with ``group=`` that name
 (``filter_by_state_and_group``, applied again on each discovery update).
 
+``plugins=[...]`` adds client plugins (``rpc.client_plugins``): ``pre_call``
+and ``post_call`` run around each try (a failover's every server, each
+server of a broadcast), connection hooks in the caller (``RpcxCaller``).
+
 ``timeout`` (seconds; None = ``options.timeout``; None there = no deadline)
 bounds the whole call including retries, and is sent to the server as
 ``__ServerTimeout`` (the remaining milliseconds of each try).
@@ -34,6 +38,7 @@ bounds the whole call including retries, and is sent to the server as
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 from collections.abc import Coroutine, Mapping
@@ -42,6 +47,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote_plus
 
 from rpc.breaker import BreakerConfig, CircuitBreaker
+from rpc.client_plugins import CallInfo, as_container, share_conn_hooks, unshare_conn_hooks
 from rpc.transport.codec import CodecRegistry
 from rpc.discovery.base import Discovery
 from rpc.errors import (
@@ -165,6 +171,7 @@ class XClient:
         options: XClientOptions | None = None,
         codecs: CodecRegistry | None = None,
         clock: Any = time.monotonic,
+        plugins: Any = (),
     ) -> None:
         self.service = service
         self.discovery = discovery
@@ -180,6 +187,9 @@ class XClient:
         self._observe = getattr(self.selector, "observe", None)
         self._started = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: client plugins (``rpc.client_plugins``): call hooks run on each try, connection hooks in the caller
+        self.plugins = as_container(plugins)
+        self._conn_plugins = share_conn_hooks(self.plugins, caller)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -188,6 +198,8 @@ class XClient:
         if self._started:
             return
         self._started = True
+        if not self._conn_plugins:  # started again after aclose
+            self._conn_plugins = share_conn_hooks(self.plugins, self.caller)
         self._unsubscribe = self.discovery.subscribe(self._on_servers)
         self._on_servers(self.discovery.servers())
 
@@ -201,6 +213,8 @@ class XClient:
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        unshare_conn_hooks(self._conn_plugins, self.caller)
+        self._conn_plugins = ()
         self._started = False
 
     async def __aenter__(self) -> XClient:
@@ -371,10 +385,30 @@ class XClient:
         request = self._request(method, args, metadata, oneway=oneway)
         deadline = self._deadline(timeout)
         pick = self._pick_for(method, request.payload)
+        if self.plugins.call_hooks:
+            return await execute(
+                self.options.fail_mode, self._policy, pick,
+                lambda addr: self._hooked_attempt(addr, request, deadline, args), deadline=deadline,
+            )
         return await execute(
             self.options.fail_mode, self._policy, pick,
             lambda addr: self._attempt(addr, request, deadline), deadline=deadline,
         )
+
+    async def _hooked_attempt(self, address: str, request: Message, deadline: float | None, args: Any) -> Message | None:
+        """``_attempt`` between the plugins' ``pre_call`` and ``post_call``
+        (each try has its own copy of the metadata for ``pre_call`` to change)."""
+        call = CallInfo(service=request.service_path, method=request.service_method, address=address,
+                        metadata=dict(request.metadata), oneway=request.oneway)
+        await self.plugins.pre_call(call, args)
+        req = dataclasses.replace(request, metadata=call.metadata)
+        try:
+            res = await self._attempt(address, req, deadline)
+        except Exception as exc:
+            await self.plugins.post_call(call, args, None, exc)
+            raise
+        await self.plugins.post_call(call, args, res, None)
+        return res
 
     async def broadcast(
         self,
@@ -466,15 +500,21 @@ class XClient:
         addrs = sorted(self._servers)
         if not addrs:
             raise NoServerAvailable(f"no server for service {self.service}")
-        return {addr: self._one(addr, request, deadline, reply_type) for addr in addrs}
+        return {addr: self._one(addr, request, deadline, reply_type, args) for addr in addrs}
 
-    async def _one(self, addr: str, request: Message, deadline: float | None, reply_type: Any) -> Any:
+    async def _one(self, addr: str, request: Message, deadline: float | None, reply_type: Any, args: Any) -> Any:
+        if self.plugins.call_hooks:
+            def attempt() -> Coroutine[Any, Any, Message | None]:
+                return self._hooked_attempt(addr, request, deadline, args)
+        else:
+            def attempt() -> Coroutine[Any, Any, Message | None]:
+                return self._attempt(addr, request, deadline)
         try:
             if deadline is None:
-                res = await self._attempt(addr, request, deadline)
+                res = await attempt()
             else:
                 async with asyncio.timeout_at(deadline):
-                    res = await self._attempt(addr, request, deadline)
+                    res = await attempt()
         except TimeoutError as exc:
             if isinstance(exc, CallTimeout):
                 raise

@@ -132,6 +132,16 @@ async def stop_heartbeat_and_unregister(
             logger.warning("cannot unregister %s %s: %s", service, address, exc)
 
 
+def _end_if_cancelled() -> None:
+    """Raise CancelledError when the current task was cancelled but the
+    cancellation never surfaced: a registry client can swallow it (redis-py's
+    asyncio client returns a reply to a command cancelled in flight), and a
+    loop that carried on would make ``aclose`` wait for ever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class WatchingDiscovery(Discovery):
     """Base of registry discoveries: fetch now, then on each watch event and at
     least every ``refresh_interval`` seconds.
@@ -227,6 +237,7 @@ class WatchingDiscovery(Discovery):
             except Exception:  # a bug or an unexpected reply must not end the refreshing
                 self.fetch_errors += 1
                 log.exception("registry refresh failed")
+            _end_if_cancelled()
 
     async def _watch_loop(self) -> None:
         backoff = Backoff(WATCH_BACKOFF)
@@ -240,6 +251,7 @@ class WatchingDiscovery(Discovery):
             except Exception as exc:
                 delay = backoff.next_delay()
                 log.info("registry watch ended (%s); retrying in %.1fs", exc, delay)
+            _end_if_cancelled()
             await asyncio.sleep(delay)
             self._changed.set()  # we may have missed events while not watching
 

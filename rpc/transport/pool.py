@@ -8,6 +8,9 @@
   while the pool keeps retrying at ``backoff_max``).
 - When a connection dies, its in-flight requests fail at once with
   ConnectionLost (the connection does that) and the pool starts reconnecting.
+- ``on_connect(endpoint, conn)`` (awaited before a new connection is used;
+  raising refuses it) and ``on_disconnect(endpoint, conn)`` (when such a
+  connection closes) let the owner watch connections (client plugins).
 - ``aclose()`` drains and closes every connection and stops reconnecting.
 """
 
@@ -18,6 +21,7 @@ import enum
 import logging
 import random
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rustext.tls import ClientTls, describe_ssl_error
@@ -62,12 +66,19 @@ class TransportPool:
         inproc: InProcNetwork | None = None,
         rng: random.Random | None = None,
         tls: ClientTls | ssl.SSLContext | None = None,
+        on_connect: Callable[[Endpoint, Connection], Awaitable[None]] | None = None,
+        on_disconnect: Callable[[Endpoint, Connection], None] | None = None,
     ) -> None:
         self.protocol = (registry or ProtocolRegistry.default()).get(protocol)
         self.config = config or PoolConfig()
         #: client TLS context of every connection (TCP endpoints), built once
         self.tls = tls.context() if isinstance(tls, ClientTls) else tls
         self._handler = handler  # answers requests the servers push to us
+        #: awaited with each new connection before it is used; raising refuses it
+        #: (the connection is closed and the attempt fails)
+        self.on_connect = on_connect
+        #: called when a connection that ``on_connect`` let through closes
+        self.on_disconnect = on_disconnect
         self._inproc = inproc
         self._rng = rng or random.Random()
         self._entries: dict[Endpoint, _Entry] = {}
@@ -145,6 +156,17 @@ class TransportPool:
         if self._closed:
             conn.close()
             raise TransportClosed("pool is closed")
+        if self.on_connect is not None:
+            try:
+                await self.on_connect(ep, conn)
+            except BaseException as exc:
+                conn.close()
+                if isinstance(exc, Exception) and not isinstance(exc, (OSError, TransportError)):
+                    raise Unavailable(f"cannot connect to {ep}: {exc}") from exc
+                raise
+            if self._closed or not conn.is_open:
+                conn.close()
+                raise TransportClosed("pool is closed" if self._closed else f"connection to {ep} closed")
         entry.conn = conn
         entry.failures = 0
         entry.health = Health.WORKING
@@ -187,6 +209,11 @@ class TransportPool:
         if entry is None or entry.conn is not conn:
             return
         entry.conn = None
+        if self.on_disconnect is not None:
+            try:
+                self.on_disconnect(ep, conn)
+            except Exception:
+                log.exception("on_disconnect failed")
         entry.working.clear()
         if self._closed:
             return
