@@ -83,7 +83,7 @@ class Subscriptions:
         self._conns: dict[int, Conn] = {}  # hub id -> connection
         self._ids = itertools.count(1)
         self._batch: list[tuple[int, bytes]] = []  # (key id, ws frame) of this turn
-        self._batch_json: list[tuple[_Sub, bytes, str]] = []  # (sub, EVNT json, for uuid), same order
+        self._batch_json: list[tuple[bytes, str]] = []  # (EVNT json, for uuid), same order
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         #: set by the recovery layer (juggler.recovery.Recovery) when channels have history
@@ -302,7 +302,7 @@ class Subscriptions:
                     conn.send(EVNT, event.msg_uuid, json)
             return
         self._batch.append((sub.id, _ws_text_frames([json])))
-        self._batch_json.append((sub, json, event.msg_uuid))
+        self._batch_json.append((json, event.msg_uuid))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop = self._loop or asyncio.get_running_loop()
@@ -327,7 +327,7 @@ class Subscriptions:
             for hub_id, i in held:
                 conn = conns.get(hub_id)
                 if conn is not None and not conn.closed:
-                    _, json, for_uuid = jsons[i]
+                    json, for_uuid = jsons[i]
                     stats.events += 1
                     conn.send(EVNT, for_uuid, json)
         if partial is not None:

@@ -209,7 +209,6 @@ async def test_a_go_style_payload_without_history_is_delivered(redis_url: str) -
             await admin.aclose()
         ev = await a.next_event(timeout=5)
         assert ev.args == 5 and ev.offset is None
-        await asyncio.sleep(0)
 
 
 @pytest.mark.parametrize("channel", ["h.", "h.}x", "h.{a}b"])

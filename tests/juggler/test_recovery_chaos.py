@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import signal
 import socket
@@ -253,6 +252,3 @@ async def test_server_restart_and_master_failover_on_cluster(tmp_path: Path, red
     # the replica's replication id differs: positions from before are not trusted
     assert sub.unrecovered() >= 1 or set(pub.acked) <= set(sub.events())
 
-
-if os.environ.get("JUGGLER_CHAOS_DEBUG"):  # pragma: no cover
-    print("chaos debug on")
