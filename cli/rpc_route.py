@@ -33,7 +33,7 @@ def _selector(value: str) -> str:
 
 
 def add_route_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("through a registry (etcd://, redis://), as rpcx's XClient")
+    g = p.add_argument_group("through a registry (etcd://, redis://, zookeeper://), as rpcx's XClient")
     g.add_argument("--selector", type=_selector, default="random", metavar="NAME",
                    help=f"which server takes each call: {', '.join(SELECTORS)} "
                         "(weighted and hash are accepted too; default random, as rpcx)")

@@ -20,6 +20,8 @@ EPILOG = """examples:
       --redis redis://127.0.0.1:6379/0 --advertise tcp@10.0.0.5:8972 --metrics-port 9100
   juggler rpc serve --listen 0.0.0.0:8973 --example arith --etcd http://127.0.0.1:2379 \
       --advertise tcp@10.0.0.6:8973 --metadata weight=2 --group canary   # published as weight=2&group=canary
+  juggler rpc serve --listen 0.0.0.0:8974 --example arith --zookeeper 127.0.0.1:2181 --base /rpcx \
+      --advertise tcp@10.0.0.7:8974   # an ephemeral node /rpcx/Arith/tcp@10.0.0.7:8974, as Go's rpcx-zookeeper
   juggler rpc serve --listen unix@/tmp/arith.sock --example arith --idle-timeout 90
   curl -s http://127.0.0.1:8080/Arith -H 'X-RPCX-ServiceMethod: Mul' -H 'X-RPCX-SerializeType: 1' -d '{"A":6,"B":7}'
   curl -s http://127.0.0.1:8972/Arith -H 'X-RPCX-ServiceMethod: Mul' -H 'X-RPCX-SerializeType: 1' -d '{"A":6,"B":7}'
@@ -63,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     reg = p.add_mutually_exclusive_group()
     reg.add_argument("--redis", metavar="URL", help="register in this Redis registry")
     reg.add_argument("--etcd", metavar="URL", help="register in this etcd (http://host:2379)")
+    reg.add_argument("--zookeeper", metavar="HOST:PORT",
+                     help="register in this ZooKeeper (HOST:PORT[,HOST:PORT…]; rpcx-zookeeper's layout, "
+                          "ephemeral nodes: --ttl is the session timeout)")
     p.add_argument("--base", default="/rpcx", help="registry base path (default /rpcx)")
     p.add_argument("--advertise", metavar="tcp@HOST:PORT", help="address published to the registry (default: --listen)")
     p.add_argument("--ttl", type=float, default=10.0, help="registry TTL in seconds (default 10)")
@@ -267,6 +272,12 @@ async def serve(args: argparse.Namespace) -> int:
             from rpc.discovery.etcd import EtcdRegistrar
 
             registrars.append(EtcdRegistrar(args.etcd, base=args.base, ttl=max(2, round(args.ttl)), tls=registry_tls))
+        elif args.zookeeper:
+            from rpc.discovery.zookeeper import ZooKeeperRegistrar
+
+            if registry_tls is not None:
+                raise ValueError("--registry-tls-* options are not supported with --zookeeper")
+            registrars.append(ZooKeeperRegistrar(args.zookeeper, base=args.base, ttl=args.ttl))
         elif registry_tls is not None:
             raise ValueError("--registry-tls-* options need a registry (--redis rediss://… or --etcd https://…)")
     except (TlsConfigError, ValueError) as exc:

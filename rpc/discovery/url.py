@@ -5,6 +5,8 @@
 - ``redis://host:6379/BASE`` / ``rediss://…`` (TLS)    → ``RedisDiscovery``;
   ``?db=N`` picks the Redis database (default 0), ``user:password@`` as in
   any Redis URL
+- ``zookeeper://host:2181/BASE``                        → ``ZooKeeperDiscovery``
+  (rpcx-zookeeper's layout; no TLS, no query)
 
 The path is the base path, as ``juggler rpc serve --base`` registers under
 it; no path means ``/rpcx`` (serve's default and rpcx's). ``RegistryRoute``
@@ -33,6 +35,7 @@ SCHEMES: dict[str, tuple[str, bool, int]] = {
     "etcds": ("etcd", True, 2379),
     "redis": ("redis", False, 6379),
     "rediss": ("redis", True, 6379),
+    "zookeeper": ("zookeeper", False, 2181),
 }
 
 DEFAULT_BASE = "/rpcx"
@@ -60,7 +63,8 @@ class RegistryURL:
     @classmethod
     def parse(cls, url: str, *, tls: Any = None) -> RegistryURL:
         """Raises ValueError with a one-line reason for a URL that is not a registry's."""
-        expected = "expected etcd://HOST:PORT/BASE or redis://HOST:PORT/BASE (etcds://, rediss:// over TLS)"
+        expected = "expected etcd://HOST:PORT/BASE or redis://HOST:PORT/BASE (etcds://, rediss:// over TLS)" \
+                   " or zookeeper://HOST:PORT/BASE"
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in SCHEMES or "://" not in url:
@@ -86,6 +90,14 @@ class RegistryURL:
             if parts.username or parts.password:
                 raise ValueError(f"etcd registry URL {url!r}: user and password are not supported")
             endpoint = f"{'https' if secure else 'http'}://{host}:{port}"
+        elif kind == "zookeeper":
+            if query:
+                raise ValueError(f"zookeeper registry URL {url!r} takes no query")
+            if parts.username or parts.password:
+                raise ValueError(f"zookeeper registry URL {url!r}: user and password are not supported")
+            if not base.strip("/"):
+                raise ValueError(f"zookeeper registry URL {url!r}: the base path must name a node, e.g. /rpcx")
+            endpoint = f"{host}:{port}"
         else:
             db = "0"
             for key, value in query:
@@ -110,6 +122,10 @@ class RegistryURL:
 
             return EtcdDiscovery(self.endpoint, service, base=self.base, refresh_interval=refresh_interval,
                                  tls=self.tls)
+        if self.kind == "zookeeper":
+            from rpc.discovery.zookeeper import ZooKeeperDiscovery
+
+            return ZooKeeperDiscovery(self.endpoint, service, base=self.base, refresh_interval=refresh_interval)
         from rpc.discovery.redis import RedisDiscovery
 
         return RedisDiscovery(self.endpoint, service, base=self.base, refresh_interval=refresh_interval, tls=self.tls)
