@@ -1,0 +1,155 @@
+// Interop peer for tests/rpc/test_etcd_registry_interop.py: a Go rpcx server
+// registered in etcd v3 with rpcx-etcd's EtcdV3RegisterPlugin, or a Go rpcx
+// XClient that finds its servers with rpcx-etcd's EtcdV3Discovery.
+//
+//	go run . server ADDR ETCD BASE [GROUP]   serve Arith.Mul (JSON) on ADDR, registered under
+//	                                         BASE (metadata group=GROUP when given) and refreshed
+//	                                         every second; prints "ready" once it serves (the
+//	                                         plugin of rpcx-etcd v0.5.0 writes the node on its
+//	                                         first refresh, a second later), and deregisters
+//	                                         on SIGTERM/SIGINT
+//	go run . client ETCD BASE A B [GROUP]    call Arith.Mul(A, B) through an XClient
+//	                                         (failtry, random selector, Option.Group=GROUP);
+//	                                         prints the reply as JSON and the server that answered
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	etcdclient "github.com/rpcxio/rpcx-etcd/client"
+	"github.com/rpcxio/rpcx-etcd/serverplugin"
+	"github.com/smallnest/rpcx/client"
+	"github.com/smallnest/rpcx/server"
+	"github.com/smallnest/rpcx/share"
+)
+
+type Args struct {
+	A int `json:"A"`
+	B int `json:"B"`
+}
+
+type Reply struct {
+	C      int    `json:"C"`
+	Server string `json:"Server,omitempty"`
+}
+
+type Arith struct{ addr string }
+
+func (t *Arith) Mul(ctx context.Context, args *Args, reply *Reply) error {
+	reply.C = args.A * args.B
+	reply.Server = "go@" + t.addr
+	return nil
+}
+
+func fail(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, format+"\n", a...)
+	os.Exit(2)
+}
+
+func serve(addr, etcd, base, group string) {
+	s := server.NewServer()
+	plugin := &serverplugin.EtcdV3RegisterPlugin{
+		ServiceAddress: "tcp@" + addr,
+		EtcdServers:    []string{etcd},
+		BasePath:       base,
+		UpdateInterval: time.Second,
+	}
+	if err := plugin.Start(); err != nil {
+		fail("etcd plugin: %v", err)
+	}
+	s.Plugins.Add(plugin)
+	meta := ""
+	if group != "" {
+		meta = "group=" + group
+	}
+	if err := s.RegisterName("Arith", &Arith{addr: addr}, meta); err != nil {
+		fail("register: %v", err)
+	}
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-stop
+		_ = plugin.Stop()
+		_ = s.Close()
+		os.Exit(0)
+	}()
+	go func() {
+		for {
+			if s.Address() != nil {
+				fmt.Println("ready")
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	if err := s.Serve("tcp", addr); err != nil && err != server.ErrServerClosed {
+		fail("serve: %v", err)
+	}
+}
+
+func call(etcd, base string, a, b int, group string) {
+	d, err := etcdclient.NewEtcdV3Discovery(base, "Arith", []string{etcd}, true, nil)
+	if err != nil {
+		fail("discovery: %v", err)
+	}
+	opt := client.DefaultOption
+	opt.SerializeType = 1 // JSON
+	opt.Group = group
+	xc := client.NewXClient("Arith", client.Failtry, client.RandomSelect, d, opt)
+	defer xc.Close()
+	reply := &Reply{}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// The discovery's first read may race the watch; retry "no server" for a few seconds.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err = xc.Call(ctx, "Mul", &Args{A: a, B: b}, reply)
+		if err == nil || err != client.ErrXClientNoServer || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		fail("call: %v", err)
+	}
+	out, _ := json.Marshal(reply)
+	fmt.Println(string(out))
+}
+
+func main() {
+	share.Trace = false
+	if len(os.Args) < 2 {
+		fail("usage: server ADDR ETCD BASE [GROUP] | client ETCD BASE A B [GROUP]")
+	}
+	switch os.Args[1] {
+	case "server":
+		if len(os.Args) < 5 {
+			fail("usage: server ADDR ETCD BASE [GROUP]")
+		}
+		group := ""
+		if len(os.Args) > 5 {
+			group = os.Args[5]
+		}
+		serve(os.Args[2], os.Args[3], os.Args[4], group)
+	case "client":
+		if len(os.Args) < 6 {
+			fail("usage: client ETCD BASE A B [GROUP]")
+		}
+		a, _ := strconv.Atoi(os.Args[4])
+		b, _ := strconv.Atoi(os.Args[5])
+		group := ""
+		if len(os.Args) > 6 {
+			group = os.Args[6]
+		}
+		call(os.Args[2], os.Args[3], a, b, group)
+	default:
+		fail("unknown mode %q", os.Args[1])
+	}
+}
