@@ -1,21 +1,37 @@
 """Redis registry: servers register with a TTL and heartbeat; clients watch.
 
-Layout (``base`` defaults to ``/rpcx``, like rpcx's registry plugins)::
+Two layouts of the keys (``base`` defaults to ``/rpcx``, like rpcx's):
 
-    {base}/{service}/{address}   string  = metadata, expires after ``ttl`` (PX)
+``layout="libkv"`` (the default) is Go rpcx's: what its
+``serverplugin.RedisRegisterPlugin`` writes and rpcx-redis's
+``RedisDiscovery`` reads, both through github.com/rpcxio/libkv v0.5.1
+(keys and values: ``rpc.discovery.libkv``)::
+
+    /{base}                     string  KVPair("rpcx_path"), no TTL
+    /{base}/{service}           string  KVPair(service), no TTL
+    /{base}/{service}/{address} string  KVPair(metadata), expires after ``ttl``
+
+Registering writes the three keys, as the plugin does; the heartbeat renews
+the server key's TTL every ``heartbeat`` seconds, keeping its value (an edit
+made in Redis, such as ``state=inactive``, stays, as with the plugin, which
+re-reads the value at each update) and re-creating it if it vanished;
+unregistering deletes it (the directories stay: Go's discovery needs them).
+A client lists the service directory (SCAN + MGET, as libkv's ``List``) and
+watches it as libkv's ``WatchTree`` does: keyspace notifications of keys
+under it (``PSUBSCRIBE __keyspace@DB__:/{base}/{service}/*``), which needs
+``notify-keyspace-events`` to include ``K`` and the ``g$x`` events; like
+libkv, the client turns them on if they are off (``CONFIG SET``), and when it
+cannot, changes are seen at the next periodic refresh.
+
+``layout="juggler"`` is this package's earlier one, for servers and clients
+of that release::
+
+    {base}/{service}/{address}   string  = metadata, expires after ``ttl``
     {base}/{service}             set     of addresses (the index)
     {base}/{service}             channel "add <address>" / "del <address>"
 
-A server's registrar SETs its key with a TTL, adds it to the index and
-publishes "add"; a heartbeat renews the TTL every ``ttl / 3``; unregistering
-(at shutdown, before the server stops accepting) deletes the key, removes it
-from the index and publishes "del". A crashed server's key expires after
-``ttl``.
-
-A client's ``RedisDiscovery`` fetches the index and the keys in one Lua
-script (which also drops index entries whose key expired), re-fetches at
-once on every message of the channel, and at least every
-``refresh_interval`` seconds (which is how expiries are seen).
+Either way a crashed server's key expires after ``ttl``; a client re-fetches
+on every notification and at least every ``refresh_interval`` seconds.
 """
 
 from __future__ import annotations
@@ -23,19 +39,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, Literal, get_args
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
-from rustext.tls import ClientTls
 
+from rpc.discovery import libkv
 from rpc.discovery.base import WatchingDiscovery, stop_heartbeat_and_unregister
 from rpc.discovery.cache import FileCache
 from rpc.errors import RegistryError, RegistryUnavailable
+from rustext.tls import ClientTls
 
 log = logging.getLogger("rpc.discovery.redis")
 
-_FETCH = """
+#: how keys are laid out: Go rpcx's (libkv) or this package's earlier one
+Layout = Literal["libkv", "juggler"]
+LAYOUTS: tuple[str, ...] = get_args(Layout)
+
+#: seconds closing a connection may take
+CLOSE_TIMEOUT = 2.0
+
+#: keys asked per SCAN round when listing a service
+SCAN_COUNT = 100
+
+_JUGGLER_FETCH = """
 local members = redis.call('SMEMBERS', KEYS[1])
 local out = {}
 for _, addr in ipairs(members) do
@@ -50,9 +80,21 @@ end
 return out
 """
 
+# renew a server key's TTL, keeping its value; re-create it when it vanished
+_LIBKV_RENEW = """
+if redis.call('PEXPIRE', KEYS[1], ARGV[2]) == 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
 
-#: seconds closing a connection may take
-CLOSE_TIMEOUT = 2.0
+
+def check_layout(layout: str) -> Layout:
+    """``layout`` if it names one; else ValueError listing them."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown Redis registry layout {layout!r} (expected {' or '.join(LAYOUTS)})")
+    return layout  # type: ignore[return-value]
 
 
 def _client(url_or_client: str | aioredis.Redis, tls: ClientTls | None = None) -> tuple[aioredis.Redis, bool]:
@@ -77,8 +119,14 @@ def _wrap(exc: Exception) -> RegistryError:
     return RegistryError(f"redis: {exc}")
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class RedisRegistrar:
-    """Server side: register (service, address, metadata) with TTL + heartbeat."""
+    """Server side: register (service, address, metadata) with TTL + heartbeat
+    (``heartbeat`` defaults to ``ttl / 3``; Go's plugin renews every
+    ``UpdateInterval`` with a TTL of twice that)."""
 
     def __init__(
         self,
@@ -88,23 +136,42 @@ class RedisRegistrar:
         ttl: float = 10.0,
         heartbeat: float | None = None,
         tls: ClientTls | None = None,
+        layout: Layout = "libkv",
+        now_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         if ttl <= 0:
             raise ValueError("ttl must be > 0")
+        self.layout = check_layout(layout)
         self._redis, self._owned = _client(redis, tls)
-        self.base = base.rstrip("/")
+        # libkv: the base as given, as Go's plugin formats it; juggler: without a trailing slash
+        self.base = base if layout == "libkv" else base.rstrip("/")
         self.ttl = ttl
         self.heartbeat = heartbeat if heartbeat is not None else ttl / 3
         if not 0 < self.heartbeat < ttl:
             raise ValueError("heartbeat must be in (0, ttl)")
+        self._now_ns = now_ns
         self._entries: dict[tuple[str, str], str] = {}
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._renew = self._redis.register_script(_LIBKV_RENEW)
+
+    # -- libkv ---------------------------------------------------------------
+
+    def _pair(self, path: str, value: bytes) -> bytes:
+        return libkv.encode_pair(libkv.KVPair(key=path, value=value, last_index=libkv.sequence_num(self._now_ns())))
+
+    def _put_dirs(self, pipe: Any, service: str) -> None:
+        """The base and service "directories", written before each change as Go's plugin does."""
+        pipe.set(libkv.normalize(self.base), self._pair(self.base, libkv.BASE_DIR_VALUE))
+        path = libkv.service_path(self.base, service)
+        pipe.set(libkv.normalize(path), self._pair(path, service.encode()))
+
+    # -- juggler -------------------------------------------------------------
 
     def _index(self, service: str) -> str:
         return f"{self.base}/{service}"
 
-    async def _put(self, service: str, address: str, metadata: str, announce: bool) -> None:
+    async def _put_juggler(self, service: str, address: str, metadata: str, announce: bool) -> None:
         index = self._index(service)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(f"{index}/{address}", metadata, px=int(self.ttl * 1000))
@@ -113,11 +180,20 @@ class RedisRegistrar:
                 pipe.publish(index, f"add {address}")
             await pipe.execute()
 
+    # -- both ----------------------------------------------------------------
+
     async def register(self, service: str, address: str, metadata: str = "") -> None:
         if self._closed:
             raise RegistryError("registrar is closed")
         try:
-            await self._put(service, address, metadata, announce=True)
+            if self.layout == "libkv":
+                path = libkv.server_path(self.base, service, address)
+                async with self._redis.pipeline(transaction=True) as pipe:
+                    self._put_dirs(pipe, service)
+                    pipe.set(libkv.normalize(path), self._pair(path, metadata.encode()), px=int(self.ttl * 1000))
+                    await pipe.execute()
+            else:
+                await self._put_juggler(service, address, metadata, announce=True)
         except RedisError as exc:
             raise _wrap(exc) from exc
         self._entries[(service, address)] = metadata
@@ -126,23 +202,37 @@ class RedisRegistrar:
 
     async def unregister(self, service: str, address: str) -> None:
         self._entries.pop((service, address), None)
-        index = self._index(service)
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.delete(f"{index}/{address}")
-                pipe.srem(index, address)
-                pipe.publish(index, f"del {address}")
+                if self.layout == "libkv":
+                    self._put_dirs(pipe, service)
+                    pipe.delete(libkv.normalize(libkv.server_path(self.base, service, address)))
+                else:
+                    index = self._index(service)
+                    pipe.delete(f"{index}/{address}")
+                    pipe.srem(index, address)
+                    pipe.publish(index, f"del {address}")
                 await pipe.execute()
         except RedisError as exc:
             raise _wrap(exc) from exc
+
+    async def _beat(self, service: str, address: str, metadata: str) -> None:
+        if self.layout == "libkv":
+            path = libkv.server_path(self.base, service, address)
+            recreated = await self._renew(keys=[libkv.normalize(path)],
+                                          args=[self._pair(path, metadata.encode()), int(self.ttl * 1000)])
+            if recreated:
+                log.info("registry entry of %s %s had vanished: re-created", service, address)
+        else:
+            # re-adding to the index heals a client's cleanup race; no announce
+            await self._put_juggler(service, address, metadata, announce=False)
 
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat)
             for (service, address), metadata in list(self._entries.items()):
                 try:
-                    # re-adding to the index heals a client's cleanup race; no announce
-                    await self._put(service, address, metadata, announce=False)
+                    await self._beat(service, address, metadata)
                 except RedisError as exc:
                     log.warning("heartbeat of %s %s failed: %s", service, address, exc)
 
@@ -154,6 +244,23 @@ class RedisRegistrar:
         await stop_heartbeat_and_unregister(self, task, list(self._entries), log)
         if self._owned:
             await self._redis.aclose()
+
+
+async def ensure_keyspace_events(redis: aioredis.Redis) -> str | None:
+    """Turn on the keyspace notifications a libkv watch needs (``K`` with
+    ``g``, ``$`` and ``x``, or ``A``), adding to the flags already set, as
+    libkv's client turns them on (it sets ``KEA``). None when they are on;
+    else why they could not be (CONFIG refused, for one)."""
+    try:
+        reply = await redis.config_get("notify-keyspace-events")
+        current = next((_text(v) for v in reply.values()), "")
+        flags = set(current)
+        missing = ({"K"} | (set() if "A" in flags else {"g", "$", "x"})) - flags
+        if missing:
+            await redis.config_set("notify-keyspace-events", current + "".join(sorted(missing)))
+    except RedisError as exc:
+        return str(exc)
+    return None
 
 
 class RedisDiscovery(WatchingDiscovery):
@@ -168,31 +275,53 @@ class RedisDiscovery(WatchingDiscovery):
         refresh_interval: float = 0.5,
         cache: FileCache | None = None,
         tls: ClientTls | None = None,
+        layout: Layout = "libkv",
     ) -> None:
+        self.layout = check_layout(layout)
         super().__init__(refresh_interval=refresh_interval, cache=cache)
         self._redis, self._owned = _client(redis, tls)
         self.service = service
+        self.base = base
         self.index = f"{base.rstrip('/')}/{service}"
-        self._script = self._redis.register_script(_FETCH)
+        self._prefix = libkv.servers_prefix(base, service)
+        self._script = self._redis.register_script(_JUGGLER_FETCH)
+        self._warned_events = False
 
     async def _fetch(self) -> dict[str, str]:
         try:
+            if self.layout == "libkv":
+                return await self._fetch_libkv()
             flat = await self._script(keys=[self.index])
         except RedisError as exc:
             raise _wrap(exc) from exc
-        out: dict[str, str] = {}
-        for i in range(0, len(flat) - 1, 2):
-            addr, meta = flat[i], flat[i + 1]
-            out[addr.decode() if isinstance(addr, bytes) else addr] = (
-                meta.decode() if isinstance(meta, bytes) else meta
-            )
-        return out
+        return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+
+    async def _fetch_libkv(self) -> dict[str, str]:
+        keys = [key async for key in self._redis.scan_iter(match=libkv.glob_escape(self._prefix) + "*",
+                                                            count=SCAN_COUNT)]
+        if not keys:
+            return {}
+        values = await self._redis.mget(keys)
+        return libkv.servers_from_keys(self.base, self.service,
+                                       ((_text(k), v) for k, v in zip(keys, values, strict=True)))
+
+    async def _subscribe(self, pubsub: PubSub) -> None:
+        if self.layout == "juggler":
+            await pubsub.subscribe(self.index)
+            return
+        why = await ensure_keyspace_events(self._redis)
+        if why is not None and not self._warned_events:
+            self._warned_events = True
+            log.warning("Redis keyspace notifications are off and cannot be turned on (%s): "
+                        "registry changes are seen every %.1f s instead of at once", why, self.refresh_interval)
+        db = self._redis.connection_pool.connection_kwargs.get("db", 0)
+        await pubsub.psubscribe(f"__keyspace@{db}__:{libkv.glob_escape(self._prefix)}*")
 
     async def _watch(self, changed: asyncio.Event) -> None:
         pubsub = self._redis.pubsub()
         try:
-            await pubsub.subscribe(self.index)
-            changed.set()  # anything published before we subscribed is picked up by a fetch
+            await self._subscribe(pubsub)
+            changed.set()  # anything changed before we subscribed is picked up by a fetch
             while True:
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                 if msg is not None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from rpc.discovery.libkv import decode_pair
 from rpc.discovery.redis import RedisRegistrar
 from rpc.examples import Arith
 from rpc.message import META_ERROR, Message
@@ -46,7 +47,7 @@ class RecordingListener:
         self.stopped = asyncio.Event()
 
     async def stop_accepting(self) -> None:
-        registered = await self.redis.exists(f"/rpcx/Slow/{ADDR}")
+        registered = await self.redis.exists(f"//rpcx/Slow/{ADDR}")
         self.steps.append(f"stop_accepting(registered={registered}, in_flight={self.server.in_flight})")
         self.stopped.set()
 
@@ -61,8 +62,8 @@ async def test_graceful_shutdown_order_loses_no_accepted_call(redis_url: str) ->
     server.register(slow, metadata="weight=1")
     server.register(Arith)
     await server.publish(ADDR)
-    assert await redis.get(f"/rpcx/Slow/{ADDR}") == b"weight=1"
-    assert await redis.exists(f"/rpcx/Arith/{ADDR}") == 1
+    assert decode_pair(await redis.get(f"//rpcx/Slow/{ADDR}")).value == b"weight=1"  # Go rpcx's layout
+    assert await redis.exists(f"//rpcx/Arith/{ADDR}") == 1
 
     calls = [
         asyncio.create_task(server.dispatcher.dispatch(Message(service_path="Slow", service_method="Work", seq=i, payload=b"%d" % i)))
@@ -81,7 +82,7 @@ async def test_graceful_shutdown_order_loses_no_accepted_call(redis_url: str) ->
     replies = [(await c).reply for c in calls]
     assert [r.payload for r in replies] == [b"0", b"2", b"4"] and slow.finished == 3
     assert steps == ["stop_accepting(registered=0, in_flight=3)", "close_connections(in_flight=0)"]
-    assert await redis.exists(f"/rpcx/Arith/{ADDR}") == 0
+    assert await redis.exists(f"//rpcx/Arith/{ADDR}") == 0
     assert await server.shutdown() is True  # idempotent
     await redis.aclose()
 
