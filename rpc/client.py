@@ -140,6 +140,42 @@ class Client:
             raise
         await self.plugins.post_call(call, args, None, None)
 
+    # -- file transfer and streams (rpcx's side channel: rpc.filetransfer, rpc.streams) --------
+
+    async def send_file(self, source: Any, *, service: str = "_filetransfer", **kwargs: Any) -> int:
+        """Upload a file (rpcx's ``SendFile``); see ``rpc.filetransfer.send_file``."""
+        from rpc.filetransfer import send_file
+
+        return await send_file(self._side_call(service), source, serialize_type=self.serialize_type,
+                               server_address=self.address, **kwargs)
+
+    async def download_file(self, name: str, dest: Any, *, service: str = "_filetransfer", **kwargs: Any) -> int:
+        """Download a file into ``dest`` (rpcx's ``DownloadFile``); see ``rpc.filetransfer.download_file``."""
+        from rpc.filetransfer import download_file
+
+        return await download_file(self._side_call(service), name, dest, serialize_type=self.serialize_type,
+                                   server_address=self.address, **kwargs)
+
+    async def open_download(self, name: str, *, service: str = "_filetransfer", **kwargs: Any) -> Any:
+        """A download as a ``ByteStream`` to iterate; see ``rpc.filetransfer.open_download``."""
+        from rpc.filetransfer import open_download
+
+        return await open_download(self._side_call(service), name, serialize_type=self.serialize_type,
+                                   server_address=self.address, **kwargs)
+
+    async def open_stream(self, *, service: str = "_streamservice", **kwargs: Any) -> Any:
+        """A raw connection to the server's stream service (rpcx's ``Stream``);
+        see ``rpc.streams.open_stream``."""
+        from rpc.streams import open_stream
+
+        return await open_stream(self._side_call(service), serialize_type=self.serialize_type,
+                                 server_address=self.address, **kwargs)
+
+    def _side_call(self, service: str) -> Any:
+        async def call(method: str, args: Any) -> Any:
+            return await self.call(service, method, args)
+        return call
+
     async def aclose(self) -> None:
         """Cancel ``go`` tasks; close the caller if this client owns it. Idempotent."""
         self._closed = True

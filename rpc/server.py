@@ -16,7 +16,8 @@ through ``Listener``::
 stop choosing this server; (2) ``listener.stop_accepting()``; (3) new
 requests on open connections are refused with "server is shutting down" and
 in-flight requests are drained up to ``timeout``; (4)
-``listener.close_connections()``; (5) the dispatcher's thread pool stops.
+``listener.close_connections()``, and attached side listeners (file
+transfer, streams: ``attach``) close; (5) the dispatcher's thread pool stops.
 It is idempotent.
 """
 
@@ -67,6 +68,8 @@ class Server:
         self.address: str | None = None
         self._published: list[tuple[Registrar, str, str]] = []
         self._shutdown: asyncio.Task[bool] | None = None
+        #: listeners beside the rpcx one (file transfer, streams): see ``attach``
+        self.attached: list[Any] = []
 
     # -- services ---------------------------------------------------------------
 
@@ -82,6 +85,14 @@ class Server:
 
     def add_plugin(self, plugin: object) -> None:
         self.plugins.add(plugin)
+
+    def attach(self, listener: Any) -> None:
+        """Tie a side listener (``rpc.sidechannel.SideListener``: file
+        transfer, streams) to this server's lifecycle: ``shutdown`` closes it
+        (port, then running transfers within its drain timeout) after the
+        requests drained; whoever starts the main listener starts it
+        (``juggler rpc serve`` does)."""
+        self.attached.append(listener)
 
     # -- registry publication ------------------------------------------------------
 
@@ -127,6 +138,8 @@ class Server:
             log.warning("shutdown: %d request(s) still in flight after %.1fs", self.in_flight, timeout)
         if listener is not None:
             await listener.close_connections()
+        if self.attached:  # after the drain: a token issued by a drained call can still be used
+            await asyncio.gather(*(side.close_connections() for side in self.attached))
         for registrar in self.registrars:
             try:
                 await registrar.aclose()

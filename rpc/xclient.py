@@ -410,6 +410,39 @@ class XClient:
         await self.plugins.post_call(call, args, res, None)
         return res
 
+    # -- file transfer and streams (rpcx's side channel: rpc.filetransfer, rpc.streams) --------
+    # As in rpcx, the XClient's service is the file transfer (``_filetransfer``)
+    # or stream (``_streamservice``) service.
+
+    async def send_file(self, source: Any, **kwargs: Any) -> int:
+        """Upload a file (rpcx's ``SendFile``); see ``rpc.filetransfer.send_file``."""
+        from rpc.filetransfer import send_file
+
+        return await send_file(self._side_call, source, serialize_type=self.options.serialize_type, **kwargs)
+
+    async def download_file(self, name: str, dest: Any, **kwargs: Any) -> int:
+        """Download a file into ``dest`` (rpcx's ``DownloadFile``); see ``rpc.filetransfer.download_file``."""
+        from rpc.filetransfer import download_file
+
+        return await download_file(self._side_call, name, dest, serialize_type=self.options.serialize_type,
+                                   **kwargs)
+
+    async def open_download(self, name: str, **kwargs: Any) -> Any:
+        """A download as a ``ByteStream`` to iterate; see ``rpc.filetransfer.open_download``."""
+        from rpc.filetransfer import open_download
+
+        return await open_download(self._side_call, name, serialize_type=self.options.serialize_type, **kwargs)
+
+    async def open_stream(self, **kwargs: Any) -> Any:
+        """A raw connection to a server's stream service (rpcx's ``Stream``);
+        see ``rpc.streams.open_stream``."""
+        from rpc.streams import open_stream
+
+        return await open_stream(self._side_call, serialize_type=self.options.serialize_type, **kwargs)
+
+    async def _side_call(self, method: str, args: Any) -> Any:
+        return await self.call(method, args)
+
     async def broadcast(
         self,
         method: str,
