@@ -88,3 +88,7 @@ def etcd_server() -> Iterator[EtcdServer]:
 def etcd_endpoint(etcd_server: EtcdServer) -> str:
     """Endpoint (``http://127.0.0.1:PORT``) of the session's etcd."""
     return etcd_server.endpoint
+
+
+# a real standalone ZooKeeper for the ZooKeeper registry tests (session-scoped)
+from tests.rpc.zookeeper_fixture import zookeeper_server  # noqa: F401
