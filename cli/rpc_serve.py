@@ -63,12 +63,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST", help="interface of /metrics (default 0.0.0.0)")
     p.add_argument("--access-log", action="store_true", help="log one line per request")
     reg = p.add_mutually_exclusive_group()
-    reg.add_argument("--redis", metavar="URL", help="register in this Redis registry")
+    reg.add_argument("--redis", metavar="URL",
+                     help="register in this Redis registry (Go rpcx's key layout: its clients find this server)")
     reg.add_argument("--etcd", metavar="URL", help="register in this etcd (http://host:2379)")
     reg.add_argument("--zookeeper", metavar="HOST:PORT",
                      help="register in this ZooKeeper (HOST:PORT[,HOST:PORT…]; rpcx-zookeeper's layout, "
                           "ephemeral nodes: --ttl is the session timeout)")
     p.add_argument("--base", default="/rpcx", help="registry base path (default /rpcx)")
+    p.add_argument("--redis-layout", choices=("libkv", "juggler"), default="libkv",
+                   help="--redis key layout: libkv, Go rpcx's (default); juggler, the one clients of the "
+                        "previous release read")
     p.add_argument("--advertise", metavar="tcp@HOST:PORT", help="address published to the registry (default: --listen)")
     p.add_argument("--ttl", type=float, default=10.0, help="registry TTL in seconds (default 10)")
     p.add_argument("--registry-tls-ca", metavar="FILE",
@@ -267,7 +271,8 @@ async def serve(args: argparse.Namespace) -> int:
         if args.redis:
             from rpc.discovery.redis import RedisRegistrar
 
-            registrars.append(RedisRegistrar(args.redis, base=args.base, ttl=args.ttl, tls=registry_tls))
+            registrars.append(RedisRegistrar(args.redis, base=args.base, ttl=args.ttl, tls=registry_tls,
+                                             layout=args.redis_layout))
         elif args.etcd:
             from rpc.discovery.etcd import EtcdRegistrar
 

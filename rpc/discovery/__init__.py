@@ -4,7 +4,9 @@
              (one peer or a fixed list), Registrar (server side),
              WatchingDiscovery (fetch + watch + periodic refresh + cache)
 - ``cache``  FileCache: the file-cached fallback when a registry is unreachable
-- ``redis``  RedisRegistrar / RedisDiscovery (TTL + heartbeat, pub/sub watch)
+- ``redis``  RedisRegistrar / RedisDiscovery (TTL + heartbeat, keyspace-notification
+             watch; Go rpcx's libkv layout, or the earlier one with layout="juggler")
+- ``libkv``  the keys and values of that layout, sans I/O (libkv v0.5.1's Redis store)
 - ``etcd``   EtcdRegistrar / EtcdDiscovery (etcd v3 over its JSON gateway)
 - ``url``    RegistryURL (``etcd://host:2379/rpcx``, ``redis://…``) and RegistryRoute
              (an XClient through it: selector, fail mode, group), as the CLI takes them

@@ -4,7 +4,8 @@
 - ``etcd://host:2379/BASE``  / ``etcds://…`` (HTTPS)   → ``EtcdDiscovery``
 - ``redis://host:6379/BASE`` / ``rediss://…`` (TLS)    → ``RedisDiscovery``;
   ``?db=N`` picks the Redis database (default 0), ``user:password@`` as in
-  any Redis URL
+  any Redis URL; Go rpcx's key layout unless ``?layout=juggler`` (servers of
+  the release before it)
 - ``zookeeper://host:2181/BASE``                        → ``ZooKeeperDiscovery``
   (rpcx-zookeeper's layout; no TLS, no query)
 
@@ -59,6 +60,8 @@ class RegistryURL:
     #: ``scheme://host:port`` without credentials, for messages
     display: str
     tls: Any = None
+    #: Redis only: the key layout (``rpc.discovery.redis.Layout``: libkv, Go rpcx's; juggler, the earlier one)
+    layout: str = "libkv"
 
     @classmethod
     def parse(cls, url: str, *, tls: Any = None) -> RegistryURL:
@@ -99,15 +102,22 @@ class RegistryURL:
                 raise ValueError(f"zookeeper registry URL {url!r}: the base path must name a node, e.g. /rpcx")
             endpoint = f"{host}:{port}"
         else:
-            db = "0"
+            db, layout = "0", "libkv"
             for key, value in query:
+                if key == "layout":
+                    if value not in ("libkv", "juggler"):
+                        raise ValueError(f"redis registry URL {url!r}: layout must be libkv or juggler, got {value!r}")
+                    layout = value
+                    continue
                 if key != "db":
-                    raise ValueError(f"redis registry URL {url!r}: unknown query parameter {key!r} (only db=N)")
+                    raise ValueError(f"redis registry URL {url!r}: unknown query parameter {key!r} "
+                                     "(only db=N and layout=libkv|juggler)")
                 if not value.isdigit():
                     raise ValueError(f"redis registry URL {url!r}: db must be a number, got {value!r}")
                 db = value
             userinfo = parts.netloc.rpartition("@")[0]
             endpoint = f"{scheme}://{userinfo + '@' if userinfo else ''}{host}:{port}/{db}"
+            return cls(kind=kind, endpoint=endpoint, base=base, display=display, tls=tls, layout=layout)
         return cls(kind=kind, endpoint=endpoint, base=base, display=display, tls=tls)
 
     @property
@@ -126,9 +136,10 @@ class RegistryURL:
             from rpc.discovery.zookeeper import ZooKeeperDiscovery
 
             return ZooKeeperDiscovery(self.endpoint, service, base=self.base, refresh_interval=refresh_interval)
-        from rpc.discovery.redis import RedisDiscovery
+        from rpc.discovery.redis import RedisDiscovery, check_layout
 
-        return RedisDiscovery(self.endpoint, service, base=self.base, refresh_interval=refresh_interval, tls=self.tls)
+        return RedisDiscovery(self.endpoint, service, base=self.base, refresh_interval=refresh_interval, tls=self.tls,
+                              layout=check_layout(self.layout))
 
 
 @dataclass(frozen=True, kw_only=True)

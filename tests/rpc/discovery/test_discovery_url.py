@@ -61,3 +61,12 @@ def test_route_checks_its_names() -> None:
         RegistryRoute(registry=url, fail_mode="failslow")
     with pytest.raises(ValueError, match="retries"):
         RegistryRoute(registry=url, retries=-1)
+
+
+def test_redis_key_layout_from_the_query() -> None:
+    assert RegistryURL.parse("redis://h/rpcx").layout == "libkv"  # Go rpcx's
+    old = RegistryURL.parse("redis://h/rpcx?layout=juggler&db=2")
+    assert (old.layout, old.endpoint, old.base) == ("juggler", "redis://h:6379/2", "/rpcx")
+    assert old.discovery("Arith").layout == "juggler"  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="layout must be libkv or juggler, got 'etcd'"):
+        RegistryURL.parse("redis://h/rpcx?layout=etcd")
