@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cli.otel import add_otel_argument
 from cli.rpc_route import TARGET_HELP, add_route_arguments, route_of
 from cli.tls import add_client_tls_arguments, client_tls
 
@@ -46,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="call deadline (default 5 s)")
     p.add_argument("--auth", metavar="TOKEN", help="__AUTH token")
     p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="request metadata (repeatable)")
+    add_otel_argument(p)
     p.add_argument("--tls", action="store_true",
                    help="rpcx over TLS, verified against the system's trust store (implied by --tls-ca, --insecure)")
     add_client_tls_arguments(p, "TLS servers (rpcx, https:// gateways)")
@@ -101,6 +103,18 @@ async def call(args: argparse.Namespace) -> int:
     metadata[META_SERVER_TIMEOUT] = str(max(1, int(args.timeout * 1000)))
     st = serialize_type_from_name(args.codec)
     codec = CodecRegistry().get(st)
+    from cli.otel import OtelSetupError, tracing_from_args
+
+    try:
+        tracing = tracing_from_args(args, "juggler-rpc-call")
+    except OtelSetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if tracing is not None:
+        try:
+            return await _traced_call(args, service, method, value, metadata, st, codec)
+        finally:
+            tracing.shutdown()  # exports the call's span before the process ends
     from rustext.tls import TlsConfigError
 
     try:
@@ -131,8 +145,47 @@ async def call(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _traced_call(args: argparse.Namespace, service: str, method: str, value: Any,
+                       metadata: dict[str, str], st: Any, codec: Any) -> int:
+    """The call with a CLIENT span (``rpc.tracing``), its context sent in the
+    request metadata: through a ``Client`` or the registry's XClient, which
+    run the tracing plugin's hooks."""
+    from rpc.callers import open_caller
+    from rpc.client import Client
+    from rpc.errors import RpcError, ServiceError
+    from rpc.tracing import TracingClientPlugin
+    from rustext.tls import TlsConfigError
+
+    try:
+        tls = client_tls(args, force=args.tls)
+        route = route_of(args, args.address)
+        caller, close = await open_caller("tcp@registry" if route is not None else args.address, tls=tls)
+    except (LookupError, ValueError, TlsConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    plugin = TracingClientPlugin()
+    try:
+        if route is not None:
+            return await _call_through(route, caller, service, method, value, metadata, st, codec, args.timeout,
+                                       plugins=(plugin,))
+        client = Client(args.address, caller, serialize_type=st, plugins=[plugin])
+        res = await client.call_message(service, method, value, timeout=args.timeout, metadata=metadata)
+        reply = codec.decode(res.payload)
+    except ServiceError as exc:
+        print(f"(error) {exc}", file=sys.stderr)
+        return 1
+    except (RpcError, ValueError) as exc:
+        print(f"(error) {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await close()
+    print(json.dumps(_jsonable(reply), ensure_ascii=False))
+    return 0
+
+
 async def _call_through(route: Any, caller: Any, service: str, method: str, value: Any,
-                        metadata: dict[str, str], st: Any, codec: Any, timeout: float) -> int:
+                        metadata: dict[str, str], st: Any, codec: Any, timeout: float,
+                        plugins: tuple[object, ...] = ()) -> int:
     """One call through an XClient of ``route``: the selector picks a
     registered server, the fail mode handles a failure."""
     from rpc.errors import (
@@ -144,6 +197,8 @@ async def _call_through(route: Any, caller: Any, service: str, method: str, valu
 
     try:
         async with route.xclient(service, caller, serialize_type=st, timeout=timeout) as xc:
+            for plugin in plugins:
+                xc.plugins.add(plugin)
             try:
                 res = await xc.call_message(method, value, metadata=metadata)
             except ServiceError as exc:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cli.otel import add_otel_argument
 from cli.tls import add_server_tls_arguments, server_tls
 
 EPILOG = """examples:
@@ -62,6 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST", help="interface of /metrics (default 0.0.0.0)")
     p.add_argument("--access-log", action="store_true", help="log one line per request")
+    add_otel_argument(p)
     reg = p.add_mutually_exclusive_group()
     reg.add_argument("--redis", metavar="URL",
                      help="register in this Redis registry (Go rpcx's key layout: its clients find this server)")
@@ -261,6 +263,17 @@ async def serve(args: argparse.Namespace) -> int:
         plugins.append(metrics)
     if args.access_log:
         plugins.append(AccessLogPlugin())
+    from cli.otel import OtelSetupError, tracing_from_args
+
+    try:
+        tracing = tracing_from_args(args, "juggler-rpc")
+    except OtelSetupError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    if tracing is not None:
+        from rpc.tracing import TracingPlugin
+
+        plugins.insert(0, TracingPlugin())  # first: its span covers the other plugins' pre_call
     registrars: list[Any] = []
     try:
         registry_tls = None
@@ -379,6 +392,8 @@ async def serve(args: argparse.Namespace) -> int:
     finally:
         if jwt_plugin is not None:
             await jwt_plugin.aclose()
+        if tracing is not None:
+            tracing.shutdown()  # exports the spans still batched
     if status == 0 and holder and not holder[0].drained:
         return 1
     return status
