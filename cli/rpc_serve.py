@@ -29,6 +29,8 @@ EPILOG = """examples:
       # the same HTTP API answered on the rpcx port (unless --no-http)
   juggler rpc serve --listen 127.0.0.1:8972 --example arith --tls-cert certs/cert.pem --tls-key certs/key.pem
   juggler rpc call 127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem
+  juggler rpc serve --listen 0.0.0.0:8972 --example arith --file-transfer /srv/files --file-transfer-listen 0.0.0.0:8973
+      # rpcx's _filetransfer service (Go: XClient.SendFile / DownloadFile), files kept in /srv/files
       # rpcx over TLS (and https:// on the same port); certificates: juggler tls dev-cert --out certs
 """
 
@@ -85,6 +87,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sync-workers", type=int, default=32, help="thread pool of sync handlers (default 32)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0, help="drain deadline at shutdown (default 10 s)")
     add_server_tls_arguments(p, "rpcx over TLS (and https://) on --listen, https:// on --gateway")
+    p.add_argument("--file-transfer", metavar="DIR",
+                   help="serve rpcx's _filetransfer service: uploads (SendFile) stored in DIR, downloads "
+                        "(DownloadFile) read from it; the bytes go over --file-transfer-listen, without TLS")
+    p.add_argument("--file-transfer-listen", metavar="HOST:PORT",
+                   help="listener of --file-transfer (default: the host of --listen, a free port)")
+    p.add_argument("--file-transfer-advertise", metavar="HOST:PORT",
+                   help="address given to clients for --file-transfer (default: the listener's, a wildcard "
+                        "host replaced by the address the client reached the server at)")
 
 
 def register(subparsers: Any) -> None:
@@ -315,6 +325,22 @@ async def serve(args: argparse.Namespace) -> int:
     if args.metadata:
         for service in server.registry.services.values():
             service.metadata = args.metadata
+    if args.file_transfer_listen and not args.file_transfer:
+        print(f"{prog}: --file-transfer-listen needs --file-transfer DIR", file=sys.stderr)
+        return 2
+    if args.file_transfer:
+        from rpc.filetransfer import FileTransfer
+
+        try:
+            listen_host = args.listen.partition("@")[2] if args.listen and "@" in args.listen else args.listen
+            if listen_host and listen_host.startswith("/"):
+                listen_host = None
+            default_at = f"{listen_host.rpartition(':')[0] or '127.0.0.1'}:0" if listen_host else "127.0.0.1:0"
+            FileTransfer.for_directory(args.file_transfer, args.file_transfer_listen or default_at,
+                                       advertise=args.file_transfer_advertise).register(server)
+        except ValueError as exc:
+            print(f"{prog}: --file-transfer: {exc}", file=sys.stderr)
+            return 2
     if args.group is not None:
         try:
             _add_group(server, args.group)
@@ -336,6 +362,8 @@ async def serve(args: argparse.Namespace) -> int:
                 r.listener = await _start_rpcx_listener(server, args.listen, http=not args.no_http, config=config,
                                                         idle_timeout=args.idle_timeout, tls=tls_context)
                 args.listen = r.listener.address.partition("@")[2]  # the bound port when 0 was asked
+            for side in server.attached:  # file transfer, streams: rpc.server.Server.attach
+                await side.start()
             if gateway_at is not None:
                 from rpc.gateway import Gateway, GatewayServer
 
@@ -375,6 +403,7 @@ async def serve(args: argparse.Namespace) -> int:
                 f"{'https' if tls else 'http'} gateway on {r.gateway.host}:{r.gateway.port}" if r.gateway else "",
                 f"grpc.aio Hello.Say on {args.grpc}" if r.grpc_server is not None else "",
                 f"metrics on :{args.metrics_port}" if metrics is not None else "",
+                *(f"{side.name} on {side.address}" for side in server.attached),
             ) if x
         )
         services = ", ".join(sorted(server.registry.services))
