@@ -20,6 +20,9 @@ Layout (one module per concept):
 - ``rpcx_server`` RpcxServer: the services over rpc.transport (rpcx wire, HTTP sniffed on the same port)
 - ``rpcx_client`` RpcxCaller: the ServerCaller of the rpcx protocol (pool, heartbeats, server push)
 - ``callers``    which ServerCaller serves an address (http://, grpc://, inproc:, rpcx)
+- ``sidechannel``  rpcx's token-guarded side listener and raw byte connections (shared below)
+- ``filetransfer``   rpcx file transfer: _filetransfer TransferFile/DownloadFile, send_file/download_file
+- ``streams``    rpcx streams: _streamservice Stream, open_stream
 - ``bench``      the benchmark client's engine (load, percentiles, processes, report)
 - ``discovery/`` static, Redis and etcd registries, file-cached fallback
 - ``examples``   Hello.Say (rpcx benchmark, protobuf) and Arith.Mul/Add (JSON)

@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rpc.client_plugins import CallInfo, as_container, share_conn_hooks, unshare_conn_hooks
 from rpc.transport.codec import CodecRegistry
 from rpc.errors import CallTimeout, RpcError, ServiceError
 from rpc.message import META_AUTH, META_SERVER_TIMEOUT, CompressType, Message, SerializeType
 from rpc.xclient import ServerCaller
+
+if TYPE_CHECKING:
+    from rpc.sidechannel import ByteStream
 
 
 class Client:
@@ -156,14 +159,14 @@ class Client:
         return await download_file(self._side_call(service), name, dest, serialize_type=self.serialize_type,
                                    server_address=self.address, **kwargs)
 
-    async def open_download(self, name: str, *, service: str = "_filetransfer", **kwargs: Any) -> Any:
+    async def open_download(self, name: str, *, service: str = "_filetransfer", **kwargs: Any) -> ByteStream:
         """A download as a ``ByteStream`` to iterate; see ``rpc.filetransfer.open_download``."""
         from rpc.filetransfer import open_download
 
         return await open_download(self._side_call(service), name, serialize_type=self.serialize_type,
                                    server_address=self.address, **kwargs)
 
-    async def open_stream(self, *, service: str = "_streamservice", **kwargs: Any) -> Any:
+    async def open_stream(self, *, service: str = "_streamservice", **kwargs: Any) -> ByteStream:
         """A raw connection to the server's stream service (rpcx's ``Stream``);
         see ``rpc.streams.open_stream``."""
         from rpc.streams import open_stream

@@ -43,7 +43,7 @@ import re
 import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote_plus
 
 from rpc.breaker import BreakerConfig, CircuitBreaker
@@ -62,6 +62,9 @@ from rpc.errors import (
 from rpc.failmode import FailMode, RetryPolicy, execute
 from rpc.message import META_AUTH, META_SERVER_TIMEOUT, CompressType, Message, MessageType, SerializeType
 from rpc.selector import RandomSelector, Selector
+
+if TYPE_CHECKING:
+    from rpc.sidechannel import ByteStream
 
 
 class ServerCaller(Protocol):
@@ -427,13 +430,13 @@ class XClient:
         return await download_file(self._side_call, name, dest, serialize_type=self.options.serialize_type,
                                    **kwargs)
 
-    async def open_download(self, name: str, **kwargs: Any) -> Any:
+    async def open_download(self, name: str, **kwargs: Any) -> ByteStream:
         """A download as a ``ByteStream`` to iterate; see ``rpc.filetransfer.open_download``."""
         from rpc.filetransfer import open_download
 
         return await open_download(self._side_call, name, serialize_type=self.options.serialize_type, **kwargs)
 
-    async def open_stream(self, **kwargs: Any) -> Any:
+    async def open_stream(self, **kwargs: Any) -> ByteStream:
         """A raw connection to a server's stream service (rpcx's ``Stream``);
         see ``rpc.streams.open_stream``."""
         from rpc.streams import open_stream

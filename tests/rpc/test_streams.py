@@ -302,3 +302,12 @@ async def test_shutdown_closes_the_port_and_resets_a_stalled_stream(node: Node) 
         await asyncio.open_connection(host, int(port))
     with pytest.raises(Exception, match="not running"):
         node.ft.listener.issue(("upload", None))
+
+
+def test_rpc_serve_file_transfer_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from cli.rpc_serve import main
+
+    assert main(["--listen", "127.0.0.1:0", "--example", "arith", "--file-transfer", str(tmp_path / "no")]) == 2
+    assert "--file-transfer: " in capsys.readouterr().err
+    assert main(["--listen", "127.0.0.1:0", "--example", "arith", "--file-transfer-listen", "127.0.0.1:0"]) == 2
+    assert "--file-transfer-listen needs --file-transfer DIR" in capsys.readouterr().err

@@ -104,6 +104,18 @@ def test_go_client_with_json_and_a_missing_file(go_peer: Path, tmp_path: Path) -
         ours.stop()
 
 
+def test_a_failed_download_is_an_error_for_a_go_client(go_peer: Path) -> None:
+    """Our server resets a download whose handler fails, so Go's DownloadFile
+    returns an error instead of a short file."""
+    ours = serve("--app", "tests.rpc.stream_app:setup_failing_download")
+    try:
+        res = subprocess.run([str(go_peer), "download", ours.address.removeprefix("tcp@"), "any.bin"],
+                             check=False, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 1 and "connection reset by peer" in res.stderr, res.stderr
+    finally:
+        ours.stop()
+
+
 @pytest.fixture
 def go_server(go_peer: Path, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     store = tmp_path / "go-store"
