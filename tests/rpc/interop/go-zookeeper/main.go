@@ -11,8 +11,9 @@
 //	client ZK BASE A B [GROUP]   call Arith.Mul(A, B) through an XClient on
 //	                             client.NewZookeeperDiscovery (with Option.Group = GROUP)
 //	                             and print the reply as JSON
-//	watch ZK BASE SERVICE        print the servers the discovery knows, then again on each
-//	                             change it reports: one line "servers ADDR=META ..." (sorted)
+//	watch ZK BASE SERVICE        print the servers the discovery found ("initial ADDR=META ...",
+//	                             sorted), then each update its watch sends ("servers ADDR=META ...",
+//	                             the first one as soon as libkv's WatchTree starts)
 package main
 
 import (
@@ -122,13 +123,13 @@ func call(zk, base string, a, b int, group string) {
 	fmt.Println(string(out))
 }
 
-func printServers(pairs []*client.KVPair) {
+func printServers(what string, pairs []*client.KVPair) {
 	items := make([]string, 0, len(pairs))
 	for _, p := range pairs {
 		items = append(items, p.Key+"="+p.Value)
 	}
 	sort.Strings(items)
-	fmt.Println(strings.TrimSpace("servers " + strings.Join(items, " ")))
+	fmt.Println(strings.TrimSpace(what + " " + strings.Join(items, " ")))
 }
 
 func watch(zk, base, service string) {
@@ -137,9 +138,9 @@ func watch(zk, base, service string) {
 		fail("discovery: %v", err)
 	}
 	ch := d.WatchService()
-	printServers(d.GetServices())
+	printServers("initial", d.GetServices())
 	for pairs := range ch {
-		printServers(pairs)
+		printServers("servers", pairs)
 	}
 }
 
