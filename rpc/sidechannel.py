@@ -164,9 +164,10 @@ class ByteStream:
     bounded). ``write_eof`` half-closes (the end of what we send); ``aclose``
     closes; ``abort`` resets (the peer sees an error, not an end)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, client: bool = False) -> None:
         self.reader = reader
         self.writer = writer
+        self.client = client  # our end dialed: errors name what the server may have refused
         #: bytes read / written so far
         self.received = 0
         self.sent = 0
@@ -212,10 +213,12 @@ class ByteStream:
             raise self._broken(exc) from exc
 
     def _broken(self, exc: BaseException) -> TransferError:
-        return TransferError(
-            f"the peer reset the connection after {self.sent} bytes sent and {self.received} received "
-            f"({exc or type(exc).__name__}); a server resets a transfer whose token is unknown, expired or "
-            "already used, whose handler failed, or whose size did not match")
+        text = (f"the {'server' if self.client else 'client'} reset the connection after {self.sent} bytes "
+                f"sent and {self.received} received ({exc or type(exc).__name__})")
+        if self.client:
+            text += ("; a server resets a transfer whose token is unknown, expired or already used, "
+                     "whose handler failed, or whose size did not match")
+        return TransferError(text)
 
     def abort(self) -> None:
         """Reset the connection (RST): the peer gets an error, not an end."""
@@ -421,10 +424,8 @@ class SideListener:
     async def stop_accepting(self) -> None:
         """Close the port (connections already in go on). Idempotent."""
         self._closing = True
-        server = self._server
-        if server is not None:
-            server.close()
-            await server.wait_closed()
+        if self._server is not None:
+            self._server.close()  # the port closes now; wait_closed (which waits for connections) comes last
 
     async def close_connections(self) -> None:
         """Wait up to ``drain_timeout`` for running transfers, then reset
@@ -439,6 +440,8 @@ class SideListener:
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
 
     async def aclose(self) -> None:
         await self.close_connections()
@@ -484,7 +487,7 @@ async def connect(token: bytes, addr: str, server_address: str | None = None, *,
     except (OSError, TimeoutError) as exc:
         raise TransferError(f"cannot connect to the transfer listener {join_hostport(host, port)}: "
                             f"{exc or 'timed out'}") from exc
-    stream = ByteStream(reader, writer)
+    stream = ByteStream(reader, writer, client=True)
     await stream.write(token)
     stream.sent = 0
     return stream

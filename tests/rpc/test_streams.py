@@ -178,6 +178,14 @@ async def test_send_file_from_a_path_announces_its_name_and_size(node: Node, tmp
     assert (node.root / "from-disk.txt").read_bytes() == b"hello " * 1000
 
 
+async def test_send_file_keeps_to_its_rate(node: Node) -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await node.client.send_file(pattern(512 << 10), name="slow.bin", size=512 << 10, rate=2 << 20)
+    assert loop.time() - started >= 0.24  # 512 KiB at 2 MiB/s: the last chunk waits until 0.25 s
+    assert await node.uploads.get() is None
+
+
 # -- refusals at the call -------------------------------------------------------------------------
 
 
@@ -203,7 +211,7 @@ async def test_a_bad_token_is_reset_and_runs_no_handler(node: Node) -> None:
     assert await _reset_by_server(stream)
     bad = await connect(os.urandom(TOKEN_SIZE), addr)
     await bad.write_eof()
-    with pytest.raises(TransferError, match="reset the connection"):
+    with pytest.raises(TransferError, match="the server reset the connection"):
         await await_close(bad, 5)
     assert node.uploads.empty() and node.stored == []
 
@@ -249,7 +257,7 @@ async def test_a_client_that_sends_no_token_is_dropped(node: Node) -> None:
 
 
 async def test_a_truncated_upload_is_reported_and_leaves_nothing(node: Node) -> None:
-    with pytest.raises(TransferError, match="reset the connection"):
+    with pytest.raises(TransferError, match="the server reset the connection"):
         await node.client.send_file(pattern(100_000), name="short.bin", size=1 << 20)
     assert isinstance(await node.uploads.get(), TransferTruncated)
     assert node.stored == []
@@ -282,7 +290,7 @@ async def test_a_failing_download_handler_resets_the_client(node: Node) -> None:
     node.ft.on_download = failing
     node.ft.acceptor = None
     target = node.root / "never.bin"
-    with pytest.raises(TransferError, match="reset the connection"):
+    with pytest.raises(TransferError, match="the server reset the connection"):
         await node.client.download_file("any", target)
     assert not target.exists() and node.stored == []
 
