@@ -180,3 +180,51 @@ async def test_our_xclient_streams_200_mib_through_a_go_server(go_server: tuple[
         assert back.hexdigest() == want and conn.received == BIG and conn.sent == BIG
     finally:
         await caller.aclose()
+
+
+@pytest.mark.parametrize("serialize", ["msgpack", "json"])
+async def test_go_clients_arguments_reach_our_handlers(go_peer: Path, tmp_path: Path, serialize: str) -> None:
+    """Go's ``share`` structs, in both codecs, decode to our args: file name,
+    size and meta of ``SendFile``, meta of ``Stream``."""
+    from rpc.filetransfer import FileTransfer, FileTransferArgs, IncomingFile
+    from rpc.rpcx_server import RpcxServer
+    from rpc.server import Server
+    from rpc.sidechannel import ByteStream
+    from rpc.streams import StreamService, StreamServiceArgs
+
+    uploads: list[tuple[FileTransferArgs, str]] = []
+    streams: list[StreamServiceArgs] = []
+
+    async def upload(args: FileTransferArgs, data: IncomingFile) -> None:
+        h = hashlib.sha256()
+        async for chunk in data:
+            h.update(chunk)
+        uploads.append((args, h.hexdigest()))
+
+    async def stream(args: StreamServiceArgs, conn: ByteStream) -> None:
+        streams.append(args)
+        async for chunk in conn:
+            await conn.write(chunk)
+
+    server = Server()
+    FileTransfer(on_upload=upload).register(server)
+    StreamService("127.0.0.1:0", stream).register(server)
+    rpcx = RpcxServer(server, "tcp://127.0.0.1:0")
+    await rpcx.start()
+    for side in server.attached:
+        await side.start()
+    addr = rpcx.address.removeprefix("tcp@")
+    env = {**os.environ, "SERIALIZE": serialize}
+    try:
+        for args in (("send", addr, str(tmp_path / "m.bin"), str(1 << 20)), ("stream", addr, "1000")):
+            proc = await asyncio.create_subprocess_exec(str(go_peer), *args, env=env, stdout=subprocess.PIPE,
+                                                        stderr=subprocess.PIPE)
+            _, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == 0, err.decode()
+        # Go's SendFile does not wait for the server: the upload may still be running
+        await wait_until(lambda: uploads, 10, what="the upload handler finished")
+        assert uploads == [(FileTransferArgs(file_name="m.bin", file_size=1 << 20, meta={"from": "go"}),
+                            pattern_sha256(1 << 20))]
+        assert streams == [StreamServiceArgs(meta={"mode": "echo"})]
+    finally:
+        await server.shutdown(rpcx, timeout=2)
