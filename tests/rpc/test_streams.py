@@ -40,6 +40,7 @@ from rpc.sidechannel import (
     decode_reply,
 )
 from rpc.streams import StreamService, StreamServiceArgs
+from tests.netutil import wait_until
 from tests.rpc.pattern import pattern, pattern_sha256
 
 pytestmark = pytest.mark.timeout(60)
@@ -319,3 +320,13 @@ def test_rpc_serve_file_transfer_usage_errors(capsys: pytest.CaptureFixture[str]
     assert "--file-transfer: " in capsys.readouterr().err
     assert main(["--listen", "127.0.0.1:0", "--example", "arith", "--file-transfer-listen", "127.0.0.1:0"]) == 2
     assert "--file-transfer-listen needs --file-transfer DIR" in capsys.readouterr().err
+
+
+async def test_a_client_leaving_mid_download_frees_the_server(node: Node) -> None:
+    await node.client.send_file(pattern(16 << 20), name="big.bin", size=16 << 20)
+    assert await node.uploads.get() is None
+    down = await node.client.open_download("big.bin")
+    assert await down.read()  # the download runs
+    assert node.ft.listener.active == 1
+    down.abort()
+    await wait_until(lambda: node.ft.listener.active == 0, 5, what="the server's download ended")
