@@ -260,7 +260,8 @@ def test_our_servers_leaving_are_seen_by_the_go_discovery(
     watch.expect(lambda line: line == "servers", timeout=15)
 
 
-def test_cli_call_through_zookeeper(go_zk: Path, zk: str, base: str, go_procs: list[GoProcess]) -> None:
+def test_cli_call_and_bench_through_zookeeper(go_zk: Path, zk: str, base: str, go_procs: list[GoProcess]) -> None:
+    """`juggler rpc call|bench zookeeper://…` reach a Go server registered by rpcx-zookeeper."""
     go_server(go_zk, zk, base, go_procs, group="blue")
     url = f"zookeeper://{zk}{base}"
     cli = [sys.executable, "-m", "cli", "rpc", "call", url, "Arith.Mul", '{"A":6,"B":7}', "--timeout", "5"]
@@ -275,6 +276,10 @@ def test_cli_call_through_zookeeper(go_zk: Path, zk: str, base: str, go_procs: l
     empty = subprocess.run([sys.executable, "-m", "cli", "rpc", "call", f"zookeeper://{zk}{base}-none",
                             "Arith.Mul", "{}"], check=False, capture_output=True, text=True, timeout=60)
     assert empty.returncode == 1 and "no server registered for service Arith" in empty.stderr
+    bench = subprocess.run([sys.executable, "-m", "cli", "rpc", "bench", url, "--example", "arith", "-n", "200",
+                            "-c", "4", "--group", "blue"], check=False, capture_output=True, text=True, timeout=120)
+    assert bench.returncode == 0, bench.stderr
+    assert "received requests_OK : 200" in bench.stdout and "errors               : 0" in bench.stdout
 
 
 async def test_groups_with_a_go_server_in_a_group(

@@ -1,6 +1,7 @@
 """A real ZooKeeper (Debian's ``zookeeper`` package, 3.8) for the rpc tests:
 standalone ``ZooKeeperServerMain`` on a free loopback port in a temporary
-directory, ready once it answers ``ruok``.
+directory, ready once ``srvr`` reports it serving (``ruok`` answers ``imok``
+before sessions can be opened).
 
 The session timeouts it grants are bounded to [1 s, 4 s] (``tickTime`` 500 ms),
 so a killed client's ephemeral nodes go within seconds: rpcx-zookeeper asks
@@ -39,7 +40,7 @@ class ZooKeeperServer(ServerProcess):
 
 
 def four_letter(port: int, word: str, timeout: float = 1.0) -> str:
-    """ZooKeeper's answer to a four-letter word (``ruok`` → ``imok``)."""
+    """ZooKeeper's answer to a four-letter word (``srvr`` → its version, mode, counters)."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(word.encode())
         chunks = []
@@ -49,7 +50,7 @@ def four_letter(port: int, word: str, timeout: float = 1.0) -> str:
 
 
 def start_zookeeper(timeout: float = 30.0) -> ZooKeeperServer:
-    """A standalone ZooKeeper on a free port, answering ``imok`` (bounded wait)."""
+    """A standalone ZooKeeper on a free port, serving sessions (bounded wait)."""
     java = shutil.which("java")
     if java is None or not ZK_SERVER_SH.exists() or not ZK_JAR.exists():
         why = "ZooKeeper is not installed (scripts/test installs Debian's zookeeper package)"
@@ -81,14 +82,15 @@ def start_zookeeper(timeout: float = 30.0) -> ZooKeeperServer:
             output = Path(f"{workdir}/zookeeper.log").read_text(errors="replace")
             raise RuntimeError(f"ZooKeeper exited with {proc.returncode}:\n{output}")
         try:
-            if four_letter(port, "ruok", timeout=0.5) == "imok":
+            # "imok" comes before sessions are served; "srvr" names the mode only once they are
+            if "Mode: standalone" in four_letter(port, "srvr", timeout=0.5):
                 break
         except OSError:
             pass
         if time.monotonic() > deadline:
             proc.kill()
             proc.wait(timeout=5)
-            raise TimeoutError(f"ZooKeeper did not answer ruok on 127.0.0.1:{port} within {timeout:g} s")
+            raise TimeoutError(f"ZooKeeper did not serve on 127.0.0.1:{port} within {timeout:g} s")
         time.sleep(0.05)  # the JVM starting: nothing to wait on but the port
     return ZooKeeperServer(port=port, proc=proc, dir=workdir)
 

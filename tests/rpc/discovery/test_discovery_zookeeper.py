@@ -240,3 +240,41 @@ def test_validation() -> None:
         ZooKeeperSession("zookeeper://127.0.0.1:2181")
     with pytest.raises(ValueError, match="ttl"):
         ZooKeeperRegistrar("127.0.0.1:2181", ttl=0)
+
+
+def test_registry_url() -> None:
+    from rpc.discovery.url import RegistryURL, is_registry_url
+
+    url = RegistryURL.parse("zookeeper://127.0.0.1/apps/rpcx")
+    assert (url.kind, url.endpoint, url.base, url.display) == (
+        "zookeeper", "127.0.0.1:2181", "/apps/rpcx", "zookeeper://127.0.0.1:2181")
+    assert is_registry_url("zookeeper://h:1/x") and RegistryURL.parse("zookeeper://h:1").base == "/rpcx"
+    disc = url.discovery("Arith")
+    assert isinstance(disc, ZooKeeperDiscovery) and disc.path == "/apps/rpcx/Arith"
+    for bad, why in (("zookeeper://h:1/x?db=1", "takes no query"), ("zookeeper://u:p@h:1/x", "user and password"),
+                     ("zookeeper://h:1/", "must name a node"), ("zk://h:1/x", "zookeeper://HOST:PORT/BASE")):
+        with pytest.raises(ValueError, match=why):
+            RegistryURL.parse(bad)
+    with pytest.raises(ValueError, match="TLS options"):
+        RegistryURL.parse("zookeeper://h:1/x", tls=object())
+
+
+@pytest.mark.parametrize(("args", "status", "message"), [
+    (["--zookeeper", "zookeeper://127.0.0.1:2181"], 2, "ZooKeeper hosts must be HOST:PORT"),
+    (["--zookeeper", "127.0.0.1:1", "--etcd", "http://127.0.0.1:1"], 2, "not allowed with argument --zookeeper"),
+    (["--zookeeper", "127.0.0.1:1", "--registry-tls-ca", "ca.pem"], 2, "not supported with --zookeeper"),
+    (["--zookeeper", "127.0.0.1:1", "--base", "/"], 2, "base path must name a node"),
+    (["--zookeeper", "UNREACHABLE"], 1, "cannot register in the registry: zookeeper 127.0.0.1:"),
+])
+def test_rpc_serve_zookeeper_errors(args: list[str], status: int, message: str) -> None:
+    """One line a user can act on, and no traceback."""
+    import subprocess
+    import sys
+
+    args = [f"127.0.0.1:{free_port()}" if a == "UNREACHABLE" else a for a in args]
+    res = subprocess.run([sys.executable, "-m", "cli", "rpc", "serve", "--example", "arith",
+                          "--listen", "127.0.0.1:0", *args],
+                         check=False, capture_output=True, text=True, timeout=60)
+    assert res.returncode == status, res.stderr
+    assert message in res.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in res.stderr
