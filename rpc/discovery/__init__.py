@@ -8,6 +8,8 @@
              watch; Go rpcx's libkv layout, or the earlier one with layout="juggler")
 - ``libkv``  the keys and values of that layout, sans I/O (libkv v0.5.1's Redis store)
 - ``etcd``   EtcdRegistrar / EtcdDiscovery (etcd v3 over its JSON gateway)
+- ``zookeeper`` ZooKeeperRegistrar / ZooKeeperDiscovery (ephemeral nodes, children
+             watch; Go rpcx-zookeeper's layout, over kazoo)
 - ``url``    RegistryURL (``etcd://host:2379/rpcx``, ``redis://…``) and RegistryRoute
              (an XClient through it: selector, fail mode, group), as the CLI takes them
 """
