@@ -49,16 +49,17 @@ def four_letter(port: int, word: str, timeout: float = 1.0) -> str:
     return b"".join(chunks).decode()
 
 
-def start_zookeeper(timeout: float = 30.0) -> ZooKeeperServer:
-    """A standalone ZooKeeper on a free port, serving sessions (bounded wait)."""
+def start_zookeeper(timeout: float = 30.0, *, port: int | None = None, workdir: str | None = None) -> ZooKeeperServer:
+    """A standalone ZooKeeper on a free port, serving sessions (bounded wait);
+    ``port`` and ``workdir`` of a stopped one start it again with its data."""
     java = shutil.which("java")
     if java is None or not ZK_SERVER_SH.exists() or not ZK_JAR.exists():
         why = "ZooKeeper is not installed (scripts/test installs Debian's zookeeper package)"
         if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
             pytest.fail(why)
         pytest.skip(why)
-    port = free_port()
-    workdir = tempfile.mkdtemp(prefix="zookeeper-")
+    port = port or free_port()
+    workdir = workdir or tempfile.mkdtemp(prefix="zookeeper-")
     cfg = Path(workdir) / "zoo.cfg"
     cfg.write_text(
         "tickTime=500\n"
@@ -70,7 +71,7 @@ def start_zookeeper(timeout: float = 30.0) -> ZooKeeperServer:
         "admin.enableServer=false\n"
         "4lw.commands.whitelist=ruok,srvr\n"
     )
-    log = open(f"{workdir}/zookeeper.log", "wb")  # noqa: SIM115 - lives as long as the process
+    log = open(f"{workdir}/zookeeper.log", "ab")  # noqa: SIM115 - lives as long as the process
     proc = subprocess.Popen(
         [java, "-Xmx256m", "-cp", str(ZK_JAR), "org.apache.zookeeper.server.ZooKeeperServerMain", str(cfg)],
         stdout=log, stderr=subprocess.STDOUT, cwd=workdir,

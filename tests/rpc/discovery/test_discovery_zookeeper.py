@@ -278,3 +278,34 @@ def test_rpc_serve_zookeeper_errors(args: list[str], status: int, message: str) 
     assert res.returncode == status, res.stderr
     assert message in res.stderr.strip().splitlines()[-1]
     assert "Traceback" not in res.stderr
+
+
+async def test_zookeeper_restart(base: str) -> None:
+    """ZooKeeper stopped and started again (its data kept): the registrar's
+    node is there again (its session resumed, or re-created in a new one),
+    and the discovery's watch is set again: a registration and a removal
+    afterwards come through it (the periodic re-read is set to a minute)."""
+    import shutil
+
+    from tests.rpc.zookeeper_fixture import start_zookeeper
+
+    server = await asyncio.to_thread(start_zookeeper)
+    reg = ZooKeeperRegistrar(server.hosts, base=base, ttl=4)
+    later = ZooKeeperRegistrar(server.hosts, base=base, ttl=4)
+    disc = ZooKeeperDiscovery(server.hosts, "Arith", base=base, refresh_interval=60)
+    try:
+        await reg.register("Arith", A, "weight=1")
+        await disc.start()
+        await wait_servers(disc, lambda s: A in s)
+        await asyncio.to_thread(server.stop)
+        server = await asyncio.to_thread(start_zookeeper, port=server.port, workdir=server.dir)
+        await later.register("Arith", B)
+        assert await wait_servers(disc, lambda s: len(s) == 2, timeout=20) == {A: "weight=1", B: ""}
+        await later.unregister("Arith", B)  # seen by the watch set again since
+        assert await wait_servers(disc, lambda s: B not in s) == {A: "weight=1"}
+    finally:
+        await disc.aclose()
+        await later.aclose()
+        await reg.aclose()
+        await asyncio.to_thread(server.stop)
+        shutil.rmtree(server.dir, ignore_errors=True)
