@@ -20,6 +20,8 @@ EPILOG = """examples:
   juggler seq server --listen 127.0.0.1:19001 --data /var/lib/seq1 --peers ... \
       --tls-cert certs/cert.pem --tls-key certs/key.pem --tls-ca certs/ca.pem
   juggler seq client myseq --servers 127.0.0.1:19001,... --tls-ca certs/ca.pem
+  # the HTTP/JSON API beside gRPC: --http 127.0.0.1:18001, then
+  curl 'http://127.0.0.1:18001/v1/next/myseq?count=100'
 """
 
 
@@ -58,7 +60,14 @@ def register(subparsers: Any) -> None:
     s.add_argument("--peer-port", type=int, default=0,
                    help="port of the member-to-member transport on the --listen host (default 0: any free port; "
                         "peers learn it over gRPC)")
+    s.add_argument("--http", metavar="HOST:PORT",
+                   help="serve the HTTP/JSON API on this address: GET /v1/next/NAME?count=N, /v1/current/NAME, "
+                        "POST /v1/set/NAME, GET /v1/names, /healthz, /readyz, a status page at / and /metrics "
+                        "(HTTPS with --tls-cert/--tls-key)")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
+    s.add_argument("--metrics-max-names", type=int, default=1000, metavar="N",
+                   help="names with per-name metric series of their own (the first N served); later names are "
+                        "counted together under name=\"_other\"")
     s.add_argument("--log-level", default="INFO")
     s.add_argument("--tls-cert", metavar="FILE",
                    help="PEM certificate chain: RRAPI over TLS, and this member's certificate to the others "
@@ -164,6 +173,7 @@ def run_server(args: argparse.Namespace) -> int:
             default_timeout=args.timeout, peer_timeout=args.peer_timeout,
             forward=not args.no_forward, max_inflight=args.max_inflight, peer_port=args.peer_port, linger=args.linger_ms / 1000,
             tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+            http=args.http, metrics_max_names=args.metrics_max_names,
         )
         if config.tls:
             config.peer_server_tls().context()  # type: ignore[union-attr]  # a bad file, named, before anything starts

@@ -9,7 +9,9 @@ Map (the protocol: docs/protocols/rrseq.md; the user's guide: docs/seq.md):
 - ``coordinator.py`` NextID rounds: read quorum, compare-and-set write quorum, retries, forwarding, linger
 - ``peerlink.py``    member-to-member hot path (read, compare-and-set, acquire) over rpc.transport
 - ``quorum.py``      vote counting of one round (sans-I/O)
-- ``metrics.py``     Prometheus endpoint of a member
+- ``http.py``        HttpApi: the HTTP/JSON API, status page and /metrics of a member (aiohttp, ``--http``)
+- ``namestats.py``   per-name figures of the ranges a member served (sans-I/O; the cap on metric series)
+- ``metrics.py``     Prometheus collectors of a member (totals, and per name, bounded)
 - ``localcluster.py`` N server processes on loopback (tests, benches, ``juggler seq bench``)
 - ``bench.py``       measurements shared by ``juggler seq bench`` and benches/seq
 - ``store.py``       durable name → value map: group-committed fsync'd log, compaction, meta

@@ -32,6 +32,7 @@ from rustext.tls import TlsConfigError
 from seq._proto import rrpeer_pb2 as peer_pb
 from seq.errors import SeqExhausted, StoreError
 from seq.log import MAX_NAME
+from seq.namestats import NameStats
 from seq.store import Store
 from seq.wire import PEER_SERVICE
 
@@ -53,11 +54,12 @@ class Acquirer(Protocol):
 class _Outbox:
     """Answers gathered during one loop turn, sent in one native call."""
 
-    __slots__ = ("api", "items", "loop", "scheduled")
+    __slots__ = ("api", "items", "loop", "names", "scheduled")
 
-    def __init__(self, api: GrpcServer, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, api: GrpcServer, loop: asyncio.AbstractEventLoop, names: NameStats | None = None) -> None:
         self.api = api
         self.loop = loop
+        self.names = names
         self.items: list[tuple[int, int, int]] = []
         self.scheduled = False
 
@@ -77,11 +79,12 @@ class _Outbox:
 class _Call:
     """One NextID call, as the coordinator sees a request's future (done / set_result / set_exception)."""
 
-    __slots__ = ("token", "out", "_done")
+    __slots__ = ("token", "out", "name", "_done")
 
-    def __init__(self, token: int, out: _Outbox) -> None:
+    def __init__(self, token: int, out: _Outbox, name: str) -> None:
         self.token = token
         self.out = out
+        self.name = name
         self._done = False
 
     def done(self) -> bool:
@@ -95,6 +98,8 @@ class _Call:
             self.out.put(self.token, 0, 0)  # [0, 0): no quorum before the deadline
         else:
             self.out.put(self.token, r[0], r[1])
+            if self.out.names is not None:
+                self.out.names.served(self.name, r[1] - r[0])
 
     def set_exception(self, exc: BaseException) -> None:
         if self._done:
@@ -126,7 +131,9 @@ class ApiServer:
         default_timeout: float,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        names: NameStats | None = None,
     ) -> None:
+        self._names = names
         try:
             self._native = GrpcServer(host.strip("[]"), port, raw_methods=[SNAPSHOT_PATH],
                                       max_wait=max(60.0, 2 * default_timeout), tls_cert=tls_cert, tls_key=tls_key)
@@ -163,7 +170,7 @@ class ApiServer:
         loop = asyncio.get_running_loop()
         port = self.bind()
         self._loop = loop
-        self._out = _Outbox(self._native, loop)
+        self._out = _Outbox(self._native, loop, self._names)
         self._fd = self._native.fileno()
         loop.add_reader(self._fd, self._on_calls)
         return port
@@ -245,7 +252,7 @@ class ApiServer:
             t = self._default_timeout if timeout is None else timeout
             # Answer [0, 0) a little before the caller's deadline so it sees "no quorum", not a timeout.
             t -= min(0.05, t * 0.1)
-            submit(name, n, now + t, _Call(token, out))
+            submit(name, n, now + t, _Call(token, out, name))
         elif kind == RAW_SNAPSHOT:
             assert isinstance(name, bytes)
             self._serve_snapshot(token, name)

@@ -46,6 +46,7 @@ class Member:
     log_path: str
     proc: subprocess.Popen[bytes] | None = None
     log_offset: int = 0  # where the current run's output starts in log_path
+    http_addr: str | None = None  # HOST:PORT of its HTTP API (--http), when the cluster has one
 
     @property
     def alive(self) -> bool:
@@ -62,6 +63,8 @@ class LocalCluster:
     python: str = sys.executable
     #: members over TLS: a ``rustext.tls.ClientTls`` (CA) to reach them with; start them with the TLS flags
     tls: Any = None
+    #: give every member an HTTP API (``--http`` on a free port: ``http_urls``)
+    http: bool = False
     _own_root: bool = False
 
     def __post_init__(self) -> None:
@@ -69,12 +72,14 @@ class LocalCluster:
             self.root = tempfile.mkdtemp(prefix="seq-cluster-")
             self._own_root = True
         if not self.members:
-            for i, port in enumerate(free_ports(self.n)):
+            ports = free_ports(2 * self.n if self.http else self.n)
+            for i, port in enumerate(ports[: self.n]):
                 self.members.append(
                     Member(
                         addr=f"127.0.0.1:{port}",
                         data=os.path.join(self.root, f"node{i}"),
                         log_path=os.path.join(self.root, f"node{i}.log"),
+                        http_addr=f"127.0.0.1:{ports[self.n + i]}" if self.http else None,
                     )
                 )
 
@@ -82,11 +87,17 @@ class LocalCluster:
     def addrs(self) -> list[str]:
         return [m.addr for m in self.members]
 
+    @property
+    def http_urls(self) -> list[str]:
+        """``http://HOST:PORT`` of each member's HTTP API (a cluster made with ``http=True``)."""
+        return [f"http://{m.http_addr}" for m in self.members if m.http_addr is not None]
+
     def command(self, i: int, *flags: str) -> list[str]:
         m = self.members[i]
         peers = ",".join(a for j, a in enumerate(self.addrs) if j != i)
+        http = ["--http", m.http_addr] if m.http_addr is not None else []
         return [self.python, "-m", "cli", "seq", "server", "--listen", m.addr, "--data", m.data,
-                "--peers", peers, *flags]
+                "--peers", peers, *http, *flags]
 
     def start(self, i: int, *flags: str) -> subprocess.Popen[bytes]:
         m = self.members[i]

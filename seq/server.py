@@ -5,7 +5,9 @@ It serves the public ``pb.RRAPI`` (``GRPCNextID``/``GRPCCurID``/
 snapshot, peer-port discovery) on its gRPC port (the native server of
 :mod:`seq.api`, batched into the coordinator), and the per-round
 member-to-member calls (read, compare-and-set, acquire) on an rpc.transport
-listener (``peer_port``, see :mod:`seq.peerlink`). NextID is coordinated by
+listener (``peer_port``, see :mod:`seq.peerlink`); with ``http`` set, the
+HTTP/JSON API, status page and metrics too (:mod:`seq.http`, same
+coordinator). NextID is coordinated by
 :class:`seq.coordinator.Coordinator`; the member's own values live in
 :class:`seq.store.Store`.
 
@@ -56,7 +58,9 @@ from seq._proto import rrseq_pb2 as pb
 from seq.api import ApiServer
 from seq.coordinator import Coordinator, CoordinatorStats
 from seq.errors import SeqExhausted, StoreError, UnsafeStart
+from seq.http import HttpApi
 from seq.log import MAX_NAME, MAX_VALUE
+from seq.namestats import NameStats
 from seq.peerlink import EXHAUSTED, NOT_READY, OK, OP_ACQUIRE, OP_CAS, OP_READ, WRONG_CLUSTER, PeerLink
 from seq.store import Meta, State, Store, ensure_dir, log_generations, read_meta, write_meta
 from seq.wire import CHANNEL_OPTIONS, grpc_credentials
@@ -96,6 +100,8 @@ class ServerConfig:
     tls_cert: str | None = None  # PEM chain: RRAPI over TLS, and this member's identity to the others
     tls_key: str | None = None  # PEM private key of tls_cert
     tls_ca: str | None = None  # PEM CA the members' certificates chain to (each verifies the others)
+    http: str | None = None  # HOST:PORT of the HTTP/JSON API and status page (None: no HTTP listener)
+    metrics_max_names: int = 1000  # names with series of their own; later names are counted under name="_other"
 
     def __post_init__(self) -> None:
         _check_addr(self.listen)
@@ -119,6 +125,10 @@ class ServerConfig:
             raise ValueError("linger must be in [0, 1] s")
         if not 0 <= self.peer_port < 65536:
             raise ValueError("peer_port out of range")
+        if self.http is not None:
+            _check_addr(self.http)
+        if self.metrics_max_names < 0:
+            raise ValueError("metrics_max_names must be >= 0")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         if self.tls_cert is not None and self.tls_ca is None:
@@ -225,6 +235,10 @@ class RRServer:
         self._state: State = "bootstrapping"
         self._store: Store | None = None
         self._api: ApiServer | None = None
+        self._http: HttpApi | None = None
+        self.http_port = 0
+        #: ranges served to clients, per name (gRPC and HTTP): /v1/names, the status page, seq_name_* metrics
+        self.names = NameStats(max_tracked=config.metrics_max_names)
         self._channels: list[grpc.aio.Channel] = []
         self._peers: list[PeerLink] = []
         self._transport: TransportServer | None = None
@@ -298,6 +312,7 @@ class RRServer:
             default_timeout=cfg.default_timeout,
             tls_cert=cfg.tls_cert,
             tls_key=cfg.tls_key,
+            names=self.names,
         )
         # The fixed --listen port is claimed before the peer port is chosen:
         # an any-port (0) peer listener bound first could be given the very
@@ -323,14 +338,46 @@ class RRServer:
         # Calls queued since bind() (a peer asking for the peer port) are
         # served from here on, when the peer port is known.
         self._api.start()
+        if cfg.http is not None:
+            await self._start_http(cfg.http)
         log.info(
-            "seq server listening on %s, peer port %d (members %s, state %s, data %s)",
-            cfg.listen, self.peer_port, ",".join(cfg.members), self._state, cfg.data_dir,
+            "seq server listening on %s, peer port %d%s (members %s, state %s, data %s)",
+            cfg.listen, self.peer_port, f", HTTP on {cfg.http.rpartition(':')[0]}:{self.http_port}" if self._http else "",
+            ",".join(cfg.members), self._state, cfg.data_dir,
         )
         if self._state == "ready":
             self._ready.set()
         else:
             self._join_task = loop.create_task(self._join(), name="seq-join")
+
+    async def _start_http(self, addr: str) -> None:
+        import ssl
+
+        from seq.metrics import member_registry, render
+
+        cfg = self.config
+        assert self._coordinator is not None and self._store is not None
+        context = None
+        if cfg.tls_cert is not None and cfg.tls_key is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+        registry = member_registry(self, self.names)
+        host, _, port = addr.rpartition(":")
+        self._http = HttpApi(
+            host,
+            int(port),
+            acquire=self._coordinator.acquire,
+            store=self._store,
+            state=lambda: self._state,
+            names=self.names,
+            on_store_failure=self._store_failed,
+            max_count=cfg.max_range,
+            timeout=cfg.default_timeout,
+            member=cfg.self_address,
+            metrics=lambda: render(registry),
+            ssl_context=context,
+        )
+        self.http_port = await self._http.start()
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Until this member votes (bootstrap or catch-up done)."""
@@ -376,6 +423,8 @@ class RRServer:
         ServerTls(cert=cfg.tls_cert or "", key=cfg.tls_key or "", client_ca=cfg.tls_ca).context()  # checked first
         if self._api is not None:
             self._api.reload_tls()
+        if self._http is not None:
+            self._http.reload_tls(cfg.tls_cert or "", cfg.tls_key or "")
         if self._transport is not None:
             self._transport.reload_tls()
         # links to the others present the new certificate from their next connection
@@ -392,10 +441,16 @@ class RRServer:
         if self._join_task is not None:
             self._join_task.cancel()
             await asyncio.gather(self._join_task, return_exceptions=True)
+        http_closed = None
+        if self._http is not None:
+            # stops accepting now; requests in flight get their answer (the coordinator still runs)
+            http_closed = asyncio.get_running_loop().create_task(self._http.aclose())
         if self._api is not None:
             # Stop accepting; calls already received get their answer within the grace period.
             self._api.drain()
             await self._api.wait_drained(grace)
+        if http_closed is not None:
+            await http_closed
         if self._coordinator is not None:
             await self._coordinator.aclose()
         if self._api is not None:

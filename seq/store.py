@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
@@ -219,6 +220,10 @@ class Store:
 
     def snapshot(self) -> dict[str, int]:
         return dict(self._values)
+
+    def names(self) -> Iterable[str]:
+        """The names held, unordered: a live view (iterate it without awaiting in between)."""
+        return self._values.keys()
 
     def __len__(self) -> int:
         return len(self._values)
