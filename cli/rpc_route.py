@@ -20,7 +20,7 @@ SELECTORS: dict[str, str] = {
 ALIASES = {"randomselect": "random", "weighted": "weightedroundrobin", "hash": "consistenthash"}
 FAIL_MODES = ("failfast", "failover", "failtry", "failbackup")
 
-TARGET_HELP = "etcd://HOST:2379/BASE or redis://HOST:6379/BASE[?db=N][&layout=juggler] (etcds://, rediss:// over TLS) " \
+TARGET_HELP = "etcd://HOST:2379/BASE or redis://HOST:6379/BASE[?db=N&layout=juggler] (etcds://, rediss:// over TLS) " \
               "or zookeeper://HOST:2181/BASE: call " \
               "through the servers registered there by `juggler rpc serve --etcd/--redis/--zookeeper --base BASE`"
 

@@ -48,7 +48,11 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
 from rpc.discovery import libkv
-from rpc.discovery.base import WatchingDiscovery, stop_heartbeat_and_unregister
+from rpc.discovery.base import (
+    WatchingDiscovery,
+    _end_if_cancelled,
+    stop_heartbeat_and_unregister,
+)
 from rpc.discovery.cache import FileCache
 from rpc.errors import RegistryError, RegistryUnavailable
 from rustext.tls import ClientTls
@@ -324,6 +328,7 @@ class RedisDiscovery(WatchingDiscovery):
             changed.set()  # anything changed before we subscribed is picked up by a fetch
             while True:
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                _end_if_cancelled()  # redis-py can swallow a cancellation: aclose() must not wait for ever
                 if msg is not None:
                     changed.set()
         finally:

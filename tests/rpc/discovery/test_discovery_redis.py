@@ -122,7 +122,8 @@ async def test_registry_outage_keeps_known_servers(layout: str) -> None:
         assert disc.servers() == {A: ""}
         await asyncio.to_thread(server.stop)  # the registry dies
         assert not await disc.refresh()
-        assert disc.servers() == {A: ""} and disc.fetch_errors == 1
+        # (the watch, losing its connection too, may have asked for a fetch that failed as well)
+        assert disc.servers() == {A: ""} and disc.fetch_errors >= 1
     finally:
         await disc.aclose()
         await reg.aclose()  # cannot unregister: logged, not raised
