@@ -37,6 +37,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
                    help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = off)")
     p.add_argument("--log-level", default="INFO", help="[%(default)s]")
+    from cli.otel import add_otel_argument
+
+    add_otel_argument(p)
     p.set_defaults(func=run)
 
 
@@ -65,7 +68,18 @@ def run(args: argparse.Namespace) -> int:
     except (AppImportError, TypeError, ValueError) as exc:
         print(f"juggler callee: {exc}", file=sys.stderr)
         return 2
-    return uvloop.run(_serve(args, app, config))
+    from cli.otel import OtelSetupError, tracing_from_args
+
+    try:
+        tracing = tracing_from_args(args, "juggler-callee")
+    except OtelSetupError as exc:
+        print(f"juggler callee: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return uvloop.run(_serve(args, app, config, traced=tracing is not None))
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # exports the spans still batched
 
 
 class _Running:
@@ -100,7 +114,7 @@ class _Running:
         await self.callee.drain(timeout=0.0)
 
 
-async def _serve(args: argparse.Namespace, app: Any, config: Any) -> int:
+async def _serve(args: argparse.Namespace, app: Any, config: Any, *, traced: bool = False) -> int:
     import logging
 
     from cli.lifecycle import StartError, serve
@@ -117,7 +131,12 @@ async def _serve(args: argparse.Namespace, app: Any, config: Any) -> int:
             if isinstance(exc, BrokerError):
                 raise StartError(str(exc)) from exc
             raise
-        callee = Callee(broker, app, workers=args.workers)
+        tracing = None
+        if traced:
+            from juggler.tracing import CalleeTracing
+
+            tracing = CalleeTracing()
+        callee = Callee(broker, app, workers=args.workers, tracing=tracing)
         metrics = None
         try:
             if args.metrics_port:

@@ -54,6 +54,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-limit-action", choices=("nack", "close"), help="over the rate: NACK 429 or close")
     p.add_argument("--max-inflight-calls", type=int, metavar="N", help="calls in flight per connection (0 = none)")
     p.add_argument("--max-subscriptions", type=int, metavar="N", help="subscriptions per connection (0 = none)")
+    from cli.otel import add_otel_argument
+
+    add_otel_argument(p)
     p.add_argument("--drain-timeout", type=float, metavar="S", help="at SIGTERM, time in-flight calls get [10]")
     p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve wss:// (and the pages over https)")
     p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
@@ -246,12 +249,24 @@ def run(args: argparse.Namespace, *, test_callees: bool = False, banner: str | N
     except (OSError, ValueError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    return uvloop.run(serve_app(prog, config, test_callees=test_callees, callee_workers=getattr(args, "workers", 200),
-                                banner=banner, demo=demo or getattr(args, "demo", False)))
+    from cli.otel import OtelSetupError, tracing_from_args
+
+    try:
+        tracing = tracing_from_args(args, "juggler-server")
+    except OtelSetupError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return uvloop.run(serve_app(prog, config, test_callees=test_callees,
+                                    callee_workers=getattr(args, "workers", 200), banner=banner,
+                                    demo=demo or getattr(args, "demo", False), traced=tracing is not None))
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # exports the spans still batched
 
 
 async def serve_app(prog: str, config: Any, *, test_callees: bool, callee_workers: int, banner: str | None,
-                    demo: bool) -> int:
+                    demo: bool, traced: bool = False) -> int:
     """Run a juggler server process under cli.lifecycle: one start-up line,
     drain on the first signal, stop on the second, SIGHUP reloads TLS."""
     import logging
@@ -268,7 +283,8 @@ async def serve_app(prog: str, config: Any, *, test_callees: bool, callee_worker
 
     async def start() -> Running:
         try:
-            return await start_app(config, test_callees=test_callees, callee_workers=callee_workers, demo=demo)
+            return await start_app(config, test_callees=test_callees, callee_workers=callee_workers, demo=demo,
+                                   traced=traced)
         except (TlsConfigError, ValueError) as exc:
             raise StartError(str(exc), status=2) from exc
         except (BrokerError, TokenError) as exc:

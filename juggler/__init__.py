@@ -23,5 +23,7 @@
                   · resp.py the RESP client · glob.py Redis glob patterns
 - presence/       who is subscribed to a channel (in memory or Redis) and join/leave notices
 - callee.py       callee runtime; client.py asyncio client; repl.py the REPL; load.py load tool
+- tracing.py      OpenTelemetry spans of CALLs: server middleware, callee spans, the context
+                  carried in the call payload (the otel extra; imported only when tracing)
 - errors.py       exception tree
 """

@@ -207,6 +207,7 @@ class Callee:
         workers: int = 50,
         uris: Iterable[str] | None = None,
         logger: logging.Logger | None = None,
+        tracing: Any = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
@@ -217,6 +218,8 @@ class Callee:
             raise ValueError("no URI to serve")
         self.workers = workers
         self.stats = CalleeStats()
+        #: a ``juggler.tracing.CalleeTracing`` (a span per call), or None
+        self.tracing = tracing
         self._log = logger or log
         self._slots = asyncio.Semaphore(workers)
         self._running: set[asyncio.Task[None]] = set()
@@ -307,7 +310,7 @@ class Callee:
                 deadline = loop.time() + call.ttl_ms / 1000.0
                 self.stats.calls += 1
                 entry = self.app.get(call.uri)
-                if entry is not None and entry.inline:
+                if entry is not None and entry.inline and self.tracing is None:
                     # fast path: cheap functions run right here, no task per call;
                     # their results are stored in batches once per loop turn
                     try:
@@ -420,7 +423,10 @@ class Callee:
             return
         self.stats.running += 1
         try:
-            args = await self._invoke(call)
+            if self.tracing is None:
+                args = await self._invoke(call)
+            else:
+                args = await self.tracing.invoke(call, self._invoke)
         finally:
             self.stats.running -= 1
         remaining_ms = int((deadline - loop.time()) * 1000)

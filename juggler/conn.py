@@ -31,6 +31,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import logging
 from collections import deque
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
     from juggler.auth import Auth, AuthError, Identity
     from juggler.static_files import StaticSite
 
-__all__ = ["Conn", "ConnContext", "ConnListener", "ConnState", "Handler", "Middleware"]
+__all__ = ["Conn", "ConnContext", "ConnListener", "ConnState", "Handler", "Middleware", "call_trace"]
 
 log = logging.getLogger("juggler.conn")
 # websockets' own per-connection lines ("connection open", …): quiet unless asked
@@ -92,6 +93,10 @@ class ConnState(enum.Enum):
 Message = ClientMessage | Outgoing
 Handler = Callable[["Conn", Message], Awaitable[None]]
 Middleware = Callable[["Conn", Message, Handler], Awaitable[None]]
+
+#: the trace context (raw JSON object) that a middleware (``juggler.tracing.CallTracing``)
+#: gives the CALL being processed: it goes into the call payload as ``"trace"``
+call_trace: contextvars.ContextVar[bytes | None] = contextvars.ContextVar("juggler_call_trace", default=None)
 
 
 class ConnListener(Protocol):
@@ -620,7 +625,11 @@ class Conn(asyncio.Protocol):
                 self.nack(msg, 500, "duplicate message uuid")
                 return
             try:
-                await self.broker.call(msg.uuid, uri, msg.args, ms)
+                trace = call_trace.get()
+                if trace is None:
+                    await self.broker.call(msg.uuid, uri, msg.args, ms)
+                else:
+                    await self.broker.call(msg.uuid, uri, msg.args, ms, trace=trace)
             except Exception as exc:
                 pending.pop(msg.uuid)
                 self.nack(msg, getattr(exc, "code", 500), str(exc) or type(exc).__name__)

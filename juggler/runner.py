@@ -108,9 +108,11 @@ class Running:
 
 
 async def start_app(config: AppConfig, *, test_callees: bool = False, callee_workers: int = 200,
-                    demo: bool = False) -> Running:
+                    demo: bool = False, traced: bool = False) -> Running:
     """Start broker, server, optional in-process test callees and metrics;
     on any failure (or cancellation) close what was started, then raise.
+    ``traced``: a span per CALL and per test-callee call (``juggler.tracing``,
+    through the process's global tracer provider).
 
     The server also answers plain HTTP on its port: ``/juggler.js`` (the
     browser client) always; the demo page at ``/`` and ``/stats.json`` when
@@ -146,7 +148,12 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
         if test_callees:  # before the server: no call may come before its callee is there
             from juggler.callee import Callee, make_test_app
 
-            callee = Callee(broker, make_test_app(), workers=callee_workers)
+            callee_tracing = None
+            if traced:
+                from juggler.tracing import CalleeTracing
+
+                callee_tracing = CalleeTracing()
+            callee = Callee(broker, make_test_app(), workers=callee_workers, tracing=callee_tracing)
             started.append(callee)
             await callee.start()
             if isinstance(broker, MemoryBroker):
@@ -159,8 +166,13 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
             started.append(presence)
             await presence.start()
         stats = ServerStats()
+        middleware: list[Any] = []
+        if traced:
+            from juggler.tracing import CallTracing
+
+            middleware.append(CallTracing())
         server = Server(broker, config.server, stats=stats, pubsub=pubsub, auth=auth, channels=config.channels,
-                        presence=presence)
+                        presence=presence, middleware=middleware)
         server.http = StaticSite(demo=demo, stats=functools.partial(stats_snapshot, server))
         started.append(server)
         await server.start()

@@ -13,6 +13,8 @@ Layout (one module per concept):
 - ``client``     Client: calls to one server over a ServerCaller
 - ``xclient``    XClient: discovery + selector + fail mode + breakers over a ServerCaller
 - ``client_plugins``  client hooks: before/after each call, connection opened/closed
+- ``tracing``    OpenTelemetry server and client plugins, context in the rpcx metadata as
+                 rpcx-plugins carries it (the otel extra; imported only when tracing)
 - ``inprocess``  an in-process ServerCaller (XClient straight onto local dispatchers)
 - ``gateway``    HTTP gateway (rpcx X-RPCX-* API, JSON-RPC 2.0), its HTTP/1.1 parser and server
 - ``gateway_client``  HTTPCaller: a ServerCaller over the HTTP gateway

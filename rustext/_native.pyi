@@ -274,10 +274,15 @@ class CallPayload:
     msg_uuid: str
     uri: str
     args: bytes | None  # normalized raw JSON, None when the key is absent
+    trace: bytes | None  # our "trace" object (trace-context headers, raw JSON), None when absent
 
-def build_call_payload(conn_uuid: str, msg_uuid: str, uri: str, args: bytes | None) -> bytes:
+def build_call_payload(
+    conn_uuid: str, msg_uuid: str, uri: str, args: bytes | None, trace: bytes | None = None
+) -> bytes:
     """Call or result payload; `args` (valid JSON, normalized) omitted when None
-    (as upstream's omitempty). Raises JugglerDecodeError when `args` is not JSON."""
+    (as upstream's omitempty); `trace` (a JSON object) added last as "trace",
+    which Go callees ignore. Raises JugglerDecodeError when `args` is not JSON
+    or `trace` not a JSON object."""
 
 def parse_call_payload(data: bytes) -> CallPayload:
     """Raises JugglerDecodeError (not an object, missing/invalid conn_uuid or msg_uuid)."""

@@ -48,6 +48,8 @@ class Call:
     uri: str
     args: bytes | None  # raw JSON; None when the CALL had no args
     ttl_ms: int  # remaining time to live when popped (> 0; expired calls are never yielded)
+    #: the caller's trace context (a JSON object of ``traceparent``/``tracestate``), raw; None when untraced
+    trace: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +89,11 @@ class CallerBroker(Protocol):
     def conn_uuid(self) -> str:
         """The routing key put in every call payload of this process."""
 
-    async def call(self, msg_uuid: str, uri: str, args: bytes | None, timeout_ms: int) -> None:
-        """Queue a call for `uri` that expires after `timeout_ms` (> 0).
+    async def call(
+        self, msg_uuid: str, uri: str, args: bytes | None, timeout_ms: int, *, trace: bytes | None = None
+    ) -> None:
+        """Queue a call for `uri` that expires after `timeout_ms` (> 0);
+        `trace` (raw JSON object, optional) travels with it to the callee.
 
         Raises BrokerError (CapacityExceeded when the list is full); the
         server turns it into NACK 500. Returning means "queued" (the ACK).

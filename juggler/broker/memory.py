@@ -120,7 +120,7 @@ class MemoryBroker(BrokerBase):
         self._history = MemoryHistory(clock)
         self._conn_uuid = self.config.conn_uuid or rustext.new_uuid()
         self.stats = MemoryBrokerStats()
-        # uri -> deque of (deadline, msg_uuid, conn_uuid, args); append left, pop right
+        # uri -> deque of (deadline, msg_uuid, conn_uuid, args, trace); append left, pop right
         self._calls: dict[str, deque[tuple[float, str, str, bytes | None]]] = {}
         self._waiters: dict[str, list[_Waiter]] = {}
         self._registered = asyncio.Event()  # set when a callee stream registers
@@ -154,10 +154,14 @@ class MemoryBroker(BrokerBase):
     def conn_uuid(self) -> str:
         return self._conn_uuid
 
-    async def call(self, msg_uuid: str, uri: str, args: bytes | None, timeout_ms: int) -> None:
-        self.push_call(msg_uuid, uri, args, timeout_ms)
+    async def call(
+        self, msg_uuid: str, uri: str, args: bytes | None, timeout_ms: int, *, trace: bytes | None = None
+    ) -> None:
+        self.push_call(msg_uuid, uri, args, timeout_ms, trace=trace)
 
-    def push_call(self, msg_uuid: str, uri: str, args: bytes | None, timeout_ms: int) -> None:
+    def push_call(
+        self, msg_uuid: str, uri: str, args: bytes | None, timeout_ms: int, *, trace: bytes | None = None
+    ) -> None:
         """Synchronous form of :meth:`call` (the server's fast path)."""
         if self._closed:
             self.stats.call_failures += 1
@@ -181,7 +185,7 @@ class MemoryBroker(BrokerBase):
         if cap and len(q) >= cap:
             self.stats.call_failures += 1
             raise CapacityExceeded(CAPACITY_MESSAGE)
-        q.appendleft((self._clock() + timeout_ms / 1000.0, msg_uuid, self._conn_uuid, args))
+        q.appendleft((self._clock() + timeout_ms / 1000.0, msg_uuid, self._conn_uuid, args, trace))
         self.stats.calls += 1
         waiters = self._waiters.get(uri)
         if waiters:
@@ -267,13 +271,13 @@ class MemoryBroker(BrokerBase):
         for u in uris:
             q = self._calls.get(u)
             while q:
-                deadline, msg_uuid, conn_uuid, args = q.pop()
+                deadline, msg_uuid, conn_uuid, args, trace = q.pop()
                 left = int((deadline - now) * 1000)
                 if left <= 0:
                     self.stats.expired_calls += 1
                     continue
                 self.stats.calls_popped += 1
-                return Call(conn_uuid=conn_uuid, msg_uuid=msg_uuid, uri=u, args=args, ttl_ms=left)
+                return Call(conn_uuid=conn_uuid, msg_uuid=msg_uuid, uri=u, args=args, ttl_ms=left, trace=trace)
         return None
 
     async def send_result(self, result: Result, ttl_ms: int) -> None:

@@ -122,7 +122,9 @@ class RedisBroker(BrokerBase):
     def conn_uuid(self) -> str:
         return self._conn_uuid
 
-    async def call(self, msg_uuid: str, uri: str, args: bytes | None, timeout_ms: int) -> None:
+    async def call(
+        self, msg_uuid: str, uri: str, args: bytes | None, timeout_ms: int, *, trace: bytes | None = None
+    ) -> None:
         """Queue a call. Calls made during one event-loop turn are pushed
         together: one script run per URI (upstream's script when alone)."""
         if timeout_ms <= 0:
@@ -130,7 +132,7 @@ class RedisBroker(BrokerBase):
             raise BrokerError(f"invalid call timeout: {timeout_ms} ms")
         if self._closed:
             raise BrokerError("broker closed")
-        payload = rustext.build_call_payload(self._conn_uuid, msg_uuid, uri, args)
+        payload = rustext.build_call_payload(self._conn_uuid, msg_uuid, uri, args, trace)
         try:
             await self._pusher.push(call_key(uri), call_ttl_key(uri, msg_uuid), timeout_ms, payload)
         except BrokerError:
@@ -191,7 +193,8 @@ class RedisBroker(BrokerBase):
                         self.stats.expired_calls += 1
                         continue
                     self.stats.calls_popped += 1
-                    yield Call(conn_uuid=p.conn_uuid, msg_uuid=p.msg_uuid, uri=p.uri, args=p.args, ttl_ms=left)
+                    yield Call(conn_uuid=p.conn_uuid, msg_uuid=p.msg_uuid, uri=p.uri, args=p.args, ttl_ms=left,
+                               trace=p.trace)
         finally:
             await pops.aclose()
             if leftovers and not self.router.closed:

@@ -278,7 +278,7 @@ class BlockingPops:
             if left <= 0:
                 self.stats.expired_calls += 1
                 continue
-            payload = codec.build_call_payload(p.conn_uuid, p.msg_uuid, p.uri, p.args)
+            payload = codec.build_call_payload(p.conn_uuid, p.msg_uuid, p.uri, p.args, p.trace)
             calls.append(((call_ttl_key(p.uri, p.msg_uuid), call_key(p.uri)), (left, payload)))
         if not calls:
             return

@@ -233,12 +233,33 @@ pub fn build_sub_ext(uuid: &str, channel: &str, pattern: bool, since: Option<(u6
 
 /// Redis call/result payload; `args` (valid JSON) is normalized, omitted when None.
 pub fn build_call_payload(conn_uuid: &str, msg_uuid: &str, uri: &str, args: Option<&[u8]>) -> Result<Vec<u8>> {
+    build_call_payload_traced(conn_uuid, msg_uuid, uri, args, None)
+}
+
+/// `build_call_payload` plus a `"trace"` member last when given: a JSON
+/// object (normalized; another value is `Error::NotObject`).
+pub fn build_call_payload_traced(
+    conn_uuid: &str,
+    msg_uuid: &str,
+    uri: &str,
+    args: Option<&[u8]>,
+    trace: Option<&[u8]>,
+) -> Result<Vec<u8>> {
     let args = args.map(normalize_args).transpose()?;
-    let mut out = Vec::with_capacity(120 + uri.len() + args.as_ref().map_or(0, Vec::len));
+    let trace = trace.map(normalize_args).transpose()?;
+    if trace.as_ref().is_some_and(|t| t.first() != Some(&b'{')) {
+        return Err(super::Error::NotObject);
+    }
+    let extra = args.as_ref().map_or(0, Vec::len) + trace.as_ref().map_or(0, Vec::len);
+    let mut out = Vec::with_capacity(130 + uri.len() + extra);
     put_str(&mut out, b"{\"conn_uuid\":", conn_uuid);
     put_str(&mut out, b",\"msg_uuid\":", msg_uuid);
     put_str(&mut out, b",\"uri\":", uri);
     put_opt_args(&mut out, args.as_deref());
+    if let Some(t) = trace {
+        out.extend_from_slice(b",\"trace\":");
+        out.extend_from_slice(&t);
+    }
     out.push(b'}');
     Ok(out)
 }

@@ -144,13 +144,17 @@ pub struct PubPayload {
     pub epoch: Option<String>,
 }
 
-/// The Redis call/result payload `{"conn_uuid","msg_uuid","uri","args"}`.
+/// The Redis call/result payload `{"conn_uuid","msg_uuid","uri","args"}`,
+/// and our optional `"trace"`: a JSON object of trace-context headers
+/// (`traceparent`, ...) that Go callees ignore as an unknown field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallPayload {
     pub conn_uuid: String,
     pub msg_uuid: String,
     pub uri: String,
     pub args: Option<Vec<u8>>,
+    /// the raw `"trace"` object, when the payload has one
+    pub trace: Option<Vec<u8>>,
 }
 
 mod build;
@@ -158,7 +162,7 @@ mod parse;
 mod scan;
 
 pub use build::{
-    build_ack, build_call, build_call_payload, build_evnt, build_nack, build_pub, build_pub_payload, build_res,
+    build_ack, build_call, build_call_payload, build_call_payload_traced, build_evnt, build_nack, build_pub, build_pub_payload, build_res,
     build_sub, build_sub_ack, build_sub_ext, write_str,
 };
 pub use parse::{

@@ -336,6 +336,7 @@ pub fn parse_call_payload(b: &[u8]) -> Result<CallPayload> {
     let mut msg = None;
     let mut uri = None;
     let mut args: Option<Span> = None;
+    let mut trace: Option<Span> = None;
     payload_members(b, |key, v| {
         if key.eq_ignore_ascii_case("conn_uuid") {
             conn = span_uuid(b, v, "conn_uuid")?;
@@ -345,6 +346,8 @@ pub fn parse_call_payload(b: &[u8]) -> Result<CallPayload> {
             uri = span_str(b, v, "uri")?;
         } else if key.eq_ignore_ascii_case("args") {
             args = Some(v);
+        } else if key == "trace" && v.kind == Kind::Object {
+            trace = Some(v);
         }
         Ok(())
     })?;
@@ -353,6 +356,7 @@ pub fn parse_call_payload(b: &[u8]) -> Result<CallPayload> {
         msg_uuid: msg.ok_or(Error::Missing("msg_uuid"))?,
         uri: uri.unwrap_or_default(),
         args: args.map(|a| normalized(&b[a.start..a.end])),
+        trace: trace.map(|t| b[t.start..t.end].to_vec()),
     })
 }
 

@@ -100,6 +100,8 @@ pub struct PyCallPayload {
     uri: Py<PyString>,
     #[pyo3(get)]
     args: Option<Py<PyBytes>>,
+    #[pyo3(get)]
+    trace: Option<Py<PyBytes>>,
 }
 
 #[pymethods]
@@ -267,14 +269,17 @@ fn build_unsb<'py>(py: Python<'py>, msg_uuid: &str, channel: &str, pattern: bool
 }
 
 #[pyfunction]
+#[pyo3(signature = (conn_uuid, msg_uuid, uri, args, trace = None))]
 fn build_call_payload<'py>(
     py: Python<'py>,
     conn_uuid: &str,
     msg_uuid: &str,
     uri: &str,
     args: Option<&[u8]>,
+    trace: Option<&[u8]>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    Ok(PyBytes::new(py, &super::build_call_payload(conn_uuid, msg_uuid, uri, args).map_err(decode_err)?))
+    let built = super::build_call_payload_traced(conn_uuid, msg_uuid, uri, args, trace).map_err(decode_err)?;
+    Ok(PyBytes::new(py, &built))
 }
 
 fn call_payload(py: Python<'_>, p: CallPayload) -> PyCallPayload {
@@ -283,6 +288,7 @@ fn call_payload(py: Python<'_>, p: CallPayload) -> PyCallPayload {
         msg_uuid: PyString::new(py, &p.msg_uuid).unbind(),
         uri: PyString::new(py, &p.uri).unbind(),
         args: opt_bytes(py, p.args),
+        trace: opt_bytes(py, p.trace),
     }
 }
 

@@ -166,6 +166,15 @@ fn payloads() {
     let c = parse_call_payload(&p).unwrap();
     assert_eq!(c.args.as_deref(), Some(&br#"{"k":[1,2]}"#[..]));
     assert!(build_call_payload(U, U, "u", Some(b"{bad")).is_err());
+    assert_eq!(c.trace, None);
+    let tp = br#"{ "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" }"#;
+    let p = build_call_payload_traced(U, U, "u", Some(b"1"), Some(tp)).unwrap();
+    let text = std::str::from_utf8(&p).unwrap();
+    assert!(text.ends_with(r#","args":1,"trace":{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}"#));
+    let c = parse_call_payload(&p).unwrap();
+    let normalized_tp = br#"{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}"#;
+    assert_eq!((c.args.as_deref(), c.trace.as_deref()), (Some(&b"1"[..]), Some(&normalized_tp[..])));
+    assert!(build_call_payload_traced(U, U, "u", None, Some(b"[1]")).is_err());
     let p = build_pub_payload(U, None).unwrap();
     assert_eq!(parse_pub_payload(&p).unwrap(), (U.to_string(), None));
     let raw = format!(r#"{{"msg_uuid": "{U}", "args": {{"from": "redis"}}}}"#);

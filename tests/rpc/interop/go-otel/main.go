@@ -13,6 +13,15 @@
 // SDK's in-memory exporter (sdk/trace/tracetest); the propagator is the
 // global W3C trace context + baggage one, which the plugins use when given
 // none.
+//
+//	go-otel decode-call < PAYLOAD
+//
+// decodes a juggler call payload (read from stdin) with encoding/json into
+// the struct the original Go juggler's callee decodes it into (its
+// msg.CallPayload: conn_uuid, msg_uuid, uri, args; the UUIDs as strings here
+// instead of pborman/uuid, which changes nothing for unknown members) and
+// prints the decoded fields as JSON: the check that the "trace" member our
+// traced server adds is ignored by an original callee.
 package main
 
 import (
@@ -20,6 +29,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"time"
@@ -94,7 +104,33 @@ func spansOf(exp *tracetest.InMemoryExporter) []Span {
 	return out
 }
 
+// callPayload mirrors the original juggler's msg.CallPayload (see the package doc).
+type callPayload struct {
+	ConnUUID string          `json:"conn_uuid"`
+	MsgUUID  string          `json:"msg_uuid"`
+	URI      string          `json:"uri"`
+	Args     json.RawMessage `json:"args,omitempty"`
+}
+
+func decodeCall() {
+	raw, err := io.ReadAll(os.Stdin)
+	if err != nil {
+		panic(err)
+	}
+	var p callPayload
+	if err := json.Unmarshal(raw, &p); err != nil {
+		fmt.Fprintln(os.Stderr, "decode:", err)
+		os.Exit(1)
+	}
+	b, _ := json.Marshal(p)
+	fmt.Println(string(b))
+}
+
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == "decode-call" {
+		decodeCall()
+		return
+	}
 	if len(os.Args) != 6 {
 		fmt.Fprintln(os.Stderr, "usage: go-otel GO_LISTEN OUR_ADDR SERVICE METHOD ARGS_JSON")
 		os.Exit(2)
