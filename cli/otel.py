@@ -1,5 +1,5 @@
 """OpenTelemetry for the commands that serve or call (``rpc serve``, ``rpc
-call``, ``server``, ``callee``): when tracing is on, and the SDK set up the
+call``, ``rpc bench``, ``server``, ``up``, ``callee``): when tracing is on, and the SDK set up the
 standard way, from the ``OTEL_*`` environment variables.
 
 Tracing is on with ``--otel``, or when the environment asks for an exporter
@@ -82,22 +82,16 @@ class Tracing:
             self.provider.shutdown()
 
 
-def start_tracing(service_name: str, environ: Mapping[str, str] | None = None) -> Tracing:
-    """Set the process's global tracer provider from the ``OTEL_*`` variables;
-    ``service_name`` is the default of ``OTEL_SERVICE_NAME``. Raises
-    ``OtelSetupError`` with the fix when the SDK is missing or the exporter
-    named is unknown."""
-    env = os.environ if environ is None else environ
+def _exporter_classes(env: Mapping[str, str]) -> list[Any]:
+    """The exporter classes ``OTEL_TRACES_EXPORTER`` names; ``OtelSetupError``
+    when the SDK or one of them is missing."""
     try:
         from importlib.metadata import entry_points
 
-        from opentelemetry import trace
-        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        import opentelemetry.sdk.trace  # noqa: F401
     except ImportError as exc:
         raise OtelSetupError(f"tracing needs the OpenTelemetry SDK: {INSTALL_HINT}") from exc
-    exporters = []
+    classes = []
     for name in _exporter_names(env):
         found = list(entry_points(group="opentelemetry_traces_exporter", name=name))
         if not found:
@@ -106,9 +100,30 @@ def start_tracing(service_name: str, environ: Mapping[str, str] | None = None) -
             raise OtelSetupError(
                 f"OTEL_TRACES_EXPORTER: no exporter {name!r} installed; known: {', '.join(known) or 'none'}{hint}")
         try:
-            exporters.append(found[0].load()())
+            classes.append(found[0].load())
         except ImportError as exc:
             raise OtelSetupError(f"the {name} trace exporter cannot load ({exc}): {INSTALL_HINT}") from exc
+    return classes
+
+
+def check_tracing(environ: Mapping[str, str] | None = None) -> None:
+    """What ``start_tracing`` would refuse, refused now (``OtelSetupError``),
+    setting nothing up: for a command whose tracing starts in other processes."""
+    _exporter_classes(os.environ if environ is None else environ)
+
+
+def start_tracing(service_name: str, environ: Mapping[str, str] | None = None) -> Tracing:
+    """Set the process's global tracer provider from the ``OTEL_*`` variables;
+    ``service_name`` is the default of ``OTEL_SERVICE_NAME``. Raises
+    ``OtelSetupError`` with the fix when the SDK is missing or the exporter
+    named is unknown."""
+    env = os.environ if environ is None else environ
+    exporters = [cls() for cls in _exporter_classes(env)]
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
     resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: service_name}))
@@ -131,6 +146,7 @@ __all__ = [
     "OtelSetupError",
     "Tracing",
     "add_otel_argument",
+    "check_tracing",
     "otel_wanted",
     "start_tracing",
     "tracing_from_args",

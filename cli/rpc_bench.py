@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cli.otel import add_otel_argument
 from cli.rpc_route import TARGET_HELP, add_route_arguments, route_of
 from cli.tls import add_client_tls_arguments, client_tls
 
@@ -37,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rpcx over TLS, verified against the system's trust store (implied by --tls-ca, --insecure)")
     add_client_tls_arguments(p, "TLS servers (rpcx, https:// gateways)")
     add_route_arguments(p)
+    add_otel_argument(p)
 
 
 def register(subparsers: Any) -> None:
@@ -70,15 +72,27 @@ def run(args: argparse.Namespace) -> int:
     if route is None and tls is not None and scheme_of(args.address) in ("inproc", "grpc"):
         print("error: TLS options apply to rpcx and https:// addresses only", file=sys.stderr)
         return 2
+    setup_tracing = None
+    from cli.otel import OtelSetupError, check_tracing, otel_wanted, start_tracing
+
+    if otel_wanted(args.otel):
+        import functools
+
+        try:  # refused here, in one line, rather than in each client process
+            check_tracing()
+        except OtelSetupError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        setup_tracing = functools.partial(start_tracing, "juggler-rpc-bench")
     if args.example == "bench":
         from rpc.examples import benchmark_request
 
         target = BenchTarget(args.address, "Hello", "Say", SerializeType.PROTOBUF,
                              benchmark_request().SerializeToString(), pool=args.pool, timeout=args.timeout, tls=tls,
-                             route=route)
+                             route=route, setup_tracing=setup_tracing)
     else:
         target = BenchTarget(args.address, "Arith", "Mul", SerializeType.JSON, b'{"A":7,"B":6}',
-                             pool=args.pool, timeout=args.timeout, tls=tls, route=route)
+                             pool=args.pool, timeout=args.timeout, tls=tls, route=route, setup_tracing=setup_tracing)
     if route is not None:
         problem = _check_route(route, target.service)
         if problem:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import resource
@@ -49,6 +50,10 @@ class BenchTarget:
     tls: Any = None
     #: call through a registry (``rpc.discovery.url.RegistryRoute``) with an XClient instead of ``address``
     route: Any = None
+    #: trace every call with OpenTelemetry (``rpc.tracing.TracingClientPlugin``): this sets up the
+    #: tracer provider in each client process (picklable: a module-level function or a partial of one)
+    #: and returns an object whose ``shutdown()`` exports what is left; None = no tracing
+    setup_tracing: Callable[[], Any] | None = None
 
 
 @dataclass
@@ -203,11 +208,36 @@ async def bench_target(
         if res is not None and res.is_error:
             raise RuntimeError(res.error_text)
 
+    plugin = None
+    if target.setup_tracing is not None:
+        from rpc.client_plugins import CallInfo
+        from rpc.tracing import TracingClientPlugin
+
+        plugin = TracingClientPlugin()
+
+        async def call() -> None:  # a CLIENT span per call, its context in the request metadata
+            info = CallInfo(service=template.service_path, method=template.service_method, address=address,
+                            metadata={})
+            plugin.pre_call(info, None)
+            error: Exception | None = None
+            res = None
+            try:
+                res = await caller(address, dataclasses.replace(template, metadata=info.metadata), timeout)
+                if res is not None and res.is_error:
+                    error = RuntimeError(res.error_text)
+            except Exception as exc:
+                error = exc
+            plugin.post_call(info, None, None if error else res, error)
+            if error is not None:
+                raise error
+
     if target.route is not None:
         try:
             # the payload is encoded already: sent as it is, under the target's serialize type
             xc = await stack.enter_async_context(target.route.xclient(
                 target.service, caller, serialize_type=target.serialize_type, timeout=timeout, codecs=_AsIs()))
+            if plugin is not None:
+                xc.plugins.add(plugin)
         except BaseException:
             await stack.aclose()
             raise
@@ -245,7 +275,13 @@ def _worker(target: BenchTarget, concurrency: int, total: int, start_at: float |
             stopped: Callable[[], bool]) -> BenchResult:
     import uvloop
 
-    return uvloop.run(bench_target(target, concurrency=concurrency, total=total, start_at=start_at, stopped=stopped))
+    tracing = target.setup_tracing() if target.setup_tracing is not None else None
+    try:
+        return uvloop.run(bench_target(target, concurrency=concurrency, total=total, start_at=start_at,
+                                       stopped=stopped))
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
 
 
 def _child(target: BenchTarget, concurrency: int, total: int, start_at: Any, stop: Any, out: Any) -> None:

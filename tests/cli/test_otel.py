@@ -118,3 +118,36 @@ def test_rpc_serve_without_otel_prints_no_span(monkeypatch: pytest.MonkeyPatch) 
         assert console_spans(served.proc.stdout.read()) == []
     finally:
         served.stop()
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_rpc_bench_traces_every_call(processes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`juggler rpc bench --otel`: a CLIENT span per call (the warm-up call
+    of each client process's connection included), each the parent of the
+    server's span; with several client processes, each sets tracing up."""
+    from tests.rpc.test_rpcx_e2e import serve
+
+    with monkeypatch.context() as m:
+        m.setenv("OTEL_TRACES_EXPORTER", "console")
+        served = serve("--example", "arith")
+    try:
+        bench = subprocess.run(
+            [sys.executable, "-m", "cli", "rpc", "bench", served.address, "--example", "arith", "-n", "4", "-c", "2",
+             "--pool", "1", "--processes", str(processes), "--otel"],
+            capture_output=True, text=True, timeout=120, check=False,
+            env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | {
+                "OTEL_TRACES_EXPORTER": "console"},
+        )
+        assert bench.returncode == 0, bench.stderr + bench.stdout
+        served.signal(signal.SIGTERM)
+        assert served.wait() == 0
+        assert served.proc.stdout is not None
+        server_out = served.proc.stdout.read()
+    finally:
+        served.stop()
+    clients = console_spans(bench.stdout)
+    servers = console_spans(server_out)
+    assert len(clients) == 4 + processes  # the calls and one warm-up call per client process
+    assert {s["name"] for s in clients} == {"rpcx.client.Arith.Mul"}
+    assert {s["resource"]["attributes"]["service.name"] for s in clients} == {"juggler-rpc-bench"}
+    assert sorted(s["parent_id"] for s in servers) == sorted(s["context"]["span_id"] for s in clients)
