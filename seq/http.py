@@ -296,7 +296,8 @@ class HttpApi:
         # (503) rather than the safety net's 504 (a round in flight when the deadline passes).
         deadline = loop.time() + t - min(0.05, t * 0.1)
         try:
-            r = await asyncio.wait_for(self._acquire(name, n, deadline), t)
+            async with asyncio.timeout(t):  # no task of its own, unlike wait_for
+                r = await self._acquire(name, n, deadline)
         except TimeoutError:
             raise _Refused("deadline_exceeded", f"no range within the deadline ({t:g} s)") from None
         except SeqExhausted:
