@@ -212,7 +212,29 @@ def seq() -> list[Path]:
     ax.set_xticks(list(xs), [f"buffer {b_}\n{c_} client{'s' if c_ > 1 else ''}" for b_, c_ in keys], fontsize=8)
     ax.legend(fontsize=8)
     files.append(save(fig, "seq-ns-per-id.png"))
+    http_api = RESULTS / "seq" / "results" / "http_api.json"
+    if http_api.exists():
+        files.append(seq_http(json.loads(http_api.read_text())["results"]))
     return files
+
+
+def seq_http(rows: list[dict[str, Any]]) -> Path:
+    """gRPC against HTTP, one call per range: medians over the rounds."""
+    plt = pyplot()
+    keys = [(api, count) for count in (1, 1000) for api in ("grpc", "http")]
+
+    def med(api: str, count: int, key: str) -> float:
+        return statistics.median(r[key] for r in rows if r["api"] == api and r["count"] == count)
+
+    labels = [f"{'gRPC' if api == 'grpc' else 'HTTP'}\ncount {count}" for api, count in keys]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    bars(a, labels, [med(*k, "requests_per_s") for k in keys],
+         [OTHER if api == "grpc" else OURS for api, _ in keys])
+    a.set_title("ranges/s (one call each; IDs/s = × count)")
+    stacked(b, labels, {"load generator": [med(*k, "loadgen_cpu_us_per_request") for k in keys],
+                        "3 members": [med(*k, "servers_cpu_us_per_request") for k in keys]}, "µs")
+    b.set_title("CPU per call")
+    return save(fig, "seq-http.png")
 
 
 # --- tables ---------------------------------------------------------------------
