@@ -34,6 +34,7 @@ EPILOG = """examples:
   juggler rpc call redis://127.0.0.1:6379/rpcx Arith.Mul '{"A":6,"B":7}' --selector roundrobin --fail-mode failover
   juggler rpc call etcd://127.0.0.1:2379/rpcx Arith.Mul '{"A":6,"B":7}' --group canary
   juggler rpc call zookeeper://127.0.0.1:2181/rpcx Arith.Mul '{"A":6,"B":7}'   # registered in ZooKeeper (Go too)
+  juggler rpc call consul://127.0.0.1:8500/rpcx Arith.Mul '{"A":6,"B":7}'   # registered in Consul (Go too)
   juggler rpc call etcds://10.0.0.2:2379/rpcx Arith.Mul '{"A":6,"B":7}' --registry-tls-ca certs/ca.pem
 """
 

@@ -23,6 +23,8 @@ EPILOG = """examples:
       --advertise tcp@10.0.0.6:8973 --metadata weight=2 --group canary   # published as weight=2&group=canary
   juggler rpc serve --listen 0.0.0.0:8974 --example arith --zookeeper 127.0.0.1:2181 --base /rpcx \
       --advertise tcp@10.0.0.7:8974   # an ephemeral node /rpcx/Arith/tcp@10.0.0.7:8974, as Go's rpcx-zookeeper
+  juggler rpc serve --listen 0.0.0.0:8975 --example arith --consul 127.0.0.1:8500 --base /rpcx \
+      --advertise tcp@10.0.0.8:8975   # the key rpcx/Arith/tcp@10.0.0.8:8975 held by a session, as Go's rpcx-consul
   juggler rpc serve --listen unix@/tmp/arith.sock --example arith --idle-timeout 90
   curl -s http://127.0.0.1:8080/Arith -H 'X-RPCX-ServiceMethod: Mul' -H 'X-RPCX-SerializeType: 1' -d '{"A":6,"B":7}'
   curl -s http://127.0.0.1:8972/Arith -H 'X-RPCX-ServiceMethod: Mul' -H 'X-RPCX-SerializeType: 1' -d '{"A":6,"B":7}'
@@ -73,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     reg.add_argument("--zookeeper", metavar="HOST:PORT",
                      help="register in this ZooKeeper (HOST:PORT[,HOST:PORT…]; rpcx-zookeeper's layout, "
                           "ephemeral nodes: --ttl is the session timeout)")
+    reg.add_argument("--consul", metavar="HOST:PORT",
+                     help="register in this Consul agent's KV store (HOST:8500; rpcx-consul's layout; "
+                          "a --ttl under 20 s is raised to 20, as Consul's sessions last at least 10 s)")
     p.add_argument("--base", default="/rpcx", help="registry base path (default /rpcx)")
     p.add_argument("--redis-layout", choices=("libkv", "juggler"), default="libkv",
                    help="--redis key layout: libkv, Go rpcx's (default); juggler, the one clients of the "
@@ -306,6 +311,12 @@ async def serve(args: argparse.Namespace) -> int:
             if registry_tls is not None:
                 raise ValueError("--registry-tls-* options are not supported with --zookeeper")
             registrars.append(ZooKeeperRegistrar(args.zookeeper, base=args.base, ttl=args.ttl))
+        elif args.consul:
+            from rpc.discovery.consul import MIN_TTL, ConsulRegistrar
+
+            if registry_tls is not None:
+                raise ValueError("--registry-tls-* options are not supported with --consul")
+            registrars.append(ConsulRegistrar(args.consul, base=args.base, ttl=max(MIN_TTL, args.ttl)))
         elif registry_tls is not None:
             raise ValueError("--registry-tls-* options need a registry (--redis rediss://… or --etcd https://…)")
     except (TlsConfigError, ValueError) as exc:

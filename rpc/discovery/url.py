@@ -8,6 +8,8 @@
   the release before it)
 - ``zookeeper://host:2181/BASE``                        → ``ZooKeeperDiscovery``
   (rpcx-zookeeper's layout; no TLS, no query)
+- ``consul://host:8500/BASE``                           → ``ConsulDiscovery``
+  (rpcx-consul's layout; HTTP, no TLS, no query)
 
 The path is the base path, as ``juggler rpc serve --base`` registers under
 it; no path means ``/rpcx`` (serve's default and rpcx's). ``RegistryRoute``
@@ -37,6 +39,7 @@ SCHEMES: dict[str, tuple[str, bool, int]] = {
     "redis": ("redis", False, 6379),
     "rediss": ("redis", True, 6379),
     "zookeeper": ("zookeeper", False, 2181),
+    "consul": ("consul", False, 8500),
 }
 
 DEFAULT_BASE = "/rpcx"
@@ -67,7 +70,7 @@ class RegistryURL:
     def parse(cls, url: str, *, tls: Any = None) -> RegistryURL:
         """Raises ValueError with a one-line reason for a URL that is not a registry's."""
         expected = "expected etcd://HOST:PORT/BASE or redis://HOST:PORT/BASE (etcds://, rediss:// over TLS)" \
-                   " or zookeeper://HOST:PORT/BASE"
+                   " or zookeeper://HOST:PORT/BASE or consul://HOST:PORT/BASE"
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in SCHEMES or "://" not in url:
@@ -93,6 +96,14 @@ class RegistryURL:
             if parts.username or parts.password:
                 raise ValueError(f"etcd registry URL {url!r}: user and password are not supported")
             endpoint = f"{'https' if secure else 'http'}://{host}:{port}"
+        elif kind == "consul":
+            if query:
+                raise ValueError(f"consul registry URL {url!r} takes no query")
+            if parts.username or parts.password:
+                raise ValueError(f"consul registry URL {url!r}: user and password are not supported")
+            if not base.strip("/"):
+                raise ValueError(f"consul registry URL {url!r}: the base path must name a key, e.g. /rpcx")
+            endpoint = f"{host}:{port}"
         elif kind == "zookeeper":
             if query:
                 raise ValueError(f"zookeeper registry URL {url!r} takes no query")
@@ -136,6 +147,10 @@ class RegistryURL:
             from rpc.discovery.zookeeper import ZooKeeperDiscovery
 
             return ZooKeeperDiscovery(self.endpoint, service, base=self.base, refresh_interval=refresh_interval)
+        if self.kind == "consul":
+            from rpc.discovery.consul import ConsulDiscovery
+
+            return ConsulDiscovery(self.endpoint, service, base=self.base, refresh_interval=refresh_interval)
         from rpc.discovery.redis import RedisDiscovery, check_layout
 
         return RedisDiscovery(self.endpoint, service, base=self.base, refresh_interval=refresh_interval, tls=self.tls,
