@@ -3,12 +3,14 @@
 (both over github.com/rpcxio/libkv v0.5.1; the Go peer in
 ``tests/rpc/interop/go-redis``) against our ``juggler rpc serve --redis`` and
 ``RedisDiscovery``: registration, calls, groups, metadata updates,
-deregistration and TTL expiry seen by the other side, and the raw keys and
+deregistration, TTL expiry and an operator's ``state=inactive`` seen by the
+other side, and the raw keys and
 values ours writes checked against those the Go plugin wrote. Without ``go``
 the tests are skipped on a developer's machine and fail in CI (``CI=true``)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -27,7 +29,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from rpc.discovery.libkv import decode_pair
+from rpc.discovery.libkv import KVPair, decode_pair, encode_pair
 from rpc.discovery.redis import RedisDiscovery
 from rpc.errors import NoServerAvailable
 from rpc.rpcx_client import RpcxCaller
@@ -49,7 +51,7 @@ def go_redis_peer(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(why)
     out = tmp_path_factory.mktemp("go-redis") / "rpcx-redis-interop"
     res = subprocess.run([go, "build", "-o", str(out), "."], cwd=GO_DIR, capture_output=True, text=True,
-                         timeout=600, env={**os.environ, "CGO_ENABLED": "0"})
+                         timeout=600, env={**os.environ, "CGO_ENABLED": "0"}, check=False)
     assert res.returncode == 0, f"go build failed:\n{res.stderr}"
     return out
 
@@ -139,6 +141,14 @@ class GoClient:
             if line.startswith(("reply ", "error ")):
                 return line
 
+    def call_until(self, pred: Callable[[str], bool], timeout: float = 5.0) -> str:
+        """Call until the answer satisfies ``pred``: the XClient takes a discovery
+        change in on a goroutine of its own, after the discovery reported it."""
+        deadline = time.monotonic() + timeout
+        while not pred(answer := self.call(6, 7)):
+            assert time.monotonic() < deadline, f"the Go XClient still answers {answer!r}"
+        return answer
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -218,7 +228,8 @@ def test_cli_calls_a_go_server_through_redis(go_redis_peer: Path, redis_url: str
     go = GoServer(go_redis_peer, redis_url, base)
     cleanup.append(go)
     res = subprocess.run([sys.executable, "-m", "cli", "rpc", "call", f"redis://{redis_addr(redis_url)}{base}",
-                          "Arith.Mul", '{"A":6,"B":7}', "--timeout", "5"], capture_output=True, text=True, timeout=60)
+                          "Arith.Mul", '{"A":6,"B":7}', "--timeout", "5"],
+                         capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == {"C": 42}
 
@@ -295,4 +306,50 @@ def test_our_keys_and_values_are_the_go_plugins(go_redis_peer: Path, redis_url: 
         for key in dirs:
             assert r.pttl(key) == -1  # no TTL, whoever wrote them last
     finally:
+        r.close()
+
+
+def mark_inactive(r: redis.Redis, key: str) -> None:
+    """What an operator does to take a server out of rotation: its metadata
+    becomes ``state=inactive``, the TTL left as it is."""
+    pair = decode_pair(r.get(key))  # type: ignore[arg-type]
+    r.set(key, encode_pair(KVPair(key=pair.key, value=b"state=inactive", last_index=pair.last_index)), keepttl=True)
+
+
+def test_a_server_of_ours_marked_inactive_in_redis_leaves_the_go_xclient(
+        go_redis_peer: Path, redis_url: str, base: str, cleanup: list[GoServer | GoClient | Served]) -> None:
+    ours = serve("--example", "arith", "--redis", redis_url, "--base", base, "--ttl", "2")
+    cleanup.append(ours)
+    client = GoClient(go_redis_peer, redis_url, base)
+    cleanup.append(client)
+    client.until_servers(lambda s: ours.address in s)
+    r = redis.Redis.from_url(redis_url)
+    try:
+        key = f"/{base}/Arith/{ours.address}"
+        mark_inactive(r, key)
+        client.until_servers(lambda s: s == {ours.address: "state=inactive"})
+        client.call_until(lambda answer: answer.startswith("error "))  # rpcx's XClient dropped it
+        time.sleep(2.5)  # past the 2 s TTL: only our heartbeats kept the entry, with the operator's edit
+        assert decode_pair(r.get(key)).value == b"state=inactive"  # type: ignore[arg-type]
+    finally:
+        r.close()
+
+
+async def test_a_go_server_marked_inactive_in_redis_leaves_our_xclient(
+        go_redis_peer: Path, redis_url: str, base: str, cleanup: list[GoServer | GoClient | Served]) -> None:
+    go = GoServer(go_redis_peer, redis_url, base, interval="300ms")
+    cleanup.append(go)
+    r = redis.Redis.from_url(redis_url)
+    caller = RpcxCaller()
+    try:
+        async with RedisDiscovery(redis_url, "Arith", base=base, refresh_interval=60) as discovery, \
+                XClient("Arith", discovery, caller, options=XClientOptions()) as xc:
+            assert xc.servers == {go.address: ""}
+            mark_inactive(r, f"/{base}/Arith/{go.address}")
+            await wait_servers(discovery, lambda s: s == {go.address: "state=inactive"}, timeout=2)
+            assert xc.servers == {}
+            await asyncio.sleep(1.0)  # past the Go plugin's 600 ms TTL: its updates kept the edit
+            assert discovery.servers() == {go.address: "state=inactive"} and xc.servers == {}
+    finally:
+        await caller.aclose()
         r.close()
