@@ -291,8 +291,9 @@ class ConsulDiscovery(WatchingDiscovery):
             _, new_index = await self.http.list(self.directory, index=index, wait=self.watch_wait)
             if new_index != index:
                 changed.set()
-            # Consul's advice: an index that went backwards (a snapshot restore) starts over
-            index = new_index if new_index >= index else 0
+            # Consul's advice: an index that went backwards (a snapshot restore) starts over, and
+            # one under 1 is taken as 1 (index 0 does not block)
+            index = max(new_index, 1) if new_index >= index else 0
 
     async def _close_backend(self) -> None:
         await self.http.aclose()

@@ -27,6 +27,7 @@ from rpc.rpcx_client import RpcxCaller
 from rpc.xclient import XClient, XClientOptions
 from tests.netutil import free_port
 from tests.rpc.consul_fixture import ConsulServer, consul_server  # noqa: F401
+from tests.rpc.test_cli_rpc import run_cli
 from tests.rpc.test_rpcx_e2e import Served, serve
 
 GO_DIR = Path(__file__).parent / "interop" / "go-consul"
@@ -292,3 +293,41 @@ async def test_groups_and_inactive_across_go_and_python_servers(
                 assert await xc.call("Mul", {"A": 6, "B": 7}, timeout=5) == {"C": 42, "Server": f"go@{go.addr}"}
     finally:
         await caller.aclose()
+
+
+async def test_killed_servers_expire_with_their_sessions(
+        go_consul_peer: Path, consul: str, base: str, go_servers: list[GoServer], our_servers: list[Served]) -> None:
+    """A Go server and ours killed without deregistering: Consul deletes each
+    one's key when its session expires (within the 20 s TTL of both), and
+    the watch of our discovery sees it; Go's client then finds no server."""
+    go = GoServer(go_consul_peer, consul, base)
+    go_servers.append(go)
+    ours = serve("--example", "arith", "--consul", consul, "--base", base, "--ttl", "20")
+    our_servers.append(ours)
+    discovery = ConsulDiscovery(consul, "Arith", base=base, refresh_interval=300)  # only the watch sees changes
+    async with discovery:
+        assert set(discovery.servers()) == {f"tcp@{go.addr}", ours.address}
+        go.stop(signal.SIGKILL)
+        ours.stop()  # SIGKILL
+        await until(discovery, lambda servers: not servers, timeout=45)
+    res = go_call(go_consul_peer, consul, base)
+    assert res.returncode != 0 and "can not found any server" in res.stderr
+
+
+def test_bench_through_consul_and_the_errors_a_user_sees(consul: str, base: str, our_servers: list[Served]) -> None:
+    """``juggler rpc bench consul://…`` over two of our servers, and the
+    one-line errors for nothing registered and for an unreachable agent."""
+    target = f"consul://{consul}{base}"
+    empty = run_cli("cli.rpc_bench", target, "--example", "arith", "-n", "10")
+    assert empty.returncode == 1
+    assert empty.stderr.startswith(f"error: no server registered for service Arith under {base} in consul://{consul}")
+    for _ in range(2):
+        our_servers.append(serve("--example", "arith", "--consul", consul, "--base", base))
+    bench = run_cli("cli.rpc_bench", target, "--example", "arith", "-c", "4", "-n", "40", "--selector", "roundrobin")
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    assert "received requests_OK : 40" in bench.stdout and "errors               : 0" in bench.stdout
+    port = free_port()
+    down = run_cli("cli.rpc_call", f"consul://127.0.0.1:{port}{base}", "Arith.Mul", "{}")
+    assert down.returncode == 1
+    assert down.stderr.startswith(f"error: cannot reach the registry consul://127.0.0.1:{port}: "), down.stderr
+    assert len(down.stderr.splitlines()) == 1 and "Traceback" not in down.stderr
