@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from cli import rpc_bench, rpc_call, rpc_serve
+from rpc.discovery.libkv import decode_pair
 from tests.netutil import free_port, wait_for_port
 
 
@@ -51,7 +52,8 @@ def test_serve_call_and_graceful_stop(redis_url: str) -> None:
         line = proc.stdout.readline()
         assert line.startswith("rpc serve: http gateway on 127.0.0.1:"), line
         wait_for_port(gw, proc=proc)
-        assert r.get("/rpcx/Arith/tcp@127.0.0.1:18972") == b"weight=3"
+        # Go rpcx's layout: libkv's key and KVPair JSON
+        assert decode_pair(r.get("//rpcx/Arith/tcp@127.0.0.1:18972")).value == b"weight=3"  # type: ignore[arg-type]
 
         url = f"http://127.0.0.1:{gw}"
         ok = run_cli("cli.rpc_call", url, "Arith.Mul", '{"A":6,"B":7}', "--auth", "tok")
@@ -74,7 +76,7 @@ def test_serve_call_and_graceful_stop(redis_url: str) -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
         assert "juggler rpc serve: stopping" in proc.stderr.read()
-        assert r.exists("/rpcx/Arith/tcp@127.0.0.1:18972") == 0  # deregistered on shutdown
+        assert r.exists("//rpcx/Arith/tcp@127.0.0.1:18972") == 0  # deregistered on shutdown
     finally:
         if proc.poll() is None:
             proc.kill()
