@@ -231,6 +231,7 @@ async def test_metrics_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Non
         c.close()
     assert 'seq_rounds_total{result="won"} 3.0' in body
     assert "seq_ready 1.0" in body
+    assert 'seq_name_ids_served_total{name="m"} 3.0' in body  # per name too (see test_seq_http.py)
 
 
 async def test_end_of_the_id_space_is_a_clear_error(cluster: LocalCluster) -> None:

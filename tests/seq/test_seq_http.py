@@ -187,6 +187,31 @@ async def test_no_majority_and_a_catching_up_member(tmp_path: Path, http: aiohtt
         c.close()
 
 
+async def test_a_stopping_member_answers_the_requests_in_flight(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """SIGTERM while a next waits for a quorum that cannot form (the member
+    is alone): the request still gets its JSON answer at its deadline, then
+    the member exits 0."""
+    c = LocalCluster(3, root=str(tmp_path), http=True)
+    try:
+        c.start(0, "--bootstrap", "--timeout", "1")  # the others never come: bootstrapping, no quorum
+        base = c.http_urls[0]
+        assert await wait_until(lambda: _ready_status(http, base), 30, interval=0.05, what=lambda: c.output(0)) == 503
+        pending = asyncio.ensure_future(call(http, "GET", f"{base}/v1/next/stopping"))
+
+        async def received() -> bool:
+            text = (await call(http, "GET", f"{base}/metrics"))[1]
+            return bool(re.search(r"^seq_requests_total [1-9]", text, re.M))
+
+        await wait_until(received, 10, interval=0.02, what="the member received the request")
+        assert await asyncio.to_thread(c.stop, 0) == 0, c.output(0)
+        status, doc, _ = await asyncio.wait_for(pending, 10)
+        assert status == 503 and doc["error"]["code"] in ("no_quorum", "unavailable"), doc
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await call(http, "GET", f"{base}/healthz")
+    finally:
+        c.close()
+
+
 async def _ready_status(http: aiohttp.ClientSession, base: str) -> int | None:
     """The /readyz status once the listener answers (None before)."""
     try:
