@@ -45,7 +45,7 @@ from typing import Any, Literal, get_args
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from rpc.discovery import libkv
 from rpc.discovery.base import (
@@ -254,7 +254,8 @@ async def ensure_keyspace_events(redis: aioredis.Redis) -> str | None:
     """Turn on the keyspace notifications a libkv watch needs (``K`` with
     ``g``, ``$`` and ``x``, or ``A``), adding to the flags already set, as
     libkv's client turns them on (it sets ``KEA``). None when they are on;
-    else why they could not be (CONFIG refused, for one)."""
+    else why Redis refused (CONFIG renamed away, or not allowed to this
+    user). A connection error is raised: the watch is retried."""
     try:
         reply = await redis.config_get("notify-keyspace-events")
         current = next((_text(v) for v in reply.values()), "")
@@ -262,7 +263,7 @@ async def ensure_keyspace_events(redis: aioredis.Redis) -> str | None:
         missing = ({"K"} | (set() if "A" in flags else {"g", "$", "x"})) - flags
         if missing:
             await redis.config_set("notify-keyspace-events", current + "".join(sorted(missing)))
-    except RedisError as exc:
+    except ResponseError as exc:
         return str(exc)
     return None
 
