@@ -117,7 +117,7 @@ def _error(code: str, message: str, headers: dict[str, str] | None = None, **ext
 def _iso(wall: float | None) -> str | None:
     if wall is None:
         return None
-    return datetime.datetime.fromtimestamp(wall, datetime.timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.datetime.fromtimestamp(wall, datetime.UTC).isoformat(timespec="milliseconds")
 
 
 class HttpApi:
@@ -391,15 +391,13 @@ class HttpApi:
     async def _status(self, request: web.Request) -> web.Response:
         rows, nxt = self._page(request)
         e = html.escape
+        member = e(self.member)
         out = [
-            "<!doctype html><html><head><meta charset=\"utf-8\"><title>seq member ",
-            e(self.member), "</title><style>body{font-family:sans-serif}td,th{padding:2px 8px}"
-            "td.n{text-align:right;font-variant-numeric:tabular-nums}th{text-align:left}</style></head><body>",
-            f"<h1>seq member {e(self.member)}</h1><p>state: <b>{e(self._state())}</b> · names held: "
-            f"{len(self._store)} · figures of ranges served by this member (gRPC and HTTP); "
-            "rate: IDs/s over about the last minute</p>",
-            "<table><tr><th>name</th><th>value</th><th>last range served</th><th>ranges served</th>"
-            "<th>IDs served</th><th>rate</th></tr>",
+            f'<!doctype html><html><head><meta charset="utf-8"><title>seq member {member}</title>',
+            _STYLE,
+            (f"<h1>seq member {member}</h1><p>state: <b>{e(self._state())}</b> · names held: {len(self._store)}"
+             " · figures of ranges served by this member (gRPC and HTTP); rate: IDs/s over about the last minute</p>"),
+            _HEAD,
         ]
         for row in rows:
             out.append(
@@ -421,6 +419,14 @@ class HttpApi:
             raise web.HTTPNotFound()
         body, content_type = self._metrics()
         return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+_STYLE = ("<style>body{font-family:sans-serif}td,th{padding:2px 8px}th{text-align:left}"
+          "td.n{text-align:right;font-variant-numeric:tabular-nums}</style></head><body>")
+
+
+_HEAD = ("<table><tr><th>name</th><th>value</th><th>last range served</th><th>ranges served</th>"
+         "<th>IDs served</th><th>rate</th></tr>")
 
 
 def _no_constant(name: str) -> Any:

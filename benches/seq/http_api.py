@@ -39,11 +39,10 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benches.common import loadavg, save
 from seq.bench import proc_cpu_seconds, self_cpu_seconds
 from seq.channel import ApiChannel
 from seq.localcluster import LocalCluster
-
-from benches.common import loadavg, save
 
 # One thread per member (setup() is called once per thread, in order); the summary as JSON.
 WRK_SCRIPT = r"""
