@@ -35,6 +35,9 @@ READY_LINE = "agent: Synced node info"
 
 
 class ConsulServer(ServerProcess):
+    #: the thread copying the agent's output to consul.log (ends with the agent)
+    copier: threading.Thread | None = None
+
     @property
     def address(self) -> str:
         """``127.0.0.1:PORT`` of its HTTP API, as Go's plugin and our CLI are given it."""
@@ -93,7 +96,9 @@ def start_consul(timeout: float = 30.0) -> ConsulServer:
         proc.stdout.close()
         log = Path(f"{workdir}/consul.log").read_text()[-2000:]
         raise TimeoutError(f"consul did not become ready in {timeout} s:\n{log}")
-    return ConsulServer(port=http, proc=proc, dir=workdir)
+    server = ConsulServer(port=http, proc=proc, dir=workdir)
+    server.copier = copier
+    return server
 
 
 @pytest.fixture(scope="session")
@@ -101,6 +106,8 @@ def consul_server() -> Iterator[ConsulServer]:
     server = start_consul()
     yield server
     server.stop(timeout=10)
+    if server.copier is not None:
+        server.copier.join(timeout=10)  # the agent's output ends with it: then its pipe can be closed
     if server.proc.stdout is not None:
         server.proc.stdout.close()
     shutil.rmtree(server.dir, ignore_errors=True)
