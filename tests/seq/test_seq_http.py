@@ -353,14 +353,20 @@ async def test_status_page_escapes_names(hc: LocalCluster, http: aiohttp.ClientS
 
 
 async def test_https_with_the_member_certificates(pki: Any, tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """The HTTP listener serves the member's certificate, and the new one after SIGHUP."""
+    import signal
     import ssl
 
     from rustext.tls import ClientTls
+    from tests.tlsutil import served_serial
 
     leaf = pki.leaf()
+    cert, key = tmp_path / "member.pem", tmp_path / "member-key.pem"  # replaced below
+    cert.write_bytes(leaf.cert.read_bytes())
+    key.write_bytes(leaf.key.read_bytes())
     c = LocalCluster(3, root=str(tmp_path), http=True, tls=ClientTls(ca=str(pki.ca)))
     try:
-        c.start_all("--bootstrap", "--tls-cert", str(leaf.cert), "--tls-key", str(leaf.key), "--tls-ca", str(pki.ca))
+        c.start_all("--bootstrap", "--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(pki.ca))
         await c.wait_ready(timeout=60)
         ctx = ssl.create_default_context(cafile=str(pki.ca))
         url = c.http_urls[0].replace("http://", "https://")
@@ -368,6 +374,15 @@ async def test_https_with_the_member_certificates(pki: Any, tmp_path: Path, http
         assert (status, doc) == (200, {"name": "tls", "from": 1, "to": 3})
         with pytest.raises(aiohttp.ClientConnectionError):  # plaintext to the TLS listener
             await call(http, "GET", f"{c.http_urls[0]}/healthz")
+        host, _, port = c.members[0].http_addr.rpartition(":")  # type: ignore[union-attr]
+        before = await served_serial(host, int(port), pki.ca)
+        fresh = pki.leaf(name="fresh")
+        cert.write_bytes(fresh.cert.read_bytes())
+        key.write_bytes(fresh.key.read_bytes())
+        c.members[0].proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        await wait_until(lambda: "TLS certificate reloaded" in c.output(0), 10, what=lambda: c.output(0))
+        assert await served_serial(host, int(port), pki.ca) != before
+        assert (await call(http, "GET", f"{url}/healthz", ssl=ctx))[0] == 200
     finally:
         c.close()
 
