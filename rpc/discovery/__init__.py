@@ -10,6 +10,8 @@
 - ``etcd``   EtcdRegistrar / EtcdDiscovery (etcd v3 over its JSON gateway)
 - ``zookeeper`` ZooKeeperRegistrar / ZooKeeperDiscovery (ephemeral nodes, children
              watch; Go rpcx-zookeeper's layout, over kazoo)
+- ``consul`` ConsulRegistrar / ConsulDiscovery (KV entries held by sessions, blocking-query
+             watch; Go rpcx-consul's layout, over Consul's HTTP API)
 - ``url``    RegistryURL (``etcd://host:2379/rpcx``, ``redis://…``) and RegistryRoute
              (an XClient through it: selector, fail mode, group), as the CLI takes them
 """
