@@ -128,10 +128,24 @@ pub struct Settings {
     pub queue_timeout: Duration,
 }
 
+/// One listening address, and whether it terminates TLS (with the
+/// certificates of [`Config::tls`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenAddr {
+    pub addr: SocketAddr,
+    pub tls: bool,
+}
+
 /// Fixed for the life of a running balancer (listener, threads, pools).
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// The first listener's address.
     pub listen: SocketAddr,
+    /// Every listener, `listen` first; empty: `listen` alone, with TLS when
+    /// `tls` is set.
+    pub listeners: Vec<ListenAddr>,
+    /// Named pools and routes; None: one pool (`settings`) takes everything.
+    pub routing: Option<super::route::RoutingSpec>,
     pub workers: usize,
     /// Client request-head read timeout (slowloris guard).
     pub header_timeout: Duration,
@@ -175,6 +189,8 @@ impl Config {
     pub fn new(listen: SocketAddr, settings: Settings) -> Self {
         Config {
             listen,
+            listeners: Vec::new(),
+            routing: None,
             workers: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
@@ -204,7 +220,39 @@ impl Config {
         if self.redirect_listen.is_some() && self.tls.is_none() {
             return Err("an HTTP-to-HTTPS redirect needs TLS on the listener (certificates)".into());
         }
+        if self.listeners.iter().any(|l| l.tls) && self.tls.is_none() {
+            return Err("a listener with tls = true needs certificates ([tls] certificates)".into());
+        }
+        if let Some(r) = &self.routing {
+            if r.listeners.len() != self.listen_addrs().len() {
+                return Err("routing: one route table per listener".into());
+            }
+            for p in &r.pools {
+                p.settings.validate().map_err(|e| format!("backend {:?}: {e}", p.name))?;
+            }
+            return Ok(());
+        }
         self.settings.validate()
+    }
+
+    /// Every listener, the first at `listen`.
+    pub fn listen_addrs(&self) -> Vec<ListenAddr> {
+        if self.listeners.is_empty() {
+            vec![ListenAddr {
+                addr: self.listen,
+                tls: self.tls.is_some(),
+            }]
+        } else {
+            self.listeners.clone()
+        }
+    }
+
+    /// The routing as configured (one pool for everything without `routing`).
+    pub fn routing_spec(&self) -> super::route::RoutingSpec {
+        match &self.routing {
+            Some(r) => r.clone(),
+            None => super::route::RoutingSpec::single(self.settings.clone(), self.listen_addrs().len()),
+        }
     }
 }
 

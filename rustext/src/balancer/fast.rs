@@ -30,10 +30,10 @@ use socket2::SockRef;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use super::config::HashKey;
 use super::h1::{
-    self, BodyMode, Chunks, ClientView, MethodKind, ReqHead, ReqParse, RespHead, RespParse,
+    self, BodyMode, Chunks, ClientView, Edits, MethodKind, ReqHead, ReqParse, RespHead, RespParse,
 };
+use super::route::Rules;
 use super::pool::Fail;
 use super::attempts::{Attempts, Next};
 use super::proxy::{ConnCtl, Peer, Worker};
@@ -297,18 +297,14 @@ pub async fn serve(
     let mut out: Vec<u8> = Vec::new();
     let mut resp: Vec<u8> = Vec::new();
     loop {
-        let (up, head) = loop {
+        let (t, head) = loop {
             if !inb.is_empty() {
                 // The snapshot current when the head is complete (reloads
                 // apply to the next request of a keep-alive connection).
-                let up = w.shared.upstream();
-                let hash_name = match &up.settings.hash_key {
-                    HashKey::Header(n) => Some(n.as_str()),
-                    _ => None,
-                };
-                match h1::parse_request(&inb, hash_name, &mut out) {
-                    ReqParse::Ready(h) => break (up, Some(h)),
-                    ReqParse::Fallback => break (up, None),
+                let t = w.shared.table();
+                match h1::parse_request_routed(&inb, t.listener(peer.listener), &t.pools, &mut out) {
+                    ReqParse::Ready(h) => break (t, Some(h)),
+                    ReqParse::Fallback => break (t, None),
                     ReqParse::Refuse => {
                         const BAD: &[u8] = b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\n\
                             content-length: 16\r\nconnection: close\r\n\r\n\
@@ -317,7 +313,7 @@ pub async fn serve(
                         let _ = client.send(&mut [IoSlice::new(BAD)]).await;
                         return None;
                     }
-                    ReqParse::Partial if inb.len() >= max_head => break (up, None),
+                    ReqParse::Partial if inb.len() >= max_head => break (t, None),
                     ReqParse::Partial => {}
                 }
             } else if ctl.close.load(Relaxed) {
@@ -342,17 +338,69 @@ pub async fn serve(
                 Ok(_) => {}
             }
         }
-        let keep = exchange(
-            &w,
-            &up,
-            &peer,
-            &mut client,
-            &head,
-            &inb[..total],
-            &mut out,
-            &mut resp,
-        )
-        .await;
+        let listener = t.listener(peer.listener);
+        let action = listener.action(head.action);
+        let generated;
+        let req_id = match &listener.request_id {
+            Some(name) => Some((
+                name.as_str(),
+                match head.req_id {
+                    Some(r) => h1::slice(&inb, r),
+                    None => {
+                        generated = w.ids.generate();
+                        &generated[..]
+                    }
+                },
+            )),
+            None => None,
+        };
+        let keep = match (&action.redirect, action.pool) {
+            (None, Some(pool)) => {
+                exchange(
+                    &w,
+                    &t.pools[pool],
+                    &peer,
+                    &mut client,
+                    &head,
+                    &inb[..total],
+                    &mut out,
+                    &mut resp,
+                    &action.request.add,
+                    Some(&action.response).filter(|r| !r.is_empty()),
+                    req_id,
+                )
+                .await
+            }
+            (redirect, _) => {
+                let start = Instant::now();
+                bump(&w.stats.requests, 1);
+                let view = ClientView {
+                    http10: head.http10,
+                    keep_alive: head.keep_alive,
+                    head_request: head.method == MethodKind::Head,
+                    closing: peer.ctl.close.load(Relaxed),
+                };
+                match redirect {
+                    Some(r) => {
+                        let edits = Edits { add: &[], req_id, src: b"" };
+                        h1::redirect_response(
+                            &mut resp,
+                            r,
+                            head.host.map(|h| h1::slice(&inb, h)),
+                            h1::slice(&inb, head.target),
+                            view,
+                            &edits,
+                        );
+                        w.stats.observe(r.code(), start.elapsed());
+                        client.send(&mut [IoSlice::new(&resp)]).await.is_ok() && view.keep_alive && !view.closing
+                    }
+                    None => {
+                        bump(&w.stats.no_backend, 1);
+                        reply(&w, &mut client, &mut resp, view, start, NO_ROUTE).await
+                    }
+                }
+            }
+        };
         ctl.end();
         if !keep || ctl.close.load(Relaxed) {
             return None;
@@ -378,7 +426,20 @@ async fn exchange(
     req: &[u8],
     out: &mut Vec<u8>,
     resp: &mut Vec<u8>,
+    add: &[super::route::Added],
+    resp_rules: Option<&Rules>,
+    req_id: Option<(&str, &[u8])>,
 ) -> bool {
+    let edits = Edits {
+        add,
+        req_id,
+        src: peer.xff.as_bytes(),
+    };
+    let resp_edits = Edits {
+        add: resp_rules.map_or(&[][..], |r| &r.add),
+        req_id,
+        src: peer.xff.as_bytes(),
+    };
     let start = Instant::now();
     bump(&w.stats.requests, 1);
     let s = &up.settings;
@@ -407,13 +468,14 @@ async fn exchange(
         };
         let backend = &backend;
         out.truncate(base);
-        h1::finish_request(
+        h1::finish_request_with(
             out,
             req,
             head,
             peer.xff.as_bytes(),
             peer.forwarded.as_bytes(),
             backend.authority.as_str(),
+            &edits,
         );
         let wait = attempts.response_wait();
         match attempt_one(
@@ -426,6 +488,8 @@ async fn exchange(
             wait,
             view,
             resp,
+            resp_rules,
+            &resp_edits,
         )
         .await
         {
@@ -496,6 +560,8 @@ async fn exchange(
 type OwnAnswer = (u16, &'static str, &'static str);
 const QUEUE_FULL: OwnAnswer = (503, "Service Unavailable", "backend queue full\n");
 const NO_BACKEND: OwnAnswer = (503, "Service Unavailable", "no backend available\n");
+/// No route took the request and the listener has no default backend (HAProxy answers 503 too).
+const NO_ROUTE: OwnAnswer = (503, "Service Unavailable", "no backend for this request\n");
 const BAD_GATEWAY: OwnAnswer = (502, "Bad Gateway", "backend unavailable\n");
 const GATEWAY_TIMEOUT: OwnAnswer = (504, "Gateway Timeout", "backend timeout\n");
 
@@ -538,12 +604,14 @@ async fn read_head(
     link: &mut Link,
     view: ClientView,
     resp: &mut Vec<u8>,
+    rules: Option<&Rules>,
+    edits: &Edits<'_>,
 ) -> Result<RespHead, HeadErr> {
     let mut got_any = false;
     loop {
         if !link.buf.is_empty() {
             got_any = true;
-            match h1::parse_response(&link.buf, view, resp) {
+            match h1::parse_response_with(&link.buf, view, resp, rules, edits) {
                 RespParse::Ready(h) => return Ok(h),
                 RespParse::Interim(n) => {
                     link.buf.drain(..n);
@@ -577,6 +645,8 @@ async fn attempt_one(
     wait: Duration,
     view: ClientView,
     resp: &mut Vec<u8>,
+    rules: Option<&Rules>,
+    edits: &Edits<'_>,
 ) -> Result<(Link, RespHead), Outcome> {
     let mut fresh_only = false;
     loop {
@@ -604,7 +674,7 @@ async fn attempt_one(
             }
             return Err(Outcome::Sent(Fail::Reset));
         }
-        match tokio::time::timeout(wait, read_head(&mut link, view, resp)).await {
+        match tokio::time::timeout(wait, read_head(&mut link, view, resp, rules, edits)).await {
             Ok(Ok(rh)) => return Ok((link, rh)),
             Ok(Err(HeadErr::Closed)) if reused && retryable => fresh_only = true,
             Ok(Err(_)) => return Err(Outcome::Sent(Fail::Reset)),

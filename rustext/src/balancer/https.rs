@@ -110,7 +110,7 @@ impl Conn {
 
 /// Serve one accepted connection over TLS until it ends, is closed by the
 /// housekeeping (idle, drain: gracefully) or aborted (slow headers).
-pub(super) async fn serve(w: Arc<Worker>, ctl: Arc<ConnCtl>, sock: std::net::TcpStream, addr: SocketAddr, tls: &ListenTls) {
+pub(super) async fn serve(w: Arc<Worker>, ctl: Arc<ConnCtl>, sock: std::net::TcpStream, addr: SocketAddr, tls: &ListenTls, listener: usize) {
     let Ok(sock) = TcpStream::from_std(sock) else { return };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
     // The handshake counts as reading the request head: a client that
@@ -125,7 +125,9 @@ pub(super) async fn serve(w: Arc<Worker>, ctl: Arc<ConnCtl>, sock: std::net::Tcp
         _ = aborted(&ctl) => return,
     };
     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-    let peer = Arc::new(Peer::with_proto(addr, ctl.clone(), true));
+    let mut peer = Peer::with_proto(addr, ctl.clone(), true);
+    peer.listener = listener;
+    let peer = Arc::new(peer);
     let io = TokioIo::new(Watched { io: stream, ctl: ctl.clone(), worker: w.clone(), track_head: !h2 });
     let svc = super::server::Svc::new(w.clone(), peer);
     let cfg = &w.shared.config;

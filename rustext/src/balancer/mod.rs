@@ -8,6 +8,7 @@
 //! - [`attempts`] the attempt policy of a request (retries, replays, timeouts), both paths
 //! - [`h1`]       sans-I/O HTTP/1 heads for the fast path (httparse; `h1/`: request, response, chunks)
 //! - [`fast`]     the fast path: common exchanges on raw sockets, its pool
+//! - [`route`]    routes, named backend pools, header rules, redirects, request ids (compiled at load)
 //! - [`proxy`]    hyper's path: choose, forward, stream back, retry
 //! - [`pool`]     hyper's keep-alive backend connections, one pool per worker
 //! - [`net`]      TCP streams writing with send/sendmsg
@@ -24,6 +25,7 @@ pub mod https;
 pub mod net;
 mod pool;
 pub mod proxy;
+pub mod route;
 pub mod server;
 pub mod stats;
 pub mod upstream;

@@ -34,6 +34,7 @@ use tokio::time::Sleep;
 use super::config::{Config, HashKey};
 use super::pool::{BackendConn, Fail, Pool};
 use super::stats::{bump, WorkerStats};
+use super::route::{Action, Table, View};
 use super::upstream::{Backend, Key, Upstream};
 
 pub type BoxError = Box<dyn StdError + Send + Sync>;
@@ -41,7 +42,8 @@ pub type BoxError = Box<dyn StdError + Send + Sync>;
 /// State shared by every worker of one balancer.
 pub struct Shared {
     pub config: Config,
-    pub upstream: RwLock<Arc<Upstream>>,
+    /// Pools and routes, swapped whole on reload.
+    pub table: RwLock<Arc<Table>>,
     pub workers: Vec<Arc<WorkerStats>>,
     pub epoch: Instant,
     /// Source of backend ids (pool keys).
@@ -92,8 +94,8 @@ impl Drop for ClientSlot {
 
 impl Shared {
     #[inline]
-    pub fn upstream(&self) -> Arc<Upstream> {
-        self.upstream
+    pub fn table(&self) -> Arc<Table> {
+        self.table
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -112,6 +114,8 @@ pub struct Worker {
     /// that open a connection per request (HTTP/1.0, `ab`) mostly come from
     /// a few addresses, and formatting an IP costs more than the lookup.
     pub last_peer: PeerCache,
+    /// Generates this worker's request ids.
+    pub ids: super::route::RequestIds,
 }
 
 #[derive(Default)]
@@ -216,6 +220,8 @@ pub struct Peer {
     pub ctl: Arc<ConnCtl>,
     /// The client came over TLS (X-Forwarded-Proto / Forwarded proto=https).
     pub https: bool,
+    /// The listener it connected to (its routes).
+    pub listener: usize,
 }
 
 impl Peer {
@@ -238,6 +244,7 @@ impl Peer {
                 .expect("for=IP;proto=http is a valid header value"),
             ctl,
             https,
+            listener: 0,
         }
     }
 
@@ -253,6 +260,7 @@ impl Peer {
                     forwarded: fwd.clone(),
                     ctl,
                     https: false,
+                    listener: 0,
                 };
             }
         }
@@ -722,8 +730,27 @@ pub async fn handle(
     let start = Instant::now();
     peer.ctl.begin();
     bump(&w.stats.requests, 1);
-    let up = w.shared.upstream();
-    let resp = forward(&w, &up, &peer, req, start).await;
+    let t = w.shared.table();
+    let listener = t.listener(peer.listener);
+    let rid = listener.request_id.as_ref().map(|name| {
+        let mut given = req.headers().get_all(name).iter();
+        match (given.next(), given.next()) {
+            (Some(v), None) if super::route::valid_request_id(v.as_bytes()) => (name.clone(), v.clone()),
+            _ => {
+                let id = w.ids.generate();
+                (name.clone(), HeaderValue::from_bytes(&id).expect("hex digits"))
+            }
+        }
+    });
+    let mut resp = forward(&w, &t, &peer, req, start, rid.as_ref()).await;
+    if let Some((name, value)) = rid {
+        resp.headers_mut().insert(name, value);
+    }
+    if peer.https {
+        if let Some(v) = &listener.hsts {
+            resp.headers_mut().insert(header::STRICT_TRANSPORT_SECURITY, v.clone());
+        }
+    }
     if let RespBody::Full(_) = resp.body() {
         // Answered here (or upgraded): nothing left to stream.
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
@@ -793,14 +820,65 @@ async fn send(
     }
 }
 
+/// A request as hyper parsed it, for routing.
+struct MapView<'a> {
+    headers: &'a HeaderMap,
+    path: &'a str,
+    method: &'a str,
+}
+
+impl View for MapView<'_> {
+    fn host(&self) -> Option<&[u8]> {
+        self.headers.get(header::HOST).map(HeaderValue::as_bytes)
+    }
+    fn path(&self) -> &[u8] {
+        self.path.as_bytes()
+    }
+    fn method(&self) -> &[u8] {
+        self.method.as_bytes()
+    }
+    fn header_any(&self, name: &[u8], test: &mut dyn FnMut(&[u8]) -> bool) -> bool {
+        // names are lower case already: a lookup without allocating
+        let Ok(name) = std::str::from_utf8(name) else { return false };
+        self.headers.get_all(name).iter().any(|v| test(v.as_bytes()))
+    }
+}
+
+/// Apply header rules to `h`.
+fn apply_rules(h: &mut HeaderMap, rules: &super::route::Rules, rid: Option<&(HeaderName, HeaderValue)>, src: &[u8]) {
+    for d in rules.delete.iter() {
+        h.remove(d);
+    }
+    let id = rid.map_or(&b""[..], |(_, v)| v.as_bytes());
+    for a in rules.add.iter() {
+        if let Some(v) = a.value(id, src) {
+            h.append(a.name.clone(), v);
+        }
+    }
+}
+
+fn redirect_response(r: &super::route::Redirect, host: Option<&[u8]>, target: &[u8]) -> Response<RespBody> {
+    let mut loc = Vec::with_capacity(64);
+    r.location(&mut loc, host, target);
+    let mut resp = Response::new(RespBody::Full(None));
+    *resp.status_mut() = StatusCode::from_u16(r.code()).unwrap_or(StatusCode::FOUND);
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_bytes(&loc) {
+        h.insert(header::LOCATION, v);
+    }
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
 async fn forward(
     w: &Arc<Worker>,
-    up: &Upstream,
+    t: &Table,
     peer: &Arc<Peer>,
     mut req: Request<Incoming>,
     start: Instant,
+    rid: Option<&(HeaderName, HeaderValue)>,
 ) -> Response<RespBody> {
-    let s = &up.settings;
     let upgrade = is_upgrade(req.headers());
     let mut client_upgrade = if upgrade {
         Some(hyper::upgrade::on(&mut req))
@@ -840,7 +918,29 @@ async fn forward(
     } else {
         None
     };
+    let listener = t.listener(peer.listener);
+    let action: &Action = listener.action(listener.route(&MapView {
+        headers: &headers,
+        path: parts.uri.path(),
+        method: method.as_str(),
+    }));
+    if let Some(r) = &action.redirect {
+        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        return redirect_response(r, headers.get(header::HOST).map(HeaderValue::as_bytes), target.as_bytes());
+    }
+    let Some(pool) = action.pool else {
+        bump(&w.stats.no_backend, 1);
+        return error_response(StatusCode::SERVICE_UNAVAILABLE, "no backend for this request\n");
+    };
+    let up: &Upstream = &t.pools[pool];
+    let s = &up.settings;
     strip_hop_by_hop(&mut headers);
+    if !action.request.is_empty() {
+        apply_rules(&mut headers, &action.request, rid, peer.xff.as_bytes());
+    }
+    if let Some((name, value)) = rid {
+        headers.insert(name.clone(), value.clone());
+    }
     if let Some(v) = upgrade_value {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, v);
@@ -947,6 +1047,9 @@ async fn forward(
                     }
                 }
                 strip_hop_by_hop(resp.headers_mut());
+                if !action.response.is_empty() {
+                    apply_rules(resp.headers_mut(), &action.response, rid, peer.xff.as_bytes());
+                }
                 // Our side speaks 1.1 (hyper answers 1.0 clients as 1.0 itself), or 2.
                 *resp.version_mut() = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
                 let (parts, inner) = resp.into_parts();

@@ -12,13 +12,18 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::config::{Algorithm, BackendSpec, Config, HashKey, ListenTls, Settings};
+use super::config::{Algorithm, BackendSpec, Config, HashKey, ListenAddr, ListenTls, Settings};
+use super::route::{
+    HeaderTest, HstsSpec, ListenerSpec, PoolSpec, RedirectSpec, RouteSpec, RoutingSpec, RuleSpec, RulesSpec,
+};
 use crate::tls::{client_config, server_config, CertPair, CertResolver, ServerTrust};
 use super::server::Balancer;
 use super::stats::{Totals, LATENCY_BOUNDS_US};
 use crate::errors::ErrorKind;
 
-const SETTINGS_KEYS: [&str; 12] = [
+const SETTINGS_KEYS: [&str; 14] = [
+    "pools",
+    "listeners",
     "backends",
     "algorithm",
     "hash_key",
@@ -197,6 +202,184 @@ fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
     Ok(s)
 }
 
+fn strings(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<String>> {
+    match d.get_item(key)? {
+        None => Ok(Vec::new()),
+        Some(v) if v.is_none() => Ok(Vec::new()),
+        Some(v) => v
+            .extract()
+            .map_err(|_| cfg_err(format!("{key} must be a list of strings"))),
+    }
+}
+
+fn dict<'py>(v: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyDict>> {
+    v.cast::<PyDict>()
+        .cloned()
+        .map_err(|_| cfg_err(format!("{what} must be a dict")))
+}
+
+fn list<'py>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    match d.get_item(key)? {
+        None => Ok(Vec::new()),
+        Some(v) if v.is_none() => Ok(Vec::new()),
+        Some(v) => v
+            .try_iter()
+            .map_err(|_| cfg_err(format!("{key} must be a list")))?
+            .collect(),
+    }
+}
+
+/// `[("set", name, value) | ("add", name, value) | ("delete", name), ...]`
+fn parse_rules(d: &Bound<'_, PyDict>) -> PyResult<RulesSpec> {
+    let one = |key: &str| -> PyResult<Vec<RuleSpec>> {
+        let mut out = Vec::new();
+        for item in list(d, key)? {
+            let parts: Vec<String> = item
+                .extract()
+                .map_err(|_| cfg_err(format!("{key}: a rule is (\"set\"|\"add\", name, value) or (\"delete\", name)")))?;
+            out.push(match parts.as_slice() {
+                [op, n, v] if op == "set" => RuleSpec::Set(n.clone(), v.clone()),
+                [op, n, v] if op == "add" => RuleSpec::Add(n.clone(), v.clone()),
+                [op, n] if op == "delete" => RuleSpec::Delete(n.clone()),
+                _ => return Err(cfg_err(format!("{key}: unknown rule {parts:?}"))),
+            });
+        }
+        Ok(out)
+    };
+    Ok(RulesSpec {
+        request: one("request_headers")?,
+        response: one("response_headers")?,
+    })
+}
+
+fn parse_route(d: &Bound<'_, PyDict>) -> PyResult<RouteSpec> {
+    let mut headers = Vec::new();
+    for item in list(d, "header")? {
+        let parts: Vec<String> = item
+            .extract()
+            .map_err(|_| cfg_err("header: a condition is (name, \"present\"|\"equals\"|\"prefix\", value)"))?;
+        headers.push(match parts.as_slice() {
+            [n, t] if t == "present" => (n.clone(), HeaderTest::Present),
+            [n, t, _] if t == "present" => (n.clone(), HeaderTest::Present),
+            [n, t, v] if t == "equals" => (n.clone(), HeaderTest::Equals(v.clone())),
+            [n, t, v] if t == "prefix" => (n.clone(), HeaderTest::Prefix(v.clone())),
+            _ => return Err(cfg_err(format!("header: unknown condition {parts:?}"))),
+        });
+    }
+    let redirect = match d.get_item("redirect")? {
+        Some(r) if !r.is_none() => {
+            let r = dict(&r, "redirect")?;
+            let code = int(&r, "code", 302u16)?;
+            match (string(&r, "location")?, string(&r, "scheme")?) {
+                (Some(location), None) => Some(RedirectSpec::Location { code, location }),
+                (None, Some(s)) if s == "https" => Some(RedirectSpec::Https {
+                    code,
+                    port: match r.get_item("port")? {
+                        Some(p) if !p.is_none() => Some(p.extract().map_err(|_| cfg_err("redirect.port must be a port number"))?),
+                        _ => None,
+                    },
+                }),
+                _ => return Err(cfg_err("redirect needs location = \"...\" or scheme = \"https\"")),
+            }
+        }
+        _ => None,
+    };
+    Ok(RouteSpec {
+        hosts: strings(d, "host")?,
+        paths: strings(d, "path")?,
+        path_prefixes: strings(d, "path_prefix")?,
+        methods: strings(d, "method")?,
+        headers,
+        backend: match d.get_item("backend")? {
+            Some(v) if !v.is_none() => Some(v.extract().map_err(|_| cfg_err("backend must be a string"))?),
+            _ => None,
+        },
+        redirect,
+        rules: parse_rules(d)?,
+    })
+}
+
+fn parse_listener(d: &Bound<'_, PyDict>) -> PyResult<(ListenAddr, ListenerSpec)> {
+    let address = string(d, "address")?.ok_or_else(|| cfg_err("a listener needs an address"))?;
+    let addr = address
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| cfg_err(format!("listener address {address:?} must be host:port")))?;
+    let tls = match d.get_item("tls")? {
+        Some(v) if !v.is_none() => v.extract::<bool>().map_err(|_| cfg_err("listener tls must be true or false"))?,
+        _ => false,
+    };
+    let routes = list(d, "routes")?
+        .iter()
+        .map(|r| parse_route(&dict(r, "a route")?))
+        .collect::<PyResult<Vec<_>>>()?;
+    let hsts = match d.get_item("hsts")? {
+        Some(h) if !h.is_none() => {
+            let h = dict(&h, "hsts")?;
+            let flag = |k: &str| -> PyResult<bool> {
+                match h.get_item(k)? {
+                    Some(v) if !v.is_none() => v.extract().map_err(|_| cfg_err(format!("hsts.{k} must be true or false"))),
+                    _ => Ok(false),
+                }
+            };
+            Some(HstsSpec {
+                max_age: int(&h, "max_age", 0u64)?,
+                include_subdomains: flag("include_subdomains")?,
+                preload: flag("preload")?,
+            })
+        }
+        _ => None,
+    };
+    Ok((
+        ListenAddr { addr, tls },
+        ListenerSpec {
+            routes,
+            default_backend: string(d, "default_backend")?.filter(|s| !s.is_empty()),
+            request_id: string(d, "request_id")?.filter(|s| !s.is_empty()),
+            hsts,
+            rules: parse_rules(d)?,
+        },
+    ))
+}
+
+/// `pools` and `listeners`, if given (else one pool from the top-level keys).
+fn parse_routing(d: &Bound<'_, PyDict>) -> PyResult<Option<(Vec<ListenAddr>, RoutingSpec)>> {
+    let has_pools = d.get_item("pools")?.is_some_and(|v| !v.is_none());
+    let has_listeners = d.get_item("listeners")?.is_some_and(|v| !v.is_none());
+    if !has_pools && !has_listeners {
+        return Ok(None);
+    }
+    let pools = if has_pools {
+        let mut pools = Vec::new();
+        for p in list(d, "pools")? {
+            let p = dict(&p, "a pool")?;
+            let name = string(&p, "name")?.ok_or_else(|| cfg_err("a pool needs a name"))?;
+            pools.push(PoolSpec {
+                settings: parse_settings(&p).map_err(|e| cfg_err(format!("backend {name:?}: {e}")))?,
+                rules: parse_rules(&p)?,
+                name,
+            });
+        }
+        pools
+    } else {
+        RoutingSpec::single(parse_settings(d)?, 1).pools
+    };
+    let mut addrs = Vec::new();
+    let mut listeners = Vec::new();
+    if has_listeners {
+        for l in list(d, "listeners")? {
+            let (a, spec) = parse_listener(&dict(&l, "a listener")?)?;
+            addrs.push(a);
+            listeners.push(spec);
+        }
+    }
+    if listeners.is_empty() {
+        return Err(cfg_err("listeners must list at least one listener"));
+    }
+    Ok(Some((addrs, RoutingSpec { pools, listeners })))
+}
+
 fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     for k in d.keys() {
         let k: String = k.extract()?;
@@ -229,6 +412,11 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
         c.redirect_listen = Some(addr);
     }
     c.backend_tls = parse_backend_tls(d)?;
+    if let Some((addrs, routing)) = parse_routing(d)? {
+        c.listen = addrs[0].addr;
+        c.listeners = addrs;
+        c.routing = Some(routing);
+    }
     Ok(c)
 }
 
@@ -313,6 +501,15 @@ impl PyBalancer {
             .map(|b| (b.local_addr().ip().to_string(), b.local_addr().port()))
     }
 
+    /// (host, port) of every listener, the first as `address`; empty before start().
+    #[getter]
+    fn addresses(&self) -> Vec<(String, u16)> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.as_ref().map_or_else(Vec::new, |b| {
+            b.local_addrs().iter().map(|a| (a.ip().to_string(), a.port())).collect()
+        })
+    }
+
     /// (host, port) of the HTTP-to-HTTPS redirect listener, or None.
     #[getter]
     fn redirect_address(&self) -> Option<(String, u16)> {
@@ -354,10 +551,13 @@ impl PyBalancer {
     /// header/idle timeouts, pool sizes) are ignored. On error the running
     /// configuration is kept.
     fn update(&self, py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
-        let s = parse_settings(config)?;
         let b = self.running()?;
+        let routing = match parse_routing(config)? {
+            Some((_, r)) => r,
+            None => RoutingSpec::single(parse_settings(config)?, b.local_addrs().len()),
+        };
         // Resolving new backend names may block: not with the GIL held.
-        py.detach(|| b.update(s)).map_err(cfg_err)
+        py.detach(|| b.update(routing)).map_err(cfg_err)
     }
 
     /// Admin state of a backend: "up", "drain" (no new requests) or "down".
@@ -368,9 +568,11 @@ impl PyBalancer {
     }
 
     /// Health from active checks; an unhealthy backend gets no requests.
-    fn set_backend_health(&self, name: &str, healthy: bool) -> PyResult<()> {
+    /// `pool`: only in that backend pool (default: every pool listing it).
+    #[pyo3(signature = (name, healthy, pool = None))]
+    fn set_backend_health(&self, name: &str, healthy: bool, pool: Option<&str>) -> PyResult<()> {
         self.running()?
-            .set_backend_health(name, healthy)
+            .set_backend_health(name, healthy, pool)
             .map_err(|e| ErrorKind::Balancer.err(e))
     }
 
@@ -387,6 +589,7 @@ impl PyBalancer {
         let out = PyList::empty(py);
         for info in b.backends() {
             let d = PyDict::new(py);
+            d.set_item("pool", info.pool)?;
             d.set_item("name", info.name)?;
             d.set_item("weight", info.weight)?;
             d.set_item("state", info.state)?;
@@ -416,8 +619,10 @@ impl PyBalancer {
         }
         d.set_item("workers", per)?;
         d.set_item("backends", self.backends(py)?)?;
-        d.set_item("algorithm", b.settings().algorithm.name())?;
-        d.set_item("hash_key", b.settings().hash_key.describe())?;
+        let routing = b.routing();
+        let first = &routing.pools[0].settings;
+        d.set_item("algorithm", first.algorithm.name())?;
+        d.set_item("hash_key", first.hash_key.describe())?;
         Ok(d)
     }
 

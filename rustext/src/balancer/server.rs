@@ -24,29 +24,36 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use super::config::{Config, Settings};
+use super::config::Config;
+use super::route::{RoutingSpec, Table};
 use super::fast::{self, Client, FastPool};
 use super::net::{poll_send, poll_send_vectored};
 use super::pool::Pool;
 use super::proxy::{handle, ClientSlot, Clock, ConnCtl, Peer, Shared, Worker};
 use super::stats::{IdMap, Totals, WorkerStats};
-use super::upstream::{AdminState, Upstream};
+use super::upstream::AdminState;
 
 /// A running balancer. Dropping it drains with a zero deadline.
 pub struct Balancer {
     shared: Arc<Shared>,
     local_addr: SocketAddr,
+    /// Every listener's bound address, the first is `local_addr`.
+    local_addrs: Vec<SocketAddr>,
     /// The bound address of the HTTP-to-HTTPS redirect listener.
     redirect_addr: Option<SocketAddr>,
     /// `Some(deadline)` once draining started.
     stop: watch::Sender<Option<Instant>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     update_lock: Mutex<()>,
+    /// The routing of the last update (None: as configured at start).
+    spec: Mutex<Option<RoutingSpec>>,
 }
 
 /// Snapshot of one backend for the control plane.
 #[derive(Clone, Debug)]
 pub struct BackendInfo {
+    /// The pool it belongs to (`default` without named backends).
+    pub pool: String,
     pub name: String,
     pub weight: u32,
     pub state: &'static str,
@@ -126,15 +133,29 @@ impl Balancer {
         config.validate()?;
         let epoch = Instant::now();
         let ids = AtomicU64::new(0);
-        let upstream = Upstream::new(config.settings.clone(), None, epoch, &ids)?;
+        let table = Table::new(&config.routing_spec(), None, epoch, &ids)?;
         let cannot = |addr: SocketAddr, e: io::Error| format!("cannot listen on {addr}: {}", os_reason(&e));
-        check_free(config.listen).map_err(|e| cannot(config.listen, e))?;
-        let first = listener(config.listen).map_err(|e| cannot(config.listen, e))?;
-        let local_addr = first.local_addr().map_err(|e| e.to_string())?;
-        let mut listeners = vec![first];
-        for _ in 1..config.workers {
-            listeners.push(listener(local_addr).map_err(|e| cannot(local_addr, e))?);
+        // per worker, one socket per listener (SO_REUSEPORT spreads connections)
+        let mut per_worker: Vec<Vec<(std::net::TcpListener, usize, bool)>> =
+            (0..config.workers).map(|_| Vec::new()).collect();
+        let mut local_addrs = Vec::new();
+        for (idx, la) in config.listen_addrs().into_iter().enumerate() {
+            check_free(la.addr).map_err(|e| cannot(la.addr, e))?;
+            let first = listener(la.addr).map_err(|e| cannot(la.addr, e))?;
+            let bound = first.local_addr().map_err(|e| e.to_string())?;
+            local_addrs.push(bound);
+            per_worker[0].push((first, idx, la.tls));
+            for w in per_worker.iter_mut().skip(1) {
+                w.push((listener(bound).map_err(|e| cannot(bound, e))?, idx, la.tls));
+            }
         }
+        let local_addr = local_addrs[0];
+        let https_port = config
+            .listen_addrs()
+            .iter()
+            .zip(&local_addrs)
+            .find(|(l, _)| l.tls)
+            .map_or(local_addr.port(), |(_, a)| a.port());
         let redirect = match config.redirect_listen {
             Some(addr) => {
                 check_free(addr).map_err(|e| cannot(addr, e))?;
@@ -150,7 +171,7 @@ impl Balancer {
             .collect();
         let shared = Arc::new(Shared {
             config,
-            upstream: RwLock::new(Arc::new(upstream)),
+            table: RwLock::new(Arc::new(table)),
             workers: workers.clone(),
             epoch,
             ids,
@@ -158,7 +179,7 @@ impl Balancer {
         });
         let (stop, stop_rx) = watch::channel(None);
         let mut threads = Vec::new();
-        for (i, (l, stats)) in listeners.into_iter().zip(workers).enumerate() {
+        for (i, (l, stats)) in per_worker.into_iter().zip(workers).enumerate() {
             let shared = shared.clone();
             let stop_rx = stop_rx.clone();
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -176,7 +197,7 @@ impl Balancer {
                 .enable_all()
                 .build()
                 .map_err(|e| format!("cannot build a runtime: {e}"))?;
-            let port = local_addr.port();
+            let port = https_port;
             let stop_rx = stop_rx.clone();
             let t = std::thread::Builder::new()
                 .name("balancer-redirect".into())
@@ -191,15 +212,21 @@ impl Balancer {
         Ok(Balancer {
             shared,
             local_addr,
+            local_addrs,
             redirect_addr,
             stop,
             threads: Mutex::new(threads),
             update_lock: Mutex::new(()),
+            spec: Mutex::new(None),
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.local_addrs
     }
 
     pub fn redirect_addr(&self) -> Option<SocketAddr> {
@@ -224,64 +251,93 @@ impl Balancer {
         self.stop.borrow().is_none()
     }
 
-    /// Replace backends and policy; in-flight requests finish on the old snapshot.
-    pub fn update(&self, settings: Settings) -> Result<(), String> {
+    /// Replace pools, policy and routes; in-flight requests finish on the
+    /// old snapshot. The number of listeners cannot change.
+    pub fn update(&self, routing: RoutingSpec) -> Result<(), String> {
         let _g = self.update_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let old = self.shared.upstream();
-        let new = Upstream::new(settings, Some(&old), self.shared.epoch, &self.shared.ids)?;
+        if routing.listeners.len() != self.local_addrs.len() {
+            return Err(format!(
+                "the balancer has {} listener(s); adding or removing listeners needs a restart",
+                self.local_addrs.len()
+            ));
+        }
+        let old = self.shared.table();
+        let new = Table::new(&routing, Some(&old), self.shared.epoch, &self.shared.ids)?;
+        *self.spec.lock().unwrap_or_else(|e| e.into_inner()) = Some(routing);
         // Backends that left may still serve requests; stop new ones to them.
         *self
             .shared
-            .upstream
+            .table
             .write()
             .unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
         Ok(())
     }
 
-    pub fn settings(&self) -> Settings {
-        self.shared.upstream().settings.clone()
+    /// The routing in force.
+    pub fn routing(&self) -> RoutingSpec {
+        self.spec
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_else(|| self.shared.config.routing_spec())
     }
 
-    /// Administrative state: "up", "drain" or "down".
+    /// The backends named `name`, in every pool (or in `pool`).
+    fn each_backend(&self, name: &str, pool: Option<&str>, f: impl Fn(&super::upstream::Backend)) -> Result<(), String> {
+        let t = self.shared.table();
+        let mut found = false;
+        for (p, n) in t.pools.iter().zip(&t.names) {
+            if pool.is_some_and(|want| want != n) {
+                continue;
+            }
+            if let Some(b) = p.find(name) {
+                f(b);
+                found = true;
+            }
+        }
+        if found {
+            Ok(())
+        } else {
+            Err(format!("no backend named {name:?}"))
+        }
+    }
+
+    /// Administrative state: "up", "drain" or "down" (in every pool listing it).
     pub fn set_backend_state(&self, name: &str, state: &str) -> Result<(), String> {
         let s = AdminState::parse(state)?;
-        let up = self.shared.upstream();
-        let b = up
-            .find(name)
-            .ok_or_else(|| format!("no backend named {name:?}"))?;
-        b.set_admin(s);
-        Ok(())
+        self.each_backend(name, None, |b| b.set_admin(s))
     }
 
-    /// Health as seen by active checks (independent of the admin state).
-    pub fn set_backend_health(&self, name: &str, healthy: bool) -> Result<(), String> {
-        let up = self.shared.upstream();
-        let b = up
-            .find(name)
-            .ok_or_else(|| format!("no backend named {name:?}"))?;
-        b.set_healthy(healthy);
-        Ok(())
+    /// Health as seen by active checks (independent of the admin state), in
+    /// `pool` or in every pool listing the backend.
+    pub fn set_backend_health(&self, name: &str, healthy: bool, pool: Option<&str>) -> Result<(), String> {
+        self.each_backend(name, pool, |b| b.set_healthy(healthy))
     }
 
     pub fn set_backend_weight(&self, name: &str, weight: u32) -> Result<(), String> {
-        let up = self.shared.upstream();
-        let mut settings = up.settings.clone();
-        let spec = settings
-            .backends
-            .iter_mut()
-            .find(|b| b.name == name)
-            .ok_or_else(|| format!("no backend named {name:?}"))?;
-        spec.weight = weight;
-        drop(up);
+        let mut routing = self.routing();
+        let mut found = false;
+        for p in &mut routing.pools {
+            for spec in p.settings.backends.iter_mut().filter(|b| b.name == name) {
+                spec.weight = weight;
+                found = true;
+            }
+        }
+        if !found {
+            return Err(format!("no backend named {name:?}"));
+        }
         // Rebuilt so that the hash ring follows the weight.
-        self.update(settings)
+        self.update(routing)
     }
 
     pub fn backends(&self) -> Vec<BackendInfo> {
-        let up = self.shared.upstream();
-        up.backends
+        let t = self.shared.table();
+        t.pools
             .iter()
-            .map(|b| BackendInfo {
+            .zip(&t.names)
+            .flat_map(|(up, pool)| up.backends.iter().map(move |b| (pool, b)))
+            .map(|(pool, b)| BackendInfo {
+                pool: pool.clone(),
                 name: b.name.clone(),
                 weight: b.weight.load(Relaxed),
                 state: b.state_name(),
@@ -367,14 +423,9 @@ fn tick_period(cfg: &Config) -> Duration {
 async fn worker_main(
     shared: Arc<Shared>,
     stats: Arc<WorkerStats>,
-    l: std::net::TcpListener,
+    ls: Vec<(std::net::TcpListener, usize, bool)>,
     mut stop: watch::Receiver<Option<Instant>>,
 ) {
-    // SAFETY: the listener owns its descriptor and keeps it while registered.
-    let listener = match unsafe { AsyncFd::register_with_interest(l, Interest::READABLE) } {
-        Ok(l) => l,
-        Err(_) => return,
-    };
     let cfg = &shared.config;
     let pool = Pool::new(cfg.pool_max_idle, cfg.pool_idle_timeout, cfg.backend_tls.clone());
     let worker = Arc::new(Worker {
@@ -384,8 +435,15 @@ async fn worker_main(
         stats: stats.clone(),
         clock: Clock::default(),
         last_peer: Default::default(),
+        ids: Default::default(),
     });
     let conns = Arc::new(Conns::default());
+    let mut accepting = Vec::new();
+    for (l, idx, tls) in ls {
+        // SAFETY: the listener owns its descriptor and keeps it while registered.
+        let Ok(l) = (unsafe { AsyncFd::register_with_interest(l, Interest::READABLE) }) else { return };
+        accepting.push(tokio::spawn(accept_loop(worker.clone(), conns.clone(), l, idx, tls, stop.clone())));
+    }
     let sweep_every = if cfg.pool_idle_timeout.is_zero() {
         Duration::from_secs(30)
     } else {
@@ -423,6 +481,35 @@ async fn worker_main(
                     }
                 }
             }
+            _ = stop.changed() => break,
+        }
+    }
+    // the accept loops stop on the same signal and drop their listeners
+    for a in accepting {
+        let _ = a.await;
+    }
+    for ctl in conns.map.lock().unwrap_or_else(|e| e.into_inner()).values() {
+        ctl.ask_close();
+    }
+    // the deadline is read again each turn: a second drain may bring it forward
+    while stats.connections_active.load(Relaxed) > 0 && Instant::now() < stop.borrow().unwrap_or_else(Instant::now) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Accept the connections of one listener (`idx`) until the drain starts.
+async fn accept_loop(
+    worker: Arc<Worker>,
+    conns: Arc<Conns>,
+    listener: AsyncFd<std::net::TcpListener>,
+    idx: usize,
+    tls: bool,
+    mut stop: watch::Receiver<Option<Instant>>,
+) {
+    let shared = worker.shared.clone();
+    let stats = worker.stats.clone();
+    loop {
+        tokio::select! {
             r = listener.readable() => {
                 let mut guard = match r {
                     Ok(g) => g,
@@ -450,10 +537,10 @@ async fn worker_main(
                             ctl.active.store(true, Relaxed);
                             let id = conns.next.fetch_add(1, Relaxed);
                             conns.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl.clone());
-                            if cfg.tls.is_some() {
-                                tokio::spawn(serve_tls_conn(worker.clone(), conns.clone(), id, ctl, sock, peer, slot));
+                            if tls {
+                                tokio::spawn(serve_tls_conn(worker.clone(), conns.clone(), id, ctl, sock, peer, slot, idx));
                             } else {
-                                tokio::spawn(serve_conn(worker.clone(), conns.clone(), id, ctl, sock, peer, slot));
+                                tokio::spawn(serve_conn(worker.clone(), conns.clone(), id, ctl, sock, peer, slot, idx));
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -473,14 +560,6 @@ async fn worker_main(
             },
             _ = stop.changed() => break,
         }
-    }
-    drop(listener);
-    for ctl in conns.map.lock().unwrap_or_else(|e| e.into_inner()).values() {
-        ctl.ask_close();
-    }
-    // the deadline is read again each turn: a second drain may bring it forward
-    while stats.connections_active.load(Relaxed) > 0 && Instant::now() < stop.borrow().unwrap_or_else(Instant::now) {
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -591,6 +670,7 @@ impl Drop for ConnCount {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve_tls_conn(
     w: Arc<Worker>,
     conns: Arc<Conns>,
@@ -599,14 +679,16 @@ async fn serve_tls_conn(
     sock: std::net::TcpStream,
     peer: SocketAddr,
     _slot: Option<ClientSlot>,
+    listener: usize,
 ) {
     let _count = ConnCount::new(&w.stats);
     if let Some(tls) = w.shared.config.tls.clone() {
-        super::https::serve(w, ctl, sock, peer, &tls).await;
+        super::https::serve(w, ctl, sock, peer, &tls, listener).await;
     }
     conns.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve_conn(
     w: Arc<Worker>,
     conns: Arc<Conns>,
@@ -615,12 +697,15 @@ async fn serve_conn(
     sock: std::net::TcpStream,
     peer: SocketAddr,
     _slot: Option<ClientSlot>,
+    listener: usize,
 ) {
     let _count = ConnCount::new(&w.stats);
     if !cfg!(target_os = "linux") {
         let _ = sock.set_nodelay(true);
     }
-    let peer = Arc::new(Peer::cached(peer, ctl.clone(), &w.last_peer));
+    let mut peer = Peer::cached(peer, ctl.clone(), &w.last_peer);
+    peer.listener = listener;
+    let peer = Arc::new(peer);
     let mut stage = if w.shared.config.backend_tls.is_some() {
         // The fast path speaks to backends over raw sockets: with TLS to
         // backends every exchange goes through hyper's path.

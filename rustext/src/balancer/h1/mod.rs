@@ -23,8 +23,12 @@ mod response;
 mod tests;
 
 pub use chunks::{chunk_header, ChunkError, Chunks};
-pub use request::{finish_request, parse_request, MethodKind, ReqHead, ReqParse};
-pub use response::{parse_response, simple_response, BodyMode, ClientView, RespHead, RespParse};
+pub use request::{
+    finish_request, finish_request_with, parse_request, parse_request_routed, Edits, MethodKind, ReqHead, ReqParse,
+};
+pub use response::{
+    parse_response, parse_response_with, redirect_response, simple_response, BodyMode, ClientView, RespHead, RespParse,
+};
 
 /// Headers parsed per request head; more goes to hyper (limit 100 there).
 pub const MAX_HEADERS: usize = 64;

@@ -1,6 +1,11 @@
-//! Request heads: parsed (httparse) and rewritten for a backend.
+//! Request heads: parsed (httparse), routed, and rewritten for a backend.
+
+use std::sync::Arc;
 
 use super::*;
+use crate::balancer::config::HashKey;
+use crate::balancer::route::{self, Listener, View};
+use crate::balancer::upstream::Upstream;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MethodKind {
@@ -24,6 +29,14 @@ pub struct ReqHead {
     /// The value of the hash header, if asked for and present.
     pub hash_value: Option<Range>,
     pub has_host: bool,
+    /// The `Host` value, if any.
+    pub host: Option<Range>,
+    /// The whole request target.
+    pub target: Range,
+    /// The routing action (see [`Listener::action`]; 0 unrouted).
+    pub action: usize,
+    /// A valid incoming request id (else one is generated), with `request_id` set.
+    pub req_id: Option<Range>,
     xff: [Range; MAX_PREV],
     n_xff: u8,
     fwd: [Range; MAX_PREV],
@@ -54,6 +67,52 @@ fn uri_byte(c: u8) -> bool {
 }
 
 pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -> ReqParse {
+    parse(buf, hash_header, None, out)
+}
+
+/// [`parse_request`], routed by `listener` (pools give the hash key of the
+/// chosen pool). A redirect, or no backend, is `Ready` with nothing written
+/// in `out`: the caller answers it.
+pub fn parse_request_routed(
+    buf: &[u8],
+    listener: &Listener,
+    pools: &[Arc<Upstream>],
+    out: &mut Vec<u8>,
+) -> ReqParse {
+    parse(buf, None, Some((listener, pools)), out)
+}
+
+/// The parsed head as routing sees it.
+struct SliceView<'a, 'h> {
+    host: Option<&'a [u8]>,
+    path: &'a [u8],
+    method: &'a [u8],
+    headers: &'h [httparse::Header<'a>],
+}
+
+impl View for SliceView<'_, '_> {
+    fn host(&self) -> Option<&[u8]> {
+        self.host
+    }
+    fn path(&self) -> &[u8] {
+        self.path
+    }
+    fn method(&self) -> &[u8] {
+        self.method
+    }
+    fn header_any(&self, name: &[u8], test: &mut dyn FnMut(&[u8]) -> bool) -> bool {
+        self.headers
+            .iter()
+            .any(|h| h.name.len() == name.len() && h.name.as_bytes().eq_ignore_ascii_case(name) && test(h.value))
+    }
+}
+
+fn parse(
+    buf: &[u8],
+    hash_header: Option<&str>,
+    routing: Option<(&Listener, &[Arc<Upstream>])>,
+    out: &mut Vec<u8>,
+) -> ReqParse {
     out.clear();
     let mut hs = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut hs);
@@ -104,6 +163,10 @@ pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -
         path: (0, 0),
         hash_value: None,
         has_host: false,
+        host: None,
+        target: (0, 0),
+        action: 0,
+        req_id: None,
         xff: [(0, 0); MAX_PREV],
         n_xff: 0,
         fwd: [(0, 0); MAX_PREV],
@@ -117,6 +180,7 @@ pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -
                     return ReqParse::Fallback; // refused on hyper's path
                 }
                 has_host = true;
+                head.host = Some(range_of(buf, h.value));
             }
             10 if n.eq_ignore_ascii_case(b"connection") => conn.add(h.value),
             14 if n.eq_ignore_ascii_case(b"content-length") => {
@@ -151,6 +215,52 @@ pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -
     if conn.upgrade {
         return ReqParse::Fallback;
     }
+    if !has_host && !head.http10 {
+        return ReqParse::Fallback; // HTTP/1.1 without Host: refused on hyper's path
+    }
+    let t = range_of(buf, target.as_bytes());
+    let path_len = target.find('?').unwrap_or(target.len()) as u32;
+    head.path = (t.0, t.0 + path_len);
+    head.target = t;
+    head.body_len = body_len.unwrap_or(0);
+    head.keep_alive = if head.http10 {
+        conn.keep_alive && !conn.close
+    } else {
+        !conn.close
+    };
+    head.has_host = has_host;
+    let mut rules = None;
+    let mut rid_name: Option<&str> = None;
+    if let Some((listener, pools)) = routing {
+        let view = SliceView {
+            host: head.host.map(|r| slice(buf, r)),
+            path: slice(buf, head.path),
+            method: method.as_bytes(),
+            headers,
+        };
+        head.action = listener.route(&view);
+        let action = listener.action(head.action);
+        if let Some(name) = &listener.request_id {
+            let mut given = headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name.as_str()));
+            if let (Some(h), None) = (given.next(), given.next()) {
+                if route::valid_request_id(h.value) {
+                    head.req_id = Some(range_of(buf, h.value));
+                }
+            }
+            rid_name = Some(name.as_str());
+        }
+        let Some(pool) = action.pool.filter(|_| action.redirect.is_none()) else {
+            return ReqParse::Ready(head); // answered by the balancer
+        };
+        if let HashKey::Header(k) = &pools[pool].settings.hash_key {
+            hash_value = headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case(k.as_str()))
+                .map(|h| range_of(buf, h.value));
+        }
+        rules = Some(&action.request).filter(|r| !r.delete.is_empty());
+    }
+    head.hash_value = hash_value;
     out.reserve(head_len + 128);
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
@@ -162,6 +272,8 @@ pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -
             || n.eq_ignore_ascii_case(b"x-forwarded-for")
             || n.eq_ignore_ascii_case(b"x-forwarded-proto")
             || n.eq_ignore_ascii_case(b"forwarded")
+            || rules.is_some_and(|r| r.deletes(n))
+            || rid_name.is_some_and(|r| r.len() == n.len() && r.as_bytes().eq_ignore_ascii_case(n))
         {
             continue;
         }
@@ -170,20 +282,6 @@ pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -
         out.extend_from_slice(h.value);
         out.extend_from_slice(b"\r\n");
     }
-    let t = range_of(buf, target.as_bytes());
-    let path_len = target.find('?').unwrap_or(target.len()) as u32;
-    head.path = (t.0, t.0 + path_len);
-    head.body_len = body_len.unwrap_or(0);
-    head.keep_alive = if head.http10 {
-        conn.keep_alive && !conn.close
-    } else {
-        !conn.close
-    };
-    if !has_host && !head.http10 {
-        return ReqParse::Fallback; // HTTP/1.1 without Host: refused on hyper's path
-    }
-    head.has_host = has_host;
-    head.hash_value = hash_value;
     ReqParse::Ready(head)
 }
 
@@ -197,6 +295,35 @@ fn joined(out: &mut Vec<u8>, name: &[u8], buf: &[u8], prev: &[Range], item: &[u8
     out.extend_from_slice(b"\r\n");
 }
 
+/// Headers a route adds to a message, and the request id.
+#[derive(Clone, Copy, Default)]
+pub struct Edits<'a> {
+    pub add: &'a [route::Added],
+    /// The request id header: name and value.
+    pub req_id: Option<(&'a str, &'a [u8])>,
+    /// The client's address (`%[src]`).
+    pub src: &'a [u8],
+}
+
+impl Edits<'_> {
+    /// Append the added headers and the request id to a head being written.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let id = self.req_id.map_or(&b""[..], |(_, v)| v);
+        for a in self.add {
+            out.extend_from_slice(a.name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            a.render(out, id, self.src);
+            out.extend_from_slice(b"\r\n");
+        }
+        if let Some((n, v)) = self.req_id {
+            out.extend_from_slice(n.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(v);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+}
+
 /// Complete the head written by [`parse_request`]: `Host` if the client sent
 /// none, the forwarding headers, the blank line.
 pub fn finish_request(
@@ -207,6 +334,20 @@ pub fn finish_request(
     forwarded: &[u8],
     host: &str,
 ) {
+    finish_request_with(out, buf, head, xff, forwarded, host, &Edits::default())
+}
+
+/// [`finish_request`] with a route's added headers and the request id.
+pub fn finish_request_with(
+    out: &mut Vec<u8>,
+    buf: &[u8],
+    head: &ReqHead,
+    xff: &[u8],
+    forwarded: &[u8],
+    host: &str,
+    edits: &Edits<'_>,
+) {
+    edits.write(out);
     if !head.has_host {
         out.extend_from_slice(b"host: ");
         out.extend_from_slice(host.as_bytes());

@@ -3,6 +3,7 @@
 use std::io::Write;
 
 use super::*;
+use crate::balancer::route::Rules;
 
 /// How the response body is carried from the backend to the client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +54,17 @@ pub enum RespParse {
 
 /// Parse a backend's response head and write the client's into `out` (cleared first).
 pub fn parse_response(buf: &[u8], client: ClientView, out: &mut Vec<u8>) -> RespParse {
+    parse_response_with(buf, client, out, None, &Edits::default())
+}
+
+/// [`parse_response`], deleting the fields `rules` delete and adding `edits`.
+pub fn parse_response_with(
+    buf: &[u8],
+    client: ClientView,
+    out: &mut Vec<u8>,
+    rules: Option<&Rules>,
+    edits: &Edits<'_>,
+) -> RespParse {
     out.clear();
     let mut hs = [httparse::EMPTY_HEADER; MAX_RESP_HEADERS];
     let mut resp = httparse::Response::new(&mut hs);
@@ -142,6 +154,8 @@ pub fn parse_response(buf: &[u8], client: ClientView, out: &mut Vec<u8>) -> Resp
         let n = h.name.as_bytes();
         if drop_header(n, conn, headers)
             || (drop_length && n.eq_ignore_ascii_case(b"content-length"))
+            || rules.is_some_and(|r| r.deletes(n))
+            || edits.req_id.is_some_and(|(r, _)| r.len() == n.len() && r.as_bytes().eq_ignore_ascii_case(n))
         {
             continue;
         }
@@ -150,6 +164,7 @@ pub fn parse_response(buf: &[u8], client: ClientView, out: &mut Vec<u8>) -> Resp
         out.extend_from_slice(h.value);
         out.extend_from_slice(b"\r\n");
     }
+    edits.write(out);
     if matches!(mode, BodyMode::ChunkedPass | BodyMode::Chunk) {
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");
     }
@@ -192,4 +207,32 @@ pub fn simple_response(
     if !client.head_request {
         out.extend_from_slice(body.as_bytes());
     }
+}
+
+/// A redirect of the balancer's own, in `out`; `edits` adds the request id.
+pub fn redirect_response(
+    out: &mut Vec<u8>,
+    r: &crate::balancer::route::Redirect,
+    host: Option<&[u8]>,
+    target: &[u8],
+    client: ClientView,
+    edits: &Edits<'_>,
+) {
+    out.clear();
+    let _ = write!(
+        out,
+        "{} {} {}\r\nlocation: ",
+        if client.http10 { "HTTP/1.0" } else { "HTTP/1.1" },
+        r.code(),
+        r.reason()
+    );
+    r.location(out, host, target);
+    out.extend_from_slice(b"\r\ncache-control: no-store\r\ncontent-length: 0\r\n");
+    edits.write(out);
+    if !client.keep_alive || client.closing {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if client.http10 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
 }
