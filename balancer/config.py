@@ -51,11 +51,16 @@ from __future__ import annotations
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
 from typing import Any
 
 from rustext.fields import check_fields
 
 from balancer.errors import BalancerConfigError
+from balancer.routing import HeaderRules, Hsts, Listener, NamedBackend, RequestId, Route, section
+
+#: the pool of a configuration with a ``[[backends]]`` list instead of named pools
+DEFAULT_POOL = "default"
 
 ALGORITHMS = ("round_robin", "weighted_round_robin", "least_connections", "random_two", "consistent_hash")
 ALGORITHM_ALIASES = {
@@ -241,8 +246,8 @@ class Tls:
 class BalancerConfig:
     """The whole balancer: listener, backends, policy, and the sections below."""
 
-    #: ``host:port`` clients connect to (a change needs a restart)
-    listen: str
+    #: ``host:port`` clients connect to (a change needs a restart); or ``[[listeners]]``
+    listen: str = ""
     #: the backends (``[[backends]]`` tables, or ``"host:port"`` strings)
     backends: tuple[BackendConfig, ...] = ()
     #: round_robin, weighted_round_robin, least_connections, random_two or consistent_hash
@@ -265,9 +270,56 @@ class BalancerConfig:
     health: HealthCheck | None = None
     #: the ``[tls]`` table: HTTPS on ``listen``, the HTTP redirect, TLS to backends
     tls: Tls = field(default_factory=Tls)
+    #: named backend pools: the ``[backends.NAME]`` tables (instead of a ``[[backends]]`` list)
+    named_backends: Mapping[str, NamedBackend] = field(default_factory=dict)
+    #: the routes of ``listen`` (``[[routes]]``), tried in order; the first that holds wins
+    routes: tuple[Route, ...] = ()
+    #: the pool of requests no route of ``listen`` takes; unset: ``default`` with a ``[[backends]]``
+    #: list, else they get ``503``
+    default_backend: str | None = None
+    #: request ids on ``listen`` (``request_id = { header = "X-Request-ID" }``)
+    request_id: RequestId | None = None
+    #: HSTS on ``listen`` when it serves HTTPS (``hsts = { max_age = 31536000 }``)
+    hsts: Hsts | None = None
+    #: header rules on every request forwarded from ``listen`` (``[request_headers]``)
+    request_headers: HeaderRules = field(default_factory=HeaderRules)
+    #: header rules on every backend response sent from ``listen`` (``[response_headers]``)
+    response_headers: HeaderRules = field(default_factory=HeaderRules)
+    #: several listeners (``[[listeners]]``), each with its routes, instead of ``listen``
+    listeners: tuple[Listener, ...] = ()
 
     def __post_init__(self) -> None:
-        parse_hostport(self.listen, "listen")
+        if self.listeners:
+            if self.listen:
+                raise BalancerConfigError("give listen or [[listeners]], not both")
+            object.__setattr__(self, "listeners", tuple(
+                x if isinstance(x, Listener) else section(Listener, x, f"listeners[{i}]")
+                for i, x in enumerate(self.listeners)))
+            for name in ("routes", "default_backend", "request_id", "hsts", "request_headers", "response_headers"):
+                if getattr(self, name) != getattr(_DEFAULTS, name, None):
+                    raise BalancerConfigError(f"{name} belongs in each [[listeners]] table when there are listeners")
+            seen_addr: set[str] = set()
+            for i, x in enumerate(self.listeners):
+                if x.address in seen_addr and not x.address.endswith(":0"):
+                    raise BalancerConfigError(f"listeners[{i}].address {x.address} is listed twice")
+                seen_addr.add(x.address)
+                if x.tls and not self.tls.certificates:
+                    raise BalancerConfigError(f"listeners[{i}].tls needs certificates in [tls]")
+        else:
+            if not self.listen:
+                raise BalancerConfigError("'listen' is required (\"host:port\"), or [[listeners]] tables")
+            parse_hostport(self.listen, "listen")
+            if self.hsts is not None and not self.tls.certificates:
+                raise BalancerConfigError("hsts needs HTTPS on listen (certificates in [tls])")
+        if self.backends and self.named_backends:
+            raise BalancerConfigError("backends is either a [[backends]] list or [backends.NAME] tables, not both")
+        names = set(self.named_backends) or {DEFAULT_POOL}
+        for where, name in (x for lst in self.effective_listeners() for x in lst.backends_used()):
+            if name not in names:
+                raise BalancerConfigError(
+                    f"{where}: no backend named {name!r} (known: {', '.join(sorted(names))})")
+        if self.named_backends:
+            self.pools()  # each pool complete and valid
         if self.admin is not None:
             parse_hostport(self.admin, "admin")
         object.__setattr__(self, "backends", tuple(self.backends))
@@ -289,8 +341,72 @@ class BalancerConfig:
                 raise BalancerConfigError(f"backend {b.address} is listed twice")
             seen.add(b.address)
 
+    def effective_listeners(self) -> tuple[Listener, ...]:
+        """``[[listeners]]``, or the one listener ``listen`` and its top-level keys make."""
+        if self.listeners:
+            return self.listeners
+        default = self.default_backend
+        if default is None and not self.named_backends:
+            default = DEFAULT_POOL
+        return (Listener(address=self.listen, tls=bool(self.tls.certificates), routes=self.routes,
+                         default_backend=default, request_id=self.request_id, hsts=self.hsts,
+                         request_headers=self.request_headers, response_headers=self.response_headers,
+                         where="listen"),)
+
+    def pools(self) -> dict[str, BalancerConfig]:
+        """Each backend pool as a configuration of its own (servers, policy,
+        health), the top-level values filling what a pool leaves out."""
+        if not self.named_backends:
+            return {DEFAULT_POOL: self}
+        out = {}
+        for name, nb in self.named_backends.items():
+            w = f"backends.{name}"
+            servers = tuple(
+                BackendConfig(address=b) if isinstance(b, str) else b if isinstance(b, BackendConfig)
+                else section(BackendConfig, b, f"{w}.servers[{i}]") for i, b in enumerate(nb.servers))
+            if not servers:
+                raise BalancerConfigError(f"{w}.servers must list at least one \"host:port\"")
+            timeouts = self.timeouts if nb.timeouts is None else section(
+                Timeouts, {**_as_dict(self.timeouts), **nb.timeouts}, f"{w}.timeouts")
+            passive = self.passive if nb.passive is None else section(
+                Passive, {**_as_dict(self.passive), **nb.passive}, f"{w}.passive")
+            limits = self.limits if nb.max_connections is None else replace(
+                self.limits, max_connections=nb.max_connections)
+            health = self.health
+            if nb.health is not None:
+                base = _as_dict(self.health) if self.health is not None else {}
+                h = section(HealthCheck, {**base, **nb.health}, f"{w}.health")
+                health = h if h.enabled else None
+            try:
+                out[name] = replace(
+                    self, listen=self.listen or "0.0.0.0:0", listeners=(), named_backends={}, routes=(),
+                    default_backend=None, request_id=None, hsts=None, request_headers=HeaderRules(),
+                    response_headers=HeaderRules(), backends=servers,
+                    algorithm=nb.algorithm or self.algorithm, hash_key=nb.hash_key or self.hash_key,
+                    retries=self.retries if nb.retries is None else nb.retries,
+                    timeouts=timeouts, passive=passive, limits=limits, health=health)
+            except BalancerConfigError as exc:
+                raise BalancerConfigError(f"{w}: {exc}") from exc
+        return out
+
+    def all_backends(self) -> list[tuple[str, BackendConfig]]:
+        """(pool, server) of every server of every pool."""
+        return [(name, b) for name, pool in self.pools().items() for b in pool.backends]
+
     def to_native(self) -> dict[str, Any]:
         """The dict ``rustext.Balancer`` takes."""
+        native = self._settings_native()
+        named = self.named_backends
+        native["pools"] = [
+            {"name": name, **{k: v for k, v in pool._settings_native().items() if k in _POOL_KEYS},
+             "request_headers": named[name].request_headers.to_native() if named else [],
+             "response_headers": named[name].response_headers.to_native() if named else []}
+            for name, pool in self.pools().items()]
+        native["listeners"] = [x.to_native() for x in self.effective_listeners()]
+        native["listen"] = self.effective_listeners()[0].address
+        return native
+
+    def _settings_native(self) -> dict[str, Any]:
         t, p, lim = self.timeouts, self.passive, self.limits
         native = {
             "listen": self.listen,
@@ -330,6 +446,10 @@ class BalancerConfig:
         for name in ("listen", "workers", "admin"):
             if getattr(self, name) != getattr(other, name):
                 out.append(name)
+        mine = [(x.address, x.tls) for x in self.effective_listeners()]
+        theirs = [(x.address, x.tls) for x in other.effective_listeners()]
+        if self.listeners and mine != theirs:
+            out.append("listeners (addresses and tls)")
         if self.tls != other.tls:
             out.append("tls (the same files are reloaded in place; other TLS changes need a restart)")
         for name in ("header", "idle"):
@@ -342,6 +462,15 @@ class BalancerConfig:
 
     def with_backends(self, backends: list[BackendConfig]) -> BalancerConfig:
         return replace(self, backends=tuple(backends))
+
+
+_POOL_KEYS = frozenset((
+    "backends", "algorithm", "hash_key", "retries", "connect_timeout", "response_timeout", "total_timeout",
+    "queue_timeout", "eject_after", "eject_cooldown", "max_connections"))
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
 def _section(cls: type, data: Any, where: str) -> Any:
@@ -368,9 +497,15 @@ def from_dict(data: dict[str, Any]) -> BalancerConfig:
     unknown = set(data) - known
     if unknown:
         raise BalancerConfigError(f"unknown top-level key(s): {', '.join(sorted(unknown))}")
-    if "listen" not in data:
-        raise BalancerConfigError("'listen' is required (\"host:port\")")
+    if "listen" not in data and "listeners" not in data:
+        raise BalancerConfigError("'listen' is required (\"host:port\"), or [[listeners]] tables")
+    if "named_backends" in data:
+        raise BalancerConfigError("unknown top-level key(s): named_backends (named pools are [backends.NAME] tables)")
     raw_backends = data.pop("backends", None) or []
+    if isinstance(raw_backends, dict):
+        data["named_backends"] = {
+            name: section(NamedBackend, nb, f"backends.{name}") for name, nb in raw_backends.items()}
+        raw_backends = []
     if not isinstance(raw_backends, (list, tuple)):
         raise BalancerConfigError("'backends' must be an array of \"host:port\" strings or tables")
     backends = []
@@ -395,6 +530,15 @@ def from_dict(data: dict[str, Any]) -> BalancerConfig:
     if "health" in data:
         health = _section(HealthCheck, data["health"], "health")
         data["health"] = health if health.enabled else None
+    for key, cls in (("request_id", RequestId), ("hsts", Hsts), ("request_headers", HeaderRules),
+                     ("response_headers", HeaderRules)):
+        if key in data:
+            data[key] = section(cls, data[key], key)
+    for key, cls in (("routes", Route), ("listeners", Listener)):
+        if key in data:
+            if not isinstance(data[key], list):
+                raise BalancerConfigError(f"{key} must be an array of tables ([[{key}]])")
+            data[key] = tuple(section(cls, x, f"{key}[{i}]") for i, x in enumerate(data[key]))
     try:
         return BalancerConfig(**check_fields(BalancerConfig, data, ""))
     except BalancerConfigError:
@@ -436,3 +580,9 @@ def parse_backends(spec: str) -> list[BackendConfig]:
     if not out:
         raise BalancerConfigError("--backends needs at least one host:port")
     return out
+
+
+_DEFAULTS = BalancerConfig.__new__(BalancerConfig)
+for _f in fields(BalancerConfig):
+    if _f.name in ("routes", "default_backend", "request_id", "hsts", "request_headers", "response_headers"):
+        object.__setattr__(_DEFAULTS, _f.name, _f.default_factory() if callable(_f.default_factory) else _f.default)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 from typing import Any
@@ -32,7 +33,7 @@ class LoadBalancer:
         self.config = config
         self.config_path = config_path
         self._native = rustext.Balancer(config.to_native())
-        self._health: HealthChecker | None = None
+        self._health: dict[str, HealthChecker] = {}  # per backend pool with checks
         self._reload_lock = asyncio.Lock()
         self._closed = asyncio.Event()
         self._started = False
@@ -43,17 +44,47 @@ class LoadBalancer:
             raise RuntimeError("start() may be called once")
         self._started = True
         self._native.start()
-        if self.config.health is not None:
-            self._health = HealthChecker(self.config.health, self._native.set_backend_health)
-            self._health.set_backends(b.address for b in self.config.backends)
+        await self._sync_health(self.config)
         scheme = "https" if self._native.tls else "http"
         redirect = self._native.redirect_address
         extra = f", http://{redirect[0]}:{redirect[1]} redirects to https" if redirect else ""
         extra += ", TLS to backends" if self.config.tls.backend else ""
+        pools = self.config.pools()
         log.info(
-            "balancer listening on %s://%s:%d (%d workers, %s%s) over %d backends",
-            scheme, *self.address, self._native.workers, self.config.algorithm, extra, len(self.config.backends),
+            "balancer listening on %s://%s:%d (%d workers, %s%s) over %d backends%s",
+            scheme, *self.address, self._native.workers, self.config.algorithm, extra,
+            sum(len(p.backends) for p in pools.values()),
+            f" in {len(pools)} pools" if self.config.named_backends else "",
         )
+        for (host, port), listener in list(zip(self.addresses, self.config.effective_listeners()))[1:]:
+            log.info("also listening on %s://%s:%d", "https" if listener.tls else "http", host, port)
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """(host, port) of every listener, in the order configured."""
+        return [(a[0], a[1]) for a in self._native.addresses]
+
+    def _mark_health(self, pool: str, name: str, healthy: bool) -> None:
+        self._native.set_backend_health(name, healthy, pool)
+
+    async def _sync_health(self, cfg: BalancerConfig) -> None:
+        """One health checker per pool with checks, following ``cfg``."""
+        pools = cfg.pools()
+        for name in list(self._health):
+            pool = pools.get(name)
+            if pool is None or pool.health is None:
+                await self._health.pop(name).aclose()
+                for b in pool.backends if pool is not None else ():
+                    self._native.set_backend_health(b.address, True, name)
+        for name, pool in pools.items():
+            if pool.health is None:
+                continue
+            checker = self._health.get(name)
+            if checker is None:
+                checker = self._health[name] = HealthChecker(pool.health, functools.partial(self._mark_health, name))
+                checker.set_backends(b.address for b in pool.backends)
+            else:
+                checker.set_backends((b.address for b in pool.backends), pool.health)
 
     @property
     def redirect_address(self) -> tuple[str, int] | None:
@@ -84,9 +115,9 @@ class LoadBalancer:
         await asyncio.to_thread(self._native.close)
 
     async def _stop_control(self) -> None:
-        if self._health is not None:
-            await self._health.aclose()
-            self._health = None
+        checkers, self._health = list(self._health.values()), {}
+        for checker in checkers:
+            await checker.aclose()
 
     async def __aenter__(self) -> LoadBalancer:
         await self.start()
@@ -129,16 +160,10 @@ class LoadBalancer:
                 log.warning("reload: %s need a restart; kept as they were", ", ".join(fixed))
             self._native.update(new.to_native())  # raises and keeps the old config on error
             self.config = new
-            if new.health is not None:
-                if self._health is None:
-                    self._health = HealthChecker(new.health, self._native.set_backend_health)
-                self._health.set_backends((b.address for b in new.backends), new.health)
-            elif self._health is not None:
-                await self._health.aclose()
-                self._health = None
-                for b in new.backends:
-                    self._native.set_backend_health(b.address, True)
-            log.info("reloaded: %d backends, %s", len(new.backends), new.algorithm)
+            await self._sync_health(new)
+            pools = new.pools()
+            log.info("reloaded: %d backends in %d pool(s), %d route(s)", sum(len(p.backends) for p in pools.values()),
+                     len(pools), sum(len(x.routes) for x in new.effective_listeners()))
 
     def set_backend_state(self, name: str, state: str) -> None:
         """Admin state: ``up``, ``drain`` or ``down``."""
@@ -156,7 +181,7 @@ class LoadBalancer:
 
     def backends(self) -> list[dict[str, Any]]:
         out = self._native.backends()
-        health = self._health.healthy if self._health is not None else {}
         for b in out:
-            b["healthy"] = health.get(b["name"], True)
+            checker = self._health.get(b["pool"])
+            b["healthy"] = checker.healthy.get(b["name"], True) if checker is not None else True
         return out

@@ -210,6 +210,23 @@ def config_groups() -> list[ConfigGroup]:
                 Section(_cls("balancer.config.Certificate"), "[[tls.certificates]]",
                         "One table per certificate of the listener; the first is the default, others are "
                         "picked by SNI."),
+                Section(_cls("balancer.routing.NamedBackend"), "[backends.NAME]",
+                        "A named backend pool, instead of the `[[backends]]` list (which makes one pool named "
+                        "`default`); see [routing](../balancer.md#routing)."),
+                Section(_cls("balancer.routing.Listener"), "[[listeners]]",
+                        "Several listeners, instead of `listen` and its top-level routing keys."),
+                Section(_cls("balancer.routing.Route"), "[[routes]]",
+                        "A route of `listen` (or `[[listeners.routes]]` of a listener)."),
+                Section(_cls("balancer.routing.HeaderMatch"), "header",
+                        "A route's header condition, `{ name = \"X-Canary\", equals = \"1\" }`."),
+                Section(_cls("balancer.routing.Redirect"), "redirect",
+                        "A route's redirect, `{ code = 301, location = \"...\" }` or `{ scheme = \"https\" }`."),
+                Section(_cls("balancer.routing.HeaderRules"), "[request_headers], [response_headers]",
+                        "Header rules of a listener, a backend pool or a route."),
+                Section(_cls("balancer.routing.RequestId"), "request_id",
+                        "`request_id = { header = \"X-Request-ID\" }`."),
+                Section(_cls("balancer.routing.Hsts"), "hsts",
+                        "`hsts = { max_age = 31536000, include_subdomains = true }` on an HTTPS listener."),
             ),
         ),
         ConfigGroup(
@@ -271,7 +288,8 @@ def _comment_docs(cls: type) -> dict[str, str]:
 def field_docs(cls: type) -> dict[str, str]:
     """Every field of dataclass ``cls`` → its description ("" where there is none)."""
     comments = _comment_docs(cls)
-    return {f.name: str(f.metadata.get("doc") or comments.get(f.name, "")) for f in dataclasses.fields(cls)}
+    return {f.name: str(f.metadata.get("doc") or comments.get(f.name, "")) for f in dataclasses.fields(cls)
+            if not f.metadata.get("internal")}
 
 
 def _literal(value: Any, style: str) -> str:
@@ -323,7 +341,7 @@ def section_markdown(section: Section, style: str, group: str = "") -> str:
         body.append(_prose(cls.__doc__) + "\n")
     key = "key" if style == "toml" else "field"
     rows = [f"| `{f.name}` | `{_cell(_type_text(f))}` | {_cell(default_text(f, style))} | {_cell(_prose(docs[f.name]))} |"
-            for f in dataclasses.fields(cls)]
+            for f in dataclasses.fields(cls) if not f.metadata.get("internal")]  # internal: not a key of the file
     body.append(f"| {key} | type | default | description |\n| --- | --- | --- | --- |\n" + "\n".join(rows) + "\n")
     return "\n".join(body)
 

@@ -7,6 +7,7 @@ GET  /size/N[?chunked=1|close=1]  N bytes of a fixed pattern (Content-Length,
 POST /echo                         the request body back (chunked in → chunked out)
 GET  /headers                      JSON: request line and headers as received
 GET  /whoami                       this backend's NAME
+GET  /r/...                        JSON: NAME, path and headers, with X-Backend: NAME and X-Internal headers
 GET  /slow?ms=N                    NAME after N ms
 GET  /health                       200 (503 after POST /sick)
 GET  /ws (Upgrade)                 101, then echoes raw bytes
@@ -122,6 +123,10 @@ class Backend:
             simple(json.dumps({"method": method, "version": version, "headers": raw}).encode(), ctype="application/json")
         elif path == "/whoami":
             simple(self.name.encode())
+        elif path.startswith("/r/"):
+            data = json.dumps({"name": self.name, "path": path, "headers": raw}).encode()
+            writer.write(self.head("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
+                                              ("X-Backend", self.name), ("X-Internal", "secret")]) + data)
         elif path == "/slow":
             await asyncio.sleep(int(q.get("ms", ["100"])[0]) / 1000)
             simple(self.name.encode())

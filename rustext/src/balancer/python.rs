@@ -140,6 +140,7 @@ fn int<T: for<'a> FromPyObject<'a, 'a> + Copy>(
 fn string(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Option<String>> {
     match d.get_item(key)? {
         None => Ok(None),
+        Some(v) if v.is_none() => Ok(None),
         Some(v) => Ok(Some(
             v.extract()
                 .map_err(|_| cfg_err(format!("{key} must be a string")))?,

@@ -1,0 +1,366 @@
+"""Typed configuration of routing: named backend pools, listeners, routes,
+header rules, redirects and request ids (the TOML shapes are in
+``docs/balancer.md``).
+
+The classes validate what they can alone in ``__post_init__``; references
+between them (a route's backend must exist) are checked by
+:class:`balancer.config.BalancerConfig`, and the data plane compiles the
+whole into its routing table (checking header names and values again).
+Errors name the key path (``listeners[1].routes[0].host``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from rustext.fields import check_fields
+
+from balancer.errors import BalancerConfigError
+
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_TEMPLATE = re.compile(r"%\[([^\]]*)\]")
+_TEMPLATE_VALUES = ("req.id", "src")
+#: headers the balancer manages itself: rules may not set or delete them
+RESERVED_HEADERS = frozenset(
+    ("connection", "keep-alive", "transfer-encoding", "content-length", "te", "trailer", "upgrade", "host"))
+
+
+def _strs(value: Any, where: str) -> tuple[str, ...]:
+    """A string or a list of strings, as a tuple."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise BalancerConfigError(f"{where} must be a string or a list of strings, got {value!r}")
+
+
+def _header_name(name: Any, where: str) -> str:
+    if not isinstance(name, str) or not _TOKEN.match(name):
+        raise BalancerConfigError(f"{where}: invalid header name {name!r}")
+    return name
+
+
+def _header_value(value: Any, where: str) -> str:
+    if not isinstance(value, str) or any(c in value for c in "\r\n\0"):
+        raise BalancerConfigError(f"{where} must be a string without line breaks, got {value!r}")
+    for name in _TEMPLATE.findall(value):
+        if name not in _TEMPLATE_VALUES:
+            raise BalancerConfigError(
+                f"{where}: unknown value %[{name}] (expected %[req.id] or %[src])")
+    return value
+
+
+def section(cls: type, data: Any, where: str) -> Any:
+    """``cls(**data)`` with unknown keys and wrong types refused, naming ``where``."""
+    if not isinstance(data, Mapping):
+        raise BalancerConfigError(f"{where} must be a table")
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - (known - {"where"})
+    if unknown:
+        raise BalancerConfigError(f"unknown key(s) in {where}: {', '.join(sorted(unknown))}")
+    if "where" in known:
+        data = {**data, "where": where}
+    try:
+        return cls(**check_fields(cls, data, where))
+    except BalancerConfigError:
+        raise
+    except ValueError as exc:  # check_fields names the key already
+        raise BalancerConfigError(str(exc)) from exc
+    except TypeError as exc:
+        raise BalancerConfigError(f"{where}: {exc}") from exc
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeaderRules:
+    """Header rules of a message: ``delete`` first, then ``set`` (replaces),
+    then ``add`` (appends). Values may hold ``%[req.id]`` (the request id) and
+    ``%[src]`` (the client's address)."""
+
+    #: name → value: the header replaced (or added if absent)
+    set: Mapping[str, str] = field(default_factory=dict)
+    #: name → value: one more header of that name
+    add: Mapping[str, str] = field(default_factory=dict)
+    #: names removed
+    delete: str | tuple[str, ...] = ()
+    where: str = field(default="headers", repr=False, compare=False, metadata={"internal": True})
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "delete", _strs(self.delete, f"{self.where}.delete"))
+        for op in ("set", "add"):
+            table = getattr(self, op)
+            if not isinstance(table, Mapping):
+                raise BalancerConfigError(f"{self.where}.{op} must be a table of name = \"value\"")
+            for name, value in table.items():
+                _header_name(name, f"{self.where}.{op}")
+                _header_value(value, f"{self.where}.{op}.{name}")
+                if name.lower() in RESERVED_HEADERS:
+                    raise BalancerConfigError(f"{self.where}.{op}: {name} is managed by the balancer")
+        for name in self.delete:
+            _header_name(name, f"{self.where}.delete")
+            if name.lower() in RESERVED_HEADERS:
+                raise BalancerConfigError(f"{self.where}.delete: {name} is managed by the balancer")
+
+    def __bool__(self) -> bool:
+        return bool(self.set or self.add or self.delete)
+
+    def to_native(self) -> list[tuple[str, ...]]:
+        return ([("delete", n) for n in self.delete] + [("set", n, v) for n, v in self.set.items()]
+                + [("add", n, v) for n, v in self.add.items()])
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeaderMatch:
+    """A header condition: present (neither ``equals`` nor ``prefix``),
+    equal to a value, or starting with one (values are case-sensitive)."""
+
+    #: the header name (case-insensitive)
+    name: str
+    #: the value it must have
+    equals: str | None = None
+    #: what its value must start with
+    prefix: str | None = None
+
+    def __post_init__(self) -> None:
+        _header_name(self.name, "header.name")
+        if self.equals is not None and self.prefix is not None:
+            raise BalancerConfigError(f"header {self.name}: give equals or prefix, not both")
+
+    def to_native(self) -> tuple[str, ...]:
+        if self.equals is not None:
+            return (self.name, "equals", self.equals)
+        if self.prefix is not None:
+            return (self.name, "prefix", self.prefix)
+        return (self.name, "present")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Redirect:
+    """Answer with a redirect instead of forwarding: to ``location``, or to
+    the same host and target over HTTPS (``scheme = "https"``)."""
+
+    #: 301, 302, 303, 307 or 308
+    code: int = 302
+    #: the ``Location`` (fixed)
+    location: str | None = None
+    #: ``"https"``: the request's host (without its port) and target over HTTPS
+    scheme: str | None = None
+    #: with ``scheme``: the HTTPS port, if not 443
+    port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.code not in (301, 302, 303, 307, 308):
+            raise BalancerConfigError(f"redirect.code must be 301, 302, 303, 307 or 308, got {self.code!r}")
+        if (self.location is None) == (self.scheme is None):
+            raise BalancerConfigError('redirect needs location = "..." or scheme = "https" (one of them)')
+        if self.scheme is not None and self.scheme != "https":
+            raise BalancerConfigError(f'redirect.scheme must be "https", got {self.scheme!r}')
+        if self.location is not None:
+            _header_value(self.location, "redirect.location")
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise BalancerConfigError(f"redirect.port must be in 1..65535, got {self.port!r}")
+
+    def to_native(self) -> dict[str, Any]:
+        return {"code": self.code, "location": self.location, "scheme": self.scheme, "port": self.port}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Route:
+    """A route (``[[routes]]`` or ``[[listeners.routes]]``): all of its
+    conditions must hold; routes are tried in order, the first that holds
+    wins. No condition at all matches every request."""
+
+    #: host names (case-insensitive, port and a trailing dot ignored); ``*.example.com`` matches its subdomains
+    host: str | tuple[str, ...] = ()
+    #: exact paths (the target before ``?``, not decoded)
+    path: str | tuple[str, ...] = ()
+    #: path prefixes (any of ``path`` or ``path_prefix`` matching is enough)
+    path_prefix: str | tuple[str, ...] = ()
+    #: methods (upper case)
+    method: str | tuple[str, ...] = ()
+    #: header conditions (``{ name = "X-Canary", equals = "1" }``), all must hold
+    header: HeaderMatch | tuple[HeaderMatch, ...] = ()
+    #: the backend pool (a ``[backends.NAME]`` name, or ``default`` with a ``[[backends]]`` list)
+    backend: str | None = None
+    #: answer with a redirect instead (``{ code = 301, location = "..." }`` or ``{ scheme = "https" }``)
+    redirect: Redirect | None = None
+    #: header rules on the request sent to the backend
+    request_headers: HeaderRules = field(default_factory=HeaderRules)
+    #: header rules on the response sent to the client
+    response_headers: HeaderRules = field(default_factory=HeaderRules)
+    where: str = field(default="route", repr=False, compare=False, metadata={"internal": True})
+
+    def __post_init__(self) -> None:
+        w = self.where
+        for name in ("host", "path", "path_prefix", "method"):
+            object.__setattr__(self, name, _strs(getattr(self, name), f"{w}.{name}"))
+        for h in self.host:
+            bare = h.lower().rstrip(".")
+            if not bare or " " in bare or "/" in bare or ("*" in bare and not (
+                    bare.startswith("*.") and "*" not in bare[2:] and len(bare) > 2)):
+                raise BalancerConfigError(f"{w}.host: invalid host {h!r} (a name, or *.example.com)")
+        for p in self.path + self.path_prefix:
+            if not p.startswith("/"):
+                raise BalancerConfigError(f"{w}: path {p!r} must start with /")
+        for m in self.method:
+            if not m.isalpha():
+                raise BalancerConfigError(f"{w}.method: invalid method {m!r}")
+        header = self.header
+        if isinstance(header, Mapping):
+            header = (header,)
+        object.__setattr__(self, "header", tuple(
+            h if isinstance(h, HeaderMatch) else section(HeaderMatch, h, f"{w}.header[{i}]")
+            for i, h in enumerate(header)))
+        if isinstance(self.redirect, Mapping):
+            object.__setattr__(self, "redirect", section(Redirect, self.redirect, f"{w}.redirect"))
+        for name in ("request_headers", "response_headers"):
+            v = getattr(self, name)
+            if isinstance(v, Mapping):
+                object.__setattr__(self, name, section(HeaderRules, v, f"{w}.{name}"))
+        if (self.backend is None) == (self.redirect is None):
+            raise BalancerConfigError(f"{w}: a route needs a backend or a redirect (one of them)")
+
+    def to_native(self) -> dict[str, Any]:
+        return {
+            "host": list(self.host), "path": list(self.path), "path_prefix": list(self.path_prefix),
+            "method": [m.upper() for m in self.method], "header": [h.to_native() for h in self.header],
+            "backend": self.backend, "redirect": self.redirect.to_native() if self.redirect else None,
+            "request_headers": self.request_headers.to_native(),
+            "response_headers": self.response_headers.to_native(),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hsts:
+    """``Strict-Transport-Security`` on every response of an HTTPS listener."""
+
+    #: seconds browsers remember to use HTTPS
+    max_age: int = 31_536_000
+    #: ``includeSubDomains``: the subdomains too
+    include_subdomains: bool = False
+    #: ``preload``: ask to be in the browsers' preload lists
+    preload: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_age, bool) or not isinstance(self.max_age, int) or self.max_age < 0:
+            raise BalancerConfigError(f"hsts.max_age must be an integer >= 0, got {self.max_age!r}")
+
+    def to_native(self) -> dict[str, Any]:
+        return {"max_age": self.max_age, "include_subdomains": self.include_subdomains, "preload": self.preload}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestId:
+    """Request ids: an incoming one (1 to 200 visible ASCII characters, the
+    header given once) is kept, else one is generated (32 hex digits); it is
+    forwarded to the backend and echoed in the response."""
+
+    #: the header carrying it
+    header: str = "X-Request-ID"
+
+    def __post_init__(self) -> None:
+        _header_name(self.header, "request_id.header")
+        if self.header.lower() in RESERVED_HEADERS:
+            raise BalancerConfigError(f"request_id.header: {self.header} cannot carry a request id")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Listener:
+    """One listener (``[[listeners]]``), with its own routes."""
+
+    #: ``host:port`` clients connect to (a change needs a restart)
+    address: str
+    #: HTTPS, with the certificates of ``[tls]``
+    tls: bool = False
+    #: the routes (``[[listeners.routes]]``), tried in order
+    routes: tuple[Route, ...] = ()
+    #: the backend pool of requests no route takes; unset: they get ``503``
+    default_backend: str | None = None
+    #: request ids (``{ header = "X-Request-ID" }``); unset: none
+    request_id: RequestId | None = None
+    #: HSTS on responses (HTTPS listeners; ``{ max_age = 31536000, include_subdomains = true }``)
+    hsts: Hsts | None = None
+    #: header rules on every request forwarded from this listener (before the backend's and the route's)
+    request_headers: HeaderRules = field(default_factory=HeaderRules)
+    #: header rules on every response from a backend
+    response_headers: HeaderRules = field(default_factory=HeaderRules)
+    where: str = field(default="listener", repr=False, compare=False, metadata={"internal": True})
+
+    def __post_init__(self) -> None:
+        from balancer.config import parse_hostport
+
+        w = self.where
+        parse_hostport(self.address, f"{w}.address")
+        object.__setattr__(self, "routes", tuple(
+            r if isinstance(r, Route) else section(Route, r, f"{w}.routes[{i}]")
+            if isinstance(r, Mapping) else _bad(f"{w}.routes[{i}]")
+            for i, r in enumerate(self.routes)))
+        if isinstance(self.request_id, Mapping):
+            object.__setattr__(self, "request_id", section(RequestId, self.request_id, f"{w}.request_id"))
+        if isinstance(self.hsts, Mapping):
+            object.__setattr__(self, "hsts", section(Hsts, self.hsts, f"{w}.hsts"))
+        if self.hsts is not None and not self.tls:
+            raise BalancerConfigError(f"{w}.hsts needs an HTTPS listener (tls = true)")
+        for name in ("request_headers", "response_headers"):
+            v = getattr(self, name)
+            if isinstance(v, Mapping):
+                object.__setattr__(self, name, section(HeaderRules, v, f"{w}.{name}"))
+
+    def backends_used(self) -> list[tuple[str, str]]:
+        """(key path, backend name) of every reference to a pool."""
+        out = [(f"{self.where}.routes[{i}].backend", r.backend) for i, r in enumerate(self.routes) if r.backend]
+        if self.default_backend:
+            out.append((f"{self.where}.default_backend", self.default_backend))
+        return out
+
+    def to_native(self) -> dict[str, Any]:
+        return {
+            "address": self.address, "tls": self.tls, "routes": [r.to_native() for r in self.routes],
+            "default_backend": self.default_backend,
+            "request_id": self.request_id.header if self.request_id else None,
+            "hsts": self.hsts.to_native() if self.hsts else None,
+            "request_headers": self.request_headers.to_native(),
+            "response_headers": self.response_headers.to_native(),
+        }
+
+
+def _bad(where: str) -> Any:
+    raise BalancerConfigError(f"{where} must be a table")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NamedBackend:
+    """A named backend pool (``[backends.NAME]``): its servers and policy.
+    Keys left out take the top-level value (``algorithm``, ``retries``,
+    ``[timeouts]``, ``[passive]``, ``[limits]`` ``max_connections``, ``[health]``)."""
+
+    #: the servers: ``"host:port"`` strings or ``{ address, weight, max_connections }`` tables
+    servers: tuple[Any, ...] = ()
+    #: as the top-level key; unset: the top-level value
+    algorithm: str | None = None
+    #: as the top-level key; unset: the top-level value
+    hash_key: str | None = None
+    #: as the top-level key; unset: the top-level value
+    retries: int | None = None
+    #: concurrent requests per server (0 = unlimited); unset: ``limits.max_connections``
+    max_connections: int | None = None
+    #: a ``[timeouts]`` table for this pool (keys left out: the top-level ones)
+    timeouts: Mapping[str, Any] | None = None
+    #: a ``[passive]`` table for this pool
+    passive: Mapping[str, Any] | None = None
+    #: a ``[health]`` table for this pool (``enabled = false``: none); unset: the top-level one
+    health: Mapping[str, Any] | None = None
+    #: header rules on requests sent to this pool (after the listener's, before the route's)
+    request_headers: HeaderRules = field(default_factory=HeaderRules)
+    #: header rules on its responses
+    response_headers: HeaderRules = field(default_factory=HeaderRules)
+    where: str = field(default="backends", repr=False, compare=False, metadata={"internal": True})
+
+    def __post_init__(self) -> None:
+        for name in ("request_headers", "response_headers"):
+            v = getattr(self, name)
+            if isinstance(v, Mapping):
+                w = f"{self.where}.{name}"
+                object.__setattr__(self, name, section(HeaderRules, v, w))
