@@ -4,6 +4,7 @@ The data plane (forwarding, pools, algorithms, stats) is ``rustext.Balancer``
 on threads of its own; this package configures and watches it.
 
 - config    typed config dataclasses and the TOML loader (validation)
+- discovery DNS service discovery: backends by name (A/AAAA) or SRV, re-resolved
 - health    active HTTP health checks (asyncio, aiohttp) marking backends up/down
 - service   ``LoadBalancer``: data plane + health checks, reload, drain
 - admin     the admin HTTP endpoint (aiohttp) on top of a service: backends,
