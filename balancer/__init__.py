@@ -11,6 +11,7 @@ on threads of its own; this package configures and watches it.
             drain, weights, reload, metrics
 - metrics   the data plane's stats as a prometheus-client collector
 - runner    ``BalancerProcess``: a service and its admin endpoint, as ``juggler balancer`` runs them
+- config_errors  where a config error is: the key at fault and its line (FILE:LINE:)
 - errors    ``BalancerError`` / ``BalancerConfigError``
 """
 

@@ -49,6 +49,7 @@ A file looks like::
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -449,15 +450,35 @@ def load(path: str | os.PathLike[str]) -> BalancerConfig:
     """Read and validate a TOML file; raises BalancerConfigError naming the file."""
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            raw = f.read()
     except OSError as exc:
         raise BalancerConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        text = raw.decode()
+        data = tomllib.loads(text)
+    except UnicodeDecodeError as exc:
+        raise BalancerConfigError(f"{path}: invalid TOML: not UTF-8 (byte {exc.start})") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise BalancerConfigError(f"{path}: invalid TOML: {exc}") from exc
+        m = re.search(r" \(at line (\d+), column \d+\)$", str(exc))
+        where, reason = (f"{path}:{m.group(1)}", str(exc)[:m.start()]) if m else (str(path), str(exc))
+        raise BalancerConfigError(f"{where}: invalid TOML: {reason}") from exc
     try:
         return from_dict(data)
     except BalancerConfigError as exc:
-        raise BalancerConfigError(f"{path}: {exc}") from exc
+        raise BalancerConfigError(_located(path, text, data, str(exc))) from exc
+
+
+def _located(path: str | os.PathLike[str], text: str, data: dict[str, Any], message: str) -> str:
+    """``FILE:LINE: message`` (naming the key when the message does not)."""
+    from balancer import config_errors  # only once a file has failed
+
+    key = config_errors.culprit(data, message, from_dict, BalancerConfigError)
+    line = config_errors.line_of(config_errors.key_lines(text), key)
+    names = [k for k in key if isinstance(k, str)]
+    if names and names[-1] not in message:
+        dotted = ".".join(str(k) if isinstance(k, str) else f"[{k}]" for k in key).replace(".[", "[")
+        message = f"{dotted}: {message}"
+    return f"{path}:{line}: {message}" if line is not None else f"{path}: {message}"
 
 
 def parse_backends(spec: str) -> list[BackendConfig]:
