@@ -7,6 +7,7 @@ on threads of its own; this package configures and watches it.
 - discovery DNS service discovery: backends by name (A/AAAA) or SRV, re-resolved
 - health    active HTTP health checks (asyncio, aiohttp) marking backends up/down
 - service   ``LoadBalancer``: data plane + health checks, reload, drain
+- auth      the admin endpoint's authentication: Basic (bcrypt users) and bearer tokens
 - admin     the admin HTTP endpoint (aiohttp) on top of a service: backends,
             drain, weights, reload, metrics
 - metrics   the data plane's stats as a prometheus-client collector

@@ -56,6 +56,7 @@ from typing import Any
 
 from rustext.fields import check_fields
 
+from balancer.auth import AdminAuth
 from balancer.discovery import DnsConfig, Target, is_ip
 from balancer.errors import BalancerConfigError
 
@@ -291,6 +292,8 @@ class BalancerConfig:
     #: the ``[dns]`` table: backends given by name are resolved again every ``interval``; unset = once,
     #: at load (``srv`` backends then use the table's defaults)
     dns: DnsConfig | None = None
+    #: the ``[admin_auth]`` table: credentials asked of admin requests; unset = none (applied on reload)
+    admin_auth: AdminAuth | None = None
 
     def __post_init__(self) -> None:
         parse_hostport(self.listen, "listen")
@@ -433,6 +436,8 @@ def from_dict(data: dict[str, Any]) -> BalancerConfig:
         data["tls"] = _section(Tls, raw, "tls")
     if "dns" in data:
         data["dns"] = _section(DnsConfig, data["dns"], "dns")
+    if "admin_auth" in data:
+        data["admin_auth"] = _section(AdminAuth, data["admin_auth"], "admin_auth")
     if "health" in data:
         health = _section(HealthCheck, data["health"], "health")
         data["health"] = health if health.enabled else None

@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import rustext
@@ -29,9 +30,12 @@ log = logging.getLogger("balancer.service")
 
 
 class LoadBalancer:
-    def __init__(self, config: BalancerConfig, *, config_path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, config: BalancerConfig, *, config_path: str | os.PathLike[str] | None = None,
+                 overrides: Callable[[BalancerConfig], BalancerConfig] | None = None) -> None:
+        """``overrides`` is applied to the file at each reload (the CLI's flags over the file)."""
         self.config = config
         self.config_path = config_path
+        self._overrides = overrides
         self._discovery: Discovery | None = None
         self._dns_task: asyncio.Task[None] | None = None
         self._native = rustext.Balancer(self._effective(config).to_native())
@@ -200,6 +204,8 @@ class LoadBalancer:
                         return
                     raise BalancerConfigError("no configuration file to reload")
                 new = await asyncio.to_thread(config_mod.load, self.config_path)
+                if self._overrides is not None:
+                    new = self._overrides(new)
             if self._native.tls:
                 self._reload_tls()
             fixed = self.config.fixed_changes(new)
