@@ -176,7 +176,7 @@ class SnowflakeWorker:
         self.names = NameStats(max_tracked=100)
         self._tenure: Tenure | None = None
         self._waiting: deque[tuple[int, float, Any]] = deque()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         self._backwards_episode = False
         self._channels: list[grpc.aio.Channel] = []
         self._links: list[PeerLink] = []
@@ -357,7 +357,12 @@ class SnowflakeWorker:
         self.stats.waits += 1
         self._waiting.appendleft((n, deadline, sink))
         if self._timer is None:
-            self._timer = loop.call_later(r.ms / 1000, self._on_timer)
+            # The millisecond's sequence used up: look again on the next loop turn (the loop's
+            # timers round up to a whole millisecond or more, which would idle a saturated worker
+            # for a third of the time; a turn lets other I/O through, where Leaf spins). A clock
+            # behind: a timer.
+            self._timer = loop.call_later(r.ms / 1000, self._on_timer) if r.backwards else loop.call_soon(
+                self._on_timer)
         return False
 
     def _on_timer(self) -> None:
