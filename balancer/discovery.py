@@ -92,6 +92,8 @@ class DnsConfig:
     #: a name that does not resolve at start: ``"none"`` starts without its addresses and keeps trying,
     #: ``"error"`` rejects the configuration
     init_addr: str = "none"
+    #: addresses taken from one name at most (the first ones of the answer); the others are left out
+    max_addresses: int = 64
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nameservers", tuple(self.nameservers))
@@ -105,6 +107,9 @@ class DnsConfig:
                 raise BalancerConfigError(f"dns.{name} must be a number >= 0, got {v!r}")
         if self.interval <= 0 or self.timeout <= 0:
             raise BalancerConfigError("dns.interval and dns.timeout must be > 0")
+        if isinstance(self.max_addresses, bool) or not isinstance(self.max_addresses, int) or not (
+                1 <= self.max_addresses <= 1024):
+            raise BalancerConfigError(f"dns.max_addresses must be an integer in 1..1024, got {self.max_addresses!r}")
         if self.init_addr not in ("none", "error"):
             raise BalancerConfigError(f"dns.init_addr must be \"none\" or \"error\", got {self.init_addr!r}")
 
@@ -246,6 +251,10 @@ class Discovery:
                 log.info("dns: %s resolves again", target.key)
             state.last_error = ""
             state.last_good = now
+            if len(result) > self.config.max_addresses:
+                log.warning("dns: %s gives %d addresses; using the first %d (dns.max_addresses)",
+                            target.key, len(result), self.config.max_addresses)
+                result = result[:self.config.max_addresses]
             fresh = {addr: (weight, now) for addr, weight in result}
             for addr, (weight, seen) in state.addresses.items():
                 if addr not in fresh and now - seen < self.config.hold_obsolete:

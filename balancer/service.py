@@ -163,7 +163,12 @@ class LoadBalancer:
         assert self._discovery is not None
         while True:
             await asyncio.sleep(self._discovery.config.interval)  # the period, not a synchronisation
-            if await self._discovery.refresh():
+            try:
+                changed = await self._discovery.refresh()
+            except Exception:  # a bug, not a DNS failure (those are recorded): keep following
+                log.exception("dns: resolution round failed")
+                continue
+            if changed:
                 async with self._reload_lock:
                     self._apply_backends()
 

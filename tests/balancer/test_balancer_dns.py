@@ -126,6 +126,15 @@ async def test_hold_obsolete_and_hold_valid_follow_the_clock(dnsmasq):
     assert disc.addresses(target) == []
 
 
+async def test_a_name_gives_at_most_max_addresses(dnsmasq):
+    dns = dnsmasq({"many.test": [f"127.0.1.{i}" for i in range(1, 9)]})
+    disc = Discovery(DnsConfig(nameservers=(dns.nameserver,), max_addresses=3, timeout=2))
+    target = Target("many.test:80", "a", "many.test", 80, "ipv4")
+    disc.configure(disc.config, [target])
+    assert await disc.refresh()
+    assert len(disc.addresses(target)) == 3
+
+
 # --- a whole balancer --------------------------------------------------------------------------
 
 
