@@ -190,7 +190,7 @@ def _loopback(host: str) -> bool:
 
 
 class _DenyAll:
-    challenges: list[str] = []
+    challenges: tuple[str, ...] = ()
 
     def is_public(self, path: str) -> bool:
         return False

@@ -29,7 +29,7 @@ import bcrypt
 
 from balancer.errors import BalancerConfigError
 
-__all__ = ["AdminAuth", "Authenticator", "MAX_HEADER", "READ_ONLY"]
+__all__ = ["MAX_HEADER", "READ_ONLY", "AdminAuth", "Authenticator"]
 
 log = logging.getLogger("balancer.admin")
 

@@ -157,7 +157,7 @@ def culprit(data: dict[str, Any], message: str, validate: Callable[[dict[str, An
             validate(doc)
         except error as exc:
             return str(exc)
-        except Exception:  # a shape validate() did not expect: a failure too
+        except Exception:  # noqa: BLE001  # a shape validate() did not expect: a failure too
             return "?"
         return None
 
@@ -177,17 +177,17 @@ def culprit(data: dict[str, Any], message: str, validate: Callable[[dict[str, An
         if isinstance(value, list):
             for i, item in enumerate(value):
                 if fails({**base, key: [item]}):
-                    return (key, i, *_within(item, message, lambda t: fails({**base, key: [t]})))
+                    return (key, i, *_within(item, message, lambda t, k=key: fails({**base, k: [t]})))
             # fails only together (a duplicate): the last element the message names
             named = [i for i, item in enumerate(value) if _mentions(item, message)]
             return (key, named[-1]) if named else (key,)
         if isinstance(value, dict):
-            sub = _within(value, message, lambda t: fails({**base, key: t}))
+            sub = _within(value, message, lambda t, k=key: fails({**base, k: t}))
             if sub and isinstance(value.get(sub[0]), list):
                 for i, item in enumerate(value[sub[0]]):
                     if fails({**base, key: {**value, sub[0]: [item]}}):
-                        return (key, sub[0], i, *_within(item, message, lambda t: fails(
-                            {**base, key: {**value, sub[0]: [t]}})))
+                        return (key, sub[0], i, *_within(item, message, lambda t, k=key, v=value, s=sub[0]: fails(
+                            {**base, k: {**v, s: [t]}})))
             return (key, *sub)
         return (key,)
     return ()

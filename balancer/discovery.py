@@ -43,7 +43,7 @@ from balancer.errors import BalancerConfigError
 
 log = logging.getLogger("balancer.dns")
 
-__all__ = ["DnsConfig", "Discovery", "Target", "is_ip"]
+__all__ = ["Discovery", "DnsConfig", "Target", "is_ip"]
 
 FAMILIES = {"any": ("A", "AAAA"), "ipv4": ("A",), "ipv6": ("AAAA",)}
 

@@ -81,8 +81,7 @@ class Dnsmasq:
         tmp = self.hosts_file + ".new"
         with open(tmp, "w") as f:
             for name, ips in hosts.items():
-                for ip in ips:
-                    f.write(f"{ip} {name}\n")
+                f.writelines(f"{ip} {name}\n" for ip in ips)
         os.replace(tmp, self.hosts_file)
 
     def stop(self) -> None:

@@ -16,12 +16,12 @@ import time
 
 import bcrypt
 import pytest
-from tests.netutil import free_port, wait_for_port
 
 from balancer import BalancerConfig, BalancerConfigError
 from balancer.auth import AdminAuth, Authenticator
 from balancer.config import BackendConfig, from_dict
 from balancer.runner import BalancerProcess
+from tests.netutil import free_port, wait_for_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 TOKEN = "t0ken-of-twenty-chars"
@@ -88,7 +88,7 @@ HOSTILE = [
 
 @pytest.mark.parametrize(("name", "authorization"), HOSTILE, ids=[n for n, _ in HOSTILE])
 async def test_hostile_credentials_get_401_with_challenges(admin, name, authorization):
-    port, process = admin
+    port, _ = admin
     for method, path in (("GET", "/backends"), ("POST", "/reload"), ("GET", "/nope")):
         status, headers, body = await asyncio.to_thread(request, port, path, method, authorization)
         assert status == 401, (name, path)
