@@ -44,6 +44,17 @@ A file looks like::
     address = "127.0.0.1:9001"
     weight = 3
     max_connections = 100
+
+    [[backends]]
+    address = "app.internal:8080"   # by name: resolved every dns.interval (balancer.discovery)
+
+    [dns]                      # omit: names are resolved once, at load
+    nameservers = ["10.0.0.53"]   # default: /etc/resolv.conf
+    interval = 5.0
+
+    [admin_auth]               # credentials for the admin endpoint (balancer.auth)
+    users_file = "admin.htpasswd"
+    public = ["/metrics"]
 """
 
 from __future__ import annotations
