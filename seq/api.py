@@ -16,7 +16,8 @@ built by the generated module), so the process runs no grpc.aio server.
 Status codes, as the grpc.aio server had them: INVALID_ARGUMENT (name over
 256 bytes of UTF-8, range_size above ``max_range``), OUT_OF_RANGE (the
 sequence would pass 2**63-1), INTERNAL (the store failed; malformed request),
-UNAVAILABLE (draining or closed), DEADLINE_EXCEEDED (the caller's
+UNAVAILABLE (draining or closed; a snowflake worker without a lease or
+whose clock moved backwards), DEADLINE_EXCEEDED (the caller's
 ``grpc-timeout`` passed), UNIMPLEMENTED (unknown method).
 """
 
@@ -30,7 +31,7 @@ from typing import Protocol
 from rustext import GrpcServer
 from rustext.tls import TlsConfigError
 from seq._proto import rrpeer_pb2 as peer_pb
-from seq.errors import SeqExhausted, StoreError
+from seq.errors import SeqExhausted, SeqUnavailable, StoreError
 from seq.log import MAX_NAME
 from seq.namestats import NameStats
 from seq.store import Store
@@ -44,7 +45,7 @@ SNAPSHOT_PATH = f"/{PEER_SERVICE}/Snapshot"
 NEXT_ID, CUR_ID, SET_ID, RAW_SNAPSHOT = 0, 1, 2, 3
 
 # grpc status codes
-INVALID_ARGUMENT, OUT_OF_RANGE, INTERNAL = 3, 11, 13
+INVALID_ARGUMENT, OUT_OF_RANGE, INTERNAL, UNAVAILABLE = 3, 11, 13, 14
 
 
 class Acquirer(Protocol):
@@ -105,7 +106,8 @@ class _Call:
         if self._done:
             return
         self._done = True
-        code = OUT_OF_RANGE if isinstance(exc, SeqExhausted) else INTERNAL
+        # a snowflake worker's clock or lease: UNAVAILABLE, the message says which (try another worker)
+        code = OUT_OF_RANGE if isinstance(exc, SeqExhausted) else UNAVAILABLE if isinstance(exc, SeqUnavailable) else INTERNAL
         self.out.api.fail(self.token, code, str(exc))
 
 
