@@ -404,7 +404,7 @@ class BalancerConfig:
         return (Listener(address=self.listen, tls=bool(self.tls.certificates), routes=self.routes,
                          default_backend=default, request_id=self.request_id, hsts=self.hsts,
                          request_headers=self.request_headers, response_headers=self.response_headers,
-                         where="listen"),)
+                         where=""),)
 
     def pools(self) -> dict[str, BalancerConfig]:
         """Each backend pool as a configuration of its own (servers, policy,
@@ -632,13 +632,35 @@ def _located(path: str | os.PathLike[str], text: str, data: dict[str, Any], mess
     """``FILE:LINE: message`` (naming the key when the message does not)."""
     from balancer import config_errors  # only once a file has failed
 
-    key = config_errors.culprit(data, message, from_dict, BalancerConfigError)
+    key = _path_in_message(data, message) or config_errors.culprit(data, message, from_dict, BalancerConfigError)
     line = config_errors.line_of(config_errors.key_lines(text), key)
     names = [k for k in key if isinstance(k, str)]
     if names and names[-1] not in message:
         dotted = ".".join(str(k) if isinstance(k, str) else f"[{k}]" for k in key).replace(".[", "[")
         message = f"{dotted}: {message}"
     return f"{path}:{line}: {message}" if line is not None else f"{path}: {message}"
+
+
+def _path_in_message(data: dict[str, Any], message: str) -> tuple[str | int, ...] | None:
+    """The key path a message starts with (``listeners[0].routes[2].host: …``),
+    when the file has it: routing errors name their key, including references
+    between parts that the part-by-part search cannot see."""
+    m = re.match(r"([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_][\w-]*)*)[:\s]", message)
+    if not m:
+        return None
+    path: tuple[str | int, ...] = tuple(
+        int(i) if i else k for i, k in re.findall(r"\[(\d+)\]|([A-Za-z_][\w-]*)", m.group(1)))
+    if len(path) > 1 and path[0] == "listen" and "listen" in data and not isinstance(data["listen"], dict):
+        path = path[1:]  # the routing keys of the one listener are top-level keys
+    node: Any = data
+    for n, k in enumerate(path):
+        if isinstance(node, dict) and isinstance(k, str) and k in node:
+            node = node[k]
+        elif isinstance(node, list) and isinstance(k, int) and k < len(node):
+            node = node[k]
+        else:
+            return path[:n] if n > 1 else None
+    return path or None
 
 
 def parse_backends(spec: str) -> list[BackendConfig]:

@@ -310,9 +310,10 @@ class Listener:
 
     def backends_used(self) -> list[tuple[str, str]]:
         """(key path, backend name) of every reference to a pool."""
-        out = [(f"{self.where}.routes[{i}].backend", r.backend) for i, r in enumerate(self.routes) if r.backend]
+        at = f"{self.where}." if self.where else ""  # "": the top-level keys of ``listen``
+        out = [(f"{at}routes[{i}].backend", r.backend) for i, r in enumerate(self.routes) if r.backend]
         if self.default_backend:
-            out.append((f"{self.where}.default_backend", self.default_backend))
+            out.append((f"{at}default_backend", self.default_backend))
         return out
 
     def to_native(self) -> dict[str, Any]:
