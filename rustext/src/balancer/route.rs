@@ -475,7 +475,6 @@ impl Listener {
         } else {
             None
         };
-        let host = host.map(|h| &*h);
         self.conds
             .iter()
             .position(|c| c.holds(req, host))
