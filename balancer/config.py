@@ -652,6 +652,9 @@ def _path_in_message(data: dict[str, Any], message: str) -> tuple[str | int, ...
         int(i) if i else k for i, k in re.findall(r"\[(\d+)\]|([A-Za-z_][\w-]*)", m.group(1)))
     if len(path) > 1 and path[0] == "listen" and "listen" in data and not isinstance(data["listen"], dict):
         path = path[1:]  # the routing keys of the one listener are top-level keys
+    routing = ("routes", "listeners", "default_backend", "request_id", "hsts", "request_headers", "response_headers")
+    if not path or not (path[0] in routing or (path[0] == "backends" and isinstance(data.get("backends"), dict))):
+        return None  # other messages: the part-by-part search
     node: Any = data
     for n, k in enumerate(path):
         if isinstance(node, dict) and isinstance(k, str) and k in node:

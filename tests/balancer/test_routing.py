@@ -387,3 +387,88 @@ servers = []
     assert cfg.effective_listeners()[0].default_backend is None
     with pytest.raises(BalancerConfigError, match=r"backends.x.servers must list"):
         from_dict(tomllib.loads('listen = "127.0.0.1:1"\n[backends.x]\nservers = []\n')).pools()
+
+
+#: odd Host headers: (name, raw request). Both proxies route ``api.example.com``
+#: to a, ``*.example.com`` to b, the rest to c.
+HOSTS = [
+    ("no Host, HTTP/1.1", b"GET /r/x HTTP/1.1\r\n"),
+    ("no Host, HTTP/1.0", b"GET /r/x HTTP/1.0\r\n"),
+    ("two equal Host", b"GET /r/x HTTP/1.1\r\nHost: api.example.com\r\nHost: api.example.com\r\n"),
+    ("two different Host", b"GET /r/x HTTP/1.1\r\nHost: api.example.com\r\nHost: x.example.com\r\n"),
+    ("with port", b"GET /r/x HTTP/1.1\r\nHost: api.example.com:8080\r\n"),
+    ("with an empty port", b"GET /r/x HTTP/1.1\r\nHost: api.example.com:\r\n"),
+    ("with a bad port", b"GET /r/x HTTP/1.1\r\nHost: api.example.com:abc\r\n"),
+    ("upper case", b"GET /r/x HTTP/1.1\r\nHost: API.Example.COM\r\n"),
+    ("trailing dot", b"GET /r/x HTTP/1.1\r\nHost: api.example.com.\r\n"),
+    ("IPv6 literal with port", b"GET /r/x HTTP/1.1\r\nHost: [::1]:8080\r\n"),
+    ("IPv6 literal", b"GET /r/x HTTP/1.1\r\nHost: [::1]\r\n"),
+    ("empty", b"GET /r/x HTTP/1.1\r\nHost: \r\n"),
+    ("userinfo", b"GET /r/x HTTP/1.1\r\nHost: u@api.example.com\r\n"),
+    ("space inside", b"GET /r/x HTTP/1.1\r\nHost: api.example.com x\r\n"),
+    ("tabs around", b"GET /r/x HTTP/1.1\r\nHost:\tapi.example.com\t\r\n"),
+    ("wildcard", b"GET /r/x HTTP/1.1\r\nHost: x.example.com\r\n"),
+    ("the wildcard's bare suffix", b"GET /r/x HTTP/1.1\r\nHost: example.com\r\n"),
+    ("absolute-form, same Host", b"GET http://api.example.com/r/x HTTP/1.1\r\nHost: api.example.com\r\n"),
+    ("absolute-form, other Host", b"GET http://api.example.com/r/x HTTP/1.1\r\nHost: other.test\r\n"),
+    ("absolute-form, no Host", b"GET http://x.example.com/r/x HTTP/1.1\r\n"),
+    ("absolute-form with port", b"GET http://API.example.com:81/r/x HTTP/1.1\r\nHost: API.example.com:81\r\n"),
+]
+#: where ours differs from HAProxy on purpose: a trailing dot names the same
+#: host (DNS; nginx strips it too); HAProxy compares the bytes. Elsewhere ours
+#: is stricter (400 for no Host in HTTP/1.1, two equal Host fields, userinfo,
+#: a bad port, an absolute-form target without Host) and never routes what
+#: HAProxy refuses; when both route, they pick the same backend.
+DIFFERS = {"trailing dot": ("a", "c")}
+
+
+async def test_odd_hosts_route_as_haproxy_routes_them(backends, tmp_path):
+    import shutil
+    import subprocess
+
+    from tests.netutil import free_port, wait_for_port
+
+    if shutil.which("haproxy") is None:
+        pytest.skip("HAProxy is not installed: the comparison cannot run")
+    a, b, c = backends(3)
+    hport = free_port()
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(
+        "global\n  nbthread 1\ndefaults\n  mode http\n  timeout connect 3s\n  timeout client 5s\n"
+        f"  timeout server 5s\nfrontend f\n  bind 127.0.0.1:{hport}\n"
+        "  http-request set-var(txn.host) req.hdr(host),host_only,lower\n"
+        "  acl api var(txn.host) -m str api.example.com\n"
+        "  acl wild var(txn.host) -m end .example.com\n"
+        "  use_backend a if api\n  use_backend b if wild\n  default_backend c\n"
+        + "".join(f"backend {n}\n  server s {x.address}\n" for n, x in zip("abc", (a, b, c))))
+    haproxy = subprocess.Popen(["haproxy", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    names = {a.name: "a", b.name: "b", c.name: "c"}
+    text = (f'listen = "127.0.0.1:0"\nworkers = 1\ndefault_backend = "c"\n{pools([a, b, c])}'
+            '[[routes]]\nhost = "api.example.com"\nbackend = "a"\n[[routes]]\nhost = "*.example.com"\nbackend = "b"\n')
+    lb = lb_for(text)
+
+    def outcome(port: int, raw: bytes) -> str:
+        try:
+            status, _, body = exchange(port, raw + b"Connection: close\r\n\r\n")
+        except (OSError, IndexError, ValueError):
+            return "closed"
+        return names[json.loads(body)["name"]] if status == 200 else str(status)
+
+    problems = []
+    try:
+        wait_for_port(hport, proc=haproxy)
+        async with lb:
+            for name, raw in HOSTS:
+                ours, theirs = outcome(lb.address[1], raw), outcome(hport, raw)
+                if name in DIFFERS:
+                    assert (ours, theirs) == DIFFERS[name], name
+                elif theirs in ("a", "b", "c") and ours in ("a", "b", "c") and ours != theirs:
+                    problems.append(f"{name}: ours routes to {ours}, HAProxy to {theirs}")
+                elif theirs not in ("a", "b", "c") and ours in ("a", "b", "c"):
+                    problems.append(f"{name}: HAProxy refuses it ({theirs}), ours routes it to {ours}")
+                elif ours not in ("a", "b", "c") and ours != "400":
+                    problems.append(f"{name}: ours answers {ours}")
+    finally:
+        haproxy.kill()
+        haproxy.wait(timeout=10)
+    assert not problems, "\n".join(problems)

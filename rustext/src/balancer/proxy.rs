@@ -902,7 +902,15 @@ async fn forward(
     let mut headers = parts.headers;
     let h2 = parts.version == Version::HTTP_2;
     if let Some(authority) = parts.uri.authority().filter(|_| !h2) {
-        // absolute-form (RFC 9112 §3.2.2): the target's authority is the host, whatever Host said
+        // absolute-form (RFC 9112 §3.2.2): the target's authority is the host. A Host that
+        // says otherwise is refused, as HAProxy does: routing (here) and a backend reading
+        // Host must never see two different hosts.
+        if headers
+            .get(header::HOST)
+            .is_some_and(|h| !h.as_bytes().eq_ignore_ascii_case(authority.as_str().as_bytes()))
+        {
+            return refused("Host does not match the target's authority\n", false);
+        }
         if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
             headers.insert(header::HOST, v);
         }
