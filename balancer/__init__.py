@@ -4,6 +4,8 @@ The data plane (forwarding, pools, algorithms, stats) is ``rustext.Balancer``
 on threads of its own; this package configures and watches it.
 
 - config    typed config dataclasses and the TOML loader (validation)
+- routing   typed routing config: named pools, listeners, routes, header rules,
+            redirects, request ids (compiled by the data plane's route table)
 - discovery DNS service discovery: backends by name (A/AAAA) or SRV, re-resolved
 - health    active HTTP health checks (asyncio, aiohttp) marking backends up/down
 - service   ``LoadBalancer``: data plane + health checks, reload, drain
@@ -16,8 +18,26 @@ on threads of its own; this package configures and watches it.
 - errors    ``BalancerError`` / ``BalancerConfigError``
 """
 
-from balancer.config import BackendConfig, BalancerConfig, HealthCheck, Limits, Passive, Timeouts, load
+from balancer.config import (
+    BackendConfig,
+    BalancerConfig,
+    HealthCheck,
+    Limits,
+    Passive,
+    Timeouts,
+    load,
+)
 from balancer.errors import BalancerConfigError, BalancerError
+from balancer.routing import (
+    HeaderMatch,
+    HeaderRules,
+    Hsts,
+    Listener,
+    NamedBackend,
+    Redirect,
+    RequestId,
+    Route,
+)
 from balancer.service import LoadBalancer
 
 __all__ = [
@@ -25,10 +45,18 @@ __all__ = [
     "BalancerConfig",
     "BalancerConfigError",
     "BalancerError",
+    "HeaderMatch",
+    "HeaderRules",
     "HealthCheck",
+    "Hsts",
     "Limits",
+    "Listener",
     "LoadBalancer",
+    "NamedBackend",
     "Passive",
+    "Redirect",
+    "RequestId",
+    "Route",
     "Timeouts",
     "load",
 ]

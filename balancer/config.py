@@ -62,8 +62,8 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field, fields, replace
 from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from rustext.fields import check_fields

@@ -416,14 +416,21 @@ class Balancer:
     HTTPS: tls_certificates ([(cert, key)] PEM files, picked by SNI, the first
     the default), tls_client_ca, http_redirect ("host:port" of a plain-HTTP
     listener answering 308 to https), backend_tls, backend_ca,
-    backend_tls_insecure. Raises BalancerConfigError on an invalid config
-    (a bad certificate file is named)."""
+    backend_tls_insecure. Routing: pools ([{"name", the per-pool keys above,
+    "request_headers", "response_headers"}]) and listeners ([{"address",
+    "tls", "routes", "default_backend", "request_id", "hsts",
+    "request_headers", "response_headers"}]), compiled into the routing
+    table. Raises BalancerConfigError on an invalid config (a bad
+    certificate file is named)."""
 
     def __init__(self, config: dict[str, object]) -> None: ...
     def start(self) -> tuple[str, int]:
         """Bind and start the workers; returns the bound (host, port). Once."""
     @property
     def address(self) -> tuple[str, int] | None: ...
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """Every listener's bound (host, port), the first as ``address``; empty before start()."""
     @property
     def redirect_address(self) -> tuple[str, int] | None:
         """The bound (host, port) of the HTTP-to-HTTPS redirect listener, if any."""
@@ -439,15 +446,18 @@ class Balancer:
     @property
     def is_running(self) -> bool: ...
     def update(self, config: dict[str, object]) -> None:
-        """Replace backends/weights/algorithm/timeouts at run time without dropping
-        connections; on BalancerConfigError the running configuration stays."""
+        """Replace pools/routes/backends/weights/algorithm/timeouts at run time without
+        dropping connections (in-flight requests finish on the old routing table); on
+        BalancerConfigError (also: a different number of listeners) the running
+        configuration stays."""
     def set_backend_state(self, name: str, state: str) -> None:
         """Admin state: "up", "drain" (no new requests, in-flight finish) or "down"."""
-    def set_backend_health(self, name: str, healthy: bool) -> None:
-        """Health from active checks; unhealthy backends get no requests."""
+    def set_backend_health(self, name: str, healthy: bool, pool: str | None = None) -> None:
+        """Health from active checks; unhealthy backends get no requests (in ``pool``,
+        or in every pool listing the backend)."""
     def set_backend_weight(self, name: str, weight: int) -> None: ...
     def backends(self) -> list[dict[str, object]]:
-        """name, weight, state (up/down/drain/ejected), active, requests, failures,
+        """pool, name, weight, state (up/down/drain/ejected), active, requests, failures,
         ejections, responses {"1xx".."5xx"}, bytes_out."""
     def stats(self) -> dict[str, object]:
         """Totals over workers: connections_total/active, requests, responses,

@@ -136,7 +136,7 @@ async def test_no_matching_route_and_no_default_is_503(backends):
         assert who(port, "/r/x", host="a.example") == "b0"
         # as HAProxy without a default_backend: 503
         for absolute in (False, True):
-            status, headers, body = request(port, "/r/x", host="b.example", absolute=absolute)
+            status, _, body = request(port, "/r/x", host="b.example", absolute=absolute)
             assert (status, body) == (503, b"no backend for this request\n")
         assert lb.stats()["no_backend"] == 2
 
@@ -441,7 +441,8 @@ async def test_odd_hosts_route_as_haproxy_routes_them(backends, tmp_path):
         "  acl wild var(txn.host) -m end .example.com\n"
         "  use_backend a if api\n  use_backend b if wild\n  default_backend c\n"
         + "".join(f"backend {n}\n  server s {x.address}\n" for n, x in zip("abc", (a, b, c))))
-    haproxy = subprocess.Popen(["haproxy", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    haproxy = await asyncio.to_thread(subprocess.Popen, ["haproxy", "-f", str(cfg)], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
     names = {a.name: "a", b.name: "b", c.name: "c"}
     text = (f'listen = "127.0.0.1:0"\nworkers = 1\ndefault_backend = "c"\n{pools([a, b, c])}'
             '[[routes]]\nhost = "api.example.com"\nbackend = "a"\n[[routes]]\nhost = "*.example.com"\nbackend = "b"\n')
