@@ -19,6 +19,12 @@ from which ``benches/charts.py`` draws the documentation's charts.
 dev-cert``) for all three, TLS 1.3 with ALPN http/1.1; ``wrk`` keeps its
 connections (one handshake each), ``ab -f TLS1.3`` makes a full handshake
 per request. Backends stay plain HTTP.
+
+``--routing``: ours and HAProxy with a realistic routing configuration, the
+same on both sides: three named pools (each with every backend), ten routes
+(eight by host, two by path prefix) that the benchmark's requests all pass
+over to reach the default pool, one request header set and one response
+header deleted (``--balancers ours,haproxy``; nginx is not configured for it).
 """
 
 from __future__ import annotations
@@ -219,11 +225,50 @@ http {{
         with open(self.tls_combined, "wb") as f:
             f.write(made.cert.read_bytes() + made.key.read_bytes())
 
+    def routing_toml(self, port: int, addrs: list[str]) -> str:
+        """Ours, routed: the same pools, routes and header rules as :meth:`routing_haproxy`."""
+        servers = ", ".join(f'"{a}"' for a in addrs)
+        routes = "".join(f'[[routes]]\nhost = "h{i}.example.com"\nbackend = "{"api" if i % 2 else "static"}"\n'
+                         for i in range(8))
+        routes += '[[routes]]\npath_prefix = "/api/"\nbackend = "api"\n'
+        routes += '[[routes]]\npath_prefix = "/static/"\nbackend = "static"\n'
+        text = (f'listen = "127.0.0.1:{port}"\nworkers = 1\ndefault_backend = "web"\n'
+                f'[request_headers]\nset = {{ "X-Env" = "prod" }}\n[response_headers]\ndelete = ["Server"]\n'
+                + "".join(f"[backends.{n}]\nservers = [{servers}]\n" for n in ("web", "api", "static")) + routes)
+        path = os.path.join(self.dir, f"ours-{port}.toml")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    @staticmethod
+    def routing_haproxy(addrs: list[str]) -> tuple[str, str]:
+        """(frontend lines, backends) of HAProxy, routed as :meth:`routing_toml`."""
+        front = "".join(f"  acl h{i} hdr(host) -i h{i}.example.com\n" for i in range(8))
+        front += "  acl api path_beg /api/\n  acl static path_beg /static/\n"
+        front += "  http-request set-header X-Env prod\n  http-response del-header Server\n"
+        front += "".join(f"  use_backend {'api' if i % 2 else 'static'} if h{i}\n" for i in range(8))
+        front += "  use_backend api if api\n  use_backend static if static\n  default_backend web\n"
+        back = "".join(f"backend {n}\n  balance roundrobin\n  http-reuse always\n"
+                       + "".join(f"  server s{i} {a}\n" for i, a in enumerate(addrs)) for n in ("web", "api", "static"))
+        return front, back
+
     def start_balancer(self, kind: str, port: int, backends: list[int]) -> subprocess.Popen:
         addrs = [f"127.0.0.1:{p}" for p in backends]
         tls = getattr(self, "tls", None)
         proto = "https" if tls else "http"
-        if kind == "ours":
+        if kind == "ours" and getattr(self, "routing", False):
+            p = self.start([sys.executable, "-m", "cli", "balancer", "--config", self.routing_toml(port, addrs),
+                            "--log-level", "WARNING"], cwd=ROOT)
+        elif kind == "haproxy" and getattr(self, "routing", False):
+            cfg = os.path.join(self.dir, f"haproxy-{port}.cfg")
+            front, back = self.routing_haproxy(addrs)
+            with open(cfg, "w") as f:
+                f.write("global\n  nbthread 1\n  maxconn 4000\ndefaults\n  mode http\n  timeout connect 3s\n"
+                        "  timeout client 60s\n  timeout server 60s\n  option http-keep-alive\n  option forwardfor\n"
+                        f"frontend f\n  bind 127.0.0.1:{port}\n  http-request set-header X-Forwarded-Proto {proto}\n"
+                        + front + back)
+            p = self.start(["haproxy", "-f", cfg])
+        elif kind == "ours":
             extra = ["--tls-cert", tls[0], "--tls-key", tls[1]] if tls else []
             p = self.start([sys.executable, "-m", "cli", "balancer", "--listen", f"127.0.0.1:{port}",
                             "--backends", ",".join(addrs), "--workers", "1", "--log-level", "WARNING", *extra],
@@ -323,7 +368,12 @@ def main() -> int:
     ap.add_argument("--out", metavar="FILE", help="write every run and the medians (JSON) there")
     ap.add_argument("--tls", action="store_true", help="HTTPS termination (TLS 1.3, ECDSA P-256) instead of HTTP")
     ap.add_argument("--balancers", default=",".join(BALANCERS), help="which to run (default all three)")
+    ap.add_argument("--routing", action="store_true",
+                    help="ours and HAProxy with ten routes and two header rules (see the module doc)")
     args = ap.parse_args()
+    if args.routing and ("nginx" in args.balancers.split(",") or args.tls):
+        print("--routing compares ours and HAProxy over HTTP: add --balancers ours,haproxy", file=sys.stderr)
+        return 2
     for tool in ("nginx", "haproxy", "wrk", "ab"):
         if shutil.which(tool) is None:
             print(f"{tool} is required (apt-get install nginx haproxy wrk apache2-utils)", file=sys.stderr)
@@ -336,6 +386,7 @@ def main() -> int:
         balancers = [b for b in BALANCERS if b in args.balancers.split(",")]
         if args.tls:
             bench.make_certificate()
+        bench.routing = args.routing
         try:
             for sc in SCENARIOS:
                 if sc[0] not in wanted:
@@ -365,7 +416,8 @@ def main() -> int:
     print()
     print(balancer_table(rows) + "\n\n" + versus(rows))
     if args.out:
-        save(args.out, {"setup": {"rounds": args.rounds, "duration": args.duration, "tls": args.tls},
+        save(args.out, {"setup": {"rounds": args.rounds, "duration": args.duration, "tls": args.tls,
+                                  "routing": args.routing},
                         "runs": [asdict(r) for r in runs],
                         "medians": rows, "loadavg_after": loadavg()})
     return 0
