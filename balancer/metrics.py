@@ -50,10 +50,10 @@ class BalancerCollector(Collector):
 
         backends = s.get("backends", [])
         state = GaugeMetricFamily("balancer_backend_state", "Backend state (1 for the current one).",
-                                  labels=["backend", "state"])
+                                  labels=["backend", "pool", "state"])
         for b in backends:
             for st in STATES:
-                state.add_metric([b["name"], st], int(b["state"] == st))
+                state.add_metric([b["name"], b.get("pool", ""), st], int(b["state"] == st))
         yield state
         for key, family, name, help_ in (
             ("weight", GaugeMetricFamily, "balancer_backend_weight", "Backend weight."),
@@ -65,15 +65,15 @@ class BalancerCollector(Collector):
             ("bytes_out", CounterMetricFamily, "balancer_backend_response_bytes",
              "Response body bytes from the backend."),
         ):
-            m = family(name, help_, labels=["backend"])
+            m = family(name, help_, labels=["backend", "pool"])  # a server may be in several pools
             for b in backends:
-                m.add_metric([b["name"]], b[key])
+                m.add_metric([b["name"], b.get("pool", "")], b[key])
             yield m
         by_class = CounterMetricFamily("balancer_backend_responses", "Backend responses by status class.",
-                                       labels=["backend", "class"])
+                                       labels=["backend", "pool", "class"])
         for b in backends:
             for cls, n in b["responses"].items():
-                by_class.add_metric([b["name"], cls], n)
+                by_class.add_metric([b["name"], b.get("pool", ""), cls], n)
         yield by_class
 
         dns = s.get("dns", {})  # backends given by name (balancer.discovery)

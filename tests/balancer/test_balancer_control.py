@@ -155,7 +155,7 @@ async def test_admin_api(backends):
         assert status == 200
         assert "balancer_requests_total 4" in text
         assert 'balancer_responses_total{class="2xx"} 4' in text
-        assert f'balancer_backend_state{{backend="{b[0].address}",state="up"}} 1' in text
+        assert f'balancer_backend_state{{backend="{b[0].address}",pool="default",state="up"}} 1' in text
         assert 'balancer_request_duration_seconds_bucket{le="+Inf"} 4' in text
         assert (await aget(admin, f"/backends/{b[0].address}/drain", "POST"))[0] == 200
         assert {(await aget(port, "/whoami"))[1] for _ in range(4)} == {b"b1"}
