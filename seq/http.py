@@ -148,9 +148,11 @@ class HttpApi:
         ssl_context: ssl.SSLContext | None = None,
         grace: float = 2.0,
         routes: Iterable[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = (),
+        not_ready: Callable[[str], str] | None = None,
     ) -> None:
         self.host = host.strip("[]")
         self._routes = tuple(routes)  # (method, path, handler) added by the embedding process
+        self._not_ready = not_ready  # state -> the /readyz message (default: a member's)
         self._port = port
         self._acquire = acquire
         self._store = store
@@ -289,7 +291,9 @@ class HttpApi:
         self._query(request, ())
         state = self._state()
         if state != "ready":
-            return _error("not_ready", f"this member does not vote yet ({state.replace('_', ' ')})", state=state)
+            text = (self._not_ready(state) if self._not_ready is not None
+                    else f"this member does not vote yet ({state.replace('_', ' ')})")
+            return _error("not_ready", text, state=state)
         return _json(200, {"status": "ready", "state": state})
 
     async def _next(self, request: web.Request) -> web.Response:

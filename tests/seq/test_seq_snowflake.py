@@ -130,6 +130,16 @@ def test_decode_cli_refuses_bad_layout() -> None:
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("args", [
+    ("--bits", "41,10,13"), ("--epoch", "2999-01-01T00:00:00Z"), ("--cluster", "nohost"),
+    ("--max-clock-backward-ms", "-1"), ("--lease-ttl-ms", "1000", "--lease-margin-ms", "900"),
+])
+def test_snowflake_cli_refuses_bad_options(args: tuple[str, ...]) -> None:
+    r = _cli("snowflake", "--cluster", "127.0.0.1:1", "--listen", "127.0.0.1:0", *args)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("juggler seq snowflake: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 # -- real workers ------------------------------------------------------------------
 
 FAST = ("--lease-ttl-ms", "1500", "--lease-margin-ms", "500", "--max-clock-skew-ms", "100", "--peer-timeout", "0.3")
@@ -284,7 +294,7 @@ async def test_worker_stops_serving_before_its_lease_expires(
         lay = Layout(epoch_ms=EPOCH)
         assert last_ok and EPOCH + lay.split(last_ok["to"])[0] < expiry
         async with http.get(w.url + "/readyz") as r:
-            assert r.status == 503
+            assert r.status == 503 and "lease" in (await r.json())["error"]["message"]
     finally:
         for p in stopped:
             assert p is not None
