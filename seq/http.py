@@ -51,6 +51,7 @@ from aiohttp import web
 
 from rustext.net import listen_error
 from seq.errors import SeqExhausted, SeqUnavailable, StoreError
+from seq.lease import RESERVED_MESSAGE, RESERVED_PREFIX
 from seq.log import MAX_NAME, MAX_VALUE
 from seq.namestats import NameStats
 
@@ -298,6 +299,8 @@ class HttpApi:
 
     async def _next(self, request: web.Request) -> web.Response:
         name = self._name(request)
+        if name.startswith(RESERVED_PREFIX):
+            raise _Refused("bad_name", RESERVED_MESSAGE)
         q = self._query(request, ("count",))
         n = self._int(q["count"], "count", 1, self.max_count, "bad_count") if "count" in q else 1
         loop = asyncio.get_running_loop()
@@ -332,6 +335,8 @@ class HttpApi:
 
     async def _set(self, request: web.Request) -> web.Response:
         name = self._name(request)
+        if name.startswith(RESERVED_PREFIX):
+            raise _Refused("bad_name", RESERVED_MESSAGE)
         self._query(request, ())
         if request.content_length is not None and request.content_length > MAX_BODY:
             raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY, actual_size=request.content_length)

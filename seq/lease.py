@@ -69,11 +69,14 @@ from seq.log import MAX_VALUE
 from seq.peerlink import OK, OP_ACQUIRE, OP_CAS, OP_READ, PeerLink
 from seq.quorum import Outcome, ReadTally, WriteTally
 
-__all__ = ["LeaseConfig", "LeaseHolder", "QuorumRegister", "lease_name"]
+__all__ = ["RESERVED_MESSAGE", "RESERVED_PREFIX", "LeaseConfig", "LeaseHolder", "QuorumRegister", "lease_name"]
 
 log = logging.getLogger("seq.lease")
 
 PREFIX = "__snowflake/"
+#: names clients may not draw from or set (the members' APIs refuse them; reading them is allowed)
+RESERVED_PREFIX = PREFIX
+RESERVED_MESSAGE = f"names starting with {PREFIX} are reserved for the worker-ID leases of snowflake workers"
 
 
 def lease_name(worker: int) -> str:

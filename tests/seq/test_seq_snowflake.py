@@ -440,3 +440,25 @@ async def _wait_listening(http: aiohttp.ClientSession, w: LocalWorker, timeout: 
     while "epoch_ms" not in await _info(http, w):
         assert asyncio.get_running_loop().time() < end, w.output()[-2000:]
         await asyncio.sleep(0.05)
+
+
+async def test_lease_names_are_reserved(
+        cluster: LocalCluster, workers: Callable[..., LocalWorker], http: aiohttp.ClientSession) -> None:
+    """Clients cannot draw from or set a lease record (members and workers share the check); reading is allowed."""
+    w = workers(cluster)
+    info = await w.wait_ready(http)
+    name = f"__snowflake/worker/{info['worker']}"
+    ch = ApiChannel(cluster.addrs)
+    try:
+        for call in (ch.next_id(0, name, 1, 5), ch.set_id(1, name, 1 << 62, 5)):
+            with pytest.raises(RpcFailed) as e:
+                await call
+            assert e.value.code_name == "INVALID_ARGUMENT" and "reserved" in e.value.details
+        cur, _ = await ch.cur_id(0, name, 5)
+        assert cur >= info["lease_expiry_ms"] - 60_000  # the lease value: its expiry in Unix ms
+    finally:
+        await ch.aclose()
+    async with http.get(f"{w.url}/v1/next/__snowflake%2Fnext") as r:
+        assert r.status == 400 and (await r.json())["error"]["code"] == "bad_name"
+    async with http.post(f"{w.url}/v1/set/__snowflake/next", json={"value": 5}) as r:
+        assert r.status == 400 and (await r.json())["error"]["code"] == "bad_name"
