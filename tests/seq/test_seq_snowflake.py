@@ -462,3 +462,18 @@ async def test_lease_names_are_reserved(
         assert r.status == 400 and (await r.json())["error"]["code"] == "bad_name"
     async with http.post(f"{w.url}/v1/set/__snowflake/next", json={"value": 5}) as r:
         assert r.status == 400 and (await r.json())["error"]["code"] == "bad_name"
+
+
+async def test_worker_names_a_cluster_list_the_members_do_not_share(
+        cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory, http: aiohttp.ClientSession) -> None:
+    w = LocalWorker(cluster.addrs[:2], str(tmp_path_factory.mktemp("wrong") / "w.log"))
+    w.start()
+    try:
+        end = asyncio.get_running_loop().time() + 20
+        while "form another cluster" not in w.output():
+            assert asyncio.get_running_loop().time() < end, w.output()
+            await asyncio.sleep(0.05)
+        status, body = await _next(http, w)
+        assert status == 503 and body["error"]["code"] == "no_lease"
+    finally:
+        w.stop()
