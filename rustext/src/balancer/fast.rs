@@ -303,6 +303,9 @@ pub async fn serve(
                 // apply to the next request of a keep-alive connection).
                 let t = w.shared.table();
                 match h1::parse_request_routed(&inb, t.listener(peer.listener), &t.pools, &mut out) {
+                    // a head over the limit that arrived whole in the last read: hyper's
+                    // path answers 431, as for one still partial at the limit
+                    ReqParse::Ready(h) if h.head_len > max_head => break (t, None),
                     ReqParse::Ready(h) => break (t, Some(h)),
                     ReqParse::Fallback => break (t, None),
                     ReqParse::Refuse => {
