@@ -130,14 +130,19 @@ async def test_routes_by_each_condition_first_match_and_default(backends):
 
 async def test_no_matching_route_and_no_default_is_503(backends):
     a, = backends(1)
-    text = f'listen = "127.0.0.1:0"\nworkers = 1\n{pools([a], "a")}[[routes]]\nhost = "a.example"\nbackend = "a"\n'
+    text = (f'listen = "127.0.0.1:0"\nworkers = 1\nrequest_id = {{ header = "X-Request-ID" }}\n'
+            f'{pools([a], "a")}[backends.dead]\nservers = ["127.0.0.1:1"]\n'
+            '[[routes]]\nhost = "a.example"\nbackend = "a"\n[[routes]]\nhost = "dead.example"\nbackend = "dead"\n')
     async with lb_for(text) as lb:
         port = lb.address[1]
         assert who(port, "/r/x", host="a.example") == "b0"
-        # as HAProxy without a default_backend: 503
+        # as HAProxy without a default_backend: 503; the balancer's own answers carry the request id too
         for absolute in (False, True):
-            status, _, body = request(port, "/r/x", host="b.example", absolute=absolute)
-            assert (status, body) == (503, b"no backend for this request\n")
+            status, headers, body = request(port, "/r/x", host="b.example", absolute=absolute,
+                                            headers={"X-Request-ID": "mine"})
+            assert (status, body, headers["x-request-id"]) == (503, b"no backend for this request\n", "mine")
+            status, headers, _ = request(port, "/r/x", host="dead.example", absolute=absolute)
+            assert status == 502 and len(headers["x-request-id"]) == 32
         assert lb.stats()["no_backend"] == 2
 
 

@@ -399,7 +399,7 @@ pub async fn serve(
                     }
                     None => {
                         bump(&w.stats.no_backend, 1);
-                        reply(&w, &mut client, &mut resp, view, start, NO_ROUTE).await
+                        reply(&w, &mut client, &mut resp, view, start, NO_ROUTE, req_id).await
                     }
                 }
             }
@@ -466,7 +466,7 @@ async fn exchange(
     loop {
         let (backend, lease) = match attempts.next(w, &key).await {
             Next::Try(backend, lease) => (backend, lease),
-            Next::QueueFull => return reply(w, client, resp, view, start, QUEUE_FULL).await,
+            Next::QueueFull => return reply(w, client, resp, view, start, QUEUE_FULL, req_id).await,
             Next::Done => break,
         };
         let backend = &backend;
@@ -535,7 +535,7 @@ async fn exchange(
                 attempts.failed(backend, true);
                 // A timed-out request may have had effects: never replayed.
                 bump(&w.stats.timeouts, 1);
-                return reply(w, client, resp, view, start, GATEWAY_TIMEOUT).await;
+                return reply(w, client, resp, view, start, GATEWAY_TIMEOUT, req_id).await;
             }
             Err(Outcome::Sent(f)) => {
                 attempts.failed(backend, true);
@@ -546,15 +546,15 @@ async fn exchange(
     match failed {
         Some(Fail::ConnectTimeout) | Some(Fail::Timeout) => {
             bump(&w.stats.timeouts, 1);
-            reply(w, client, resp, view, start, GATEWAY_TIMEOUT).await
+            reply(w, client, resp, view, start, GATEWAY_TIMEOUT, req_id).await
         }
         Some(_) => {
             bump(&w.stats.backend_errors, 1);
-            reply(w, client, resp, view, start, BAD_GATEWAY).await
+            reply(w, client, resp, view, start, BAD_GATEWAY, req_id).await
         }
         None => {
             bump(&w.stats.no_backend, 1);
-            reply(w, client, resp, view, start, NO_BACKEND).await
+            reply(w, client, resp, view, start, NO_BACKEND, req_id).await
         }
     }
 }
@@ -576,8 +576,9 @@ async fn reply(
     view: ClientView,
     start: Instant,
     (status, reason, body): OwnAnswer,
+    req_id: Option<(&str, &[u8])>,
 ) -> bool {
-    h1::simple_response(resp, status, reason, body, view);
+    h1::simple_response_with(resp, status, reason, body, view, &Edits { add: &[], req_id, src: b"" });
     w.stats.observe(status, start.elapsed());
     client.send(&mut [IoSlice::new(resp)]).await.is_ok() && view.keep_alive && !view.closing
 }

@@ -191,6 +191,18 @@ pub fn simple_response(
     body: &str,
     client: ClientView,
 ) {
+    simple_response_with(out, status, reason, body, client, &Edits::default())
+}
+
+/// [`simple_response`] with the request id (`edits`).
+pub fn simple_response_with(
+    out: &mut Vec<u8>,
+    status: u16,
+    reason: &str,
+    body: &str,
+    client: ClientView,
+    edits: &Edits<'_>,
+) {
     out.clear();
     let _ = write!(
         out,
@@ -198,6 +210,7 @@ pub fn simple_response(
         if client.http10 { "HTTP/1.0" } else { "HTTP/1.1" },
         body.len()
     );
+    edits.write(out);
     if !client.keep_alive || client.closing {
         out.extend_from_slice(b"connection: close\r\n");
     } else if client.http10 {
