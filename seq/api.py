@@ -16,8 +16,10 @@ built by the generated module), so the process runs no grpc.aio server.
 Status codes, as the grpc.aio server had them: INVALID_ARGUMENT (name over
 256 bytes of UTF-8, range_size above ``max_range``), OUT_OF_RANGE (the
 sequence would pass 2**63-1), INTERNAL (the store failed; malformed request),
-UNAVAILABLE (draining or closed), DEADLINE_EXCEEDED (the caller's
-``grpc-timeout`` passed), UNIMPLEMENTED (unknown method).
+UNAVAILABLE (draining or closed; a member started with ``--join`` and not
+added yet), FAILED_PRECONDITION (the member was removed from the cluster),
+DEADLINE_EXCEEDED (the caller's ``grpc-timeout`` passed), UNIMPLEMENTED
+(unknown method).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Protocol
 from rustext import GrpcServer
 from rustext.tls import TlsConfigError
 from seq._proto import rrpeer_pb2 as peer_pb
-from seq.errors import SeqExhausted, StoreError
+from seq.errors import MemberRemoved, SeqExhausted, SeqUnavailable, StoreError
 from seq.log import MAX_NAME
 from seq.namestats import NameStats
 from seq.store import Store
@@ -44,11 +46,24 @@ SNAPSHOT_PATH = f"/{PEER_SERVICE}/Snapshot"
 NEXT_ID, CUR_ID, SET_ID, RAW_SNAPSHOT = 0, 1, 2, 3
 
 # grpc status codes
-INVALID_ARGUMENT, OUT_OF_RANGE, INTERNAL = 3, 11, 13
+INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, INTERNAL, UNAVAILABLE = 3, 9, 11, 13, 14
 
 
 class Acquirer(Protocol):
+    #: when set, every call fails with it (a removed member, one not yet a member)
+    refusal: BaseException | None
+
     def submit(self, name: str, n: int, deadline: float, sink: _Call) -> None: ...
+
+
+def _code(exc: BaseException) -> int:
+    if isinstance(exc, SeqExhausted):
+        return OUT_OF_RANGE
+    if isinstance(exc, MemberRemoved):
+        return FAILED_PRECONDITION
+    if isinstance(exc, SeqUnavailable):
+        return UNAVAILABLE
+    return INTERNAL
 
 
 class _Outbox:
@@ -105,8 +120,7 @@ class _Call:
         if self._done:
             return
         self._done = True
-        code = OUT_OF_RANGE if isinstance(exc, SeqExhausted) else INTERNAL
-        self.out.api.fail(self.token, code, str(exc))
+        self.out.api.fail(self.token, _code(exc), str(exc))
 
 
 class ApiServer:
@@ -258,6 +272,8 @@ class ApiServer:
             self._serve_snapshot(token, name)
         elif isinstance(name, bytes) or len(name.encode()) > MAX_NAME:
             native.fail(token, INVALID_ARGUMENT, f"name longer than {MAX_NAME} bytes")
+        elif (refusal := self._coordinator.refusal) is not None:
+            native.fail(token, _code(refusal), str(refusal))
         elif kind == CUR_ID:
             out.put(token, self._store.get(name), 0)
         elif kind == SET_ID:

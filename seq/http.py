@@ -50,7 +50,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from rustext.net import listen_error
-from seq.errors import SeqExhausted, StoreError
+from seq.errors import MemberRemoved, SeqExhausted, SeqUnavailable, StoreError
 from seq.log import MAX_NAME, MAX_VALUE
 from seq.namestats import NameStats
 
@@ -76,6 +76,7 @@ STATUS = {
     "payload_too_large": 413,
     "internal": 500,
     "no_quorum": 503,
+    "removed": 410,
     "not_ready": 503,
     "unavailable": 503,
     "deadline_exceeded": 504,
@@ -302,6 +303,10 @@ class HttpApi:
             raise _Refused("deadline_exceeded", f"no range within the deadline ({t:g} s)") from None
         except SeqExhausted:
             raise _Refused("exhausted", "the sequence would pass 2**63-1") from None
+        except MemberRemoved as exc:
+            raise _Refused("removed", str(exc)) from None
+        except SeqUnavailable as exc:
+            raise _Refused("not_ready", str(exc)) from None
         except StoreError as exc:
             self._on_store_failure(exc)
             raise _Refused("unavailable", "this member's store failed; it is stopping") from None

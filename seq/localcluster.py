@@ -153,12 +153,18 @@ class LocalCluster:
         except FileNotFoundError:
             return ""
 
+    def add_member(self) -> int:
+        """One more member slot (a free port, a data dir); start it with ``start(i, "--join")``."""
+        i = len(self.members)
+        port = free_port()
+        self.members.append(Member(addr=f"127.0.0.1:{port}", data=os.path.join(self.root, f"node{i}"),
+                                   log_path=os.path.join(self.root, f"node{i}.log"),
+                                   http_addr=f"127.0.0.1:{free_port()}" if self.http else None))
+        self.n = len(self.members)
+        return i
+
     async def state(self, i: int, timeout: float = 1.0) -> int | None:
         """The member's RRPeer state (peer_pb.READY, ...), or None if it does not answer."""
-        from seq.server import ServerConfig
-
-        peers = tuple(a for j, a in enumerate(self.addrs) if j != i)
-        cluster = ServerConfig(listen=self.addrs[i], data_dir="-", peers=peers).cluster
         if self.tls is None:
             channel = grpc.aio.insecure_channel(self.addrs[i])
         else:
@@ -167,7 +173,7 @@ class LocalCluster:
             channel = grpc.aio.secure_channel(self.addrs[i], grpc_credentials(self.tls))
         async with channel as ch:
             try:
-                rep = await PeerStub(ch).Snapshot(peer_pb.SnapshotRequest(cluster=cluster), timeout=timeout)
+                rep = await PeerStub(ch).Snapshot(peer_pb.SnapshotRequest(endpoint_only=True), timeout=timeout)
             except grpc.aio.AioRpcError:
                 return None
         return rep.state
