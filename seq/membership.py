@@ -249,10 +249,7 @@ class Admin:
         if new in conf.members:
             v = await self.view(new)
             if v.reachable and v.state == "joining":
-                raise MembershipError(
-                    f"{new} is in the configuration (epoch {conf.epoch}) but was not installed: it catches up "
-                    "once the other members reach it; if it does not, remove it and add it again"
-                )
+                return await self._catch_up(conf, new)
             raise ChangeRefused(f"{new} is already a member (configuration epoch {conf.epoch})")
         v = conf.views.get(new) or await self.view(new)
         if not v.reachable:
@@ -280,6 +277,16 @@ class Admin:
                 "kept (a smaller cluster stops when one member fails): add its replacement first"
             )
         return await self._change(conf, "remove", old, tuple(m for m in conf.members if m != old))
+
+    async def _catch_up(self, conf: Configuration, new: str) -> ChangeResult:
+        """`new` is in the configuration but missed its install (the change stopped before reaching
+        it): it takes the configuration and catches up from all other members before voting."""
+        rep = await self._call(new, [OP_INSTALL, conf.cluster, "", "catch-up", conf.epoch, list(conf.members), None])
+        if rep[0] != OK:
+            raise MembershipError(f"{new} did not take configuration epoch {conf.epoch} (status {rep[0]})")
+        return ChangeResult(action="add", member=new, epoch=conf.epoch, members=conf.members,
+                            installed=tuple(a for a in conf.members if a != new), missing=(new,), resumed=True,
+                            notes=[f"{new} catches up from all other members before it votes"])
 
     async def _change(self, conf: Configuration, action: str, member: str, target: tuple[str, ...]) -> ChangeResult:
         epoch = conf.epoch + 1

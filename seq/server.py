@@ -758,7 +758,10 @@ class RRServer:
         if request.endpoint_only:
             # only where the peer port is: asked before a caller knows the cluster id (--rejoin, juggler seq member)
             return peer_pb.SnapshotReply(state=state, peer_port=self.peer_port)
-        if request.cluster != self._cluster or not self._cluster:
+        if not self._cluster:
+            # started with --join and not installed: it holds nothing and never voted
+            return peer_pb.SnapshotReply(status=peer_pb.NOT_READY, state=state)
+        if request.cluster != self._cluster:
             return peer_pb.SnapshotReply(status=peer_pb.WRONG_CLUSTER)
         assert self._store is not None
         return peer_pb.SnapshotReply(state=state, values=self._store.snapshot(), peer_port=self.peer_port)
@@ -880,9 +883,14 @@ class RRServer:
 
     async def _install(self, cluster: object, req: list[object]) -> bytes:
         """Move to the change's configuration with the values of the fenced majority merged in
-        (durably, before voting in it); a member not in it is removed."""
+        (durably, before voting in it); a member not in it is removed.
+
+        Without values (None): a member of that configuration that missed its install (a new member
+        the change did not reach) adopts it and catches up from all the other members before voting."""
         token, epoch, members = self._change(req)
         values = req[6]
+        if values is None:
+            return await self._adopt(cluster, epoch, members)
         if not isinstance(values, dict) or not all(type(k) is str and type(v) is int for k, v in values.items()):
             raise ValueError("bad values")
         me = self.config.self_address
@@ -912,6 +920,26 @@ class RRServer:
         else:
             log.info("configuration epoch %d installed (members %s, was %s); voting", epoch, ",".join(members), was)
             self._ready.set()
+        return peerlink.pack([OK])
+
+    async def _adopt(self, cluster: object, epoch: int, members: tuple[str, ...]) -> bytes:
+        me = self.config.self_address
+        async with self._admin_lock:
+            if self._state == "removed":
+                return peerlink.pack([REMOVED, self._info()])
+            if type(cluster) is not str or not cluster or (self._cluster and cluster != self._cluster):
+                return peerlink.pack([WRONG_CLUSTER, self._info()])
+            if epoch <= self._epoch or me not in members:
+                return peerlink.pack([STALE, self._info()])
+            self._cluster, self._epoch, self._members, self._pending = cluster, epoch, members, None
+            self._state = "catching_up"
+            await self._persist()
+            self._configure()
+            if self._join_task is None or self._join_task.done():
+                self._ready.clear()
+                self._join_task = asyncio.get_running_loop().create_task(self._join(), name="seq-join")
+        log.warning("configuration epoch %d (members %s) adopted: catching up from all other members before "
+                    "voting", epoch, ",".join(members))
         return peerlink.pack([OK])
 
 

@@ -362,3 +362,52 @@ async def test_random_order_of_changes_keeps_ids_unique(fresh_cluster: LocalClus
     finally:
         streams = await load.stop()
     check_streams(streams)
+
+
+async def test_a_new_member_the_change_missed_catches_up_when_added_again(fresh_cluster: LocalCluster) -> None:
+    c = fresh_cluster
+    async with RRSeq("missed", 7, c.addrs, timeout=10) as s:
+        before = [await s.next() for _ in range(40)]
+    d = await join(c)
+    async with Admin() as admin:
+        conf = await admin.configuration(c.addrs[:3])
+        target = sorted((*conf.members, c.addrs[d]))
+        merged: dict[str, int] = {}
+        for a in conf.members:
+            rep = await admin._call(a, [OP_FENCE, conf.cluster, "", "t-missed", 2, target])
+            for k, v in rep[1].items():
+                merged[k] = max(v, merged.get(k, 0))
+        for a in conf.members:  # three of four: the change is made, the new member missed it
+            assert (await admin._call(a, [OP_INSTALL, conf.cluster, "", "t-missed", 2, target, merged]))[0] == OK
+        assert await c.state(d) == peer_pb.JOINING
+        res = await admin.add([c.addrs[0]], c.addrs[d])
+        assert res.resumed and res.epoch == 2
+    await c.wait_ready(d)
+    c.kill(0)  # quorums of three out of {1, 2, d}: the new member counts now
+    async with RRSeq("missed", 0, c.addrs, timeout=10) as s:
+        after = [await s.next() for _ in range(10)]
+    assert after[0] > before[-1]
+
+
+async def test_rejoin_after_a_change_learns_the_configuration(fresh_cluster: LocalCluster) -> None:
+    c = fresh_cluster
+    d = await join(c)
+    async with Admin() as admin:
+        await admin.add(c.addrs[:3], c.addrs[d])
+        await admin.remove([c.addrs[0]], c.addrs[2])
+    c.stop(2)
+    async with RRSeq("relearn", 0, c.addrs, timeout=10) as s:
+        before = [await s.next() for _ in range(30)]
+        c.kill(1)  # member 1 misses what follows
+        before += [await s.next() for _ in range(30)]
+    c.kill(0)
+    c.wipe(0)
+    c.start(1)
+    # --peers names only member 1: the configuration (and who else to catch up from) is asked from it
+    c.start(0, "--rejoin", peers=[c.addrs[1]])
+    await c.wait_ready(0, 1)
+    assert "configuration epoch 3 learned" in c.output(0)
+    c.kill(d)  # the only member with every write is gone: quorums are {0, 1}
+    async with RRSeq("relearn", 0, c.addrs, timeout=10) as s:
+        after = [await s.next() for _ in range(10)]
+    assert after[0] > before[-1]
