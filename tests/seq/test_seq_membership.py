@@ -102,6 +102,13 @@ class Load:
 
 async def test_replace_a_member_under_load(fresh_cluster: LocalCluster) -> None:
     c = fresh_cluster
+    # "quiet" is drawn once, while member 1 is down: only members 0 and 2 hold it, and after
+    # the replacement (2 removed) and member 0 killed, only what the new member merged protects it
+    c.kill(1)
+    async with RRSeq("quiet", 0, c.addrs, timeout=10) as s:
+        quiet = [await s.next() for _ in range(30)]
+    c.start(1)
+    await c.wait_ready(1)
     new = await join(c)
     load = Load("replace", c.addrs)  # the clients know the new member's address from the start
     try:
@@ -124,6 +131,8 @@ async def test_replace_a_member_under_load(fresh_cluster: LocalCluster) -> None:
         # the new member votes: with one of the old ones down, quorums need it
         c.kill(0)
         await load.progress()
+        async with RRSeq("quiet", 0, c.addrs, timeout=10) as s:
+            assert await s.next() > quiet[-1]
     finally:
         streams = await load.stop()
     check_streams(streams)
