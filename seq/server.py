@@ -11,21 +11,36 @@ coordinator). NextID is coordinated by
 :class:`seq.coordinator.Coordinator`; the member's own values live in
 :class:`seq.store.Store`.
 
-Membership and data states (``meta.json``):
+Membership and data states (``meta.json``, with the configuration: the
+cluster id, the epoch and the member list, see :mod:`seq.membership`):
 
-- ``ready``: votes in read and write quorums.
+- ``ready``: votes in read and write quorums of its epoch (unless fenced
+  for a membership change in progress).
 - ``bootstrapping``: a brand-new member (``--bootstrap``, empty data dir).
   It waits until every other member answers; if none holds data it becomes
   ready with an empty store, otherwise it catches up like a rejoining one.
-- ``catching_up``: a member whose data was lost (``--rejoin``). It does not
-  vote until it has merged the state of *all* other members (every
+- ``catching_up``: a member whose data was lost (``--rejoin``), or one that
+  learned a newer configuration than its own. It does not vote until it has
+  merged the state of *all* other members of its configuration (every
   acknowledged range is on at least one of them) with at least one of them
-  ready, made that durable, and only then marks itself ready.
+  ready, made that durable, and only then marks itself ready. A
+  ``--rejoin`` member with an empty dir first asks ``--peers`` for the
+  configuration (the newest one that lists it).
+- ``joining``: started with ``--join`` on an empty dir: no configuration, no
+  vote, no IDs (UNAVAILABLE) until a membership change installs it.
+- ``removed``: a change left it out: it answers every request with
+  FAILED_PRECONDITION (:class:`seq.errors.MemberRemoved`).
+
+The configuration persisted in the data dir wins over ``--peers``, which
+only seeds a brand-new cluster (``--bootstrap``) and names whom a
+``--rejoin`` member asks; a different ``--peers`` is logged and ignored.
 
 Refused starts (:class:`UnsafeStart`): an empty data dir without
-``--bootstrap``/``--rejoin``; ``--bootstrap`` on an initialized dir; a log
-missing under a ready meta; a member list different from the one the dir
-was initialized with; a data dir locked by another process.
+``--bootstrap``/``--rejoin``/``--join``; ``--bootstrap`` or ``--join`` on an
+initialized dir; a joining member's dir without ``--join``; a removed
+member's dir; a log missing under a ready meta; a dir written before
+membership changes (no configuration in it) started with another member
+list than its own; a data dir locked by another process.
 
 Lifecycle: ``await start()``, ``await wait_ready()``, ``await serve_forever()``
 (returns on ``aclose()``, raises if the store failed), ``await aclose()``
