@@ -80,7 +80,7 @@ from typing import Any
 import grpc
 
 from seq.errors import ChangeRefused, MembershipError
-from seq.peerlink import BUSY, OK, OP_FENCE, OP_INFO, OP_INSTALL, REMOVED, STALE, WRONG_CLUSTER, PeerLink
+from seq.peerlink import BUSY, OK, OP_FENCE, OP_INFO, OP_INSTALL, REMOVED, STALE, WRONG_CLUSTER, PeerLink, PeerUnavailable
 
 #: a removal must leave at least this many members (the smallest cluster that survives losing one)
 MIN_MEMBERS = 3
@@ -205,7 +205,22 @@ class Admin:
         return got[1]
 
     async def _call(self, addr: str, req: list[Any]) -> list[Any]:
-        return await self._link(addr).call(req, self.timeout)  # type: ignore[no-any-return]
+        """One call, tried again within `timeout` while the member cannot be reached (a member just
+        restarted; grpc may hand a new channel a connection still backing off). Every call here is
+        idempotent: a fence or install that arrives twice has the same effect as once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        delay = 0.05
+        while True:
+            left = deadline - loop.time()
+            try:
+                return await self._link(addr).call(req, max(left, 0.05))  # type: ignore[no-any-return]
+            except PeerUnavailable:
+                left = deadline - loop.time()
+                if left < 0.1:
+                    raise
+                await asyncio.sleep(min(delay, left - 0.05))
+                delay = min(delay * 2, 0.5)
 
     async def view(self, addr: str) -> MemberView:
         try:

@@ -310,6 +310,7 @@ class RRServer:
         self._pending: Pending | None = None
         self._admin_lock = asyncio.Lock()
         self._learn_task: asyncio.Task[None] | None = None
+        self._fenced_task: asyncio.Task[None] | None = None
         self._closing_links: set[asyncio.Task[None]] = set()
         self._transport: TransportServer | None = None
         self.peer_port = 0
@@ -409,6 +410,7 @@ class RRServer:
             self._epoch, ",".join(self._members) or "none yet", self._state, cfg.data_dir,
         )
         if self._pending is not None:
+            self._watch_fenced()
             log.warning("a membership change is pending here (to epoch %d, members %s): not voting until it is "
                         "finished (run the same juggler seq member command again)",
                         self._pending.epoch, ",".join(self._pending.members))
@@ -523,9 +525,10 @@ class RRServer:
             await self._coordinator.aclose()
         if self._api is not None:
             await self._api.aclose()
-        if self._learn_task is not None:
-            self._learn_task.cancel()
-            await asyncio.gather(self._learn_task, return_exceptions=True)
+        for t in (self._learn_task, self._fenced_task):
+            if t is not None:
+                t.cancel()
+                await asyncio.gather(t, return_exceptions=True)
         for _, link in self._links.values():
             await link.aclose()
         if self._transport is not None:
@@ -665,6 +668,22 @@ class RRServer:
             if self._state == "catching_up" and (self._join_task is None or self._join_task.done()):
                 self._ready.clear()
                 self._join_task = asyncio.get_running_loop().create_task(self._join(), name="seq-join")
+
+    def _watch_fenced(self) -> None:
+        """While fenced, look for the change's outcome now and then: a member fenced for a change
+        that was installed elsewhere learns it even when no round reaches it."""
+        if self._fenced_task is None or self._fenced_task.done():
+            self._fenced_task = asyncio.get_running_loop().create_task(self._fenced_poll(), name="seq-fenced")
+
+    async def _fenced_poll(self) -> None:
+        interval = max(1.0, 5 * self.config.join_poll)
+        while self._pending is not None and not self._closing:
+            await asyncio.sleep(interval)
+            if self._pending is None or self._closing:
+                return
+            if self._learn_task is None or self._learn_task.done():
+                self._learn_task = asyncio.get_running_loop().create_task(self._learn(), name="seq-learn")
+                await asyncio.gather(self._learn_task, return_exceptions=True)
 
     async def _ask_info(self, addrs: list[str]) -> list[dict[str, object]]:
         timeout = max(self.config.peer_timeout, 2.0)
@@ -891,6 +910,7 @@ class RRServer:
             self._pending = Pending(epoch=epoch, members=members, token=token)
             values = self._store.snapshot()
             await self._persist()
+            self._watch_fenced()
         if first:
             log.warning("fenced for a membership change to epoch %d (members %s): not voting until it is "
                         "installed", epoch, ",".join(members))
