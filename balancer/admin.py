@@ -15,11 +15,17 @@
 Errors answer 4xx with a JSON ``{"error": ...}``; an invalid reload is a 400
 and the running configuration stays. The endpoint sits on top of
 :class:`balancer.service.LoadBalancer`, which knows nothing of it.
+
+With ``[admin_auth]`` (balancer.auth) every request but the configured
+public read-only paths needs credentials, else ``401`` with
+``WWW-Authenticate``; the table is read again when a reload changes it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import ipaddress
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -28,6 +34,8 @@ from aiohttp import web
 
 from rustext.net import listen_error
 
+from balancer.auth import MAX_HEADER as MAX_AUTH_HEADER
+from balancer.auth import AdminAuth, Authenticator
 from balancer.errors import BalancerConfigError, BalancerError
 from balancer.metrics import CONTENT_TYPE_LATEST, exposition, registry_for
 
@@ -53,6 +61,21 @@ class AdminServer:
         self._registry = registry_for(lb.stats)
         self._runner: web.AppRunner | None = None
         self._address: tuple[str, int] | None = None
+        self._auth: Authenticator | None = None
+        self._auth_config: AdminAuth | None = None
+        self._bcrypt = asyncio.Semaphore(4)  # password checks at once: bcrypt is CPU on purpose
+
+    def _authenticator(self) -> Authenticator | None:
+        """The running config's authenticator (made again when a reload changed the table)."""
+        cfg = self._lb.config.admin_auth
+        if cfg is not self._auth_config:
+            try:
+                self._auth = Authenticator(cfg) if cfg is not None else None
+            except BalancerConfigError as exc:  # a file gone since the config was read: nobody gets in
+                log.error("admin authentication cannot load its credentials, refusing every request: %s", exc)
+                self._auth = _DENY_ALL
+            self._auth_config = cfg
+        return self._auth
 
     @property
     def address(self) -> tuple[str, int]:
@@ -60,7 +83,7 @@ class AdminServer:
         return self._address
 
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors_as_json])
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors_as_json, self._authenticate])
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/backends", self._backends)
         app.router.add_get("/stats", self._stats)
@@ -81,6 +104,11 @@ class AdminServer:
             raise listen_error(self._host, self._port, exc) from exc
         self._runner = runner
         self._address = tuple(runner.addresses[0][:2])  # type: ignore[assignment]  # the bound port when 0 was asked
+        self._authenticator()
+        if self._lb.config.admin_auth is None and not _loopback(self._host):
+            log.warning("the admin endpoint on %s:%d is reachable from other hosts and has no authentication: "
+                        "anyone who reaches it can drain backends and reload; add an [admin_auth] table",
+                        self._host, self._port)
 
     async def aclose(self) -> None:
         if self._runner is not None:
@@ -96,7 +124,29 @@ class AdminServer:
         return _json(self._lb.stats())
 
     async def _config(self, request: web.Request) -> web.Response:
-        return _json(dataclasses.asdict(self._lb.config))
+        out = dataclasses.asdict(self._lb.config)
+        auth = self._lb.config.admin_auth
+        if auth is not None:  # never the hashes or where the token lives
+            out["admin_auth"] = {"users": [u.partition(":")[0] for u in auth.users],
+                                 "users_file": auth.users_file is not None,
+                                 "token": auth.token_file is not None or auth.token_env is not None,
+                                 "public": list(auth.public)}
+        return _json(out)
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        auth = self._authenticator()
+        if auth is None or (request.method in ("GET", "HEAD") and auth.is_public(request.path)):
+            return await handler(request)
+        header = request.headers.get("Authorization")
+        if header is not None and len(header) <= MAX_AUTH_HEADER:
+            async with self._bcrypt:
+                if await asyncio.to_thread(auth.check, header):
+                    return await handler(request)
+        response = _json({"error": "authentication required"}, 401)
+        for challenge in auth.challenges:
+            response.headers.add("WWW-Authenticate", challenge)
+        return response
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -128,6 +178,28 @@ class AdminServer:
         except BalancerError as exc:
             return _json({"error": str(exc)}, 404 if "no backend" in str(exc) else 400)
         return _json({"backend": name, "action": action})
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _DenyAll:
+    challenges: tuple[str, ...] = ()
+
+    def is_public(self, path: str) -> bool:
+        return False
+
+    def check(self, header: str | None) -> bool:
+        return False
+
+
+_DENY_ALL: Any = _DenyAll()
 
 
 @web.middleware

@@ -44,17 +44,31 @@ A file looks like::
     address = "127.0.0.1:9001"
     weight = 3
     max_connections = 100
+
+    [[backends]]
+    address = "app.internal:8080"   # by name: resolved every dns.interval (balancer.discovery)
+
+    [dns]                      # omit: names are resolved once, at load
+    nameservers = ["10.0.0.53"]   # default: /etc/resolv.conf
+    interval = 5.0
+
+    [admin_auth]               # credentials for the admin endpoint (balancer.auth)
+    users_file = "admin.htpasswd"
+    public = ["/metrics"]
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from rustext.fields import check_fields
 
+from balancer.auth import AdminAuth
+from balancer.discovery import DnsConfig, Target, is_ip
 from balancer.errors import BalancerConfigError
 
 ALGORITHMS = ("round_robin", "weighted_round_robin", "least_connections", "random_two", "consistent_hash")
@@ -93,14 +107,35 @@ def _non_negative(obj: object, *names: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class BackendConfig:
-    """One backend server."""
+    """One backend server, or every address a DNS name gives (see ``[dns]``)."""
 
-    address: str  # host:port; the backend's identity across reloads
+    #: ``host:port``; the backend's identity across reloads. A host name is resolved once at load,
+    #: or every ``dns.interval`` when the ``[dns]`` table is present (one backend per address)
+    address: str = ""
     weight: int = 1  # 0..10000; 0 takes no traffic
     max_connections: int = 0  # concurrent requests to this backend; 0 = limits.max_connections
+    #: instead of ``address``: an SRV name (``_http._tcp.app.internal``) giving targets, ports and weights
+    srv: str | None = None
+    #: the addresses a name gives: ``"any"`` (A and AAAA), ``"ipv4"`` (A) or ``"ipv6"`` (AAAA)
+    resolve: str = "any"
+
+    @property
+    def key(self) -> str:
+        """The backend's identity in the config: its address, or ``srv:NAME``."""
+        return f"srv:{self.srv}" if self.srv is not None else self.address
 
     def __post_init__(self) -> None:
-        parse_hostport(self.address, "backend address")
+        if self.resolve not in ("any", "ipv4", "ipv6"):
+            raise BalancerConfigError(f"backend resolve must be any, ipv4 or ipv6, got {self.resolve!r}")
+        if self.srv is not None:
+            if self.address:
+                raise BalancerConfigError(f"backend {self.address}: give address or srv, not both")
+            if not isinstance(self.srv, str) or not self.srv.strip(".") or " " in self.srv:
+                raise BalancerConfigError(f"backend srv must be a DNS name, got {self.srv!r}")
+        elif not self.address:
+            raise BalancerConfigError("a backend needs address = \"host:port\" or srv = \"_service._proto.name\"")
+        else:
+            parse_hostport(self.address, "backend address")
         if isinstance(self.weight, bool) or not isinstance(self.weight, int) or not 0 <= self.weight <= 10_000:
             raise BalancerConfigError(f"backend {self.address} weight must be an integer in 0..10000, got {self.weight!r}")
         if isinstance(self.max_connections, bool) or not isinstance(self.max_connections, int) or self.max_connections < 0:
@@ -265,6 +300,11 @@ class BalancerConfig:
     health: HealthCheck | None = None
     #: the ``[tls]`` table: HTTPS on ``listen``, the HTTP redirect, TLS to backends
     tls: Tls = field(default_factory=Tls)
+    #: the ``[dns]`` table: backends given by name are resolved again every ``interval``; unset = once,
+    #: at load (``srv`` backends then use the table's defaults)
+    dns: DnsConfig | None = None
+    #: the ``[admin_auth]`` table: credentials asked of admin requests; unset = none (applied on reload)
+    admin_auth: AdminAuth | None = None
 
     def __post_init__(self) -> None:
         parse_hostport(self.listen, "listen")
@@ -285,9 +325,22 @@ class BalancerConfig:
             raise BalancerConfigError(f"retries must be an integer in 0..16, got {self.retries!r}")
         seen: set[str] = set()
         for b in self.backends:
-            if b.address in seen:
-                raise BalancerConfigError(f"backend {b.address} is listed twice")
-            seen.add(b.address)
+            if b.key in seen:
+                raise BalancerConfigError(f"backend {b.srv if b.srv is not None else b.address} is listed twice")
+            seen.add(b.key)
+
+    def dns_targets(self) -> dict[str, Target]:
+        """The backends resolved by :class:`balancer.discovery.Discovery`, by key:
+        every ``srv`` backend, and, with a ``[dns]`` table, every address by name."""
+        out = {}
+        for b in self.backends:
+            if b.srv is not None:
+                out[b.key] = Target(b.key, "srv", b.srv.rstrip("."), 0, b.resolve)
+            elif self.dns is not None:
+                host, port = parse_hostport(b.address, "backend address")
+                if not is_ip(host):
+                    out[b.key] = Target(b.key, "a", host.rstrip("."), port, b.resolve)
+        return out
 
     def to_native(self) -> dict[str, Any]:
         """The dict ``rustext.Balancer`` takes."""
@@ -392,6 +445,10 @@ def from_dict(data: dict[str, Any]) -> BalancerConfig:
             raw = {**raw, "certificates": tuple(
                 _section(Certificate, c, f"tls.certificates[{i}]") for i, c in enumerate(certs))}
         data["tls"] = _section(Tls, raw, "tls")
+    if "dns" in data:
+        data["dns"] = _section(DnsConfig, data["dns"], "dns")
+    if "admin_auth" in data:
+        data["admin_auth"] = _section(AdminAuth, data["admin_auth"], "admin_auth")
     if "health" in data:
         health = _section(HealthCheck, data["health"], "health")
         data["health"] = health if health.enabled else None
@@ -409,15 +466,35 @@ def load(path: str | os.PathLike[str]) -> BalancerConfig:
     """Read and validate a TOML file; raises BalancerConfigError naming the file."""
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            raw = f.read()
     except OSError as exc:
         raise BalancerConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        text = raw.decode()
+        data = tomllib.loads(text)
+    except UnicodeDecodeError as exc:
+        raise BalancerConfigError(f"{path}: invalid TOML: not UTF-8 (byte {exc.start})") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise BalancerConfigError(f"{path}: invalid TOML: {exc}") from exc
+        m = re.search(r" \(at line (\d+), column \d+\)$", str(exc))
+        where, reason = (f"{path}:{m.group(1)}", str(exc)[:m.start()]) if m else (str(path), str(exc))
+        raise BalancerConfigError(f"{where}: invalid TOML: {reason}") from exc
     try:
         return from_dict(data)
     except BalancerConfigError as exc:
-        raise BalancerConfigError(f"{path}: {exc}") from exc
+        raise BalancerConfigError(_located(path, text, data, str(exc))) from exc
+
+
+def _located(path: str | os.PathLike[str], text: str, data: dict[str, Any], message: str) -> str:
+    """``FILE:LINE: message`` (naming the key when the message does not)."""
+    from balancer import config_errors  # only once a file has failed
+
+    key = config_errors.culprit(data, message, from_dict, BalancerConfigError)
+    line = config_errors.line_of(config_errors.key_lines(text), key)
+    names = [k for k in key if isinstance(k, str)]
+    if names and names[-1] not in message:
+        dotted = ".".join(str(k) if isinstance(k, str) else f"[{k}]" for k in key).replace(".[", "[")
+        message = f"{dotted}: {message}"
+    return f"{path}:{line}: {message}" if line is not None else f"{path}: {message}"
 
 
 def parse_backends(spec: str) -> list[BackendConfig]:

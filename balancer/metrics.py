@@ -76,6 +76,18 @@ class BalancerCollector(Collector):
                 by_class.add_metric([b["name"], cls], n)
         yield by_class
 
+        dns = s.get("dns", {})  # backends given by name (balancer.discovery)
+        for key, family, name, help_ in (
+            ("resolutions", CounterMetricFamily, "balancer_dns_resolutions", "DNS resolutions of a backend name."),
+            ("failures", CounterMetricFamily, "balancer_dns_failures",
+             "Failed DNS resolutions of a backend name (the last good addresses were kept)."),
+            ("addresses", GaugeMetricFamily, "balancer_dns_addresses", "Addresses in use for a backend name."),
+        ):
+            m = family(name, help_, labels=["name"])
+            for n, d in dns.items():
+                m.add_metric([n], d[key])
+            yield m
+
 
 def registry_for(stats: Callable[[], dict[str, Any]]) -> CollectorRegistry:
     """A registry of its own (no global state) holding a :class:`BalancerCollector`."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from balancer.config import BalancerConfig, parse_hostport
@@ -23,8 +24,9 @@ class BalancerProcess:
     requests within ``drain_timeout``) or ``abort()``; ``reload()`` as SIGHUP."""
 
     def __init__(self, config: BalancerConfig, *, config_path: str | os.PathLike[str] | None = None,
-                 drain_timeout: float = 30.0) -> None:
-        self.lb = LoadBalancer(config, config_path=config_path)
+                 drain_timeout: float = 30.0,
+                 overrides: Callable[[BalancerConfig], BalancerConfig] | None = None) -> None:
+        self.lb = LoadBalancer(config, config_path=config_path, overrides=overrides)
         self.drain_timeout = drain_timeout
         self.admin: AdminServer | None = None
 

@@ -15,12 +15,14 @@ import asyncio
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import rustext
 
 from balancer import config as config_mod
-from balancer.config import BalancerConfig
+from balancer.config import BackendConfig, BalancerConfig
+from balancer.discovery import Discovery, DnsConfig, Target
 from balancer.errors import BalancerConfigError
 from balancer.health import HealthChecker
 
@@ -28,10 +30,15 @@ log = logging.getLogger("balancer.service")
 
 
 class LoadBalancer:
-    def __init__(self, config: BalancerConfig, *, config_path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, config: BalancerConfig, *, config_path: str | os.PathLike[str] | None = None,
+                 overrides: Callable[[BalancerConfig], BalancerConfig] | None = None) -> None:
+        """``overrides`` is applied to the file at each reload (the CLI's flags over the file)."""
         self.config = config
         self.config_path = config_path
-        self._native = rustext.Balancer(config.to_native())
+        self._overrides = overrides
+        self._discovery: Discovery | None = None
+        self._dns_task: asyncio.Task[None] | None = None
+        self._native = rustext.Balancer(self._effective(config).to_native())
         self._health: HealthChecker | None = None
         self._reload_lock = asyncio.Lock()
         self._closed = asyncio.Event()
@@ -42,10 +49,14 @@ class LoadBalancer:
         if self._started:
             raise RuntimeError("start() may be called once")
         self._started = True
+        if self.config.dns_targets():
+            await self._discover(self.config)
+            self._native = rustext.Balancer(self._effective(self.config).to_native())
+            self._dns_task = asyncio.create_task(self._follow_dns(), name="balancer dns")
         self._native.start()
         if self.config.health is not None:
             self._health = HealthChecker(self.config.health, self._native.set_backend_health)
-            self._health.set_backends(b.address for b in self.config.backends)
+            self._health.set_backends(b.address for b in self._effective(self.config).backends)
         scheme = "https" if self._native.tls else "http"
         redirect = self._native.redirect_address
         extra = f", http://{redirect[0]}:{redirect[1]} redirects to https" if redirect else ""
@@ -84,6 +95,13 @@ class LoadBalancer:
         await asyncio.to_thread(self._native.close)
 
     async def _stop_control(self) -> None:
+        if self._dns_task is not None:
+            self._dns_task.cancel()
+            try:
+                await self._dns_task
+            except asyncio.CancelledError:
+                pass
+            self._dns_task = None
         if self._health is not None:
             await self._health.aclose()
             self._health = None
@@ -94,6 +112,75 @@ class LoadBalancer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    # --- DNS discovery ---------------------------------------------------
+    def _effective(self, config: BalancerConfig) -> BalancerConfig:
+        """``config`` with each backend given by name replaced by the backends
+        of its addresses now (none before the first resolution)."""
+        targets = config.dns_targets()
+        if not targets:
+            return config
+        out: dict[str, BackendConfig] = {}
+        for b in config.backends:
+            target = targets.get(b.key)
+            if target is None:
+                out.setdefault(b.address, b)
+                continue
+            addresses = self._discovery.addresses(target) if self._discovery is not None else []
+            for address, weight in addresses:
+                out.setdefault(address, BackendConfig(
+                    address=address, weight=b.weight if weight is None else weight,
+                    max_connections=b.max_connections))
+        return config.with_backends(list(out.values()))
+
+    async def _discover(self, config: BalancerConfig) -> None:
+        """Follow ``config``'s names from now on; resolve the new ones (raises
+        BalancerConfigError for one that fails when ``dns.init_addr = "error"``)."""
+        targets = config.dns_targets()
+        dns_config = config.dns or DnsConfig()
+        if self._discovery is None:
+            self._discovery = Discovery(dns_config)
+        new = self._discovery.configure(dns_config, targets.values())
+        if not new:
+            return
+        await self._discovery.refresh(new)
+        unresolved = [t for t in new if not self._discovery.resolved(t)]
+        if unresolved and dns_config.init_addr == "error":
+            raise BalancerConfigError(
+                f"backend {self._describe(unresolved[0])} does not resolve: "
+                f"{self._discovery.stats()[unresolved[0].key]['last_error']} (dns.init_addr = \"error\")")
+        for t in unresolved:
+            log.warning("backend %s does not resolve yet: starting without it, trying every %g s",
+                        self._describe(t), dns_config.interval)
+
+    @staticmethod
+    def _describe(target: Target) -> str:
+        return target.name if target.kind == "srv" else target.key
+
+    async def _follow_dns(self) -> None:
+        """Resolve every name each ``dns.interval``; push a changed set of
+        addresses through the reload path (no connection dropped)."""
+        assert self._discovery is not None
+        while True:
+            await asyncio.sleep(self._discovery.config.interval)  # the period, not a synchronisation
+            try:
+                changed = await self._discovery.refresh()
+            except Exception:  # a bug, not a DNS failure (those are recorded): keep following
+                log.exception("dns: resolution round failed")
+                continue
+            if changed:
+                async with self._reload_lock:
+                    self._apply_backends()
+
+    def _apply_backends(self) -> None:
+        effective = self._effective(self.config)
+        try:
+            self._native.update(effective.to_native())
+        except BalancerConfigError as exc:  # e.g. an address the data plane refuses: keep the running set
+            log.error("dns: new addresses not applied: %s", exc)
+            return
+        if self._health is not None:
+            self._health.set_backends(b.address for b in effective.backends)
 
     # --- reconfiguration -------------------------------------------------
     async def reload_logged(self) -> None:
@@ -122,23 +209,41 @@ class LoadBalancer:
                         return
                     raise BalancerConfigError("no configuration file to reload")
                 new = await asyncio.to_thread(config_mod.load, self.config_path)
+                if self._overrides is not None:
+                    new = self._overrides(new)
             if self._native.tls:
                 self._reload_tls()
             fixed = self.config.fixed_changes(new)
             if fixed:
                 log.warning("reload: %s need a restart; kept as they were", ", ".join(fixed))
-            self._native.update(new.to_native())  # raises and keeps the old config on error
+            snapshot = self._discovery.snapshot() if self._discovery is not None else None
+            try:
+                if new.dns_targets():
+                    await self._discover(new)  # raises for an unresolvable name when dns.init_addr = "error"
+                elif self._discovery is not None:
+                    self._discovery.configure(self._discovery.config, ())
+                effective = self._effective(new)
+                self._native.update(effective.to_native())  # raises and keeps the old config on error
+            except BaseException:
+                if self._discovery is not None:
+                    if snapshot is None:
+                        self._discovery = None
+                    else:
+                        self._discovery.restore(snapshot)
+                raise
             self.config = new
+            if new.dns_targets() and self._dns_task is None:
+                self._dns_task = asyncio.create_task(self._follow_dns(), name="balancer dns")
             if new.health is not None:
                 if self._health is None:
                     self._health = HealthChecker(new.health, self._native.set_backend_health)
-                self._health.set_backends((b.address for b in new.backends), new.health)
+                self._health.set_backends((b.address for b in effective.backends), new.health)
             elif self._health is not None:
                 await self._health.aclose()
                 self._health = None
-                for b in new.backends:
+                for b in effective.backends:
                     self._native.set_backend_health(b.address, True)
-            log.info("reloaded: %d backends, %s", len(new.backends), new.algorithm)
+            log.info("reloaded: %d backends, %s", len(effective.backends), new.algorithm)
 
     def set_backend_state(self, name: str, state: str) -> None:
         """Admin state: ``up``, ``drain`` or ``down``."""
@@ -152,11 +257,22 @@ class LoadBalancer:
 
     # --- observation -----------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        return self._native.stats()
+        """The data plane's statistics, and ``dns``: per backend name,
+        resolutions, failures, addresses in use and the last error."""
+        out = self._native.stats()
+        out["dns"] = self._discovery.stats() if self._discovery is not None else {}
+        return out
 
     def backends(self) -> list[dict[str, Any]]:
         out = self._native.backends()
         health = self._health.healthy if self._health is not None else {}
+        sources = {}
+        if self._discovery is not None:
+            for t in self._discovery.targets:
+                for address, _ in self._discovery.addresses(t):
+                    sources.setdefault(address, t.key)
         for b in out:
             b["healthy"] = health.get(b["name"], True)
+            if b["name"] in sources:
+                b["source"] = sources[b["name"]]
         return out

@@ -10,6 +10,8 @@ EXAMPLES = """examples:
   juggler balancer --listen :8080 --backends 10.0.0.1:80=3,10.0.0.2:80=1 --algorithm weighted_round_robin
   juggler balancer --listen 127.0.0.1:8080 --backends 127.0.0.1:9001 --workers 1 --admin 127.0.0.1:9090
   juggler balancer --config balancer.toml        # SIGHUP reloads the file
+  juggler balancer --config balancer.toml --admin 0.0.0.0:9090 --admin-users-file admin.htpasswd \
+      --admin-public /metrics                    # users from `htpasswd -cB admin.htpasswd alice`
   juggler balancer --listen :443 --backends 127.0.0.1:9001 --tls-cert certs/cert.pem --tls-key certs/key.pem \
       --http-redirect :80                        # HTTPS (h2 and http/1.1), HTTP redirected to it
 
@@ -33,6 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, help="data plane threads (default: number of cores)")
     p.add_argument("--admin", metavar="HOST:PORT", help="admin/metrics endpoint")
     p.add_argument("--metrics-port", type=int, help="admin/metrics endpoint on 127.0.0.1:PORT")
+    p.add_argument("--admin-users-file", metavar="FILE",
+                   help="ask admin requests for HTTP Basic credentials: name:bcrypt-hash lines (htpasswd -B)")
+    p.add_argument("--admin-token-file", metavar="FILE",
+                   help="ask admin requests for this bearer token (the file's content)")
+    p.add_argument("--admin-public", action="append", default=[], metavar="PATH",
+                   help="a read-only admin path answered without credentials (/metrics, /healthz, ...); repeat")
     p.add_argument("--health-path", help="enable active health checks: GET this path")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on exit")
     p.add_argument("--tls-cert", action="append", default=[], metavar="FILE",
@@ -51,9 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def build_config(args: argparse.Namespace):  # -> BalancerConfig
-    import dataclasses
-
-    from balancer.config import BalancerConfig, HealthCheck, load, parse_backends
+    from balancer.config import BalancerConfig, load, parse_backends
     from balancer.errors import BalancerConfigError
 
     if args.listen and args.listen.startswith(":"):
@@ -66,6 +72,17 @@ def build_config(args: argparse.Namespace):  # -> BalancerConfig
         if not args.listen or not args.backends:
             raise BalancerConfigError("give --config FILE, or --listen and --backends")
         cfg = BalancerConfig(listen=args.listen, backends=tuple(parse_backends(args.backends)))
+    return apply_flags(args, cfg)
+
+
+def apply_flags(args: argparse.Namespace, cfg: Any) -> Any:
+    """``cfg`` with the flags' settings over it: at start, and again over the
+    file at each reload (so that a reload keeps what the flags said)."""
+    import dataclasses
+
+    from balancer.config import HealthCheck, parse_backends
+    from balancer.errors import BalancerConfigError
+
     changes: dict[str, object] = {}
     if args.listen:
         changes["listen"] = args.listen
@@ -83,6 +100,18 @@ def build_config(args: argparse.Namespace):  # -> BalancerConfig
         changes["admin"] = f"127.0.0.1:{args.metrics_port}"
     if args.health_path:
         changes["health"] = HealthCheck(path=args.health_path)
+    if args.admin_users_file or args.admin_token_file or args.admin_public:
+        from balancer.auth import AdminAuth
+
+        base_auth = cfg.admin_auth
+        changes["admin_auth"] = AdminAuth(
+            users=base_auth.users if base_auth else (),
+            users_file=args.admin_users_file or (base_auth.users_file if base_auth else None),
+            token_file=args.admin_token_file or (base_auth.token_file if base_auth else None),
+            token_env=base_auth.token_env if base_auth else None,
+            public=tuple(args.admin_public) or (base_auth.public if base_auth else ()),
+            **({"realm": base_auth.realm} if base_auth else {}),
+        )
     if args.tls_cert or args.tls_key or args.tls_client_ca or args.http_redirect or args.backend_tls or args.backend_ca:
         from balancer.config import Certificate, Tls
 
@@ -131,7 +160,8 @@ async def _serve(cfg: Any, args: argparse.Namespace) -> int:
 
     async def start() -> BalancerProcess:
         try:
-            process = BalancerProcess(cfg, config_path=args.config, drain_timeout=args.drain_timeout)
+            process = BalancerProcess(cfg, config_path=args.config, drain_timeout=args.drain_timeout,
+                                      overrides=lambda new: apply_flags(args, new))
             await process.start()
         except BalancerError as exc:
             raise StartError(str(exc), status=2) from exc

@@ -49,7 +49,7 @@ def _addrs(value: str) -> list[str]:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "seq",
-        help="sequence service: server / client / bench",
+        help="sequence service: server / client / bench / snowflake / decode",
         description="RRSeq: unique increasing IDs from a cluster with read/write quorums.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -138,7 +138,139 @@ def register(subparsers: Any) -> None:
         a.set_defaults(func=run_member, action=name)
     m.set_defaults(func=lambda args: (m.print_help(), 2)[1])
 
+    f = sub.add_parser(
+        "snowflake", help="run a time-ordered ID worker that leases its worker ID from the cluster",
+        description="Serve 64-bit time-ordered IDs (Snowflake layout: 41 bits of ms since --epoch, 10 bits of "
+                    "worker ID, 12 bits of sequence) on the same gRPC and HTTP APIs as a member. The worker ID is "
+                    "leased from the seq cluster; the worker stops serving when it cannot renew its lease.",
+        epilog=SNOWFLAKE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    f.add_argument("--cluster", required=True, metavar="HOST:PORT,...",
+                   help="every member's gRPC address, exactly as the members list each other")
+    f.add_argument("--listen", required=True, metavar="HOST:PORT", help="gRPC address of this worker")
+    f.add_argument("--http", metavar="HOST:PORT", help="serve the HTTP/JSON API on this address")
+    _layout_arguments(f)
+    f.add_argument("--max-clock-backward-ms", type=int, default=5, metavar="MS",
+                   help="a clock at most this far behind the last millisecond used is waited out; further "
+                        "behind, requests fail with clock_moved_backwards (default 5)")
+    f.add_argument("--lease-ttl-ms", type=int, default=10_000, metavar="MS",
+                   help="each renewal extends the lease this far (default 10000; renewed every third of it)")
+    f.add_argument("--lease-margin-ms", type=int, default=2_000, metavar="MS",
+                   help="stop serving this long before the lease expires when it could not be renewed "
+                        "(default 2000)")
+    f.add_argument("--max-clock-skew-ms", type=int, default=1_000, metavar="MS",
+                   help="how far the workers' clocks may disagree: an expired lease is taken only this long "
+                        "after its expiry (default 1000)")
+    f.add_argument("--timeout", type=float, default=5.0, help="request deadline when the client sends none (s)")
+    f.add_argument("--peer-timeout", type=float, default=1.0, help="bound of one call to a member (s)")
+    f.add_argument("--test-clock-control", action="store_true", help=argparse.SUPPRESS)
+    f.add_argument("--log-level", default="INFO")
+    f.set_defaults(func=run_snowflake)
+
+    d = sub.add_parser("decode", help="split a snowflake ID into time, worker and sequence (JSON)",
+                       description="Print {\"id\", \"time\", \"ms\", \"worker\", \"sequence\"} of a "
+                                   "snowflake ID as JSON. Use the --epoch and --bits the workers use.")
+    d.add_argument("id", metavar="ID", help="the ID, a decimal integer from 0 to 2**63-1")
+    _layout_arguments(d)
+    d.set_defaults(func=run_decode)
+
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+SNOWFLAKE_EPILOG = """examples:
+  # beside a 3-member cluster (see juggler seq server --help)
+  juggler seq snowflake --cluster 127.0.0.1:19001,127.0.0.1:19002,127.0.0.1:19003 \
+      --listen 127.0.0.1:19101 --http 127.0.0.1:18101
+  curl 'http://127.0.0.1:18101/v1/next/orders?count=10'
+  juggler seq decode 1234567890123456789
+"""
+
+
+def _layout_arguments(p: argparse.ArgumentParser) -> None:
+    from seq.snowflake import DEFAULT_EPOCH
+
+    p.add_argument("--epoch", default=DEFAULT_EPOCH, metavar="TIME",
+                   help=f"time 0 of the IDs, ISO 8601 with a zone (default {DEFAULT_EPOCH})")
+    p.add_argument("--bits", default="41,10,12", metavar="TIME,WORKER,SEQUENCE",
+                   help="the bit split, adding up to 63 (default 41,10,12)")
+
+
+def run_snowflake(args: argparse.Namespace) -> int:
+    import logging
+
+    from seq.snowflake import parse_bits
+    from seq.worker import WorkerConfig
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = WorkerConfig(
+            cluster=tuple(_addrs(args.cluster)), listen=args.listen, http=args.http, epoch=args.epoch,
+            bits=parse_bits(args.bits), max_backward_ms=args.max_clock_backward_ms,
+            lease_ttl_ms=args.lease_ttl_ms, lease_margin_ms=args.lease_margin_ms,
+            max_clock_skew_ms=args.max_clock_skew_ms, timeout=args.timeout, peer_timeout=args.peer_timeout,
+            test_clock=args.test_clock_control,
+        )
+    except ValueError as exc:
+        print(f"juggler seq snowflake: {exc}", file=sys.stderr)
+        return 2
+    return int(_run(_serve_worker(config)))
+
+
+class _Worker:
+    """A started snowflake worker (see cli.lifecycle.Service)."""
+
+    GRACE = 2.0
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+
+    def draining(self) -> str:
+        n = self.worker.pending()
+        return f"answering {n} call{'s' if n != 1 else ''} for up to {self.GRACE:g} s" if n else ""
+
+    async def drain(self) -> None:
+        await self.worker.aclose(grace=self.GRACE)
+
+    async def abort(self) -> None:
+        self.worker.abort()
+
+
+async def _serve_worker(config: Any) -> int:
+    from cli.lifecycle import StartError, serve
+    from rustext.net import ListenError
+    from seq.worker import SnowflakeWorker
+
+    async def start() -> _Worker:
+        w = SnowflakeWorker(config)
+        try:
+            await w.start()
+        except ListenError:
+            await w.aclose(grace=0)
+            raise
+        except (OSError, ValueError) as exc:
+            await w.aclose(grace=0)
+            raise StartError(str(exc)) from exc
+        return _Worker(w)
+
+    return await serve("juggler seq snowflake", start)
+
+
+def run_decode(args: argparse.Namespace) -> int:
+    import json
+
+    from seq.snowflake import Layout, decode, parse_bits, parse_epoch
+
+    text = args.id.strip()
+    try:
+        t, w, s = parse_bits(args.bits)
+        layout = Layout(epoch_ms=parse_epoch(args.epoch), time_bits=t, worker_bits=w, sequence_bits=s)
+        if not text.isdigit() or not text.isascii() or len(text) > 19 or int(text) >= 1 << 63:
+            raise ValueError(f"ID must be a decimal integer from 0 to 2**63-1 (got {text[:40]!r})")
+        print(json.dumps(decode(int(text), layout)))
+    except (ValueError, OverflowError, OSError) as exc:
+        print(f"juggler seq decode: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _run(coro: Any) -> Any:

@@ -253,6 +253,10 @@ class Server:
             await asyncio.wait(waits, timeout=1.0)
         await self._server.wait_closed()
         self._pending.clear()
+        for mw in self.middleware:  # e.g. CallTracing ends the spans of calls never answered
+            close = getattr(mw, "close", None)
+            if callable(close):
+                close()
         assert self._closed is not None
         self._closed.set()
 

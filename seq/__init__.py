@@ -16,6 +16,10 @@ Map (the protocol: docs/protocols/rrseq.md; the user's guide: docs/seq.md):
 - ``namestats.py``   per-name figures of the ranges a member served (sans-I/O; the cap on metric series)
 - ``metrics.py``     Prometheus collectors of a member (totals, and per name, bounded)
 - ``localcluster.py`` N server processes on loopback (tests, benches, ``juggler seq bench``)
+- ``snowflake.py``   time-ordered IDs, sans-I/O: the bit layout, the generator, the decoder
+- ``lease.py``       worker-ID leases kept in the cluster (quorum compare-and-set), and why they are safe
+- ``worker.py``      SnowflakeWorker: ``juggler seq snowflake``, the generator behind the gRPC and HTTP APIs
+- ``localworker.py`` one snowflake worker process on loopback (tests, benches)
 - ``bench.py``       measurements shared by ``juggler seq bench`` and benches/seq
 - ``store.py``       durable name → value map: group-committed fsync'd log, compaction, meta
 - ``log.py``         the log's byte format and recovery (sans-I/O)

@@ -17,7 +17,8 @@ Status codes, as the grpc.aio server had them: INVALID_ARGUMENT (name over
 256 bytes of UTF-8, range_size above ``max_range``), OUT_OF_RANGE (the
 sequence would pass 2**63-1), INTERNAL (the store failed; malformed request),
 UNAVAILABLE (draining or closed; a member started with ``--join`` and not
-added yet), FAILED_PRECONDITION (the member was removed from the cluster),
+added yet; a snowflake worker without a lease or whose clock moved
+backwards), FAILED_PRECONDITION (the member was removed from the cluster),
 DEADLINE_EXCEEDED (the caller's ``grpc-timeout`` passed), UNIMPLEMENTED
 (unknown method).
 """
@@ -120,6 +121,7 @@ class _Call:
         if self._done:
             return
         self._done = True
+        # a snowflake worker's clock or lease: UNAVAILABLE, the message says which (try another worker)
         self.out.api.fail(self.token, _code(exc), str(exc))
 
 

@@ -2,6 +2,8 @@
 
     SeqError
     ├── SeqUnavailable (ConnectionError)   no quorum / no server before the deadline
+    │   ├── ClockMovedBackwards            a snowflake worker's clock went back past the bound
+    │   └── NoLease                        a snowflake worker holds no valid worker-ID lease
     ├── SeqClosed (RuntimeError)           the sequence or server was closed
     ├── SeqInconsistent                    the cluster handed out a range below one already seen
     ├── SeqExhausted (OverflowError)       the 63-bit ID space of a name is used up
@@ -23,6 +25,24 @@ class SeqError(Exception):
 
 class SeqUnavailable(SeqError, ConnectionError):
     """No range could be obtained before the deadline (no quorum, no reachable server)."""
+
+
+class ClockMovedBackwards(SeqUnavailable):
+    """The clock is behind the last millisecond a snowflake worker used by more than it may wait."""
+
+    code = "clock_moved_backwards"
+
+    def __init__(self, behind_ms: int, bound_ms: int) -> None:
+        super().__init__(f"the clock moved backwards by {behind_ms} ms (more than the {bound_ms} ms this "
+                         "worker waits out); refusing to issue IDs until it catches up")
+        self.behind_ms = behind_ms
+        self.bound_ms = bound_ms
+
+
+class NoLease(SeqUnavailable):
+    """A snowflake worker holds no valid worker-ID lease (not yet, or it could not renew it in time)."""
+
+    code = "no_lease"
 
 
 class SeqClosed(SeqError, RuntimeError):

@@ -77,6 +77,8 @@ STATUS = {
     "internal": 500,
     "no_quorum": 503,
     "removed": 410,
+    "no_lease": 503,
+    "clock_moved_backwards": 503,
     "not_ready": 503,
     "unavailable": 503,
     "deadline_exceeded": 504,
@@ -146,8 +148,10 @@ class HttpApi:
         metrics: Callable[[], tuple[bytes, str]] | None = None,
         ssl_context: ssl.SSLContext | None = None,
         grace: float = 2.0,
+        routes: Iterable[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = (),
     ) -> None:
         self.host = host.strip("[]")
+        self._routes = tuple(routes)  # (method, path, handler) added by the embedding process
         self._port = port
         self._acquire = acquire
         self._store = store
@@ -182,6 +186,8 @@ class HttpApi:
         r.add_get("/", self._status)
         r.add_get("/status", self._status)
         r.add_get("/metrics", self._prometheus)
+        for method, path, handler in self._routes:
+            r.add_route(method, path, handler)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=self._grace)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self._port, ssl_context=self._ssl, reuse_address=True)
@@ -305,8 +311,8 @@ class HttpApi:
             raise _Refused("exhausted", "the sequence would pass 2**63-1") from None
         except MemberRemoved as exc:
             raise _Refused("removed", str(exc)) from None
-        except SeqUnavailable as exc:
-            raise _Refused("not_ready", str(exc)) from None
+        except SeqUnavailable as exc:  # a snowflake worker (no lease, its clock moved backwards); a member not added yet
+            raise _Refused(getattr(exc, "code", "unavailable"), str(exc)) from None
         except StoreError as exc:
             self._on_store_failure(exc)
             raise _Refused("unavailable", "this member's store failed; it is stopping") from None

@@ -210,6 +210,12 @@ def config_groups() -> list[ConfigGroup]:
                 Section(_cls("balancer.config.Certificate"), "[[tls.certificates]]",
                         "One table per certificate of the listener; the first is the default, others are "
                         "picked by SNI."),
+                Section(_cls("balancer.auth.AdminAuth"), "[admin_auth]",
+                        "Credentials asked of admin requests; see "
+                        "[admin authentication](../balancer.md#admin-authentication)."),
+                Section(_cls("balancer.discovery.DnsConfig"), "[dns]",
+                        "Backends given by name, resolved again every `interval` (A/AAAA, SRV); see "
+                        "[DNS service discovery](../balancer.md#dns-service-discovery)."),
             ),
         ),
         ConfigGroup(

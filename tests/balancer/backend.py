@@ -1,6 +1,7 @@
 """A real HTTP/1.1 backend for the balancer's tests (run as a subprocess).
 
-    python backend.py PORT NAME [CERT KEY]   prints "ready" once listening (TLS with CERT KEY)
+    python backend.py [HOST:]PORT NAME [CERT KEY]   prints "ready" once listening on HOST
+                                                    (default 127.0.0.1; TLS with CERT KEY)
 
 GET  /size/N[?chunked=1|close=1]  N bytes of a fixed pattern (Content-Length,
                                    chunked, or HTTP/1.0-style close-delimited)
@@ -143,7 +144,8 @@ class Backend:
         return True
 
 
-async def main(port: int, name: str, cert: str | None = None, key: str | None = None) -> None:
+async def main(where: str, name: str, cert: str | None = None, key: str | None = None) -> None:
+    host, _, port = where.rpartition(":")
     backend = Backend(name)
     ctx = None
     if cert is not None and key is not None:  # a backend over TLS
@@ -151,11 +153,11 @@ async def main(port: int, name: str, cert: str | None = None, key: str | None = 
 
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(cert, key)
-    server = await asyncio.start_server(backend.handle, "127.0.0.1", port, limit=1 << 20, ssl=ctx)
+    server = await asyncio.start_server(backend.handle, host or "127.0.0.1", int(port), limit=1 << 20, ssl=ctx)
     print("ready", flush=True)
     async with server:
         await server.serve_forever()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), sys.argv[2], *sys.argv[3:5]))
+    asyncio.run(main(sys.argv[1], sys.argv[2], *sys.argv[3:5]))

@@ -25,10 +25,11 @@ class BackendProc:
     name: str
     port: int
     proc: subprocess.Popen
+    host: str = "127.0.0.1"
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -38,16 +39,18 @@ class BackendProc:
             self.proc.stdout.close()
 
 
-def start_backend(name: str, port: int | None = None, tls: tuple[str, str] | None = None) -> BackendProc:
-    """A backend process; ``tls`` = (certificate, key) serves HTTPS."""
+def start_backend(name: str, port: int | None = None, tls: tuple[str, str] | None = None,
+                  host: str = "127.0.0.1") -> BackendProc:
+    """A backend process on ``host`` (any 127.x address on Linux); ``tls`` =
+    (certificate, key) serves HTTPS."""
     port = port or free_port()
-    proc = subprocess.Popen([sys.executable, BACKEND, str(port), name, *(tls or ())], stdout=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, BACKEND, f"{host}:{port}", name, *(tls or ())], stdout=subprocess.PIPE)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if line.strip() != b"ready":
         proc.kill()
         raise RuntimeError(f"backend {name} did not start")
-    return BackendProc(name, port, proc)
+    return BackendProc(name, port, proc, host)
 
 
 def raw_exchange(port: int, request: bytes, timeout: float = 30.0) -> bytes:

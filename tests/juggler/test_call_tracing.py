@@ -143,6 +143,29 @@ async def test_a_nacked_call_ends_its_span_with_the_error(spans: Any) -> None:
     assert tracing.open_spans == 0
 
 
+async def test_closing_the_server_ends_the_spans_of_unanswered_calls(spans: Any, redis_url: str) -> None:
+    """A CALL no callee serves yet (queued in Redis), with a long deadline: its
+    span is open until the server stops, which ends it as an error instead of
+    dropping it."""
+    provider, exporter = spans
+    broker = RedisBroker(RedisBrokerConfig(url=redis_url))
+    await broker.start()
+    tracing = CallTracing(tracer_provider=provider)
+    server = Server(broker, ServerConfig(port=0), middleware=[tracing])
+    await server.start()
+    try:
+        async with connect(server.url) as c:
+            await c.send(CALL, {"uri": "t.nobody", "timeout": 30_000_000_000})
+            await wait_until(lambda: tracing.open_spans == 1 or exporter.get_finished_spans(), timeout=5)
+            assert exporter.get_finished_spans() == ()
+    finally:
+        await server.aclose()
+        await broker.aclose()
+    assert tracing.open_spans == 0
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "juggler.CALL t.nobody" and span.status.status_code == StatusCode.ERROR
+
+
 async def _queued_payload(redis_url: str, middleware: list[Any], uri: str) -> bytes:
     """Send a CALL to a server on Redis that no callee serves; the payload it queued."""
     broker = RedisBroker(RedisBrokerConfig(url=redis_url))

@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,25 +26,14 @@ from rpc.rpcx_client import RpcxCaller
 from rpc.xclient import XClient, XClientOptions
 from tests.netutil import free_port
 from tests.rpc.consul_fixture import ConsulServer, consul_server  # noqa: F401
+from tests.rpc.gopeer import build_go_peer
 from tests.rpc.test_cli_rpc import run_cli
 from tests.rpc.test_rpcx_e2e import Served, serve
-
-GO_DIR = Path(__file__).parent / "interop" / "go-consul"
 
 
 @pytest.fixture(scope="module")
 def go_consul_peer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    go = shutil.which("go")
-    if go is None:
-        why = "Go is not installed: the rpcx-consul interop peer cannot be built"
-        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-            pytest.fail(f"{why} (in CI the interop tests must run)")
-        pytest.skip(why)
-    out = tmp_path_factory.mktemp("go-consul") / "rpcx-consul-interop"
-    res = subprocess.run([go, "build", "-o", str(out), "."], cwd=GO_DIR, capture_output=True, text=True,
-                         timeout=600, check=False, env={**os.environ, "CGO_ENABLED": "0"})
-    assert res.returncode == 0, f"go build failed:\n{res.stderr}"
-    return out
+    return build_go_peer(tmp_path_factory, "go-consul", "the rpcx-consul interop peer")
 
 
 @pytest.fixture

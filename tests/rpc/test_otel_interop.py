@@ -10,9 +10,6 @@ on a developer's machine and fails in CI (``CI=true``)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,23 +31,12 @@ from rpc.service import Context
 from rpc.tracing import TracingClientPlugin, TracingPlugin
 from rpc.xclient import XClient
 from tests.netutil import free_port
-
-GO_DIR = Path(__file__).parent / "interop" / "go-otel"
+from tests.rpc.gopeer import build_go_peer
 
 
 @pytest.fixture(scope="module")
 def go_otel_peer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    go = shutil.which("go")
-    if go is None:
-        why = "Go is not installed: the rpcx OpenTelemetry interop peer cannot be built"
-        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-            pytest.fail(f"{why} (in CI the interop tests must run)")
-        pytest.skip(why)
-    out = tmp_path_factory.mktemp("go-otel") / "go-otel"
-    res = subprocess.run([go, "build", "-o", str(out), "."], check=False, cwd=GO_DIR, capture_output=True, text=True,
-                         timeout=600, env={**os.environ, "CGO_ENABLED": "0"})
-    assert res.returncode == 0, f"go build failed:\n{res.stderr}"
-    return out
+    return build_go_peer(tmp_path_factory, "go-otel", "the rpcx OpenTelemetry interop peer")
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import asyncio
 import hashlib
 import os
 import selectors
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,28 +23,18 @@ from rpc.message import SerializeType
 from rpc.rpcx_client import RpcxCaller
 from rpc.xclient import XClient, XClientOptions
 from tests.netutil import free_port, wait_until
+from tests.rpc.gopeer import build_go_peer
 from tests.rpc.pattern import file_sha256, pattern, pattern_sha256
 from tests.rpc.test_rpcx_e2e import serve
 
 pytestmark = pytest.mark.timeout(120)
 
-GO_DIR = Path(__file__).parent / "interop" / "go-stream"
 BIG = 200 << 20
 
 
 @pytest.fixture(scope="module")
 def go_peer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    go = shutil.which("go")
-    if go is None:
-        why = "Go is not installed: the rpcx stream interop peer cannot be built"
-        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-            pytest.fail(f"{why} (in CI the interop tests must run)")
-        pytest.skip(why)
-    out = tmp_path_factory.mktemp("go") / "rpcx-stream"
-    res = subprocess.run([go, "build", "-o", str(out), "."], check=False, cwd=GO_DIR, capture_output=True, text=True,
-                         timeout=600, env={**os.environ, "CGO_ENABLED": "0"})
-    assert res.returncode == 0, f"go build failed:\n{res.stderr}"
-    return out
+    return build_go_peer(tmp_path_factory, "go-stream", "the rpcx stream interop peer")
 
 
 def _go(peer: Path, *args: str, env: dict[str, str] | None = None) -> list[str]:

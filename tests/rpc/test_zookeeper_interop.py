@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,26 +30,16 @@ from rpc.rpcx_client import RpcxCaller
 from rpc.xclient import XClient, XClientOptions
 from tests.netutil import free_port
 from tests.rpc.discovery.helpers import wait_servers
+from tests.rpc.gopeer import build_go_peer
 from tests.rpc.test_rpcx_e2e import Served, serve
 from tests.rpc.zookeeper_fixture import ZooKeeperServer
 
-GO_DIR = Path(__file__).parent / "interop" / "go-zookeeper"
 _bases = iter(range(1_000_000))
 
 
 @pytest.fixture(scope="module")
 def go_zk(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    go = shutil.which("go")
-    if go is None:
-        why = "Go is not installed: the rpcx-zookeeper interop peer cannot be built"
-        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-            pytest.fail(f"{why} (in CI the interop tests must run)")
-        pytest.skip(why)
-    out = tmp_path_factory.mktemp("go-zookeeper") / "rpcx-zookeeper-interop"
-    res = subprocess.run([go, "build", "-o", str(out), "."], cwd=GO_DIR, check=False, capture_output=True, text=True,
-                         timeout=600, env={**os.environ, "CGO_ENABLED": "0"})
-    assert res.returncode == 0, f"go build failed:\n{res.stderr}"
-    return out
+    return build_go_peer(tmp_path_factory, "go-zookeeper", "the rpcx-zookeeper interop peer")
 
 
 @pytest.fixture
