@@ -51,8 +51,8 @@ INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, INTERNAL, UNAVAILABLE = 3, 
 
 
 class Acquirer(Protocol):
-    #: when set, every call fails with it (a removed member, one not yet a member)
-    refusal: BaseException | None
+    """The coordinator (or a snowflake worker). One with a ``refusal`` attribute that is set (a
+    removed member, one not yet a member) has CurID and SetID fail with it too."""
 
     def submit(self, name: str, n: int, deadline: float, sink: _Call) -> None: ...
 
@@ -274,7 +274,7 @@ class ApiServer:
             self._serve_snapshot(token, name)
         elif isinstance(name, bytes) or len(name.encode()) > MAX_NAME:
             native.fail(token, INVALID_ARGUMENT, f"name longer than {MAX_NAME} bytes")
-        elif (refusal := self._coordinator.refusal) is not None:
+        elif (refusal := getattr(self._coordinator, "refusal", None)) is not None:
             native.fail(token, _code(refusal), str(refusal))
         elif kind == CUR_ID:
             out.put(token, self._store.get(name), 0)

@@ -424,3 +424,43 @@ async def test_rejoin_after_a_change_learns_the_configuration(fresh_cluster: Loc
     async with RRSeq("relearn", 0, c.addrs, timeout=10) as s:
         after = [await s.next() for _ in range(10)]
     assert after[0] > before[-1]
+
+
+async def test_a_snowflake_worker_follows_the_change(fresh_cluster: LocalCluster,
+                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A worker started with the original member list keeps renewing its worker-ID lease after a
+    member is replaced (it learns the new configuration), and its IDs keep increasing."""
+    import aiohttp
+
+    from seq.localworker import LocalWorker
+
+    c = fresh_cluster
+    flags = ("--lease-ttl-ms", "1500", "--lease-margin-ms", "500", "--max-clock-skew-ms", "100",
+             "--peer-timeout", "0.3")
+    w = LocalWorker(list(c.addrs), str(tmp_path_factory.mktemp("worker") / "w.log"), flags=flags)
+    w.start()
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            await w.wait_ready(http)
+
+            async def draw() -> int:
+                async with http.get(f"{w.url}/v1/next/x") as r:
+                    body = await r.json()
+                    assert r.status == 200, body
+                    return int(body["from"])
+
+            got = [await draw()]
+            d = await join(c)
+            async with Admin() as admin:
+                await admin.add(c.addrs[:3], c.addrs[d])
+                await admin.remove([c.addrs[0]], c.addrs[1])
+            c.stop(1)
+            # several lease periods: each renewal must win in the new configuration
+            end = time.monotonic() + 5.0
+            while time.monotonic() < end:
+                got.append(await draw())
+                await asyncio.sleep(0.05)
+            assert all(a < b for a, b in zip(got, got[1:]))
+            assert "configuration epoch 3" in w.output()
+    finally:
+        w.stop()
