@@ -503,8 +503,8 @@ def run_member(args: argparse.Namespace) -> int:
 
 
 def _config_table(conf: Any) -> str:
-    lines = [f"configuration epoch {conf.epoch}: {len(conf.members)} members, quorum {conf.quorum} "
-             f"(cluster {conf.cluster})"]
+    lines = [(f"configuration epoch {conf.epoch}: {len(conf.members)} members, quorum {conf.quorum} "
+              f"(cluster {conf.cluster})")]
     rows = [("MEMBER", "IN CONFIG", "STATE", "EPOCH", "NOTE")]
     for addr in sorted(set(conf.members) | set(conf.views)):
         v = conf.views.get(addr)

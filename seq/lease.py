@@ -66,7 +66,15 @@ from typing import Any
 
 from seq.errors import SeqUnavailable
 from seq.log import MAX_VALUE
-from seq.peerlink import OK, OP_ACQUIRE, OP_CAS, OP_READ, WRONG_CLUSTER, WRONG_EPOCH, PeerLink
+from seq.peerlink import (
+    OK,
+    OP_ACQUIRE,
+    OP_CAS,
+    OP_READ,
+    WRONG_CLUSTER,
+    WRONG_EPOCH,
+    PeerLink,
+)
 from seq.quorum import Outcome, ReadTally, WriteTally
 
 __all__ = ["LeaseConfig", "LeaseHolder", "QuorumRegister", "lease_name"]

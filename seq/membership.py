@@ -75,12 +75,23 @@ import hashlib
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import grpc
 
 from seq.errors import ChangeRefused, MembershipError
-from seq.peerlink import BUSY, OK, OP_FENCE, OP_INFO, OP_INSTALL, REMOVED, STALE, WRONG_CLUSTER, PeerLink, PeerUnavailable
+from seq.peerlink import (
+    BUSY,
+    OK,
+    OP_FENCE,
+    OP_INFO,
+    OP_INSTALL,
+    REMOVED,
+    STALE,
+    WRONG_CLUSTER,
+    PeerLink,
+    PeerUnavailable,
+)
 
 #: a removal must leave at least this many members (the smallest cluster that survives losing one)
 MIN_MEMBERS = 3
@@ -179,7 +190,7 @@ class Admin:
         self._tls = tls
         self._links: dict[str, tuple[grpc.aio.Channel, PeerLink]] = {}
 
-    async def __aenter__(self) -> Admin:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -225,7 +236,7 @@ class Admin:
     async def view(self, addr: str) -> MemberView:
         try:
             rep = await self._call(addr, [OP_INFO, "", ""])
-        except Exception as exc:  # unreachable, no answer in time, not a seq member
+        except Exception as exc:  # noqa: BLE001  # unreachable, no answer in time, not a seq member: reported
             return MemberView(addr, False, error=_reason(exc))
         if rep[0] != OK or not isinstance(rep[1], dict):
             return MemberView(addr, False, error=f"unexpected answer {rep!r}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -40,7 +41,7 @@ class Phase:
 
     def report(self) -> dict[str, Any]:
         ts = sorted(self.served)
-        gaps = [b - a for a, b in zip(ts, ts[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(ts)]
         lat = sorted(self.latencies)
         return {
             "phase": self.name, "ids": len(ts), "longest_gap_ms": round(1000 * max(gaps, default=0.0), 2),
@@ -64,10 +65,10 @@ async def run(clients: int, rounds: int, settle: float) -> dict[str, Any]:
             seqs = [RRSeq("bench", 0, addrs, timeout=5.0) for _ in range(clients)]
             streams: list[list[int]] = [[] for _ in seqs]
             phase = Phase("steady")
+            current = [phase]  # the phase the clients record into (switched by the loop below)
             stop = asyncio.Event()
 
-            async def client(k: int) -> None:
-                s, out = seqs[k], streams[k]
+            async def client(s: RRSeq, out: list[int], stop: asyncio.Event, current: list[Phase]) -> None:
                 while not stop.is_set():
                     t0 = time.perf_counter()
                     try:
@@ -75,16 +76,16 @@ async def run(clients: int, rounds: int, settle: float) -> dict[str, Any]:
                     except SeqError:
                         continue
                     t1 = time.perf_counter()
-                    phase.served.append(t1)
-                    phase.latencies.append(t1 - t0)
+                    current[0].served.append(t1)
+                    current[0].latencies.append(t1 - t0)
 
-            tasks = [asyncio.ensure_future(client(k)) for k in range(clients)]
+            tasks = [asyncio.ensure_future(client(s, out, stop, current)) for s, out in zip(seqs, streams, strict=True)]
             phases = []
             async with Admin() as admin:
                 for what, member in (("add", new), ("remove", live[0])):
                     await asyncio.sleep(settle)
                     phases.append(phase)
-                    phase = Phase(f"{what} member")
+                    phase = current[0] = Phase(f"{what} member")
                     t0 = time.perf_counter()
                     if what == "add":
                         await admin.add(addrs, c.addrs[member])
@@ -93,14 +94,14 @@ async def run(clients: int, rounds: int, settle: float) -> dict[str, Any]:
                     phase.change_s = time.perf_counter() - t0
                     await asyncio.sleep(0.5)  # the change and what follows it
                     phases.append(phase)
-                    phase = Phase("steady")
+                    phase = current[0] = Phase("steady")
             await asyncio.sleep(settle)
             phases.append(phase)
             stop.set()
             await asyncio.gather(*tasks)
             await asyncio.gather(*(s.aclose() for s in seqs))
             for k, st in enumerate(streams):
-                assert all(a < b for a, b in zip(st, st[1:])), f"client {k} went backwards"
+                assert all(a < b for a, b in itertools.pairwise(st)), f"client {k} went backwards"
             every = [i for st in streams for i in st]
             assert len(every) == len(set(every)), "an ID was served twice"
             old = live.pop(0)

@@ -4,6 +4,7 @@ clients with mixed range sizes draw IDs; then no ID may have been handed out twi
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import time
@@ -179,7 +180,7 @@ async def test_chaos_replace_a_member_under_load(tmp_path_factory: pytest.TempPa
         c.close()
 
     for k, out in enumerate(streams):
-        assert all(a < b for a, b in zip(out, out[1:])), f"client {k} went backwards ({seed_note})"
+        assert all(a < b for a, b in itertools.pairwise(out)), f"client {k} went backwards ({seed_note})"
     every = [i for out in streams for i in out]
     assert len(every) == len(set(every)), f"an ID was handed out twice ({seed_note})"
     assert len(every) > 1000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from seq import RRSeq, SeqError, SeqUnavailable
 from seq._proto import rrpeer_pb2 as peer_pb
 from seq._proto import rrseq_pb2 as pb
-from seq.errors import ChangeRefused, MembershipError
+from seq.errors import MembershipError
 from seq.localcluster import LocalCluster, free_port
 from seq.membership import Admin
 from seq.peerlink import OK, OP_FENCE, OP_INSTALL
@@ -24,7 +25,7 @@ from seq.wire import ApiStub
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "cli", "seq", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, check=False)
 
 
 async def wait_for(cond, what: str, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
@@ -55,7 +56,7 @@ async def join(c: LocalCluster) -> int:
 
 def check_streams(streams: list[list[int]]) -> None:
     for k, st in enumerate(streams):
-        assert all(a < b for a, b in zip(st, st[1:])), f"client {k} went backwards"
+        assert all(a < b for a, b in itertools.pairwise(st)), f"client {k} went backwards"
     every = [i for st in streams for i in st]
     assert len(every) == len(set(every)), "an ID was handed out twice"
 
@@ -460,7 +461,7 @@ async def test_a_snowflake_worker_follows_the_change(fresh_cluster: LocalCluster
             while time.monotonic() < end:
                 got.append(await draw())
                 await asyncio.sleep(0.05)
-            assert all(a < b for a, b in zip(got, got[1:]))
+            assert all(a < b for a, b in itertools.pairwise(got))
             assert "configuration epoch 3" in w.output()
     finally:
         w.stop()
