@@ -465,3 +465,28 @@ async def test_a_snowflake_worker_follows_the_change(fresh_cluster: LocalCluster
             assert "configuration epoch 3" in w.output()
     finally:
         w.stop()
+
+
+async def test_http_api_of_joining_and_removed_members(tmp_path_factory: pytest.TempPathFactory) -> None:
+    import aiohttp
+
+    c = LocalCluster(3, root=str(tmp_path_factory.mktemp("seq-http")), http=True)
+    try:
+        c.start_all("--bootstrap")
+        await c.wait_ready(timeout=60)
+        d = await join(c)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            async with http.get(f"{c.http_urls[d]}/v1/next/h") as r:
+                assert r.status == 503 and (await r.json())["error"]["code"] == "unavailable"
+            async with http.get(f"{c.http_urls[d]}/readyz") as r:
+                assert r.status == 503 and (await r.json())["state"] == "joining"
+            async with Admin() as admin:
+                await admin.add(c.addrs[:3], c.addrs[d])
+                await admin.remove(c.addrs[:3], c.addrs[0])
+            async with http.get(f"{c.http_urls[d]}/v1/next/h") as r:
+                assert r.status == 200, await r.text()
+            async with http.get(f"{c.http_urls[0]}/v1/next/h") as r:
+                body = await r.json()
+                assert r.status == 410 and body["error"]["code"] == "removed", body
+    finally:
+        c.close()
