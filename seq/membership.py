@@ -53,8 +53,9 @@ installed: each needs a fenced majority of C, and a member is fenced for
 one change only.
 
 What a member does with a configuration it was not installed into (it was
-down, or unreachable): on a read or compare-and-set of a newer epoch it asks
-the members it knows for their configuration and adopts the newest; if it is
+down, or unreachable): on a read or compare-and-set of a newer epoch (and,
+while fenced, every second by itself) it asks the members it knows for their
+configuration and adopts the newest; if it is
 in it, it catches up from all of the other members before voting (as for
 ``--rejoin``); if not, it was removed: it refuses every request
 (:class:`seq.errors.MemberRemoved`, gRPC FAILED_PRECONDITION) and refuses
