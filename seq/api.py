@@ -14,7 +14,7 @@ is served here as a raw method (the request and reply stay protobuf bytes,
 built by the generated module), so the process runs no grpc.aio server.
 
 Status codes, as the grpc.aio server had them: INVALID_ARGUMENT (name over
-256 bytes of UTF-8, range_size above ``max_range``), OUT_OF_RANGE (the
+256 bytes of UTF-8, NextID or SetID of a name reserved for snowflake leases, range_size above ``max_range``), OUT_OF_RANGE (the
 sequence would pass 2**63-1), INTERNAL (the store failed; malformed request),
 UNAVAILABLE (draining or closed; a member started with ``--join`` and not
 added yet; a snowflake worker without a lease or whose clock moved
@@ -34,6 +34,7 @@ from rustext import GrpcServer
 from rustext.tls import TlsConfigError
 from seq._proto import rrpeer_pb2 as peer_pb
 from seq.errors import MemberRemoved, SeqExhausted, SeqUnavailable, StoreError
+from seq.lease import RESERVED_MESSAGE, RESERVED_PREFIX
 from seq.log import MAX_NAME
 from seq.namestats import NameStats
 from seq.store import Store
@@ -259,6 +260,9 @@ class ApiServer:
             if len(name) > MAX_NAME // 4 and len(name.encode()) > MAX_NAME:
                 native.fail(token, INVALID_ARGUMENT, f"name longer than {MAX_NAME} bytes")
                 return
+            if name.startswith(RESERVED_PREFIX):
+                native.fail(token, INVALID_ARGUMENT, RESERVED_MESSAGE)
+                return
             n = arg
             if n < 1:
                 n = 1
@@ -279,6 +283,9 @@ class ApiServer:
         elif kind == CUR_ID:
             out.put(token, self._store.get(name), 0)
         elif kind == SET_ID:
+            if name.startswith(RESERVED_PREFIX):
+                native.fail(token, INVALID_ARGUMENT, RESERVED_MESSAGE)
+                return
             self._set_id(token, name, arg)
 
     def _serve_snapshot(self, token: int, payload: bytes) -> None:

@@ -51,6 +51,7 @@ from aiohttp import web
 
 from rustext.net import listen_error
 from seq.errors import MemberRemoved, SeqExhausted, SeqUnavailable, StoreError
+from seq.lease import RESERVED_MESSAGE, RESERVED_PREFIX
 from seq.log import MAX_NAME, MAX_VALUE
 from seq.namestats import NameStats
 
@@ -149,9 +150,11 @@ class HttpApi:
         ssl_context: ssl.SSLContext | None = None,
         grace: float = 2.0,
         routes: Iterable[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = (),
+        not_ready: Callable[[str], str] | None = None,
     ) -> None:
         self.host = host.strip("[]")
         self._routes = tuple(routes)  # (method, path, handler) added by the embedding process
+        self._not_ready = not_ready  # state -> the /readyz message (default: a member's)
         self._port = port
         self._acquire = acquire
         self._store = store
@@ -290,11 +293,15 @@ class HttpApi:
         self._query(request, ())
         state = self._state()
         if state != "ready":
-            return _error("not_ready", f"this member does not vote yet ({state.replace('_', ' ')})", state=state)
+            text = (self._not_ready(state) if self._not_ready is not None
+                    else f"this member does not vote yet ({state.replace('_', ' ')})")
+            return _error("not_ready", text, state=state)
         return _json(200, {"status": "ready", "state": state})
 
     async def _next(self, request: web.Request) -> web.Response:
         name = self._name(request)
+        if name.startswith(RESERVED_PREFIX):
+            raise _Refused("bad_name", RESERVED_MESSAGE)
         q = self._query(request, ("count",))
         n = self._int(q["count"], "count", 1, self.max_count, "bad_count") if "count" in q else 1
         loop = asyncio.get_running_loop()
@@ -331,6 +338,8 @@ class HttpApi:
 
     async def _set(self, request: web.Request) -> web.Response:
         name = self._name(request)
+        if name.startswith(RESERVED_PREFIX):
+            raise _Refused("bad_name", RESERVED_MESSAGE)
         self._query(request, ())
         if request.content_length is not None and request.content_length > MAX_BODY:
             raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY, actual_size=request.content_length)

@@ -64,6 +64,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from seq._proto import rrpeer_pb2 as peer_pb
 from seq.errors import SeqUnavailable
 from seq.log import MAX_VALUE
 from seq.peerlink import (
@@ -77,11 +78,14 @@ from seq.peerlink import (
 )
 from seq.quorum import Outcome, ReadTally, WriteTally
 
-__all__ = ["LeaseConfig", "LeaseHolder", "QuorumRegister", "lease_name"]
+__all__ = ["RESERVED_MESSAGE", "RESERVED_PREFIX", "LeaseConfig", "LeaseHolder", "QuorumRegister", "lease_name"]
 
 log = logging.getLogger("seq.lease")
 
 PREFIX = "__snowflake/"
+#: names clients may not draw from or set (the members' APIs refuse them; reading them is allowed)
+RESERVED_PREFIX = PREFIX
+RESERVED_MESSAGE = f"names starting with {PREFIX} are reserved for the worker-ID leases of snowflake workers"
 
 
 def lease_name(worker: int) -> str:
@@ -181,6 +185,19 @@ class QuorumRegister:
                 t.add_done_callback(_consume)
         return tally.outcome is Outcome.WON
 
+    async def misconfigured(self) -> list[str]:
+        """The members that answer that this member list is not theirs (a --cluster typo)."""
+        out = []
+        for p in self._links:
+            req = peer_pb.SnapshotRequest(cluster=self._cluster, endpoint_only=True)
+            try:
+                rep = await p.stub.Snapshot(req, timeout=self._timeout)
+            except Exception:  # noqa: BLE001, S112  # unreachable: not known to be misconfigured
+                continue
+            if rep.status == peer_pb.WRONG_CLUSTER:
+                out.append(p.addr)
+        return out
+
     async def next(self, name: str) -> int | None:
         """One ID of the counter `name` from any member (NextID through the peer link), or None."""
         for p in random.sample(self._links, len(self._links)):
@@ -261,6 +278,7 @@ class LeaseHolder:
         loop = asyncio.get_running_loop()
         start = await self._reg.next(ROTOR)
         k = (start if start is not None else random.randrange(self._workers)) % self._workers
+        warned = False
         while not stopped():
             soonest: int | None = None
             for i in range(self._workers):
@@ -268,6 +286,13 @@ class LeaseHolder:
                 name = lease_name(w)
                 v = await self._reg.read(name)
                 if v is None:
+                    if not warned:
+                        warned = True
+                        wrong = await self._reg.misconfigured()
+                        if wrong:
+                            log.error("%s answer that they form another cluster: --cluster must list every "
+                                      "member's address exactly as the members list each other in --peers",
+                                      ", ".join(wrong))
                     break  # no quorum: wait and scan again
                 now = self._now_ms()
                 if now <= v + self._cfg.skew_ms:

@@ -229,6 +229,7 @@ class SnowflakeWorker:
                 state=lambda: "ready" if self.serving() else "no_lease", names=self.names,
                 on_store_failure=lambda _exc: None, max_count=self.layout.per_ms, timeout=cfg.timeout,
                 member=cfg.listen, metrics=self._metrics, routes=routes,
+                not_ready=lambda _state: "this worker holds no valid worker-ID lease yet (or could not renew it)",
             )
             self.http_port = await self._http.start()
         self._keeper = self._loop.create_task(self._keep(), name="snowflake-lease")

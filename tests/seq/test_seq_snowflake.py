@@ -130,6 +130,16 @@ def test_decode_cli_refuses_bad_layout() -> None:
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("args", [
+    ("--bits", "41,10,13"), ("--epoch", "2999-01-01T00:00:00Z"), ("--cluster", "nohost"),
+    ("--max-clock-backward-ms", "-1"), ("--lease-ttl-ms", "1000", "--lease-margin-ms", "900"),
+])
+def test_snowflake_cli_refuses_bad_options(args: tuple[str, ...]) -> None:
+    r = _cli("snowflake", "--cluster", "127.0.0.1:1", "--listen", "127.0.0.1:0", *args)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("juggler seq snowflake: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 # -- real workers ------------------------------------------------------------------
 
 FAST = ("--lease-ttl-ms", "1500", "--lease-margin-ms", "500", "--max-clock-skew-ms", "100", "--peer-timeout", "0.3")
@@ -267,10 +277,10 @@ async def test_worker_stops_serving_before_its_lease_expires(
         for p in stopped:
             assert p is not None
             p.send_signal(signal.SIGSTOP)
-        async with http.get(w.url + "/v1/worker") as r:
-            expiry = (await r.json())["lease_expiry_ms"]  # renewals cannot win from now on
+        expiry = 0  # the latest expiry the worker won (a renewal sent before the SIGSTOP may still win)
         end = asyncio.get_running_loop().time() + 10
         while True:
+            expiry = max(expiry, (await _info(http, w)).get("lease_expiry_ms") or 0)
             status, body = await _next(http, w)
             now = time.time() * 1000
             if status != 200:
@@ -284,7 +294,7 @@ async def test_worker_stops_serving_before_its_lease_expires(
         lay = Layout(epoch_ms=EPOCH)
         assert last_ok and EPOCH + lay.split(last_ok["to"])[0] < expiry
         async with http.get(w.url + "/readyz") as r:
-            assert r.status == 503
+            assert r.status == 503 and "lease" in (await r.json())["error"]["message"]
     finally:
         for p in stopped:
             assert p is not None
@@ -430,3 +440,40 @@ async def _wait_listening(http: aiohttp.ClientSession, w: LocalWorker, timeout: 
     while "epoch_ms" not in await _info(http, w):
         assert asyncio.get_running_loop().time() < end, w.output()[-2000:]
         await asyncio.sleep(0.05)
+
+
+async def test_lease_names_are_reserved(
+        cluster: LocalCluster, workers: Callable[..., LocalWorker], http: aiohttp.ClientSession) -> None:
+    """Clients cannot draw from or set a lease record (members and workers share the check); reading is allowed."""
+    w = workers(cluster)
+    info = await w.wait_ready(http)
+    name = f"__snowflake/worker/{info['worker']}"
+    ch = ApiChannel(cluster.addrs)
+    try:
+        for call in (ch.next_id(0, name, 1, 5), ch.set_id(1, name, 1 << 62, 5)):
+            with pytest.raises(RpcFailed) as e:
+                await call
+            assert e.value.code_name == "INVALID_ARGUMENT" and "reserved" in e.value.details
+        cur, _ = await ch.cur_id(0, name, 5)
+        assert cur >= info["lease_expiry_ms"] - 60_000  # the lease value: its expiry in Unix ms
+    finally:
+        await ch.aclose()
+    async with http.get(f"{w.url}/v1/next/__snowflake%2Fnext") as r:
+        assert r.status == 400 and (await r.json())["error"]["code"] == "bad_name"
+    async with http.post(f"{w.url}/v1/set/__snowflake/next", json={"value": 5}) as r:
+        assert r.status == 400 and (await r.json())["error"]["code"] == "bad_name"
+
+
+async def test_worker_names_a_cluster_list_the_members_do_not_share(
+        cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory, http: aiohttp.ClientSession) -> None:
+    w = LocalWorker(cluster.addrs[:2], str(tmp_path_factory.mktemp("wrong") / "w.log"))
+    w.start()
+    try:
+        end = asyncio.get_running_loop().time() + 20
+        while "form another cluster" not in w.output():
+            assert asyncio.get_running_loop().time() < end, w.output()
+            await asyncio.sleep(0.05)
+        status, body = await _next(http, w)
+        assert status == 503 and body["error"]["code"] == "no_lease"
+    finally:
+        w.stop()
