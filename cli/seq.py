@@ -145,7 +145,8 @@ def register(subparsers: Any) -> None:
                     "leased from the seq cluster; the worker stops serving when it cannot renew its lease.",
         epilog=SNOWFLAKE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     f.add_argument("--cluster", required=True, metavar="HOST:PORT,...",
-                   help="every member's gRPC address, exactly as the members list each other")
+                   help="members' gRPC addresses, as the members list each other (the worker takes the current "
+                         "member list from them)")
     f.add_argument("--listen", required=True, metavar="HOST:PORT", help="gRPC address of this worker")
     f.add_argument("--http", metavar="HOST:PORT", help="serve the HTTP/JSON API on this address")
     _layout_arguments(f)

@@ -64,13 +64,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from seq._proto import rrpeer_pb2 as peer_pb
 from seq.errors import SeqUnavailable
 from seq.log import MAX_VALUE
 from seq.peerlink import (
     OK,
     OP_ACQUIRE,
     OP_CAS,
+    OP_INFO,
     OP_READ,
     WRONG_CLUSTER,
     WRONG_EPOCH,
@@ -186,15 +186,15 @@ class QuorumRegister:
         return tally.outcome is Outcome.WON
 
     async def misconfigured(self) -> list[str]:
-        """The members that answer that this member list is not theirs (a --cluster typo)."""
+        """The members that answer that they belong to another cluster than the register's (a
+        --cluster naming members of two clusters)."""
         out = []
         for p in self._links:
-            req = peer_pb.SnapshotRequest(cluster=self._cluster, endpoint_only=True)
             try:
-                rep = await p.stub.Snapshot(req, timeout=self._timeout)
+                rep = await p.call([OP_INFO, "", ""], self._timeout)
             except Exception:  # noqa: BLE001, S112  # unreachable: not known to be misconfigured
                 continue
-            if rep.status == peer_pb.WRONG_CLUSTER:
+            if rep[0] == OK and isinstance(rep[1], dict) and rep[1].get("cluster") not in ("", self._cluster):
                 out.append(p.addr)
         return out
 
@@ -290,8 +290,8 @@ class LeaseHolder:
                         warned = True
                         wrong = await self._reg.misconfigured()
                         if wrong:
-                            log.error("%s answer that they form another cluster: --cluster must list every "
-                                      "member's address exactly as the members list each other in --peers",
+                            log.error("%s answer that they form another cluster: --cluster must name members "
+                                      "of one cluster, with their addresses as the members list each other",
                                       ", ".join(wrong))
                     break  # no quorum: wait and scan again
                 now = self._now_ms()

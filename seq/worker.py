@@ -83,7 +83,7 @@ def _check_addr(addr: str) -> str:
 class WorkerConfig:
     """One snowflake worker. Times in ms unless named otherwise."""
 
-    cluster: tuple[str, ...]  # every member's gRPC HOST:PORT, exactly as the members list each other
+    cluster: tuple[str, ...]  # members' gRPC HOST:PORT as they list each other (the current list is asked from them)
     listen: str  # gRPC HOST:PORT of this worker
     http: str | None = None  # HOST:PORT of its HTTP API (None: none)
     epoch: str = DEFAULT_EPOCH  # ISO 8601: time 0 of the IDs
