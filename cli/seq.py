@@ -22,6 +22,23 @@ EPILOG = """examples:
   juggler seq client myseq --servers 127.0.0.1:19001,... --tls-ca certs/ca.pem
   # the HTTP/JSON API beside gRPC: --http 127.0.0.1:18001, then
   curl 'http://127.0.0.1:18001/v1/next/myseq?count=100'
+  # replace a member: start the new one with --join, add it, then remove the old one
+  juggler seq server --listen 127.0.0.1:19004 --data /var/lib/seq4 --join
+  juggler seq member add 127.0.0.1:19004 --servers 127.0.0.1:19001,127.0.0.1:19002,127.0.0.1:19003
+  juggler seq member remove 127.0.0.1:19003 --servers 127.0.0.1:19001,127.0.0.1:19002,127.0.0.1:19004
+  juggler seq member list --servers 127.0.0.1:19001
+"""
+
+MEMBER_EPILOG = """examples:
+  juggler seq member list --servers 127.0.0.1:19001,127.0.0.1:19002
+  juggler seq member list --servers 127.0.0.1:19001 --json
+  juggler seq server --listen 127.0.0.1:19004 --data /var/lib/seq4 --join     # the new member, first
+  juggler seq member add 127.0.0.1:19004 --servers 127.0.0.1:19001,127.0.0.1:19002
+  juggler seq member remove 127.0.0.1:19003 --servers 127.0.0.1:19001,127.0.0.1:19002
+
+One change at a time; a change that stopped halfway is finished by running the
+same command again. exit status: 0 done, 1 could not be done (unreachable
+members, another change in progress), 2 asked wrongly.
 """
 
 
@@ -43,13 +60,19 @@ def register(subparsers: Any) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--listen", required=True, metavar="HOST:PORT")
     s.add_argument("--data", required=True, metavar="DIR", help="data directory (log + meta.json)")
-    s.add_argument("--peers", default="", metavar="HOST:PORT,...", help="the OTHER members")
+    s.add_argument("--peers", default="", metavar="HOST:PORT,...",
+                   help="the OTHER members, for --bootstrap and --rejoin; a member's data directory keeps "
+                        "the configuration it is in, which wins over --peers later")
     s.add_argument("--advertise", metavar="HOST:PORT", help="this member's address as peers list it (default --listen)")
     mode = s.add_mutually_exclusive_group()
     mode.add_argument("--bootstrap", action="store_true",
                       help="empty data dir, brand-new cluster: start once all members answer")
     mode.add_argument("--rejoin", action="store_true",
-                      help="data lost: catch up from ALL other members before voting")
+                      help="data lost: catch up from ALL other members before voting (the members are asked "
+                           "for the configuration; --peers names some of them)")
+    mode.add_argument("--join", action="store_true",
+                      help="empty data dir, a member to be added to a running cluster: it waits for "
+                           "'juggler seq member add' (no --peers needed)")
     s.add_argument("--timeout", type=float, default=5.0, help="NextID deadline when the client sends none (s)")
     s.add_argument("--peer-timeout", type=float, default=1.0, help="bound of one member-to-member call (s)")
     s.add_argument("--no-forward", action="store_true",
@@ -96,6 +119,25 @@ def register(subparsers: Any) -> None:
     b.add_argument("--name", default="bench")
     b.set_defaults(func=run_bench)
 
+    m = sub.add_parser("member", help="list, add or remove members (one change at a time)", epilog=MEMBER_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    msub = m.add_subparsers(dest="member_command", metavar="ACTION")
+    for name, what in (("list", "the configuration: members, epoch, each member's state"),
+                       ("add", "add a member started with --join"),
+                       ("remove", "remove a member (it may be down)")):
+        a = msub.add_parser(name, help=what, epilog=MEMBER_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        if name != "list":
+            a.add_argument("member", metavar="HOST:PORT", help="the member's address, as --listen/--advertise gave it")
+        a.add_argument("--servers", required=True, metavar="HOST:PORT,...",
+                       help="members of the cluster to ask (one that answers is enough; the others are found)")
+        a.add_argument("--json", action="store_true", help="print JSON instead of text")
+        a.add_argument("--timeout", type=float, default=5.0, help="bound of each call to a member (s)")
+        a.add_argument("--tls-ca", metavar="FILE", help="the members' CA (a cluster running with --tls-ca)")
+        a.add_argument("--tls-cert", metavar="FILE", help="a certificate the members accept (signed by their CA)")
+        a.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+        a.set_defaults(func=run_member, action=name)
+    m.set_defaults(func=lambda args: (m.print_help(), 2)[1])
+
     f = sub.add_parser(
         "snowflake", help="run a time-ordered ID worker that leases its worker ID from the cluster",
         description="Serve 64-bit time-ordered IDs (Snowflake layout: 41 bits of ms since --epoch, 10 bits of "
@@ -103,7 +145,8 @@ def register(subparsers: Any) -> None:
                     "leased from the seq cluster; the worker stops serving when it cannot renew its lease.",
         epilog=SNOWFLAKE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     f.add_argument("--cluster", required=True, metavar="HOST:PORT,...",
-                   help="every member's gRPC address, exactly as the members list each other")
+                   help="members' gRPC addresses, as the members list each other (the worker takes the current "
+                         "member list from them)")
     f.add_argument("--listen", required=True, metavar="HOST:PORT", help="gRPC address of this worker")
     f.add_argument("--http", metavar="HOST:PORT", help="serve the HTTP/JSON API on this address")
     _layout_arguments(f)
@@ -301,7 +344,7 @@ def run_server(args: argparse.Namespace) -> int:
     try:
         config = ServerConfig(
             listen=args.listen, data_dir=args.data, peers=tuple(_addrs(args.peers)), advertise=args.advertise,
-            mode="bootstrap" if args.bootstrap else "rejoin" if args.rejoin else "normal",
+            mode="bootstrap" if args.bootstrap else "rejoin" if args.rejoin else "join" if args.join else "normal",
             default_timeout=args.timeout, peer_timeout=args.peer_timeout,
             forward=not args.no_forward, max_inflight=args.max_inflight, peer_port=args.peer_port, linger=args.linger_ms / 1000,
             tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
@@ -396,3 +439,91 @@ def run_bench(args: argparse.Namespace) -> int:
         print("juggler seq bench: stopped", file=sys.stderr)
         return 130
     return 130 if box["stop"] else status
+
+
+def run_member(args: argparse.Namespace) -> int:
+    """``juggler seq member list|add|remove``: exit 0 done, 1 not done, 2 asked wrongly."""
+    import json
+
+    from rustext.tls import ClientTls, TlsConfigError
+    from seq.errors import ChangeRefused, MembershipError
+    from seq.membership import Admin
+    from seq.server import _check_addr
+
+    prog = f"juggler seq member {args.action}"
+    try:
+        servers = [_check_addr(a) for a in _addrs(args.servers)]
+        if not servers:
+            raise ValueError("--servers names no member")
+        if args.action != "list":
+            _check_addr(args.member)
+        if args.timeout <= 0:
+            raise ValueError("--timeout must be > 0")
+        tls = None
+        if args.tls_cert or args.tls_key or args.tls_ca:
+            if not (args.tls_cert and args.tls_key and args.tls_ca):
+                raise ValueError("a cluster over TLS needs --tls-ca, --tls-cert and --tls-key (members verify "
+                                 "each other's certificates)")
+            tls = ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
+            tls.context()
+    except (ValueError, TlsConfigError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        async with Admin(timeout=args.timeout, tls=tls) as admin:
+            if args.action == "list":
+                conf = await admin.configuration(servers)
+                print(json.dumps(conf.to_json(), indent=2) if args.json else _config_table(conf))
+                return 0
+            if args.action == "add":
+                res = await admin.add(servers, args.member)
+            else:
+                res = await admin.remove(servers, args.member)
+            if args.json:
+                print(json.dumps(res.to_json(), indent=2))
+            else:
+                verb = "added" if res.action == "add" else "removed"
+                print(f"{verb} {res.member}{' (a change left pending, finished)' if res.resumed else ''}: "
+                      f"configuration epoch {res.epoch}, members {','.join(res.members)}")
+                if res.missing:
+                    print(f"not reached: {','.join(res.missing)} (they catch up from the others when they are back)")
+                if res.action == "remove":
+                    print(f"{res.member} serves nothing now: stop it and wipe its data directory; "
+                          "give clients the new member list")
+            return 0
+
+    try:
+        return int(_run(main()))
+    except ChangeRefused as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    except MembershipError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _config_table(conf: Any) -> str:
+    lines = [(f"configuration epoch {conf.epoch}: {len(conf.members)} members, quorum {conf.quorum} "
+              f"(cluster {conf.cluster})")]
+    rows = [("MEMBER", "IN CONFIG", "STATE", "EPOCH", "NOTE")]
+    for addr in sorted(set(conf.members) | set(conf.views)):
+        v = conf.views.get(addr)
+        member = "yes" if addr in conf.members else "no"
+        if v is None or not v.reachable:
+            rows.append((addr, member, "unreachable", "-", v.error if v is not None else "not asked"))
+            continue
+        note = ""
+        if v.pending is not None:
+            note = f"fenced for a change to epoch {v.pending['epoch']}"
+        elif v.epoch < conf.epoch and v.state != "joining":
+            note = "behind: catches up when it hears from the others"
+        rows.append((addr, member, v.state.replace("_", " "), str(v.epoch), note))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    pend = conf.pending()
+    if pend:
+        p = pend[0][1]
+        lines.append(f"pending change: to epoch {p['epoch']}, members {','.join(p['members'])}; finish it by "
+                     "running the command that started it again")
+    return "\n".join(lines)

@@ -3,7 +3,10 @@
 Map (the protocol: docs/protocols/rrseq.md; the user's guide: docs/seq.md):
 
 - ``server.py``      RRServer: one member (public ``pb.RRAPI`` + member-to-member ``RRPeer``),
-                     ServerConfig, data-dir start checks, join (bootstrap / catch-up)
+                     ServerConfig, data-dir start checks, join (bootstrap / catch-up), its part of a
+                     membership change (fence, install, learning a newer configuration)
+- ``membership.py``  configurations (epoch + members) and one-member changes: the safety argument,
+                     Admin (``juggler seq member list|add|remove``)
 - ``api.py``         the public RRAPI endpoint: native gRPC server (rustext.GrpcServer), calls batched into the coordinator
 - ``channel.py``     ApiChannel: RRAPI calls over the native gRPC client (rustext.GrpcClient), completions in batches
 - ``coordinator.py`` NextID rounds: read quorum, compare-and-set write quorum, retries, forwarding, linger
@@ -30,6 +33,9 @@ Map (the protocol: docs/protocols/rrseq.md; the user's guide: docs/seq.md):
 from seq.buffered import BufferedSeq
 from seq.client import RRSeq
 from seq.errors import (
+    ChangeRefused,
+    MemberRemoved,
+    MembershipError,
     SeqClosed,
     SeqError,
     SeqExhausted,
@@ -44,6 +50,9 @@ from seq.simple import LocalCounter, SimpleBufSeq
 
 __all__ = [
     "BufferedSeq",
+    "ChangeRefused",
+    "MemberRemoved",
+    "MembershipError",
     "RRSeq",
     "RRServer",
     "SeqClosed",

@@ -16,9 +16,11 @@ built by the generated module), so the process runs no grpc.aio server.
 Status codes, as the grpc.aio server had them: INVALID_ARGUMENT (name over
 256 bytes of UTF-8, NextID or SetID of a name reserved for snowflake leases, range_size above ``max_range``), OUT_OF_RANGE (the
 sequence would pass 2**63-1), INTERNAL (the store failed; malformed request),
-UNAVAILABLE (draining or closed; a snowflake worker without a lease or
-whose clock moved backwards), DEADLINE_EXCEEDED (the caller's
-``grpc-timeout`` passed), UNIMPLEMENTED (unknown method).
+UNAVAILABLE (draining or closed; a member started with ``--join`` and not
+added yet; a snowflake worker without a lease or whose clock moved
+backwards), FAILED_PRECONDITION (the member was removed from the cluster),
+DEADLINE_EXCEEDED (the caller's ``grpc-timeout`` passed), UNIMPLEMENTED
+(unknown method).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Protocol
 from rustext import GrpcServer
 from rustext.tls import TlsConfigError
 from seq._proto import rrpeer_pb2 as peer_pb
-from seq.errors import SeqExhausted, SeqUnavailable, StoreError
+from seq.errors import MemberRemoved, SeqExhausted, SeqUnavailable, StoreError
 from seq.lease import RESERVED_MESSAGE, RESERVED_PREFIX
 from seq.log import MAX_NAME
 from seq.namestats import NameStats
@@ -46,11 +48,24 @@ SNAPSHOT_PATH = f"/{PEER_SERVICE}/Snapshot"
 NEXT_ID, CUR_ID, SET_ID, RAW_SNAPSHOT = 0, 1, 2, 3
 
 # grpc status codes
-INVALID_ARGUMENT, OUT_OF_RANGE, INTERNAL, UNAVAILABLE = 3, 11, 13, 14
+INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, INTERNAL, UNAVAILABLE = 3, 9, 11, 13, 14
 
 
 class Acquirer(Protocol):
+    """The coordinator (or a snowflake worker). One with a ``refusal`` attribute that is set (a
+    removed member, one not yet a member) has CurID and SetID fail with it too."""
+
     def submit(self, name: str, n: int, deadline: float, sink: _Call) -> None: ...
+
+
+def _code(exc: BaseException) -> int:
+    if isinstance(exc, SeqExhausted):
+        return OUT_OF_RANGE
+    if isinstance(exc, MemberRemoved):
+        return FAILED_PRECONDITION
+    if isinstance(exc, SeqUnavailable):
+        return UNAVAILABLE
+    return INTERNAL
 
 
 class _Outbox:
@@ -108,8 +123,7 @@ class _Call:
             return
         self._done = True
         # a snowflake worker's clock or lease: UNAVAILABLE, the message says which (try another worker)
-        code = OUT_OF_RANGE if isinstance(exc, SeqExhausted) else UNAVAILABLE if isinstance(exc, SeqUnavailable) else INTERNAL
-        self.out.api.fail(self.token, code, str(exc))
+        self.out.api.fail(self.token, _code(exc), str(exc))
 
 
 class ApiServer:
@@ -264,6 +278,8 @@ class ApiServer:
             self._serve_snapshot(token, name)
         elif isinstance(name, bytes) or len(name.encode()) > MAX_NAME:
             native.fail(token, INVALID_ARGUMENT, f"name longer than {MAX_NAME} bytes")
+        elif (refusal := getattr(self._coordinator, "refusal", None)) is not None:
+            native.fail(token, _code(refusal), str(refusal))
         elif kind == CUR_ID:
             out.put(token, self._store.get(name), 0)
         elif kind == SET_ID:

@@ -27,16 +27,18 @@ from seq.channel import ApiChannel
 from seq.errors import RpcFailed, SeqExhausted, SeqUnavailable
 
 OUT_OF_RANGE = 11
+FAILED_PRECONDITION = 9  # the server was removed from the cluster (seq.membership)
 
 
 class _Server:
-    __slots__ = ("addr", "index", "failures", "retry_at")
+    __slots__ = ("addr", "index", "failures", "retry_at", "removed")
 
     def __init__(self, addr: str, index: int) -> None:
         self.addr = addr
         self.index = index
         self.failures = 0
         self.retry_at = 0.0
+        self.removed = False
 
 
 class RRSeq(BufferedSeq):
@@ -106,7 +108,10 @@ class RRSeq(BufferedSeq):
                 raise SeqUnavailable(f"no range of {self.name!r} within {self.timeout}s: {reason}")
             server = self._pick(now)
             if server is None:
-                wake = min(s.retry_at for s in self._servers)
+                if all(s.removed for s in self._servers):
+                    raise SeqUnavailable(f"no range of {self.name!r}: every server given was removed from the "
+                                         f"cluster ({reason}); give the current members")
+                wake = min(s.retry_at for s in self._servers if not s.removed)
                 await asyncio.sleep(max(0.0, min(wake, deadline) - now))
                 continue
             call = channel.next_id(server.index, self.name, n, min(self.attempt_timeout, deadline - now))
@@ -119,6 +124,9 @@ class RRSeq(BufferedSeq):
                 if exc.code == OUT_OF_RANGE:
                     raise SeqExhausted(exc.details or "sequence exhausted") from exc
                 reason = f"{server.addr}: {exc.code_name} {exc.details}"
+                if exc.code == FAILED_PRECONDITION:
+                    server.removed = True
+                    continue
                 self._failed(server, loop.time())
                 continue
             if hi <= lo or lo == 0:
@@ -132,7 +140,7 @@ class RRSeq(BufferedSeq):
         k = len(self._servers)
         for i in range(k):
             s = self._servers[(self._rr + i) % k]
-            if s.retry_at <= now:
+            if s.retry_at <= now and not s.removed:
                 self._rr = (self._rr + i + 1) % k
                 return s
         return None

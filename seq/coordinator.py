@@ -47,6 +47,15 @@ argument above does not care about timing), and a range acknowledged after
 another one was acknowledged is above it, so each client's stream stays
 increasing. A request that is cancelled or expires leaves its share as a
 gap, never reused.
+
+Membership changes (:mod:`seq.membership`): every read and compare-and-set
+carries the configuration epoch this member votes in; a member in another
+epoch, or fenced for a change, answers WRONG_EPOCH or NOT_READY, which
+counts as no answer. :meth:`Coordinator.reconfigure` swaps the member list
+and quorums between rounds (a round in flight finishes with the list it
+started with, in its epoch); a newer epoch seen in a reply is reported to
+``on_newer_epoch``. A member that is not (or no longer) a member refuses
+every request with the error of :meth:`Coordinator.refuse`.
 """
 
 from __future__ import annotations
@@ -63,7 +72,7 @@ from rustext.backoff import BackoffPolicy
 
 from seq.errors import SeqExhausted, StoreError
 from seq.log import MAX_VALUE
-from seq.peerlink import EXHAUSTED, OK, OP_ACQUIRE, OP_CAS, OP_READ, PeerLink
+from seq.peerlink import EXHAUSTED, OK, OP_ACQUIRE, OP_CAS, OP_READ, WRONG_EPOCH, PeerLink
 from seq.quorum import Outcome, ReadTally, WriteTally
 from seq.store import Store
 
@@ -131,20 +140,24 @@ class Coordinator:
         max_inflight: int = 1,
         linger: float = 0.0,
         rng: random.Random | None = None,
+        epoch: int = 1,
+        on_newer_epoch: Callable[[int], None] | None = None,
     ) -> None:
         self._store = store
         self._votes = votes
-        self._peers = list(peers)
-        # Preferred coordinator per name: hash over the sorted member list (same on every member).
-        by_addr = dict(zip(peer_addrs, self._peers))
-        self._ring: list[tuple[str, PeerLink | None]] = (
-            [(a, by_addr.get(a)) for a in sorted((self_addr, *peer_addrs))] if peer_addrs else []
-        )
-        self._down_until: dict[str, float] = {}
-        self._down_count: dict[str, int] = {}
+        self._peers: list[PeerLink] = []
+        self._ring: list[tuple[str, PeerLink | None]] = []
         self._cluster = cluster
+        self._epoch = epoch
         self._r = read_quorum
         self._w = write_quorum
+        self.reconfigure(peers=peers, peer_addrs=peer_addrs, self_addr=self_addr, cluster=cluster, epoch=epoch,
+                         read_quorum=read_quorum, write_quorum=write_quorum)
+        self._on_newer_epoch = on_newer_epoch
+        #: set by refuse(): every request fails with it (a removed member, one not yet a member)
+        self.refusal: BaseException | None = None
+        self._down_until: dict[str, float] = {}
+        self._down_count: dict[str, int] = {}
         self._peer_timeout = peer_timeout
         self._backoff = BackoffPolicy(initial=min(backoff_base, backoff_cap), maximum=backoff_cap, jitter=1.0)
         self._on_store_failure = on_store_failure
@@ -156,6 +169,43 @@ class Coordinator:
         self._linger = linger
         self._closed = False
         self.stats = CoordinatorStats()
+
+    def reconfigure(
+        self,
+        *,
+        peers: Sequence[PeerLink],
+        peer_addrs: Sequence[str],
+        self_addr: str,
+        cluster: str,
+        epoch: int,
+        read_quorum: int,
+        write_quorum: int,
+    ) -> None:
+        """A new configuration: the other members, this member's epoch, the quorums.
+        Rounds started from now on use it; rounds in flight end in their own epoch."""
+        self._peers = list(peers)
+        # Preferred coordinator per name: hash over the sorted member list (same on every member).
+        by_addr = dict(zip(peer_addrs, self._peers))
+        self._ring = [(a, by_addr.get(a)) for a in sorted((self_addr, *peer_addrs))] if peer_addrs else []
+        self._cluster = cluster
+        self._epoch = epoch
+        self._r = read_quorum
+        self._w = write_quorum
+
+    def refuse(self, exc: BaseException | None) -> None:
+        """Fail every request (and those waiting) with `exc`; None: serve again."""
+        self.refusal = exc
+        if exc is None:
+            return
+        for q in self._queues.values():
+            for r in q:
+                if not r.fut.done():
+                    r.fut.set_exception(exc)
+        self._queues.clear()
+
+    def _newer(self, epoch: object) -> None:
+        if type(epoch) is int and epoch > self._epoch and self._on_newer_epoch is not None:
+            self._on_newer_epoch(epoch)
 
     def preferred(self, name: str) -> tuple[str, PeerLink | None] | None:
         """The member that coordinates `name` by preference (stub None: this one)."""
@@ -183,6 +233,9 @@ class Coordinator:
         """
         if self._closed:
             sink.set_result(None)
+            return
+        if self.refusal is not None:
+            sink.set_exception(self.refusal)
             return
         self._queues.setdefault(name, []).append(_Request(n, sink, deadline, forward))
         self.stats.requests += 1
@@ -266,6 +319,10 @@ class Coordinator:
             batch[:] = live
             if not batch:
                 return
+            if self.refusal is not None:
+                for r in batch:
+                    r.fut.set_exception(self.refusal)
+                return
             total = sum(r.n for r in batch)
             deadline = max(r.deadline for r in batch)
             attempt += 1
@@ -347,7 +404,8 @@ class Coordinator:
 
     async def _read(self, name: str, deadline: float) -> int | None:
         """Max value over a read quorum, or None."""
-        tally = ReadTally(asked=len(self._peers) + 1, read_quorum=self._r)
+        peers = self._peers
+        tally = ReadTally(asked=len(peers) + 1, read_quorum=self._r)
         if self._votes():
             tally.answered(self._store.get(name))
         else:
@@ -355,8 +413,8 @@ class Coordinator:
         timeout = self._timeout(deadline)
         pending: set[asyncio.Future[Any]] = set()
         if tally.outcome is Outcome.PENDING and timeout > 0:
-            req = [OP_READ, self._cluster, name]
-            pending = {p.call(req, timeout) for p in self._peers}
+            req = [OP_READ, self._cluster, name, self._epoch]
+            pending = {p.call(req, timeout) for p in peers}
         try:
             while pending and tally.outcome is Outcome.PENDING:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -365,6 +423,8 @@ class Coordinator:
                     if rep is not None and rep[0] == OK:
                         tally.answered(rep[1])
                     else:
+                        if rep is not None and rep[0] == WRONG_EPOCH:
+                            self._newer(rep[-1])
                         tally.failed()
         finally:
             for t in pending:
@@ -373,7 +433,9 @@ class Coordinator:
 
     async def _write(self, name: str, h: int, new: int, deadline: float) -> tuple[bool, int | None]:
         """Compare-and-set h → new on every member; (won, next h or None)."""
-        tally = WriteTally(asked=len(self._peers) + 1, write_quorum=self._w, read_quorum=self._r)
+        # this round's members and quorums, whatever reconfigure() does meanwhile
+        peers, epoch = self._peers, self._epoch
+        tally = WriteTally(asked=len(peers) + 1, write_quorum=self._w, read_quorum=self._r)
         member: dict[asyncio.Future[Any], int] = {}
         local: asyncio.Future[None] | None = None
         if self._votes():
@@ -392,11 +454,11 @@ class Coordinator:
             tally.failed(0)
         timeout = self._timeout(deadline)
         if timeout > 0:
-            req = [OP_CAS, self._cluster, name, h, new]
-            for i, p in enumerate(self._peers, 1):
+            req = [OP_CAS, self._cluster, name, h, new, epoch]
+            for i, p in enumerate(peers, 1):
                 member[p.call(req, timeout)] = i
         else:
-            for i in range(1, len(self._peers) + 1):
+            for i in range(1, len(peers) + 1):
                 tally.failed(i)
         pending = set(member)
         try:
@@ -414,6 +476,8 @@ class Coordinator:
                         continue
                     rep = None if t.cancelled() or t.exception() is not None else t.result()
                     if rep is None or rep[0] != OK:
+                        if rep is not None and rep[0] == WRONG_EPOCH:
+                            self._newer(rep[-1])
                         tally.failed(i)
                     elif rep[1]:
                         tally.accepted(i, rep[2])

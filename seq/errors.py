@@ -9,6 +9,9 @@
     ├── SeqExhausted (OverflowError)       the 63-bit ID space of a name is used up
     ├── RpcFailed                          one gRPC call ended with a non-OK status (client side)
     ├── UnsafeStart (RuntimeError)         a server refuses to start (data dir vs flags)
+    ├── MemberRemoved (RuntimeError)       this member was removed from the cluster: it serves nothing
+    ├── MembershipError (RuntimeError)     a membership change (or listing) could not be made
+    │   └── ChangeRefused (ValueError)     ... because it was asked wrongly (not a member, too few left, …)
     └── StoreError (OSError)               the durable store failed (write or fsync)
         └── StoreCorrupt (ValueError)      the log is damaged beyond a torn tail
 """
@@ -82,6 +85,21 @@ _CODE_NAMES = {
 
 class UnsafeStart(SeqError, RuntimeError):
     """The server refuses to start: its data directory and flags do not fit together."""
+
+
+class MemberRemoved(SeqError, RuntimeError):
+    """This member was removed from the cluster by a membership change; it serves nothing."""
+
+
+class MembershipError(SeqError, RuntimeError):
+    """A membership change could not be made (or the configuration not read): unreachable
+    members, another change in progress, no majority; the message says what to do."""
+
+
+class ChangeRefused(MembershipError, ValueError):
+    """A membership change was asked wrongly: the member is already in (or not in) the
+    configuration, the removal would leave too few members, the new member was not started
+    with ``--join``."""
 
 
 class StoreError(SeqError, OSError):

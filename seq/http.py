@@ -50,7 +50,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from rustext.net import listen_error
-from seq.errors import SeqExhausted, SeqUnavailable, StoreError
+from seq.errors import MemberRemoved, SeqExhausted, SeqUnavailable, StoreError
 from seq.lease import RESERVED_MESSAGE, RESERVED_PREFIX
 from seq.log import MAX_NAME, MAX_VALUE
 from seq.namestats import NameStats
@@ -77,6 +77,7 @@ STATUS = {
     "payload_too_large": 413,
     "internal": 500,
     "no_quorum": 503,
+    "removed": 410,
     "no_lease": 503,
     "clock_moved_backwards": 503,
     "not_ready": 503,
@@ -315,7 +316,9 @@ class HttpApi:
             raise _Refused("deadline_exceeded", f"no range within the deadline ({t:g} s)") from None
         except SeqExhausted:
             raise _Refused("exhausted", "the sequence would pass 2**63-1") from None
-        except SeqUnavailable as exc:  # a snowflake worker: no lease, or its clock moved backwards
+        except MemberRemoved as exc:
+            raise _Refused("removed", str(exc)) from None
+        except SeqUnavailable as exc:  # a snowflake worker (no lease, its clock moved backwards); a member not added yet
             raise _Refused(getattr(exc, "code", "unavailable"), str(exc)) from None
         except StoreError as exc:
             self._on_store_failure(exc)

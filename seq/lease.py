@@ -4,7 +4,7 @@ The register. Worker ID ``w`` has one sequence name of its own,
 ``__snowflake/worker/<w>`` (:func:`lease_name`), held by the members like any
 other name. Its value is the lease's **expiry, in Unix milliseconds**. A
 worker moves it only by a quorum compare-and-set, the very primitive NextID
-rounds use (rrseq.md, Algorithm; ``["c", cluster, name, h, new]`` on
+rounds use (rrseq.md, Algorithm; ``["c", cluster, name, h, new, epoch]`` on
 every member): a member accepts ``h → new`` only if its value is ≤ h, and
 the move wins on W yeses, W a majority. Two such moves from the same h
 cannot both win; more generally the winning moves of one name form a chain
@@ -64,10 +64,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from seq._proto import rrpeer_pb2 as peer_pb
 from seq.errors import SeqUnavailable
 from seq.log import MAX_VALUE
-from seq.peerlink import OK, OP_ACQUIRE, OP_CAS, OP_READ, PeerLink
+from seq.peerlink import (
+    OK,
+    OP_ACQUIRE,
+    OP_CAS,
+    OP_INFO,
+    OP_READ,
+    WRONG_CLUSTER,
+    WRONG_EPOCH,
+    PeerLink,
+)
 from seq.quorum import Outcome, ReadTally, WriteTally
 
 __all__ = ["RESERVED_MESSAGE", "RESERVED_PREFIX", "LeaseConfig", "LeaseHolder", "QuorumRegister", "lease_name"]
@@ -94,18 +102,44 @@ def _consume(t: asyncio.Future[Any]) -> None:
 
 
 class QuorumRegister:
-    """Quorum read and compare-and-set of names on all `members` (this process is not one)."""
+    """Quorum read and compare-and-set of names on all `members` (this process is not one).
 
-    def __init__(self, links: Sequence[PeerLink], cluster: str, *, timeout: float) -> None:
+    Membership changes (seq.membership): every read and compare-and-set
+    carries the configuration epoch the register was given, so members vote
+    only in that configuration's rounds, as they do for a member's own rounds;
+    a member answering in a newer epoch (or another cluster id) is reported
+    to `on_stale` (the worker then learns the configuration again and calls
+    :meth:`configure`). A lease stays a chain of compare-and-sets whatever
+    epoch each one was made in: the change carries every value over.
+    """
+
+    def __init__(self, links: Sequence[PeerLink], cluster: str, *, timeout: float, epoch: int = 1,
+                 on_stale: Any = None) -> None:
+        self._links: list[PeerLink] = []
+        self._cluster = cluster
+        self._epoch = epoch
+        self._q = 1
+        self.configure(links, cluster, epoch)
+        self._timeout = timeout
+        self._on_stale = on_stale
+
+    def configure(self, links: Sequence[PeerLink], cluster: str, epoch: int) -> None:
+        """The members (links), cluster id and epoch of the configuration to use from now on."""
         self._links = list(links)
         self._cluster = cluster
+        self._epoch = epoch
         self._q = len(self._links) // 2 + 1
-        self._timeout = timeout
+
+    def _stale(self, rep: Any) -> None:
+        if self._on_stale is None or rep is None:
+            return
+        if rep[0] == WRONG_CLUSTER or (rep[0] == WRONG_EPOCH and type(rep[-1]) is int and rep[-1] > self._epoch):
+            self._on_stale()
 
     async def read(self, name: str) -> int | None:
         """The maximum over a read quorum, or None (too few members answered)."""
         tally = ReadTally(asked=len(self._links), read_quorum=self._q)
-        pending = {p.call([OP_READ, self._cluster, name], self._timeout) for p in self._links}
+        pending = {p.call([OP_READ, self._cluster, name, self._epoch], self._timeout) for p in self._links}
         try:
             while pending and tally.outcome is Outcome.PENDING:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -114,6 +148,7 @@ class QuorumRegister:
                     if rep is not None and rep[0] == OK:
                         tally.answered(rep[1])
                     else:
+                        self._stale(rep)
                         tally.failed()
         finally:
             for t in pending:
@@ -130,7 +165,7 @@ class QuorumRegister:
         if not 0 <= h < new <= MAX_VALUE:
             raise ValueError("need 0 <= h < new <= 2**63-1")
         tally = WriteTally(asked=len(self._links), write_quorum=self._q, read_quorum=self._q)
-        req = [OP_CAS, self._cluster, name, h, new]
+        req = [OP_CAS, self._cluster, name, h, new, self._epoch]
         pending = {p.call(req, self._timeout) for p in self._links}
         ids = {t: i for i, t in enumerate(pending)}
         try:
@@ -139,6 +174,7 @@ class QuorumRegister:
                 for t in done:
                     rep = None if t.cancelled() or t.exception() is not None else t.result()
                     if rep is None or rep[0] != OK:
+                        self._stale(rep)
                         tally.failed(ids[t])
                     elif rep[1]:
                         tally.accepted(ids[t], rep[2])
@@ -150,15 +186,15 @@ class QuorumRegister:
         return tally.outcome is Outcome.WON
 
     async def misconfigured(self) -> list[str]:
-        """The members that answer that this member list is not theirs (a --cluster typo)."""
+        """The members that answer that they belong to another cluster than the register's (a
+        --cluster naming members of two clusters)."""
         out = []
         for p in self._links:
-            req = peer_pb.SnapshotRequest(cluster=self._cluster, endpoint_only=True)
             try:
-                rep = await p.stub.Snapshot(req, timeout=self._timeout)
+                rep = await p.call([OP_INFO, "", ""], self._timeout)
             except Exception:  # noqa: BLE001, S112  # unreachable: not known to be misconfigured
                 continue
-            if rep.status == peer_pb.WRONG_CLUSTER:
+            if rep[0] == OK and isinstance(rep[1], dict) and rep[1].get("cluster") not in ("", self._cluster):
                 out.append(p.addr)
         return out
 
@@ -254,8 +290,8 @@ class LeaseHolder:
                         warned = True
                         wrong = await self._reg.misconfigured()
                         if wrong:
-                            log.error("%s answer that they form another cluster: --cluster must list every "
-                                      "member's address exactly as the members list each other in --peers",
+                            log.error("%s answer that they form another cluster: --cluster must name members "
+                                      "of one cluster, with their addresses as the members list each other",
                                       ", ".join(wrong))
                     break  # no quorum: wait and scan again
                 now = self._now_ms()

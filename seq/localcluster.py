@@ -92,14 +92,15 @@ class LocalCluster:
         """``http://HOST:PORT`` of each member's HTTP API (a cluster made with ``http=True``)."""
         return [f"http://{m.http_addr}" for m in self.members if m.http_addr is not None]
 
-    def command(self, i: int, *flags: str) -> list[str]:
+    def command(self, i: int, *flags: str, peers: list[str] | None = None) -> list[str]:
+        """Member i's command line; ``--peers`` lists every other member unless `peers` is given."""
         m = self.members[i]
-        peers = ",".join(a for j, a in enumerate(self.addrs) if j != i)
+        peers_arg = ",".join(a for j, a in enumerate(self.addrs) if j != i) if peers is None else ",".join(peers)
         http = ["--http", m.http_addr] if m.http_addr is not None else []
         return [self.python, "-m", "cli", "seq", "server", "--listen", m.addr, "--data", m.data,
-                "--peers", peers, *http, *flags]
+                "--peers", peers_arg, *http, *flags]
 
-    def start(self, i: int, *flags: str) -> subprocess.Popen[bytes]:
+    def start(self, i: int, *flags: str, peers: list[str] | None = None) -> subprocess.Popen[bytes]:
         m = self.members[i]
         assert not m.alive, f"member {i} already running"
         logf = open(m.log_path, "ab")
@@ -108,7 +109,7 @@ class LocalCluster:
             # a process group of its own: a Ctrl-C at the terminal is the owner's to handle (close()).
             # Not a session of its own: with the kernel's autogroup scheduling each session is
             # scheduled as one group, which cost the cluster ~15% throughput in benchmarks.
-            m.proc = subprocess.Popen(self.command(i, *flags), stdout=logf, stderr=subprocess.STDOUT,
+            m.proc = subprocess.Popen(self.command(i, *flags, peers=peers), stdout=logf, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, process_group=0)
         finally:
             logf.close()
@@ -153,12 +154,18 @@ class LocalCluster:
         except FileNotFoundError:
             return ""
 
+    def add_member(self) -> int:
+        """One more member slot (a free port, a data dir); start it with ``start(i, "--join")``."""
+        i = len(self.members)
+        port = free_port()
+        self.members.append(Member(addr=f"127.0.0.1:{port}", data=os.path.join(self.root, f"node{i}"),
+                                   log_path=os.path.join(self.root, f"node{i}.log"),
+                                   http_addr=f"127.0.0.1:{free_port()}" if self.http else None))
+        self.n = len(self.members)
+        return i
+
     async def state(self, i: int, timeout: float = 1.0) -> int | None:
         """The member's RRPeer state (peer_pb.READY, ...), or None if it does not answer."""
-        from seq.server import ServerConfig
-
-        peers = tuple(a for j, a in enumerate(self.addrs) if j != i)
-        cluster = ServerConfig(listen=self.addrs[i], data_dir="-", peers=peers).cluster
         if self.tls is None:
             channel = grpc.aio.insecure_channel(self.addrs[i])
         else:
@@ -167,7 +174,7 @@ class LocalCluster:
             channel = grpc.aio.secure_channel(self.addrs[i], grpc_credentials(self.tls))
         async with channel as ch:
             try:
-                rep = await PeerStub(ch).Snapshot(peer_pb.SnapshotRequest(cluster=cluster), timeout=timeout)
+                rep = await PeerStub(ch).Snapshot(peer_pb.SnapshotRequest(endpoint_only=True), timeout=timeout)
             except grpc.aio.AioRpcError:
                 return None
         return rep.state

@@ -9,15 +9,23 @@ joining member's snapshot, and the discovery of the transport port) stay on
 gRPC (``RRPeer``).
 
 Messages (msgpack arrays; every request starts with the op and the cluster
-fingerprint, a member configured with another member list answers
-WRONG_CLUSTER)::
+id, a member of another cluster answers WRONG_CLUSTER)::
 
-    ["r", cluster, name]                    -> [status, value]
-    ["c", cluster, name, expected, new]     -> [status, ok, current]   (after fsync when ok)
-    ["a", cluster, name, count, timeout_s]  -> [status, from, to]      ([0, 0): no quorum)
+    ["r", cluster, name, epoch]                 -> [status, value]           (WRONG_EPOCH: [s, its epoch])
+    ["c", cluster, name, expected, new, epoch]  -> [status, ok, current]     (after fsync when ok;
+                                                                              WRONG_EPOCH: [s, False, its epoch])
+    ["a", cluster, name, count, timeout_s]      -> [status, from, to]        ([0, 0): no quorum)
 
-Statuses are the ``rrseq.peer.v1.Status`` numbers (OK, NOT_READY,
-WRONG_CLUSTER, EXHAUSTED).
+and the membership calls (:mod:`seq.membership`; rare, may be large)::
+
+    ["i", cluster or "", ""]                                  -> [OK, info map]
+    ["f", cluster, "", token, epoch, members]                 -> [OK, {name: value}] | [status, info map]
+    ["n", cluster, "", token, epoch, members, {name: value}]  -> [OK] | [status, info map]
+
+``epoch`` is the configuration epoch the sender votes in: a member in
+another epoch (or fenced for a change) does not vote in its round. Statuses
+are the ``rrseq.peer.v1.Status`` numbers (OK, NOT_READY, WRONG_CLUSTER,
+EXHAUSTED, WRONG_EPOCH, REMOVED, BUSY, STALE).
 
 Discovery: each member listens for the transport on ``--peer-port`` (0: any
 free port) on the host of ``--listen``; a peer learns the port from the
@@ -52,15 +60,24 @@ OK = peer_pb.OK
 NOT_READY = peer_pb.NOT_READY
 WRONG_CLUSTER = peer_pb.WRONG_CLUSTER
 EXHAUSTED = peer_pb.EXHAUSTED
+WRONG_EPOCH = peer_pb.WRONG_EPOCH
+REMOVED = peer_pb.REMOVED
+BUSY = peer_pb.BUSY
+STALE = peer_pb.STALE
 
 OP_READ = "r"
 OP_CAS = "c"
 OP_ACQUIRE = "a"
+OP_INFO = "i"
+OP_FENCE = "f"
+OP_INSTALL = "n"
 
 PROTOCOL = TransportProtocol("seq-peer", FrameWire(), RawCodec())
 
-# Small messages, a few in flight: bounded frames, plenty of handler slots.
-CONNECTION_CONFIG = ConnectionConfig(max_frame=1 << 20, max_decompressed=1 << 20, max_handlers=4096, drain_timeout=1.0)
+# Small messages, a few in flight, plenty of handler slots; frames bounded like the
+# gRPC snapshot (64 MiB): a membership change carries the whole state once.
+CONNECTION_CONFIG = ConnectionConfig(max_frame=64 << 20, max_decompressed=64 << 20, max_handlers=4096,
+                                     drain_timeout=1.0)
 
 pack = msgpack.Packer(use_bin_type=True).pack
 

@@ -2,7 +2,8 @@
 
 Layout of a data directory::
 
-    meta.json        {"version": 1, "state": ..., "cluster": ...}, replaced atomically
+    meta.json        {"version": 2, "state": ..., "cluster": ..., "epoch": ..., "members": [...],
+                     "pending": {...} (a membership change in progress)}, replaced atomically
     log.<gen>        append-only log (format in :mod:`seq.log`); one current generation
     LOCK             flock'd by the server process using the directory (seq.server)
 
@@ -42,7 +43,8 @@ from seq.log import HEADER, MAX_VALUE, decode_log, encode_batch
 
 log = logging.getLogger("seq.store")
 
-State = Literal["bootstrapping", "catching_up", "ready"]
+State = Literal["bootstrapping", "catching_up", "ready", "joining", "removed"]
+STATES = ("bootstrapping", "catching_up", "ready", "joining", "removed")
 META = "meta.json"
 _LOG_RE = re.compile(r"^log\.(\d{8})$")
 _TMP_RE = re.compile(r"^(log\.\d{8}|meta\.json)\.tmp$")
@@ -80,9 +82,30 @@ def _write_atomic(directory: str, name: str, data: bytes) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class Pending:
+    """A membership change this member was fenced for (see :mod:`seq.membership`)."""
+
+    epoch: int  # the configuration epoch it moves to
+    members: tuple[str, ...]  # the configuration it moves to
+    token: str  # which change (two changes to the same epoch never share one)
+
+
+@dataclass(frozen=True, slots=True)
 class Meta:
+    """What a member is, besides its values.
+
+    ``epoch`` and ``members`` are the configuration (the member list and its
+    version): the persisted one is what a restarted member uses, whatever
+    ``--peers`` says. A version-1 file (written before membership changes)
+    has neither: ``epoch`` 0 and ``members`` () mean "the member list whose
+    fingerprint is ``cluster``, at epoch 1".
+    """
+
     state: State
-    cluster: str  # fingerprint of the member list
+    cluster: str  # the cluster's id: fingerprint of the member list it was bootstrapped with ("": not known yet)
+    epoch: int = 0  # configuration epoch (0: not known yet, or a version-1 file)
+    members: tuple[str, ...] = ()  # the configuration's members, sorted
+    pending: Pending | None = None  # a membership change this member is fenced for (it does not vote meanwhile)
 
 
 def read_meta(directory: str) -> Meta | None:
@@ -94,15 +117,32 @@ def read_meta(directory: str) -> Meta | None:
         return None
     except (OSError, ValueError) as exc:
         raise StoreCorrupt(f"unreadable {META}: {exc}") from exc
-    if raw.get("version") != 1 or raw.get("state") not in ("bootstrapping", "catching_up", "ready"):
+    if not isinstance(raw, dict) or raw.get("version") not in (1, 2) or raw.get("state") not in STATES:
         raise StoreCorrupt(f"unexpected {META}: {raw!r}")
-    return Meta(state=raw["state"], cluster=str(raw.get("cluster", "")))
+    try:
+        pending = raw.get("pending")
+        return Meta(
+            state=raw["state"],
+            cluster=str(raw.get("cluster", "")),
+            epoch=int(raw.get("epoch", 0)),
+            members=tuple(str(m) for m in raw.get("members", ())),
+            pending=None if pending is None else Pending(
+                epoch=int(pending["epoch"]), members=tuple(str(m) for m in pending["members"]),
+                token=str(pending["token"]),
+            ),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StoreCorrupt(f"unexpected {META}: {raw!r}") from exc
 
 
 def write_meta(directory: str, meta: Meta) -> None:
     ensure_dir(directory)
-    body = json.dumps({"version": 1, "state": meta.state, "cluster": meta.cluster}).encode()
-    _write_atomic(directory, META, body)
+    doc: dict[str, object] = {"version": 2, "state": meta.state, "cluster": meta.cluster, "epoch": meta.epoch,
+                              "members": list(meta.members)}
+    if meta.pending is not None:
+        doc["pending"] = {"epoch": meta.pending.epoch, "members": list(meta.pending.members),
+                          "token": meta.pending.token}
+    _write_atomic(directory, META, json.dumps(doc).encode())
 
 
 def log_generations(directory: str) -> list[int]:

@@ -56,7 +56,7 @@ from seq.errors import ClockMovedBackwards, NoLease, SeqExhausted, SeqUnavailabl
 from seq.http import HttpApi
 from seq.lease import LeaseConfig, LeaseHolder, QuorumRegister, Tenure
 from seq.namestats import NameStats
-from seq.peerlink import PeerLink
+from seq.peerlink import OK, OP_INFO, PeerLink
 from seq.snowflake import (
     DEFAULT_BITS,
     DEFAULT_EPOCH,
@@ -83,7 +83,7 @@ def _check_addr(addr: str) -> str:
 class WorkerConfig:
     """One snowflake worker. Times in ms unless named otherwise."""
 
-    cluster: tuple[str, ...]  # every member's gRPC HOST:PORT, exactly as the members list each other
+    cluster: tuple[str, ...]  # members' gRPC HOST:PORT as they list each other (the current list is asked from them)
     listen: str  # gRPC HOST:PORT of this worker
     http: str | None = None  # HOST:PORT of its HTTP API (None: none)
     epoch: str = DEFAULT_EPOCH  # ISO 8601: time 0 of the IDs
@@ -180,6 +180,9 @@ class SnowflakeWorker:
         self._backwards_episode = False
         self._channels: list[grpc.aio.Channel] = []
         self._links: list[PeerLink] = []
+        self._by_addr: dict[str, PeerLink] = {}
+        self._register: QuorumRegister | None = None
+        self._learning: asyncio.Task[None] | None = None
         self._api: ApiServer | None = None
         self._http: HttpApi | None = None
         self._keeper: asyncio.Task[None] | None = None
@@ -195,9 +198,11 @@ class SnowflakeWorker:
     async def start(self) -> None:
         cfg = self.config
         self._loop = asyncio.get_running_loop()
-        self._channels = [grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS) for a in cfg.cluster]
-        self._links = [PeerLink(a, c, cfg.fingerprint) for a, c in zip(cfg.cluster, self._channels)]
-        register = QuorumRegister(self._links, cfg.fingerprint, timeout=cfg.peer_timeout)
+        # --cluster as bootstrapped (epoch 1) until the members tell their configuration (seq.membership)
+        register = QuorumRegister([self._link(a) for a in cfg.cluster], cfg.fingerprint, timeout=cfg.peer_timeout,
+                                  on_stale=self._stale_configuration)
+        self._register = register
+        await self._learn_configuration()
         self.holder = LeaseHolder(register, workers=self.layout.workers, config=cfg.lease,
                                   now_ms=self.clock.now_ms, on_change=self._on_lease)
         host, _, port = cfg.listen.rpartition(":")
@@ -231,6 +236,42 @@ class SnowflakeWorker:
         log.info("snowflake worker listening on %s%s; taking a worker-ID lease from %s (layout %d/%d/%d bits, "
                  "epoch %s)", cfg.listen, f", HTTP on {h}:{self.http_port}" if self._http else "",
                  ",".join(cfg.cluster), *cfg.bits, cfg.epoch)
+
+    def _link(self, addr: str) -> PeerLink:
+        link = self._by_addr.get(addr)
+        if link is None:
+            ch = grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
+            link = PeerLink(addr, ch, self.config.fingerprint)
+            self._channels.append(ch)
+            self._links.append(link)
+            self._by_addr[addr] = link
+        return link
+
+    def _stale_configuration(self) -> None:
+        """A member answered in a newer configuration epoch (or another cluster id): learn it."""
+        if self._closed or (self._learning is not None and not self._learning.done()):
+            return
+        self._learning = asyncio.get_running_loop().create_task(self._learn_configuration(), name="snowflake-conf")
+
+    async def _learn_configuration(self) -> None:
+        """Use the newest configuration the members report (their cluster id, epoch and members):
+        after membership changes, --cluster may name members that left and miss new ones."""
+        assert self._register is not None
+        reg = self._register
+        addrs = list(dict.fromkeys((*self.config.cluster, *(p.addr for p in reg._links))))
+        t = self.config.peer_timeout
+        replies = await asyncio.gather(*(self._link(a).call([OP_INFO, "", ""], t) for a in addrs),
+                                       return_exceptions=True)
+        infos = [r[1] for r in replies if not isinstance(r, BaseException) and r[0] == OK and isinstance(r[1], dict)
+                 and int(r[1].get("epoch", 0)) > 0 and r[1].get("state") != "joining"]
+        if not infos:
+            return
+        best = max(infos, key=lambda i: int(i["epoch"]))
+        epoch, cluster, members = int(best["epoch"]), str(best["cluster"]), [str(m) for m in best["members"]]
+        if (epoch, cluster, sorted(p.addr for p in reg._links)) == (reg._epoch, reg._cluster, sorted(members)):
+            return
+        reg.configure([self._link(a) for a in members], cluster, epoch)
+        log.info("cluster configuration epoch %d: members %s", epoch, ",".join(members))
 
     async def _keep(self) -> None:
         assert self.holder is not None
@@ -271,9 +312,10 @@ class SnowflakeWorker:
             _, _, sink = self._waiting.popleft()
             if not sink.done():
                 sink.set_exception(NoLease("this worker is shutting down"))
-        if self._keeper is not None:
-            self._keeper.cancel()
-            await asyncio.gather(self._keeper, return_exceptions=True)
+        for task in (self._keeper, self._learning):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._api is not None:
             await self._api.aclose()
         for p in self._links:

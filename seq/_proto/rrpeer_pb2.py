@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17seq/_proto/rrpeer.proto\x12\rrrseq.peer.v1\",\n\x0bReadRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"A\n\tReadReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12\r\n\x05value\x18\x02 \x01(\x04\"P\n\nCasRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x10\n\x08\x65xpected\x18\x03 \x01(\x04\x12\x11\n\tnew_value\x18\x04 \x01(\x04\"N\n\x08\x43\x61sReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07\x63urrent\x18\x03 \x01(\x04\">\n\x0e\x41\x63quireRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\"U\n\x0c\x41\x63quireReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\x04\x12\r\n\x05to_id\x18\x03 \x01(\x04\"9\n\x0fSnapshotRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x15\n\rendpoint_only\x18\x02 \x01(\x08\"\xd7\x01\n\rSnapshotReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12#\n\x05state\x18\x02 \x01(\x0e\x32\x14.rrseq.peer.v1.State\x12\x38\n\x06values\x18\x03 \x03(\x0b\x32(.rrseq.peer.v1.SnapshotReply.ValuesEntry\x12\x11\n\tpeer_port\x18\x04 \x01(\r\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*A\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\r\n\tNOT_READY\x10\x01\x12\x11\n\rWRONG_CLUSTER\x10\x02\x12\r\n\tEXHAUSTED\x10\x03*6\n\x05State\x12\x11\n\rBOOTSTRAPPING\x10\x00\x12\x0f\n\x0b\x43\x41TCHING_UP\x10\x01\x12\t\n\x05READY\x10\x02\x32T\n\x06RRPeer\x12J\n\x08Snapshot\x12\x1e.rrseq.peer.v1.SnapshotRequest\x1a\x1c.rrseq.peer.v1.SnapshotReply\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17seq/_proto/rrpeer.proto\x12\rrrseq.peer.v1\",\n\x0bReadRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"A\n\tReadReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12\r\n\x05value\x18\x02 \x01(\x04\"P\n\nCasRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x10\n\x08\x65xpected\x18\x03 \x01(\x04\x12\x11\n\tnew_value\x18\x04 \x01(\x04\"N\n\x08\x43\x61sReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07\x63urrent\x18\x03 \x01(\x04\">\n\x0e\x41\x63quireRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\"U\n\x0c\x41\x63quireReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\x04\x12\r\n\x05to_id\x18\x03 \x01(\x04\"9\n\x0fSnapshotRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x15\n\rendpoint_only\x18\x02 \x01(\x08\"\xd7\x01\n\rSnapshotReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.rrseq.peer.v1.Status\x12#\n\x05state\x18\x02 \x01(\x0e\x32\x14.rrseq.peer.v1.State\x12\x38\n\x06values\x18\x03 \x03(\x0b\x32(.rrseq.peer.v1.SnapshotReply.ValuesEntry\x12\x11\n\tpeer_port\x18\x04 \x01(\r\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*t\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\r\n\tNOT_READY\x10\x01\x12\x11\n\rWRONG_CLUSTER\x10\x02\x12\r\n\tEXHAUSTED\x10\x03\x12\x0f\n\x0bWRONG_EPOCH\x10\x04\x12\x0b\n\x07REMOVED\x10\x05\x12\x08\n\x04\x42USY\x10\x06\x12\t\n\x05STALE\x10\x07*W\n\x05State\x12\x11\n\rBOOTSTRAPPING\x10\x00\x12\x0f\n\x0b\x43\x41TCHING_UP\x10\x01\x12\t\n\x05READY\x10\x02\x12\x0b\n\x07JOINING\x10\x03\x12\x12\n\x0eREMOVED_MEMBER\x10\x04\x32T\n\x06RRPeer\x12J\n\x08Snapshot\x12\x1e.rrseq.peer.v1.SnapshotRequest\x1a\x1c.rrseq.peer.v1.SnapshotReply\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,9 +34,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SNAPSHOTREPLY_VALUESENTRY']._loaded_options = None
   _globals['_SNAPSHOTREPLY_VALUESENTRY']._serialized_options = b'8\001'
   _globals['_STATUS']._serialized_start=745
-  _globals['_STATUS']._serialized_end=810
-  _globals['_STATE']._serialized_start=812
-  _globals['_STATE']._serialized_end=866
+  _globals['_STATUS']._serialized_end=861
+  _globals['_STATE']._serialized_start=863
+  _globals['_STATE']._serialized_end=950
   _globals['_READREQUEST']._serialized_start=42
   _globals['_READREQUEST']._serialized_end=86
   _globals['_READREPLY']._serialized_start=88
@@ -55,6 +55,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SNAPSHOTREPLY']._serialized_end=743
   _globals['_SNAPSHOTREPLY_VALUESENTRY']._serialized_start=698
   _globals['_SNAPSHOTREPLY_VALUESENTRY']._serialized_end=743
-  _globals['_RRPEER']._serialized_start=868
-  _globals['_RRPEER']._serialized_end=952
+  _globals['_RRPEER']._serialized_start=952
+  _globals['_RRPEER']._serialized_end=1036
 # @@protoc_insertion_point(module_scope)

@@ -13,19 +13,31 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NOT_READY: _ClassVar[Status]
     WRONG_CLUSTER: _ClassVar[Status]
     EXHAUSTED: _ClassVar[Status]
+    WRONG_EPOCH: _ClassVar[Status]
+    REMOVED: _ClassVar[Status]
+    BUSY: _ClassVar[Status]
+    STALE: _ClassVar[Status]
 
 class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     BOOTSTRAPPING: _ClassVar[State]
     CATCHING_UP: _ClassVar[State]
     READY: _ClassVar[State]
+    JOINING: _ClassVar[State]
+    REMOVED_MEMBER: _ClassVar[State]
 OK: Status
 NOT_READY: Status
 WRONG_CLUSTER: Status
 EXHAUSTED: Status
+WRONG_EPOCH: Status
+REMOVED: Status
+BUSY: Status
+STALE: Status
 BOOTSTRAPPING: State
 CATCHING_UP: State
 READY: State
+JOINING: State
+REMOVED_MEMBER: State
 
 class ReadRequest(_message.Message):
     __slots__ = ("cluster", "name")

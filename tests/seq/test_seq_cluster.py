@@ -166,11 +166,8 @@ async def test_unsafe_starts_are_refused(fresh_cluster: LocalCluster) -> None:
     p = c.start(0, "--bootstrap")
     assert p.wait(timeout=60) == 2
     assert "brand-new" in c.output(0)
-    # another member list than the one the dir was initialized with
-    cmd = c.command(0)
-    cmd[cmd.index("--peers") + 1] = f"{c.addrs[1]},127.0.0.1:1"
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "member list" in out.stderr
+    # (another --peers than the configuration the dir holds is not refused: the persisted
+    # configuration wins, see test_seq_membership.py)
     # a second process on a data dir in use
     c.start(0)
     await c.wait_ready(0)

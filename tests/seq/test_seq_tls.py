@@ -110,3 +110,33 @@ async def test_sighup_serves_a_new_certificate(tls_cluster: TlsCluster) -> None:
     assert await serial_of(c.addrs[0], pki.ca) != before
     async with RRSeq("after-hup", 0, c.addrs, tls=ClientTls(ca=str(pki.ca)), timeout=10) as s:
         assert await s.next() >= 1
+
+
+async def test_member_commands_over_tls(tls_cluster: TlsCluster) -> None:
+    """juggler seq member talks to the members' peer listeners, which want a member's certificate."""
+    import json
+    import subprocess
+    import sys
+
+    c, pki = tls_cluster.cluster, tls_cluster.pki
+    tls = ["--tls-ca", str(pki.ca), "--tls-cert", str(tls_cluster.cert), "--tls-key", str(tls_cluster.key)]
+
+    def member(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli", "seq", "member", *args], capture_output=True,
+                              text=True, timeout=60, check=False)
+
+    out = await asyncio.to_thread(member, "list", "--servers", c.addrs[0], "--json", *tls)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["members"] == sorted(c.addrs)
+    out = await asyncio.to_thread(member, "list", "--servers", c.addrs[0], "--timeout", "1")
+    assert out.returncode == 1 and "no member of a cluster answered" in out.stderr
+    out = await asyncio.to_thread(member, "list", "--servers", c.addrs[0], "--tls-ca", str(pki.ca))
+    assert out.returncode == 2 and "--tls-cert" in out.stderr
+    d = c.add_member()
+    c.start(d, "--join", "--tls-cert", str(tls_cluster.cert), "--tls-key", str(tls_cluster.key),
+            "--tls-ca", str(pki.ca))
+    out = await asyncio.to_thread(member, "add", c.addrs[d], "--servers", ",".join(c.addrs[:3]), *tls)
+    assert out.returncode == 0, out.stderr
+    await c.wait_ready(d)
+    async with RRSeq("tls-members", 0, [c.addrs[d]], tls=ClientTls(ca=str(pki.ca)), timeout=10) as s:
+        assert await s.next() == 1
