@@ -9,11 +9,15 @@ fail in CI (``CI=true``), where interop must never go untested.
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.netutil import free_port
 
 INTEROP = Path(__file__).parent / "interop"
 
@@ -32,3 +36,37 @@ def build_go_peer(tmp_path_factory: pytest.TempPathFactory, module: str, what: s
                          timeout=600, check=False, env={**os.environ, "CGO_ENABLED": "0"})
     assert res.returncode == 0, f"go build of {INTEROP / module} failed:\n{res.stderr}"
     return out
+
+
+class GoServer:
+    """A Go peer's ``server ADDR REGISTRY BASE [GROUP]`` mode: rpcx's Arith on
+    a free port, registered in a registry, answering ``Server: "go@ADDR"`` so
+    that a test can tell who answered. Started when it printed ``ready``."""
+
+    def __init__(self, peer: Path, registry: str, base: str, group: str = "", *,
+                 env: dict[str, str] | None = None) -> None:
+        self.addr = f"127.0.0.1:{free_port()}"
+        self.address = f"tcp@{self.addr}"
+        self.proc = subprocess.Popen([str(peer), "server", self.addr, registry, base, *([group] if group else [])],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        assert self.proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        try:
+            ready = sel.select(timeout=30) and self.proc.stdout.readline().startswith("ready")
+        finally:
+            sel.close()
+        if not ready:
+            self.stop()
+            pytest.fail(f"the Go rpcx server ({peer.name}) did not start and register in {registry}")
+
+    def stop(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=20)
+        finally:
+            for stream in (self.proc.stdout, self.proc.stderr):
+                if stream is not None:
+                    stream.close()

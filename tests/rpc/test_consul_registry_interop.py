@@ -10,7 +10,6 @@ import asyncio
 import base64
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from rpc.rpcx_client import RpcxCaller
 from rpc.xclient import XClient, XClientOptions
 from tests.netutil import free_port
 from tests.rpc.consul_fixture import ConsulServer, consul_server  # noqa: F401
-from tests.rpc.gopeer import build_go_peer
+from tests.rpc.gopeer import GoServer, build_go_peer
 from tests.rpc.test_cli_rpc import run_cli
 from tests.rpc.test_rpcx_e2e import Served, serve
 
@@ -46,35 +45,6 @@ def consul(consul_server: ConsulServer) -> str:  # noqa: F811 - the imported fix
 def base(request: pytest.FixtureRequest) -> str:
     return f"/rpcx-go-consul-{os.getpid()}-{request.node.name[-24:]}"
 
-
-class GoServer:
-    """The Go peer serving Arith, registered in Consul; it answers with
-    ``Server: "go@ADDR"`` so that a test can tell who answered."""
-
-    def __init__(self, peer: Path, consul: str, base: str, group: str = "") -> None:
-        self.addr = f"127.0.0.1:{free_port()}"
-        self.proc = subprocess.Popen([str(peer), "server", self.addr, consul, base, *([group] if group else [])],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        try:
-            ready = sel.select(timeout=30) and self.proc.stdout.readline().startswith("ready")
-        finally:
-            sel.close()
-        if not ready:
-            self.stop()
-            pytest.fail("the Go rpcx server did not register in Consul")
-
-    def stop(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=20)
-        finally:
-            for stream in (self.proc.stdout, self.proc.stderr):
-                if stream is not None:
-                    stream.close()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -21,8 +20,7 @@ import pytest
 from rpc.discovery.etcd import EtcdDiscovery
 from rpc.rpcx_client import RpcxCaller
 from rpc.xclient import XClient, XClientOptions
-from tests.netutil import free_port
-from tests.rpc.gopeer import build_go_peer
+from tests.rpc.gopeer import GoServer, build_go_peer
 from tests.rpc.test_rpcx_e2e import Served, serve
 
 
@@ -30,36 +28,6 @@ from tests.rpc.test_rpcx_e2e import Served, serve
 def go_etcd_peer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_go_peer(tmp_path_factory, "go-etcd", "the rpcx-etcd interop peer")
 
-
-class GoServer:
-    """The Go peer serving Arith, registered in etcd; it answers with
-    ``Server: "go@ADDR"`` so that a test can tell who answered."""
-
-    def __init__(self, peer: Path, etcd: str, base: str, group: str = "") -> None:
-        port = free_port()
-        self.addr = f"127.0.0.1:{port}"
-        self.proc = subprocess.Popen([str(peer), "server", self.addr, etcd, base, *([group] if group else [])],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        try:
-            ready = sel.select(timeout=30) and self.proc.stdout.readline().startswith("ready")
-        finally:
-            sel.close()
-        if not ready:
-            self.stop()
-            pytest.fail("the Go rpcx server did not register in etcd")
-
-    def stop(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=20)
-        finally:
-            for stream in (self.proc.stdout, self.proc.stderr):
-                if stream is not None:
-                    stream.close()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import json
 import os
 import queue
 import re
-import selectors
 import signal
 import subprocess
 import sys
@@ -33,9 +32,8 @@ from rpc.discovery.redis import RedisDiscovery
 from rpc.errors import NoServerAvailable
 from rpc.rpcx_client import RpcxCaller
 from rpc.xclient import XClient, XClientOptions
-from tests.netutil import free_port
 from tests.rpc.discovery.helpers import wait_servers
-from tests.rpc.gopeer import build_go_peer
+from tests.rpc.gopeer import GoServer, build_go_peer
 from tests.rpc.test_rpcx_e2e import Served, serve
 
 
@@ -49,37 +47,12 @@ def redis_addr(redis_url: str) -> str:
     return urlsplit(redis_url).netloc
 
 
-class GoServer:
+
+def go_server(peer: Path, redis_url: str, base: str, group: str = "", *, interval: str = "1s",
+              metrics: bool = False) -> GoServer:
     """The Go peer serving Arith, registered by RedisRegisterPlugin (TTL: twice ``interval``)."""
-
-    def __init__(self, peer: Path, redis_url: str, base: str, group: str = "", *, interval: str = "1s",
-                 metrics: bool = False) -> None:
-        self.addr = f"127.0.0.1:{free_port()}"
-        self.address = f"tcp@{self.addr}"
-        env = {**os.environ, "UPDATE_INTERVAL": interval, "METRICS": "1" if metrics else ""}
-        self.proc = subprocess.Popen(
-            [str(peer), "server", self.addr, redis_addr(redis_url), base, *([group] if group else [])],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        assert self.proc.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        try:
-            ready = sel.select(timeout=30) and self.proc.stdout.readline().startswith("ready")
-        finally:
-            sel.close()
-        if not ready:
-            self.stop()
-            pytest.fail("the Go rpcx server did not start")
-
-    def stop(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=20)
-        finally:
-            for stream in (self.proc.stdout, self.proc.stderr):
-                if stream is not None:
-                    stream.close()
+    return GoServer(peer, redis_addr(redis_url), base, group,
+                    env={"UPDATE_INTERVAL": interval, "METRICS": "1" if metrics else ""})
 
 
 class GoClient:
@@ -164,7 +137,7 @@ def cleanup() -> Iterator[list[GoServer | GoClient | Served]]:
 
 async def test_our_xclient_calls_a_go_server_and_sees_it_deregister(
         go_redis_peer: Path, redis_url: str, base: str, cleanup: list[GoServer | GoClient | Served]) -> None:
-    go = GoServer(go_redis_peer, redis_url, base)
+    go = go_server(go_redis_peer, redis_url, base)
     cleanup.append(go)
     # no periodic refresh to speak of: what is seen comes through the keyspace-notification watch
     discovery = RedisDiscovery(redis_url, "Arith", base=base, refresh_interval=60)
@@ -183,7 +156,7 @@ async def test_our_xclient_calls_a_go_server_and_sees_it_deregister(
 
 async def test_a_killed_go_server_expires_from_our_discovery(
         go_redis_peer: Path, redis_url: str, base: str, cleanup: list[GoServer | GoClient | Served]) -> None:
-    go = GoServer(go_redis_peer, redis_url, base, interval="500ms")  # TTL 1 s
+    go = go_server(go_redis_peer, redis_url, base, interval="500ms")  # TTL 1 s
     cleanup.append(go)
     async with RedisDiscovery(redis_url, "Arith", base=base, refresh_interval=60) as discovery:
         assert discovery.servers() == {go.address: ""}
@@ -196,7 +169,7 @@ async def test_go_metadata_updates_and_groups_reach_our_xclient(
     """With a metrics registry the Go plugin rewrites the metadata at each
     update (calls=…&connections=…, keys sorted); our discovery follows and the
     group still routes."""
-    go = GoServer(go_redis_peer, redis_url, base, "canary", interval="300ms", metrics=True)
+    go = go_server(go_redis_peer, redis_url, base, "canary", interval="300ms", metrics=True)
     cleanup.append(go)
     caller = RpcxCaller()
     try:
@@ -213,7 +186,7 @@ async def test_go_metadata_updates_and_groups_reach_our_xclient(
 
 def test_cli_calls_a_go_server_through_redis(go_redis_peer: Path, redis_url: str, base: str,
                                              cleanup: list[GoServer | GoClient | Served]) -> None:
-    go = GoServer(go_redis_peer, redis_url, base)
+    go = go_server(go_redis_peer, redis_url, base)
     cleanup.append(go)
     res = subprocess.run([sys.executable, "-m", "cli", "rpc", "call", f"redis://{redis_addr(redis_url)}{base}",
                           "Arith.Mul", '{"A":6,"B":7}', "--timeout", "5"],
@@ -268,7 +241,7 @@ def test_our_keys_and_values_are_the_go_plugins(go_redis_peer: Path, redis_url: 
     libkv's LastIndex, with the same kind of TTL."""
     r = redis.Redis.from_url(redis_url)
     try:
-        go = GoServer(go_redis_peer, redis_url, base, "canary", interval="5s")  # TTL 10 s
+        go = go_server(go_redis_peer, redis_url, base, "canary", interval="5s")  # TTL 10 s
         cleanup.append(go)
         dirs = [f"/{base}", f"/{base}/Arith"]
         go_dirs = r.mget(dirs)
@@ -325,7 +298,7 @@ def test_a_server_of_ours_marked_inactive_in_redis_leaves_the_go_xclient(
 
 async def test_a_go_server_marked_inactive_in_redis_leaves_our_xclient(
         go_redis_peer: Path, redis_url: str, base: str, cleanup: list[GoServer | GoClient | Served]) -> None:
-    go = GoServer(go_redis_peer, redis_url, base, interval="300ms")
+    go = go_server(go_redis_peer, redis_url, base, interval="300ms")
     cleanup.append(go)
     r = redis.Redis.from_url(redis_url)
     caller = RpcxCaller()
