@@ -206,6 +206,10 @@ class Subscriptions:
         sub.conns.add(conn)
         self._by_conn.setdefault(conn, set()).add((sub.pattern, sub.channel))
         if self.hub is not None and conn.hub_id is not None:
+            # the hub resolves a batch's subscribers when it writes it: events
+            # queued before this join go out first, to the subscribers they had
+            if self._batch:
+                self.flush()
             self.hub.subscribe(conn.hub_id, sub.id)
 
     def _leave(self, conn: Conn, sub: _Sub) -> None:
@@ -249,6 +253,8 @@ class Subscriptions:
             return False
         sub.conns.discard(conn)
         if self.hub is not None and conn.hub_id is not None:
+            if self._batch:  # events queued before the UNSB took effect are still its
+                self.flush()
             self.hub.unsubscribe(conn.hub_id, sub.id)
         if sub.stream is not None:
             sub.stream.forget(conn)

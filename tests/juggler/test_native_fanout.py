@@ -122,6 +122,32 @@ async def test_unsubscribes_during_delivery() -> None:
         await broker.aclose()
 
 
+async def test_a_connection_joining_in_the_turn_of_an_event_does_not_get_it() -> None:
+    """An event queued for the hub in this loop turn belongs to the subscribers
+    it was queued for: a connection that joins (its SUB taking effect at the
+    broker's barrier) before the turn's batch is written must not get it, as
+    with Redis's own semantics (no event published before a SUBSCRIBE took
+    effect)."""
+    from juggler.broker.base import Event
+
+    server, broker = await serve()
+    try:
+        async with connect(server.url) as a, connect(server.url) as b:
+            await a.sub("ch")
+            subs = server.subscriptions
+            conn_b = next(conn for conn in server.conns if not subs.of(conn))
+            sub = subs._subs[(False, "ch")]
+            subs.deliver(sub, Event("ch", None, "11111111-1111-1111-1111-111111111111", b"1"))
+            subs._join(conn_b, sub)  # as the barrier does, in the same turn
+            subs.deliver(sub, Event("ch", None, "22222222-2222-2222-2222-222222222222", b"2"))
+            assert (await a.next_event(5)).args == 1
+            assert (await a.next_event(5)).args == 2
+            assert (await b.next_event(5)).args == 2  # only what came after its join
+    finally:
+        await server.aclose()
+        await broker.aclose()
+
+
 async def test_tls_and_middleware_connections_get_events_through_python(pki: Any) -> None:
     """Connections the hub cannot write (TLS; a server with outgoing middleware)
     get the same events, in order."""
