@@ -476,6 +476,15 @@ async def test_http_api_of_joining_and_removed_members(tmp_path_factory: pytest.
         await c.wait_ready(timeout=60)
         d = await join(c)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+
+            async def http_listening() -> bool:  # the HTTP listener may open just after gRPC answers
+                try:
+                    async with http.get(f"{c.http_urls[d]}/healthz") as r:
+                        return r.status == 200
+                except aiohttp.ClientConnectionError:
+                    return False
+
+            await wait_for(http_listening, f"member {d}'s HTTP API")
             async with http.get(f"{c.http_urls[d]}/v1/next/h") as r:
                 assert r.status == 503 and (await r.json())["error"]["code"] == "unavailable"
             async with http.get(f"{c.http_urls[d]}/readyz") as r:
