@@ -169,7 +169,14 @@ impl Balancer {
         let workers: Vec<Arc<WorkerStats>> = (0..config.workers)
             .map(|_| Arc::new(WorkerStats::default()))
             .collect();
+        let access_log = match &config.access_log {
+            Some(spec) => Some(super::accesslog::AccessLog::start(spec)?),
+            None => None,
+        };
+        let frontends = local_addrs.iter().map(|a| a.to_string()).collect();
         let shared = Arc::new(Shared {
+            access_log,
+            frontends,
             config,
             table: RwLock::new(Arc::new(table)),
             workers: workers.clone(),
@@ -231,6 +238,19 @@ impl Balancer {
 
     pub fn redirect_addr(&self) -> Option<SocketAddr> {
         self.redirect_addr
+    }
+
+    /// Reopen the access log file (logrotate), with a new format if given.
+    pub fn reopen_access_log(&self, format: Option<&str>) -> Result<(), String> {
+        match &self.shared.access_log {
+            Some(log) => log.reopen(format),
+            None => Ok(()),
+        }
+    }
+
+    /// Access log lines (written, dropped because the writer fell behind).
+    pub fn access_log_counts(&self) -> (u64, u64) {
+        self.shared.access_log.as_ref().map_or((0, 0), |l| (l.written.load(Relaxed), l.dropped.load(Relaxed)))
     }
 
     /// Read the certificate files again: new handshakes get the new
@@ -436,6 +456,7 @@ async fn worker_main(
         clock: Clock::default(),
         last_peer: Default::default(),
         ids: Default::default(),
+        log: Default::default(),
     });
     let conns = Arc::new(Conns::default());
     let mut accepting = Vec::new();
@@ -467,6 +488,9 @@ async fn worker_main(
             }
             _ = tick.tick() => {
                 let now = worker.clock.advance();
+                if let Some(log) = &shared.access_log {
+                    log.flush(&worker.log);
+                }
                 let check_idle = !idle.is_zero() && idle_checked.elapsed() >= idle / 2;
                 if check_idle {
                     idle_checked = Instant::now();
@@ -494,6 +518,9 @@ async fn worker_main(
     // the deadline is read again each turn: a second drain may bring it forward
     while stats.connections_active.load(Relaxed) > 0 && Instant::now() < stop.borrow().unwrap_or_else(Instant::now) {
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    if let Some(log) = &shared.access_log {
+        log.flush(&worker.log);
     }
 }
 
