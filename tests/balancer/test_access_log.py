@@ -262,3 +262,46 @@ def test_unwritable_path_and_flag_errors(tmp_path):
     assert main(["balancer", "--listen", "127.0.0.1:0", "--backends", "127.0.0.1:1", "--log-format", "json"]) == 2
     assert main(["balancer", "--listen", "127.0.0.1:0", "--backends", "127.0.0.1:1",
                  "--access-log", str(tmp_path / "a.log"), "--log-format", "%bad"]) == 2
+
+
+def test_requests_hyper_refuses_itself_get_a_line(tmp_path, backends, proxy):
+    b = backends(1)
+    log = tmp_path / "access.log"
+    lb = proxy(b, workers=1, header_timeout=0.4, max_header_bytes=8192,
+               access_log={"path": str(log), "format": "%ST %tsc \"%r\""})
+    port = lb.address[1]
+    # a head over max_header_bytes: hyper's 431
+    raw = raw_exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 431")
+    # a request line no parser accepts: 400
+    raw = raw_exchange(port, b"GET / HTTP/1.1 extra\r\nHost: x\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 400")
+    assert wait_lines(log, 2) == ['431 PR "<BADREQ>"', '400 PR "<BADREQ>"']
+
+
+def test_https_http1_and_http2_requests_get_a_line(tmp_path, backends, proxy, pki):
+    import shutil
+    import ssl
+
+    b = backends(1)
+    leaf = pki.leaf("localhost", "127.0.0.1")
+    log = tmp_path / "access.log"
+    lb = proxy(b, workers=1, header_timeout=0.4, tls_certificates=[(str(leaf.cert), str(leaf.key))],
+               access_log={"path": str(log), "format": "%HV %HP %ST %b/%s"})
+    port = lb.address[1]
+    ctx = ssl.create_default_context(cafile=str(pki.ca))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+            s.sendall(b"GET /whoami HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            got = b""
+            while data := s.recv(4096):
+                got += data
+    assert got.startswith(b"HTTP/1.1 200")
+    expected = [f"HTTP/1.1 /whoami 200 default/{b[0].address}"]
+    if shutil.which("curl"):
+        out = subprocess.run(["curl", "-s", "--http2", "--cacert", str(pki.ca), "--resolve",
+                              f"localhost:{port}:127.0.0.1", f"https://localhost:{port}/size/2"],
+                             capture_output=True, timeout=30)
+        assert out.returncode == 0 and out.stdout == b"\x00\x01"
+        expected.append(f"HTTP/2.0 /size/2 200 default/{b[0].address}")
+    assert wait_lines(log, len(expected)) == expected

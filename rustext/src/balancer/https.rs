@@ -100,9 +100,13 @@ impl Conn {
             Conn::H2(c) => c.as_mut().graceful_shutdown(),
         }
     }
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(&mut self, cx: &mut Context<'_>, w: &Worker, peer: &Peer) -> Poll<()> {
         match self {
-            Conn::H1(c) => c.as_mut().poll(cx).map(|_| ()),
+            Conn::H1(c) => c.as_mut().poll(cx).map(|r| {
+                if let Err(e) = r {
+                    super::proxy::log_refused_by_hyper(w, peer, &e);
+                }
+            }),
             Conn::H2(c) => c.as_mut().poll(cx).map(|_| ()),
         }
     }
@@ -129,7 +133,7 @@ pub(super) async fn serve(w: Arc<Worker>, ctl: Arc<ConnCtl>, sock: std::net::Tcp
     peer.listener = listener;
     let peer = Arc::new(peer);
     let io = TokioIo::new(Watched { io: stream, ctl: ctl.clone(), worker: w.clone(), track_head: !h2 });
-    let svc = super::server::Svc::new(w.clone(), peer);
+    let svc = super::server::Svc::new(w.clone(), peer.clone());
     let cfg = &w.shared.config;
     let mut conn = if h2 {
         let mut b = http2::Builder::new(TokioExecutor::new());
@@ -161,7 +165,7 @@ pub(super) async fn serve(w: Arc<Worker>, ctl: Arc<ConnCtl>, sock: std::net::Tcp
             closing = true;
             conn.graceful_shutdown();
         }
-        conn.poll(cx)
+        conn.poll(cx, &w, &peer)
     })
     .await;
 }

@@ -839,6 +839,36 @@ impl HyperLog {
     }
 }
 
+/// The line of a request hyper refused itself (a malformed head: 400, too
+/// large: 431), answered and closed without reaching [`handle`].
+pub fn log_refused_by_hyper(w: &Worker, peer: &Peer, e: &hyper::Error) {
+    use super::accesslog::{Headers, Record};
+    let Some(log) = &w.shared.access_log else { return };
+    if !e.is_parse() && !e.is_parse_too_large() {
+        return;
+    }
+    let r = Record {
+        client: SocketAddr::new(peer.ip, peer.port),
+        when: std::time::SystemTime::now(),
+        frontend: w.shared.frontends.get(peer.listener).map_or("", String::as_str),
+        backend: "",
+        server: "",
+        method: b"",
+        target: b"",
+        version: "",
+        status: if e.is_parse_too_large() { 431 } else { 400 },
+        bytes_sent: 0,
+        bytes_received: 0,
+        timings: Default::default(),
+        retries: 0,
+        request_id: b"",
+        req_headers: Headers::None,
+        res_headers: Headers::None,
+        termination: "PR",
+    };
+    log.log(&w.log, &r);
+}
+
 /// hyper's service: every outcome is a response (errors become 502/503/504).
 pub async fn handle(
     w: Arc<Worker>,

@@ -776,7 +776,11 @@ async fn serve_conn(
                         closing = true;
                         conn.as_mut().graceful_shutdown();
                     }
-                    return conn.as_mut().poll(cx).map(|_| ());
+                    return conn.as_mut().poll(cx).map(|r| {
+                        if let Err(e) = r {
+                            super::proxy::log_refused_by_hyper(&w, &peer, &e);
+                        }
+                    });
                 }
             }
         }
