@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--access-log", metavar="FILE|-",
                    help="one line per request to FILE (reopened on SIGHUP) or - (standard output)")
     p.add_argument("--log-format", metavar="FMT",
-                   help="access log format: haproxy (default), combined, json, or %%-variables")
+                   help="access log format: haproxy (default), combined, json, or a format of HAProxy log-format variables")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
 

@@ -46,7 +46,7 @@ def test_each_variable_on_the_fast_path(tmp_path, backends, proxy):
     b = backends(1)
     log = tmp_path / "access.log"
     fmt = ("%ci|%cp|%tr|%[time.iso]|%ft|%b|%s|%HM|%HP|%HQ|%HV|%r|%ST|%B|%U|%TR|%Tw|%Tc|%Tr|%Ta|%rc|%ID|"
-           "%[req.hdr(User-Agent)]|%[res.hdr(Content-Length)]|%tsc")
+           "%[req.hdr(User-Agent)]|%[res.hdr(Content-Length)]|%tsc|%ts")
     lb = proxy(b, header_timeout=0.4, access_log={"path": str(log), "format": fmt},
                listeners=[{"address": "127.0.0.1:0", "default_backend": "default",
                            "request_id": "X-Request-ID"}],
@@ -69,13 +69,13 @@ def test_each_variable_on_the_fast_path(tmp_path, backends, proxy):
     assert all(t >= 0 for t in timings) and timings[4] >= timings[3]
     assert f[20] == "0" and f[21] == "req-42"
     assert f[22] == "tester/1" and f[23] == "5"
-    assert f[24] == "--"
+    assert f[24] == "----" and f[25] == "--"
 
 
 def test_one_line_per_request_on_both_paths_and_own_errors(tmp_path, backends, proxy):
     b = backends(1)
     log = tmp_path / "access.log"
-    lb = proxy(b, workers=1, header_timeout=0.4, access_log={"path": str(log), "format": "%HM %HP %ST %tsc %b/%s"})
+    lb = proxy(b, workers=1, header_timeout=0.4, access_log={"path": str(log), "format": "%HM %HP %ST %ts %b/%s"})
     port = lb.address[1]
     # fast path, keep-alive: two requests on one connection
     with socket.create_connection(("127.0.0.1", port)) as s:
@@ -108,7 +108,7 @@ def test_502_504_and_redirects(tmp_path, backends, proxy):
     log = tmp_path / "access.log"
     dead = f"127.0.0.1:{free_port()}"
     lb = proxy(b, workers=1, header_timeout=0.4, response_timeout=0.3, retries=0,
-               access_log={"path": str(log), "format": "%HP %ST %tsc %s"},
+               access_log={"path": str(log), "format": "%HP %ST %ts %s"},
                listeners=[{"address": "127.0.0.1:0", "default_backend": "live",
                            "routes": [{"path_prefix": ["/dead"], "backend": "dead"},
                                       {"path_prefix": ["/old"], "redirect": {"location": "/new", "code": 301}}]}],
@@ -268,7 +268,7 @@ def test_requests_hyper_refuses_itself_get_a_line(tmp_path, backends, proxy):
     b = backends(1)
     log = tmp_path / "access.log"
     lb = proxy(b, workers=1, header_timeout=0.4, max_header_bytes=8192,
-               access_log={"path": str(log), "format": "%ST %tsc \"%r\""})
+               access_log={"path": str(log), "format": "%ST %ts \"%r\""})
     port = lb.address[1]
     # a head over max_header_bytes: hyper's 431
     raw = raw_exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n")
@@ -305,3 +305,19 @@ def test_https_http1_and_http2_requests_get_a_line(tmp_path, backends, proxy, pk
         assert out.returncode == 0 and out.stdout == b"\x00\x01"
         expected.append(f"HTTP/2.0 /size/2 200 default/{b[0].address}")
     assert wait_lines(log, len(expected)) == expected
+
+
+def test_the_last_lines_are_written_before_the_process_exits(tmp_path, backends):
+    b = backends(1)
+    port, admin = free_port(), free_port()
+    log = tmp_path / "access.log"
+    proc = start_cli("--listen", f"127.0.0.1:{port}", "--backends", b[0].address, "--workers", "1",
+                     "--metrics-port", str(admin), "--access-log", str(log), "--log-format", "%HP %ST")
+    try:
+        wait_for_port(admin, 20, proc)
+        assert get(port, "/whoami")[0].startswith("HTTP/1.1 200")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert log.read_text() == "/whoami 200\n"  # no waiting: written before the exit
+    finally:
+        stop(proc)

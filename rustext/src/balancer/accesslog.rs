@@ -60,6 +60,8 @@ pub enum Var {
     ReqHeader(String),
     ResHeader(String),
     Termination,
+    /// HAProxy's four-letter `%tsc`: the termination state, then `--` (no persistence cookies here).
+    TerminationCookie,
 }
 
 /// Variable names of the text format, HAProxy's where it has one.
@@ -88,7 +90,8 @@ const NAMES: &[(&str, Var)] = &[
     ("Ta", Var::TTotal),
     ("rc", Var::Retries),
     ("ID", Var::RequestId),
-    ("tsc", Var::Termination),
+    ("ts", Var::Termination),
+    ("tsc", Var::TerminationCookie),
 ];
 
 /// The names of the JSON format's fields, in order.
@@ -542,6 +545,10 @@ impl Format {
             Var::ReqHeader(n) => self.string(out, r.req_headers.get(n).unwrap_or(b"")),
             Var::ResHeader(n) => self.string(out, r.res_headers.get(n).unwrap_or(b"")),
             Var::Termination => self.string(out, r.termination.as_bytes()),
+            Var::TerminationCookie => {
+                escape_text(out, r.termination.as_bytes());
+                out.extend_from_slice(b"--");
+            }
         }
     }
 }
@@ -562,6 +569,8 @@ const QUEUE: usize = 64;
 enum Msg {
     Lines(Vec<u8>),
     Wake,
+    /// Answer once everything before has been written.
+    Sync(SyncSender<()>),
 }
 
 /// The log of a running balancer: its format (replaced on reload), the
@@ -601,11 +610,17 @@ impl AccessLog {
                             out = o;
                         }
                     }
-                    if let Msg::Lines(b) = m {
-                        if out.write_all(&b).is_ok() {
-                            count.fetch_add(b.iter().filter(|&&c| c == b'\n').count() as u64, Relaxed);
+                    match m {
+                        Msg::Lines(b) => {
+                            if out.write_all(&b).is_ok() {
+                                count.fetch_add(b.iter().filter(|&&c| c == b'\n').count() as u64, Relaxed);
+                            }
+                            let _ = out.flush();
                         }
-                        let _ = out.flush();
+                        Msg::Sync(ack) => {
+                            let _ = ack.try_send(());
+                        }
+                        Msg::Wake => {}
                     }
                 }
             })
@@ -628,6 +643,15 @@ impl AccessLog {
         self.reopen.store(true, Relaxed);
         let _ = self.tx.try_send(Msg::Wake);
         Ok(())
+    }
+
+    /// Wait up to `timeout` for the writer to write what it was given (at
+    /// the end of a drain, so that a stopping process keeps its last lines).
+    pub fn sync(&self, timeout: Duration) {
+        let (ack, done) = sync_channel(1);
+        if self.tx.try_send(Msg::Sync(ack)).is_ok() {
+            let _ = done.recv_timeout(timeout);
+        }
     }
 
     /// Format `r` into the worker's buffer; hand the buffer over when full.
@@ -710,7 +734,8 @@ mod tests {
         assert_eq!(f.segs[7], Seg::Lit(b" 100%".to_vec()));
         assert_eq!(f.req_headers, vec!["user-agent".to_string()]);
         // the longest name wins: %tsc is not %t then "sc"; %ST is not %s then "T"
-        assert_eq!(compile("%tsc").unwrap().segs, vec![Seg::Var(Var::Termination)]);
+        assert_eq!(compile("%tsc").unwrap().segs, vec![Seg::Var(Var::TerminationCookie)]);
+        assert_eq!(compile("%ts").unwrap().segs, vec![Seg::Var(Var::Termination)]);
         assert_eq!(compile("%ST").unwrap().segs, vec![Seg::Var(Var::Status)]);
         assert_eq!(compile("%{+Q}r").unwrap().segs, vec![Seg::Var(Var::RequestLine)]);
     }
@@ -730,7 +755,7 @@ mod tests {
         let r = record(b"/a/b?x=1", b"GET / HTTP/1.1\r\nUser-Agent: curl/8\r\n\r\n");
         assert_eq!(
             line(DEFAULT_FORMAT, &r),
-            "10.1.2.3:4567 [26/Nov/2025:22:59:49.123] 127.0.0.1:8080 api/127.0.0.1:9001 1/-1/-1/-1/7 200 5 0 -- 0 abc \"GET /a/b?x=1 HTTP/1.1\"\n"
+            "10.1.2.3:4567 [26/Nov/2025:22:59:49.123] 127.0.0.1:8080 api/127.0.0.1:9001 1/-1/-1/-1/7 200 5 0 ---- 0 abc \"GET /a/b?x=1 HTTP/1.1\"\n"
         );
         assert_eq!(line("%HP|%HQ|%[req.hdr(user-agent)]|%[time.iso]", &r), "/a/b|?x=1|curl/8|2025-11-26T22:59:49.123Z\n");
         let j = line("json", &r);

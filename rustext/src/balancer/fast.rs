@@ -430,7 +430,8 @@ pub async fn serve(
         if logging {
             let pool = action.pool.map(|p| t.names[p].as_str());
             let rid = req_id.map_or(&b""[..], |(_, v)| v);
-            log_line(&w, &peer, &inb[..head.head_len], Some((&head, pool, rid, &resp)), &done, &inb[head.head_len..total], t0, begun.unwrap_or_else(Instant::now));
+            let parsed = Parsed { head: &head, pool, rid, resp: &resp };
+            log_line(&w, &peer, &inb[..head.head_len], Some(parsed), &done, &inb[head.head_len..total], t0, begun.unwrap_or_else(Instant::now));
         }
         ctl.end();
         if !keep || ctl.close.load(Relaxed) {
@@ -645,6 +646,15 @@ impl Default for Done {
     }
 }
 
+/// A parsed request's part of its log line: the pool, the request id and
+/// the response buffer (its head first, `Done::resp_head` long).
+struct Parsed<'a> {
+    head: &'a ReqHead,
+    pool: Option<&'a str>,
+    rid: &'a [u8],
+    resp: &'a [u8],
+}
+
 /// The access log line of a fast-path request: `head` is the request head
 /// as received, `parsed` its parse with the pool, request id and response
 /// buffer (None: a request refused before it was understood).
@@ -653,7 +663,7 @@ fn log_line(
     w: &Worker,
     peer: &Peer,
     head: &[u8],
-    parsed: Option<(&ReqHead, Option<&str>, &[u8], &[u8])>,
+    parsed: Option<Parsed<'_>>,
     done: &Done,
     body: &[u8],
     t0: Option<Instant>,
@@ -665,8 +675,9 @@ fn log_line(
     let mut timings = done.timings;
     timings.head = t0.map(|t| begun.saturating_duration_since(t));
     timings.total = now.saturating_duration_since(t0.unwrap_or(begun));
+    let req_headers = if parsed.is_some() { Headers::Raw(head) } else { Headers::None };
     let (method, target, version, pool, rid, res) = match parsed {
-        Some((h, pool, rid, resp)) => {
+        Some(Parsed { head: h, pool, rid, resp }) => {
             let m = &head[..head.iter().position(|&c| c == b' ').unwrap_or(0)];
             let res = if done.resp_head > 0 && resp.len() >= done.resp_head && resp.starts_with(b"HTTP/") {
                 Headers::Raw(&resp[..done.resp_head])
@@ -692,7 +703,7 @@ fn log_line(
         timings,
         retries: done.retries,
         request_id: rid,
-        req_headers: if parsed.is_some() { Headers::Raw(head) } else { Headers::None },
+        req_headers,
         res_headers: res,
         termination: done.term,
     };
@@ -709,6 +720,7 @@ const BAD_GATEWAY: OwnAnswer = (502, "Bad Gateway", "backend unavailable\n");
 const GATEWAY_TIMEOUT: OwnAnswer = (504, "Gateway Timeout", "backend timeout\n");
 
 /// Answer from the balancer itself; whether the connection goes on.
+#[allow(clippy::too_many_arguments)]
 async fn reply(
     w: &Worker,
     client: &mut Client,

@@ -407,8 +407,13 @@ impl Balancer {
         });
         let threads: Vec<_> =
             std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        let joined = !threads.is_empty();
         for t in threads {
             let _ = t.join();
+        }
+        if let (true, Some(log)) = (joined, &self.shared.access_log) {
+            // the workers handed over their last lines: let the writer write them (bounded)
+            log.sync(Duration::from_secs(2));
         }
     }
 }
