@@ -321,3 +321,19 @@ def test_the_last_lines_are_written_before_the_process_exits(tmp_path, backends)
         assert log.read_text() == "/whoami 200\n"  # no waiting: written before the exit
     finally:
         stop(proc)
+
+
+def test_a_reload_changes_the_format_and_a_bad_one_keeps_the_old(tmp_path, backends, proxy):
+    import rustext
+
+    b = backends(1)
+    log = tmp_path / "access.log"
+    lb = proxy(b, workers=1, header_timeout=0.4, access_log={"path": str(log), "format": "old %HP"})
+    port = lb.address[1]
+    assert get(port, "/whoami")[0].startswith("HTTP/1.1 200")
+    assert wait_lines(log, 1) == ["old /whoami"]
+    with pytest.raises(rustext.BalancerConfigError, match="unknown variable %nope"):
+        lb.update({"backends": [b[0].address], "access_log": {"path": str(log), "format": "%nope"}})
+    lb.update({"backends": [b[0].address], "access_log": {"path": str(log), "format": "new %HP %ST"}})
+    assert get(port, "/size/1")[0].startswith("HTTP/1.1 200")
+    assert wait_lines(log, 2) == ["old /whoami", "new /size/1 200"]
