@@ -75,7 +75,8 @@ def test_each_variable_on_the_fast_path(tmp_path, backends, proxy):
 def test_one_line_per_request_on_both_paths_and_own_errors(tmp_path, backends, proxy):
     b = backends(1)
     log = tmp_path / "access.log"
-    lb = proxy(b, workers=1, header_timeout=0.4, access_log={"path": str(log), "format": "%HM %HP %ST %ts %b/%s"})
+    lb = proxy(b, workers=1, header_timeout=0.4,
+               access_log={"path": str(log), "format": "%HM %HP %ST %ts %b/%s %U"})
     port = lb.address[1]
     # fast path, keep-alive: two requests on one connection
     with socket.create_connection(("127.0.0.1", port)) as s:
@@ -97,10 +98,10 @@ def test_one_line_per_request_on_both_paths_and_own_errors(tmp_path, backends, p
     assert get(port, "/whoami")[0].startswith("HTTP/1.1 503")
     lines = wait_lines(log, 5)
     assert len(lines) == 5, lines
-    assert lines[0] == lines[1] == f"GET /size/3 200 -- default/{b[0].address}"
-    assert lines[2] == f"POST /echo 200 -- default/{b[0].address}"
-    assert lines[3] == "- - 400 PR -/-"
-    assert lines[4] == "GET /whoami 503 SC default/-"
+    assert lines[0] == lines[1] == f"GET /size/3 200 -- default/{b[0].address} 0"
+    assert lines[2] == f"POST /echo 200 -- default/{b[0].address} 3"
+    assert lines[3] == "- - 400 PR -/- 0"
+    assert lines[4] == "GET /whoami 503 SC default/- 0"
 
 
 def test_502_504_and_redirects(tmp_path, backends, proxy):

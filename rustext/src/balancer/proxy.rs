@@ -416,6 +416,8 @@ pub async fn acquire_slot(
 #[derive(Default)]
 pub struct Progress {
     frames: std::sync::atomic::AtomicU64,
+    /// Body bytes passed on to the backend (the access log's `%U`).
+    bytes: std::sync::atomic::AtomicU64,
     client_failed: std::sync::atomic::AtomicBool,
 }
 
@@ -475,6 +477,9 @@ impl Body for ReqBody {
             ReqBody::Client(ahead, rest, stats, progress) => {
                 if let Some(f) = ahead.pop_front() {
                     progress.frames.fetch_add(1, Relaxed);
+                    if let Some(d) = f.data_ref() {
+                        progress.bytes.fetch_add(d.len() as u64, Relaxed);
+                    }
                     return Poll::Ready(Some(Ok(f)));
                 }
                 let Some(b) = rest else { return Poll::Ready(None) };
@@ -483,6 +488,7 @@ impl Body for ReqBody {
                     Poll::Ready(Some(Ok(f))) => {
                         if let Some(d) = f.data_ref() {
                             bump(&stats.bytes_in, d.len() as u64);
+                            progress.bytes.fetch_add(d.len() as u64, Relaxed);
                         }
                         progress.frames.fetch_add(1, Relaxed);
                     }
@@ -762,6 +768,8 @@ pub struct HyperLog {
     retries: u32,
     timings: super::accesslog::Timings,
     status: u16,
+    /// How much of the request body went to the backend.
+    progress: Option<Arc<Progress>>,
 }
 
 impl HyperLog {
@@ -796,6 +804,7 @@ impl HyperLog {
             retries: 0,
             timings: Default::default(),
             status: 0,
+            progress: None,
         }))
     }
 
@@ -812,6 +821,7 @@ impl HyperLog {
 
     /// Write the line: `bytes` of body sent, `received` of body read.
     pub fn emit(&self, w: &Worker, bytes: u64, received: u64) {
+        let received = received.max(self.progress.as_ref().map_or(0, |p| p.bytes.load(Relaxed)));
         use super::accesslog::{Headers, Record};
         let Some(log) = &w.shared.access_log else { return };
         let mut timings = self.timings;
@@ -1155,6 +1165,9 @@ async fn forward(
     } else {
         Some(Arc::new(Progress::default()))
     };
+    if let Some(l) = lg.as_mut() {
+        l.progress = progress.clone();
+    }
     let mut attempts = Attempts::new(up, start, empty && idempotent(method.as_str().as_bytes()) && !upgrade);
     let key_header = match &s.hash_key {
         HashKey::Header(name) => headers.get(name).map(|v| v.as_bytes().to_vec()),
