@@ -338,3 +338,16 @@ def test_a_reload_changes_the_format_and_a_bad_one_keeps_the_old(tmp_path, backe
     lb.update({"backends": [b[0].address], "access_log": {"path": str(log), "format": "new %HP %ST"}})
     assert get(port, "/size/1")[0].startswith("HTTP/1.1 200")
     assert wait_lines(log, 2) == ["old /whoami", "new /size/1 200"]
+
+
+def test_the_https_redirect_listener_logs_its_answers(tmp_path, backends, proxy, pki):
+    b = backends(1)
+    leaf = pki.leaf("localhost", "127.0.0.1")
+    log = tmp_path / "access.log"
+    lb = proxy(b, workers=1, header_timeout=0.4, tls_certificates=[(str(leaf.cert), str(leaf.key))],
+               http_redirect="127.0.0.1:0", access_log={"path": str(log), "format": "%ft %HP %ST %ts %[res.hdr(Location)]"})
+    rport = lb.redirect_address[1]
+    status, headers, _ = split_response(raw_exchange(rport, b"GET /p?q=1 HTTP/1.1\r\nHost: localhost\r\n"
+                                                            b"Connection: close\r\n\r\n"))
+    assert status.startswith("HTTP/1.1 308")
+    assert wait_lines(log, 1) == [f"127.0.0.1:{rport} /p 308 LR {headers['location']}"]

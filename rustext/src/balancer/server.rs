@@ -206,11 +206,12 @@ impl Balancer {
                 .map_err(|e| format!("cannot build a runtime: {e}"))?;
             let port = https_port;
             let stop_rx = stop_rx.clone();
+            let shared = shared.clone();
             let t = std::thread::Builder::new()
                 .name("balancer-redirect".into())
                 .spawn(move || {
                     let _g = rt.enter();
-                    rt.block_on(super::https::redirect_loop(l, port, stop_rx));
+                    rt.block_on(super::https::redirect_loop(l, port, shared, stop_rx));
                     rt.shutdown_timeout(Duration::from_millis(100));
                 })
                 .map_err(|e| format!("cannot start the redirect thread: {e}"))?;
