@@ -278,6 +278,42 @@ class Tls:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AccessLog:
+    """One line per request (the ``[access_log]`` table), written by a thread of
+    its own: lines the writer cannot keep up with are dropped and counted
+    (``balancer_access_log_dropped_total``), never waited for."""
+
+    #: a file, appended to (reopened on SIGHUP, for logrotate), or ``"-"``: standard output
+    path: str
+    #: ``haproxy`` (HAProxy's httplog line), ``combined`` (nginx's), ``json`` (one object per line),
+    #: or a format of ``%`` variables (see the manual's "Access logs"); changed on reload
+    format: str = "haproxy"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path:
+            raise BalancerConfigError("access_log.path must be a file name or \"-\"")
+        if not isinstance(self.format, str):
+            raise BalancerConfigError("access_log.format must be a string")
+        import rustext
+
+        try:
+            rustext.Balancer.check_log_format(self.format)
+        except ValueError as exc:
+            raise BalancerConfigError(f"access_log.format: {exc}") from None
+        if self.path != "-":
+            parent = os.path.dirname(os.path.abspath(self.path))
+            if os.path.isdir(self.path):
+                raise BalancerConfigError(f"access_log.path {self.path} is a directory")
+            if os.path.exists(self.path):
+                if not os.access(self.path, os.W_OK):
+                    raise BalancerConfigError(f"access_log.path {self.path} is not writable")
+            elif not os.path.isdir(parent):
+                raise BalancerConfigError(f"access_log.path {self.path}: no such directory {parent}")
+            elif not os.access(parent, os.W_OK | os.X_OK):
+                raise BalancerConfigError(f"access_log.path {self.path}: cannot create a file in {parent}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class BalancerConfig:
     """The whole balancer: listener, backends, policy, and the sections below."""
 
@@ -327,6 +363,8 @@ class BalancerConfig:
     dns: DnsConfig | None = None
     #: the ``[admin_auth]`` table: credentials asked of admin requests; unset = none (applied on reload)
     admin_auth: AdminAuth | None = None
+    #: the ``[access_log]`` table: one line per request; unset = no access log
+    access_log: AccessLog | None = None
 
     def __post_init__(self) -> None:
         if self.listeners:
@@ -457,6 +495,8 @@ class BalancerConfig:
             for name, pool in self.pools().items()]
         native["listeners"] = [x.to_native() for x in self.effective_listeners()]
         native["listen"] = self.effective_listeners()[0].address
+        if self.access_log is not None:
+            native["access_log"] = {"path": self.access_log.path, "format": self.access_log.format}
         return native
 
     def _settings_native(self) -> dict[str, Any]:
@@ -499,6 +539,9 @@ class BalancerConfig:
         for name in ("listen", "workers", "admin"):
             if getattr(self, name) != getattr(other, name):
                 out.append(name)
+        if (self.access_log is None) != (other.access_log is None) or (
+                self.access_log and other.access_log and self.access_log.path != other.access_log.path):
+            out.append("access_log.path (the format changes on reload)")
         mine = [(x.address, x.tls) for x in self.effective_listeners()]
         theirs = [(x.address, x.tls) for x in other.effective_listeners()]
         if self.listeners and mine != theirs:
@@ -584,6 +627,8 @@ def from_dict(data: dict[str, Any]) -> BalancerConfig:
         data["dns"] = _section(DnsConfig, data["dns"], "dns")
     if "admin_auth" in data:
         data["admin_auth"] = _section(AdminAuth, data["admin_auth"], "admin_auth")
+    if "access_log" in data:
+        data["access_log"] = _section(AccessLog, data["access_log"], "access_log")
     if "health" in data:
         health = _section(HealthCheck, data["health"], "health")
         data["health"] = health if health.enabled else None

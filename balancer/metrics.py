@@ -39,6 +39,11 @@ class BalancerCollector(Collector):
         yield CounterMetricFamily("balancer_no_backend", "Requests answered 503 (no backend).", value=s["no_backend"])
         yield CounterMetricFamily("balancer_backend_errors", "Requests answered 502.", value=s["backend_errors"])
         yield CounterMetricFamily("balancer_timeouts", "Backend timeouts (504 or cut body).", value=s["timeouts"])
+        yield CounterMetricFamily("balancer_access_log_lines", "Access log lines written.",
+                                  value=s.get("access_log_lines", 0))
+        yield CounterMetricFamily("balancer_access_log_dropped",
+                                  "Access log lines dropped because the writer fell behind.",
+                                  value=s.get("access_log_dropped", 0))
 
         buckets, cum = [], 0
         for bound, n in zip([*s["latency_bounds"], "+Inf"], s["latency_buckets"], strict=True):

@@ -236,8 +236,12 @@ class LoadBalancer:
         async with self._reload_lock:
             if new is None:
                 if self.config_path is None:
+                    if self.config.access_log is not None:  # logrotate moved the file
+                        self._native.reopen_access_log()
                     if self._native.tls:  # configured by flags: the certificates are what can change
                         self._reload_tls()
+                        return
+                    if self.config.access_log is not None:
                         return
                     raise BalancerConfigError("no configuration file to reload")
                 new = await asyncio.to_thread(config_mod.load, self.config_path)

@@ -10,6 +10,7 @@ EXAMPLES = """examples:
   juggler balancer --listen :8080 --backends 10.0.0.1:80=3,10.0.0.2:80=1 --algorithm weighted_round_robin
   juggler balancer --listen 127.0.0.1:8080 --backends 127.0.0.1:9001 --workers 1 --admin 127.0.0.1:9090
   juggler balancer --config balancer.toml        # SIGHUP reloads the file
+  juggler balancer --listen :8080 --backends 127.0.0.1:9001 --access-log /var/log/lb/access.log --log-format json
   juggler balancer --config balancer.toml --admin 0.0.0.0:9090 --admin-users-file admin.htpasswd \
       --admin-public /metrics                    # users from `htpasswd -cB admin.htpasswd alice`
   juggler balancer --listen :443 --backends 127.0.0.1:9001 --tls-cert certs/cert.pem --tls-key certs/key.pem \
@@ -54,6 +55,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backend-tls", action="store_true", help="speak TLS to the backends")
     p.add_argument("--backend-ca", metavar="FILE",
                    help="PEM CA to verify backends with (default: the system's trust store)")
+    p.add_argument("--access-log", metavar="FILE|-",
+                   help="one line per request to FILE (reopened on SIGHUP) or - (standard output)")
+    p.add_argument("--log-format", metavar="FMT",
+                   help="access log format: haproxy (default), combined, json, or a format of HAProxy log-format variables")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
 
@@ -100,6 +105,15 @@ def apply_flags(args: argparse.Namespace, cfg: Any) -> Any:
         changes["admin"] = f"127.0.0.1:{args.metrics_port}"
     if args.health_path:
         changes["health"] = HealthCheck(path=args.health_path)
+    if args.access_log or args.log_format:
+        from balancer.config import AccessLog
+
+        base_log = cfg.access_log
+        path = args.access_log or (base_log.path if base_log else None)
+        if path is None:
+            raise BalancerConfigError("--log-format needs --access-log FILE (or an [access_log] table)")
+        changes["access_log"] = AccessLog(path=path, format=args.log_format or (
+            base_log.format if base_log else "haproxy"))
     if args.admin_users_file or args.admin_token_file or args.admin_public:
         from balancer.auth import AdminAuth
 

@@ -420,7 +420,7 @@ class Balancer:
     "request_headers", "response_headers"}]) and listeners ([{"address",
     "tls", "routes", "default_backend", "request_id", "hsts",
     "request_headers", "response_headers"}]), compiled into the routing
-    table. Raises BalancerConfigError on an invalid config (a bad
+    table. access_log: {"path" (a file or "-"), "format"} or None. Raises BalancerConfigError on an invalid config (a bad
     certificate file is named)."""
 
     def __init__(self, config: dict[str, object]) -> None: ...
@@ -450,6 +450,11 @@ class Balancer:
         dropping connections (in-flight requests finish on the old routing table); on
         BalancerConfigError (also: a different number of listeners) the running
         configuration stays."""
+    def reopen_access_log(self) -> None:
+        """Reopen the access log file (after logrotate moved it); no-op without one."""
+    @staticmethod
+    def check_log_format(format: str) -> None:
+        """Raise ValueError naming what is wrong with an access log format."""
     def set_backend_state(self, name: str, state: str) -> None:
         """Admin state: "up", "drain" (no new requests, in-flight finish) or "down"."""
     def set_backend_health(self, name: str, healthy: bool, pool: str | None = None) -> None:
@@ -463,7 +468,8 @@ class Balancer:
         """Totals over workers: connections_total/active, requests, responses,
         bytes_in/out, retries, no_backend, backend_errors, timeouts,
         latency_bounds (s), latency_buckets (last is +Inf), latency_sum (s);
-        plus "workers" (per worker), "backends", "algorithm", "hash_key"."""
+        plus "workers" (per worker), "backends", "algorithm", "hash_key",
+        access_log_lines, access_log_dropped."""
     def drain(self, timeout: float = 30.0) -> None:
         """Stop accepting, let in-flight requests finish within timeout, stop.
         Blocks without the GIL; idempotent."""

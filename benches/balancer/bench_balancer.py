@@ -25,6 +25,12 @@ same on both sides: three named pools (each with every backend), ten routes
 (eight by host, two by path prefix) that the benchmark's requests all pass
 over to reach the default pool, one request header set and one response
 header deleted (``--balancers ours,haproxy``; nginx is not configured for it).
+
+``--routing --access-log``: the same, both logging every request to a file
+in the same format (HAProxy's httplog fields, ``ACCESS_FORMAT``): ours with
+``[access_log]``, HAProxy with ``log stdout format raw`` and its standard
+output redirected to the file — its cheapest way to a file (no syslog
+daemon whose CPU would go uncounted; one ``write`` per line).
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ SCENARIOS = [
     ("10KiB-8be-c20", 8, 10 * 1024, 20, 10000),
 ]
 BALANCERS = ["ours", "haproxy", "nginx"]
+#: the access log line of ``--access-log``, the same on both sides (HAProxy's ``%{+Q}r`` is ours' ``"%r"``)
+ACCESS_FORMAT = "%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %U %tsc %rc "
 
 
 def wait_port(port: int, timeout: float = 15.0) -> None:
@@ -160,8 +168,8 @@ class Bench:
         self.dir = workdir
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, args: list[str], **kw) -> subprocess.Popen:
-        log = open(os.path.join(self.dir, f"{os.path.basename(args[0])}-{len(self.procs)}.log"), "wb")
+    def start(self, args: list[str], stdout_path: str | None = None, **kw) -> subprocess.Popen:
+        log = open(stdout_path or os.path.join(self.dir, f"{os.path.basename(args[0])}-{len(self.procs)}.log"), "wb")
         p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, **kw)
         log.close()
         self.procs.append(p)
@@ -235,6 +243,10 @@ http {{
         text = (f'listen = "127.0.0.1:{port}"\nworkers = 1\ndefault_backend = "web"\n'
                 f'[request_headers]\nset = {{ "X-Env" = "prod" }}\n[response_headers]\ndelete = ["Server"]\n'
                 + "".join(f"[backends.{n}]\nservers = [{servers}]\n" for n in ("web", "api", "static")) + routes)
+        if getattr(self, "access_log", False):
+            fmt = (ACCESS_FORMAT + '"%r"').replace('"', '\\"')
+            text += f'[access_log]\npath = "{self.dir}/ours-access.log"\nformat = "{fmt}"\n'
+
         path = os.path.join(self.dir, f"ours-{port}.toml")
         with open(path, "w") as f:
             f.write(text)
@@ -262,12 +274,18 @@ http {{
         elif kind == "haproxy" and getattr(self, "routing", False):
             cfg = os.path.join(self.dir, f"haproxy-{port}.cfg")
             front, back = self.routing_haproxy(addrs)
+            logging = getattr(self, "access_log", False)
+            log_global = "  log stdout format raw local0\n" if logging else ""
+            log_defaults = "  log global\n" if logging else ""
+            log_front = f'  log-format "{ACCESS_FORMAT}%{{+Q}}r"\n' if logging else ""
             with open(cfg, "w") as f:
-                f.write("global\n  nbthread 1\n  maxconn 4000\ndefaults\n  mode http\n  timeout connect 3s\n"
+                f.write(f"global\n  nbthread 1\n  maxconn 4000\n{log_global}defaults\n  mode http\n"
+                        f"  timeout connect 3s\n{log_defaults}"
                         "  timeout client 60s\n  timeout server 60s\n  option http-keep-alive\n  option forwardfor\n"
                         f"frontend f\n  bind 127.0.0.1:{port}\n  http-request set-header X-Forwarded-Proto {proto}\n"
-                        + front + back)
-            p = self.start(["haproxy", "-f", cfg])
+                        + log_front + front + back)
+            p = self.start(["haproxy", "-f", cfg],
+                           stdout_path=os.path.join(self.dir, "haproxy-access.log") if logging else None)
         elif kind == "ours":
             extra = ["--tls-cert", tls[0], "--tls-key", tls[1]] if tls else []
             p = self.start([sys.executable, "-m", "cli", "balancer", "--listen", f"127.0.0.1:{port}",
@@ -370,9 +388,14 @@ def main() -> int:
     ap.add_argument("--balancers", default=",".join(BALANCERS), help="which to run (default all three)")
     ap.add_argument("--routing", action="store_true",
                     help="ours and HAProxy with ten routes and two header rules (see the module doc)")
+    ap.add_argument("--access-log", action="store_true",
+                    help="with --routing: both log every request to a file in the same format")
     args = ap.parse_args()
     if args.routing and ("nginx" in args.balancers.split(",") or args.tls):
         print("--routing compares ours and HAProxy over HTTP: add --balancers ours,haproxy", file=sys.stderr)
+        return 2
+    if args.access_log and not args.routing:
+        print("--access-log goes with --routing", file=sys.stderr)
         return 2
     for tool in ("nginx", "haproxy", "wrk", "ab"):
         if shutil.which(tool) is None:
@@ -387,6 +410,7 @@ def main() -> int:
         if args.tls:
             bench.make_certificate()
         bench.routing = args.routing
+        bench.access_log = args.access_log
         try:
             for sc in SCENARIOS:
                 if sc[0] not in wanted:
@@ -417,7 +441,7 @@ def main() -> int:
     print(balancer_table(rows) + "\n\n" + versus(rows))
     if args.out:
         save(args.out, {"setup": {"rounds": args.rounds, "duration": args.duration, "tls": args.tls,
-                                  "routing": args.routing},
+                                  "routing": args.routing, "access_log": args.access_log},
                         "runs": [asdict(r) for r in runs],
                         "medians": rows, "loadavg_after": loadavg()})
     return 0

@@ -64,6 +64,11 @@ impl<'a> Attempts<'a> {
         }
     }
 
+    /// Attempts after the first one so far.
+    pub fn retries(&self) -> u32 {
+        self.made.saturating_sub(1) as u32
+    }
+
     /// Whether the request may be replayed once sent.
     pub fn replayable(&self) -> bool {
         self.retryable

@@ -165,6 +165,8 @@ pub struct Config {
     pub redirect_listen: Option<SocketAddr>,
     /// TLS to the backends, servers verified per this configuration (None: plain).
     pub backend_tls: Option<Arc<rustls::ClientConfig>>,
+    /// One line per request (None: no access log).
+    pub access_log: Option<super::accesslog::AccessLogSpec>,
 }
 
 impl Default for Settings {
@@ -204,6 +206,7 @@ impl Config {
             tls: None,
             redirect_listen: None,
             backend_tls: None,
+            access_log: None,
         }
     }
 
@@ -222,6 +225,9 @@ impl Config {
         }
         if self.listeners.iter().any(|l| l.tls) && self.tls.is_none() {
             return Err("a listener with tls = true needs certificates ([tls] certificates)".into());
+        }
+        if let Some(a) = &self.access_log {
+            super::accesslog::compile(&a.format).map_err(|e| format!("access_log.format: {e}"))?;
         }
         if let Some(r) = &self.routing {
             if r.listeners.len() != self.listen_addrs().len() {

@@ -296,7 +296,10 @@ pub async fn serve(
     let mut inb: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
     let mut resp: Vec<u8> = Vec::new();
+    let logging = w.shared.access_log.is_some();
     loop {
+        // when the request head started to arrive (access log only)
+        let mut t0: Option<Instant> = (logging && !inb.is_empty()).then(Instant::now);
         let (t, head) = loop {
             if !inb.is_empty() {
                 // The snapshot current when the head is complete (reloads
@@ -314,6 +317,10 @@ pub async fn serve(
                             invalid request\n";
                         w.stats.observe(400, std::time::Duration::ZERO);
                         let _ = client.send(&mut [IoSlice::new(BAD)]).await;
+                        if logging {
+                            let done = Done { status: 400, bytes: 16, term: "PR", ..Done::default() };
+                            log_line(&w, &peer, &inb, None, &done, b"", t0, Instant::now());
+                        }
                         return None;
                     }
                     ReqParse::Partial if inb.len() >= max_head => break (t, None),
@@ -324,7 +331,12 @@ pub async fn serve(
             }
             match client.read(&mut inb).await {
                 Ok(0) | Err(_) => return None,
-                Ok(_) => ctl.reading(w.clock.now()),
+                Ok(_) => {
+                    ctl.reading(w.clock.now());
+                    if logging && t0.is_none() {
+                        t0 = Some(Instant::now());
+                    }
+                }
             }
         };
         let Some(head) = head.filter(|h| h.body_len <= MAX_FAST_BODY) else {
@@ -343,6 +355,8 @@ pub async fn serve(
         }
         let listener = t.listener(peer.listener);
         let action = listener.action(head.action);
+        let begun = logging.then(Instant::now);
+        let mut done = Done::default();
         let generated;
         let req_id = match &listener.request_id {
             Some(name) => Some((
@@ -371,6 +385,7 @@ pub async fn serve(
                     &action.request.add,
                     Some(&action.response).filter(|r| !r.is_empty()),
                     req_id,
+                    &mut done,
                 )
                 .await
             }
@@ -395,15 +410,29 @@ pub async fn serve(
                             &edits,
                         );
                         w.stats.observe(r.code(), start.elapsed());
-                        client.send(&mut [IoSlice::new(&resp)]).await.is_ok() && view.keep_alive && !view.closing
+                        done.status = r.code();
+                        done.resp_head = resp.len();
+                        done.term = "LR";
+                        let sent = client.send(&mut [IoSlice::new(&resp)]).await.is_ok();
+                        if !sent {
+                            done.term = "CD";
+                        }
+                        sent && view.keep_alive && !view.closing
                     }
                     None => {
                         bump(&w.stats.no_backend, 1);
-                        reply(&w, &mut client, &mut resp, view, start, NO_ROUTE, req_id).await
+                        done.term = "PR";
+                        reply(&w, &mut client, &mut resp, view, start, NO_ROUTE, req_id, &mut done).await
                     }
                 }
             }
         };
+        if logging {
+            let pool = action.pool.map(|p| t.names[p].as_str());
+            let rid = req_id.map_or(&b""[..], |(_, v)| v);
+            let parsed = Parsed { head: &head, pool, rid, resp: &resp };
+            log_line(&w, &peer, &inb[..head.head_len], Some(parsed), &done, &inb[head.head_len..total], t0, begun.unwrap_or_else(Instant::now));
+        }
         ctl.end();
         if !keep || ctl.close.load(Relaxed) {
             return None;
@@ -432,7 +461,9 @@ async fn exchange(
     add: &[super::route::Added],
     resp_rules: Option<&Rules>,
     req_id: Option<(&str, &[u8])>,
+    done: &mut Done,
 ) -> bool {
+    let logging = w.shared.access_log.is_some();
     let edits = Edits {
         add,
         req_id,
@@ -464,11 +495,21 @@ async fn exchange(
     let base = out.len();
     let mut failed: Option<Fail> = None;
     loop {
+        let queued = logging.then(Instant::now);
         let (backend, lease) = match attempts.next(w, &key).await {
             Next::Try(backend, lease) => (backend, lease),
-            Next::QueueFull => return reply(w, client, resp, view, start, QUEUE_FULL, req_id).await,
+            Next::QueueFull => {
+                done.term = "sQ";
+                done.retries = attempts.retries();
+                return reply(w, client, resp, view, start, QUEUE_FULL, req_id, done).await;
+            }
             Next::Done => break,
         };
+        if let Some(q) = queued {
+            *done.timings.queue.get_or_insert(Duration::ZERO) += q.elapsed();
+            done.server = Some(backend.clone());
+        }
+        done.retries = attempts.retries();
         let backend = &backend;
         out.truncate(base);
         h1::finish_request_with(
@@ -481,6 +522,7 @@ async fn exchange(
             &edits,
         );
         let wait = attempts.response_wait();
+        let sending = logging.then(Instant::now);
         match attempt_one(
             w,
             backend,
@@ -493,10 +535,16 @@ async fn exchange(
             resp,
             resp_rules,
             &resp_edits,
+            &mut done.timings.connect,
         )
         .await
         {
             Ok((link, rh)) => {
+                if let Some(t) = sending {
+                    done.timings.response = Some(t.elapsed().saturating_sub(done.timings.connect.unwrap_or_default()));
+                }
+                done.status = rh.status;
+                done.resp_head = rh.head_len;
                 bump(&w.stats.bytes_in, body.len() as u64);
                 backend.record_success();
                 let class = (rh.status / 100).clamp(1, 5) as usize - 1;
@@ -510,10 +558,18 @@ async fn exchange(
                         Ok(e) => e,
                         Err(_) => {
                             bump(&w.stats.timeouts, 1);
+                            done.term = "sD";
                             RelayEnd::Cut
                         }
                     },
                 };
+                done.bytes = bytes;
+                match end {
+                    RelayEnd::Done => {}
+                    RelayEnd::BackendBroke => done.term = "SD",
+                    RelayEnd::Cut if done.term == "--" => done.term = "CD",
+                    RelayEnd::Cut => {}
+                }
                 backend.stats.bytes_out.fetch_add(bytes, Relaxed);
                 bump(&w.stats.bytes_out, bytes);
                 drop(lease);
@@ -535,7 +591,8 @@ async fn exchange(
                 attempts.failed(backend, true);
                 // A timed-out request may have had effects: never replayed.
                 bump(&w.stats.timeouts, 1);
-                return reply(w, client, resp, view, start, GATEWAY_TIMEOUT, req_id).await;
+                done.term = "sH";
+                return reply(w, client, resp, view, start, GATEWAY_TIMEOUT, req_id, done).await;
             }
             Err(Outcome::Sent(f)) => {
                 attempts.failed(backend, true);
@@ -546,17 +603,111 @@ async fn exchange(
     match failed {
         Some(Fail::ConnectTimeout) | Some(Fail::Timeout) => {
             bump(&w.stats.timeouts, 1);
-            reply(w, client, resp, view, start, GATEWAY_TIMEOUT, req_id).await
+            done.term = if matches!(failed, Some(Fail::ConnectTimeout)) { "sC" } else { "sH" };
+            reply(w, client, resp, view, start, GATEWAY_TIMEOUT, req_id, done).await
         }
-        Some(_) => {
+        Some(f) => {
             bump(&w.stats.backend_errors, 1);
-            reply(w, client, resp, view, start, BAD_GATEWAY, req_id).await
+            done.term = if matches!(f, Fail::Connect) { "SC" } else { "SH" };
+            reply(w, client, resp, view, start, BAD_GATEWAY, req_id, done).await
         }
         None => {
             bump(&w.stats.no_backend, 1);
-            reply(w, client, resp, view, start, NO_BACKEND, req_id).await
+            done.term = "SC";
+            reply(w, client, resp, view, start, NO_BACKEND, req_id, done).await
         }
     }
+}
+
+/// How an exchange ended, for its access log line.
+pub struct Done {
+    pub status: u16,
+    /// Body bytes sent to the client.
+    pub bytes: u64,
+    /// Length of the response head at the start of the response buffer (0: none there).
+    pub resp_head: usize,
+    pub server: Option<Arc<Backend>>,
+    pub term: &'static str,
+    pub retries: u32,
+    pub timings: super::accesslog::Timings,
+}
+
+impl Default for Done {
+    fn default() -> Self {
+        Done {
+            status: 0,
+            bytes: 0,
+            resp_head: 0,
+            server: None,
+            term: "--",
+            retries: 0,
+            timings: Default::default(),
+        }
+    }
+}
+
+/// A parsed request's part of its log line: the pool, the request id and
+/// the response buffer (its head first, `Done::resp_head` long).
+struct Parsed<'a> {
+    head: &'a ReqHead,
+    pool: Option<&'a str>,
+    rid: &'a [u8],
+    resp: &'a [u8],
+}
+
+/// The access log line of a fast-path request: `head` is the request head
+/// as received, `parsed` its parse with the pool, request id and response
+/// buffer (None: a request refused before it was understood).
+#[allow(clippy::too_many_arguments)]
+fn log_line(
+    w: &Worker,
+    peer: &Peer,
+    head: &[u8],
+    parsed: Option<Parsed<'_>>,
+    done: &Done,
+    body: &[u8],
+    t0: Option<Instant>,
+    begun: Instant,
+) {
+    use super::accesslog::{Headers, Record};
+    let Some(log) = &w.shared.access_log else { return };
+    let now = Instant::now();
+    let mut timings = done.timings;
+    timings.head = t0.map(|t| begun.saturating_duration_since(t));
+    timings.total = now.saturating_duration_since(t0.unwrap_or(begun));
+    let req_headers = if parsed.is_some() { Headers::Raw(head) } else { Headers::None };
+    let (method, target, version, pool, rid, res) = match parsed {
+        Some(Parsed { head: h, pool, rid, resp }) => {
+            let m = &head[..head.iter().position(|&c| c == b' ').unwrap_or(0)];
+            let res = if done.resp_head > 0 && resp.len() >= done.resp_head && resp.starts_with(b"HTTP/") {
+                Headers::Raw(&resp[..done.resp_head])
+            } else {
+                Headers::None
+            };
+            (m, h1::slice(head, h.target), if h.http10 { "HTTP/1.0" } else { "HTTP/1.1" }, pool.unwrap_or(""), rid, res)
+        }
+        None => (&b""[..], &b""[..], "", "", &b""[..], Headers::None),
+    };
+    let r = Record {
+        client: std::net::SocketAddr::new(peer.ip, peer.port),
+        when: std::time::SystemTime::now() - timings.total,
+        frontend: w.shared.frontends.get(peer.listener).map_or("", String::as_str),
+        backend: pool,
+        server: done.server.as_ref().map_or("", |b| b.name.as_str()),
+        method,
+        target,
+        version,
+        status: done.status,
+        bytes_sent: done.bytes,
+        bytes_received: body.len() as u64,
+        timings,
+        retries: done.retries,
+        request_id: rid,
+        req_headers,
+        res_headers: res,
+        termination: done.term,
+    };
+    log.log(&w.log, &r);
 }
 
 /// An answer the balancer gives itself: status, reason, body.
@@ -569,6 +720,7 @@ const BAD_GATEWAY: OwnAnswer = (502, "Bad Gateway", "backend unavailable\n");
 const GATEWAY_TIMEOUT: OwnAnswer = (504, "Gateway Timeout", "backend timeout\n");
 
 /// Answer from the balancer itself; whether the connection goes on.
+#[allow(clippy::too_many_arguments)]
 async fn reply(
     w: &Worker,
     client: &mut Client,
@@ -577,9 +729,13 @@ async fn reply(
     start: Instant,
     (status, reason, body): OwnAnswer,
     req_id: Option<(&str, &[u8])>,
+    done: &mut Done,
 ) -> bool {
     h1::simple_response_with(resp, status, reason, body, view, &Edits { add: &[], req_id, src: b"" });
     w.stats.observe(status, start.elapsed());
+    done.status = status;
+    done.bytes = body.len() as u64;
+    done.resp_head = resp.len() - body.len();
     client.send(&mut [IoSlice::new(resp)]).await.is_ok() && view.keep_alive && !view.closing
 }
 
@@ -651,6 +807,7 @@ async fn attempt_one(
     resp: &mut Vec<u8>,
     rules: Option<&Rules>,
     edits: &Edits<'_>,
+    tc: &mut Option<Duration>,
 ) -> Result<(Link, RespHead), Outcome> {
     let mut fresh_only = false;
     loop {
@@ -661,8 +818,16 @@ async fn attempt_one(
         };
         let reused = pooled.is_some();
         let mut link = match pooled {
-            Some(l) => l,
-            None => connect(b, connect_timeout).await.map_err(Outcome::Unsent)?,
+            Some(l) => {
+                tc.get_or_insert(Duration::ZERO);
+                l
+            }
+            None => {
+                let t = Instant::now();
+                let r = connect(b, connect_timeout).await;
+                *tc = Some(t.elapsed());
+                r.map_err(Outcome::Unsent)?
+            }
         };
         if link.buf.capacity() == 0 {
             link.buf = w.fast_pool.scratch();

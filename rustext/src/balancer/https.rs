@@ -100,9 +100,13 @@ impl Conn {
             Conn::H2(c) => c.as_mut().graceful_shutdown(),
         }
     }
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(&mut self, cx: &mut Context<'_>, w: &Worker, peer: &Peer) -> Poll<()> {
         match self {
-            Conn::H1(c) => c.as_mut().poll(cx).map(|_| ()),
+            Conn::H1(c) => c.as_mut().poll(cx).map(|r| {
+                if let Err(e) = r {
+                    super::proxy::log_refused_by_hyper(w, peer, &e);
+                }
+            }),
             Conn::H2(c) => c.as_mut().poll(cx).map(|_| ()),
         }
     }
@@ -129,7 +133,7 @@ pub(super) async fn serve(w: Arc<Worker>, ctl: Arc<ConnCtl>, sock: std::net::Tcp
     peer.listener = listener;
     let peer = Arc::new(peer);
     let io = TokioIo::new(Watched { io: stream, ctl: ctl.clone(), worker: w.clone(), track_head: !h2 });
-    let svc = super::server::Svc::new(w.clone(), peer);
+    let svc = super::server::Svc::new(w.clone(), peer.clone());
     let cfg = &w.shared.config;
     let mut conn = if h2 {
         let mut b = http2::Builder::new(TokioExecutor::new());
@@ -161,7 +165,7 @@ pub(super) async fn serve(w: Arc<Worker>, ctl: Arc<ConnCtl>, sock: std::net::Tcp
             closing = true;
             conn.graceful_shutdown();
         }
-        conn.poll(cx)
+        conn.poll(cx, &w, &peer)
     })
     .await;
 }
@@ -224,19 +228,56 @@ fn host_without_port(h: &str) -> Option<&str> {
     ok.then_some(host)
 }
 
+/// The redirect listener's access log line (handed to the writer at once:
+/// this listener has no housekeeping tick, and redirects are few).
+fn log_redirect<B>(shared: &super::proxy::Shared, buf: &super::accesslog::LogBuf, frontend: &str, client: SocketAddr,
+                   req: &Request<B>, resp: &Response<http_body_util::Full<bytes::Bytes>>, start: std::time::Instant) {
+    use super::accesslog::{Headers, Record, Timings};
+    let Some(log) = &shared.access_log else { return };
+    let total = start.elapsed();
+    let r = Record {
+        client,
+        when: std::time::SystemTime::now() - total,
+        frontend,
+        backend: "",
+        server: "",
+        method: req.method().as_str().as_bytes(),
+        target: req.uri().path_and_query().map_or("/", |p| p.as_str()).as_bytes(),
+        version: if req.version() == http::Version::HTTP_10 { "HTTP/1.0" } else { "HTTP/1.1" },
+        status: resp.status().as_u16(),
+        bytes_sent: 0,
+        bytes_received: 0,
+        timings: Timings { total, ..Default::default() },
+        retries: 0,
+        request_id: b"",
+        req_headers: Headers::Map(req.headers()),
+        res_headers: Headers::Map(resp.headers()),
+        termination: if resp.status() == StatusCode::PERMANENT_REDIRECT { "LR" } else { "PR" },
+    };
+    log.log(buf, &r);
+    log.flush(buf);
+}
+
 /// Run the redirect listener until `stop` (a drain) arrives.
-pub async fn redirect_loop(listener: std::net::TcpListener, https_port: u16, mut stop: watch::Receiver<Option<std::time::Instant>>) {
+pub async fn redirect_loop(listener: std::net::TcpListener, https_port: u16, shared: Arc<super::proxy::Shared>,
+                           mut stop: watch::Receiver<Option<std::time::Instant>>) {
+    let frontend: Arc<str> = listener.local_addr().map_or_else(|_| String::new(), |a| a.to_string()).into();
+    let buf = Arc::new(super::accesslog::LogBuf::default());
     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
     loop {
         tokio::select! {
             r = listener.accept() => {
-                let Ok((sock, _)) = r else {
+                let Ok((sock, client)) = r else {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
+                let (shared, buf, frontend) = (shared.clone(), buf.clone(), frontend.clone());
                 tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| async move {
-                        Ok::<_, std::convert::Infallible>(redirect_response(&req, https_port))
+                    let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let start = std::time::Instant::now();
+                        let resp = redirect_response(&req, https_port);
+                        log_redirect(&shared, &buf, &frontend, client, &req, &resp, start);
+                        async move { Ok::<_, std::convert::Infallible>(resp) }
                     });
                     let mut b = http1::Builder::new();
                     b.timer(TokioTimer::new()).header_read_timeout(Some(Duration::from_secs(10)));

@@ -5,6 +5,7 @@
 //!
 //! - [`config`]   typed, validated configuration (defaults documented there)
 //! - [`upstream`] backends, their state, and the balancing algorithms
+//! - [`accesslog`] access log formats (compiled at load), per-worker buffers, the writer thread
 //! - [`attempts`] the attempt policy of a request (retries, replays, timeouts), both paths
 //! - [`h1`]       sans-I/O HTTP/1 heads for the fast path (httparse; `h1/`: request, response, chunks)
 //! - [`fast`]     the fast path: common exchanges on raw sockets, its pool
@@ -17,6 +18,7 @@
 //! - [`stats`]    per-worker counters and the latency histogram
 //! - `python`     the `rustext.Balancer` class
 
+pub mod accesslog;
 pub mod attempts;
 pub mod config;
 pub mod fast;

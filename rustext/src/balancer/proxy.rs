@@ -50,6 +50,10 @@ pub struct Shared {
     pub ids: std::sync::atomic::AtomicU64,
     /// Open client connections per client address (with `max_client_connections`).
     pub per_client: Mutex<std::collections::HashMap<IpAddr, u32>>,
+    /// The access log, if configured.
+    pub access_log: Option<super::accesslog::AccessLog>,
+    /// Each listener's bound address, as the access log names it (`%ft`).
+    pub frontends: Vec<String>,
 }
 
 /// A client address already at `max_client_connections`.
@@ -116,6 +120,8 @@ pub struct Worker {
     pub last_peer: PeerCache,
     /// Generates this worker's request ids.
     pub ids: super::route::RequestIds,
+    /// This worker's access log lines not yet handed to the writer.
+    pub log: super::accesslog::LogBuf,
 }
 
 #[derive(Default)]
@@ -215,6 +221,7 @@ impl ConnCtl {
 /// Per client connection, computed once: the peer and its forwarding headers.
 pub struct Peer {
     pub ip: IpAddr,
+    pub port: u16,
     pub xff: HeaderValue,
     pub forwarded: HeaderValue,
     pub ctl: Arc<ConnCtl>,
@@ -239,6 +246,7 @@ impl Peer {
         };
         Peer {
             ip,
+            port: addr.port(),
             xff: HeaderValue::from_str(&text).expect("an IP is a valid header value"),
             forwarded: HeaderValue::from_str(&forwarded)
                 .expect("for=IP;proto=http is a valid header value"),
@@ -256,6 +264,7 @@ impl Peer {
             if *cip == ip {
                 return Peer {
                     ip,
+                    port: addr.port(),
                     xff: xff.clone(),
                     forwarded: fwd.clone(),
                     ctl,
@@ -407,6 +416,8 @@ pub async fn acquire_slot(
 #[derive(Default)]
 pub struct Progress {
     frames: std::sync::atomic::AtomicU64,
+    /// Body bytes passed on to the backend (the access log's `%U`).
+    bytes: std::sync::atomic::AtomicU64,
     client_failed: std::sync::atomic::AtomicBool,
 }
 
@@ -466,6 +477,9 @@ impl Body for ReqBody {
             ReqBody::Client(ahead, rest, stats, progress) => {
                 if let Some(f) = ahead.pop_front() {
                     progress.frames.fetch_add(1, Relaxed);
+                    if let Some(d) = f.data_ref() {
+                        progress.bytes.fetch_add(d.len() as u64, Relaxed);
+                    }
                     return Poll::Ready(Some(Ok(f)));
                 }
                 let Some(b) = rest else { return Poll::Ready(None) };
@@ -474,6 +488,7 @@ impl Body for ReqBody {
                     Poll::Ready(Some(Ok(f))) => {
                         if let Some(d) = f.data_ref() {
                             bump(&stats.bytes_in, d.len() as u64);
+                            progress.bytes.fetch_add(d.len() as u64, Relaxed);
                         }
                         progress.frames.fetch_add(1, Relaxed);
                     }
@@ -552,11 +567,19 @@ pub struct Streaming {
     deadline: Option<Pin<Box<Sleep>>>,
     bytes: u64,
     eject: (u32, Duration),
+    /// The access log line, written when the body ends.
+    log: Option<Box<HyperLog>>,
 }
 
 impl Streaming {
     fn finish(&mut self, clean: bool) {
         if let Some(lease) = self.lease.take() {
+            if let Some(mut l) = self.log.take() {
+                if !clean && l.term == "--" {
+                    l.term = "CD";
+                }
+                l.emit(&self.worker, self.bytes, 0);
+            }
             self.peer.ctl.end();
             lease.backend.stats.bytes_out.fetch_add(self.bytes, Relaxed);
             bump(&self.worker.stats.bytes_out, self.bytes);
@@ -601,6 +624,9 @@ impl Body for RespBody {
                 if let Some(d) = s.deadline.as_mut() {
                     if d.as_mut().poll(cx).is_ready() {
                         bump(&s.worker.stats.timeouts, 1);
+                        if let Some(l) = s.log.as_mut() {
+                            l.term = "sD";
+                        }
                         s.finish(false);
                         return Poll::Ready(Some(Err(Box::new(TotalTimeout))));
                     }
@@ -616,6 +642,9 @@ impl Body for RespBody {
                         // The backend broke mid-body; the client connection is cut.
                         if let Some(l) = &s.lease {
                             l.backend.record_failure(s.eject.0, s.eject.1);
+                        }
+                        if let Some(l) = s.log.as_mut() {
+                            l.term = "SD";
                         }
                         s.finish(false);
                         Poll::Ready(Some(Err(Box::new(e))))
@@ -721,6 +750,135 @@ fn refused(reason: &'static str, h2: bool) -> Response<RespBody> {
     r
 }
 
+/// What the access log line of a hyper-path request needs, kept until its
+/// response ends (built only with an access log).
+pub struct HyperLog {
+    client: SocketAddr,
+    t0: Instant,
+    frontend: usize,
+    method: http::Method,
+    target: String,
+    version: &'static str,
+    req_headers: HeaderMap,
+    res_headers: HeaderMap,
+    rid: Vec<u8>,
+    pool: String,
+    server: String,
+    pub term: &'static str,
+    retries: u32,
+    timings: super::accesslog::Timings,
+    status: u16,
+    /// How much of the request body went to the backend.
+    progress: Option<Arc<Progress>>,
+}
+
+impl HyperLog {
+    fn new(w: &Worker, peer: &Peer, req: &Request<Incoming>, start: Instant) -> Option<Box<HyperLog>> {
+        let log = w.shared.access_log.as_ref()?;
+        let f = log.format.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut req_headers = HeaderMap::new();
+        for n in &f.req_headers {
+            if let Some(v) = req.headers().get(n.as_str()) {
+                if let Ok(name) = HeaderName::from_bytes(n.as_bytes()) {
+                    req_headers.insert(name, v.clone());
+                }
+            }
+        }
+        Some(Box::new(HyperLog {
+            client: SocketAddr::new(peer.ip, peer.port),
+            t0: start,
+            frontend: peer.listener,
+            method: req.method().clone(),
+            target: req.uri().path_and_query().map_or("/", |pq| pq.as_str()).to_string(),
+            version: match req.version() {
+                Version::HTTP_10 => "HTTP/1.0",
+                Version::HTTP_2 => "HTTP/2.0",
+                _ => "HTTP/1.1",
+            },
+            req_headers,
+            res_headers: HeaderMap::new(),
+            rid: Vec::new(),
+            pool: String::new(),
+            server: String::new(),
+            term: "--",
+            retries: 0,
+            timings: Default::default(),
+            status: 0,
+            progress: None,
+        }))
+    }
+
+    /// Keep the response headers the format shows.
+    fn keep_response(&mut self, w: &Worker, h: &HeaderMap) {
+        let Some(log) = &w.shared.access_log else { return };
+        let f = log.format.read().unwrap_or_else(|e| e.into_inner()).clone();
+        for n in &f.res_headers {
+            if let (Some(v), Ok(name)) = (h.get(n.as_str()), HeaderName::from_bytes(n.as_bytes())) {
+                self.res_headers.insert(name, v.clone());
+            }
+        }
+    }
+
+    /// Write the line: `bytes` of body sent, `received` of body read.
+    pub fn emit(&self, w: &Worker, bytes: u64, received: u64) {
+        let received = received.max(self.progress.as_ref().map_or(0, |p| p.bytes.load(Relaxed)));
+        use super::accesslog::{Headers, Record};
+        let Some(log) = &w.shared.access_log else { return };
+        let mut timings = self.timings;
+        timings.total = self.t0.elapsed();
+        let r = Record {
+            client: self.client,
+            when: std::time::SystemTime::now() - timings.total,
+            frontend: w.shared.frontends.get(self.frontend).map_or("", String::as_str),
+            backend: &self.pool,
+            server: &self.server,
+            method: self.method.as_str().as_bytes(),
+            target: self.target.as_bytes(),
+            version: self.version,
+            status: self.status,
+            bytes_sent: bytes,
+            bytes_received: received,
+            timings,
+            retries: self.retries,
+            request_id: &self.rid,
+            req_headers: Headers::Map(&self.req_headers),
+            res_headers: Headers::Map(&self.res_headers),
+            termination: self.term,
+        };
+        log.log(&w.log, &r);
+    }
+}
+
+/// The line of a request hyper refused itself (a malformed head: 400, too
+/// large: 431), answered and closed without reaching [`handle`].
+pub fn log_refused_by_hyper(w: &Worker, peer: &Peer, e: &hyper::Error) {
+    use super::accesslog::{Headers, Record};
+    let Some(log) = &w.shared.access_log else { return };
+    if !e.is_parse() && !e.is_parse_too_large() {
+        return;
+    }
+    let r = Record {
+        client: SocketAddr::new(peer.ip, peer.port),
+        when: std::time::SystemTime::now(),
+        frontend: w.shared.frontends.get(peer.listener).map_or("", String::as_str),
+        backend: "",
+        server: "",
+        method: b"",
+        target: b"",
+        version: "",
+        status: if e.is_parse_too_large() { 431 } else { 400 },
+        bytes_sent: 0,
+        bytes_received: 0,
+        timings: Default::default(),
+        retries: 0,
+        request_id: b"",
+        req_headers: Headers::None,
+        res_headers: Headers::None,
+        termination: "PR",
+    };
+    log.log(&w.log, &r);
+}
+
 /// hyper's service: every outcome is a response (errors become 502/503/504).
 pub async fn handle(
     w: Arc<Worker>,
@@ -742,7 +900,11 @@ pub async fn handle(
             }
         }
     });
-    let mut resp = forward(&w, &t, &peer, req, start, rid.as_ref()).await;
+    let mut lg = HyperLog::new(&w, &peer, &req, start);
+    if let (Some(l), Some((_, v))) = (lg.as_mut(), rid.as_ref()) {
+        l.rid = v.as_bytes().to_vec();
+    }
+    let mut resp = forward(&w, &t, &peer, req, start, rid.as_ref(), &mut lg).await;
     if let Some((name, value)) = rid {
         resp.headers_mut().insert(name, value);
     }
@@ -758,6 +920,19 @@ pub async fn handle(
         }
     }
     w.stats.observe(resp.status().as_u16(), start.elapsed());
+    if let Some(mut l) = lg {
+        l.status = resp.status().as_u16();
+        l.keep_response(&w, resp.headers());
+        match resp.body_mut() {
+            RespBody::Stream(s) => s.log = Some(l),
+            RespBody::Full(b) => {
+                if l.term == "--" && l.status >= 400 && l.pool.is_empty() {
+                    l.term = "PR";
+                }
+                l.emit(&w, b.as_ref().map_or(0, |b| b.len() as u64), 0);
+            }
+        }
+    }
     Ok(resp)
 }
 
@@ -878,7 +1053,15 @@ async fn forward(
     mut req: Request<Incoming>,
     start: Instant,
     rid: Option<&(HeaderName, HeaderValue)>,
+    lg: &mut Option<Box<HyperLog>>,
 ) -> Response<RespBody> {
+    macro_rules! term {
+        ($t:expr) => {
+            if let Some(l) = lg.as_mut() {
+                l.term = $t;
+            }
+        };
+    }
     let upgrade = is_upgrade(req.headers());
     let mut client_upgrade = if upgrade {
         Some(hyper::upgrade::on(&mut req))
@@ -934,6 +1117,7 @@ async fn forward(
     }));
     if let Some(r) = &action.redirect {
         let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        term!("LR");
         return redirect_response(r, headers.get(header::HOST).map(HeaderValue::as_bytes), target.as_bytes());
     }
     let Some(pool) = action.pool else {
@@ -941,6 +1125,9 @@ async fn forward(
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "no backend for this request\n");
     };
     let up: &Upstream = &t.pools[pool];
+    if let Some(l) = lg.as_mut() {
+        l.pool = t.names[pool].clone();
+    }
     let s = &up.settings;
     strip_hop_by_hop(&mut headers);
     if !action.request.is_empty() {
@@ -978,6 +1165,9 @@ async fn forward(
     } else {
         Some(Arc::new(Progress::default()))
     };
+    if let Some(l) = lg.as_mut() {
+        l.progress = progress.clone();
+    }
     let mut attempts = Attempts::new(up, start, empty && idempotent(method.as_str().as_bytes()) && !upgrade);
     let key_header = match &s.hash_key {
         HashKey::Header(name) => headers.get(name).map(|v| v.as_bytes().to_vec()),
@@ -991,11 +1181,21 @@ async fn forward(
     let mut failed: Option<Fail> = None;
     let mut pending: Option<Request<ReqBody>> = None;
     loop {
+        let queued = lg.is_some().then(Instant::now);
         let (backend, lease) = match attempts.next(w, &key).await {
             Next::Try(backend, lease) => (backend, lease),
-            Next::QueueFull => return error_response(StatusCode::SERVICE_UNAVAILABLE, "backend queue full\n"),
+            Next::QueueFull => {
+                term!("sQ");
+                return error_response(StatusCode::SERVICE_UNAVAILABLE, "backend queue full\n");
+            }
             Next::Done => break,
         };
+        if let (Some(l), Some(q)) = (lg.as_mut(), queued) {
+            *l.timings.queue.get_or_insert(Duration::ZERO) += q.elapsed();
+            l.server = backend.name.clone();
+            l.retries = attempts.retries();
+        }
+        let sending = lg.is_some().then(Instant::now);
         let breq = match pending.take() {
             Some(r) => r,
             None => {
@@ -1035,6 +1235,10 @@ async fn forward(
         .await
         {
             Outcome::Response(mut resp, bc) => {
+                if let (Some(l), Some(t)) = (lg.as_mut(), sending) {
+                    // hyper's pool connects and sends as one step: Tc is not told apart
+                    l.timings.response = Some(t.elapsed());
+                }
                 backend.record_success();
                 let class = (resp.status().as_u16() / 100).clamp(1, 5) as usize - 1;
                 backend.stats.responses[class].fetch_add(1, Relaxed);
@@ -1042,11 +1246,19 @@ async fn forward(
                     if let Some(client_side) = client_upgrade.take() {
                         let backend_side = hyper::upgrade::on(&mut resp);
                         drop(bc);
+                        let mut upgraded_log = lg.take();
+                        let w = w.clone();
                         tokio::spawn(async move {
                             let _lease = lease;
+                            let mut moved = (0, 0);
                             if let (Ok(c), Ok(b)) = (client_side.await, backend_side.await) {
                                 let (mut c, mut b) = (TokioIo::new(c), TokioIo::new(b));
-                                let _ = tokio::io::copy_bidirectional(&mut c, &mut b).await;
+                                moved = tokio::io::copy_bidirectional(&mut c, &mut b).await.unwrap_or((0, 0));
+                            }
+                            // an upgraded connection's one line, when it ends
+                            if let Some(l) = upgraded_log.as_mut() {
+                                l.status = 101;
+                                l.emit(&w, moved.1, moved.0);
                             }
                         });
                         *resp.version_mut() = Version::HTTP_11;
@@ -1070,6 +1282,7 @@ async fn forward(
                     deadline: attempts.deadline().map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
                     bytes: 0,
                     eject: (s.eject_after, s.eject_cooldown),
+                    log: None,
                 };
                 return Response::from_parts(parts, RespBody::Stream(streaming));
             }
@@ -1082,6 +1295,7 @@ async fn forward(
                 attempts.failed(&backend, true);
                 // A timed-out request may have had effects: never replayed.
                 bump(&w.stats.timeouts, 1);
+                term!("sH");
                 return error_response(StatusCode::GATEWAY_TIMEOUT, "backend timeout\n");
             }
             Outcome::Sent(_)
@@ -1090,6 +1304,7 @@ async fn forward(
                     .is_some_and(|p| p.client_failed.load(Relaxed)) =>
             {
                 // The client broke off its upload: not the backend's fault.
+                term!("CD");
                 return error_response(StatusCode::BAD_REQUEST, "incomplete request body\n");
             }
             Outcome::Sent(f) => {
@@ -1099,16 +1314,19 @@ async fn forward(
         }
     }
     match failed {
-        Some(Fail::ConnectTimeout) | Some(Fail::Timeout) => {
+        Some(f @ (Fail::ConnectTimeout | Fail::Timeout)) => {
             bump(&w.stats.timeouts, 1);
+            term!(if matches!(f, Fail::ConnectTimeout) { "sC" } else { "sH" });
             error_response(StatusCode::GATEWAY_TIMEOUT, "backend timeout\n")
         }
-        Some(_) => {
+        Some(f) => {
             bump(&w.stats.backend_errors, 1);
+            term!(if matches!(f, Fail::Connect) { "SC" } else { "SH" });
             error_response(StatusCode::BAD_GATEWAY, "backend unavailable\n")
         }
         None => {
             bump(&w.stats.no_backend, 1);
+            term!("SC");
             error_response(StatusCode::SERVICE_UNAVAILABLE, "no backend available\n")
         }
     }

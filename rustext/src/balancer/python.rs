@@ -37,7 +37,8 @@ const SETTINGS_KEYS: [&str; 14] = [
     "queue_timeout",
     "listen",
 ];
-const FIXED_KEYS: [&str; 13] = [
+const FIXED_KEYS: [&str; 14] = [
+    "access_log",
     "max_client_connections",
     "workers",
     "header_timeout",
@@ -381,6 +382,16 @@ fn parse_routing(d: &Bound<'_, PyDict>) -> PyResult<Option<(Vec<ListenAddr>, Rou
     Ok(Some((addrs, RoutingSpec { pools, listeners })))
 }
 
+/// `access_log`: {"path", "format"} or None.
+fn parse_access_log(d: &Bound<'_, PyDict>) -> PyResult<Option<crate::balancer::accesslog::AccessLogSpec>> {
+    let Some(v) = d.get_item("access_log")?.filter(|v| !v.is_none()) else { return Ok(None) };
+    let a = dict(&v, "access_log")?;
+    let path = string(&a, "path")?.ok_or_else(|| cfg_err("access_log.path is required"))?;
+    let format = string(&a, "format")?.unwrap_or_else(|| "haproxy".into());
+    crate::balancer::accesslog::compile(&format).map_err(|e| cfg_err(format!("access_log.format: {e}")))?;
+    Ok(Some(crate::balancer::accesslog::AccessLogSpec { path, format }))
+}
+
 fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     for k in d.keys() {
         let k: String = k.extract()?;
@@ -413,6 +424,7 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
         c.redirect_listen = Some(addr);
     }
     c.backend_tls = parse_backend_tls(d)?;
+    c.access_log = parse_access_log(d)?;
     if let Some((addrs, routing)) = parse_routing(d)? {
         c.listen = addrs[0].addr;
         c.listeners = addrs;
@@ -557,8 +569,24 @@ impl PyBalancer {
             Some((_, r)) => r,
             None => RoutingSpec::single(parse_settings(config)?, b.local_addrs().len()),
         };
+        let log = parse_access_log(config)?;
         // Resolving new backend names may block: not with the GIL held.
-        py.detach(|| b.update(routing)).map_err(cfg_err)
+        py.detach(|| b.update(routing)).map_err(cfg_err)?;
+        // a new format applies from here; the file is reopened (logrotate)
+        b.reopen_access_log(log.as_ref().map(|l| l.format.as_str())).map_err(cfg_err)
+    }
+
+    /// Reopen the access log file (after logrotate moved it); no-op without one.
+    fn reopen_access_log(&self) -> PyResult<()> {
+        self.running()?.reopen_access_log(None).map_err(cfg_err)
+    }
+
+    /// Check an access log format; raises ValueError naming what is wrong.
+    #[staticmethod]
+    fn check_log_format(format: &str) -> PyResult<()> {
+        crate::balancer::accesslog::compile(format)
+            .map(|_| ())
+            .map_err(pyo3::exceptions::PyValueError::new_err)
     }
 
     /// Admin state of a backend: "up", "drain" (no new requests) or "down".
@@ -623,6 +651,9 @@ impl PyBalancer {
         let routing = b.routing();
         let first = &routing.pools[0].settings;
         d.set_item("algorithm", first.algorithm.name())?;
+        let (written, dropped) = b.access_log_counts();
+        d.set_item("access_log_lines", written)?;
+        d.set_item("access_log_dropped", dropped)?;
         d.set_item("hash_key", first.hash_key.describe())?;
         Ok(d)
     }

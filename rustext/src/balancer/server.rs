@@ -169,7 +169,14 @@ impl Balancer {
         let workers: Vec<Arc<WorkerStats>> = (0..config.workers)
             .map(|_| Arc::new(WorkerStats::default()))
             .collect();
+        let access_log = match &config.access_log {
+            Some(spec) => Some(super::accesslog::AccessLog::start(spec)?),
+            None => None,
+        };
+        let frontends = local_addrs.iter().map(|a| a.to_string()).collect();
         let shared = Arc::new(Shared {
+            access_log,
+            frontends,
             config,
             table: RwLock::new(Arc::new(table)),
             workers: workers.clone(),
@@ -199,11 +206,12 @@ impl Balancer {
                 .map_err(|e| format!("cannot build a runtime: {e}"))?;
             let port = https_port;
             let stop_rx = stop_rx.clone();
+            let shared = shared.clone();
             let t = std::thread::Builder::new()
                 .name("balancer-redirect".into())
                 .spawn(move || {
                     let _g = rt.enter();
-                    rt.block_on(super::https::redirect_loop(l, port, stop_rx));
+                    rt.block_on(super::https::redirect_loop(l, port, shared, stop_rx));
                     rt.shutdown_timeout(Duration::from_millis(100));
                 })
                 .map_err(|e| format!("cannot start the redirect thread: {e}"))?;
@@ -231,6 +239,19 @@ impl Balancer {
 
     pub fn redirect_addr(&self) -> Option<SocketAddr> {
         self.redirect_addr
+    }
+
+    /// Reopen the access log file (logrotate), with a new format if given.
+    pub fn reopen_access_log(&self, format: Option<&str>) -> Result<(), String> {
+        match &self.shared.access_log {
+            Some(log) => log.reopen(format),
+            None => Ok(()),
+        }
+    }
+
+    /// Access log lines (written, dropped because the writer fell behind).
+    pub fn access_log_counts(&self) -> (u64, u64) {
+        self.shared.access_log.as_ref().map_or((0, 0), |l| (l.written.load(Relaxed), l.dropped.load(Relaxed)))
     }
 
     /// Read the certificate files again: new handshakes get the new
@@ -387,8 +408,13 @@ impl Balancer {
         });
         let threads: Vec<_> =
             std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        let joined = !threads.is_empty();
         for t in threads {
             let _ = t.join();
+        }
+        if let (true, Some(log)) = (joined, &self.shared.access_log) {
+            // the workers handed over their last lines: let the writer write them (bounded)
+            log.sync(Duration::from_secs(2));
         }
     }
 }
@@ -436,6 +462,7 @@ async fn worker_main(
         clock: Clock::default(),
         last_peer: Default::default(),
         ids: Default::default(),
+        log: Default::default(),
     });
     let conns = Arc::new(Conns::default());
     let mut accepting = Vec::new();
@@ -467,6 +494,9 @@ async fn worker_main(
             }
             _ = tick.tick() => {
                 let now = worker.clock.advance();
+                if let Some(log) = &shared.access_log {
+                    log.flush(&worker.log);
+                }
                 let check_idle = !idle.is_zero() && idle_checked.elapsed() >= idle / 2;
                 if check_idle {
                     idle_checked = Instant::now();
@@ -494,6 +524,9 @@ async fn worker_main(
     // the deadline is read again each turn: a second drain may bring it forward
     while stats.connections_active.load(Relaxed) > 0 && Instant::now() < stop.borrow().unwrap_or_else(Instant::now) {
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    if let Some(log) = &shared.access_log {
+        log.flush(&worker.log);
     }
 }
 
@@ -749,7 +782,11 @@ async fn serve_conn(
                         closing = true;
                         conn.as_mut().graceful_shutdown();
                     }
-                    return conn.as_mut().poll(cx).map(|_| ());
+                    return conn.as_mut().poll(cx).map(|r| {
+                        if let Err(e) = r {
+                            super::proxy::log_refused_by_hyper(&w, &peer, &e);
+                        }
+                    });
                 }
             }
         }
