@@ -267,7 +267,7 @@ def test_load_prints_its_partial_report_on_ctrl_c_and_leaves_no_child() -> None:
             assert load.wait(timeout=30) == 130, load.stderr()
             assert "juggler load: stopping early; Ctrl-C again to stop now" in load.stderr()
             assert "(stopped early)" in load.stdout() and "throughput" in load.stdout()
-            assert not any(os.path.exists(f"/proc/{k}") and _alive(k) for k in kids)
+            assert _all_gone(kids)
 
 
 def _alive(pid: int) -> bool:
@@ -276,6 +276,20 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def _all_gone(pids: list[int], timeout: float = 10.0) -> bool:
+    """Whether every process in ``pids`` has ended within ``timeout`` seconds
+    (multiprocessing's resource tracker ends when it sees its parent's pipe
+    close, a moment after the parent exits; a leaked worker never does)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while any(_alive(k) for k in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def test_rpc_bench_stops_early_with_its_report_and_no_child() -> None:
@@ -291,4 +305,4 @@ def test_rpc_bench_stops_early_with_its_report_and_no_child() -> None:
         b.signal(signal.SIGINT)
         assert b.wait(timeout=60) == 130, b.stderr()
         assert "(stopped early)" in b.stdout() and "throughput" in b.stdout()
-        assert not any(_alive(k) for k in kids)
+        assert _all_gone(kids), [open(f"/proc/{k}/cmdline").read() for k in kids if _alive(k)]
