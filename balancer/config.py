@@ -62,7 +62,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -421,16 +421,42 @@ class BalancerConfig:
 
     def dns_targets(self) -> dict[str, Target]:
         """The backends resolved by :class:`balancer.discovery.Discovery`, by key:
-        every ``srv`` backend, and, with a ``[dns]`` table, every address by name."""
+        every ``srv`` backend, and, with a ``[dns]`` table, every address by name.
+        The key is the backend's :attr:`BackendConfig.key`, prefixed by
+        ``POOL/`` for the servers of a named pool (``[backends.NAME]``)."""
         out = {}
-        for b in self.backends:
+        for pool, b in self.configured_servers():
+            key = b.key if pool is None else f"{pool}/{b.key}"
             if b.srv is not None:
-                out[b.key] = Target(b.key, "srv", b.srv.rstrip("."), 0, b.resolve)
+                out[key] = Target(key, "srv", b.srv.rstrip("."), 0, b.resolve)
             elif self.dns is not None:
                 host, port = parse_hostport(b.address, "backend address")
                 if not is_ip(host):
-                    out[b.key] = Target(b.key, "a", host.rstrip("."), port, b.resolve)
+                    out[key] = Target(key, "a", host.rstrip("."), port, b.resolve)
         return out
+
+    def configured_servers(self) -> list[tuple[str | None, BackendConfig]]:
+        """(pool, server) as written in the file, names unresolved; pool is
+        None for the top-level ``[[backends]]`` list."""
+        out: list[tuple[str | None, BackendConfig]] = [(None, b) for b in self.backends]
+        for name, nb in self.named_backends.items():
+            out.extend((name, b) for b in _servers(nb, f"backends.{name}"))
+        return out
+
+    def with_discovered(self, expand: Callable[[str, BackendConfig], list[BackendConfig] | None]) -> BalancerConfig:
+        """This configuration with each server replaced by ``expand(key, server)``
+        (the key as in :meth:`dns_targets`); None keeps the server as it is.
+        A pool may end up empty (no address yet): it then answers 503."""
+        def pool(prefix: str, servers: Iterable[BackendConfig]) -> tuple[BackendConfig, ...]:
+            out: dict[str, BackendConfig] = {}
+            for b in servers:
+                got = expand(prefix + b.key, b)
+                for x in (b,) if got is None else got:
+                    out.setdefault(x.address, x)
+            return tuple(out.values())
+        named = {name: replace(nb, servers=pool(f"{name}/", _servers(nb, f"backends.{name}")), discovered=True)
+                 for name, nb in self.named_backends.items()}
+        return replace(self, backends=pool("", self.backends), named_backends=named)
 
     def effective_listeners(self) -> tuple[Listener, ...]:
         """``[[listeners]]``, or the one listener ``listen`` and its top-level keys make."""
@@ -452,10 +478,8 @@ class BalancerConfig:
         out = {}
         for name, nb in self.named_backends.items():
             w = f"backends.{name}"
-            servers = tuple(
-                BackendConfig(address=b) if isinstance(b, str) else b if isinstance(b, BackendConfig)
-                else section(BackendConfig, b, f"{w}.servers[{i}]") for i, b in enumerate(nb.servers))
-            if not servers:
+            servers = _servers(nb, w)
+            if not servers and not nb.discovered:
                 raise BalancerConfigError(f"{w}.servers must list at least one \"host:port\"")
             timeouts = self.timeouts if nb.timeouts is None else section(
                 Timeouts, {**_as_dict(self.timeouts), **nb.timeouts}, f"{w}.timeouts")
@@ -558,6 +582,13 @@ class BalancerConfig:
 
     def with_backends(self, backends: list[BackendConfig]) -> BalancerConfig:
         return replace(self, backends=tuple(backends))
+
+
+def _servers(nb: NamedBackend, where: str) -> tuple[BackendConfig, ...]:
+    """A named pool's ``servers``, each a :class:`BackendConfig`."""
+    return tuple(
+        BackendConfig(address=b) if isinstance(b, str) else b if isinstance(b, BackendConfig)
+        else section(BackendConfig, b, f"{where}.servers[{i}]") for i, b in enumerate(nb.servers))
 
 
 _POOL_KEYS = frozenset((

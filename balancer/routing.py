@@ -58,7 +58,7 @@ def section(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, Mapping):
         raise BalancerConfigError(f"{where} must be a table")
     known = {f.name for f in fields(cls)}
-    unknown = set(data) - (known - {"where"})
+    unknown = set(data) - {f.name for f in fields(cls) if not f.metadata.get("internal")}
     if unknown:
         raise BalancerConfigError(f"unknown key(s) in {where}: {', '.join(sorted(unknown))}")
     if "where" in known:
@@ -358,6 +358,8 @@ class NamedBackend:
     #: header rules on its responses
     response_headers: HeaderRules = field(default_factory=HeaderRules)
     where: str = field(default="backends", repr=False, compare=False, metadata={"internal": True})
+    #: set once DNS expanded ``servers`` into addresses: an empty list is then "no address yet"
+    discovered: bool = field(default=False, repr=False, compare=False, metadata={"internal": True})
 
     def __post_init__(self) -> None:
         for name in ("request_headers", "response_headers"):

@@ -146,23 +146,22 @@ class LoadBalancer:
 
     # --- DNS discovery ---------------------------------------------------
     def _effective(self, config: BalancerConfig) -> BalancerConfig:
-        """``config`` with each backend given by name replaced by the backends
-        of its addresses now (none before the first resolution)."""
+        """``config`` with each server given by name (in any pool) replaced by
+        the servers of its addresses now (none before the first resolution);
+        each keeps the settings of the server it comes from."""
         targets = config.dns_targets()
         if not targets:
             return config
-        out: dict[str, BackendConfig] = {}
-        for b in config.backends:
-            target = targets.get(b.key)
+
+        def expand(key: str, b: BackendConfig) -> list[BackendConfig] | None:
+            target = targets.get(key)
             if target is None:
-                out.setdefault(b.address, b)
-                continue
+                return None
             addresses = self._discovery.addresses(target) if self._discovery is not None else []
-            for address, weight in addresses:
-                out.setdefault(address, BackendConfig(
-                    address=address, weight=b.weight if weight is None else weight,
-                    max_connections=b.max_connections))
-        return config.with_backends(list(out.values()))
+            return [dataclasses.replace(b, address=address, srv=None, weight=b.weight if weight is None else weight)
+                    for address, weight in addresses]
+
+        return config.with_discovered(expand)
 
     async def _discover(self, config: BalancerConfig) -> None:
         """Follow ``config``'s names from now on; resolve the new ones (raises
@@ -210,9 +209,10 @@ class LoadBalancer:
         except BalancerConfigError as exc:  # e.g. an address the data plane refuses: keep the running set
             log.error("dns: new addresses not applied: %s", exc)
             return
-        default = self._health.get(config_mod.DEFAULT_POOL)
-        if default is not None:
-            default.set_backends(b.address for b in effective.backends)
+        for name, pool in effective.pools().items():
+            checker = self._health.get(name)
+            if checker is not None:
+                checker.set_backends(b.address for b in pool.backends)
 
     # --- reconfiguration -------------------------------------------------
     async def reload_logged(self) -> None:

@@ -277,3 +277,52 @@ def test_cli_serves_names_and_refuses_an_unresolvable_one(dnsmasq, backends_on, 
             proc.kill()
             proc.wait()
         proc.stderr.close()
+
+
+def get_host(port: int, host: str) -> tuple[int, bytes]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        c.request("GET", "/whoami", headers={"Host": host})
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+async def test_named_pools_follow_dns_with_their_own_settings(dnsmasq, backends_on, tmp_path):
+    """Servers of ``[backends.NAME]`` pools given by name (or SRV) are
+    resolved like top-level ones; each address keeps its server's settings,
+    a pool whose name does not resolve yet answers 503 while the others
+    serve, and the pool's health checker follows the addresses."""
+    port = free_port()
+    b0, b1, b2 = backends_on(port, "127.0.0.2", "127.0.0.3", "127.0.0.4")
+    dns = dnsmasq({"web.test": ["127.0.0.2"], "api.test": ["127.0.0.3"]})
+    path = tmp_path / "balancer.toml"
+    path.write_text(
+        f'workers = 1\n'
+        f'[dns]\nnameservers = ["{dns.nameserver}"]\ninterval = 0.05\n'
+        f'[[listeners]]\naddress = "127.0.0.1:0"\ndefault_backend = "web"\n'
+        f'[[listeners.routes]]\nhost = "api.example"\nbackend = "api"\n'
+        f'[[listeners.routes]]\nhost = "later.example"\nbackend = "later"\n'
+        f'[backends.web]\nservers = [{{ address = "web.test:{port}", weight = 7 }}]\n'
+        f'[backends.api]\nservers = ["api.test:{port}"]\n'
+        f'[backends.api.health]\npath = "/whoami"\ninterval = 0.05\nrise = 1\nfall = 1\n'
+        f'[backends.later]\nservers = ["later.test:{port}"]\n')
+    async with LoadBalancer(load(path), config_path=path) as lb:
+        pools = {(b["pool"], b["name"]): b["weight"] for b in lb.backends()}
+        assert pools == {("web", b0.address): 7, ("api", b1.address): 1}
+        assert lb.backends()[0]["source"] in (f"web/web.test:{port}", f"api/api.test:{port}")
+        assert await asyncio.to_thread(get_host, lb.address[1], "www.example") == (200, b"b0")
+        assert await asyncio.to_thread(get_host, lb.address[1], "api.example") == (200, b"b1")
+        assert (await asyncio.to_thread(get_host, lb.address[1], "later.example"))[0] == 503  # no address yet
+        assert set(lb.stats()["dns"]) == {f"web/web.test:{port}", f"api/api.test:{port}",
+                                          f"later/later.test:{port}"}
+        dns.set_hosts({"web.test": ["127.0.0.2"], "api.test": ["127.0.0.4"], "later.test": ["127.0.0.3"]})
+        await wait_until(lambda: {(b["pool"], b["name"]) for b in lb.backends()} == {
+            ("web", b0.address), ("api", b2.address), ("later", b1.address)}, 10, what=lambda: str(lb.backends()))
+        assert await asyncio.to_thread(get_host, lb.address[1], "later.example") == (200, b"b1")
+        assert await asyncio.to_thread(get_host, lb.address[1], "api.example") == (200, b"b2")
+        # the api pool's checker now checks the new address: its backend going away marks it down
+        b2.kill()
+        await wait_until(lambda: [b["healthy"] for b in lb.backends() if b["pool"] == "api"] == [False], 10,
+                         what=lambda: str(lb.backends()))
