@@ -68,6 +68,7 @@ from typing import Any
 
 from rustext.fields import check_fields
 
+from balancer.accesslog import AccessLog
 from balancer.auth import AdminAuth
 from balancer.discovery import DnsConfig, Target, is_ip
 from balancer.errors import BalancerConfigError
@@ -278,42 +279,6 @@ class Tls:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AccessLog:
-    """One line per request (the ``[access_log]`` table), written by a thread of
-    its own: lines the writer cannot keep up with are dropped and counted
-    (``balancer_access_log_dropped_total``), never waited for."""
-
-    #: a file, appended to (reopened on SIGHUP, for logrotate), or ``"-"``: standard output
-    path: str
-    #: ``haproxy`` (HAProxy's httplog line), ``combined`` (nginx's), ``json`` (one object per line),
-    #: or a format of ``%`` variables (see the manual's "Access logs"); changed on reload
-    format: str = "haproxy"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.path, str) or not self.path:
-            raise BalancerConfigError("access_log.path must be a file name or \"-\"")
-        if not isinstance(self.format, str):
-            raise BalancerConfigError("access_log.format must be a string")
-        import rustext
-
-        try:
-            rustext.Balancer.check_log_format(self.format)
-        except ValueError as exc:
-            raise BalancerConfigError(f"access_log.format: {exc}") from None
-        if self.path != "-":
-            parent = os.path.dirname(os.path.abspath(self.path))
-            if os.path.isdir(self.path):
-                raise BalancerConfigError(f"access_log.path {self.path} is a directory")
-            if os.path.exists(self.path):
-                if not os.access(self.path, os.W_OK):
-                    raise BalancerConfigError(f"access_log.path {self.path} is not writable")
-            elif not os.path.isdir(parent):
-                raise BalancerConfigError(f"access_log.path {self.path}: no such directory {parent}")
-            elif not os.access(parent, os.W_OK | os.X_OK):
-                raise BalancerConfigError(f"access_log.path {self.path}: cannot create a file in {parent}")
-
-
-@dataclass(frozen=True, kw_only=True)
 class BalancerConfig:
     """The whole balancer: listener, backends, policy, and the sections below."""
 
@@ -520,7 +485,9 @@ class BalancerConfig:
         native["listeners"] = [x.to_native() for x in self.effective_listeners()]
         native["listen"] = self.effective_listeners()[0].address
         if self.access_log is not None:
-            native["access_log"] = {"path": self.access_log.path, "format": self.access_log.format}
+            native["access_log"] = self.access_log.to_native()
+        if any(x.access_log is not None for x in self.effective_listeners()):
+            native["listener_logs"] = [x.access_log_native() for x in self.effective_listeners()]
         return native
 
     def _settings_native(self) -> dict[str, Any]:
@@ -563,9 +530,8 @@ class BalancerConfig:
         for name in ("listen", "workers", "admin"):
             if getattr(self, name) != getattr(other, name):
                 out.append(name)
-        if (self.access_log is None) != (other.access_log is None) or (
-                self.access_log and other.access_log and self.access_log.path != other.access_log.path):
-            out.append("access_log.path (the format changes on reload)")
+        if self.log_destinations() != other.log_destinations():
+            out.append("access log destinations (path, syslog; formats change on reload)")
         mine = [(x.address, x.tls) for x in self.effective_listeners()]
         theirs = [(x.address, x.tls) for x in other.effective_listeners()]
         if self.listeners and mine != theirs:
@@ -579,6 +545,13 @@ class BalancerConfig:
             if getattr(self.limits, name) != getattr(other.limits, name):
                 out.append(f"limits.{name}")
         return out
+
+    def log_destinations(self) -> tuple[str | None, ...]:
+        """Where the top-level and each listener's access log go (fixed at start)."""
+        top = self.access_log.destination if self.access_log is not None else None
+        own = tuple(x.access_log.destination if isinstance(x.access_log, AccessLog) else str(x.access_log)
+                    for x in self.effective_listeners())
+        return (top, *own) if any(x.access_log is not None for x in self.effective_listeners()) else (top,)
 
     def with_backends(self, backends: list[BackendConfig]) -> BalancerConfig:
         return replace(self, backends=tuple(backends))
@@ -603,7 +576,7 @@ def _as_dict(obj: Any) -> dict[str, Any]:
 def _section(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise BalancerConfigError(f"[{where}] must be a table")
-    known = {f.name for f in fields(cls)}
+    known = {f.name for f in fields(cls) if not f.metadata.get("internal")}
     unknown = set(data) - known
     if unknown:
         raise BalancerConfigError(f"unknown key(s) in [{where}]: {', '.join(sorted(unknown))}")

@@ -286,6 +286,9 @@ class Listener:
     request_headers: HeaderRules = field(default_factory=HeaderRules)
     #: header rules on every response from a backend
     response_headers: HeaderRules = field(default_factory=HeaderRules)
+    #: this listener's own access log (a table as ``[access_log]``), or ``false`` for none; unset:
+    #: the ``[access_log]`` table's
+    access_log: Any = None
     where: str = field(default="listener", repr=False, compare=False, metadata={"internal": True})
 
     def __post_init__(self) -> None:
@@ -307,6 +310,18 @@ class Listener:
             v = getattr(self, name)
             if isinstance(v, Mapping):
                 object.__setattr__(self, name, section(HeaderRules, v, f"{w}.{name}"))
+        from balancer.accesslog import AccessLog
+
+        if isinstance(self.access_log, Mapping):
+            object.__setattr__(self, "access_log", section(AccessLog, self.access_log, f"{w}.access_log"))
+        elif self.access_log is True:
+            object.__setattr__(self, "access_log", None)
+        elif self.access_log is not None and self.access_log is not False and not isinstance(self.access_log, AccessLog):
+            raise BalancerConfigError(f"{w}.access_log must be a table (as [access_log]) or false")
+
+    def access_log_native(self) -> Any:
+        """None (the top-level log), False (none) or this listener's own log."""
+        return self.access_log.to_native() if self.access_log not in (None, False) else self.access_log
 
     def backends_used(self) -> list[tuple[str, str]]:
         """(key path, backend name) of every reference to a pool."""

@@ -210,7 +210,7 @@ def config_groups() -> list[ConfigGroup]:
                 Section(_cls("balancer.config.Certificate"), "[[tls.certificates]]",
                         "One table per certificate of the listener; the first is the default, others are "
                         "picked by SNI."),
-                Section(_cls("balancer.config.AccessLog"), "[access_log]",
+                Section(_cls("balancer.accesslog.AccessLog"), "[access_log]",
                         "One line per request; see [access logs](../balancer.md#access-logs)."),
                 Section(_cls("balancer.auth.AdminAuth"), "[admin_auth]",
                         "Credentials asked of admin requests; see "

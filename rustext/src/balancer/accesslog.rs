@@ -301,6 +301,8 @@ pub struct Timings {
 
 /// Everything one line may show; borrowed from the request path.
 pub struct Record<'a> {
+    /// The listener's index (its access log and format); past the configured ones: the top-level log.
+    pub listener: usize,
     pub client: SocketAddr,
     pub when: SystemTime,
     pub frontend: &'a str,
@@ -554,32 +556,96 @@ impl Format {
 }
 
 /// Where lines go.
+/// Where the lines of one access log go, and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AccessLogSpec {
-    /// A file (appended to; reopened on [`AccessLog::reopen`]) or `-`: standard output.
+    /// A file (appended to), `-` for standard output, or empty with `syslog`.
     pub path: String,
     pub format: String,
+    /// Send each line as a syslog message instead of writing a file.
+    pub syslog: Option<SyslogSpec>,
+    /// Log connections closed before sending a byte (HAProxy without `option dontlognull`).
+    pub log_empty: bool,
 }
 
-/// Lines handed to the writer at once per worker buffer (bytes).
+impl AccessLogSpec {
+    /// What identifies the writer: two listeners logging to the same place share it.
+    fn destination(&self) -> String {
+        match &self.syslog {
+            Some(s) => format!("syslog:{}", s.address),
+            None => self.path.clone(),
+        }
+    }
+}
+
+/// A listener's access log: the top-level one, none, or its own.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum ListenerLog {
+    #[default]
+    Inherit,
+    Off,
+    Own(AccessLogSpec),
+}
+
+/// A syslog destination (RFC 3164 as HAProxy sends by default, or RFC 5424).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyslogSpec {
+    /// `udp://host:port` or `unix:/dev/log` (a datagram socket).
+    pub address: String,
+    /// 0..=23 (`local0` is 16).
+    pub facility: u8,
+    pub rfc5424: bool,
+    pub tag: String,
+    /// Longer messages are cut (HAProxy's `len`, 1024 by default).
+    pub max_length: usize,
+}
+
 const FLUSH_AT: usize = 32 * 1024;
-/// Buffers queued for the writer; beyond, lines are dropped.
 const QUEUE: usize = 64;
 
 enum Msg {
     Lines(Vec<u8>),
     Wake,
-    /// Answer once everything before has been written.
     Sync(SyncSender<()>),
 }
 
-/// The log of a running balancer: its format (replaced on reload), the
-/// writer thread's channel and counters.
-pub struct AccessLog {
-    pub format: RwLock<Arc<Format>>,
+/// One writer thread and its channel: a file, stdout or a syslog socket.
+struct Sink {
+    destination: String,
     tx: SyncSender<Msg>,
     reopen: Arc<AtomicBool>,
-    pub dropped: AtomicU64,
+}
+
+/// How a listener's lines are written.
+#[derive(Clone)]
+struct LogRoute {
+    sink: usize,
+    format: Arc<Format>,
+    log_empty: bool,
+}
+
+/// The formats in force, per listener; swapped whole on reload.
+#[derive(Clone, Default)]
+struct Routes {
+    /// For listeners not in `by_listener` (the HTTP-to-HTTPS redirect listener, listeners added by a reload).
+    default: Option<LogRoute>,
+    by_listener: Vec<Option<LogRoute>>,
+}
+
+impl Routes {
+    fn get(&self, listener: usize) -> Option<&LogRoute> {
+        match self.by_listener.get(listener) {
+            Some(r) => r.as_ref(),
+            None => self.default.as_ref(),
+        }
+    }
+}
+
+/// Every access log of a balancer: a writer per destination, a format per listener.
+pub struct AccessLog {
+    sinks: Vec<Sink>,
+    routes: RwLock<Arc<Routes>>,
+    pub dropped: Arc<AtomicU64>,
     pub written: Arc<AtomicU64>,
 }
 
@@ -590,91 +656,296 @@ fn open(path: &str) -> std::io::Result<Box<dyn Write + Send>> {
     Ok(Box::new(std::fs::OpenOptions::new().create(true).append(true).open(path)?))
 }
 
-impl AccessLog {
-    /// Open the file and start the writer thread.
-    pub fn start(spec: &AccessLogSpec) -> Result<AccessLog, String> {
-        let format = compile(&spec.format)?;
-        let mut out = open(&spec.path).map_err(|e| format!("cannot open the access log {}: {e}", spec.path))?;
-        let (tx, rx): (SyncSender<Msg>, Receiver<Msg>) = sync_channel(QUEUE);
-        let reopen = Arc::new(AtomicBool::new(false));
-        let written = Arc::new(AtomicU64::new(0));
-        let (path, flag, count) = (spec.path.clone(), reopen.clone(), written.clone());
-        std::thread::Builder::new()
-            .name("balancer-access-log".into())
-            .spawn(move || {
-                // ends when the balancer (every sender) is gone
-                while let Ok(m) = rx.recv() {
-                    if flag.swap(false, Relaxed) {
-                        let _ = out.flush();
-                        if let Ok(o) = open(&path) {
-                            out = o;
-                        }
-                    }
-                    match m {
-                        Msg::Lines(b) => {
-                            if out.write_all(&b).is_ok() {
-                                count.fetch_add(b.iter().filter(|&&c| c == b'\n').count() as u64, Relaxed);
-                            }
-                            let _ = out.flush();
-                        }
-                        Msg::Sync(ack) => {
-                            let _ = ack.try_send(());
-                        }
-                        Msg::Wake => {}
-                    }
-                }
-            })
-            .map_err(|e| format!("cannot start the access log writer: {e}"))?;
-        Ok(AccessLog {
-            format: RwLock::new(Arc::new(format)),
-            tx,
-            reopen,
-            dropped: AtomicU64::new(0),
-            written,
-        })
+/// A connected datagram socket to a syslog server.
+enum SyslogSocket {
+    Udp(std::net::UdpSocket),
+    Unix(std::os::unix::net::UnixDatagram),
+}
+
+impl SyslogSocket {
+    fn connect(address: &str) -> std::io::Result<SyslogSocket> {
+        if let Some(path) = address.strip_prefix("unix:") {
+            let s = std::os::unix::net::UnixDatagram::unbound()?;
+            s.connect(path)?;
+            return Ok(SyslogSocket::Unix(s));
+        }
+        let hostport = address.strip_prefix("udp://").unwrap_or(address);
+        let to = std::net::ToSocketAddrs::to_socket_addrs(hostport)?
+            .next()
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address"))?;
+        let any: SocketAddr = if to.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
+        let s = std::net::UdpSocket::bind(any)?;
+        s.connect(to)?;
+        Ok(SyslogSocket::Udp(s))
     }
 
-    /// Reopen the file (after logrotate moved it), with a new format if given.
-    pub fn reopen(&self, format: Option<&str>) -> Result<(), String> {
-        if let Some(f) = format {
-            let f = compile(f)?;
-            *self.format.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(f);
+    fn send(&self, b: &[u8]) -> std::io::Result<usize> {
+        match self {
+            SyslogSocket::Udp(s) => s.send(b),
+            SyslogSocket::Unix(s) => s.send(b),
         }
-        self.reopen.store(true, Relaxed);
-        let _ = self.tx.try_send(Msg::Wake);
+    }
+}
+
+/// The host name RFC 5424 messages carry.
+fn hostname() -> String {
+    let mut b = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or truncates.
+    let r = unsafe { libc::gethostname(b.as_mut_ptr().cast(), b.len()) };
+    let n = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    if r == 0 && n > 0 {
+        String::from_utf8_lossy(&b[..n]).into_owned()
+    } else {
+        "-".into()
+    }
+}
+
+/// Prefix one syslog message header to `line` (without its newline) into `out`.
+pub fn syslog_message(out: &mut Vec<u8>, s: &SyslogSpec, host: &str, pid: u32, now: SystemTime, line: &[u8]) {
+    const INFO: u8 = 6;
+    out.clear();
+    out.push(b'<');
+    num(out, u64::from(s.facility) * 8 + u64::from(INFO));
+    out.push(b'>');
+    if s.rfc5424 {
+        out.extend_from_slice(b"1 ");
+        time(out, now, true);
+        out.push(b' ');
+        out.extend_from_slice(host.as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(s.tag.as_bytes());
+        out.push(b' ');
+        num(out, u64::from(pid));
+        out.extend_from_slice(b" - - ");
+    } else {
+        // RFC 3164's "Mmm dd hh:mm:ss" (UTC), then TAG[PID]: as HAProxy sends it (no host name)
+        let secs = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+        let (_, m, day) = civil((secs / 86_400) as i64);
+        out.extend_from_slice(MONTHS[m as usize - 1].as_bytes());
+        out.push(b' ');
+        if day < 10 {
+            out.push(b' ');
+        }
+        num(out, u64::from(day));
+        out.push(b' ');
+        let t = secs % 86_400;
+        pad(out, t / 3600, 2);
+        out.push(b':');
+        pad(out, t / 60 % 60, 2);
+        out.push(b':');
+        pad(out, t % 60, 2);
+        out.push(b' ');
+        out.extend_from_slice(s.tag.as_bytes());
+        out.push(b'[');
+        num(out, u64::from(pid));
+        out.extend_from_slice(b"]: ");
+    }
+    let room = s.max_length.saturating_sub(out.len());
+    out.extend_from_slice(&line[..line.len().min(room)]);
+}
+
+fn spawn_writer(spec: &AccessLogSpec, written: Arc<AtomicU64>, dropped: Arc<AtomicU64>) -> Result<Sink, String> {
+    let (tx, rx): (SyncSender<Msg>, Receiver<Msg>) = sync_channel(QUEUE);
+    let reopen = Arc::new(AtomicBool::new(false));
+    let flag = reopen.clone();
+    let destination = spec.destination();
+    let name = "balancer-access-log".to_string();
+    let spawned = if let Some(s) = spec.syslog.clone() {
+        // A syslog server that is not there yet (or restarts) is not an error:
+        // its lines are counted as dropped until it answers.
+        let mut sock = SyslogSocket::connect(&s.address).ok();
+        let (host, pid) = (hostname(), std::process::id());
+        std::thread::Builder::new().name(name).spawn(move || {
+            let mut msg = Vec::with_capacity(s.max_length);
+            while let Ok(m) = rx.recv() {
+                if flag.swap(false, Relaxed) {
+                    sock = SyslogSocket::connect(&s.address).ok();
+                }
+                match m {
+                    Msg::Lines(b) => {
+                        for line in b.split(|&c| c == b'\n').filter(|l| !l.is_empty()) {
+                            syslog_message(&mut msg, &s, &host, pid, SystemTime::now(), line);
+                            if sock.is_none() {
+                                sock = SyslogSocket::connect(&s.address).ok();
+                            }
+                            match sock.as_ref().map(|k| k.send(&msg)) {
+                                Some(Ok(_)) => {
+                                    written.fetch_add(1, Relaxed);
+                                }
+                                Some(Err(_)) | None => {
+                                    dropped.fetch_add(1, Relaxed);
+                                    if matches!(s.address.starts_with("unix:"), true) {
+                                        sock = None; // the log daemon restarted: reconnect next time
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    Msg::Sync(ack) => {
+                        let _ = ack.try_send(());
+                    }
+                    Msg::Wake => {}
+                }
+            }
+        })
+    } else {
+        let path = spec.path.clone();
+        let mut out = open(&path).map_err(|e| format!("cannot open the access log {path}: {e}"))?;
+        std::thread::Builder::new().name(name).spawn(move || {
+            while let Ok(m) = rx.recv() {
+                if flag.swap(false, Relaxed) {
+                    let _ = out.flush();
+                    if let Ok(o) = open(&path) {
+                        out = o;
+                    }
+                }
+                match m {
+                    Msg::Lines(b) => {
+                        if out.write_all(&b).is_ok() {
+                            written.fetch_add(b.iter().filter(|&&c| c == b'\n').count() as u64, Relaxed);
+                        }
+                        let _ = out.flush();
+                    }
+                    Msg::Sync(ack) => {
+                        let _ = ack.try_send(());
+                    }
+                    Msg::Wake => {}
+                }
+            }
+        })
+    };
+    spawned.map_err(|e| format!("cannot start the access log writer: {e}"))?;
+    Ok(Sink { destination, tx, reopen })
+}
+
+impl AccessLog {
+    /// One log for every listener (the `[access_log]` table alone).
+    pub fn start(spec: &AccessLogSpec) -> Result<AccessLog, String> {
+        Self::start_all(Some(spec), &[]).map(|l| l.expect("a log"))
+    }
+
+    /// The top-level log (`top`) and each listener's (by index; listeners
+    /// past the end take `top`). None when nothing is logged anywhere.
+    pub fn start_all(top: Option<&AccessLogSpec>, listeners: &[ListenerLog]) -> Result<Option<AccessLog>, String> {
+        let (written, dropped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let mut sinks: Vec<Sink> = Vec::new();
+        for spec in top.into_iter().chain(listeners.iter().filter_map(|l| match l {
+            ListenerLog::Own(s) => Some(s),
+            _ => None,
+        })) {
+            if !sinks.iter().any(|s| s.destination == spec.destination()) {
+                sinks.push(spawn_writer(spec, written.clone(), dropped.clone())?);
+            }
+        }
+        if sinks.is_empty() {
+            return Ok(None);
+        }
+        let log = AccessLog { sinks, routes: RwLock::new(Arc::new(Routes::default())), dropped, written };
+        log.reconfigure(top, listeners)?;
+        Ok(Some(log))
+    }
+
+    /// New formats (and `log_empty`) from a reload; destinations are those
+    /// of the start (a listener whose destination changed keeps its old
+    /// route: a new file or syslog server needs a restart). Reopens files.
+    pub fn reconfigure(&self, top: Option<&AccessLogSpec>, listeners: &[ListenerLog]) -> Result<(), String> {
+        let current = self.routes.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let route = |spec: &AccessLogSpec, old: Option<&LogRoute>| -> Result<Option<LogRoute>, String> {
+            let format = Arc::new(compile(&spec.format)?);
+            Ok(match self.sinks.iter().position(|s| s.destination == spec.destination()) {
+                Some(sink) => Some(LogRoute { sink, format, log_empty: spec.log_empty }),
+                None => old.cloned(),
+            })
+        };
+        let default = match top {
+            Some(t) => route(t, current.default.as_ref())?,
+            None => None,
+        };
+        let mut by_listener = Vec::with_capacity(listeners.len());
+        for (i, l) in listeners.iter().enumerate() {
+            by_listener.push(match l {
+                ListenerLog::Inherit => default.clone(),
+                ListenerLog::Off => None,
+                ListenerLog::Own(s) => route(s, current.by_listener.get(i).and_then(Option::as_ref))?,
+            });
+        }
+        *self.routes.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Routes { default, by_listener });
+        for s in &self.sinks {
+            s.reopen.store(true, Relaxed);
+            let _ = s.tx.try_send(Msg::Wake);
+        }
         Ok(())
     }
 
-    /// Wait up to `timeout` for the writer to write what it was given (at
-    /// the end of a drain, so that a stopping process keeps its last lines).
+    /// Reopen the files (logrotate), with a new top-level format if given.
+    pub fn reopen(&self, format: Option<&str>) -> Result<(), String> {
+        if let Some(f) = format {
+            let f = Arc::new(compile(f)?);
+            let mut g = self.routes.write().unwrap_or_else(|e| e.into_inner());
+            let mut r = (**g).clone();
+            let old = r.default.as_ref().map(|d| Arc::as_ptr(&d.format));
+            for x in r.by_listener.iter_mut().flatten().chain(r.default.iter_mut()) {
+                if Some(Arc::as_ptr(&x.format)) == old {
+                    x.format = f.clone();
+                }
+            }
+            *g = Arc::new(r);
+        }
+        for s in &self.sinks {
+            s.reopen.store(true, Relaxed);
+            let _ = s.tx.try_send(Msg::Wake);
+        }
+        Ok(())
+    }
+
+    /// The format of `listener`'s lines (None: not logged).
+    pub fn format_of(&self, listener: usize) -> Option<Arc<Format>> {
+        self.routes.read().unwrap_or_else(|e| e.into_inner()).get(listener).map(|r| r.format.clone())
+    }
+
+    /// Whether connections closed before sending a byte are logged on `listener`.
+    pub fn logs_empty(&self, listener: usize) -> bool {
+        self.routes.read().unwrap_or_else(|e| e.into_inner()).get(listener).is_some_and(|r| r.log_empty)
+    }
+
+    /// Wait (bounded) until every writer wrote what it was given.
     pub fn sync(&self, timeout: Duration) {
-        let (ack, done) = sync_channel(1);
-        if self.tx.try_send(Msg::Sync(ack)).is_ok() {
-            let _ = done.recv_timeout(timeout);
+        let deadline = std::time::Instant::now() + timeout;
+        for s in &self.sinks {
+            let (ack, done) = sync_channel(1);
+            if s.tx.try_send(Msg::Sync(ack)).is_ok() {
+                let _ = done.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()));
+            }
         }
     }
 
-    /// Format `r` into the worker's buffer; hand the buffer over when full.
     pub fn log(&self, buf: &LogBuf, r: &Record<'_>) {
+        let routes = self.routes.read().unwrap_or_else(|e| e.into_inner());
+        let Some(route) = routes.get(r.listener) else { return };
         let mut g = buf.0.lock().unwrap_or_else(|e| e.into_inner());
-        self.format.read().unwrap_or_else(|e| e.into_inner()).write(&mut g.0, r);
-        g.1 += 1;
-        if g.0.len() >= FLUSH_AT {
-            self.send(&mut g);
+        if g.len() <= route.sink {
+            g.resize_with(self.sinks.len(), || (Vec::new(), 0));
+        }
+        let b = &mut g[route.sink];
+        route.format.write(&mut b.0, r);
+        b.1 += 1;
+        if b.0.len() >= FLUSH_AT {
+            self.send(route.sink, b);
         }
     }
 
-    /// Hand what the worker's buffer holds to the writer (every tick).
     pub fn flush(&self, buf: &LogBuf) {
         let mut g = buf.0.lock().unwrap_or_else(|e| e.into_inner());
-        if g.1 > 0 {
-            self.send(&mut g);
+        for (i, b) in g.iter_mut().enumerate() {
+            if b.1 > 0 {
+                self.send(i, b);
+            }
         }
     }
 
-    fn send(&self, g: &mut (Vec<u8>, u64)) {
+    fn send(&self, sink: usize, g: &mut (Vec<u8>, u64)) {
         let lines = std::mem::replace(&mut g.0, Vec::with_capacity(FLUSH_AT + 4096));
-        match self.tx.try_send(Msg::Lines(lines)) {
+        match self.sinks[sink].tx.try_send(Msg::Lines(lines)) {
             Ok(()) => {}
             Err(TrySendError::Full(Msg::Lines(mut back))) | Err(TrySendError::Disconnected(Msg::Lines(mut back))) => {
                 self.dropped.fetch_add(g.1, Relaxed);
@@ -687,9 +958,9 @@ impl AccessLog {
     }
 }
 
-/// A worker's buffer of formatted lines and how many it holds.
+/// A worker's pending lines, one buffer per destination.
 #[derive(Default)]
-pub struct LogBuf(Mutex<(Vec<u8>, u64)>);
+pub struct LogBuf(Mutex<Vec<(Vec<u8>, u64)>>);
 
 #[cfg(test)]
 mod tests {
@@ -698,6 +969,7 @@ mod tests {
 
     fn record<'a>(target: &'a [u8], head: &'a [u8]) -> Record<'a> {
         Record {
+            listener: 0,
             client: "10.1.2.3:4567".parse().unwrap(),
             when: UNIX_EPOCH + Duration::from_millis(1_764_197_989_123),
             frontend: "127.0.0.1:8080",
@@ -722,6 +994,25 @@ mod tests {
         let mut out = Vec::new();
         compile(fmt).unwrap().write(&mut out, r);
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn syslog_headers() {
+        let mut s = SyslogSpec { address: "udp://127.0.0.1:514".into(), facility: 16, rfc5424: false, tag: "lb".into(), max_length: 1024 };
+        let when = UNIX_EPOCH + Duration::from_millis(1_764_205_509_123); // 2025-11-27T01:05:09.123Z
+        let mut out = Vec::new();
+        syslog_message(&mut out, &s, "host1", 42, when, b"GET / 200");
+        assert_eq!(out, b"<134>Nov 27 01:05:09 lb[42]: GET / 200");
+        let early = UNIX_EPOCH + Duration::from_secs(1_764_547_200); // 2025-12-01: the day is space-padded
+        syslog_message(&mut out, &s, "host1", 42, early, b"x");
+        assert_eq!(out, b"<134>Dec  1 00:00:00 lb[42]: x");
+        s.rfc5424 = true;
+        s.facility = 3;
+        syslog_message(&mut out, &s, "host1", 42, when, b"GET / 200");
+        assert_eq!(out, b"<30>1 2025-11-27T01:05:09.123Z host1 lb 42 - - GET / 200");
+        s.max_length = 60;
+        syslog_message(&mut out, &s, "host1", 42, when, &[b'y'; 100]);
+        assert_eq!(out.len(), 60);
     }
 
     #[test]

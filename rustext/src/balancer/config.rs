@@ -167,6 +167,8 @@ pub struct Config {
     pub backend_tls: Option<Arc<rustls::ClientConfig>>,
     /// One line per request (None: no access log).
     pub access_log: Option<super::accesslog::AccessLogSpec>,
+    /// Each listener's own access log, by index (shorter: the rest inherit `access_log`).
+    pub listener_logs: Vec<super::accesslog::ListenerLog>,
 }
 
 impl Default for Settings {
@@ -207,6 +209,7 @@ impl Config {
             redirect_listen: None,
             backend_tls: None,
             access_log: None,
+            listener_logs: Vec::new(),
         }
     }
 

@@ -297,6 +297,7 @@ pub async fn serve(
     let mut out: Vec<u8> = Vec::new();
     let mut resp: Vec<u8> = Vec::new();
     let logging = w.shared.access_log.is_some();
+    let mut first = true; // no request served on this connection yet
     loop {
         // when the request head started to arrive (access log only)
         let mut t0: Option<Instant> = (logging && !inb.is_empty()).then(Instant::now);
@@ -330,7 +331,17 @@ pub async fn serve(
                 return None;
             }
             match client.read(&mut inb).await {
-                Ok(0) | Err(_) => return None,
+                Ok(0) | Err(_) => {
+                    if logging && !ctl.abort.load(Relaxed) {
+                        // closed by the client in the middle of a head, or before its first byte
+                        if !inb.is_empty() {
+                            super::proxy::log_without_request(&w, &peer, 400, "CR");
+                        } else if first && w.shared.access_log.as_ref().is_some_and(|l| l.logs_empty(peer.listener)) {
+                            super::proxy::log_without_request(&w, &peer, 400, "CR");
+                        }
+                    }
+                    return None;
+                }
                 Ok(_) => {
                     ctl.reading(w.clock.now());
                     if logging && t0.is_none() {
@@ -343,6 +354,7 @@ pub async fn serve(
             return Some((client, inb));
         };
         ctl.begin();
+        first = false;
         let total = head.head_len + head.body_len as usize;
         while inb.len() < total {
             match client.read(&mut inb).await {
@@ -689,6 +701,7 @@ fn log_line(
         None => (&b""[..], &b""[..], "", "", &b""[..], Headers::None),
     };
     let r = Record {
+        listener: peer.listener,
         client: std::net::SocketAddr::new(peer.ip, peer.port),
         when: std::time::SystemTime::now() - timings.total,
         frontend: w.shared.frontends.get(peer.listener).map_or("", String::as_str),

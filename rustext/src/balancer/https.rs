@@ -236,6 +236,7 @@ fn log_redirect<B>(shared: &super::proxy::Shared, buf: &super::accesslog::LogBuf
     let Some(log) = &shared.access_log else { return };
     let total = start.elapsed();
     let r = Record {
+        listener: usize::MAX, // not a configured listener: the top-level log
         client,
         when: std::time::SystemTime::now() - total,
         frontend,

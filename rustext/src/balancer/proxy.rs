@@ -774,8 +774,7 @@ pub struct HyperLog {
 
 impl HyperLog {
     fn new(w: &Worker, peer: &Peer, req: &Request<Incoming>, start: Instant) -> Option<Box<HyperLog>> {
-        let log = w.shared.access_log.as_ref()?;
-        let f = log.format.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let f = w.shared.access_log.as_ref()?.format_of(peer.listener)?;
         let mut req_headers = HeaderMap::new();
         for n in &f.req_headers {
             if let Some(v) = req.headers().get(n.as_str()) {
@@ -810,8 +809,7 @@ impl HyperLog {
 
     /// Keep the response headers the format shows.
     fn keep_response(&mut self, w: &Worker, h: &HeaderMap) {
-        let Some(log) = &w.shared.access_log else { return };
-        let f = log.format.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(f) = w.shared.access_log.as_ref().and_then(|l| l.format_of(self.frontend)) else { return };
         for n in &f.res_headers {
             if let (Some(v), Ok(name)) = (h.get(n.as_str()), HeaderName::from_bytes(n.as_bytes())) {
                 self.res_headers.insert(name, v.clone());
@@ -827,6 +825,7 @@ impl HyperLog {
         let mut timings = self.timings;
         timings.total = self.t0.elapsed();
         let r = Record {
+            listener: self.frontend,
             client: self.client,
             when: std::time::SystemTime::now() - timings.total,
             frontend: w.shared.frontends.get(self.frontend).map_or("", String::as_str),
@@ -852,12 +851,23 @@ impl HyperLog {
 /// The line of a request hyper refused itself (a malformed head: 400, too
 /// large: 431), answered and closed without reaching [`handle`].
 pub fn log_refused_by_hyper(w: &Worker, peer: &Peer, e: &hyper::Error) {
+    if e.is_parse() || e.is_parse_too_large() {
+        log_without_request(w, peer, if e.is_parse_too_large() { 431 } else { 400 }, "PR");
+    } else if e.is_incomplete_message() {
+        // the client closed in the middle of a request head
+        log_without_request(w, peer, 400, "CR");
+    }
+}
+
+/// A `<BADREQ>` line: a connection that ended without a complete request —
+/// refused (`PR`), closed by the client mid-head (`CR`, 400) or before its
+/// first byte (`CR`, only with `log_empty`), or cut by the header timeout
+/// (`cR`, 408). HAProxy's termination states.
+pub fn log_without_request(w: &Worker, peer: &Peer, status: u16, term: &'static str) {
     use super::accesslog::{Headers, Record};
     let Some(log) = &w.shared.access_log else { return };
-    if !e.is_parse() && !e.is_parse_too_large() {
-        return;
-    }
     let r = Record {
+        listener: peer.listener,
         client: SocketAddr::new(peer.ip, peer.port),
         when: std::time::SystemTime::now(),
         frontend: w.shared.frontends.get(peer.listener).map_or("", String::as_str),
@@ -866,7 +876,7 @@ pub fn log_refused_by_hyper(w: &Worker, peer: &Peer, e: &hyper::Error) {
         method: b"",
         target: b"",
         version: "",
-        status: if e.is_parse_too_large() { 431 } else { 400 },
+        status,
         bytes_sent: 0,
         bytes_received: 0,
         timings: Default::default(),
@@ -874,7 +884,7 @@ pub fn log_refused_by_hyper(w: &Worker, peer: &Peer, e: &hyper::Error) {
         request_id: b"",
         req_headers: Headers::None,
         res_headers: Headers::None,
-        termination: "PR",
+        termination: term,
     };
     log.log(&w.log, &r);
 }

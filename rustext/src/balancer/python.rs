@@ -37,8 +37,9 @@ const SETTINGS_KEYS: [&str; 14] = [
     "queue_timeout",
     "listen",
 ];
-const FIXED_KEYS: [&str; 14] = [
+const FIXED_KEYS: [&str; 15] = [
     "access_log",
+    "listener_logs",
     "max_client_connections",
     "workers",
     "header_timeout",
@@ -382,14 +383,66 @@ fn parse_routing(d: &Bound<'_, PyDict>) -> PyResult<Option<(Vec<ListenAddr>, Rou
     Ok(Some((addrs, RoutingSpec { pools, listeners })))
 }
 
-/// `access_log`: {"path", "format"} or None.
+/// `access_log`: {"path", "format", "log_empty", "syslog": {"address", "facility", "format", "tag", "max_length"}} or None.
 fn parse_access_log(d: &Bound<'_, PyDict>) -> PyResult<Option<crate::balancer::accesslog::AccessLogSpec>> {
     let Some(v) = d.get_item("access_log")?.filter(|v| !v.is_none()) else { return Ok(None) };
-    let a = dict(&v, "access_log")?;
-    let path = string(&a, "path")?.ok_or_else(|| cfg_err("access_log.path is required"))?;
-    let format = string(&a, "format")?.unwrap_or_else(|| "haproxy".into());
-    crate::balancer::accesslog::compile(&format).map_err(|e| cfg_err(format!("access_log.format: {e}")))?;
-    Ok(Some(crate::balancer::accesslog::AccessLogSpec { path, format }))
+    access_log_spec(&dict(&v, "access_log")?, "access_log").map(Some)
+}
+
+fn access_log_spec(a: &Bound<'_, PyDict>, what: &str) -> PyResult<crate::balancer::accesslog::AccessLogSpec> {
+    use crate::balancer::accesslog::{AccessLogSpec, SyslogSpec};
+    let format = string(a, "format")?.unwrap_or_else(|| "haproxy".into());
+    crate::balancer::accesslog::compile(&format).map_err(|e| cfg_err(format!("{what}.format: {e}")))?;
+    let log_empty = match a.get_item("log_empty")? {
+        Some(v) if !v.is_none() => v.extract().map_err(|_| cfg_err(format!("{what}.log_empty must be true or false")))?,
+        _ => false,
+    };
+    let syslog = match a.get_item("syslog")?.filter(|v| !v.is_none()) {
+        Some(s) => {
+            let s = dict(&s, "syslog")?;
+            let address = string(&s, "address")?.ok_or_else(|| cfg_err(format!("{what}.syslog needs an address")))?;
+            let facility: u8 = int(&s, "facility", 16u8)?;
+            if facility > 23 {
+                return Err(cfg_err(format!("{what}.syslog facility must be in 0..=23")));
+            }
+            let rfc5424 = match string(&s, "format")?.as_deref() {
+                None | Some("rfc3164") => false,
+                Some("rfc5424") => true,
+                Some(o) => return Err(cfg_err(format!("{what}.syslog format must be rfc3164 or rfc5424, got {o:?}"))),
+            };
+            Some(SyslogSpec {
+                address,
+                facility,
+                rfc5424,
+                tag: string(&s, "tag")?.unwrap_or_else(|| "balancer".into()),
+                max_length: int(&s, "max_length", 1024usize)?.max(64),
+            })
+        }
+        None => None,
+    };
+    let path = string(a, "path")?.unwrap_or_default();
+    if path.is_empty() && syslog.is_none() {
+        return Err(cfg_err(format!("{what} needs a path or a syslog address")));
+    }
+    Ok(AccessLogSpec { path, format, syslog, log_empty })
+}
+
+/// `listener_logs`: per listener, None (the top-level log), False (none) or an access_log dict.
+fn parse_listener_logs(d: &Bound<'_, PyDict>) -> PyResult<Vec<crate::balancer::accesslog::ListenerLog>> {
+    use crate::balancer::accesslog::ListenerLog;
+    list(d, "listener_logs")?
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            if v.is_none() {
+                Ok(ListenerLog::Inherit)
+            } else if let Ok(on) = v.extract::<bool>() {
+                Ok(if on { ListenerLog::Inherit } else { ListenerLog::Off })
+            } else {
+                access_log_spec(&dict(v, "a listener's access_log")?, &format!("listeners[{i}].access_log")).map(ListenerLog::Own)
+            }
+        })
+        .collect()
 }
 
 fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
@@ -425,6 +478,7 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     }
     c.backend_tls = parse_backend_tls(d)?;
     c.access_log = parse_access_log(d)?;
+    c.listener_logs = parse_listener_logs(d)?;
     if let Some((addrs, routing)) = parse_routing(d)? {
         c.listen = addrs[0].addr;
         c.listeners = addrs;
@@ -570,10 +624,11 @@ impl PyBalancer {
             None => RoutingSpec::single(parse_settings(config)?, b.local_addrs().len()),
         };
         let log = parse_access_log(config)?;
+        let listener_logs = parse_listener_logs(config)?;
         // Resolving new backend names may block: not with the GIL held.
         py.detach(|| b.update(routing)).map_err(cfg_err)?;
-        // a new format applies from here; the file is reopened (logrotate)
-        b.reopen_access_log(log.as_ref().map(|l| l.format.as_str())).map_err(cfg_err)
+        // new formats apply from here; the files are reopened (logrotate)
+        b.reconfigure_access_log(log.as_ref(), &listener_logs).map_err(cfg_err)
     }
 
     /// Reopen the access log file (after logrotate moved it); no-op without one.

@@ -169,10 +169,7 @@ impl Balancer {
         let workers: Vec<Arc<WorkerStats>> = (0..config.workers)
             .map(|_| Arc::new(WorkerStats::default()))
             .collect();
-        let access_log = match &config.access_log {
-            Some(spec) => Some(super::accesslog::AccessLog::start(spec)?),
-            None => None,
-        };
+        let access_log = super::accesslog::AccessLog::start_all(config.access_log.as_ref(), &config.listener_logs)?;
         let frontends = local_addrs.iter().map(|a| a.to_string()).collect();
         let shared = Arc::new(Shared {
             access_log,
@@ -245,6 +242,18 @@ impl Balancer {
     pub fn reopen_access_log(&self, format: Option<&str>) -> Result<(), String> {
         match &self.shared.access_log {
             Some(log) => log.reopen(format),
+            None => Ok(()),
+        }
+    }
+
+    /// New access log formats after a reload (destinations are fixed at start); reopens the files.
+    pub fn reconfigure_access_log(
+        &self,
+        top: Option<&super::accesslog::AccessLogSpec>,
+        listeners: &[super::accesslog::ListenerLog],
+    ) -> Result<(), String> {
+        match &self.shared.access_log {
+            Some(log) => log.reconfigure(top, listeners),
             None => Ok(()),
         }
     }
@@ -792,6 +801,10 @@ async fn serve_conn(
         }
     })
     .await;
+    if ctl.abort.load(Relaxed) {
+        // the header timeout cut a request head short
+        super::proxy::log_without_request(&w, &peer, 408, "cR");
+    }
     conns
         .map
         .lock()

@@ -1,0 +1,242 @@
+"""Access logs per listener, to syslog (UDP and a local datagram socket,
+RFC 3164 and RFC 5424), and the lines of connections that end without a
+complete request (HAProxy's ``CR``/``cR`` with ``<BADREQ>``). Real
+balancers, sockets and syslog receivers bound by the tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+
+import pytest
+from balancer_helpers import raw_exchange, split_response
+from test_access_log import get, wait_lines
+
+from balancer import BalancerConfigError, LoadBalancer, load
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class SyslogReceiver:
+    """A datagram socket standing for a syslog daemon: UDP on loopback or a Unix socket."""
+
+    def __init__(self, unix_path: str | None = None) -> None:
+        if unix_path is None:
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self.sock.bind(("127.0.0.1", 0))
+            self.address = f"udp://127.0.0.1:{self.sock.getsockname()[1]}"
+        else:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self.sock.bind(unix_path)
+            self.address = f"unix:{unix_path}"
+        self.sock.settimeout(15)
+
+    def messages(self, n: int) -> list[bytes]:
+        return [self.sock.recv(65536) for _ in range(n)]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def syslog_receiver(tmp_path):
+    made: list[SyslogReceiver] = []
+
+    def make(unix: bool = False) -> SyslogReceiver:
+        r = SyslogReceiver(str(tmp_path / "log.sock") if unix else None)
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.close()
+
+
+def test_each_listener_logs_where_it_is_told(tmp_path, backends, proxy):
+    b = backends(1)
+    top, own = tmp_path / "top.log", tmp_path / "own.log"
+    listeners = [{"address": "127.0.0.1:0", "default_backend": "default"} for _ in range(3)]
+    lb = proxy(b, workers=1, access_log={"path": str(top), "format": "top %ft %HP"},
+               listeners=listeners, pools=[{"name": "default", "backends": [b[0].address]}],
+               listener_logs=[None, {"path": str(own), "format": "json"}, False])
+    ports = [a[1] for a in lb.addresses]
+    for i, port in enumerate(ports):
+        assert get(port, f"/size/{i}")[0].startswith("HTTP/1.1 200")
+    assert wait_lines(top, 1) == [f"top 127.0.0.1:{ports[0]} /size/0"]
+    (line,) = wait_lines(own, 1)
+    assert '"path":"/size/1"' in line and f'"frontend":"127.0.0.1:{ports[1]}"' in line
+    # the third listener logs nothing; a request on the first after it shows its line was not held back
+    assert get(ports[0], "/size/9")[0].startswith("HTTP/1.1 200")
+    assert wait_lines(top, 2)[1] == f"top 127.0.0.1:{ports[0]} /size/9"
+    assert len(wait_lines(own, 1)) == 1
+    # a reload changes a listener's format; its destination stays
+    lb.update({"listeners": listeners, "pools": [{"name": "default", "backends": [b[0].address]}],
+               "access_log": {"path": str(top), "format": "top %ft %HP"},
+               "listener_logs": [None, {"path": str(own), "format": "own2 %HP %ST"}, False]})
+    assert get(ports[1], "/size/4")[0].startswith("HTTP/1.1 200")
+    assert wait_lines(own, 2)[1] == "own2 /size/4 200"
+
+
+@pytest.mark.parametrize("unix", [False, True], ids=["udp", "unix"])
+def test_syslog_rfc3164_as_haproxy_sends_it(tmp_path, backends, proxy, syslog_receiver, unix):
+    b = backends(1)
+    rx = syslog_receiver(unix)
+    lb = proxy(b, workers=1, access_log={
+        "path": "", "format": "%HM %HP %ST",
+        "syslog": {"address": rx.address, "facility": 16, "format": "rfc3164", "tag": "edge", "max_length": 1024}})
+    port = lb.address[1]
+    assert get(port, "/size/2")[0].startswith("HTTP/1.1 200")
+    assert get(port, "/whoami")[0].startswith("HTTP/1.1 200")
+    got = [m.decode() for m in rx.messages(2)]
+    # <PRI> = local0 (16) * 8 + info (6); "Mmm dd hh:mm:ss TAG[PID]: MSG", one message per line, no newline
+    pid = os.getpid()
+    pattern = r"<134>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d edge\[" + str(pid) + r"\]: (.*)"
+    assert [re.fullmatch(pattern, m).group(1) for m in got] == ["GET /size/2 200", "GET /whoami 200"], got
+
+
+def test_syslog_rfc5424_and_max_length(backends, proxy, syslog_receiver):
+    b = backends(1)
+    rx = syslog_receiver()
+    lb = proxy(b, workers=1, access_log={
+        "path": "", "format": "%HP %[req.hdr(X-Pad)]",
+        "syslog": {"address": rx.address, "facility": 3, "format": "rfc5424", "tag": "balancer", "max_length": 100}})
+    assert get(lb.address[1], "/size/1", "X-Pad: " + "p" * 300 + "\r\n")[0].startswith("HTTP/1.1 200")
+    (m,) = rx.messages(1)
+    assert len(m) == 100
+    m = m.decode()
+    # <PRI>1 TIMESTAMP HOSTNAME APP-NAME PROCID MSGID SD MSG; daemon (3) * 8 + 6 = 30
+    head = re.match(r"<30>1 (\S+) (\S+) balancer (\d+) - - /size/1 p+$", m)
+    assert head, m
+    assert head.group(1).endswith("Z") and head.group(2) == socket.gethostname() and int(head.group(3)) == os.getpid()
+
+
+def test_a_missing_syslog_daemon_drops_lines_and_requests_go_on(backends, proxy, tmp_path):
+    b = backends(1)
+    lb = proxy(b, workers=1, access_log={
+        "path": "", "format": "%HP",
+        "syslog": {"address": f"unix:{tmp_path / 'nobody.sock'}", "facility": 16, "format": "rfc3164",
+                   "tag": "balancer", "max_length": 1024}})
+    for _ in range(3):
+        assert get(lb.address[1], "/whoami")[0].startswith("HTTP/1.1 200")
+    deadline = time.monotonic() + 15
+    while lb.stats()["access_log_dropped"] < 3:
+        assert time.monotonic() < deadline, lb.stats()
+        time.sleep(0.02)
+    assert lb.stats()["access_log_lines"] == 0
+
+
+def test_connections_ending_without_a_request(tmp_path, backends, proxy):
+    b = backends(1)
+    log = tmp_path / "access.log"
+    lb = proxy(b, workers=1, header_timeout=0.3,
+               access_log={"path": str(log), "format": "%ST %tsc \"%r\" %b/%s"})
+    port = lb.address[1]
+    # connected and closed without a byte: not logged (HAProxy's "option dontlognull")
+    socket.create_connection(("127.0.0.1", port)).close()
+    # closed in the middle of a request head: CR, 400, <BADREQ>
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"GET /whoami HTTP/1.1\r\nHost: x\r\n")
+    # a head that never ends: cut by the header timeout, cR, 408
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"GET /whoami HTTP/1.1\r\n")
+        s.settimeout(10)
+        assert s.recv(100) == b""  # closed by the balancer
+    # a keep-alive connection closed between requests is not a bad request
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"GET /size/1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while not got.endswith(b"\x00"):
+            got += s.recv(4096)
+    lines = wait_lines(log, 3)
+    assert lines == ['400 CR-- "<BADREQ>" -/-', '408 cR-- "<BADREQ>" -/-',
+                     f'200 ---- "GET /size/1 HTTP/1.1" default/{b[0].address}'], lines
+    # no line came for the keep-alive close: the next line is the next request's
+    assert get(port, "/whoami")[0].startswith("HTTP/1.1 200")
+    assert wait_lines(log, 4)[3:] == [f'200 ---- "GET /whoami HTTP/1.1" default/{b[0].address}']
+
+
+def test_log_empty_logs_connections_closed_before_a_byte(tmp_path, backends, proxy):
+    b = backends(1)
+    log = tmp_path / "access.log"
+    lb = proxy(b, workers=1, access_log={"path": str(log), "format": "%ST %tsc %r", "log_empty": True})
+    socket.create_connection(("127.0.0.1", lb.address[1])).close()
+    assert wait_lines(log, 1) == ["400 CR-- <BADREQ>"]
+
+
+def test_the_hyper_path_logs_a_head_cut_short(tmp_path, backends, proxy):
+    """After a request hyper's path served (chunked body), the client sends
+    half a head and closes."""
+    b = backends(1)
+    log = tmp_path / "access.log"
+    lb = proxy(b, workers=1, access_log={"path": str(log), "format": "%ST %ts %HP"})
+    with socket.create_connection(("127.0.0.1", lb.address[1])) as s:
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+        got = b""
+        while b"abc" not in got:
+            got += s.recv(4096)
+        s.sendall(b"GET /whoami HTTP/1.1\r\nHo")
+    assert wait_lines(log, 2) == ["200 -- /echo", "400 CR -"]
+
+
+def test_toml_listener_logs_syslog_and_reload_of_destinations(tmp_path, backends, syslog_receiver):
+    b = backends(1)
+    rx = syslog_receiver()
+    own = tmp_path / "admin-side.log"
+    path = tmp_path / "balancer.toml"
+    text = (f'workers = 1\n[access_log]\nsyslog = "{rx.address.removeprefix("udp://")}"\nfacility = "local3"\n'
+            f'format = "%HP"\n'
+            f'[[listeners]]\naddress = "127.0.0.1:0"\ndefault_backend = "web"\n'
+            f'[[listeners]]\naddress = "127.0.0.1:0"\ndefault_backend = "web"\n'
+            f'access_log = {{ path = "{own}", format = "{{fmt}}" }}\n'
+            f'[[listeners]]\naddress = "127.0.0.1:0"\ndefault_backend = "web"\naccess_log = false\n'
+            f'[backends.web]\nservers = ["{b[0].address}"]\n')
+    path.write_text(text.replace("{fmt}", "side %HP"))
+    import asyncio
+
+    async def run() -> None:
+        async with LoadBalancer(load(path), config_path=path) as lb:
+            p = [a[1] for a in lb.addresses]
+            for i, port in enumerate(p):
+                assert (await asyncio.to_thread(get, port, f"/size/{i}"))[0].startswith("HTTP/1.1 200")
+            (m,) = rx.messages(1)
+            assert m.startswith(b"<158>") and m.endswith(b": /size/0")  # local3 = 19: 19 * 8 + 6
+            assert wait_lines(own, 1) == ["side /size/1"]
+            path.write_text(text.replace("{fmt}", "side2 %HP"))
+            await lb.reload()
+            assert (await asyncio.to_thread(get, p[1], "/whoami"))[0].startswith("HTTP/1.1 200")
+            assert wait_lines(own, 2)[1] == "side2 /whoami"
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ('[access_log]\nsyslog = "tcp://127.0.0.1:514"\n', "access_log.syslog must be udp://host:port"),
+    ('[access_log]\nsyslog = "127.0.0.1:514"\npath = "-"\n', "give path or syslog, not both"),
+    ('[access_log]\nsyslog = "127.0.0.1:514"\nfacility = "local9"\n', "access_log.facility must be one of"),
+    ('[access_log]\nsyslog = "127.0.0.1:514"\nsyslog_format = "json"\n', "syslog_format must be rfc3164 or rfc5424"),
+    ('[access_log]\nsyslog = "unix:dev/log"\n', "must be absolute"),
+    ('[access_log]\nformat = "json"\n', "access_log.path must be a file name"),
+    ('[[listeners]]\naddress = "127.0.0.1:0"\naccess_log = "yes"\n', "listeners[0].access_log must be a table"),
+    ('[[listeners]]\naddress = "127.0.0.1:0"\naccess_log = { path = "-", format = "%zz" }\n',
+     "listeners[0].access_log.format"),
+])
+def test_bad_log_tables_name_file_and_line(tmp_path, table, message):
+    path = tmp_path / "balancer.toml"
+    top = 'listen = "127.0.0.1:0"\n' if "[[listeners]]" not in table else ""
+    path.write_text(f'{top}backends = ["127.0.0.1:9"]\n{table}')
+    with pytest.raises(BalancerConfigError, match=re.escape(message)) as e:
+        load(path)
+    assert f"{path}:" in str(e.value)
+
+
+def test_a_listener_log_keeps_requests_of_others_flowing(backends, proxy, tmp_path):
+    """Splitting logs costs nothing on a listener that has none: its requests go as usual."""
+    b = backends(1)
+    lb = proxy(b, workers=1, listeners=[{"address": "127.0.0.1:0", "default_backend": "default"}] * 2,
+               pools=[{"name": "default", "backends": [b[0].address]}],
+               listener_logs=[{"path": str(tmp_path / "x.log"), "format": "%HP"}, False])
+    raw = raw_exchange(lb.addresses[1][1], b"GET /whoami HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert split_response(raw)[2] == b"b0"
+    assert wait_lines(tmp_path / "x.log", 0) == []
