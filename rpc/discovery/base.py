@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Protocol
 
 from rustext.backoff import Backoff, BackoffPolicy
@@ -130,6 +130,32 @@ async def stop_heartbeat_and_unregister(
             await registrar.unregister(service, address)
         except RegistryError as exc:
             logger.warning("cannot unregister %s %s: %s", service, address, exc)
+
+
+async def heartbeat_loop(
+    period: float,
+    beat: Callable[[], Awaitable[object]],
+    what: str,
+    logger: logging.Logger,
+    *,
+    wake: asyncio.Event | None = None,
+) -> None:
+    """A registrar's heartbeat task: ``beat()`` every ``period`` seconds (or
+    as soon as ``wake`` is set: a reconnection), for ever; a failed beat is
+    logged as ``"{what} failed: …"`` and the next one comes on time. Runs
+    until cancelled (``stop_heartbeat_and_unregister``)."""
+    while True:
+        if wake is None:
+            await asyncio.sleep(period)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), period)
+            wake.clear()
+        try:
+            await beat()
+        except RegistryError as exc:
+            logger.warning("%s failed: %s", what, exc)
+        _end_if_cancelled()
 
 
 def _end_if_cancelled() -> None:

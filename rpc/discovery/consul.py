@@ -43,7 +43,11 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import aiohttp
 
-from rpc.discovery.base import WatchingDiscovery, stop_heartbeat_and_unregister
+from rpc.discovery.base import (
+    WatchingDiscovery,
+    heartbeat_loop,
+    stop_heartbeat_and_unregister,
+)
 from rpc.discovery.cache import FileCache
 from rpc.errors import RegistryError, RegistryUnavailable
 
@@ -218,7 +222,8 @@ class ConsulRegistrar:
             await self._put_with_ttl(self.key(service, address), metadata)
             self._entries[(service, address)] = metadata
         if self._task is None:
-            self._task = asyncio.create_task(self._refresh_loop(), name="consul-registrar-refresh")
+            self._task = asyncio.create_task(
+                heartbeat_loop(self.heartbeat, self.refresh, "consul refresh", log), name="consul-registrar-refresh")
 
     async def unregister(self, service: str, address: str) -> None:
         self._entries.pop((service, address), None)
@@ -242,14 +247,6 @@ class ConsulRegistrar:
                     continue
                 current = base64.b64decode(entry["Value"]).decode() if entry.get("Value") else ""
                 await self._put_with_ttl(key, _reencode(current))
-
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat)
-            try:
-                await self.refresh()
-            except RegistryError as exc:
-                log.warning("consul refresh failed: %s", exc)
 
     async def aclose(self) -> None:
         if self._closed:

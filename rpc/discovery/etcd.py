@@ -23,12 +23,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-from rustext.tls import ClientTls, describe_ssl_error
 
 from rpc.discovery import _http
-from rpc.discovery.base import WatchingDiscovery, stop_heartbeat_and_unregister
+from rpc.discovery.base import (
+    WatchingDiscovery,
+    heartbeat_loop,
+    stop_heartbeat_and_unregister,
+)
 from rpc.discovery.cache import FileCache
 from rpc.errors import RegistryError, RegistryUnavailable
+from rustext.tls import ClientTls, describe_ssl_error
 
 log = logging.getLogger("rpc.discovery.etcd")
 
@@ -130,7 +134,8 @@ class EtcdRegistrar:
             await self._put(service, address, metadata)
             self._entries[(service, address)] = metadata
         if self._task is None:
-            self._task = asyncio.create_task(self._keepalive_loop(), name="etcd-registrar-keepalive")
+            self._task = asyncio.create_task(
+                heartbeat_loop(self.heartbeat, self.keepalive, "etcd keepalive", log), name="etcd-registrar-keepalive")
 
     async def unregister(self, service: str, address: str) -> None:
         self._entries.pop((service, address), None)
@@ -149,14 +154,6 @@ class EtcdRegistrar:
             self.lease = await self._grant()
             for (service, address), metadata in list(self._entries.items()):
                 await self._put(service, address, metadata)
-
-    async def _keepalive_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat)
-            try:
-                await self.keepalive()
-            except RegistryError as exc:
-                log.warning("etcd keepalive failed: %s", exc)
 
     async def aclose(self) -> None:
         if self._closed:

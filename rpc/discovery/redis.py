@@ -51,6 +51,7 @@ from rpc.discovery import libkv
 from rpc.discovery.base import (
     WatchingDiscovery,
     _end_if_cancelled,
+    heartbeat_loop,
     stop_heartbeat_and_unregister,
 )
 from rpc.discovery.cache import FileCache
@@ -202,7 +203,8 @@ class RedisRegistrar:
             raise _wrap(exc) from exc
         self._entries[(service, address)] = metadata
         if self._task is None:
-            self._task = asyncio.create_task(self._heartbeat_loop(), name="redis-registrar-heartbeat")
+            self._task = asyncio.create_task(
+                heartbeat_loop(self.heartbeat, self._beat_all, "redis heartbeat", log), name="redis-registrar-heartbeat")
 
     async def unregister(self, service: str, address: str) -> None:
         self._entries.pop((service, address), None)
@@ -231,14 +233,13 @@ class RedisRegistrar:
             # re-adding to the index heals a client's cleanup race; no announce
             await self._put_juggler(service, address, metadata, announce=False)
 
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat)
-            for (service, address), metadata in list(self._entries.items()):
-                try:
-                    await self._beat(service, address, metadata)
-                except RedisError as exc:
-                    log.warning("heartbeat of %s %s failed: %s", service, address, exc)
+    async def _beat_all(self) -> None:
+        """One heartbeat of every entry; one failing does not skip the others."""
+        for (service, address), metadata in list(self._entries.items()):
+            try:
+                await self._beat(service, address, metadata)
+            except RedisError as exc:
+                log.warning("heartbeat of %s %s failed: %s", service, address, exc)
 
     async def aclose(self) -> None:
         if self._closed:

@@ -44,7 +44,7 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import EventType, WatchedEvent
 
-from rpc.discovery.base import WatchingDiscovery, stop_heartbeat_and_unregister
+from rpc.discovery.base import WatchingDiscovery, heartbeat_loop, stop_heartbeat_and_unregister
 from rpc.discovery.cache import FileCache
 from rpc.errors import RegistryError, RegistryUnavailable
 
@@ -246,7 +246,9 @@ class ZooKeeperRegistrar:
                                     "another session (is another server registering this address?)") from exc
             self._entries[(service, address)] = metadata
         if self._task is None:
-            self._task = asyncio.create_task(self._heartbeat_loop(), name="zookeeper-registrar-heartbeat")
+            self._task = asyncio.create_task(
+                heartbeat_loop(self.heartbeat, self.restore, "zookeeper heartbeat", log, wake=self._reconnected),
+                name="zookeeper-registrar-heartbeat")
 
     async def unregister(self, service: str, address: str) -> None:
         self._entries.pop((service, address), None)
@@ -269,19 +271,6 @@ class ZooKeeperRegistrar:
                 log.warning("zookeeper node %s was gone (session expired?): registered again",
                             self.node(service, address))
         return created
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            woken = asyncio.ensure_future(self._reconnected.wait())
-            try:
-                await asyncio.wait((woken,), timeout=self.heartbeat)
-            finally:
-                woken.cancel()
-            self._reconnected.clear()
-            try:
-                await self.restore()
-            except RegistryError as exc:
-                log.warning("zookeeper heartbeat failed: %s", exc)
 
     async def aclose(self) -> None:
         if self._closed:
