@@ -9,6 +9,7 @@ from those files by ``benches/charts.py``.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -75,3 +76,14 @@ def save(path: str | Path, results: dict[str, Any]) -> Path:
     doc = {"command": command(), "taken": now_utc(), "machine": machine(), **results}
     out.write_text(json.dumps(doc, indent=1) + "\n")
     return out
+
+
+def round_args(clients: int, clients_help: str) -> argparse.Namespace:
+    """The command line of a benchmark measured in rounds of fixed length:
+    ``--clients``, ``--duration`` (whole seconds: wrk's unit), ``--rounds``, ``--out``."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=clients, help=clients_help)
+    ap.add_argument("--duration", type=int, default=5, help="seconds per measurement (whole: wrk's unit)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", metavar="FILE", help="write every measurement (JSON) there")
+    return ap.parse_args()

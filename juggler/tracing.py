@@ -20,19 +20,18 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-try:
-    from opentelemetry import context as otel_context
-    from opentelemetry import propagate, trace
-    from opentelemetry.propagators.textmap import TextMapPropagator
-    from opentelemetry.trace import SpanKind, Status, StatusCode
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError(
-        "tracing needs the OpenTelemetry packages: pip install 'juggler-suite[otel]'"
-    ) from exc
-
 import rustext
 from juggler.conn import call_trace
 from juggler.protocol import Outgoing, call_timeout_ms
+from rustext.otel import (
+    SpanKind,
+    Status,
+    StatusCode,
+    TextMapPropagator,
+    Traced,
+    otel_context,
+    trace,
+)
 
 if TYPE_CHECKING:
     from juggler.broker.base import Call
@@ -58,11 +57,13 @@ def _error_message(args: bytes | None) -> str | None:
         return "error"
 
 
-class CallTracing:
+class CallTracing(Traced):
     """Server middleware (``Server(middleware=[CallTracing()])``): a SERVER
     span ``juggler.CALL {uri}`` per CALL, carried to the callee in the call
     payload. ``tracer_provider`` and ``propagator`` default to the process's
     global ones."""
+
+    SCOPE = SCOPE
 
     def __init__(
         self,
@@ -70,8 +71,7 @@ class CallTracing:
         tracer_provider: trace.TracerProvider | None = None,
         propagator: TextMapPropagator | None = None,
     ) -> None:
-        self._tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
-        self._propagator = propagator
+        super().__init__(tracer_provider=tracer_provider, propagator=propagator)
         #: CALL uuid -> (its span, the timer that ends it unanswered)
         self._spans: dict[str, tuple[trace.Span, asyncio.TimerHandle]] = {}
 
@@ -104,7 +104,7 @@ class CallTracing:
         span = self._tracer.start_span(f"juggler.CALL {uri}", kind=SpanKind.SERVER, attributes=attrs)
         ctx = trace.set_span_in_context(span)
         carrier: dict[str, str] = {}
-        (self._propagator or propagate.get_global_textmap()).inject(carrier, context=ctx)
+        self.propagator.inject(carrier, context=ctx)
         previous = self._spans.pop(msg.uuid, None)
         if previous is not None:  # a duplicate uuid: the server NACKs it; the first call keeps no span
             previous[1].cancel()
@@ -147,19 +147,12 @@ class CallTracing:
             self._unanswered(msg_uuid)
 
 
-class CalleeTracing:
+class CalleeTracing(Traced):
     """A callee's spans (``Callee(..., tracing=CalleeTracing())``): a CONSUMER
     span ``juggler.callee {uri}`` per call run, child of the server's CALL
     span when the payload carries one, current while the function runs."""
 
-    def __init__(
-        self,
-        *,
-        tracer_provider: trace.TracerProvider | None = None,
-        propagator: TextMapPropagator | None = None,
-    ) -> None:
-        self._tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
-        self._propagator = propagator
+    SCOPE = SCOPE
 
     async def invoke(self, call: Call, run: Callable[[Call], Awaitable[bytes]]) -> bytes:
         """``run(call)`` (the callee's invocation, which returns the raw result)
@@ -172,7 +165,7 @@ class CalleeTracing:
                 carrier = None
             if isinstance(carrier, dict):
                 headers = {str(k): str(v) for k, v in carrier.items() if isinstance(v, str)}
-                parent = (self._propagator or propagate.get_global_textmap()).extract(headers)
+                parent = self.propagator.extract(headers)
         attrs = {"rpc.system": RPC_SYSTEM, "rpc.method": call.uri, "juggler.call.uuid": call.msg_uuid}
         span = self._tracer.start_span(f"juggler.callee {call.uri}", context=parent, kind=SpanKind.CONSUMER,
                                        attributes=attrs)

@@ -21,15 +21,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-try:
-    from opentelemetry import context as otel_context
-    from opentelemetry import propagate, trace
-    from opentelemetry.propagators.textmap import TextMapPropagator
-    from opentelemetry.trace import SpanKind, Status, StatusCode
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError(
-        "tracing needs the OpenTelemetry packages: pip install 'juggler-suite[otel]'"
-    ) from exc
+from rustext.otel import (
+    SpanKind,
+    Status,
+    StatusCode,
+    Traced,
+    otel_context,
+    trace,
+)
 
 if TYPE_CHECKING:
     from rpc.client_plugins import CallInfo
@@ -88,7 +87,7 @@ def _end(span: trace.Span, error: BaseException | None) -> None:
     span.end()
 
 
-class TracingPlugin:
+class TracingPlugin(Traced):
     """Server plugin: a SERVER span per request, child of the caller's span
     found in the request metadata (rpcx-plugins' ``PreHandleRequest``).
 
@@ -100,17 +99,10 @@ class TracingPlugin:
     ``propagator`` default to the process's global ones.
     """
 
-    def __init__(
-        self,
-        *,
-        tracer_provider: trace.TracerProvider | None = None,
-        propagator: TextMapPropagator | None = None,
-    ) -> None:
-        self._tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
-        self._propagator = propagator
+    SCOPE = SCOPE
 
     def _start(self, ctx: Context, start_time: int | None = None) -> trace.Span:
-        propagator = self._propagator or propagate.get_global_textmap()
+        propagator = self.propagator
         parent = propagator.extract(ctx.metadata)
         attrs: dict[str, Any] = {
             "rpc.system": RPC_SYSTEM,
@@ -155,7 +147,7 @@ class TracingPlugin:
         _end(span, error)
 
 
-class TracingClientPlugin:
+class TracingClientPlugin(Traced):
     """Client plugin: a CLIENT span per try of a call, its context injected
     into the request metadata (rpcx-plugins' client ``PreCall``/``PostCall``).
 
@@ -166,17 +158,10 @@ class TracingClientPlugin:
     ``XClient`` call (failover, retries, broadcast) gets its own span.
     """
 
-    def __init__(
-        self,
-        *,
-        tracer_provider: trace.TracerProvider | None = None,
-        propagator: TextMapPropagator | None = None,
-    ) -> None:
-        self._tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
-        self._propagator = propagator
+    SCOPE = SCOPE
 
     def pre_call(self, call: CallInfo, args: Any) -> None:
-        propagator = self._propagator or propagate.get_global_textmap()
+        propagator = self.propagator
         parent = otel_context.get_current()
         if not trace.get_current_span(parent).get_span_context().is_valid:
             from_metadata = propagator.extract(call.metadata)

@@ -22,7 +22,6 @@ range the cluster served), and that wrk saw no error.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -39,7 +38,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benches.common import loadavg, save
+from benches.common import loadavg, round_args, save
 from seq.bench import proc_cpu_seconds, self_cpu_seconds
 from seq.channel import ApiChannel
 from seq.localcluster import LocalCluster
@@ -168,12 +167,7 @@ async def main(clients: int, duration: float, rounds: int) -> list[dict[str, Any
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--clients", type=int, default=33, help="gRPC tasks, and wrk connections (11 per member)")
-    ap.add_argument("--duration", type=int, default=5, help="seconds per measurement (whole: wrk's unit)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", metavar="FILE", help="write every measurement (JSON) there")
-    a = ap.parse_args()
+    a = round_args(33, "gRPC tasks, and wrk connections (11 per member)")
     rows = uvloop.run(main(a.clients, a.duration, a.rounds))
     if a.out:
         save(a.out, {"setup": {"clients": a.clients, "duration": a.duration, "members": 3,

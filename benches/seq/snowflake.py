@@ -21,7 +21,6 @@ worker counted as many requests as wrk got answers.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import json
@@ -39,7 +38,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benches.common import loadavg, save
+from benches.common import loadavg, round_args, save
 from seq.bench import proc_cpu_seconds, self_cpu_seconds
 from seq.channel import ApiChannel
 from seq.localcluster import LocalCluster
@@ -166,12 +165,7 @@ async def main(clients: int, duration: float, rounds: int) -> list[dict[str, Any
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--clients", type=int, default=32, help="gRPC tasks, and wrk connections")
-    ap.add_argument("--duration", type=int, default=5, help="seconds per measurement (whole: wrk's unit)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", metavar="FILE", help="write every measurement (JSON) there")
-    a = ap.parse_args()
+    a = round_args(32, "gRPC tasks, and wrk connections")
     rows = uvloop.run(main(a.clients, a.duration, a.rounds))
     if a.out:
         save(a.out, {"setup": {"clients": a.clients, "duration": a.duration, "members": 3, "workers": 1,
