@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import heapq
 import html
 import json
 import logging
@@ -101,7 +100,7 @@ class _Refused(Exception):
 class Store(Protocol):
     def get(self, name: str) -> int: ...
     def advance(self, name: str, new: int) -> tuple[bool, asyncio.Future[None] | None]: ...
-    def names(self) -> Iterable[str]: ...
+    def names_page(self, after: str | None, limit: int) -> list[str]: ...
     def __len__(self) -> int: ...
 
 
@@ -383,10 +382,7 @@ class HttpApi:
         q = self._query(request, ("limit", "after"))
         limit = self._int(q["limit"], "limit", 1, MAX_LIST) if "limit" in q else DEFAULT_LIST
         after = q.get("after")
-        names: Iterable[str] = self._store.names()
-        if after is not None:
-            names = (k for k in names if k > after)
-        page = heapq.nsmallest(limit + 1, names)
+        page = self._store.names_page(after, limit + 1)
         more = len(page) > limit
         page = page[:limit]
         now = self._names.clock()

@@ -29,6 +29,7 @@ Durability rules:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import logging
 import os
@@ -175,6 +176,8 @@ class Store:
         self._gen = gen
         self._fd = fd
         self._values = values
+        #: the names in order, built at the first listing and kept up to date after
+        self._order: list[str] | None = None
         self._log_bytes = log_bytes
         self._compact_bytes = compact_bytes
         self._dirty: dict[str, int] = {}
@@ -265,6 +268,15 @@ class Store:
         """The names held, unordered: a live view (iterate it without awaiting in between)."""
         return self._values.keys()
 
+    def names_page(self, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` names in order, those after ``after`` (all: None).
+        The order is built once, at the first call (a sort of every name),
+        then kept as names are added: a page costs a binary search."""
+        if self._order is None:
+            self._order = sorted(self._values)
+        start = 0 if after is None else bisect.bisect_right(self._order, after)
+        return self._order[start:start + limit]
+
     def __len__(self) -> int:
         return len(self._values)
 
@@ -297,8 +309,11 @@ class Store:
     def merge(self, values: dict[str, int]) -> asyncio.Future[None]:
         """Raise every name to at least the given value (catch-up); a future for durability."""
         self._check()
+        if self._order is not None and len(values) > 1000:
+            self._order = None  # many new names at once: sort again at the next listing
         for name, value in values.items():
             if value > self._values.get(name, 1) and value <= MAX_VALUE:
+                self._remember(name)
                 self._values[name] = value
                 self._dirty[name] = value
         return self._current_batch()
@@ -309,7 +324,12 @@ class Store:
         if self._closed:
             raise StoreError("store is closed")
 
+    def _remember(self, name: str) -> None:
+        if self._order is not None and name not in self._values:
+            bisect.insort(self._order, name)
+
     def _set(self, name: str, value: int) -> asyncio.Future[None]:
+        self._remember(name)
         self._values[name] = value
         self._dirty[name] = value
         return self._current_batch()

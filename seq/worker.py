@@ -43,7 +43,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,8 +157,8 @@ class _StoreView:
     def advance(self, name: str, new: int) -> tuple[bool, asyncio.Future[None] | None]:
         return False, None
 
-    def names(self) -> Iterable[str]:
-        return ()
+    def names_page(self, after: str | None, limit: int) -> list[str]:
+        return []
 
     def __len__(self) -> int:
         return 0

@@ -142,3 +142,21 @@ def test_meta_roundtrip(tmp_path) -> None:
         f.write("{not json")
     with pytest.raises(StoreCorrupt):
         read_meta(d)
+
+
+async def test_names_page_keeps_the_order_as_names_come(tmp_path) -> None:
+    s = await opened(str(tmp_path / "d"))
+    for name in ("m", "c", "x"):
+        await s.advance(name, 5)[1]
+    assert s.names_page(None, 10) == ["c", "m", "x"]  # sorted at the first listing
+    await s.advance("a", 2)[1]  # new names after it, through each write path
+    await s.cas("p", 1, 3)[2]
+    await s.merge({"d": 9, "m": 7})
+    assert s.names_page(None, 10) == ["a", "c", "d", "m", "p", "x"]
+    assert s.names_page("c", 2) == ["d", "m"] and s.names_page("cz", 10) == ["d", "m", "p", "x"]
+    assert s.names_page("x", 10) == []
+    many = {f"n{i:05d}": 2 for i in range(1500)}  # a large catch-up: sorted again at the next listing
+    await s.merge(many)
+    page = s.names_page("m", 1600)
+    assert page == sorted([*many, "p", "x"]) and len(s) == 1506
+    await s.aclose()
