@@ -16,6 +16,8 @@
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
 //! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect, TLS to backends
 //! - [`stats`]    per-worker counters and the latency histogram
+//! - [`proxyproto`] the PROXY protocol (v1/v2) in and out, sans-I/O
+//! - [`l4`]       PROXY headers on accepted connections, before HTTP or TLS
 //! - `python`     the `rustext.Balancer` class
 
 pub mod accesslog;
@@ -27,6 +29,7 @@ pub mod https;
 pub mod net;
 mod pool;
 pub mod proxy;
+pub mod proxyproto;
 pub mod route;
 pub mod server;
 pub mod stats;
