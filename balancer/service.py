@@ -161,7 +161,7 @@ class LoadBalancer:
             for address, weight in addresses:
                 out.setdefault(address, BackendConfig(
                     address=address, weight=b.weight if weight is None else weight,
-                    max_connections=b.max_connections))
+                    max_connections=b.max_connections, send_proxy=b.send_proxy))
         return config.with_backends(list(out.values()))
 
     async def _discover(self, config: BalancerConfig) -> None:

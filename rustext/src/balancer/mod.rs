@@ -26,6 +26,7 @@ pub mod config;
 pub mod fast;
 pub mod h1;
 pub mod https;
+pub mod l4;
 pub mod net;
 mod pool;
 pub mod proxy;
