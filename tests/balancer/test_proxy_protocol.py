@@ -278,3 +278,31 @@ def test_config_fields_are_checked() -> None:
                 {"backends": [{"address": "127.0.0.1:1", "send_proxy": True}]}):
         with pytest.raises(BalancerConfigError, match="send_proxy|accept_proxy"):
             from_dict({"listen": "127.0.0.1:0", "backends": ["127.0.0.1:1"], **bad})
+
+
+async def test_health_checks_of_send_proxy_servers_start_with_a_header(haproxy, backends) -> None:
+    """HAProxy (accept-proxy) in front of a backend: checks from pools with
+    send_proxy pass it; the same server checked without a header is down."""
+    import asyncio
+
+    from balancer import LoadBalancer
+
+    (b,) = backends(1)
+    hport = free_port()
+    haproxy(f"frontend f\n  bind 127.0.0.1:{hport} accept-proxy\n  default_backend b\n"
+            f"backend b\n  server s {b.address}\n", hport)
+    addr = f"127.0.0.1:{hport}"
+    cfg = from_dict({
+        "listen": "127.0.0.1:0", "workers": 1, "default_backend": "v1",
+        "health": {"path": "/health", "interval": 0.05, "timeout": 1.0, "rise": 1, "fall": 2},
+        "backends": {"v1": {"servers": [addr], "send_proxy": "v1"}, "v2": {"servers": [addr], "send_proxy": "v2"},
+                     "plain": {"servers": [addr]}}})
+    async with LoadBalancer(cfg) as lb:
+        async def plain_down() -> None:
+            while {x["pool"]: x["state"] for x in lb.backends()}["plain"] != "down":
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(plain_down(), 10)
+        await asyncio.sleep(0.3)  # several more checks of each pool
+        states = {x["pool"]: x["state"] for x in lb.backends()}
+        assert states == {"v1": "up", "v2": "up", "plain": "down"}
