@@ -173,9 +173,21 @@ class Timeouts:
     total: float = 0.0
     #: wait for a backend slot when its ``max_connections`` is reached, then ``503``
     queue: float = 5.0
+    #: an upgraded connection (WebSocket) with nothing moving either way for this long is closed;
+    #: 0 = never. Unset: as HAProxy without ``timeout tunnel``, the client and backend timeouts go on
+    #: applying (the smaller of ``idle`` and ``response``)
+    tunnel: float | None = field(default=None, metadata={"default": "the smaller of idle and response"})
 
     def __post_init__(self) -> None:
         _non_negative(self, "connect", "header", "response", "idle", "total", "queue")
+        if self.tunnel is not None:
+            _non_negative(self, "tunnel")
+
+    def tunnel_effective(self) -> float:
+        """The tunnel inactivity timeout in force (0: none)."""
+        if self.tunnel is not None:
+            return self.tunnel
+        return min((t for t in (self.idle, self.response) if t > 0), default=0.0)
         if self.connect == 0 or self.response == 0:
             raise BalancerConfigError("timeouts.connect and timeouts.response must be > 0")
 
@@ -538,6 +550,7 @@ class BalancerConfig:
             "idle_timeout": t.idle,
             "total_timeout": t.total,
             "queue_timeout": t.queue,
+            "tunnel_timeout": t.tunnel_effective(),
             "eject_after": p.eject_after,
             "eject_cooldown": p.cooldown,
             "max_connections": lim.max_connections,
@@ -586,7 +599,7 @@ class BalancerConfig:
 
 _POOL_KEYS = frozenset((
     "backends", "algorithm", "hash_key", "retries", "connect_timeout", "response_timeout", "total_timeout",
-    "queue_timeout", "eject_after", "eject_cooldown", "max_connections", "send_proxy"))
+    "queue_timeout", "eject_after", "eject_cooldown", "max_connections", "send_proxy", "tunnel_timeout"))
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:

@@ -131,6 +131,9 @@ pub struct Settings {
     pub send_proxy: Option<super::proxyproto::Version>,
     /// Per-server choices that override `send_proxy` (server name, choice).
     pub send_proxy_servers: Vec<(String, Option<super::proxyproto::Version>)>,
+    /// Inactivity (both directions) that closes an upgraded connection
+    /// (zero = none). The control plane applies HAProxy's default when unset.
+    pub tunnel_timeout: Duration,
 }
 
 /// One listening address, and whether it terminates TLS (with the
@@ -193,6 +196,7 @@ impl Default for Settings {
             queue_timeout: Duration::from_secs(5),
             send_proxy: None,
             send_proxy_servers: Vec::new(),
+            tunnel_timeout: Duration::ZERO,
         }
     }
 }

@@ -1268,15 +1268,22 @@ async fn forward(
                         drop(bc);
                         let mut upgraded_log = lg.take();
                         let w = w.clone();
+                        let tunnel_timeout = s.tunnel_timeout;
                         tokio::spawn(async move {
                             let _lease = lease;
                             let mut moved = (0, 0);
+                            let mut idle = false;
                             if let (Ok(c), Ok(b)) = (client_side.await, backend_side.await) {
-                                let (mut c, mut b) = (TokioIo::new(c), TokioIo::new(b));
-                                moved = tokio::io::copy_bidirectional(&mut c, &mut b).await.unwrap_or((0, 0));
+                                let (up, down, end) =
+                                    super::tunnel::relay(TokioIo::new(c), TokioIo::new(b), tunnel_timeout).await;
+                                moved = (up, down);
+                                idle = end == super::tunnel::End::Idle;
                             }
                             // an upgraded connection's one line, when it ends
                             if let Some(l) = upgraded_log.as_mut() {
+                                if idle && l.term == "--" {
+                                    l.term = "cD"; // HAProxy's code for a timeout in the data phase
+                                }
                                 l.status = 101;
                                 l.emit(&w, moved.1, moved.0);
                             }

@@ -221,6 +221,7 @@ fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
             None => None,
         },
         send_proxy_servers,
+        tunnel_timeout: secs(d, "tunnel_timeout", def.tunnel_timeout)?,
     };
     Ok(s)
 }
