@@ -104,6 +104,12 @@ def parse_hostport(value: str, what: str) -> tuple[str, int]:
     return host, port
 
 
+def check_send_proxy(value: object, what: str) -> None:
+    """``send_proxy`` is unset, ``"v1"``, ``"v2"`` or ``"none"``."""
+    if value is not None and value not in ("v1", "v2", "none"):
+        raise BalancerConfigError(f"{what} must be \"v1\", \"v2\" or \"none\", got {value!r}")
+
+
 def _non_negative(obj: object, *names: str) -> None:
     for name in names:
         v = getattr(obj, name)
@@ -124,6 +130,9 @@ class BackendConfig:
     srv: str | None = None
     #: the addresses a name gives: ``"any"`` (A and AAAA), ``"ipv4"`` (A) or ``"ipv6"`` (AAAA)
     resolve: str = "any"
+    #: a PROXY protocol header on each new connection to this server: ``"v1"``, ``"v2"`` or ``"none"``;
+    #: unset: the pool's ``send_proxy``
+    send_proxy: str | None = None
 
     @property
     def key(self) -> str:
@@ -131,6 +140,7 @@ class BackendConfig:
         return f"srv:{self.srv}" if self.srv is not None else self.address
 
     def __post_init__(self) -> None:
+        check_send_proxy(self.send_proxy, f"backend {self.address or self.srv} send_proxy")
         if self.resolve not in ("any", "ipv4", "ipv6"):
             raise BalancerConfigError(f"backend resolve must be any, ipv4 or ipv6, got {self.resolve!r}")
         if self.srv is not None:
@@ -164,11 +174,23 @@ class Timeouts:
     total: float = 0.0
     #: wait for a backend slot when its ``max_connections`` is reached, then ``503``
     queue: float = 5.0
+    #: an upgraded connection (WebSocket) with nothing moving either way for this long is closed;
+    #: 0 = never. Unset: as HAProxy without ``timeout tunnel``, the client and backend timeouts go on
+    #: applying (the smaller of ``idle`` and ``response``)
+    tunnel: float | None = field(default=None, metadata={"default": "the smaller of idle and response"})
 
     def __post_init__(self) -> None:
         _non_negative(self, "connect", "header", "response", "idle", "total", "queue")
+        if self.tunnel is not None:
+            _non_negative(self, "tunnel")
         if self.connect == 0 or self.response == 0:
             raise BalancerConfigError("timeouts.connect and timeouts.response must be > 0")
+
+    def tunnel_effective(self) -> float:
+        """The tunnel inactivity timeout in force (0: none)."""
+        if self.tunnel is not None:
+            return self.tunnel
+        return min((t for t in (self.idle, self.response) if t > 0), default=0.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -330,6 +352,13 @@ class BalancerConfig:
     admin_auth: AdminAuth | None = None
     #: the ``[access_log]`` table: one line per request; unset = no access log
     access_log: AccessLog | None = None
+    #: connections to ``listen`` start with a PROXY protocol header (v1 or v2, as HAProxy's
+    #: ``accept-proxy``) giving the client's address (a change needs a restart)
+    accept_proxy: bool = False
+    #: new connections to the backends start with a PROXY protocol header carrying the client's address:
+    #: ``"v1"`` (HAProxy's ``send-proxy``), ``"v2"`` (``send-proxy-v2``) or ``"none"``; such connections
+    #: serve one client connection only (never shared through the keep-alive pool)
+    send_proxy: str = "none"
 
     def __post_init__(self) -> None:
         if self.listeners:
@@ -338,7 +367,8 @@ class BalancerConfig:
             object.__setattr__(self, "listeners", tuple(
                 x if isinstance(x, Listener) else section(Listener, x, f"listeners[{i}]")
                 for i, x in enumerate(self.listeners)))
-            for name in ("routes", "default_backend", "request_id", "hsts", "request_headers", "response_headers"):
+            for name in ("routes", "default_backend", "request_id", "hsts", "request_headers", "response_headers",
+                         "accept_proxy"):
                 if getattr(self, name) != getattr(_DEFAULTS, name, None):
                     raise BalancerConfigError(f"{name} belongs in each [[listeners]] table when there are listeners")
             seen_addr: set[str] = set()
@@ -365,6 +395,7 @@ class BalancerConfig:
             self.pools()  # each pool complete and valid
         if self.admin is not None:
             parse_hostport(self.admin, "admin")
+        check_send_proxy(self.send_proxy, "send_proxy")
         object.__setattr__(self, "backends", tuple(self.backends))
         algorithm = ALGORITHM_ALIASES.get(self.algorithm.replace("-", "_"), self.algorithm.replace("-", "_"))
         if algorithm not in ALGORITHMS:
@@ -433,7 +464,7 @@ class BalancerConfig:
         return (Listener(address=self.listen, tls=bool(self.tls.certificates), routes=self.routes,
                          default_backend=default, request_id=self.request_id, hsts=self.hsts,
                          request_headers=self.request_headers, response_headers=self.response_headers,
-                         where=""),)
+                         where="", accept_proxy=self.accept_proxy),)
 
     def pools(self) -> dict[str, BalancerConfig]:
         """Each backend pool as a configuration of its own (servers, policy,
@@ -464,6 +495,7 @@ class BalancerConfig:
                     response_headers=HeaderRules(), backends=servers,
                     algorithm=nb.algorithm or self.algorithm, hash_key=nb.hash_key or self.hash_key,
                     retries=self.retries if nb.retries is None else nb.retries,
+                    send_proxy=self.send_proxy if nb.send_proxy is None else nb.send_proxy,
                     timeouts=timeouts, passive=passive, limits=limits, health=health)
             except BalancerConfigError as exc:
                 raise BalancerConfigError(f"{w}: {exc}") from exc
@@ -496,7 +528,8 @@ class BalancerConfig:
             "listen": self.listen,
             "workers": self.workers,
             "backends": [
-                {"address": b.address, "weight": b.weight, "max_connections": b.max_connections}
+                {"address": b.address, "weight": b.weight, "max_connections": b.max_connections,
+                 **({"send_proxy": b.send_proxy} if b.send_proxy is not None else {})}
                 for b in self.backends
             ],
             "algorithm": self.algorithm,
@@ -508,6 +541,7 @@ class BalancerConfig:
             "idle_timeout": t.idle,
             "total_timeout": t.total,
             "queue_timeout": t.queue,
+            "tunnel_timeout": t.tunnel_effective(),
             "eject_after": p.eject_after,
             "eject_cooldown": p.cooldown,
             "max_connections": lim.max_connections,
@@ -521,6 +555,7 @@ class BalancerConfig:
             "backend_tls": self.tls.backend,
             "backend_ca": self.tls.backend_ca,
             "backend_tls_insecure": self.tls.backend_insecure,
+            "send_proxy": self.send_proxy,
         }
         return {k: v for k, v in native.items() if v is not None or not k.startswith(("tls_", "http_", "backend_"))}
 
@@ -532,10 +567,12 @@ class BalancerConfig:
                 out.append(name)
         if self.log_destinations() != other.log_destinations():
             out.append("access log destinations (path, syslog; formats change on reload)")
-        mine = [(x.address, x.tls) for x in self.effective_listeners()]
-        theirs = [(x.address, x.tls) for x in other.effective_listeners()]
+        mine = [(x.address, x.tls, x.accept_proxy) for x in self.effective_listeners()]
+        theirs = [(x.address, x.tls, x.accept_proxy) for x in other.effective_listeners()]
         if self.listeners and mine != theirs:
-            out.append("listeners (addresses and tls)")
+            out.append("listeners (addresses, tls and accept_proxy)")
+        if not self.listeners and self.accept_proxy != other.accept_proxy:
+            out.append("accept_proxy")
         if self.tls != other.tls:
             out.append("tls (the same files are reloaded in place; other TLS changes need a restart)")
         for name in ("header", "idle"):
@@ -566,7 +603,7 @@ def _servers(nb: NamedBackend, where: str) -> tuple[BackendConfig, ...]:
 
 _POOL_KEYS = frozenset((
     "backends", "algorithm", "hash_key", "retries", "connect_timeout", "response_timeout", "total_timeout",
-    "queue_timeout", "eject_after", "eject_cooldown", "max_connections"))
+    "queue_timeout", "eject_after", "eject_cooldown", "max_connections", "send_proxy", "tunnel_timeout"))
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:

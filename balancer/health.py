@@ -2,7 +2,10 @@
 
 Each backend gets one task that sends ``GET <path>`` on a fresh connection
 every ``interval`` (bounded by ``timeout``); a 2xx/3xx answer is a success
-(redirects are not followed). The HTTP client is aiohttp.
+(redirects are not followed). The HTTP client is aiohttp; a backend that
+expects a PROXY protocol header (``send_proxy``) is checked over a raw
+connection that starts with one naming no client (v2 ``LOCAL``, v1
+``UNKNOWN``), as HAProxy's checks of such servers do.
 After ``rise`` successes in a row a down backend is marked up, after
 ``fall`` failures in a row an up backend is marked down; every transition
 calls ``on_change(name, healthy)`` (the service forwards it to the data
@@ -42,6 +45,36 @@ async def probe(session: aiohttp.ClientSession, address: str, check: HealthCheck
         return False
 
 
+#: The PROXY header of a health check: the balancer's own connection, no client.
+CHECK_PROXY_HEADERS = {
+    "v1": b"PROXY UNKNOWN\r\n",
+    "v2": b"\r\n\r\n\x00\r\nQUIT\n\x20\x00\x00\x00",
+}
+
+
+async def probe_proxied(address: str, check: HealthCheck, version: str) -> bool:
+    """``probe`` for a backend that expects a PROXY header first."""
+    host, port = parse_hostport(address, "backend address")
+
+    async def once() -> bool:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(CHECK_PROXY_HEADERS[version] + (
+                f"GET {check.path} HTTP/1.1\r\nHost: {check.host or address}\r\n"
+                "User-Agent: juggler-balancer-health\r\nConnection: close\r\n\r\n").encode("latin-1"))
+            await writer.drain()
+            status = (await reader.readline()).split()
+            return len(status) >= 2 and status[0].startswith(b"HTTP/") and status[1].isdigit() \
+                and 200 <= int(status[1]) < 400
+        finally:
+            writer.close()
+
+    try:
+        return await asyncio.wait_for(once(), check.timeout)
+    except (OSError, TimeoutError, ValueError, UnicodeError):
+        return False
+
+
 class HealthChecker:
     """Runs one probe task per backend; ``set_backends`` follows reloads."""
 
@@ -51,6 +84,8 @@ class HealthChecker:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.healthy: dict[str, bool] = {}
         self._session: aiohttp.ClientSession | None = None
+        #: backend address → ``"v1"`` / ``"v2"`` for those checked with a PROXY header
+        self.send_proxy: dict[str, str | None] = {}
 
     def _client(self) -> aiohttp.ClientSession:
         import aiohttp  # loaded only when health checks are configured
@@ -80,7 +115,11 @@ class HealthChecker:
     async def _run(self, name: str) -> None:
         ok_streak = bad_streak = 0
         while True:
-            ok = await probe(self._client(), name, self.check)
+            version = self.send_proxy.get(name)
+            if version is not None and version in CHECK_PROXY_HEADERS:
+                ok = await probe_proxied(name, self.check, version)
+            else:
+                ok = await probe(self._client(), name, self.check)
             if ok:
                 ok_streak, bad_streak = ok_streak + 1, 0
             else:

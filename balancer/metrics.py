@@ -44,6 +44,9 @@ class BalancerCollector(Collector):
         yield CounterMetricFamily("balancer_access_log_dropped",
                                   "Access log lines dropped because the writer fell behind.",
                                   value=s.get("access_log_dropped", 0))
+        yield CounterMetricFamily("balancer_proxy_refused",
+                                  "Connections closed on an accept_proxy listener: PROXY header missing, invalid or late.",
+                                  value=s.get("proxy_refused", 0))
 
         buckets, cum = [], 0
         for bound, n in zip([*s["latency_bounds"], "+Inf"], s["latency_buckets"], strict=True):

@@ -290,12 +290,17 @@ class Listener:
     #: the ``[access_log]`` table's
     access_log: Any = None
     where: str = field(default="listener", repr=False, compare=False, metadata={"internal": True})
+    #: connections start with a PROXY protocol header (v1 or v2, as HAProxy's ``accept-proxy``) giving
+    #: the client's address; a connection without a valid one within ``timeouts.header`` is closed
+    accept_proxy: bool = False
 
     def __post_init__(self) -> None:
         from balancer.config import parse_hostport
 
         w = self.where
         parse_hostport(self.address, f"{w}.address")
+        if not isinstance(self.accept_proxy, bool):
+            raise BalancerConfigError(f"{w}.accept_proxy must be true or false, got {self.accept_proxy!r}")
         object.__setattr__(self, "routes", tuple(
             r if isinstance(r, Route) else section(Route, r, f"{w}.routes[{i}]")
             if isinstance(r, Mapping) else _bad(f"{w}.routes[{i}]")
@@ -339,6 +344,7 @@ class Listener:
             "hsts": self.hsts.to_native() if self.hsts else None,
             "request_headers": self.request_headers.to_native(),
             "response_headers": self.response_headers.to_native(),
+            "accept_proxy": self.accept_proxy,
         }
 
 
@@ -375,8 +381,13 @@ class NamedBackend:
     where: str = field(default="backends", repr=False, compare=False, metadata={"internal": True})
     #: set once DNS expanded ``servers`` into addresses: an empty list is then "no address yet"
     discovered: bool = field(default=False, repr=False, compare=False, metadata={"internal": True})
+    #: as the top-level key (``"v1"``, ``"v2"`` or ``"none"``); unset: the top-level value
+    send_proxy: str | None = None
 
     def __post_init__(self) -> None:
+        from balancer.config import check_send_proxy
+
+        check_send_proxy(self.send_proxy, f"{self.where}.send_proxy")
         for name in ("request_headers", "response_headers"):
             v = getattr(self, name)
             if isinstance(v, Mapping):

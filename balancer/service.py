@@ -91,10 +91,13 @@ class LoadBalancer:
             if pool.health is None:
                 continue
             checker = self._health.get(name)
+            proxied = {b.address: b.send_proxy or pool.send_proxy for b in pool.backends}
             if checker is None:
                 checker = self._health[name] = HealthChecker(pool.health, functools.partial(self._mark_health, name))
+                checker.send_proxy = proxied
                 checker.set_backends(b.address for b in pool.backends)
             else:
+                checker.send_proxy = proxied
                 checker.set_backends((b.address for b in pool.backends), pool.health)
 
     @property

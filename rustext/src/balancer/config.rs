@@ -126,6 +126,14 @@ pub struct Settings {
     pub max_connections: usize,
     /// How long a request may wait for a backend slot before a 503.
     pub queue_timeout: Duration,
+    /// New backend connections start with a PROXY protocol header (HAProxy's
+    /// `send-proxy` / `send-proxy-v2`); None: off.
+    pub send_proxy: Option<super::proxyproto::Version>,
+    /// Per-server choices that override `send_proxy` (server name, choice).
+    pub send_proxy_servers: Vec<(String, Option<super::proxyproto::Version>)>,
+    /// Inactivity (both directions) that closes an upgraded connection
+    /// (zero = none). The control plane applies HAProxy's default when unset.
+    pub tunnel_timeout: Duration,
 }
 
 /// One listening address, and whether it terminates TLS (with the
@@ -134,6 +142,9 @@ pub struct Settings {
 pub struct ListenAddr {
     pub addr: SocketAddr,
     pub tls: bool,
+    /// Connections start with a PROXY protocol header (v1 or v2), which
+    /// gives the client's address (HAProxy's `accept-proxy`).
+    pub accept_proxy: bool,
 }
 
 /// Fixed for the life of a running balancer (listener, threads, pools).
@@ -185,6 +196,9 @@ impl Default for Settings {
             eject_cooldown: Duration::from_secs(10),
             max_connections: 0,
             queue_timeout: Duration::from_secs(5),
+            send_proxy: None,
+            send_proxy_servers: Vec::new(),
+            tunnel_timeout: Duration::ZERO,
         }
     }
 }
@@ -250,6 +264,7 @@ impl Config {
             vec![ListenAddr {
                 addr: self.listen,
                 tls: self.tls.is_some(),
+                accept_proxy: false,
             }]
         } else {
             self.listeners.clone()

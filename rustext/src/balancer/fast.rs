@@ -162,6 +162,9 @@ pub struct Link {
     buf: Vec<u8>,
     /// Coarse time it went idle (pool).
     since: u64,
+    /// Opened for one client (it started with that client's PROXY header):
+    /// never pooled.
+    private: bool,
 }
 
 impl Link {
@@ -244,6 +247,10 @@ impl FastPool {
 
     fn put(&self, id: u64, mut l: Link, now: u64) {
         if self.max_idle == 0 {
+            return;
+        }
+        if l.private {
+            self.give_back(std::mem::take(&mut l.buf));
             return;
         }
         self.give_back(std::mem::take(&mut l.buf));
@@ -535,6 +542,9 @@ async fn exchange(
         );
         let wait = attempts.response_wait();
         let sending = logging.then(Instant::now);
+        let pp = backend
+            .send_proxy()
+            .map(|v| super::l4::header_for(v, std::net::SocketAddr::new(peer.ip, peer.port), peer.local_addr(&w.shared)));
         match attempt_one(
             w,
             backend,
@@ -548,6 +558,7 @@ async fn exchange(
             resp_rules,
             &resp_edits,
             &mut done.timings.connect,
+            pp.as_deref(),
         )
         .await
         {
@@ -760,6 +771,7 @@ async fn connect(b: &Backend, timeout: Duration) -> Result<Link, Fail> {
                 s,
                 buf: Vec::new(),
                 since: 0,
+                private: false,
             })
         }
         Ok(Err(_)) => Err(Fail::Connect),
@@ -821,8 +833,10 @@ async fn attempt_one(
     rules: Option<&Rules>,
     edits: &Edits<'_>,
     tc: &mut Option<Duration>,
+    proxy_header: Option<&[u8]>,
 ) -> Result<(Link, RespHead), Outcome> {
-    let mut fresh_only = false;
+    // A connection that starts with a client's PROXY header is that client's.
+    let mut fresh_only = proxy_header.is_some();
     loop {
         let pooled = if fresh_only {
             None
@@ -845,7 +859,10 @@ async fn attempt_one(
         if link.buf.capacity() == 0 {
             link.buf = w.fast_pool.scratch();
         }
-        if send_all(&link.s, &mut [IoSlice::new(head), IoSlice::new(body)])
+        // A new connection's PROXY header goes in the same sendmsg as the request.
+        let pp = if reused { &[][..] } else { proxy_header.unwrap_or_default() };
+        link.private = proxy_header.is_some();
+        if send_all(&link.s, &mut [IoSlice::new(pp), IoSlice::new(head), IoSlice::new(body)])
             .await
             .is_err()
         {

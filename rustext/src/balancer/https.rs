@@ -114,7 +114,16 @@ impl Conn {
 
 /// Serve one accepted connection over TLS until it ends, is closed by the
 /// housekeeping (idle, drain: gracefully) or aborted (slow headers).
-pub(super) async fn serve(w: Arc<Worker>, ctl: Arc<ConnCtl>, sock: std::net::TcpStream, addr: SocketAddr, tls: &ListenTls, listener: usize) {
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn serve(
+    w: Arc<Worker>,
+    ctl: Arc<ConnCtl>,
+    sock: std::net::TcpStream,
+    addr: SocketAddr,
+    tls: &ListenTls,
+    listener: usize,
+    local: Option<SocketAddr>,
+) {
     let Ok(sock) = TcpStream::from_std(sock) else { return };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
     // The handshake counts as reading the request head: a client that
@@ -131,6 +140,7 @@ pub(super) async fn serve(w: Arc<Worker>, ctl: Arc<ConnCtl>, sock: std::net::Tcp
     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
     let mut peer = Peer::with_proto(addr, ctl.clone(), true);
     peer.listener = listener;
+    peer.local = local;
     let peer = Arc::new(peer);
     let io = TokioIo::new(Watched { io: stream, ctl: ctl.clone(), worker: w.clone(), track_head: !h2 });
     let svc = super::server::Svc::new(w.clone(), peer.clone());

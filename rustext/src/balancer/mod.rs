@@ -16,6 +16,9 @@
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
 //! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect, TLS to backends
 //! - [`stats`]    per-worker counters and the latency histogram
+//! - [`tunnel`]   upgraded connections: the byte relay and its tunnel timeout
+//! - [`proxyproto`] the PROXY protocol (v1/v2) in and out, sans-I/O
+//! - [`l4`]       PROXY headers on accepted connections, before HTTP or TLS
 //! - `python`     the `rustext.Balancer` class
 
 pub mod accesslog;
@@ -24,12 +27,15 @@ pub mod config;
 pub mod fast;
 pub mod h1;
 pub mod https;
+pub mod l4;
 pub mod net;
 mod pool;
 pub mod proxy;
+pub mod proxyproto;
 pub mod route;
 pub mod server;
 pub mod stats;
+pub mod tunnel;
 pub mod upstream;
 
 #[cfg(feature = "python")]

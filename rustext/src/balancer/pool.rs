@@ -34,6 +34,9 @@ pub enum Fail {
 /// One HTTP/1.1 connection to a backend (its I/O runs on its own task).
 pub struct BackendConn {
     pub tx: Sender,
+    /// Opened for one client (it started with that client's PROXY header):
+    /// never pooled.
+    pub private: bool,
 }
 
 impl BackendConn {
@@ -103,12 +106,22 @@ impl Pool {
     }
 
     pub async fn connect(&self, b: &Backend, timeout: Duration) -> Result<BackendConn, Fail> {
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect(b.addr)).await {
+        self.connect_with(b, timeout, None).await
+    }
+
+    /// A new connection, starting with `proxy_header` if given (before TLS,
+    /// if any); such a connection is private to its client.
+    pub async fn connect_with(&self, b: &Backend, timeout: Duration, proxy_header: Option<&[u8]>) -> Result<BackendConn, Fail> {
+        let mut stream = match tokio::time::timeout(timeout, TcpStream::connect(b.addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(_)) => return Err(Fail::Connect),
             Err(_) => return Err(Fail::ConnectTimeout),
         };
         let _ = stream.set_nodelay(true);
+        if let Some(h) = proxy_header {
+            use tokio::io::AsyncWriteExt;
+            stream.write_all(h).await.map_err(|_| Fail::Connect)?;
+        }
         let tx = match &self.tls {
             None => {
                 let (tx, conn) = http1::Builder::new()
@@ -135,12 +148,12 @@ impl Pool {
                 tx
             }
         };
-        Ok(BackendConn { tx })
+        Ok(BackendConn { tx, private: proxy_header.is_some() })
     }
 
     /// Return a connection whose exchange finished cleanly.
     pub fn put(&self, id: u64, bc: BackendConn) {
-        if bc.tx.is_closed() || self.max_idle == 0 {
+        if bc.tx.is_closed() || self.max_idle == 0 || bc.private {
             return;
         }
         let mut g = self.idle.lock().unwrap_or_else(|e| e.into_inner());

@@ -54,6 +54,9 @@ pub struct Shared {
     pub access_log: Option<super::accesslog::AccessLog>,
     /// Each listener's bound address, as the access log names it (`%ft`).
     pub frontends: Vec<String>,
+    /// Each listener's bound address (the destination a PROXY header sent
+    /// to a backend names, unless the client's own header gave one).
+    pub bound: Vec<SocketAddr>,
 }
 
 /// A client address already at `max_client_connections`.
@@ -229,9 +232,19 @@ pub struct Peer {
     pub https: bool,
     /// The listener it connected to (its routes).
     pub listener: usize,
+    /// The address the client connected to, when a PROXY header said it
+    /// (else the listener's: see [`Peer::local_addr`]).
+    pub local: Option<SocketAddr>,
 }
 
 impl Peer {
+    /// The address the client connected to (a PROXY header sent to a backend names it).
+    pub fn local_addr(&self, shared: &Shared) -> SocketAddr {
+        self.local
+            .or_else(|| shared.bound.get(self.listener).copied())
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
     pub fn new(addr: SocketAddr, ctl: Arc<ConnCtl>) -> Self {
         Peer::with_proto(addr, ctl, false)
     }
@@ -253,6 +266,7 @@ impl Peer {
             ctl,
             https,
             listener: 0,
+            local: None,
         }
     }
 
@@ -270,6 +284,7 @@ impl Peer {
                     ctl,
                     https: false,
                     listener: 0,
+                    local: None,
                 };
             }
         }
@@ -963,11 +978,12 @@ async fn send(
     connect: Duration,
     wait: Duration,
     progress: Option<&Progress>,
+    proxy_header: Option<&[u8]>,
 ) -> Outcome {
     let mut reused_failed = false;
     loop {
-        let got = if reused_failed {
-            w.pool.connect(b, connect).await.map(|tx| (tx, false))
+        let got = if reused_failed || proxy_header.is_some() {
+            w.pool.connect_with(b, connect, proxy_header).await.map(|tx| (tx, false))
         } else {
             w.pool.acquire(b, connect).await
         };
@@ -1234,6 +1250,9 @@ async fn forward(
             }
         };
         let wait = attempts.response_wait();
+        let pp = backend
+            .send_proxy()
+            .map(|v| super::l4::header_for(v, SocketAddr::new(peer.ip, peer.port), peer.local_addr(&w.shared)));
         match send(
             w,
             &backend,
@@ -1241,6 +1260,7 @@ async fn forward(
             s.connect_timeout,
             wait,
             progress.as_deref(),
+            pp.as_deref(),
         )
         .await
         {
@@ -1258,15 +1278,22 @@ async fn forward(
                         drop(bc);
                         let mut upgraded_log = lg.take();
                         let w = w.clone();
+                        let tunnel_timeout = s.tunnel_timeout;
                         tokio::spawn(async move {
                             let _lease = lease;
                             let mut moved = (0, 0);
+                            let mut idle = false;
                             if let (Ok(c), Ok(b)) = (client_side.await, backend_side.await) {
-                                let (mut c, mut b) = (TokioIo::new(c), TokioIo::new(b));
-                                moved = tokio::io::copy_bidirectional(&mut c, &mut b).await.unwrap_or((0, 0));
+                                let (up, down, end) =
+                                    super::tunnel::relay(TokioIo::new(c), TokioIo::new(b), tunnel_timeout).await;
+                                moved = (up, down);
+                                idle = end == super::tunnel::End::Idle;
                             }
                             // an upgraded connection's one line, when it ends
                             if let Some(l) = upgraded_log.as_mut() {
+                                if idle && l.term == "--" {
+                                    l.term = "cD"; // HAProxy's code for a timeout in the data phase
+                                }
                                 l.status = 101;
                                 l.emit(&w, moved.1, moved.0);
                             }

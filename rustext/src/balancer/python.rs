@@ -150,9 +150,22 @@ fn string(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Option<String>> {
     }
 }
 
+/// `send_proxy`: "v1", "v2", or none/"none"/false (off).
+fn parse_send_proxy(v: &Bound<'_, PyAny>) -> PyResult<Option<super::proxyproto::Version>> {
+    if v.is_none() || v.extract::<bool>().is_ok_and(|b| !b) {
+        return Ok(None);
+    }
+    let s: String = v.extract().map_err(|_| cfg_err("send_proxy must be \"v1\", \"v2\" or \"none\""))?;
+    if s == "none" {
+        return Ok(None);
+    }
+    super::proxyproto::Version::parse(&s).map(Some).map_err(cfg_err)
+}
+
 fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
     let def = Settings::default();
     let mut backends = Vec::new();
+    let mut send_proxy_servers = Vec::new();
     if let Some(list) = d.get_item("backends")? {
         for item in list
             .try_iter()
@@ -168,6 +181,9 @@ fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
             } else if let Ok(b) = item.cast::<PyDict>() {
                 let name =
                     string(b, "address")?.ok_or_else(|| cfg_err("a backend needs an address"))?;
+                if let Some(v) = b.get_item("send_proxy")? {
+                    send_proxy_servers.push((name.clone(), parse_send_proxy(&v)?));
+                }
                 BackendSpec {
                     name,
                     weight: int(b, "weight", 1u32)?,
@@ -201,6 +217,12 @@ fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
         eject_cooldown: secs(d, "eject_cooldown", def.eject_cooldown)?,
         max_connections: int(d, "max_connections", def.max_connections)?,
         queue_timeout: secs(d, "queue_timeout", def.queue_timeout)?,
+        send_proxy: match d.get_item("send_proxy")? {
+            Some(v) => parse_send_proxy(&v)?,
+            None => None,
+        },
+        send_proxy_servers,
+        tunnel_timeout: secs(d, "tunnel_timeout", def.tunnel_timeout)?,
     };
     Ok(s)
 }
@@ -313,6 +335,10 @@ fn parse_listener(d: &Bound<'_, PyDict>) -> PyResult<(ListenAddr, ListenerSpec)>
         Some(v) if !v.is_none() => v.extract::<bool>().map_err(|_| cfg_err("listener tls must be true or false"))?,
         _ => false,
     };
+    let accept_proxy = match d.get_item("accept_proxy")? {
+        Some(v) if !v.is_none() => v.extract::<bool>().map_err(|_| cfg_err("listener accept_proxy must be true or false"))?,
+        _ => false,
+    };
     let routes = list(d, "routes")?
         .iter()
         .map(|r| parse_route(&dict(r, "a route")?))
@@ -335,7 +361,7 @@ fn parse_listener(d: &Bound<'_, PyDict>) -> PyResult<(ListenAddr, ListenerSpec)>
         _ => None,
     };
     Ok((
-        ListenAddr { addr, tls },
+        ListenAddr { addr, tls, accept_proxy },
         ListenerSpec {
             routes,
             default_backend: string(d, "default_backend")?.filter(|s| !s.is_empty()),
@@ -448,7 +474,7 @@ fn parse_listener_logs(d: &Bound<'_, PyDict>) -> PyResult<Vec<crate::balancer::a
 fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     for k in d.keys() {
         let k: String = k.extract()?;
-        if !SETTINGS_KEYS.contains(&k.as_str()) && !FIXED_KEYS.contains(&k.as_str()) {
+        if !SETTINGS_KEYS.contains(&k.as_str()) && !FIXED_KEYS.contains(&k.as_str()) && !super::l4::CONFIG_KEYS.contains(&k.as_str()) {
             return Err(cfg_err(format!("unknown balancer setting {k:?}")));
         }
     }
@@ -526,6 +552,7 @@ fn totals_dict<'py>(py: Python<'py>, t: &Totals) -> PyResult<Bound<'py, PyDict>>
     d.set_item("latency_bounds", bounds)?;
     d.set_item("latency_buckets", t.latency.to_vec())?;
     d.set_item("latency_sum", t.latency_sum_us as f64 / 1e6)?;
+    d.set_item("proxy_refused", t.proxy_refused)?;
     Ok(d)
 }
 

@@ -136,7 +136,7 @@ impl Balancer {
         let table = Table::new(&config.routing_spec(), None, epoch, &ids)?;
         let cannot = |addr: SocketAddr, e: io::Error| format!("cannot listen on {addr}: {}", os_reason(&e));
         // per worker, one socket per listener (SO_REUSEPORT spreads connections)
-        let mut per_worker: Vec<Vec<(std::net::TcpListener, usize, bool)>> =
+        let mut per_worker: Vec<Vec<(std::net::TcpListener, usize, bool, bool)>> =
             (0..config.workers).map(|_| Vec::new()).collect();
         let mut local_addrs = Vec::new();
         for (idx, la) in config.listen_addrs().into_iter().enumerate() {
@@ -144,9 +144,9 @@ impl Balancer {
             let first = listener(la.addr).map_err(|e| cannot(la.addr, e))?;
             let bound = first.local_addr().map_err(|e| e.to_string())?;
             local_addrs.push(bound);
-            per_worker[0].push((first, idx, la.tls));
+            per_worker[0].push((first, idx, la.tls, la.accept_proxy));
             for w in per_worker.iter_mut().skip(1) {
-                w.push((listener(bound).map_err(|e| cannot(bound, e))?, idx, la.tls));
+                w.push((listener(bound).map_err(|e| cannot(bound, e))?, idx, la.tls, la.accept_proxy));
             }
         }
         let local_addr = local_addrs[0];
@@ -171,9 +171,11 @@ impl Balancer {
             .collect();
         let access_log = super::accesslog::AccessLog::start_all(config.access_log.as_ref(), &config.listener_logs)?;
         let frontends = local_addrs.iter().map(|a| a.to_string()).collect();
+        let bound = local_addrs.clone();
         let shared = Arc::new(Shared {
             access_log,
             frontends,
+            bound,
             config,
             table: RwLock::new(Arc::new(table)),
             workers: workers.clone(),
@@ -458,7 +460,7 @@ fn tick_period(cfg: &Config) -> Duration {
 async fn worker_main(
     shared: Arc<Shared>,
     stats: Arc<WorkerStats>,
-    ls: Vec<(std::net::TcpListener, usize, bool)>,
+    ls: Vec<(std::net::TcpListener, usize, bool, bool)>,
     mut stop: watch::Receiver<Option<Instant>>,
 ) {
     let cfg = &shared.config;
@@ -475,10 +477,11 @@ async fn worker_main(
     });
     let conns = Arc::new(Conns::default());
     let mut accepting = Vec::new();
-    for (l, idx, tls) in ls {
+    for (l, idx, tls, accept_proxy) in ls {
         // SAFETY: the listener owns its descriptor and keeps it while registered.
         let Ok(l) = (unsafe { AsyncFd::register_with_interest(l, Interest::READABLE) }) else { return };
-        accepting.push(tokio::spawn(accept_loop(worker.clone(), conns.clone(), l, idx, tls, stop.clone())));
+        let mode = Mode { tls, accept_proxy };
+        accepting.push(tokio::spawn(accept_loop(worker.clone(), conns.clone(), l, idx, mode, stop.clone())));
     }
     let sweep_every = if cfg.pool_idle_timeout.is_zero() {
         Duration::from_secs(30)
@@ -545,9 +548,10 @@ async fn accept_loop(
     conns: Arc<Conns>,
     listener: AsyncFd<std::net::TcpListener>,
     idx: usize,
-    tls: bool,
+    mode: Mode,
     mut stop: watch::Receiver<Option<Instant>>,
 ) {
+    let tls = mode.tls;
     let shared = worker.shared.clone();
     let stats = worker.stats.clone();
     loop {
@@ -564,6 +568,15 @@ async fn accept_loop(
                 // connections' tasks), then wait for readiness again.
                 for _ in 0..ACCEPT_BATCH {
                     match accept(guard.get_inner()) {
+                        Ok((sock, peer)) if mode.accept_proxy => {
+                            // The client's address is in the header: the
+                            // per-client limit applies once it is read.
+                            let ctl = Arc::new(ConnCtl::default());
+                            ctl.active.store(true, Relaxed);
+                            let id = conns.next.fetch_add(1, Relaxed);
+                            conns.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl.clone());
+                            tokio::spawn(serve_proxied(worker.clone(), conns.clone(), id, ctl, sock, peer, idx, tls));
+                        }
                         Ok((sock, peer)) => {
                             let Ok(slot) = ClientSlot::take(&shared, peer.ip()) else {
                                 // over the per-client limit: closed at once, nothing read
@@ -580,9 +593,9 @@ async fn accept_loop(
                             let id = conns.next.fetch_add(1, Relaxed);
                             conns.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl.clone());
                             if tls {
-                                tokio::spawn(serve_tls_conn(worker.clone(), conns.clone(), id, ctl, sock, peer, slot, idx));
+                                tokio::spawn(serve_tls_conn(worker.clone(), conns.clone(), id, ctl, sock, peer, slot, idx, None));
                             } else {
-                                tokio::spawn(serve_conn(worker.clone(), conns.clone(), id, ctl, sock, peer, slot, idx));
+                                tokio::spawn(serve_conn(worker.clone(), conns.clone(), id, ctl, sock, peer, slot, idx, None));
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -607,6 +620,59 @@ async fn accept_loop(
 
 /// Connections accepted per readiness event at most.
 const ACCEPT_BATCH: usize = 32;
+
+/// How a listener's connections start.
+#[derive(Clone, Copy)]
+struct Mode {
+    tls: bool,
+    accept_proxy: bool,
+}
+
+/// A connection to an `accept_proxy` listener: its PROXY header first
+/// (within the header timeout), then served as any other, as the client
+/// the header names. Without a valid header it is closed, unanswered, as
+/// HAProxy does.
+#[allow(clippy::too_many_arguments)]
+async fn serve_proxied(
+    w: Arc<Worker>,
+    conns: Arc<Conns>,
+    id: u64,
+    ctl: Arc<ConnCtl>,
+    sock: std::net::TcpStream,
+    peer: SocketAddr,
+    listener: usize,
+    tls: bool,
+) {
+    let forget = |conns: &Conns| {
+        conns.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    };
+    let (sock, header) = match super::l4::read_header(sock, w.shared.config.header_timeout).await {
+        Ok(x) => x,
+        Err(_) => {
+            w.stats.proxy_refused.fetch_add(1, Relaxed);
+            forget(&conns);
+            return;
+        }
+    };
+    // LOCAL (the sender's own health checks) and UNKNOWN: the real peer.
+    let (client, local) = match header.addrs {
+        Some((src, dst)) => (
+            super::proxyproto::canonical(src),
+            Some(super::proxyproto::canonical(dst)),
+        ),
+        None => (peer, None),
+    };
+    let Ok(slot) = ClientSlot::take(&w.shared, client.ip()) else {
+        w.stats.clients_refused.fetch_add(1, Relaxed);
+        forget(&conns);
+        return;
+    };
+    if tls {
+        serve_tls_conn(w, conns, id, ctl, sock, client, slot, listener, local).await;
+    } else {
+        serve_conn(w, conns, id, ctl, sock, client, slot, listener, local).await;
+    }
+}
 
 /// `accept4` straight to a non-blocking socket (one system call), not
 /// registered with the reactor: the fast path registers it only if it must wait.
@@ -722,10 +788,11 @@ async fn serve_tls_conn(
     peer: SocketAddr,
     _slot: Option<ClientSlot>,
     listener: usize,
+    local: Option<SocketAddr>,
 ) {
     let _count = ConnCount::new(&w.stats);
     if let Some(tls) = w.shared.config.tls.clone() {
-        super::https::serve(w, ctl, sock, peer, &tls, listener).await;
+        super::https::serve(w, ctl, sock, peer, &tls, listener, local).await;
     }
     conns.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
 }
@@ -740,6 +807,7 @@ async fn serve_conn(
     peer: SocketAddr,
     _slot: Option<ClientSlot>,
     listener: usize,
+    local: Option<SocketAddr>,
 ) {
     let _count = ConnCount::new(&w.stats);
     if !cfg!(target_os = "linux") {
@@ -747,6 +815,7 @@ async fn serve_conn(
     }
     let mut peer = Peer::cached(peer, ctl.clone(), &w.last_peer);
     peer.listener = listener;
+    peer.local = local;
     let peer = Arc::new(peer);
     let mut stage = if w.shared.config.backend_tls.is_some() {
         // The fast path speaks to backends over raw sockets: with TLS to

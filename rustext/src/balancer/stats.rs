@@ -64,6 +64,8 @@ pub struct WorkerStats {
     pub clients_refused: AtomicU64,
     pub latency: [AtomicU64; BUCKETS],
     pub latency_sum_us: AtomicU64,
+    /// Connections closed on an `accept_proxy` listener: PROXY header missing, invalid or late.
+    pub proxy_refused: AtomicU64,
 }
 
 impl WorkerStats {
@@ -94,6 +96,7 @@ pub struct Totals {
     pub clients_refused: u64,
     pub latency: [u64; BUCKETS],
     pub latency_sum_us: u64,
+    pub proxy_refused: u64,
 }
 
 impl Totals {
@@ -115,6 +118,7 @@ impl Totals {
             self.latency[i] += w.latency[i].load(Relaxed);
         }
         self.latency_sum_us += w.latency_sum_us.load(Relaxed);
+        self.proxy_refused += w.proxy_refused.load(Relaxed);
     }
 }
 

@@ -84,6 +84,9 @@ pub struct Backend {
     max_conns: AtomicUsize,
     pub limiter: Arc<Semaphore>,
     pub stats: BackendStats,
+    /// The PROXY header its new connections start with: 0 none, 1 v1, 2 v2
+    /// (set on every reload, see [`Backend::send_proxy`]).
+    send_proxy: AtomicU8,
 }
 
 /// Permits of an "unlimited" limiter; Semaphore::MAX_PERMITS is far larger.
@@ -122,7 +125,30 @@ impl Backend {
             max_conns: AtomicUsize::new(permits),
             limiter: Arc::new(Semaphore::new(permits)),
             stats: BackendStats::default(),
+            send_proxy: AtomicU8::new(0),
         })
+    }
+
+    /// Whether (and which) PROXY header its new connections start with.
+    /// Such connections are private to the client connection they were
+    /// opened for: they never go back to a shared pool.
+    #[inline]
+    pub fn send_proxy(&self) -> Option<super::proxyproto::Version> {
+        match self.send_proxy.load(Relaxed) {
+            1 => Some(super::proxyproto::Version::V1),
+            2 => Some(super::proxyproto::Version::V2),
+            _ => None,
+        }
+    }
+
+    fn set_send_proxy(&self, settings: &Settings) {
+        use super::proxyproto::Version;
+        let v = settings
+            .send_proxy_servers
+            .iter()
+            .find(|(n, _)| *n == self.name)
+            .map_or(settings.send_proxy, |(_, v)| *v);
+        self.send_proxy.store(match v { None => 0, Some(Version::V1) => 1, Some(Version::V2) => 2 }, Relaxed);
     }
 
     /// Resize the concurrency limit in place (waiters keep their place).
@@ -261,6 +287,7 @@ impl Upstream {
                     epoch,
                 )?),
             };
+            b.set_send_proxy(&settings);
             backends.push(b);
         }
         let ring = if settings.algorithm == Algorithm::ConsistentHash {
