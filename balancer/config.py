@@ -71,6 +71,7 @@ from rustext.fields import check_fields
 from balancer.auth import AdminAuth
 from balancer.discovery import DnsConfig, Target, is_ip
 from balancer.errors import BalancerConfigError
+from balancer.ratelimit import RateLimit
 from balancer.routing import HeaderRules, Hsts, Listener, NamedBackend, RequestId, Route, section
 
 #: the pool of a configuration with a ``[[backends]]`` list instead of named pools
@@ -365,6 +366,9 @@ class BalancerConfig:
     admin_auth: AdminAuth | None = None
     #: the ``[access_log]`` table: one line per request; unset = no access log
     access_log: AccessLog | None = None
+    #: the ``[rate_limit]`` table: requests per client address or header, over every listener;
+    #: unset = none (reloadable: the counts carry over while ``key`` and ``max_keys`` stay)
+    rate_limit: RateLimit | None = None
 
     def __post_init__(self) -> None:
         if self.listeners:
@@ -497,6 +501,8 @@ class BalancerConfig:
         native["listen"] = self.effective_listeners()[0].address
         if self.access_log is not None:
             native["access_log"] = {"path": self.access_log.path, "format": self.access_log.format}
+        if self.rate_limit is not None:
+            native["rate_limit"] = self.rate_limit.to_native()
         return native
 
     def _settings_native(self) -> dict[str, Any]:
@@ -629,6 +635,8 @@ def from_dict(data: dict[str, Any]) -> BalancerConfig:
         data["admin_auth"] = _section(AdminAuth, data["admin_auth"], "admin_auth")
     if "access_log" in data:
         data["access_log"] = _section(AccessLog, data["access_log"], "access_log")
+    if "rate_limit" in data:
+        data["rate_limit"] = _section(RateLimit, data["rate_limit"], "rate_limit")
     if "health" in data:
         health = _section(HealthCheck, data["health"], "health")
         data["health"] = health if health.enabled else None

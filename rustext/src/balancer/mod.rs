@@ -11,6 +11,7 @@
 //! - [`fast`]     the fast path: common exchanges on raw sockets, its pool
 //! - [`route`]    routes, named backend pools, header rules, redirects, request ids (compiled at load)
 //! - [`proxy`]    hyper's path: choose, forward, stream back, retry
+//! - [`ratelimit`] request rate limits per client address or header (GCRA, one table for all workers)
 //! - [`pool`]     hyper's keep-alive backend connections, one pool per worker
 //! - [`net`]      TCP streams writing with send/sendmsg
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
@@ -27,6 +28,7 @@ pub mod https;
 pub mod net;
 mod pool;
 pub mod proxy;
+pub mod ratelimit;
 pub mod route;
 pub mod server;
 pub mod stats;

@@ -904,7 +904,20 @@ pub async fn handle(
     if let (Some(l), Some((_, v))) = (lg.as_mut(), rid.as_ref()) {
         l.rid = v.as_bytes().to_vec();
     }
-    let mut resp = forward(&w, &t, &peer, req, start, rid.as_ref(), &mut lg).await;
+    let limited = t.rate_limit.as_deref().and_then(|rl| {
+        let header = match &rl.spec.key {
+            super::ratelimit::LimitKey::Header(n) => req.headers().get(n).map(HeaderValue::as_bytes),
+            super::ratelimit::LimitKey::Src => None,
+        };
+        rl.deny(peer.ip, header).map(|wait| (rl.spec.status, wait))
+    });
+    let mut resp = match limited {
+        Some((status, wait)) => {
+            bump(&w.stats.rate_limited, 1);
+            too_many_response(status, wait)
+        }
+        None => forward(&w, &t, &peer, req, start, rid.as_ref(), &mut lg).await,
+    };
     if let Some((name, value)) = rid {
         resp.headers_mut().insert(name, value);
     }
@@ -934,6 +947,16 @@ pub async fn handle(
         }
     }
     Ok(resp)
+}
+
+/// Refused by the rate limit: `status` (429) with `Retry-After`.
+fn too_many_response(status: u16, wait: Duration) -> Response<RespBody> {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    let mut r = error_response(code, super::ratelimit::BODY);
+    if let Some(v) = super::ratelimit::retry_after(wait).fixed {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
 }
 
 enum Outcome {

@@ -54,6 +54,33 @@ const FIXED_KEYS: [&str; 14] = [
     "backend_tls_insecure",
 ];
 
+/// Reloadable keys of the request policies (rate limit).
+const POLICY_KEYS: &[&str] = &["rate_limit"];
+
+/// `rate_limit`: {"count", "period" (seconds), "burst", "key", "missing"
+/// ("src" or "allow"), "max_keys", "status"} or None.
+fn parse_rate_limit(d: &Bound<'_, PyDict>) -> PyResult<Option<crate::balancer::ratelimit::Spec>> {
+    let Some(v) = d.get_item("rate_limit")?.filter(|v| !v.is_none()) else { return Ok(None) };
+    let r = dict(&v, "rate_limit")?;
+    let key = string(&r, "key")?.unwrap_or_else(|| "src".into());
+    let missing = string(&r, "missing")?.unwrap_or_else(|| "src".into());
+    let spec = crate::balancer::ratelimit::Spec {
+        count: int(&r, "count", 0u64)?,
+        period: secs(&r, "period", Duration::from_secs(1))?,
+        burst: int(&r, "burst", 0u64)?,
+        key: crate::balancer::ratelimit::LimitKey::parse(&key).map_err(cfg_err)?,
+        missing_allow: match missing.as_str() {
+            "src" => false,
+            "allow" => true,
+            other => return Err(cfg_err(format!("rate_limit.missing must be src or allow, got {other:?}"))),
+        },
+        max_keys: int(&r, "max_keys", 100_000usize)?,
+        status: int(&r, "status", 429u16)?,
+    };
+    spec.validate().map_err(cfg_err)?;
+    Ok(Some(spec))
+}
+
 /// `tls_certificates`: a list of `(cert, key)` PEM file pairs (the first is
 /// the default); `tls_client_ca`: require client certificates.
 fn parse_listen_tls(d: &Bound<'_, PyDict>) -> PyResult<Option<ListenTls>> {
@@ -379,7 +406,7 @@ fn parse_routing(d: &Bound<'_, PyDict>) -> PyResult<Option<(Vec<ListenAddr>, Rou
     if listeners.is_empty() {
         return Err(cfg_err("listeners must list at least one listener"));
     }
-    Ok(Some((addrs, RoutingSpec { pools, listeners })))
+    Ok(Some((addrs, RoutingSpec { pools, listeners, rate_limit: parse_rate_limit(d)? })))
 }
 
 /// `access_log`: {"path", "format"} or None.
@@ -395,7 +422,7 @@ fn parse_access_log(d: &Bound<'_, PyDict>) -> PyResult<Option<crate::balancer::a
 fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     for k in d.keys() {
         let k: String = k.extract()?;
-        if !SETTINGS_KEYS.contains(&k.as_str()) && !FIXED_KEYS.contains(&k.as_str()) {
+        if !SETTINGS_KEYS.contains(&k.as_str()) && !FIXED_KEYS.contains(&k.as_str()) && !POLICY_KEYS.contains(&k.as_str()) {
             return Err(cfg_err(format!("unknown balancer setting {k:?}")));
         }
     }
@@ -429,6 +456,10 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
         c.listen = addrs[0].addr;
         c.listeners = addrs;
         c.routing = Some(routing);
+    } else if let Some(rl) = parse_rate_limit(d)? {
+        let mut r = c.routing_spec();
+        r.rate_limit = Some(rl);
+        c.routing = Some(r);
     }
     Ok(c)
 }
@@ -468,6 +499,7 @@ fn totals_dict<'py>(py: Python<'py>, t: &Totals) -> PyResult<Bound<'py, PyDict>>
     d.set_item("backend_errors", t.backend_errors)?;
     d.set_item("timeouts", t.timeouts)?;
     d.set_item("clients_refused", t.clients_refused)?;
+    d.set_item("rate_limited", t.rate_limited)?;
     let bounds: Vec<f64> = LATENCY_BOUNDS_US.iter().map(|&u| u as f64 / 1e6).collect();
     d.set_item("latency_bounds", bounds)?;
     d.set_item("latency_buckets", t.latency.to_vec())?;
@@ -567,7 +599,10 @@ impl PyBalancer {
         let b = self.running()?;
         let routing = match parse_routing(config)? {
             Some((_, r)) => r,
-            None => RoutingSpec::single(parse_settings(config)?, b.local_addrs().len()),
+            None => RoutingSpec {
+                rate_limit: parse_rate_limit(config)?,
+                ..RoutingSpec::single(parse_settings(config)?, b.local_addrs().len())
+            },
         };
         let log = parse_access_log(config)?;
         // Resolving new backend names may block: not with the GIL held.

@@ -64,6 +64,8 @@ pub struct WorkerStats {
     pub clients_refused: AtomicU64,
     pub latency: [AtomicU64; BUCKETS],
     pub latency_sum_us: AtomicU64,
+    /// Requests refused by the rate limit (429).
+    pub rate_limited: AtomicU64,
 }
 
 impl WorkerStats {
@@ -94,6 +96,7 @@ pub struct Totals {
     pub clients_refused: u64,
     pub latency: [u64; BUCKETS],
     pub latency_sum_us: u64,
+    pub rate_limited: u64,
 }
 
 impl Totals {
@@ -115,6 +118,7 @@ impl Totals {
             self.latency[i] += w.latency[i].load(Relaxed);
         }
         self.latency_sum_us += w.latency_sum_us.load(Relaxed);
+        self.rate_limited += w.rate_limited.load(Relaxed);
     }
 }
 
