@@ -43,7 +43,7 @@ pub struct Attempts<'a> {
     retryable: bool,
     left: usize,
     made: usize,
-    tried: u64,
+    tried: super::tried::Tried,
     sent: bool,
     deadline: Option<Instant>,
 }
@@ -58,7 +58,7 @@ impl<'a> Attempts<'a> {
             retryable: replayable,
             left: s.retries as usize + 1,
             made: 0,
-            tried: 0,
+            tried: Default::default(),
             sent: false,
             deadline: (!s.total_timeout.is_zero()).then(|| start + s.total_timeout),
         }
@@ -84,11 +84,11 @@ impl<'a> Attempts<'a> {
         if self.left == 0 || (self.sent && !self.retryable) {
             return Next::Done; // out of attempts, or the request is gone: never replayed
         }
-        let Some(i) = self.up.select(key, self.tried) else {
+        let Some(i) = self.up.select(key, &self.tried) else {
             return Next::Done;
         };
         self.left -= 1;
-        self.tried |= 1u64 << (i % 64);
+        self.tried.insert(i);
         let backend = self.up.backends[i].clone();
         if self.made > 0 {
             bump(&w.stats.retries, 1);

@@ -17,6 +17,7 @@
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
 //! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect, TLS to backends
 //! - [`stats`]    per-worker counters and the latency histogram
+//! - [`tried`]    the set of backends a request has tried (any pool size)
 //! - `python`     the `rustext.Balancer` class
 
 pub mod accesslog;
@@ -32,6 +33,7 @@ pub mod ratelimit;
 pub mod route;
 pub mod server;
 pub mod stats;
+pub mod tried;
 pub mod upstream;
 
 #[cfg(feature = "python")]

@@ -282,13 +282,13 @@ impl Upstream {
         self.backends.iter().find(|b| b.name == name)
     }
 
-    /// Choose a backend index, skipping those in `tried` (a bit set).
-    pub fn select(&self, key: &Key<'_>, tried: u64) -> Option<usize> {
+    /// Choose a backend index, skipping those in `tried`.
+    pub fn select(&self, key: &Key<'_>, tried: &super::tried::Tried) -> Option<usize> {
         let n = self.backends.len();
         if n == 0 {
             return None;
         }
-        let ok = |i: usize| tried & (1u64 << (i % 64)) == 0 && self.backends[i].available();
+        let ok = |i: usize| !tried.contains(i) && self.backends[i].available();
         match self.settings.algorithm {
             Algorithm::RoundRobin => {
                 let start = self.rr.fetch_add(1, Relaxed);
@@ -447,6 +447,7 @@ fn fast_random() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::balancer::tried::Tried;
 
     fn up(names: &[(&str, u32)], alg: Algorithm) -> Upstream {
         let settings = Settings {
@@ -478,7 +479,7 @@ mod tests {
         let mut c = vec![0; u.backends.len()];
         for i in 0..n {
             let p = format!("/k{i}");
-            c[u.select(&key(&p, &h), 0).unwrap()] += 1;
+            c[u.select(&key(&p, &h), &Tried::default()).unwrap()] += 1;
         }
         c
     }
@@ -498,7 +499,7 @@ mod tests {
         let u = up(&THREE, Algorithm::WeightedRoundRobin);
         let h = http::HeaderMap::new();
         let seq: Vec<usize> = (0..7)
-            .map(|_| u.select(&key("/", &h), 0).unwrap())
+            .map(|_| u.select(&key("/", &h), &Tried::default()).unwrap())
             .collect();
         // nginx's documented order for weights 5,1,1: a a b a c a a
         assert_eq!(seq, vec![0, 0, 1, 0, 2, 0, 0]);
@@ -535,13 +536,13 @@ mod tests {
         let u = up(&names, Algorithm::ConsistentHash);
         let h = http::HeaderMap::new();
         let before: Vec<usize> = (0..2000)
-            .map(|i| u.select(&key(&format!("/u{i}"), &h), 0).unwrap())
+            .map(|i| u.select(&key(&format!("/u{i}"), &h), &Tried::default()).unwrap())
             .collect();
         let c = counts(&u, 4000);
         assert!(c.iter().all(|&x| x > 600), "{c:?}");
         u.backends[2].set_healthy(false);
         for (i, &b) in before.iter().enumerate() {
-            let now = u.select(&key(&format!("/u{i}"), &h), 0).unwrap();
+            let now = u.select(&key(&format!("/u{i}"), &h), &Tried::default()).unwrap();
             if b != 2 {
                 assert_eq!(now, b, "key {i} moved although its backend is up");
             } else {
@@ -558,9 +559,9 @@ mod tests {
         );
         let h = http::HeaderMap::new();
         for _ in 0..4 {
-            assert_eq!(u.select(&key("/", &h), 0b01), Some(1));
+            assert_eq!(u.select(&key("/", &h), &Tried::of(&[0])), Some(1));
         }
-        assert_eq!(u.select(&key("/", &h), 0b11), None);
+        assert_eq!(u.select(&key("/", &h), &Tried::of(&[0, 1])), None);
         let b = &u.backends[0];
         b.record_failure(2, Duration::from_millis(30));
         assert!(b.available());
@@ -568,6 +569,24 @@ mod tests {
         assert!(!b.available());
         std::thread::sleep(Duration::from_millis(40));
         assert!(b.available());
+    }
+
+    #[test]
+    fn pools_over_64_servers_do_not_wrap_the_tried_set() {
+        let names: Vec<(String, u32)> = (1..=100).map(|p| (format!("127.0.0.1:{p}"), 1)).collect();
+        let names: Vec<(&str, u32)> = names.iter().map(|(n, w)| (n.as_str(), *w)).collect();
+        let u = up(&names, Algorithm::RoundRobin);
+        let h = http::HeaderMap::new();
+        for (i, b) in u.backends.iter().enumerate() {
+            if i != 0 && i != 64 {
+                b.set_admin(AdminState::Drain);
+            }
+        }
+        // 0 tried (and failed): 64 is still there to try
+        for _ in 0..4 {
+            assert_eq!(u.select(&key("/", &h), &Tried::of(&[0])), Some(64));
+        }
+        assert_eq!(u.select(&key("/", &h), &Tried::of(&[0, 64])), None);
     }
 
     #[test]
