@@ -126,6 +126,8 @@ pub struct Settings {
     pub max_connections: usize,
     /// How long a request may wait for a backend slot before a 503.
     pub queue_timeout: Duration,
+    /// Backups, slow start, retry-on, layer-7 health, persistence.
+    pub policy: super::policy::PolicySpec,
 }
 
 /// One listening address, and whether it terminates TLS (with the
@@ -183,6 +185,7 @@ impl Default for Settings {
             eject_cooldown: Duration::from_secs(10),
             max_connections: 0,
             queue_timeout: Duration::from_secs(5),
+            policy: Default::default(),
         }
     }
 }

@@ -371,6 +371,11 @@ pub async fn serve(
             )),
             None => None,
         };
+        if action.redirect.is_none() && action.pool.is_some_and(|p| t.pools[p].policy.sticky.is_some()) {
+            // cookie persistence reads and writes cookies: hyper's path
+            ctl.end();
+            return Some((client, inb));
+        }
         let limited = t.rate_limit.as_deref().and_then(|rl| {
             rl.deny_raw(peer.ip, &inb[..head.head_len]).map(|wait| (rl.spec.status, wait))
         });
@@ -559,9 +564,16 @@ async fn exchange(
                 done.status = rh.status;
                 done.resp_head = rh.head_len;
                 bump(&w.stats.bytes_in, body.len() as u64);
-                backend.record_success();
+                attempts.observe(backend, rh.status);
                 let class = (rh.status / 100).clamp(1, 5) as usize - 1;
                 backend.stats.responses[class].fetch_add(1, Relaxed);
+                if attempts.retry_status(rh.status, &key) {
+                    // retry_on: this response is dropped with its connection
+                    drop(link);
+                    drop(lease);
+                    failed = Some(Fail::Reset);
+                    continue;
+                }
                 w.stats.observe(rh.status, start.elapsed());
                 let mut bytes = 0u64;
                 let relay = relay(w, client, link, rh, resp, backend.id, &mut bytes);
@@ -599,6 +611,10 @@ async fn exchange(
             Err(Outcome::Unsent(f)) => {
                 attempts.failed(backend, false);
                 failed = Some(f);
+            }
+            Err(Outcome::Sent(Fail::Timeout)) if attempts.retry_timeout(&key) => {
+                attempts.failed(backend, true);
+                failed = Some(Fail::Timeout);
             }
             Err(Outcome::Sent(Fail::Timeout)) => {
                 attempts.failed(backend, true);

@@ -12,11 +12,13 @@
 //! - [`route`]    routes, named backend pools, header rules, redirects, request ids (compiled at load)
 //! - [`proxy`]    hyper's path: choose, forward, stream back, retry
 //! - [`ratelimit`] request rate limits per client address or header (GCRA, one table for all workers)
+//! - [`policy`]   backup servers, slow start, retry-on, layer-7 health, cookie persistence
 //! - [`pool`]     hyper's keep-alive backend connections, one pool per worker
 //! - [`net`]      TCP streams writing with send/sendmsg
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
 //! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect, TLS to backends
 //! - [`stats`]    per-worker counters and the latency histogram
+//! - [`sticky`]   cookie persistence on a request and its response (hyper's path)
 //! - [`tried`]    the set of backends a request has tried (any pool size)
 //! - `python`     the `rustext.Balancer` class
 
@@ -28,11 +30,13 @@ pub mod h1;
 pub mod https;
 pub mod net;
 mod pool;
+pub mod policy;
 pub mod proxy;
 pub mod ratelimit;
 pub mod route;
 pub mod server;
 pub mod stats;
+pub mod sticky;
 pub mod tried;
 pub mod upstream;
 

@@ -1192,6 +1192,12 @@ async fn forward(
         l.progress = progress.clone();
     }
     let mut attempts = Attempts::new(up, start, empty && idempotent(method.as_str().as_bytes()) && !upgrade);
+    let sticky = up.policy.sticky.as_ref();
+    let pinned = match sticky {
+        Some(st) => super::sticky::pin(st, &mut headers),
+        None => None,
+    };
+    attempts.prefer(pinned);
     let key_header = match &s.hash_key {
         HashKey::Header(name) => headers.get(name).map(|v| v.as_bytes().to_vec()),
         _ => None,
@@ -1262,9 +1268,18 @@ async fn forward(
                     // hyper's pool connects and sends as one step: Tc is not told apart
                     l.timings.response = Some(t.elapsed());
                 }
-                backend.record_success();
+                attempts.observe(&backend, resp.status().as_u16());
                 let class = (resp.status().as_u16() / 100).clamp(1, 5) as usize - 1;
                 backend.stats.responses[class].fetch_add(1, Relaxed);
+                if attempts.retry_status(resp.status().as_u16(), &key) {
+                    // retry_on: this response is dropped with its connection
+                    drop((resp, bc, lease));
+                    failed = Some(Fail::Reset);
+                    continue;
+                }
+                if let Some(st) = sticky {
+                    super::sticky::stick(st, up, &backend, pinned, resp.headers_mut());
+                }
                 if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                     if let Some(client_side) = client_upgrade.take() {
                         let backend_side = hyper::upgrade::on(&mut resp);
@@ -1313,6 +1328,10 @@ async fn forward(
                 attempts.failed(&backend, false);
                 failed = Some(f);
                 pending = Some(r);
+            }
+            Outcome::Sent(Fail::Timeout) if attempts.retry_timeout(&key) => {
+                attempts.failed(&backend, true);
+                failed = Some(Fail::Timeout);
             }
             Outcome::Sent(Fail::Timeout) => {
                 attempts.failed(&backend, true);

@@ -55,7 +55,7 @@ const FIXED_KEYS: [&str; 14] = [
 ];
 
 /// Reloadable keys of the request policies (rate limit).
-const POLICY_KEYS: &[&str] = &["rate_limit"];
+const POLICY_KEYS: &[&str] = &["rate_limit", "policy"];
 
 /// `rate_limit`: {"count", "period" (seconds), "burst", "key", "missing"
 /// ("src" or "allow"), "max_keys", "status"} or None.
@@ -227,8 +227,79 @@ fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
         eject_cooldown: secs(d, "eject_cooldown", def.eject_cooldown)?,
         max_connections: int(d, "max_connections", def.max_connections)?,
         queue_timeout: secs(d, "queue_timeout", def.queue_timeout)?,
+        policy: parse_policy(d)?,
     };
     Ok(s)
+}
+
+/// `policy`: {"backups": [name], "all_backups", "slow_start": {name: secs},
+/// "retry_statuses": [int], "retry_timeout", "error_statuses": [int],
+/// "sticky": {"name", "values": {server: value}, "indirect", "nocache",
+/// "httponly", "secure", "max_age", "domain", "path"}}; absent: none.
+fn parse_policy(d: &Bound<'_, PyDict>) -> PyResult<crate::balancer::policy::PolicySpec> {
+    use crate::balancer::policy::{PolicySpec, StickySpec};
+    let Some(v) = d.get_item("policy")?.filter(|v| !v.is_none()) else { return Ok(PolicySpec::default()) };
+    let p = dict(&v, "policy")?;
+    let flag = |d: &Bound<'_, PyDict>, k: &str, def: bool| -> PyResult<bool> {
+        match d.get_item(k)? {
+            Some(v) if !v.is_none() => v.extract::<bool>().map_err(|_| cfg_err(format!("{k} must be true or false"))),
+            _ => Ok(def),
+        }
+    };
+    let statuses = |k: &str| -> PyResult<Vec<u16>> {
+        match p.get_item(k)? {
+            Some(v) if !v.is_none() => v.extract().map_err(|_| cfg_err(format!("{k} must be a list of statuses"))),
+            _ => Ok(Vec::new()),
+        }
+    };
+    let slow_start = match p.get_item("slow_start")? {
+        Some(v) if !v.is_none() => {
+            let m: std::collections::HashMap<String, f64> =
+                v.extract().map_err(|_| cfg_err("slow_start must map servers to seconds"))?;
+            m.into_iter()
+                .filter(|(_, s)| s.is_finite() && *s > 0.0)
+                .map(|(n, s)| (n, Duration::from_secs_f64(s.min(86_400.0))))
+                .collect()
+        }
+        _ => Vec::new(),
+    };
+    let sticky = match p.get_item("sticky")? {
+        Some(v) if !v.is_none() => {
+            let c = dict(&v, "sticky")?;
+            let values = match c.get_item("values")? {
+                Some(v) if !v.is_none() => {
+                    let m: std::collections::HashMap<String, String> =
+                        v.extract().map_err(|_| cfg_err("sticky values must map servers to cookie values"))?;
+                    m.into_iter().collect()
+                }
+                _ => Vec::new(),
+            };
+            Some(StickySpec {
+                name: string(&c, "name")?.unwrap_or_else(|| "SERVERID".into()),
+                values,
+                indirect: flag(&c, "indirect", true)?,
+                nocache: flag(&c, "nocache", true)?,
+                httponly: flag(&c, "httponly", true)?,
+                secure: flag(&c, "secure", false)?,
+                max_age: match c.get_item("max_age")? {
+                    Some(v) if !v.is_none() => Some(v.extract().map_err(|_| cfg_err("sticky max_age must be seconds"))?),
+                    _ => None,
+                },
+                domain: string(&c, "domain")?,
+                path: string(&c, "path")?.unwrap_or_else(|| "/".into()),
+            })
+        }
+        _ => None,
+    };
+    Ok(PolicySpec {
+        backups: strings(&p, "backups")?,
+        all_backups: flag(&p, "all_backups", false)?,
+        slow_start,
+        retry_statuses: statuses("retry_statuses")?,
+        retry_timeout: flag(&p, "retry_timeout", false)?,
+        error_statuses: statuses("error_statuses")?,
+        sticky,
+    })
 }
 
 fn strings(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<String>> {

@@ -84,6 +84,8 @@ pub struct Backend {
     max_conns: AtomicUsize,
     pub limiter: Arc<Semaphore>,
     pub stats: BackendStats,
+    /// When it last came into service, in ms since `epoch` (slow start).
+    up_since: AtomicU64,
 }
 
 /// Permits of an "unlimited" limiter; Semaphore::MAX_PERMITS is far larger.
@@ -122,6 +124,7 @@ impl Backend {
             max_conns: AtomicUsize::new(permits),
             limiter: Arc::new(Semaphore::new(permits)),
             stats: BackendStats::default(),
+            up_since: AtomicU64::new(epoch.elapsed().as_millis() as u64 + 1),
         })
     }
 
@@ -158,13 +161,19 @@ impl Backend {
         AdminState::from_u8(self.admin.load(Relaxed))
     }
     pub fn set_admin(&self, s: AdminState) {
-        self.admin.store(s as u8, Relaxed);
+        let was = self.admin.swap(s as u8, Relaxed);
+        if s == AdminState::Enabled && was != s as u8 {
+            self.up_since.store(self.now_ms(), Relaxed);
+        }
     }
     pub fn healthy(&self) -> bool {
         self.healthy.load(Relaxed)
     }
     pub fn set_healthy(&self, up: bool) {
-        self.healthy.store(up, Relaxed);
+        let was = self.healthy.swap(up, Relaxed);
+        if up && !was {
+            self.up_since.store(self.now_ms(), Relaxed);
+        }
         if up {
             self.fails.store(0, Relaxed);
             self.ejected_until.store(0, Relaxed);
@@ -172,6 +181,17 @@ impl Backend {
     }
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64 + 1
+    }
+    /// The backend's clock (ms), for [`Backend::up_since_ms`].
+    pub fn clock_ms(&self) -> u64 {
+        self.now_ms()
+    }
+    /// When it last came into service (health up, enabled, back from
+    /// ejection, or created), on [`Backend::clock_ms`]'s clock.
+    pub fn up_since_ms(&self) -> u64 {
+        let since = self.up_since.load(Relaxed);
+        let until = self.ejected_until.load(Relaxed);
+        since.max(until)
     }
     pub fn ejected(&self) -> bool {
         let until = self.ejected_until.load(Relaxed);
@@ -226,6 +246,8 @@ pub struct Upstream {
     rr: AtomicUsize,
     swrr: Mutex<Vec<i64>>,
     ring: Vec<(u64, u32)>,
+    /// Backups, slow start, retry-on, layer-7 health, persistence.
+    pub policy: super::policy::Policy,
 }
 
 /// Points per unit of weight on the ketama ring.
@@ -269,12 +291,14 @@ impl Upstream {
             Vec::new()
         };
         let n = backends.len();
+        let policy = super::policy::Policy::compile(&settings.policy, &backends)?;
         Ok(Upstream {
             backends,
             settings,
             rr: AtomicUsize::new(0),
             swrr: Mutex::new(vec![0; n]),
             ring,
+            policy,
         })
     }
 
@@ -282,13 +306,38 @@ impl Upstream {
         self.backends.iter().find(|b| b.name == name)
     }
 
-    /// Choose a backend index, skipping those in `tried`.
+    /// Choose a backend index, skipping those in `tried`; backups only
+    /// when no other server is available, ramping servers (slow start) in
+    /// proportion to their share (see [`super::policy`]).
     pub fn select(&self, key: &Key<'_>, tried: &super::tried::Tried) -> Option<usize> {
+        let p = &self.policy;
+        if !p.shapes_choice() {
+            return self.select_among(key, tried, &|_| true);
+        }
+        let hashed = self.settings.algorithm == Algorithm::ConsistentHash;
+        let ramping = |i: usize| {
+            hashed || !p.has_slow_start || {
+                let share = p.share(i, &self.backends[i]);
+                share >= 1.0 || ((fast_random() >> 11) as f64 / (1u64 << 53) as f64) < share
+            }
+        };
+        self.select_among(key, tried, &|i| !p.is_backup(i) && ramping(i))
+            .or_else(|| if p.has_slow_start { self.select_among(key, tried, &|i| !p.is_backup(i)) } else { None })
+            .or_else(|| match (p.has_backups, p.all_backups) {
+                (false, _) => None,
+                (true, true) => self.select_among(key, tried, &|i| p.is_backup(i)),
+                (true, false) => (0..self.backends.len())
+                    .find(|&i| p.is_backup(i) && !tried.contains(i) && self.backends[i].available()),
+            })
+    }
+
+    /// [`Upstream::select`] among the servers `among` admits.
+    fn select_among(&self, key: &Key<'_>, tried: &super::tried::Tried, among: &dyn Fn(usize) -> bool) -> Option<usize> {
         let n = self.backends.len();
         if n == 0 {
             return None;
         }
-        let ok = |i: usize| !tried.contains(i) && self.backends[i].available();
+        let ok = |i: usize| !tried.contains(i) && self.backends[i].available() && among(i);
         match self.settings.algorithm {
             Algorithm::RoundRobin => {
                 let start = self.rr.fetch_add(1, Relaxed);
