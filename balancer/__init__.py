@@ -6,6 +6,9 @@ on threads of its own; this package configures and watches it.
 - config    typed config dataclasses and the TOML loader (validation)
 - routing   typed routing config: named pools, listeners, routes, header rules,
             redirects, request ids (compiled by the data plane's route table)
+- ratelimit typed ``[rate_limit]``: requests per client address or header (counted by the data plane)
+- policies  typed pool policies: cookie persistence (``sticky``), backups, slow start, ``retry_on``,
+            layer-7 passive health
 - discovery DNS service discovery: backends by name (A/AAAA) or SRV, re-resolved
 - health    active HTTP health checks (asyncio, aiohttp) marking backends up/down
 - service   ``LoadBalancer``: data plane + health checks, reload, drain

@@ -72,6 +72,8 @@ from balancer.accesslog import AccessLog
 from balancer.auth import AdminAuth
 from balancer.discovery import DnsConfig, Target, is_ip
 from balancer.errors import BalancerConfigError
+from balancer.policies import LAYER7_ERRORS, Sticky, check_cookie_value, parse_duration, parse_retry_on, policy_native
+from balancer.ratelimit import RateLimit
 from balancer.routing import HeaderRules, Hsts, Listener, NamedBackend, RequestId, Route, section
 
 #: the pool of a configuration with a ``[[backends]]`` list instead of named pools
@@ -133,6 +135,13 @@ class BackendConfig:
     #: a PROXY protocol header on each new connection to this server: ``"v1"``, ``"v2"`` or ``"none"``;
     #: unset: the pool's ``send_proxy``
     send_proxy: str | None = None
+    #: a backup server: used only when no other server of its pool is available (HAProxy's ``backup``)
+    backup: bool = False
+    #: this server's slow start (``"30s"`` or seconds); unset: the pool's ``slow_start``
+    slow_start: float | str | None = None
+    #: its value of the pool's ``sticky`` cookie (letters, digits, ``-._~``); unset: 16 hex digits
+    #: derived from ``address``
+    cookie: str | None = None
 
     @property
     def key(self) -> str:
@@ -156,6 +165,10 @@ class BackendConfig:
             raise BalancerConfigError(f"backend {self.address} weight must be an integer in 0..10000, got {self.weight!r}")
         if isinstance(self.max_connections, bool) or not isinstance(self.max_connections, int) or self.max_connections < 0:
             raise BalancerConfigError(f"backend {self.address} max_connections must be an integer >= 0")
+        if self.slow_start is not None:
+            parse_duration(self.slow_start, f"backend {self.address} slow_start")
+        if self.cookie is not None:
+            check_cookie_value(self.cookie, self.address)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,9 +214,20 @@ class Passive:
     eject_after: int = 3
     #: seconds an ejected backend stays out
     cooldown: float = 10.0
+    #: what counts as a failure: ``"layer4"`` (connections: refused, reset, timed out) or ``"layer7"``
+    #: (those and responses with one of ``error_statuses``), as HAProxy's ``observe``
+    observe: str = "layer4"
+    #: with ``observe = "layer7"``: the statuses that count as failures
+    error_statuses: tuple[int, ...] = field(default=LAYER7_ERRORS, metadata={"default": "every 5xx but 501 and 505"})
 
     def __post_init__(self) -> None:
         _non_negative(self, "eject_after", "cooldown")
+        if self.observe not in ("layer4", "layer7"):
+            raise BalancerConfigError(f"passive.observe must be \"layer4\" or \"layer7\", got {self.observe!r}")
+        statuses = tuple(self.error_statuses)
+        if not all(isinstance(x, int) and not isinstance(x, bool) and 100 <= x <= 599 for x in statuses):
+            raise BalancerConfigError(f"passive.error_statuses must be HTTP statuses, got {self.error_statuses!r}")
+        object.__setattr__(self, "error_statuses", statuses)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -359,6 +383,20 @@ class BalancerConfig:
     #: ``"v1"`` (HAProxy's ``send-proxy``), ``"v2"`` (``send-proxy-v2``) or ``"none"``; such connections
     #: serve one client connection only (never shared through the keep-alive pool)
     send_proxy: str = "none"
+    #: the ``[rate_limit]`` table: requests per client address or header, over every listener;
+    #: unset = none (reloadable: the counts carry over while ``key`` and ``max_keys`` stay)
+    rate_limit: RateLimit | None = None
+    #: with backup servers: balance over all of them when no other server is available (HAProxy's
+    #: ``option allbackups``); false: the first available backup in the order listed
+    all_backups: bool = False
+    #: a server coming back (health check up, back from ejection or ``down``, added by a reload or DNS)
+    #: gets a share of its traffic growing from 0 to full over this period (``"30s"`` or seconds; 0 = none)
+    slow_start: float | str = 0
+    #: also send a replayable request to another server after these responses: statuses (``"503"``),
+    #: ``"response-timeout"``, ``"all-retryable-errors"`` (HAProxy's ``retry-on``), within ``retries``
+    retry_on: tuple[str, ...] = ()
+    #: the ``[sticky]`` table: cookie persistence for every pool; unset = none
+    sticky: Sticky | None = None
 
     def __post_init__(self) -> None:
         if self.listeners:
@@ -409,6 +447,10 @@ class BalancerConfig:
             raise BalancerConfigError(f"workers must be an integer in 1..1024, got {self.workers!r}")
         if not isinstance(self.retries, int) or not 0 <= self.retries <= 16:
             raise BalancerConfigError(f"retries must be an integer in 0..16, got {self.retries!r}")
+        parse_duration(self.slow_start, "slow_start")
+        object.__setattr__(self, "retry_on", parse_retry_on(self.retry_on))
+        if self.sticky is not None and not isinstance(self.sticky, Sticky):
+            object.__setattr__(self, "sticky", section(Sticky, self.sticky, "sticky"))
         seen: set[str] = set()
         for b in self.backends:
             if b.key in seen:
@@ -496,7 +538,12 @@ class BalancerConfig:
                     algorithm=nb.algorithm or self.algorithm, hash_key=nb.hash_key or self.hash_key,
                     retries=self.retries if nb.retries is None else nb.retries,
                     send_proxy=self.send_proxy if nb.send_proxy is None else nb.send_proxy,
-                    timeouts=timeouts, passive=passive, limits=limits, health=health)
+                    timeouts=timeouts, passive=passive, limits=limits, health=health,
+                    all_backups=self.all_backups if nb.all_backups is None else nb.all_backups,
+                    slow_start=self.slow_start if nb.slow_start is None else nb.slow_start,
+                    retry_on=self.retry_on if nb.retry_on is None else nb.retry_on,
+                    sticky=self.sticky if nb.sticky is None else (
+                        None if nb.sticky is False else section(Sticky, nb.sticky, f"{w}.sticky")))
             except BalancerConfigError as exc:
                 raise BalancerConfigError(f"{w}: {exc}") from exc
         return out
@@ -520,6 +567,8 @@ class BalancerConfig:
             native["access_log"] = self.access_log.to_native()
         if any(x.access_log is not None for x in self.effective_listeners()):
             native["listener_logs"] = [x.access_log_native() for x in self.effective_listeners()]
+        if self.rate_limit is not None:
+            native["rate_limit"] = self.rate_limit.to_native()
         return native
 
     def _settings_native(self) -> dict[str, Any]:
@@ -556,8 +605,10 @@ class BalancerConfig:
             "backend_ca": self.tls.backend_ca,
             "backend_tls_insecure": self.tls.backend_insecure,
             "send_proxy": self.send_proxy,
+            "policy": policy_native(self),
         }
-        return {k: v for k, v in native.items() if v is not None or not k.startswith(("tls_", "http_", "backend_"))}
+        return {k: v for k, v in native.items()
+                if v is not None or not k.startswith(("tls_", "http_", "backend_", "policy"))}
 
     def fixed_changes(self, other: BalancerConfig) -> list[str]:
         """Settings that a reload cannot change in place (they need a restart)."""
@@ -603,7 +654,7 @@ def _servers(nb: NamedBackend, where: str) -> tuple[BackendConfig, ...]:
 
 _POOL_KEYS = frozenset((
     "backends", "algorithm", "hash_key", "retries", "connect_timeout", "response_timeout", "total_timeout",
-    "queue_timeout", "eject_after", "eject_cooldown", "max_connections", "send_proxy", "tunnel_timeout"))
+    "queue_timeout", "eject_after", "eject_cooldown", "max_connections", "send_proxy", "tunnel_timeout", "policy"))
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:
@@ -670,6 +721,12 @@ def from_dict(data: dict[str, Any]) -> BalancerConfig:
         data["admin_auth"] = _section(AdminAuth, data["admin_auth"], "admin_auth")
     if "access_log" in data:
         data["access_log"] = _section(AccessLog, data["access_log"], "access_log")
+    if "rate_limit" in data:
+        data["rate_limit"] = _section(RateLimit, data["rate_limit"], "rate_limit")
+    if "sticky" in data:
+        data["sticky"] = _section(Sticky, data["sticky"], "sticky")
+    if "retry_on" in data:
+        data["retry_on"] = parse_retry_on(data["retry_on"])
     if "health" in data:
         health = _section(HealthCheck, data["health"], "health")
         data["health"] = health if health.enabled else None

@@ -39,6 +39,8 @@ class BalancerCollector(Collector):
         yield CounterMetricFamily("balancer_no_backend", "Requests answered 503 (no backend).", value=s["no_backend"])
         yield CounterMetricFamily("balancer_backend_errors", "Requests answered 502.", value=s["backend_errors"])
         yield CounterMetricFamily("balancer_timeouts", "Backend timeouts (504 or cut body).", value=s["timeouts"])
+        yield CounterMetricFamily("balancer_rate_limited", "Requests refused by the rate limit (429).",
+                                  value=s.get("rate_limited", 0))
         yield CounterMetricFamily("balancer_access_log_lines", "Access log lines written.",
                                   value=s.get("access_log_lines", 0))
         yield CounterMetricFamily("balancer_access_log_dropped",

@@ -383,6 +383,15 @@ class NamedBackend:
     discovered: bool = field(default=False, repr=False, compare=False, metadata={"internal": True})
     #: as the top-level key (``"v1"``, ``"v2"`` or ``"none"``); unset: the top-level value
     send_proxy: str | None = None
+    #: as the top-level key; unset: the top-level value
+    all_backups: bool | None = None
+    #: as the top-level key (``"30s"``); unset: the top-level value
+    slow_start: float | str | None = None
+    #: as the top-level key; unset: the top-level value
+    retry_on: tuple[str, ...] | None = None
+    #: a ``[backends.NAME.sticky]`` table (cookie persistence for this pool); ``false``: none; unset:
+    #: the top-level ``[sticky]``
+    sticky: Mapping[str, Any] | bool | None = None
 
     def __post_init__(self) -> None:
         from balancer.config import check_send_proxy

@@ -10,6 +10,7 @@ EXAMPLES = """examples:
   juggler balancer --listen :8080 --backends 10.0.0.1:80=3,10.0.0.2:80=1 --algorithm weighted_round_robin
   juggler balancer --listen 127.0.0.1:8080 --backends 127.0.0.1:9001 --workers 1 --admin 127.0.0.1:9090
   juggler balancer --config balancer.toml        # SIGHUP reloads the file
+  juggler balancer --listen :8080 --backends 127.0.0.1:9001 --rate-limit 100/s   # per client address: 429 beyond
   juggler balancer --listen :8080 --backends 127.0.0.1:9001 --access-log /var/log/lb/access.log --log-format json
   juggler balancer --config balancer.toml --admin 0.0.0.0:9090 --admin-users-file admin.htpasswd \
       --admin-public /metrics                    # users from `htpasswd -cB admin.htpasswd alice`
@@ -59,6 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="one line per request to FILE (reopened on SIGHUP) or - (standard output)")
     p.add_argument("--log-format", metavar="FMT",
                    help="access log format: haproxy (default), combined, json, or a format of HAProxy log-format variables")
+    p.add_argument("--rate-limit", metavar="N/s",
+                   help="at most N requests per second (or N/m) per client address, more get 429 "
+                        "(the [rate_limit] table has burst, header keys, ...)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
 
@@ -105,6 +109,12 @@ def apply_flags(args: argparse.Namespace, cfg: Any) -> Any:
         changes["admin"] = f"127.0.0.1:{args.metrics_port}"
     if args.health_path:
         changes["health"] = HealthCheck(path=args.health_path)
+    if getattr(args, "rate_limit", None):
+        from balancer.ratelimit import RateLimit
+
+        base_rl = cfg.rate_limit
+        changes["rate_limit"] = RateLimit(rate=args.rate_limit, **(
+            {k: getattr(base_rl, k) for k in ("burst", "max_keys", "status")} if base_rl else {}))
     if args.access_log or args.log_format:
         from balancer.config import AccessLog
 

@@ -467,6 +467,7 @@ class Balancer:
     def stats(self) -> dict[str, object]:
         """Totals over workers: connections_total/active, requests, responses,
         bytes_in/out, retries, no_backend, backend_errors, timeouts,
+        rate_limited (requests refused by ``rate_limit``),
         latency_bounds (s), latency_buckets (last is +Inf), latency_sum (s);
         plus "workers" (per worker), "backends", "algorithm", "hash_key",
         access_log_lines, access_log_dropped."""

@@ -218,6 +218,12 @@ def config_groups() -> list[ConfigGroup]:
                 Section(_cls("balancer.discovery.DnsConfig"), "[dns]",
                         "Backends given by name, resolved again every `interval` (A/AAAA, SRV); see "
                         "[DNS service discovery](../balancer.md#dns-service-discovery)."),
+                Section(_cls("balancer.ratelimit.RateLimit"), "[rate_limit]",
+                        "Requests per client address or header value, over every listener; see "
+                        "[rate limiting](../balancer.md#rate-limiting)."),
+                Section(_cls("balancer.policies.Sticky"), "[sticky]",
+                        "Cookie persistence (every pool; `[backends.NAME.sticky]` for one); see "
+                        "[sticky sessions](../balancer.md#sticky-sessions)."),
                 Section(_cls("balancer.routing.NamedBackend"), "[backends.NAME]",
                         "A named backend pool, instead of the `[[backends]]` list (which makes one pool named "
                         "`default`); see [routing](../balancer.md#routing)."),

@@ -12,6 +12,8 @@ GET  /r/...                        JSON: NAME, path and headers, with X-Backend:
 GET  /slow?ms=N                    NAME after N ms
 GET  /health                       200 (503 after POST /sick)
 GET  /ws (Upgrade)                 101, then echoes raw bytes
+POST /fail                         every later request but /fail, /recover and /health: 500 (NAME as body)
+POST /recover                      back to normal after /fail
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Backend:
     def __init__(self, name: str) -> None:
         self.name = name
         self.sick = False
+        self.failing = False
 
     async def read_body(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
         if headers.get("transfer-encoding", "").lower() == "chunked":
@@ -86,7 +89,12 @@ class Backend:
         def simple(data: bytes, status: str = "200 OK", ctype: str = "text/plain") -> None:
             writer.write(self.head(status, [("Content-Type", ctype), ("Content-Length", str(len(data)))]) + data)
 
-        if path.startswith("/size/"):
+        if self.failing and path not in ("/fail", "/recover", "/health"):
+            simple(self.name.encode(), "500 Internal Server Error")
+        elif path in ("/fail", "/recover"):
+            self.failing = path == "/fail"
+            simple(b"ok")
+        elif path.startswith("/size/"):
             n = int(path[6:])
             data = pattern(n) if method != "HEAD" else b""
             if "chunked" in q:

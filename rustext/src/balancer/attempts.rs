@@ -12,6 +12,11 @@
 //!   [`Lease`] for as long as the exchange lasts.
 //! - The response wait is `response_timeout`, cut short by `total_timeout`
 //!   counted from the request's arrival.
+//! - With `retry_on` (HAProxy's `retry-on`), a replayable request whose
+//!   response has one of the listed statuses, or did not come in time
+//!   (`response-timeout`), goes to another server while attempts are left
+//!   and another server is there to take it; otherwise the last response is
+//!   the answer. A request that is not replayable is never sent twice.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -43,9 +48,11 @@ pub struct Attempts<'a> {
     retryable: bool,
     left: usize,
     made: usize,
-    tried: u64,
+    tried: super::tried::Tried,
     sent: bool,
     deadline: Option<Instant>,
+    /// The server a persistence cookie points at, tried first if available.
+    prefer: Option<usize>,
 }
 
 impl<'a> Attempts<'a> {
@@ -58,9 +65,10 @@ impl<'a> Attempts<'a> {
             retryable: replayable,
             left: s.retries as usize + 1,
             made: 0,
-            tried: 0,
+            tried: Default::default(),
             sent: false,
             deadline: (!s.total_timeout.is_zero()).then(|| start + s.total_timeout),
+            prefer: None,
         }
     }
 
@@ -84,11 +92,14 @@ impl<'a> Attempts<'a> {
         if self.left == 0 || (self.sent && !self.retryable) {
             return Next::Done; // out of attempts, or the request is gone: never replayed
         }
-        let Some(i) = self.up.select(key, self.tried) else {
+        let pinned = self.prefer.take().filter(|&i| {
+            !self.tried.contains(i) && self.up.backends.get(i).is_some_and(|b| b.available())
+        });
+        let Some(i) = pinned.or_else(|| self.up.select(key, &self.tried)) else {
             return Next::Done;
         };
         self.left -= 1;
-        self.tried |= 1u64 << (i % 64);
+        self.tried.insert(i);
         let backend = self.up.backends[i].clone();
         if self.made > 0 {
             bump(&w.stats.retries, 1);
@@ -109,6 +120,40 @@ impl<'a> Attempts<'a> {
         let s = &self.up.settings;
         backend.record_failure(s.eject_after, s.eject_cooldown);
         self.sent |= sent;
+    }
+
+    /// Try server `i` first (persistence), if it is available; otherwise
+    /// the pool's algorithm chooses (HAProxy's `option redispatch`).
+    pub fn prefer(&mut self, i: Option<usize>) {
+        self.prefer = i;
+    }
+
+    /// Whether the response `status` of the attempt just made is dropped
+    /// for another attempt (see the module doc); if so, the attempt counts
+    /// as sent. `key` is the request's, to check another server is there.
+    pub fn retry_status(&mut self, status: u16, key: &Key<'_>) -> bool {
+        if self.up.policy.retries_status(status) && self.another(key) {
+            self.sent = true;
+            return true;
+        }
+        false
+    }
+
+    /// Whether a response timeout moves the request to another server.
+    pub fn retry_timeout(&self, key: &Key<'_>) -> bool {
+        self.up.policy.retry_timeout && self.another(key)
+    }
+
+    /// A replayable request with an attempt left and a server not tried yet.
+    fn another(&self, key: &Key<'_>) -> bool {
+        self.retryable && self.left > 0 && self.up.select(key, &self.tried).is_some()
+    }
+
+    /// Passive health of a response from `backend` (layer 7 when
+    /// configured: an error status is a failure).
+    pub fn observe(&self, backend: &Backend, status: u16) {
+        let s = &self.up.settings;
+        self.up.policy.observe(backend, status, s.eject_after, s.eject_cooldown);
     }
 
     /// How long this attempt may wait for the response head.

@@ -134,6 +134,8 @@ pub struct Settings {
     /// Inactivity (both directions) that closes an upgraded connection
     /// (zero = none). The control plane applies HAProxy's default when unset.
     pub tunnel_timeout: Duration,
+    /// Backups, slow start, retry-on, layer-7 health, persistence.
+    pub policy: super::policy::PolicySpec,
 }
 
 /// One listening address, and whether it terminates TLS (with the
@@ -199,6 +201,7 @@ impl Default for Settings {
             send_proxy: None,
             send_proxy_servers: Vec::new(),
             tunnel_timeout: Duration::ZERO,
+            policy: Default::default(),
         }
     }
 }

@@ -390,7 +390,25 @@ pub async fn serve(
             )),
             None => None,
         };
+        if action.redirect.is_none() && action.pool.is_some_and(|p| t.pools[p].policy.sticky.is_some()) {
+            // cookie persistence reads and writes cookies: hyper's path
+            ctl.end();
+            return Some((client, inb));
+        }
+        let limited = t.rate_limit.as_deref().and_then(|rl| {
+            rl.deny_raw(peer.ip, &inb[..head.head_len]).map(|wait| (rl.spec.status, wait))
+        });
         let keep = match (&action.redirect, action.pool) {
+            _ if limited.is_some() => {
+                let (status, wait) = limited.unwrap_or_default();
+                let view = ClientView {
+                    http10: head.http10,
+                    keep_alive: head.keep_alive,
+                    head_request: head.method == MethodKind::Head,
+                    closing: peer.ctl.close.load(Relaxed),
+                };
+                too_many(&w, &mut client, &mut resp, view, status, wait, req_id, &mut done).await
+            }
             (None, Some(pool)) => {
                 exchange(
                     &w,
@@ -447,7 +465,7 @@ pub async fn serve(
             }
         };
         if logging {
-            let pool = action.pool.map(|p| t.names[p].as_str());
+            let pool = action.pool.filter(|_| limited.is_none()).map(|p| t.names[p].as_str());
             let rid = req_id.map_or(&b""[..], |(_, v)| v);
             let parsed = Parsed { head: &head, pool, rid, resp: &resp };
             log_line(&w, &peer, &inb[..head.head_len], Some(parsed), &done, &inb[head.head_len..total], t0, begun.unwrap_or_else(Instant::now));
@@ -569,9 +587,16 @@ async fn exchange(
                 done.status = rh.status;
                 done.resp_head = rh.head_len;
                 bump(&w.stats.bytes_in, body.len() as u64);
-                backend.record_success();
+                attempts.observe(backend, rh.status);
                 let class = (rh.status / 100).clamp(1, 5) as usize - 1;
                 backend.stats.responses[class].fetch_add(1, Relaxed);
+                if attempts.retry_status(rh.status, &key) {
+                    // retry_on: this response is dropped with its connection
+                    drop(link);
+                    drop(lease);
+                    failed = Some(Fail::Reset);
+                    continue;
+                }
                 w.stats.observe(rh.status, start.elapsed());
                 let mut bytes = 0u64;
                 let relay = relay(w, client, link, rh, resp, backend.id, &mut bytes);
@@ -609,6 +634,10 @@ async fn exchange(
             Err(Outcome::Unsent(f)) => {
                 attempts.failed(backend, false);
                 failed = Some(f);
+            }
+            Err(Outcome::Sent(Fail::Timeout)) if attempts.retry_timeout(&key) => {
+                attempts.failed(backend, true);
+                failed = Some(Fail::Timeout);
             }
             Err(Outcome::Sent(Fail::Timeout)) => {
                 attempts.failed(backend, true);
@@ -760,6 +789,33 @@ async fn reply(
     done.status = status;
     done.bytes = body.len() as u64;
     done.resp_head = resp.len() - body.len();
+    client.send(&mut [IoSlice::new(resp)]).await.is_ok() && view.keep_alive && !view.closing
+}
+
+/// Refused by the rate limit: `status` (429) with `Retry-After`; whether
+/// the connection goes on.
+#[allow(clippy::too_many_arguments)]
+async fn too_many(
+    w: &Worker,
+    client: &mut Client,
+    resp: &mut Vec<u8>,
+    view: ClientView,
+    status: u16,
+    wait: Duration,
+    req_id: Option<(&str, &[u8])>,
+    done: &mut Done,
+) -> bool {
+    let start = Instant::now();
+    bump(&w.stats.requests, 1);
+    bump(&w.stats.rate_limited, 1);
+    let retry = super::ratelimit::retry_after(wait);
+    let reason = http::StatusCode::from_u16(status).ok().and_then(|s| s.canonical_reason()).unwrap_or("Too Many Requests");
+    h1::simple_response_with(resp, status, reason, super::ratelimit::BODY, view, &Edits { add: std::slice::from_ref(&retry), req_id, src: b"" });
+    w.stats.observe(status, start.elapsed());
+    done.status = status;
+    done.term = "PR";
+    done.bytes = super::ratelimit::BODY.len() as u64;
+    done.resp_head = resp.len() - if view.head_request { 0 } else { super::ratelimit::BODY.len() };
     client.send(&mut [IoSlice::new(resp)]).await.is_ok() && view.keep_alive && !view.closing
 }
 

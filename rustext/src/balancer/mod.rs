@@ -11,6 +11,8 @@
 //! - [`fast`]     the fast path: common exchanges on raw sockets, its pool
 //! - [`route`]    routes, named backend pools, header rules, redirects, request ids (compiled at load)
 //! - [`proxy`]    hyper's path: choose, forward, stream back, retry
+//! - [`ratelimit`] request rate limits per client address or header (GCRA, one table for all workers)
+//! - [`policy`]   backup servers, slow start, retry-on, layer-7 health, cookie persistence
 //! - [`pool`]     hyper's keep-alive backend connections, one pool per worker
 //! - [`net`]      TCP streams writing with send/sendmsg
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
@@ -19,6 +21,8 @@
 //! - [`tunnel`]   upgraded connections: the byte relay and its tunnel timeout
 //! - [`proxyproto`] the PROXY protocol (v1/v2) in and out, sans-I/O
 //! - [`l4`]       PROXY headers on accepted connections, before HTTP or TLS
+//! - [`sticky`]   cookie persistence on a request and its response (hyper's path)
+//! - [`tried`]    the set of backends a request has tried (any pool size)
 //! - `python`     the `rustext.Balancer` class
 
 pub mod accesslog;
@@ -30,11 +34,15 @@ pub mod https;
 pub mod l4;
 pub mod net;
 mod pool;
+pub mod policy;
 pub mod proxy;
 pub mod proxyproto;
+pub mod ratelimit;
 pub mod route;
 pub mod server;
 pub mod stats;
+pub mod sticky;
+pub mod tried;
 pub mod tunnel;
 pub mod upstream;
 

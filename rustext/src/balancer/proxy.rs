@@ -929,7 +929,20 @@ pub async fn handle(
     if let (Some(l), Some((_, v))) = (lg.as_mut(), rid.as_ref()) {
         l.rid = v.as_bytes().to_vec();
     }
-    let mut resp = forward(&w, &t, &peer, req, start, rid.as_ref(), &mut lg).await;
+    let limited = t.rate_limit.as_deref().and_then(|rl| {
+        let header = match &rl.spec.key {
+            super::ratelimit::LimitKey::Header(n) => req.headers().get(n).map(HeaderValue::as_bytes),
+            super::ratelimit::LimitKey::Src => None,
+        };
+        rl.deny(peer.ip, header).map(|wait| (rl.spec.status, wait))
+    });
+    let mut resp = match limited {
+        Some((status, wait)) => {
+            bump(&w.stats.rate_limited, 1);
+            too_many_response(status, wait)
+        }
+        None => forward(&w, &t, &peer, req, start, rid.as_ref(), &mut lg).await,
+    };
     if let Some((name, value)) = rid {
         resp.headers_mut().insert(name, value);
     }
@@ -959,6 +972,16 @@ pub async fn handle(
         }
     }
     Ok(resp)
+}
+
+/// Refused by the rate limit: `status` (429) with `Retry-After`.
+fn too_many_response(status: u16, wait: Duration) -> Response<RespBody> {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    let mut r = error_response(code, super::ratelimit::BODY);
+    if let Some(v) = super::ratelimit::retry_after(wait).fixed {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
 }
 
 enum Outcome {
@@ -1195,6 +1218,12 @@ async fn forward(
         l.progress = progress.clone();
     }
     let mut attempts = Attempts::new(up, start, empty && idempotent(method.as_str().as_bytes()) && !upgrade);
+    let sticky = up.policy.sticky.as_ref();
+    let pinned = match sticky {
+        Some(st) => super::sticky::pin(st, &mut headers),
+        None => None,
+    };
+    attempts.prefer(pinned);
     let key_header = match &s.hash_key {
         HashKey::Header(name) => headers.get(name).map(|v| v.as_bytes().to_vec()),
         _ => None,
@@ -1269,9 +1298,18 @@ async fn forward(
                     // hyper's pool connects and sends as one step: Tc is not told apart
                     l.timings.response = Some(t.elapsed());
                 }
-                backend.record_success();
+                attempts.observe(&backend, resp.status().as_u16());
                 let class = (resp.status().as_u16() / 100).clamp(1, 5) as usize - 1;
                 backend.stats.responses[class].fetch_add(1, Relaxed);
+                if attempts.retry_status(resp.status().as_u16(), &key) {
+                    // retry_on: this response is dropped with its connection
+                    drop((resp, bc, lease));
+                    failed = Some(Fail::Reset);
+                    continue;
+                }
+                if let Some(st) = sticky {
+                    super::sticky::stick(st, up, &backend, pinned, resp.headers_mut());
+                }
                 if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                     if let Some(client_side) = client_upgrade.take() {
                         let backend_side = hyper::upgrade::on(&mut resp);
@@ -1327,6 +1365,10 @@ async fn forward(
                 attempts.failed(&backend, false);
                 failed = Some(f);
                 pending = Some(r);
+            }
+            Outcome::Sent(Fail::Timeout) if attempts.retry_timeout(&key) => {
+                attempts.failed(&backend, true);
+                failed = Some(Fail::Timeout);
             }
             Outcome::Sent(Fail::Timeout) => {
                 attempts.failed(&backend, true);

@@ -55,6 +55,33 @@ const FIXED_KEYS: [&str; 15] = [
     "backend_tls_insecure",
 ];
 
+/// Reloadable keys of the request policies (rate limit).
+const POLICY_KEYS: &[&str] = &["rate_limit", "policy"];
+
+/// `rate_limit`: {"count", "period" (seconds), "burst", "key", "missing"
+/// ("src" or "allow"), "max_keys", "status"} or None.
+fn parse_rate_limit(d: &Bound<'_, PyDict>) -> PyResult<Option<crate::balancer::ratelimit::Spec>> {
+    let Some(v) = d.get_item("rate_limit")?.filter(|v| !v.is_none()) else { return Ok(None) };
+    let r = dict(&v, "rate_limit")?;
+    let key = string(&r, "key")?.unwrap_or_else(|| "src".into());
+    let missing = string(&r, "missing")?.unwrap_or_else(|| "src".into());
+    let spec = crate::balancer::ratelimit::Spec {
+        count: int(&r, "count", 0u64)?,
+        period: secs(&r, "period", Duration::from_secs(1))?,
+        burst: int(&r, "burst", 0u64)?,
+        key: crate::balancer::ratelimit::LimitKey::parse(&key).map_err(cfg_err)?,
+        missing_allow: match missing.as_str() {
+            "src" => false,
+            "allow" => true,
+            other => return Err(cfg_err(format!("rate_limit.missing must be src or allow, got {other:?}"))),
+        },
+        max_keys: int(&r, "max_keys", 100_000usize)?,
+        status: int(&r, "status", 429u16)?,
+    };
+    spec.validate().map_err(cfg_err)?;
+    Ok(Some(spec))
+}
+
 /// `tls_certificates`: a list of `(cert, key)` PEM file pairs (the first is
 /// the default); `tls_client_ca`: require client certificates.
 fn parse_listen_tls(d: &Bound<'_, PyDict>) -> PyResult<Option<ListenTls>> {
@@ -223,8 +250,79 @@ fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
         },
         send_proxy_servers,
         tunnel_timeout: secs(d, "tunnel_timeout", def.tunnel_timeout)?,
+        policy: parse_policy(d)?,
     };
     Ok(s)
+}
+
+/// `policy`: {"backups": [name], "all_backups", "slow_start": {name: secs},
+/// "retry_statuses": [int], "retry_timeout", "error_statuses": [int],
+/// "sticky": {"name", "values": {server: value}, "indirect", "nocache",
+/// "httponly", "secure", "max_age", "domain", "path"}}; absent: none.
+fn parse_policy(d: &Bound<'_, PyDict>) -> PyResult<crate::balancer::policy::PolicySpec> {
+    use crate::balancer::policy::{PolicySpec, StickySpec};
+    let Some(v) = d.get_item("policy")?.filter(|v| !v.is_none()) else { return Ok(PolicySpec::default()) };
+    let p = dict(&v, "policy")?;
+    let flag = |d: &Bound<'_, PyDict>, k: &str, def: bool| -> PyResult<bool> {
+        match d.get_item(k)? {
+            Some(v) if !v.is_none() => v.extract::<bool>().map_err(|_| cfg_err(format!("{k} must be true or false"))),
+            _ => Ok(def),
+        }
+    };
+    let statuses = |k: &str| -> PyResult<Vec<u16>> {
+        match p.get_item(k)? {
+            Some(v) if !v.is_none() => v.extract().map_err(|_| cfg_err(format!("{k} must be a list of statuses"))),
+            _ => Ok(Vec::new()),
+        }
+    };
+    let slow_start = match p.get_item("slow_start")? {
+        Some(v) if !v.is_none() => {
+            let m: std::collections::HashMap<String, f64> =
+                v.extract().map_err(|_| cfg_err("slow_start must map servers to seconds"))?;
+            m.into_iter()
+                .filter(|(_, s)| s.is_finite() && *s > 0.0)
+                .map(|(n, s)| (n, Duration::from_secs_f64(s.min(86_400.0))))
+                .collect()
+        }
+        _ => Vec::new(),
+    };
+    let sticky = match p.get_item("sticky")? {
+        Some(v) if !v.is_none() => {
+            let c = dict(&v, "sticky")?;
+            let values = match c.get_item("values")? {
+                Some(v) if !v.is_none() => {
+                    let m: std::collections::HashMap<String, String> =
+                        v.extract().map_err(|_| cfg_err("sticky values must map servers to cookie values"))?;
+                    m.into_iter().collect()
+                }
+                _ => Vec::new(),
+            };
+            Some(StickySpec {
+                name: string(&c, "name")?.unwrap_or_else(|| "SERVERID".into()),
+                values,
+                indirect: flag(&c, "indirect", true)?,
+                nocache: flag(&c, "nocache", true)?,
+                httponly: flag(&c, "httponly", true)?,
+                secure: flag(&c, "secure", false)?,
+                max_age: match c.get_item("max_age")? {
+                    Some(v) if !v.is_none() => Some(v.extract().map_err(|_| cfg_err("sticky max_age must be seconds"))?),
+                    _ => None,
+                },
+                domain: string(&c, "domain")?,
+                path: string(&c, "path")?.unwrap_or_else(|| "/".into()),
+            })
+        }
+        _ => None,
+    };
+    Ok(PolicySpec {
+        backups: strings(&p, "backups")?,
+        all_backups: flag(&p, "all_backups", false)?,
+        slow_start,
+        retry_statuses: statuses("retry_statuses")?,
+        retry_timeout: flag(&p, "retry_timeout", false)?,
+        error_statuses: statuses("error_statuses")?,
+        sticky,
+    })
 }
 
 fn strings(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<String>> {
@@ -406,7 +504,7 @@ fn parse_routing(d: &Bound<'_, PyDict>) -> PyResult<Option<(Vec<ListenAddr>, Rou
     if listeners.is_empty() {
         return Err(cfg_err("listeners must list at least one listener"));
     }
-    Ok(Some((addrs, RoutingSpec { pools, listeners })))
+    Ok(Some((addrs, RoutingSpec { pools, listeners, rate_limit: parse_rate_limit(d)? })))
 }
 
 /// `access_log`: {"path", "format", "log_empty", "syslog": {"address", "facility", "format", "tag", "max_length"}} or None.
@@ -474,7 +572,11 @@ fn parse_listener_logs(d: &Bound<'_, PyDict>) -> PyResult<Vec<crate::balancer::a
 fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     for k in d.keys() {
         let k: String = k.extract()?;
-        if !SETTINGS_KEYS.contains(&k.as_str()) && !FIXED_KEYS.contains(&k.as_str()) && !super::l4::CONFIG_KEYS.contains(&k.as_str()) {
+        if !SETTINGS_KEYS.contains(&k.as_str())
+            && !FIXED_KEYS.contains(&k.as_str())
+            && !super::l4::CONFIG_KEYS.contains(&k.as_str())
+            && !POLICY_KEYS.contains(&k.as_str())
+        {
             return Err(cfg_err(format!("unknown balancer setting {k:?}")));
         }
     }
@@ -509,6 +611,10 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
         c.listen = addrs[0].addr;
         c.listeners = addrs;
         c.routing = Some(routing);
+    } else if let Some(rl) = parse_rate_limit(d)? {
+        let mut r = c.routing_spec();
+        r.rate_limit = Some(rl);
+        c.routing = Some(r);
     }
     Ok(c)
 }
@@ -548,6 +654,7 @@ fn totals_dict<'py>(py: Python<'py>, t: &Totals) -> PyResult<Bound<'py, PyDict>>
     d.set_item("backend_errors", t.backend_errors)?;
     d.set_item("timeouts", t.timeouts)?;
     d.set_item("clients_refused", t.clients_refused)?;
+    d.set_item("rate_limited", t.rate_limited)?;
     let bounds: Vec<f64> = LATENCY_BOUNDS_US.iter().map(|&u| u as f64 / 1e6).collect();
     d.set_item("latency_bounds", bounds)?;
     d.set_item("latency_buckets", t.latency.to_vec())?;
@@ -648,7 +755,10 @@ impl PyBalancer {
         let b = self.running()?;
         let routing = match parse_routing(config)? {
             Some((_, r)) => r,
-            None => RoutingSpec::single(parse_settings(config)?, b.local_addrs().len()),
+            None => RoutingSpec {
+                rate_limit: parse_rate_limit(config)?,
+                ..RoutingSpec::single(parse_settings(config)?, b.local_addrs().len())
+            },
         };
         let log = parse_access_log(config)?;
         let listener_logs = parse_listener_logs(config)?;

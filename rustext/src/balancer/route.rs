@@ -153,6 +153,8 @@ pub struct PoolSpec {
 pub struct RoutingSpec {
     pub pools: Vec<PoolSpec>,
     pub listeners: Vec<ListenerSpec>,
+    /// One request rate limit over every listener (None: none).
+    pub rate_limit: Option<super::ratelimit::Spec>,
 }
 
 /// The name of the pool of a configuration without named backends.
@@ -173,6 +175,7 @@ impl RoutingSpec {
                     ..Default::default()
                 })
                 .collect(),
+            rate_limit: None,
         }
     }
 }
@@ -492,6 +495,8 @@ pub struct Table {
     pub pools: Vec<Arc<Upstream>>,
     pub names: Vec<String>,
     pub listeners: Vec<Listener>,
+    /// The rate limit, its keys kept across reloads (see [`super::ratelimit`]).
+    pub rate_limit: Option<Arc<super::ratelimit::Table>>,
 }
 
 fn valid_code(code: u16) -> bool {
@@ -715,10 +720,18 @@ impl Table {
                 Listener::compile(l, &where_, &index, &pool_rules)
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let rate_limit = match &spec.rate_limit {
+            Some(s) => Some(Arc::new(super::ratelimit::Table::new(
+                s,
+                previous.and_then(|t| t.rate_limit.as_deref()),
+            )?)),
+            None => None,
+        };
         Ok(Table {
             pools,
             names: spec.pools.iter().map(|p| p.name.clone()).collect(),
             listeners,
+            rate_limit,
         })
     }
 

@@ -66,6 +66,8 @@ pub struct WorkerStats {
     pub latency_sum_us: AtomicU64,
     /// Connections closed on an `accept_proxy` listener: PROXY header missing, invalid or late.
     pub proxy_refused: AtomicU64,
+    /// Requests refused by the rate limit (429).
+    pub rate_limited: AtomicU64,
 }
 
 impl WorkerStats {
@@ -97,6 +99,7 @@ pub struct Totals {
     pub latency: [u64; BUCKETS],
     pub latency_sum_us: u64,
     pub proxy_refused: u64,
+    pub rate_limited: u64,
 }
 
 impl Totals {
@@ -119,6 +122,7 @@ impl Totals {
         }
         self.latency_sum_us += w.latency_sum_us.load(Relaxed);
         self.proxy_refused += w.proxy_refused.load(Relaxed);
+        self.rate_limited += w.rate_limited.load(Relaxed);
     }
 }
 

@@ -87,6 +87,8 @@ pub struct Backend {
     /// The PROXY header its new connections start with: 0 none, 1 v1, 2 v2
     /// (set on every reload, see [`Backend::send_proxy`]).
     send_proxy: AtomicU8,
+    /// When it last came into service, in ms since `epoch` (slow start).
+    up_since: AtomicU64,
 }
 
 /// Permits of an "unlimited" limiter; Semaphore::MAX_PERMITS is far larger.
@@ -126,6 +128,7 @@ impl Backend {
             limiter: Arc::new(Semaphore::new(permits)),
             stats: BackendStats::default(),
             send_proxy: AtomicU8::new(0),
+            up_since: AtomicU64::new(epoch.elapsed().as_millis() as u64 + 1),
         })
     }
 
@@ -184,13 +187,19 @@ impl Backend {
         AdminState::from_u8(self.admin.load(Relaxed))
     }
     pub fn set_admin(&self, s: AdminState) {
-        self.admin.store(s as u8, Relaxed);
+        let was = self.admin.swap(s as u8, Relaxed);
+        if s == AdminState::Enabled && was != s as u8 {
+            self.up_since.store(self.now_ms(), Relaxed);
+        }
     }
     pub fn healthy(&self) -> bool {
         self.healthy.load(Relaxed)
     }
     pub fn set_healthy(&self, up: bool) {
-        self.healthy.store(up, Relaxed);
+        let was = self.healthy.swap(up, Relaxed);
+        if up && !was {
+            self.up_since.store(self.now_ms(), Relaxed);
+        }
         if up {
             self.fails.store(0, Relaxed);
             self.ejected_until.store(0, Relaxed);
@@ -198,6 +207,17 @@ impl Backend {
     }
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64 + 1
+    }
+    /// The backend's clock (ms), for [`Backend::up_since_ms`].
+    pub fn clock_ms(&self) -> u64 {
+        self.now_ms()
+    }
+    /// When it last came into service (health up, enabled, back from
+    /// ejection, or created), on [`Backend::clock_ms`]'s clock.
+    pub fn up_since_ms(&self) -> u64 {
+        let since = self.up_since.load(Relaxed);
+        let until = self.ejected_until.load(Relaxed);
+        since.max(until)
     }
     pub fn ejected(&self) -> bool {
         let until = self.ejected_until.load(Relaxed);
@@ -252,6 +272,8 @@ pub struct Upstream {
     rr: AtomicUsize,
     swrr: Mutex<Vec<i64>>,
     ring: Vec<(u64, u32)>,
+    /// Backups, slow start, retry-on, layer-7 health, persistence.
+    pub policy: super::policy::Policy,
 }
 
 /// Points per unit of weight on the ketama ring.
@@ -296,12 +318,14 @@ impl Upstream {
             Vec::new()
         };
         let n = backends.len();
+        let policy = super::policy::Policy::compile(&settings.policy, &backends)?;
         Ok(Upstream {
             backends,
             settings,
             rr: AtomicUsize::new(0),
             swrr: Mutex::new(vec![0; n]),
             ring,
+            policy,
         })
     }
 
@@ -309,13 +333,38 @@ impl Upstream {
         self.backends.iter().find(|b| b.name == name)
     }
 
-    /// Choose a backend index, skipping those in `tried` (a bit set).
-    pub fn select(&self, key: &Key<'_>, tried: u64) -> Option<usize> {
+    /// Choose a backend index, skipping those in `tried`; backups only
+    /// when no other server is available, ramping servers (slow start) in
+    /// proportion to their share (see [`super::policy`]).
+    pub fn select(&self, key: &Key<'_>, tried: &super::tried::Tried) -> Option<usize> {
+        let p = &self.policy;
+        if !p.shapes_choice() {
+            return self.select_among(key, tried, &|_| true);
+        }
+        let hashed = self.settings.algorithm == Algorithm::ConsistentHash;
+        let ramping = |i: usize| {
+            hashed || !p.has_slow_start || {
+                let share = p.share(i, &self.backends[i]);
+                share >= 1.0 || ((fast_random() >> 11) as f64 / (1u64 << 53) as f64) < share
+            }
+        };
+        self.select_among(key, tried, &|i| !p.is_backup(i) && ramping(i))
+            .or_else(|| if p.has_slow_start { self.select_among(key, tried, &|i| !p.is_backup(i)) } else { None })
+            .or_else(|| match (p.has_backups, p.all_backups) {
+                (false, _) => None,
+                (true, true) => self.select_among(key, tried, &|i| p.is_backup(i)),
+                (true, false) => (0..self.backends.len())
+                    .find(|&i| p.is_backup(i) && !tried.contains(i) && self.backends[i].available()),
+            })
+    }
+
+    /// [`Upstream::select`] among the servers `among` admits.
+    fn select_among(&self, key: &Key<'_>, tried: &super::tried::Tried, among: &dyn Fn(usize) -> bool) -> Option<usize> {
         let n = self.backends.len();
         if n == 0 {
             return None;
         }
-        let ok = |i: usize| tried & (1u64 << (i % 64)) == 0 && self.backends[i].available();
+        let ok = |i: usize| !tried.contains(i) && self.backends[i].available() && among(i);
         match self.settings.algorithm {
             Algorithm::RoundRobin => {
                 let start = self.rr.fetch_add(1, Relaxed);
@@ -474,6 +523,7 @@ fn fast_random() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::balancer::tried::Tried;
 
     fn up(names: &[(&str, u32)], alg: Algorithm) -> Upstream {
         let settings = Settings {
@@ -505,7 +555,7 @@ mod tests {
         let mut c = vec![0; u.backends.len()];
         for i in 0..n {
             let p = format!("/k{i}");
-            c[u.select(&key(&p, &h), 0).unwrap()] += 1;
+            c[u.select(&key(&p, &h), &Tried::default()).unwrap()] += 1;
         }
         c
     }
@@ -525,7 +575,7 @@ mod tests {
         let u = up(&THREE, Algorithm::WeightedRoundRobin);
         let h = http::HeaderMap::new();
         let seq: Vec<usize> = (0..7)
-            .map(|_| u.select(&key("/", &h), 0).unwrap())
+            .map(|_| u.select(&key("/", &h), &Tried::default()).unwrap())
             .collect();
         // nginx's documented order for weights 5,1,1: a a b a c a a
         assert_eq!(seq, vec![0, 0, 1, 0, 2, 0, 0]);
@@ -562,13 +612,13 @@ mod tests {
         let u = up(&names, Algorithm::ConsistentHash);
         let h = http::HeaderMap::new();
         let before: Vec<usize> = (0..2000)
-            .map(|i| u.select(&key(&format!("/u{i}"), &h), 0).unwrap())
+            .map(|i| u.select(&key(&format!("/u{i}"), &h), &Tried::default()).unwrap())
             .collect();
         let c = counts(&u, 4000);
         assert!(c.iter().all(|&x| x > 600), "{c:?}");
         u.backends[2].set_healthy(false);
         for (i, &b) in before.iter().enumerate() {
-            let now = u.select(&key(&format!("/u{i}"), &h), 0).unwrap();
+            let now = u.select(&key(&format!("/u{i}"), &h), &Tried::default()).unwrap();
             if b != 2 {
                 assert_eq!(now, b, "key {i} moved although its backend is up");
             } else {
@@ -585,9 +635,9 @@ mod tests {
         );
         let h = http::HeaderMap::new();
         for _ in 0..4 {
-            assert_eq!(u.select(&key("/", &h), 0b01), Some(1));
+            assert_eq!(u.select(&key("/", &h), &Tried::of(&[0])), Some(1));
         }
-        assert_eq!(u.select(&key("/", &h), 0b11), None);
+        assert_eq!(u.select(&key("/", &h), &Tried::of(&[0, 1])), None);
         let b = &u.backends[0];
         b.record_failure(2, Duration::from_millis(30));
         assert!(b.available());
@@ -595,6 +645,24 @@ mod tests {
         assert!(!b.available());
         std::thread::sleep(Duration::from_millis(40));
         assert!(b.available());
+    }
+
+    #[test]
+    fn pools_over_64_servers_do_not_wrap_the_tried_set() {
+        let names: Vec<(String, u32)> = (1..=100).map(|p| (format!("127.0.0.1:{p}"), 1)).collect();
+        let names: Vec<(&str, u32)> = names.iter().map(|(n, w)| (n.as_str(), *w)).collect();
+        let u = up(&names, Algorithm::RoundRobin);
+        let h = http::HeaderMap::new();
+        for (i, b) in u.backends.iter().enumerate() {
+            if i != 0 && i != 64 {
+                b.set_admin(AdminState::Drain);
+            }
+        }
+        // 0 tried (and failed): 64 is still there to try
+        for _ in 0..4 {
+            assert_eq!(u.select(&key("/", &h), &Tried::of(&[0])), Some(64));
+        }
+        assert_eq!(u.select(&key("/", &h), &Tried::of(&[0, 64])), None);
     }
 
     #[test]

@@ -355,6 +355,7 @@ mod routed {
         let mut settings = Settings::default();
         settings.backends.push(BackendSpec { name: "127.0.0.1:1".into(), weight: 1, max_connections: 0 });
         let spec = RoutingSpec {
+            rate_limit: None,
             pools: vec![PoolSpec { name: "a".into(), settings, rules: RulesSpec::default() }],
             listeners: vec![ListenerSpec {
                 routes: vec![

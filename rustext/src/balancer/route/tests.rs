@@ -46,6 +46,7 @@ fn route(backend: &str) -> RouteSpec {
 
 fn table(routes: Vec<RouteSpec>, default: Option<&str>) -> Table {
     let spec = RoutingSpec {
+        rate_limit: None,
         pools: vec![pool("a", 1), pool("b", 2), pool("c", 3)],
         listeners: vec![ListenerSpec { routes, default_backend: default.map(Into::into), ..Default::default() }],
     };
@@ -114,6 +115,7 @@ fn paths_methods_headers_and_order() {
 #[test]
 fn rules_fold_in_order() {
     let spec = RoutingSpec {
+        rate_limit: None,
         pools: vec![PoolSpec {
             rules: RulesSpec { request: vec![RuleSpec::Set("x-a".into(), "pool".into())], response: vec![] },
             ..pool("a", 1)
@@ -147,6 +149,7 @@ fn rules_fold_in_order() {
 fn errors_name_the_key() {
     let bad = |routes: Vec<RouteSpec>| {
         let spec = RoutingSpec {
+            rate_limit: None,
             pools: vec![pool("a", 1)],
             listeners: vec![ListenerSpec { routes, ..Default::default() }],
         };
