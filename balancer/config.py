@@ -365,6 +365,9 @@ class BalancerConfig:
     admin_auth: AdminAuth | None = None
     #: the ``[access_log]`` table: one line per request; unset = no access log
     access_log: AccessLog | None = None
+    #: the protocol spoken to the backends: ``h1`` (HTTP/1.1) or ``h2`` (HTTP/2: h2c with prior knowledge
+    #: to plain backends, ALPN ``h2`` over TLS, as HAProxy's ``server ... proto h2``); gRPC backends need ``h2``
+    proto: str = "h1"
 
     def __post_init__(self) -> None:
         if self.listeners:
@@ -411,6 +414,7 @@ class BalancerConfig:
             raise BalancerConfigError(f"hash_key must be client_ip, path or header:NAME; got {self.hash_key!r}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 1024:
             raise BalancerConfigError(f"workers must be an integer in 1..1024, got {self.workers!r}")
+        check_proto(self.proto, "proto")
         if not isinstance(self.retries, int) or not 0 <= self.retries <= 16:
             raise BalancerConfigError(f"retries must be an integer in 0..16, got {self.retries!r}")
         seen: set[str] = set()
@@ -475,7 +479,8 @@ class BalancerConfig:
                     response_headers=HeaderRules(), backends=servers,
                     algorithm=nb.algorithm or self.algorithm, hash_key=nb.hash_key or self.hash_key,
                     retries=self.retries if nb.retries is None else nb.retries,
-                    timeouts=timeouts, passive=passive, limits=limits, health=health)
+                    timeouts=timeouts, passive=passive, limits=limits, health=health,
+                    proto=nb.proto or self.proto)
             except BalancerConfigError as exc:
                 raise BalancerConfigError(f"{w}: {exc}") from exc
         return out
@@ -530,6 +535,7 @@ class BalancerConfig:
             "backend_tls": self.tls.backend,
             "backend_ca": self.tls.backend_ca,
             "backend_tls_insecure": self.tls.backend_insecure,
+            "proto": self.proto,
         }
         return {k: v for k, v in native.items() if v is not None or not k.startswith(("tls_", "http_", "backend_"))}
 
@@ -562,7 +568,16 @@ class BalancerConfig:
 
 _POOL_KEYS = frozenset((
     "backends", "algorithm", "hash_key", "retries", "connect_timeout", "response_timeout", "total_timeout",
-    "queue_timeout", "eject_after", "eject_cooldown", "max_connections"))
+    "queue_timeout", "eject_after", "eject_cooldown", "max_connections", "proto"))
+
+#: what ``proto`` takes
+PROTOS = ("h1", "h2")
+
+
+def check_proto(value: Any, where: str) -> None:
+    """Refuse a ``proto`` other than h1 or h2, naming the key."""
+    if value not in PROTOS:
+        raise BalancerConfigError(f"{where} must be \"h1\" or \"h2\", got {value!r}")
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:

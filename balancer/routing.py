@@ -358,6 +358,8 @@ class NamedBackend:
     #: header rules on its responses
     response_headers: HeaderRules = field(default_factory=HeaderRules)
     where: str = field(default="backends", repr=False, compare=False, metadata={"internal": True})
+    #: ``h1`` or ``h2``, as the top-level key; unset: the top-level value
+    proto: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("request_headers", "response_headers"):
@@ -365,3 +367,5 @@ class NamedBackend:
             if isinstance(v, Mapping):
                 w = f"{self.where}.{name}"
                 object.__setattr__(self, name, section(HeaderRules, v, w))
+        if self.proto is not None and self.proto not in ("h1", "h2"):
+            raise BalancerConfigError(f'{self.where}.proto must be "h1" or "h2", got {self.proto!r}')

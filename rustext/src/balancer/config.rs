@@ -126,6 +126,35 @@ pub struct Settings {
     pub max_connections: usize,
     /// How long a request may wait for a backend slot before a 503.
     pub queue_timeout: Duration,
+    /// The protocol spoken to the pool's backends.
+    pub proto: Proto,
+}
+
+/// The HTTP version spoken to a pool's backends: HTTP/1.1, or HTTP/2 (h2c
+/// with prior knowledge to plain backends, ALPN `h2` over TLS), as HAProxy's
+/// `server ... proto h2`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Proto {
+    #[default]
+    H1,
+    H2,
+}
+
+impl Proto {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "h1" | "http/1.1" => Ok(Proto::H1),
+            "h2" => Ok(Proto::H2),
+            other => Err(format!("unknown proto {other:?} (expected h1 or h2)")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::H1 => "h1",
+            Proto::H2 => "h2",
+        }
+    }
 }
 
 /// One listening address, and whether it terminates TLS (with the
@@ -183,6 +212,7 @@ impl Default for Settings {
             eject_cooldown: Duration::from_secs(10),
             max_connections: 0,
             queue_timeout: Duration::from_secs(5),
+            proto: Proto::H1,
         }
     }
 }

@@ -16,6 +16,10 @@
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
 //! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect, TLS to backends
 //! - [`stats`]    per-worker counters and the latency histogram
+//! - [`h2c`]      cleartext HTTP/2 from clients, found by its preface
+//! - [`h2pool`]   HTTP/2 to backends (`proto = "h2"`): multiplexed connections per worker
+//! - [`h2settings`] sans-I/O reader of a backend's stream limit (its first SETTINGS frame)
+//! - [`grpc`]     gRPC specifics: the balancer's own errors as gRPC statuses
 //! - `python`     the `rustext.Balancer` class
 
 pub mod accesslog;
@@ -31,6 +35,10 @@ pub mod route;
 pub mod server;
 pub mod stats;
 pub mod upstream;
+pub mod h2c;
+pub mod h2pool;
+pub mod h2settings;
+pub mod grpc;
 
 #[cfg(feature = "python")]
 pub mod python;

@@ -31,7 +31,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::attempts::{idempotent, Attempts, Next};
 use tokio::time::Sleep;
 
-use super::config::{Config, HashKey};
+use super::config::{Config, HashKey, Proto};
 use super::pool::{BackendConn, Fail, Pool};
 use super::stats::{bump, WorkerStats};
 use super::route::{Action, Table, View};
@@ -122,6 +122,8 @@ pub struct Worker {
     pub ids: super::route::RequestIds,
     /// This worker's access log lines not yet handed to the writer.
     pub log: super::accesslog::LogBuf,
+    /// HTTP/2 connections to the backends of `proto = "h2"` pools.
+    pub h2_pool: super::h2pool::H2Pool,
 }
 
 #[derive(Default)]
@@ -421,6 +423,13 @@ pub struct Progress {
     client_failed: std::sync::atomic::AtomicBool,
 }
 
+impl Progress {
+    /// Request body frames passed on so far.
+    pub fn frames(&self) -> u64 {
+        self.frames.load(Relaxed)
+    }
+}
+
 /// The request body sent to a backend: the client's, counted, or nothing.
 pub enum ReqBody {
     /// The frames read ahead (see [`prebuffer`]), then the rest of the client's body, if any.
@@ -563,7 +572,7 @@ pub struct Streaming {
     worker: Arc<Worker>,
     peer: Arc<Peer>,
     /// The backend connection, pooled again if the body ends cleanly.
-    conn: Option<BackendConn>,
+    conn: Option<Held>,
     deadline: Option<Pin<Box<Sleep>>>,
     bytes: u64,
     eject: (u32, Duration),
@@ -584,7 +593,7 @@ impl Streaming {
             lease.backend.stats.bytes_out.fetch_add(self.bytes, Relaxed);
             bump(&self.worker.stats.bytes_out, self.bytes);
             self.bytes = 0;
-            if let Some(bc) = self.conn.take() {
+            if let Some(Held::H1(bc)) = self.conn.take() {
                 if clean {
                     self.worker.pool.put(lease.backend.id, bc);
                 }
@@ -900,6 +909,7 @@ pub async fn handle(
             }
         }
     });
+    let grpc = req.version() == Version::HTTP_2 && super::grpc::is_grpc(req.headers());
     let mut lg = HyperLog::new(&w, &peer, &req, start);
     if let (Some(l), Some((_, v))) = (lg.as_mut(), rid.as_ref()) {
         l.rid = v.as_bytes().to_vec();
@@ -933,11 +943,23 @@ pub async fn handle(
             }
         }
     }
+    if grpc && resp.status().as_u16() >= 400 && matches!(resp.body(), RespBody::Full(_)) {
+        // the balancer's own error (logged and counted with its HTTP status), as gRPC says it
+        resp = super::grpc::error_response(resp);
+    }
     Ok(resp)
 }
 
-enum Outcome {
-    Response(Response<Incoming>, BackendConn),
+/// What a response holds of its backend until it ends: an HTTP/1
+/// connection (pooled again after a clean end) or an HTTP/2 stream.
+pub(super) enum Held {
+    H1(BackendConn),
+    // never read: dropping it frees the stream
+    H2(#[allow(dead_code)] super::h2pool::Slot),
+}
+
+pub(super) enum Outcome {
+    Response(Response<Incoming>, Held),
     /// Nothing was sent: the request can go to another backend as it is.
     Unsent(Request<ReqBody>, Fail),
     /// The request (or part of it) went out, then the exchange failed.
@@ -980,7 +1002,7 @@ async fn send(
             }
         };
         match result {
-            Some(Ok(resp)) => return Outcome::Response(resp, bc),
+            Some(Ok(resp)) => return Outcome::Response(resp, Held::H1(bc)),
             Some(Err(mut e)) => match e.take_message() {
                 Some(r) if reused => {
                     // The backend closed an idle connection: not its failure.
@@ -1129,7 +1151,15 @@ async fn forward(
         l.pool = t.names[pool].clone();
     }
     let s = &up.settings;
+    // the one TE an HTTP/2 request may carry, which gRPC requires (RFC 9113 §8.2.2)
+    let te_trailers = s.proto == Proto::H2
+        && headers.get_all(header::TE).iter().any(|v| {
+            v.to_str().unwrap_or("").split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        });
     strip_hop_by_hop(&mut headers);
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
     if !action.request.is_empty() {
         apply_rules(&mut headers, &action.request, rid, peer.xff.as_bytes());
     }
@@ -1151,7 +1181,9 @@ async fn forward(
     let empty = body.is_end_stream();
     let mut body = if empty {
         None
-    } else if upgrade {
+    } else if upgrade || h2 {
+        // HTTP/2 frames its bodies itself, and a streaming call (gRPC's client and
+        // bidi streams) must not wait for more of its body before it is forwarded
         Some((std::collections::VecDeque::new(), Some(body)))
     } else {
         let wait = if w.shared.config.header_timeout.is_zero() { Duration::from_secs(10) } else { w.shared.config.header_timeout };
@@ -1224,15 +1256,12 @@ async fn forward(
             }
         };
         let wait = attempts.response_wait();
-        match send(
-            w,
-            &backend,
-            breq,
-            s.connect_timeout,
-            wait,
-            progress.as_deref(),
-        )
-        .await
+        let outcome = if s.proto == Proto::H2 {
+            super::h2pool::send(w, &backend, breq, s.connect_timeout, wait, progress.as_deref()).await
+        } else {
+            send(w, &backend, breq, s.connect_timeout, wait, progress.as_deref()).await
+        };
+        match outcome
         {
             Outcome::Response(mut resp, bc) => {
                 if let (Some(l), Some(t)) = (lg.as_mut(), sending) {

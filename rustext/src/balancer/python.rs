@@ -12,7 +12,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::config::{Algorithm, BackendSpec, Config, HashKey, ListenAddr, ListenTls, Settings};
+use super::config::{Algorithm, BackendSpec, Config, HashKey, ListenAddr, ListenTls, Proto, Settings};
 use super::route::{
     HeaderTest, HstsSpec, ListenerSpec, PoolSpec, RedirectSpec, RouteSpec, RoutingSpec, RuleSpec, RulesSpec,
 };
@@ -21,7 +21,7 @@ use super::server::Balancer;
 use super::stats::{Totals, LATENCY_BOUNDS_US};
 use crate::errors::ErrorKind;
 
-const SETTINGS_KEYS: [&str; 14] = [
+const SETTINGS_KEYS: [&str; 15] = [
     "pools",
     "listeners",
     "backends",
@@ -36,6 +36,7 @@ const SETTINGS_KEYS: [&str; 14] = [
     "max_connections",
     "queue_timeout",
     "listen",
+    "proto",
 ];
 const FIXED_KEYS: [&str; 14] = [
     "access_log",
@@ -200,6 +201,10 @@ fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
         eject_cooldown: secs(d, "eject_cooldown", def.eject_cooldown)?,
         max_connections: int(d, "max_connections", def.max_connections)?,
         queue_timeout: secs(d, "queue_timeout", def.queue_timeout)?,
+        proto: match string(d, "proto")? {
+            Some(p) => Proto::parse(&p).map_err(cfg_err)?,
+            None => def.proto,
+        },
     };
     Ok(s)
 }
