@@ -257,6 +257,18 @@ def test_http1_clients_reach_http2_backends(backends, proxy, tmp_path):
         "HTTP/2.0 GET /size/300000 200", "HTTP/2.0 POST /echo 200", "HTTP/2.0 GET /headers 200"]
 
 
+def test_idle_http2_backend_connections_are_closed(backends, proxy):
+    inner = proxy(backends(1), workers=1)
+    outer = proxy([f"127.0.0.1:{inner.address[1]}"], proto="h2", workers=1, pool_idle_timeout=0.2)
+    for _ in range(3):  # one multiplexed connection, reused
+        assert curl_h2c(f"http://127.0.0.1:{outer.address[1]}/whoami")[1] == "b0"
+    assert inner.stats()["connections_total"] == 1
+    deadline = time.monotonic() + 5
+    while inner.stats()["connections_active"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert inner.stats()["connections_active"] == 0
+
+
 # --- routing, header rules, access log, config ------------------------------
 
 ROUTED = """

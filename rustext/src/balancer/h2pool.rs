@@ -60,6 +60,10 @@ struct Conn {
     streams: Arc<AtomicU32>,
     /// The backend's limit once known (its first SETTINGS frame).
     limit: Arc<AtomicU32>,
+    /// Streams ever opened on it, and that count at the last sweep: a
+    /// connection that opened none between two sweeps is idle.
+    opened: u64,
+    swept: u64,
 }
 
 impl Conn {
@@ -113,13 +117,19 @@ impl H2Pool {
         let mut g = self.backends.lock().unwrap_or_else(|e| e.into_inner());
         let e = g.get_mut(&id)?;
         e.conns.retain(|c| !c.tx.is_closed());
-        let c = match e.conns.iter().find(|c| c.streams.load(Relaxed) < c.capacity()) {
-            Some(c) => c,
-            None if e.conns.len() >= CONNS_PER_BACKEND => e.conns.iter().min_by_key(|c| c.streams.load(Relaxed))?,
+        let load = |c: &Conn| c.streams.load(Relaxed);
+        let i = match e.conns.iter().position(|c| load(c) < c.capacity()) {
+            Some(i) => i,
+            None if e.conns.len() >= CONNS_PER_BACKEND => {
+                (0..e.conns.len()).min_by_key(|&i| load(&e.conns[i]))?
+            }
             None => return None,
         };
-        c.streams.fetch_add(1, Relaxed);
-        Some((c.tx.clone(), Slot(c.streams.clone())))
+        let c = &mut e.conns[i];
+        c.opened += 1;
+        let (tx, streams) = (c.tx.clone(), c.streams.clone());
+        streams.fetch_add(1, Relaxed);
+        Some((tx, Slot(streams)))
     }
 
     fn connecting(&self, id: u64) -> Arc<tokio::sync::Mutex<()>> {
@@ -141,7 +151,9 @@ impl H2Pool {
         if let Some((tx, slot)) = self.pick(b.id) {
             return Ok((tx, slot, true));
         }
-        let conn = self.connect(b, deadline).await?;
+        // boxed: the rare path's futures (TLS, handshake) would otherwise grow
+        // every request's future, which is moved whole at least once
+        let conn = Box::pin(self.connect(b, deadline)).await?;
         conn.streams.fetch_add(1, Relaxed);
         let got = (conn.tx.clone(), Slot(conn.streams.clone()), false);
         let mut g = self.backends.lock().unwrap_or_else(|e| e.into_inner());
@@ -191,14 +203,22 @@ impl H2Pool {
             tx,
             streams: Arc::new(AtomicU32::new(0)),
             limit,
+            opened: 1,
+            swept: 0,
         })
     }
 
-    /// Forget connections that ended (run periodically).
+    /// Forget connections that ended, and close those that stayed idle
+    /// since the last sweep (run every half `pool_idle_timeout`): backends
+    /// that left the configuration, or quiet ones, keep no connection open.
     pub fn sweep(&self) {
         let mut g = self.backends.lock().unwrap_or_else(|e| e.into_inner());
         g.retain(|_, e| {
-            e.conns.retain(|c| !c.tx.is_closed());
+            e.conns.retain_mut(|c| {
+                let idle = c.opened == c.swept && c.streams.load(Relaxed) == 0;
+                c.swept = c.opened;
+                !c.tx.is_closed() && !idle
+            });
             !e.conns.is_empty() || Arc::strong_count(&e.connecting) > 1
         });
     }
@@ -246,7 +266,7 @@ pub(super) async fn send(
         let got = if fresh_only {
             // a connection of the pool refused it unsent: a new one
             let deadline = tokio::time::Instant::now() + connect;
-            pool.connect(b, deadline).await.map(|c| {
+            Box::pin(pool.connect(b, deadline)).await.map(|c| {
                 c.streams.fetch_add(1, Relaxed);
                 let got = (c.tx.clone(), Slot(c.streams.clone()), false);
                 let mut g = pool.backends.lock().unwrap_or_else(|e| e.into_inner());

@@ -979,7 +979,7 @@ async fn send(
     let mut reused_failed = false;
     loop {
         let got = if reused_failed {
-            w.pool.connect(b, connect).await.map(|tx| (tx, false))
+            Box::pin(w.pool.connect(b, connect)).await.map(|tx| (tx, false))
         } else {
             w.pool.acquire(b, connect).await
         };
