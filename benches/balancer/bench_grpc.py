@@ -70,7 +70,7 @@ def parse_h2load(out: str) -> dict:
     m = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
     if m is None:
         raise RuntimeError(f"h2load said:\n{out}")
-    total, done, ok, failed, errored = (int(x) for x in m.groups())
+    total, _done, ok, _failed, _errored = (int(x) for x in m.groups())
     rps = float(re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", out).group(1))
     mean = re.search(r"time for request:\s+\S+\s+\S+\s+(\S+)", out).group(1)
     n, unit = re.match(r"([\d.]+)(\w+)", mean).groups()
@@ -158,7 +158,7 @@ def main() -> int:
     finally:
         bench.close()
     rows = []
-    print(f"\n| balancer | calls/s | mean ms | CPU µs/call (min–max) | failures |\n| --- | ---: | ---: | ---: | ---: |")
+    print("\n| balancer | calls/s | mean ms | CPU µs/call (min–max) | failures |\n| --- | ---: | ---: | ---: | ---: |")
     for kind in BALANCERS:
         mine = [x for x in runs if x.balancer == kind]
         cpu = [x.cpu_us_per_call for x in mine]

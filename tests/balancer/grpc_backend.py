@@ -1,6 +1,6 @@
 """A real grpcio backend for the balancer's gRPC tests (run as a subprocess).
 
-    python grpc_backend.py [HOST:]PORT NAME    prints "ready" once serving
+    python grpc_backend.py [HOST:]PORT NAME [CERT KEY]   prints "ready" once serving (TLS with CERT KEY)
 
 A generic service ``test.Echo`` on raw bytes (no generated code):
 
@@ -69,7 +69,13 @@ def main() -> None:
         addr = f"127.0.0.1:{addr}"
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
     server.add_generic_rpc_handlers((handlers(name),))
-    if server.add_insecure_port(addr) == 0:
+    if len(sys.argv) > 4:
+        with open(sys.argv[3], "rb") as c, open(sys.argv[4], "rb") as k:
+            creds = grpc.ssl_server_credentials(((k.read(), c.read()),))
+        port = server.add_secure_port(addr, creds)
+    else:
+        port = server.add_insecure_port(addr)
+    if port == 0:
         sys.exit(f"cannot listen on {addr}")
     server.start()
     print("ready", flush=True)

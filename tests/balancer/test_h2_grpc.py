@@ -24,14 +24,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from balancer_helpers import BackendProc, start_backend
-from tests.netutil import free_port
-
-import rustext
 
 from balancer import BalancerConfigError, load
 from balancer.config import from_dict
 from balancer.runner import BalancerProcess
+from tests.netutil import free_port
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -57,12 +54,13 @@ class GrpcBackend:
             self.proc.stdout.close()
 
 
-def start_grpc_backends(names: list[str]) -> list[GrpcBackend]:
-    """grpcio servers (tests/balancer/grpc_backend.py), started together."""
+def start_grpc_backends(names: list[str], tls: tuple[str, str] | None = None) -> list[GrpcBackend]:
+    """grpcio servers (tests/balancer/grpc_backend.py), started together;
+    ``tls`` = (certificate chain, key) serves TLS."""
     started = []
     for name in names:
         port = free_port()
-        proc = subprocess.Popen([sys.executable, GRPC_BACKEND, str(port), name], stdout=subprocess.PIPE)
+        proc = subprocess.Popen([sys.executable, GRPC_BACKEND, str(port), name, *(tls or ())], stdout=subprocess.PIPE)
         started.append(GrpcBackend(name, port, proc))
     for b in started:
         assert b.proc.stdout is not None
@@ -210,6 +208,28 @@ def test_a_killed_backend_fails_its_calls_and_the_next_go_to_the_others(proxy, c
         survivor.kill()
 
 
+def test_grpc_over_tls_on_both_sides(proxy, channel, pki):
+    leaf = pki.leaf("localhost", "127.0.0.1")
+    bks = start_grpc_backends(["t0", "t1"], tls=(str(leaf.cert), str(leaf.key)))
+    try:
+        # TLS to the backends (ALPN h2, verified against the CA); clients in clear (h2c) or over TLS (ALPN h2)
+        lb = proxy(bks, proto="h2", backend_tls=True, backend_ca=str(pki.ca),
+                   listeners=[{"address": "127.0.0.1:0", "default_backend": "default"},
+                              {"address": "127.0.0.1:0", "tls": True, "default_backend": "default"}],
+                   tls_certificates=[(str(leaf.cert), str(leaf.key))])
+        plain, tls = (a[1] for a in lb.addresses)
+        assert sorted(unary(channel(plain))(b"c", timeout=5) for _ in range(2)) == [b"t0:c", b"t1:c"]
+        creds = grpc.ssl_channel_credentials(root_certificates=pki.ca.read_bytes())
+        with grpc.secure_channel(f"localhost:{tls}", creds) as ch:
+            assert list(ch.unary_stream("/test.Echo/ServerStream")(b"3", timeout=5))[-1].endswith(b":2")
+            with pytest.raises(grpc.RpcError) as e:
+                unary(ch, "Fail")(b"tls", timeout=5)
+            assert (e.value.code(), e.value.details()) == (grpc.StatusCode.NOT_FOUND, "no such thing: tls")
+    finally:
+        for b in bks:
+            b.kill()
+
+
 # --- protocol translation ---------------------------------------------------
 
 
@@ -329,15 +349,15 @@ def test_proto_is_checked_and_inherited(tmp_path):
 
 
 def test_cli_flag_sets_the_backends_protocol(tmp_path):
-    from cli.main import build_parser
-
     from cli.balancer import build_config
+    from cli.main import build_parser
 
     args = build_parser().parse_args(
         ["balancer", "--listen", "127.0.0.1:0", "--backends", "127.0.0.1:1", "--backend-proto", "h2"])
     assert build_config(args).to_native()["proto"] == "h2"
     out = subprocess.run([sys.executable, "-m", "cli", "balancer", "--listen", "127.0.0.1:0", "--backends",
-                          "127.0.0.1:1", "--backend-proto", "h3"], capture_output=True, text=True, timeout=30)
+                          "127.0.0.1:1", "--backend-proto", "h3"], check=False, capture_output=True, text=True,
+                         timeout=30)
     assert out.returncode == 2 and "--backend-proto: invalid choice: 'h3'" in out.stderr
 
 
