@@ -14,6 +14,7 @@ A file looks like::
                                       # random_two, consistent_hash
     hash_key = "client_ip"            # path, header:NAME (consistent_hash)
     retries = 2
+    proto = "h1"                      # to the backends; "h2" for HTTP/2 (gRPC)
 
     [timeouts]
     connect = 3.0

@@ -26,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "balancer",
         help="HTTP load balancer (Rust data plane, Python control plane)",
-        description="HTTP/1.1 and HTTPS (HTTP/2) reverse proxy and load balancer. Flags override the config file.",
+        description="HTTP/1.1, HTTP/2 and gRPC reverse proxy and load balancer (in clear or over TLS). "
+                    "Flags override the config file.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

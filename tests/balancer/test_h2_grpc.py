@@ -194,7 +194,7 @@ def test_a_killed_backend_fails_its_calls_and_the_next_go_to_the_others(proxy, c
     try:
         lb = proxy([victim, survivor], proto="h2", eject_after=1, retries=1)
         ch = channel(lb.address[1])
-        calls = [unary(ch, "Slow").future(b"3", timeout=10) for _ in range(2)]
+        calls = [unary(ch, "Slow").future(b"1", timeout=10) for _ in range(2)]
         deadline = time.monotonic() + 5
         while sum(b["active"] for b in lb.backends()) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
