@@ -14,6 +14,7 @@ A file looks like::
                                       # random_two, consistent_hash
     hash_key = "client_ip"            # path, header:NAME (consistent_hash)
     retries = 2
+    proto = "h1"                      # to the backends; "h2" for HTTP/2 (gRPC)
 
     [timeouts]
     connect = 3.0
@@ -397,6 +398,9 @@ class BalancerConfig:
     retry_on: tuple[str, ...] = ()
     #: the ``[sticky]`` table: cookie persistence for every pool; unset = none
     sticky: Sticky | None = None
+    #: the protocol spoken to the backends: ``h1`` (HTTP/1.1) or ``h2`` (HTTP/2: h2c with prior knowledge
+    #: to plain backends, ALPN ``h2`` over TLS, as HAProxy's ``server ... proto h2``); gRPC backends need ``h2``
+    proto: str = "h1"
 
     def __post_init__(self) -> None:
         if self.listeners:
@@ -445,6 +449,11 @@ class BalancerConfig:
             raise BalancerConfigError(f"hash_key must be client_ip, path or header:NAME; got {self.hash_key!r}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 1024:
             raise BalancerConfigError(f"workers must be an integer in 1..1024, got {self.workers!r}")
+        check_proto(self.proto, "proto")
+        if self.proto == "h2" and (self.send_proxy != "none" or any(
+                b.send_proxy not in (None, "none") for b in self.backends)):
+            raise BalancerConfigError(
+                "send_proxy needs proto = \"h1\": HTTP/2 backend connections carry the calls of many clients")
         if not isinstance(self.retries, int) or not 0 <= self.retries <= 16:
             raise BalancerConfigError(f"retries must be an integer in 0..16, got {self.retries!r}")
         parse_duration(self.slow_start, "slow_start")
@@ -543,7 +552,8 @@ class BalancerConfig:
                     slow_start=self.slow_start if nb.slow_start is None else nb.slow_start,
                     retry_on=self.retry_on if nb.retry_on is None else nb.retry_on,
                     sticky=self.sticky if nb.sticky is None else (
-                        None if nb.sticky is False else section(Sticky, nb.sticky, f"{w}.sticky")))
+                        None if nb.sticky is False else section(Sticky, nb.sticky, f"{w}.sticky")),
+                    proto=nb.proto or self.proto)
             except BalancerConfigError as exc:
                 raise BalancerConfigError(f"{w}: {exc}") from exc
         return out
@@ -606,6 +616,7 @@ class BalancerConfig:
             "backend_tls_insecure": self.tls.backend_insecure,
             "send_proxy": self.send_proxy,
             "policy": policy_native(self),
+            "proto": self.proto,
         }
         return {k: v for k, v in native.items()
                 if v is not None or not k.startswith(("tls_", "http_", "backend_", "policy"))}
@@ -654,7 +665,17 @@ def _servers(nb: NamedBackend, where: str) -> tuple[BackendConfig, ...]:
 
 _POOL_KEYS = frozenset((
     "backends", "algorithm", "hash_key", "retries", "connect_timeout", "response_timeout", "total_timeout",
-    "queue_timeout", "eject_after", "eject_cooldown", "max_connections", "send_proxy", "tunnel_timeout", "policy"))
+    "queue_timeout", "eject_after", "eject_cooldown", "max_connections", "send_proxy", "tunnel_timeout", "policy",
+    "proto"))
+
+#: what ``proto`` takes
+PROTOS = ("h1", "h2")
+
+
+def check_proto(value: Any, where: str) -> None:
+    """Refuse a ``proto`` other than h1 or h2, naming the key."""
+    if value not in PROTOS:
+        raise BalancerConfigError(f"{where} must be \"h1\" or \"h2\", got {value!r}")
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:

@@ -190,6 +190,10 @@ def culprit(data: dict[str, Any], message: str, validate: Callable[[dict[str, An
                             {**base, k: {**v, s: [t]}})))
             return (key, *sub)
         return (key,)
+    # no part fails alone (a rule between keys): the first top-level key the message names
+    for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", message):
+        if word in data and word != "listen":
+            return (word,)
     return ()
 
 

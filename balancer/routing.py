@@ -392,6 +392,8 @@ class NamedBackend:
     #: a ``[backends.NAME.sticky]`` table (cookie persistence for this pool); ``false``: none; unset:
     #: the top-level ``[sticky]``
     sticky: Mapping[str, Any] | bool | None = None
+    #: ``h1`` or ``h2``, as the top-level key; unset: the top-level value
+    proto: str | None = None
 
     def __post_init__(self) -> None:
         from balancer.config import check_send_proxy
@@ -402,3 +404,5 @@ class NamedBackend:
             if isinstance(v, Mapping):
                 w = f"{self.where}.{name}"
                 object.__setattr__(self, name, section(HeaderRules, v, w))
+        if self.proto is not None and self.proto not in ("h1", "h2"):
+            raise BalancerConfigError(f'{self.where}.proto must be "h1" or "h2", got {self.proto!r}')

@@ -16,6 +16,8 @@ EXAMPLES = """examples:
       --admin-public /metrics                    # users from `htpasswd -cB admin.htpasswd alice`
   juggler balancer --listen :443 --backends 127.0.0.1:9001 --tls-cert certs/cert.pem --tls-key certs/key.pem \
       --http-redirect :80                        # HTTPS (h2 and http/1.1), HTTP redirected to it
+  juggler balancer --listen :50051 --backends 10.0.0.1:50051,10.0.0.2:50051 --backend-proto h2
+                                                 # gRPC: each call to the next backend (h2c both sides)
 
 algorithms: round_robin, weighted_round_robin, least_connections, random_two, consistent_hash
 """
@@ -25,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "balancer",
         help="HTTP load balancer (Rust data plane, Python control plane)",
-        description="HTTP/1.1 and HTTPS (HTTP/2) reverse proxy and load balancer. Flags override the config file.",
+        description="HTTP/1.1, HTTP/2 and gRPC reverse proxy and load balancer (in clear or over TLS). "
+                    "Flags override the config file.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -54,6 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--http-redirect", metavar="HOST:PORT",
                    help="plain-HTTP listener that redirects every request to HTTPS (308)")
     p.add_argument("--backend-tls", action="store_true", help="speak TLS to the backends")
+    p.add_argument("--backend-proto", choices=("h1", "h2"),
+                   help="HTTP version to the backends: h1 (default) or h2 (h2c, or ALPN h2 with --backend-tls; "
+                        "gRPC backends need h2)")
     p.add_argument("--backend-ca", metavar="FILE",
                    help="PEM CA to verify backends with (default: the system's trust store)")
     p.add_argument("--access-log", metavar="FILE|-",
@@ -101,6 +107,8 @@ def apply_flags(args: argparse.Namespace, cfg: Any) -> Any:
         changes["algorithm"] = args.algorithm
     if args.hash_key:
         changes["hash_key"] = args.hash_key
+    if args.backend_proto:
+        changes["proto"] = args.backend_proto
     if args.workers is not None:
         changes["workers"] = args.workers
     if args.admin:

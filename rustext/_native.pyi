@@ -411,7 +411,8 @@ class Balancer:
     to_native``): listen, workers, backends ([{"address", "weight",
     "max_connections"}] or "host:port"), algorithm, hash_key, connect_timeout,
     response_timeout, total_timeout, retries, eject_after, eject_cooldown,
-    max_connections, queue_timeout, header_timeout, idle_timeout,
+    max_connections, queue_timeout, proto ("h1" or "h2": HTTP/1.1 or HTTP/2 to
+    the backends), header_timeout, idle_timeout,
     max_header_bytes, pool_max_idle, pool_idle_timeout (seconds; 0 = none);
     HTTPS: tls_certificates ([(cert, key)] PEM files, picked by SNI, the first
     the default), tls_client_ca, http_redirect ("host:port" of a plain-HTTP

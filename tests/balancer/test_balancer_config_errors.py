@@ -21,6 +21,7 @@ L = 'listen = "127.0.0.1:1"\n'
 
 # (name, file, line, words the message must contain)
 BAD = [
+    ("send_proxy on an h2 pool", L + 'proto = "h2"\nsend_proxy = "v1"\n', 3, ["send_proxy", "proto = \"h1\""]),
     ("unknown top-level key", L + "workers = 2\nbogus = 1\n", 3, ["bogus"]),
     ("wrong type", L + "\n# two workers\nworkers = \"two\"\n", 4, ["workers", "expected an integer"]),
     ("unknown algorithm", L + "retries = 1\nalgorithm = \"fastest\"\n", 3, ["algorithm", "fastest"]),

@@ -136,6 +136,35 @@ pub struct Settings {
     pub tunnel_timeout: Duration,
     /// Backups, slow start, retry-on, layer-7 health, persistence.
     pub policy: super::policy::PolicySpec,
+    /// The protocol spoken to the pool's backends.
+    pub proto: Proto,
+}
+
+/// The HTTP version spoken to a pool's backends: HTTP/1.1, or HTTP/2 (h2c
+/// with prior knowledge to plain backends, ALPN `h2` over TLS), as HAProxy's
+/// `server ... proto h2`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Proto {
+    #[default]
+    H1,
+    H2,
+}
+
+impl Proto {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "h1" | "http/1.1" => Ok(Proto::H1),
+            "h2" => Ok(Proto::H2),
+            other => Err(format!("unknown proto {other:?} (expected h1 or h2)")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::H1 => "h1",
+            Proto::H2 => "h2",
+        }
+    }
 }
 
 /// One listening address, and whether it terminates TLS (with the
@@ -202,6 +231,7 @@ impl Default for Settings {
             send_proxy_servers: Vec::new(),
             tunnel_timeout: Duration::ZERO,
             policy: Default::default(),
+            proto: Proto::H1,
         }
     }
 }

@@ -360,6 +360,10 @@ pub async fn serve(
         let Some(head) = head.filter(|h| h.body_len <= MAX_FAST_BODY) else {
             return Some((client, inb));
         };
+        if t.listener(peer.listener).action(head.action).pool.is_some_and(|p| t.pools[p].settings.proto == super::config::Proto::H2) {
+            // HTTP/2 to this pool's backends: hyper's path, for the rest of the connection
+            return Some((client, inb));
+        }
         ctl.begin();
         first = false;
         let total = head.head_len + head.body_len as usize;

@@ -23,6 +23,10 @@
 //! - [`l4`]       PROXY headers on accepted connections, before HTTP or TLS
 //! - [`sticky`]   cookie persistence on a request and its response (hyper's path)
 //! - [`tried`]    the set of backends a request has tried (any pool size)
+//! - [`h2c`]      cleartext HTTP/2 from clients, found by its preface
+//! - [`h2pool`]   HTTP/2 to backends (`proto = "h2"`): multiplexed connections per worker
+//! - [`h2settings`] sans-I/O reader of a backend's stream limit (its first SETTINGS frame)
+//! - [`grpc`]     gRPC specifics: the balancer's own errors as gRPC statuses
 //! - `python`     the `rustext.Balancer` class
 
 pub mod accesslog;
@@ -45,6 +49,10 @@ pub mod sticky;
 pub mod tried;
 pub mod tunnel;
 pub mod upstream;
+pub mod h2c;
+pub mod h2pool;
+pub mod h2settings;
+pub mod grpc;
 
 #[cfg(feature = "python")]
 pub mod python;

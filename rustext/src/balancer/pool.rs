@@ -102,7 +102,8 @@ impl Pool {
                 return Ok((bc, true));
             }
         }
-        self.connect(b, connect_timeout).await.map(|bc| (bc, false))
+        // boxed: connecting (TLS, handshake) would otherwise grow every request's future
+        Box::pin(self.connect(b, connect_timeout)).await.map(|bc| (bc, false))
     }
 
     pub async fn connect(&self, b: &Backend, timeout: Duration) -> Result<BackendConn, Fail> {

@@ -31,7 +31,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::attempts::{idempotent, Attempts, Next};
 use tokio::time::Sleep;
 
-use super::config::{Config, HashKey};
+use super::config::{Config, HashKey, Proto};
 use super::pool::{BackendConn, Fail, Pool};
 use super::stats::{bump, WorkerStats};
 use super::route::{Action, Table, View};
@@ -125,6 +125,8 @@ pub struct Worker {
     pub ids: super::route::RequestIds,
     /// This worker's access log lines not yet handed to the writer.
     pub log: super::accesslog::LogBuf,
+    /// HTTP/2 connections to the backends of `proto = "h2"` pools.
+    pub h2_pool: super::h2pool::H2Pool,
 }
 
 #[derive(Default)]
@@ -436,6 +438,13 @@ pub struct Progress {
     client_failed: std::sync::atomic::AtomicBool,
 }
 
+impl Progress {
+    /// Request body frames passed on so far.
+    pub fn frames(&self) -> u64 {
+        self.frames.load(Relaxed)
+    }
+}
+
 /// The request body sent to a backend: the client's, counted, or nothing.
 pub enum ReqBody {
     /// The frames read ahead (see [`prebuffer`]), then the rest of the client's body, if any.
@@ -578,7 +587,7 @@ pub struct Streaming {
     worker: Arc<Worker>,
     peer: Arc<Peer>,
     /// The backend connection, pooled again if the body ends cleanly.
-    conn: Option<BackendConn>,
+    conn: Option<Held>,
     deadline: Option<Pin<Box<Sleep>>>,
     bytes: u64,
     eject: (u32, Duration),
@@ -599,7 +608,7 @@ impl Streaming {
             lease.backend.stats.bytes_out.fetch_add(self.bytes, Relaxed);
             bump(&self.worker.stats.bytes_out, self.bytes);
             self.bytes = 0;
-            if let Some(bc) = self.conn.take() {
+            if let Some(Held::H1(bc)) = self.conn.take() {
                 if clean {
                     self.worker.pool.put(lease.backend.id, bc);
                 }
@@ -925,6 +934,7 @@ pub async fn handle(
             }
         }
     });
+    let grpc = req.version() == Version::HTTP_2 && super::grpc::is_grpc(req.headers());
     let mut lg = HyperLog::new(&w, &peer, &req, start);
     if let (Some(l), Some((_, v))) = (lg.as_mut(), rid.as_ref()) {
         l.rid = v.as_bytes().to_vec();
@@ -971,6 +981,10 @@ pub async fn handle(
             }
         }
     }
+    if grpc && resp.status().as_u16() >= 400 && matches!(resp.body(), RespBody::Full(_)) {
+        // the balancer's own error (logged and counted with its HTTP status), as gRPC says it
+        resp = super::grpc::error_response(resp);
+    }
     Ok(resp)
 }
 
@@ -984,8 +998,16 @@ fn too_many_response(status: u16, wait: Duration) -> Response<RespBody> {
     r
 }
 
-enum Outcome {
-    Response(Response<Incoming>, BackendConn),
+/// What a response holds of its backend until it ends: an HTTP/1
+/// connection (pooled again after a clean end) or an HTTP/2 stream.
+pub(super) enum Held {
+    H1(BackendConn),
+    // never read: dropping it frees the stream
+    H2(#[allow(dead_code)] super::h2pool::Slot),
+}
+
+pub(super) enum Outcome {
+    Response(Response<Incoming>, Held),
     /// Nothing was sent: the request can go to another backend as it is.
     Unsent(Request<ReqBody>, Fail),
     /// The request (or part of it) went out, then the exchange failed.
@@ -1006,7 +1028,7 @@ async fn send(
     let mut reused_failed = false;
     loop {
         let got = if reused_failed || proxy_header.is_some() {
-            w.pool.connect_with(b, connect, proxy_header).await.map(|tx| (tx, false))
+            Box::pin(w.pool.connect_with(b, connect, proxy_header)).await.map(|tx| (tx, false))
         } else {
             w.pool.acquire(b, connect).await
         };
@@ -1029,7 +1051,7 @@ async fn send(
             }
         };
         match result {
-            Some(Ok(resp)) => return Outcome::Response(resp, bc),
+            Some(Ok(resp)) => return Outcome::Response(resp, Held::H1(bc)),
             Some(Err(mut e)) => match e.take_message() {
                 Some(r) if reused => {
                     // The backend closed an idle connection: not its failure.
@@ -1178,7 +1200,15 @@ async fn forward(
         l.pool = t.names[pool].clone();
     }
     let s = &up.settings;
+    // the one TE an HTTP/2 request may carry, which gRPC requires (RFC 9113 §8.2.2)
+    let te_trailers = s.proto == Proto::H2
+        && headers.get_all(header::TE).iter().any(|v| {
+            v.to_str().unwrap_or("").split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        });
     strip_hop_by_hop(&mut headers);
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
     if !action.request.is_empty() {
         apply_rules(&mut headers, &action.request, rid, peer.xff.as_bytes());
     }
@@ -1200,7 +1230,9 @@ async fn forward(
     let empty = body.is_end_stream();
     let mut body = if empty {
         None
-    } else if upgrade {
+    } else if upgrade || h2 {
+        // HTTP/2 frames its bodies itself, and a streaming call (gRPC's client and
+        // bidi streams) must not wait for more of its body before it is forwarded
         Some((std::collections::VecDeque::new(), Some(body)))
     } else {
         let wait = if w.shared.config.header_timeout.is_zero() { Duration::from_secs(10) } else { w.shared.config.header_timeout };
@@ -1282,16 +1314,12 @@ async fn forward(
         let pp = backend
             .send_proxy()
             .map(|v| super::l4::header_for(v, SocketAddr::new(peer.ip, peer.port), peer.local_addr(&w.shared)));
-        match send(
-            w,
-            &backend,
-            breq,
-            s.connect_timeout,
-            wait,
-            progress.as_deref(),
-            pp.as_deref(),
-        )
-        .await
+        let outcome = if s.proto == Proto::H2 {
+            super::h2pool::send(w, &backend, breq, s.connect_timeout, wait, progress.as_deref()).await
+        } else {
+            send(w, &backend, breq, s.connect_timeout, wait, progress.as_deref(), pp.as_deref()).await
+        };
+        match outcome
         {
             Outcome::Response(mut resp, bc) => {
                 if let (Some(l), Some(t)) = (lg.as_mut(), sending) {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::config::{Algorithm, BackendSpec, Config, HashKey, ListenAddr, ListenTls, Settings};
+use super::config::{Algorithm, BackendSpec, Config, HashKey, ListenAddr, ListenTls, Proto, Settings};
 use super::route::{
     HeaderTest, HstsSpec, ListenerSpec, PoolSpec, RedirectSpec, RouteSpec, RoutingSpec, RuleSpec, RulesSpec,
 };
@@ -21,7 +21,7 @@ use super::server::Balancer;
 use super::stats::{Totals, LATENCY_BOUNDS_US};
 use crate::errors::ErrorKind;
 
-const SETTINGS_KEYS: [&str; 14] = [
+const SETTINGS_KEYS: [&str; 15] = [
     "pools",
     "listeners",
     "backends",
@@ -36,6 +36,7 @@ const SETTINGS_KEYS: [&str; 14] = [
     "max_connections",
     "queue_timeout",
     "listen",
+    "proto",
 ];
 const FIXED_KEYS: [&str; 15] = [
     "access_log",
@@ -251,6 +252,10 @@ fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
         send_proxy_servers,
         tunnel_timeout: secs(d, "tunnel_timeout", def.tunnel_timeout)?,
         policy: parse_policy(d)?,
+        proto: match string(d, "proto")? {
+            Some(p) => Proto::parse(&p).map_err(cfg_err)?,
+            None => def.proto,
+        },
     };
     Ok(s)
 }

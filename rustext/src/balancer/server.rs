@@ -474,6 +474,7 @@ async fn worker_main(
         last_peer: Default::default(),
         ids: Default::default(),
         log: Default::default(),
+        h2_pool: super::h2pool::H2Pool::new(cfg.backend_tls.as_ref()),
     });
     let conns = Arc::new(Conns::default());
     let mut accepting = Vec::new();
@@ -502,6 +503,7 @@ async fn worker_main(
         tokio::select! {
             _ = sweep.tick() => {
                 worker.pool.sweep();
+                worker.h2_pool.sweep();
                 worker.fast_pool.sweep(worker.clock.advance());
             }
             _ = tick.tick() => {
@@ -819,9 +821,9 @@ async fn serve_conn(
     let peer = Arc::new(peer);
     let mut stage = if w.shared.config.backend_tls.is_some() {
         // The fast path speaks to backends over raw sockets: with TLS to
-        // backends every exchange goes through hyper's path.
-        let Ok(io) = Client::new(sock, ctl.clone()).into_tokio() else { return };
-        Stage::Hyper(hyper_conn(&w, &ctl, &peer, io, Vec::new()))
+        // backends every exchange goes through hyper's path (HTTP/1, or
+        // HTTP/2 for a client that starts with its preface).
+        Stage::Start(Box::pin(super::h2c::read_start(w.clone(), ctl.clone(), sock)))
     } else {
         // Boxed: the task cell (128-byte aligned) stays small; a multi-KiB
         // over-aligned cell takes the allocator's slow path on every accept.
@@ -851,9 +853,36 @@ async fn serve_conn(
                             let Ok(io) = client.into_tokio() else {
                                 return Poll::Ready(());
                             };
-                            stage = Stage::Hyper(hyper_conn(&w, &ctl, &peer, io, prefix));
+                            stage = if super::h2c::is_preface(&prefix) {
+                                Stage::H2(super::h2c::conn(&w, &ctl, &peer, io, prefix))
+                            } else {
+                                Stage::Hyper(hyper_conn(&w, &ctl, &peer, io, prefix))
+                            };
                         }
                     }
+                }
+                Stage::Start(f) => {
+                    if ctl.close.load(Relaxed) && ctl.at_rest() {
+                        return Poll::Ready(());
+                    }
+                    match f.as_mut().poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(None) => return Poll::Ready(()),
+                        Poll::Ready(Some((io, prefix))) => {
+                            stage = if super::h2c::is_preface(&prefix) {
+                                Stage::H2(super::h2c::conn(&w, &ctl, &peer, io, prefix))
+                            } else {
+                                Stage::Hyper(hyper_conn(&w, &ctl, &peer, io, prefix))
+                            };
+                        }
+                    }
+                }
+                Stage::H2(conn) => {
+                    if !closing && ctl.close.load(Relaxed) {
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    return conn.as_mut().poll(cx).map(|_| ());
                 }
                 Stage::Hyper(conn) => {
                     if !closing && ctl.close.load(Relaxed) {
@@ -914,7 +943,13 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Svc {
 enum Stage {
     Fast(FastFuture),
     Hyper(HyperConn),
+    /// The first bytes, read to tell HTTP/2 from HTTP/1 (without the fast path).
+    Start(StartFuture),
+    /// Cleartext HTTP/2 (its preface came first).
+    H2(super::h2c::H2Conn),
 }
+
+type StartFuture = Pin<Box<dyn Future<Output = Option<(TcpStream, Vec<u8>)>> + Send>>;
 
 /// The rest of a connection the fast path handed over, served by hyper.
 fn hyper_conn(w: &Arc<Worker>, ctl: &Arc<ConnCtl>, peer: &Arc<Peer>, io: TcpStream, prefix: Vec<u8>) -> HyperConn {

@@ -1,0 +1,86 @@
+"""A real grpcio backend for the balancer's gRPC tests (run as a subprocess).
+
+    python grpc_backend.py [HOST:]PORT NAME [CERT KEY]   prints "ready" once serving (TLS with CERT KEY)
+
+A generic service ``test.Echo`` on raw bytes (no generated code):
+
+Unary          ``NAME:request``; trailing metadata ``x-backend: NAME`` and every
+               ``x-*`` request metadata echoed as initial metadata
+Fail           aborts with NOT_FOUND, ``no such thing: request``
+Slow           sleeps ``float(request)`` seconds, then ``NAME``
+ServerStream   ``int(request)`` messages ``NAME:i``, each flushed as it is made
+ClientStream   ``NAME:`` and every request joined by ``,``
+Bidi           each request back as ``NAME:request``, as it comes
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from concurrent import futures
+
+import grpc
+
+SERVICE = "test.Echo"
+
+
+def handlers(name: str) -> grpc.GenericRpcHandler:
+    tag = name.encode()
+
+    def unary(req: bytes, ctx: grpc.ServicerContext) -> bytes:
+        echoed = tuple((k, v) for k, v in ctx.invocation_metadata() if k.startswith("x-"))
+        if echoed:
+            ctx.send_initial_metadata(echoed)
+        ctx.set_trailing_metadata((("x-backend", name),))
+        return tag + b":" + req
+
+    def fail(req: bytes, ctx: grpc.ServicerContext) -> bytes:
+        ctx.abort(grpc.StatusCode.NOT_FOUND, "no such thing: " + req.decode())
+        raise AssertionError("abort raises")
+
+    def slow(req: bytes, ctx: grpc.ServicerContext) -> bytes:
+        time.sleep(float(req))
+        return tag
+
+    def server_stream(req: bytes, ctx: grpc.ServicerContext):
+        for i in range(int(req)):
+            yield tag + b":%d" % i
+
+    def client_stream(reqs, ctx: grpc.ServicerContext) -> bytes:
+        return tag + b":" + b",".join(reqs)
+
+    def bidi(reqs, ctx: grpc.ServicerContext):
+        for r in reqs:
+            yield tag + b":" + r
+
+    return grpc.method_handlers_generic_handler(SERVICE, {
+        "Unary": grpc.unary_unary_rpc_method_handler(unary),
+        "Fail": grpc.unary_unary_rpc_method_handler(fail),
+        "Slow": grpc.unary_unary_rpc_method_handler(slow),
+        "ServerStream": grpc.unary_stream_rpc_method_handler(server_stream),
+        "ClientStream": grpc.stream_unary_rpc_method_handler(client_stream),
+        "Bidi": grpc.stream_stream_rpc_method_handler(bidi),
+    })
+
+
+def main() -> None:
+    addr, name = sys.argv[1], sys.argv[2]
+    if ":" not in addr:
+        addr = f"127.0.0.1:{addr}"
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    server.add_generic_rpc_handlers((handlers(name),))
+    if len(sys.argv) > 4:
+        with open(sys.argv[3], "rb") as c, open(sys.argv[4], "rb") as k:
+            creds = grpc.ssl_server_credentials(((k.read(), c.read()),))
+        port = server.add_secure_port(addr, creds)
+    else:
+        port = server.add_insecure_port(addr)
+    if port == 0:
+        sys.exit(f"cannot listen on {addr}")
+    server.start()
+    print("ready", flush=True)
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    main()
