@@ -86,8 +86,8 @@ async def test_a_jwk_alg_narrows_its_key_and_kids_must_match() -> None:
 @pytest.mark.parametrize(
     ("claims", "reason"),
     [
-        ({"exp": time.time() - 5}, "expired"),
-        ({"nbf": time.time() + 600}, "not valid yet"),
+        ({"exp": -5}, "expired"),  # exp and nbf: seconds from the moment the test runs
+        ({"nbf": 600}, "not valid yet"),
         ({"aud": "other"}, "audience"),
         ({"iss": "https://evil.test"}, "issuer"),
         ({"iat": "yesterday"}, "invalid token"),
@@ -97,6 +97,8 @@ def test_claims_are_checked(claims: dict, reason: str) -> None:
     v = TokenVerifier(TokenConfig(secret=SECRET, audience="me", issuer="https://idp.test"))
     good = {"aud": "me", "iss": "https://idp.test", "exp": time.time() + 60}
     assert v.verify(jwt.encode(good, SECRET, algorithm="HS256"))["aud"] == "me"
+    # relative to now, not to collection: a long suite must not turn "in 10 minutes" into the past
+    claims = {k: time.time() + x if k in ("exp", "nbf") else x for k, x in claims.items()}
     with pytest.raises(TokenError, match=reason):
         v.verify(jwt.encode({**good, **claims}, SECRET, algorithm="HS256"))
 
