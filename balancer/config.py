@@ -505,6 +505,11 @@ class BalancerConfig:
                 Passive, {**_as_dict(self.passive), **nb.passive}, f"{w}.passive")
             limits = self.limits if nb.max_connections is None else replace(
                 self.limits, max_connections=nb.max_connections)
+            if nb.rate_limit is not None:
+                try:
+                    section(RateLimit, nb.rate_limit, f"{w}.rate_limit")
+                except BalancerConfigError as exc:
+                    raise BalancerConfigError(f"{w}: {exc}") from exc
             health = self.health
             if nb.health is not None:
                 base = _as_dict(self.health) if self.health is not None else {}
@@ -540,6 +545,11 @@ class BalancerConfig:
              "request_headers": named[name].request_headers.to_native() if named else [],
              "response_headers": named[name].response_headers.to_native() if named else []}
             for name, pool in self.pools().items()]
+        for p in native["pools"]:
+            nb = named.get(p["name"]) if named else None
+            if nb is not None and nb.rate_limit is not None:
+                limit = section(RateLimit, nb.rate_limit, f"backends.{p['name']}.rate_limit")
+                p["policy"] = {**(p.get("policy") or {}), "rate_limit": limit.to_native()}
         native["listeners"] = [x.to_native() for x in self.effective_listeners()]
         native["listen"] = self.effective_listeners()[0].address
         if self.access_log is not None:

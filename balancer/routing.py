@@ -367,6 +367,9 @@ class NamedBackend:
     #: a ``[backends.NAME.sticky]`` table (cookie persistence for this pool); ``false``: none; unset:
     #: the top-level ``[sticky]``
     sticky: Mapping[str, Any] | bool | None = None
+    #: a ``[backends.NAME.rate_limit]`` table: a rate limit of this pool's own, checked after routing
+    #: (the top-level ``[rate_limit]`` applies first, to every request)
+    rate_limit: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("request_headers", "response_headers"):

@@ -62,6 +62,8 @@ pub struct PolicySpec {
     /// Response statuses counted as failures in passive health (empty: layer 4 only).
     pub error_statuses: Vec<u16>,
     pub sticky: Option<StickySpec>,
+    /// A rate limit of this pool's own (after routing; the top-level one applies first).
+    pub rate_limit: Option<super::ratelimit::Spec>,
 }
 
 /// The cookie value of a server without one configured: 16 hex digits of

@@ -248,6 +248,8 @@ pub struct Upstream {
     ring: Vec<(u64, u32)>,
     /// Backups, slow start, retry-on, layer-7 health, persistence.
     pub policy: super::policy::Policy,
+    /// The pool's own rate limit, its keys kept across reloads.
+    pub rate_limit: Option<Arc<super::ratelimit::Table>>,
 }
 
 /// Points per unit of weight on the ketama ring.
@@ -292,6 +294,13 @@ impl Upstream {
         };
         let n = backends.len();
         let policy = super::policy::Policy::compile(&settings.policy, &backends)?;
+        let rate_limit = match &settings.policy.rate_limit {
+            Some(spec) => Some(Arc::new(super::ratelimit::Table::new(
+                spec,
+                previous.and_then(|p| p.rate_limit.as_deref()),
+            )?)),
+            None => None,
+        };
         Ok(Upstream {
             backends,
             settings,
@@ -299,6 +308,7 @@ impl Upstream {
             swrr: Mutex::new(vec![0; n]),
             ring,
             policy,
+            rate_limit,
         })
     }
 
