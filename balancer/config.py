@@ -453,6 +453,10 @@ class BalancerConfig:
             raise BalancerConfigError(f"retries must be an integer in 0..16, got {self.retries!r}")
         parse_duration(self.slow_start, "slow_start")
         object.__setattr__(self, "retry_on", parse_retry_on(self.retry_on))
+        cookies = [b.cookie for b in self.backends if b.cookie is not None]
+        if len(set(cookies)) != len(cookies):
+            twice = next(c for c in cookies if cookies.count(c) > 1)
+            raise BalancerConfigError(f"two servers have the cookie {twice!r}: each needs its own")
         if self.sticky is not None and not isinstance(self.sticky, Sticky):
             object.__setattr__(self, "sticky", section(Sticky, self.sticky, "sticky"))
         seen: set[str] = set()

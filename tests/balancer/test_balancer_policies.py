@@ -246,6 +246,8 @@ def test_policy_config_errors():
         ({"passive": {"observe": "layer5"}}, "passive.observe"),
         ({"backends": [{"address": "127.0.0.1:1", "cookie": "a;b"}]}, "cookie must be"),
         ({"backends": [{"address": "127.0.0.1:1", "backup": "yes"}]}, "backup"),
+        ({"backends": [{"address": "127.0.0.1:1", "cookie": "s"}, {"address": "127.0.0.1:2", "cookie": "s"}]},
+         "two servers have the cookie 's'"),
     ):
         with pytest.raises(BalancerConfigError, match=re.escape(message)):
             from_dict({**base, **extra})
