@@ -458,6 +458,10 @@ class BalancerConfig:
             raise BalancerConfigError(f"retries must be an integer in 0..16, got {self.retries!r}")
         parse_duration(self.slow_start, "slow_start")
         object.__setattr__(self, "retry_on", parse_retry_on(self.retry_on))
+        cookies = [b.cookie for b in self.backends if b.cookie is not None]
+        if len(set(cookies)) != len(cookies):
+            twice = next(c for c in cookies if cookies.count(c) > 1)
+            raise BalancerConfigError(f"two servers have the cookie {twice!r}: each needs its own")
         if self.sticky is not None and not isinstance(self.sticky, Sticky):
             object.__setattr__(self, "sticky", section(Sticky, self.sticky, "sticky"))
         seen: set[str] = set()
@@ -534,6 +538,11 @@ class BalancerConfig:
                 Passive, {**_as_dict(self.passive), **nb.passive}, f"{w}.passive")
             limits = self.limits if nb.max_connections is None else replace(
                 self.limits, max_connections=nb.max_connections)
+            if nb.rate_limit is not None:
+                try:
+                    section(RateLimit, nb.rate_limit, f"{w}.rate_limit")
+                except BalancerConfigError as exc:
+                    raise BalancerConfigError(f"{w}: {exc}") from exc
             health = self.health
             if nb.health is not None:
                 base = _as_dict(self.health) if self.health is not None else {}
@@ -571,6 +580,11 @@ class BalancerConfig:
              "request_headers": named[name].request_headers.to_native() if named else [],
              "response_headers": named[name].response_headers.to_native() if named else []}
             for name, pool in self.pools().items()]
+        for p in native["pools"]:
+            nb = named.get(p["name"]) if named else None
+            if nb is not None and nb.rate_limit is not None:
+                limit = section(RateLimit, nb.rate_limit, f"backends.{p['name']}.rate_limit")
+                p["policy"] = {**(p.get("policy") or {}), "rate_limit": limit.to_native()}
         native["listeners"] = [x.to_native() for x in self.effective_listeners()]
         native["listen"] = self.effective_listeners()[0].address
         if self.access_log is not None:

@@ -394,6 +394,9 @@ class NamedBackend:
     sticky: Mapping[str, Any] | bool | None = None
     #: ``h1`` or ``h2``, as the top-level key; unset: the top-level value
     proto: str | None = None
+    #: a ``[backends.NAME.rate_limit]`` table: a rate limit of this pool's own, checked after routing
+    #: (the top-level ``[rate_limit]`` applies first, to every request)
+    rate_limit: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         from balancer.config import check_send_proxy

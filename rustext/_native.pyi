@@ -421,7 +421,15 @@ class Balancer:
     "request_headers", "response_headers"}]) and listeners ([{"address",
     "tls", "routes", "default_backend", "request_id", "hsts",
     "request_headers", "response_headers"}]), compiled into the routing
-    table. access_log: {"path" (a file or "-"), "format"} or None. Raises BalancerConfigError on an invalid config (a bad
+    table. access_log: {"path" (a file or "-"), "format"} or None.
+    rate_limit: {"count", "period" (seconds), "burst", "key" ("src" or
+    "header:NAME"), "missing" ("src" or "allow"), "max_keys", "status"} or
+    None (every listener). policy (top level or per pool): {"backups":
+    [address], "all_backups", "slow_start": {address: seconds},
+    "retry_statuses": [int], "retry_timeout", "error_statuses": [int]
+    (layer-7 passive health), "sticky": {"name", "values": {address: value},
+    "indirect", "nocache", "httponly", "secure", "max_age", "domain", "path"}
+    or None, "rate_limit": the pool's own, as above} or None. Raises BalancerConfigError on an invalid config (a bad
     certificate file is named)."""
 
     def __init__(self, config: dict[str, object]) -> None: ...

@@ -10,6 +10,7 @@ import re
 import time
 
 import pytest
+from balancer_helpers import raw_exchange, split_response
 from tests.netutil import free_port
 
 import rustext
@@ -199,8 +200,8 @@ def test_sticky_cookie_insert_indirect_and_redispatch(backends, lbs):
     value = cookie.split(";")[0].split("=", 1)[1]
     if first == a.name:
         assert value == "s1"
-    # with the cookie (among others, in two Cookie fields): always the same server, no new cookie,
-    # and the server never sees SERVERID (indirect)
+    # with the cookie (among others): always the same server, no new cookie, and the server never
+    # sees SERVERID (indirect)
     for _ in range(6):
         status, h, body = cl.get("/r/x", headers={"Cookie": f"a=1; SERVERID={value}; b=2"})
         seen = json.loads(body)
@@ -210,6 +211,13 @@ def test_sticky_cookie_insert_indirect_and_redispatch(backends, lbs):
     quoted = cl.get("/r/x", headers={"Cookie": f'SERVERID="{value}"'})
     assert json.loads(quoted[2])["name"] == first and not [k for k, _ in json.loads(quoted[2])["headers"]
                                                             if k.lower() == "cookie"]
+    # two Cookie fields (as HTTP/2 clients send them): read both, forwarded as one without ours
+    raw = raw_exchange(port, (f"GET /r/x HTTP/1.1\r\nHost: x\r\nCookie: a=1\r\nCookie: SERVERID={value}; b=2\r\n"
+                              "Connection: close\r\n\r\n").encode())
+    _, rh, rbody = split_response(raw)
+    seen = json.loads(rbody)
+    assert seen["name"] == first and "set-cookie" not in rh
+    assert [v for k, v in seen["headers"] if k.lower() == "cookie"] == ["a=1; b=2"]
     # its server goes down: elsewhere, with a new cookie (redispatch)
     addr = {a.name: a.address, b.name: b.address, c.name: c.address}[first]
     lb.set_backend_state(addr, "down")
@@ -238,6 +246,8 @@ def test_policy_config_errors():
         ({"passive": {"observe": "layer5"}}, "passive.observe"),
         ({"backends": [{"address": "127.0.0.1:1", "cookie": "a;b"}]}, "cookie must be"),
         ({"backends": [{"address": "127.0.0.1:1", "backup": "yes"}]}, "backup"),
+        ({"backends": [{"address": "127.0.0.1:1", "cookie": "s"}, {"address": "127.0.0.1:2", "cookie": "s"}]},
+         "two servers have the cookie 's'"),
     ):
         with pytest.raises(BalancerConfigError, match=re.escape(message)):
             from_dict({**base, **extra})

@@ -82,6 +82,9 @@ def test_burst_then_429_with_retry_after_on_the_fast_path(backends, proxy):
     assert "x-backend" not in headers  # the backend was never asked
     st = lb.stats()
     assert st["rate_limited"] == 3 and st["responses"]["4xx"] == 3 and st["requests"] == 6
+    from balancer.metrics import exposition, registry_for
+
+    assert b"balancer_rate_limited_total 3.0" in exposition(registry_for(lb.stats))
 
 
 def test_the_hyper_path_counts_in_the_same_table(backends, proxy):
@@ -224,3 +227,30 @@ def test_cli_flag_limits_per_client_address(backends):
     bad = subprocess.run([sys.executable, "-m", "cli", "balancer", "--listen", "127.0.0.1:0", "--backends",
                           b[0].address, "--rate-limit", "lots"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "rate_limit.rate" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_pool_of_its_own_limit_on_both_paths(backends):
+    import rustext
+
+    b = backends(1)
+    cfg = from_dict({"listen": "127.0.0.1:0", "workers": 2, "default_backend": "web",
+                     "routes": [{"path_prefix": "/api/", "backend": "api"}],
+                     "backends": {"web": {"servers": [b[0].address]},
+                                  "api": {"servers": [b[0].address],
+                                          "rate_limit": {"rate": "1/m", "burst": 1}}}})
+    lb = rustext.Balancer(cfg.to_native())
+    lb.start()
+    try:
+        port = lb.address[1]
+        assert statuses(port, 3, path="/api/x") == [404, 404, 429]  # the backend answers 404 to /api/x
+        assert statuses(port, 3) == [200, 200, 200]  # the other pool: no limit
+        c = Conn(port)
+        status, headers, _ = c.request("/api/echo", body=b"x", chunked=True)  # hyper's path
+        c.close()
+        assert status == 429 and headers["retry-after"] == "60"
+        assert lb.stats()["rate_limited"] == 2
+    finally:
+        lb.close()
+    with pytest.raises(BalancerConfigError, match=r"backends\.api: rate_limit\.rate"):
+        from_dict({"listen": "127.0.0.1:0", "backends": {"api": {"servers": ["127.0.0.1:1"],
+                                                                  "rate_limit": {"rate": "fast"}}}})

@@ -399,7 +399,8 @@ pub async fn serve(
             ctl.end();
             return Some((client, inb));
         }
-        let limited = t.rate_limit.as_deref().and_then(|rl| {
+        let pool_limit = action.pool.filter(|_| action.redirect.is_none()).and_then(|p| t.pools[p].rate_limit.as_deref());
+        let limited = [t.rate_limit.as_deref(), pool_limit].into_iter().flatten().find_map(|rl| {
             rl.deny_raw(peer.ip, &inb[..head.head_len]).map(|wait| (rl.spec.status, wait))
         });
         let keep = match (&action.redirect, action.pool) {

@@ -62,6 +62,8 @@ pub struct PolicySpec {
     /// Response statuses counted as failures in passive health (empty: layer 4 only).
     pub error_statuses: Vec<u16>,
     pub sticky: Option<StickySpec>,
+    /// A rate limit of this pool's own (after routing; the top-level one applies first).
+    pub rate_limit: Option<super::ratelimit::Spec>,
 }
 
 /// The cookie value of a server without one configured: 16 hex digits of
@@ -84,14 +86,21 @@ pub struct Sticky {
 impl Sticky {
     fn compile(spec: &StickySpec, backends: &[Arc<Backend>]) -> Result<Self, String> {
         if spec.name.is_empty() || !spec.name.bytes().all(is_token) {
-            return Err(format!("sticky cookie name {:?} is not a cookie name", spec.name));
+            return Err(format!(
+                "sticky cookie name {:?} is not a cookie name",
+                spec.name
+            ));
         }
         for (server, v) in &spec.values {
             if !backends.iter().any(|b| &b.name == server) {
-                return Err(format!("sticky cookie for {server}: no such server in the pool"));
+                return Err(format!(
+                    "sticky cookie for {server}: no such server in the pool"
+                ));
             }
             if v.is_empty() || v.len() > 128 || !v.bytes().all(is_cookie_octet) {
-                return Err(format!("server {server} cookie {v:?} must be 1 to 128 letters, digits or -._~"));
+                return Err(format!(
+                    "server {server} cookie {v:?} must be 1 to 128 letters, digits or -._~"
+                ));
             }
         }
         let mut values = Vec::with_capacity(backends.len());
@@ -121,7 +130,10 @@ impl Sticky {
         }
         for (i, v) in values.iter().enumerate() {
             if values[..i].contains(v) {
-                return Err(format!("two servers of the pool have the sticky cookie {:?}", String::from_utf8_lossy(v)));
+                return Err(format!(
+                    "two servers of the pool have the sticky cookie {:?}",
+                    String::from_utf8_lossy(v)
+                ));
             }
         }
         Ok(Sticky {
@@ -168,7 +180,11 @@ pub struct Policy {
 
 impl Policy {
     pub fn compile(spec: &PolicySpec, backends: &[Arc<Backend>]) -> Result<Self, String> {
-        for name in spec.backups.iter().chain(spec.slow_start.iter().map(|(n, _)| n)) {
+        for name in spec
+            .backups
+            .iter()
+            .chain(spec.slow_start.iter().map(|(n, _)| n))
+        {
             if !backends.iter().any(|b| &b.name == name) {
                 return Err(format!("server {name} is not in the pool"));
             }
@@ -178,7 +194,10 @@ impl Policy {
                 return Err(format!("{s} is not an HTTP status"));
             }
         }
-        let backup: Box<[bool]> = backends.iter().map(|b| spec.backups.contains(&b.name)).collect();
+        let backup: Box<[bool]> = backends
+            .iter()
+            .map(|b| spec.backups.contains(&b.name))
+            .collect();
         let slow_start_ms: Box<[u64]> = backends
             .iter()
             .map(|b| {
@@ -259,11 +278,16 @@ pub fn ramp(since: u64, now: u64, period: u64) -> f64 {
 /// The value of cookie `name` in `Cookie` header values (several headers,
 /// several `name=value` pairs each, values possibly in double quotes, as
 /// RFC 6265 §4.2.1); the first one wins. Malformed pairs are skipped.
-pub fn find_cookie<'a>(headers: impl IntoIterator<Item = &'a [u8]>, name: &[u8]) -> Option<&'a [u8]> {
+pub fn find_cookie<'a>(
+    headers: impl IntoIterator<Item = &'a [u8]>,
+    name: &[u8],
+) -> Option<&'a [u8]> {
     for h in headers {
         for pair in h.split(|&b| b == b';') {
             let pair = pair.trim_ascii();
-            let Some(eq) = pair.iter().position(|&b| b == b'=') else { continue };
+            let Some(eq) = pair.iter().position(|&b| b == b'=') else {
+                continue;
+            };
             if pair[..eq].trim_ascii() != name {
                 continue;
             }
@@ -287,7 +311,10 @@ pub fn strip_cookie(header: &[u8], name: &[u8]) -> Option<Vec<u8>> {
         if p.is_empty() {
             continue;
         }
-        let n = p.iter().position(|&b| b == b'=').map_or(p, |eq| p[..eq].trim_ascii());
+        let n = p
+            .iter()
+            .position(|&b| b == b'=')
+            .map_or(p, |eq| p[..eq].trim_ascii());
         if n == name {
             continue;
         }
@@ -308,19 +335,40 @@ mod tests {
     fn cookies_are_found_in_any_header_and_pair() {
         let hs: [&[u8]; 2] = [b"a=1; b=2", b"SERVERID=s2; c=3"];
         assert_eq!(find_cookie(hs, b"SERVERID"), Some(&b"s2"[..]));
-        assert_eq!(find_cookie([&b"SERVERID=\"s1\""[..]], b"SERVERID"), Some(&b"s1"[..]));
-        assert_eq!(find_cookie([&b" ;;=x; SERVERID = s3 ;"[..]], b"SERVERID"), Some(&b"s3"[..]));
-        assert_eq!(find_cookie([&b"serverid=s1; SERVERIDX=s2; XSERVERID=s3"[..]], b"SERVERID"), None);
+        assert_eq!(
+            find_cookie([&b"SERVERID=\"s1\""[..]], b"SERVERID"),
+            Some(&b"s1"[..])
+        );
+        assert_eq!(
+            find_cookie([&b" ;;=x; SERVERID = s3 ;"[..]], b"SERVERID"),
+            Some(&b"s3"[..])
+        );
+        assert_eq!(
+            find_cookie(
+                [&b"serverid=s1; SERVERIDX=s2; XSERVERID=s3"[..]],
+                b"SERVERID"
+            ),
+            None
+        );
         assert_eq!(find_cookie([&b"SERVERID"[..]], b"SERVERID"), None);
-        assert_eq!(find_cookie([&b"SERVERID=a; SERVERID=b"[..]], b"SERVERID"), Some(&b"a"[..]));
+        assert_eq!(
+            find_cookie([&b"SERVERID=a; SERVERID=b"[..]], b"SERVERID"),
+            Some(&b"a"[..])
+        );
     }
 
     #[test]
     fn stripping_keeps_the_others() {
-        assert_eq!(strip_cookie(b"a=1; SERVERID=s1; b=2", b"SERVERID").unwrap(), b"a=1; b=2");
+        assert_eq!(
+            strip_cookie(b"a=1; SERVERID=s1; b=2", b"SERVERID").unwrap(),
+            b"a=1; b=2"
+        );
         assert_eq!(strip_cookie(b"SERVERID=s1", b"SERVERID"), None);
         assert_eq!(strip_cookie(b"SERVERID=s1;SERVERID=s2;", b"SERVERID"), None);
-        assert_eq!(strip_cookie(b"x=\"a;b\"", b"SERVERID").unwrap(), b"x=\"a; b\"");
+        assert_eq!(
+            strip_cookie(b"x=\"a;b\"", b"SERVERID").unwrap(),
+            b"x=\"a; b\""
+        );
     }
 
     #[test]

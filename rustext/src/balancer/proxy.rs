@@ -1196,6 +1196,16 @@ async fn forward(
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "no backend for this request\n");
     };
     let up: &Upstream = &t.pools[pool];
+    if let Some(rl) = up.rate_limit.as_deref() {
+        let header = match &rl.spec.key {
+            super::ratelimit::LimitKey::Header(n) => headers.get(n).map(HeaderValue::as_bytes),
+            super::ratelimit::LimitKey::Src => None,
+        };
+        if let Some(wait) = rl.deny(peer.ip, header) {
+            bump(&w.stats.rate_limited, 1);
+            return too_many_response(rl.spec.status, wait);
+        }
+    }
     if let Some(l) = lg.as_mut() {
         l.pool = t.names[pool].clone();
     }

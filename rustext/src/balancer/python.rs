@@ -327,6 +327,7 @@ fn parse_policy(d: &Bound<'_, PyDict>) -> PyResult<crate::balancer::policy::Poli
         retry_timeout: flag(&p, "retry_timeout", false)?,
         error_statuses: statuses("error_statuses")?,
         sticky,
+        rate_limit: parse_rate_limit(&p)?,
     })
 }
 

@@ -45,7 +45,9 @@ impl LimitKey {
                 Some(n) => http::HeaderName::from_bytes(n.trim().as_bytes())
                     .map(LimitKey::Header)
                     .map_err(|_| format!("rate_limit.key: invalid header name in {s:?}")),
-                None => Err(format!("rate_limit.key must be src or header:NAME, got {s:?}")),
+                None => Err(format!(
+                    "rate_limit.key must be src or header:NAME, got {s:?}"
+                )),
             },
         }
     }
@@ -78,10 +80,16 @@ impl Spec {
             return Err("rate_limit.rate is over one request per nanosecond".into());
         }
         if self.max_keys == 0 || self.max_keys > 100_000_000 {
-            return Err(format!("rate_limit.max_keys must be in 1..=100000000, got {}", self.max_keys));
+            return Err(format!(
+                "rate_limit.max_keys must be in 1..=100000000, got {}",
+                self.max_keys
+            ));
         }
         if !(400..=599).contains(&self.status) {
-            return Err(format!("rate_limit.status must be a 4xx or 5xx status, got {}", self.status));
+            return Err(format!(
+                "rate_limit.status must be a 4xx or 5xx status, got {}",
+                self.status
+            ));
         }
         Ok(())
     }
@@ -119,13 +127,27 @@ struct Lru {
 
 impl Lru {
     fn new(cap: usize) -> Self {
-        Lru { map: IdMap::default(), nodes: Vec::new(), head: NIL, tail: NIL, cap }
+        Lru {
+            map: IdMap::default(),
+            nodes: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            cap,
+        }
     }
 
     fn unlink(&mut self, i: u32) {
         let (p, n) = (self.nodes[i as usize].prev, self.nodes[i as usize].next);
-        if p == NIL { self.head = n } else { self.nodes[p as usize].next = n }
-        if n == NIL { self.tail = p } else { self.nodes[n as usize].prev = p }
+        if p == NIL {
+            self.head = n
+        } else {
+            self.nodes[p as usize].next = n
+        }
+        if n == NIL {
+            self.tail = p
+        } else {
+            self.nodes[n as usize].prev = p
+        }
     }
 
     fn push_front(&mut self, i: u32) {
@@ -153,7 +175,12 @@ impl Lru {
             }
             None => {
                 let i = if self.nodes.len() < self.cap {
-                    self.nodes.push(Node { key, tat: 0, prev: NIL, next: NIL });
+                    self.nodes.push(Node {
+                        key,
+                        tat: 0,
+                        prev: NIL,
+                        next: NIL,
+                    });
                     (self.nodes.len() - 1) as u32
                 } else {
                     let i = self.tail;
@@ -194,10 +221,15 @@ impl Table {
     pub fn new(spec: &Spec, previous: Option<&Table>) -> Result<Self, String> {
         spec.validate()?;
         let state = match previous {
-            Some(p) if p.spec.key == spec.key && p.spec.max_keys == spec.max_keys => p.state.clone(),
+            Some(p) if p.spec.key == spec.key && p.spec.max_keys == spec.max_keys => {
+                p.state.clone()
+            }
             _ => {
                 // a few keys per shard at least, at most 64 shards
-                let n = (spec.max_keys / 16).clamp(1, 64).next_power_of_two().min(64);
+                let n = (spec.max_keys / 16)
+                    .clamp(1, 64)
+                    .next_power_of_two()
+                    .min(64);
                 let per = spec.max_keys.div_ceil(n);
                 Arc::new(State {
                     shards: (0..n).map(|_| Mutex::new(Lru::new(per))).collect(),
@@ -257,7 +289,11 @@ impl Table {
 
     /// Keys remembered now (all shards).
     pub fn len(&self) -> usize {
-        self.state.shards.iter().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).map.len()).sum()
+        self.state
+            .shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).map.len())
+            .sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -313,7 +349,9 @@ pub fn raw_header<'a>(head: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
         if line.is_empty() {
             break;
         }
-        let Some(colon) = line.iter().position(|&b| b == b':') else { continue };
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
         if colon == name.len() && line[..colon].eq_ignore_ascii_case(name) {
             return Some(line[colon + 1..].trim_ascii());
         }
@@ -349,10 +387,15 @@ mod tests {
         for i in 0..6 {
             assert_eq!(t.check(k, now), Verdict::Allow, "request {i}");
         }
-        let Verdict::Deny(wait) = t.check(k, now) else { panic!("7th allowed") };
+        let Verdict::Deny(wait) = t.check(k, now) else {
+            panic!("7th allowed")
+        };
         assert_eq!(wait, Duration::from_millis(100));
         assert_eq!(retry_after_secs(wait), 1);
-        assert_eq!(t.check(k, now + 99 * MS), Verdict::Deny(Duration::from_millis(1)));
+        assert_eq!(
+            t.check(k, now + 99 * MS),
+            Verdict::Deny(Duration::from_millis(1))
+        );
         assert_eq!(t.check(k, now + 100 * MS), Verdict::Allow);
         assert!(matches!(t.check(k, now + 100 * MS), Verdict::Deny(_)));
         // a quiet second refills the burst
@@ -428,7 +471,10 @@ mod tests {
         let head = b"GET / HTTP/1.1\r\nHost: a\r\nX-Api-Key:  k1 \r\nx-api-key: k2\r\n\r\n";
         assert_eq!(raw_header(head, b"x-api-key"), Some(&b"k1"[..]));
         assert_eq!(raw_header(head, b"x-api"), None);
-        assert_eq!(raw_header(b"GET / HTTP/1.1\r\n\r\nx-api-key: body", b"x-api-key"), None);
+        assert_eq!(
+            raw_header(b"GET / HTTP/1.1\r\n\r\nx-api-key: body", b"x-api-key"),
+            None
+        );
     }
 
     proptest! {

@@ -15,7 +15,10 @@ use super::upstream::{Backend, Upstream};
 /// names one; in indirect mode the cookie is taken out of `headers` (the
 /// other cookies stay, in one `Cookie` field).
 pub fn pin(st: &Sticky, headers: &mut HeaderMap) -> Option<usize> {
-    let value = find_cookie(headers.get_all(COOKIE).iter().map(HeaderValue::as_bytes), &st.name)?;
+    let value = find_cookie(
+        headers.get_all(COOKIE).iter().map(HeaderValue::as_bytes),
+        &st.name,
+    )?;
     let server = st.server_of(value);
     if st.indirect {
         let rest: Vec<Vec<u8>> = headers
@@ -35,8 +38,16 @@ pub fn pin(st: &Sticky, headers: &mut HeaderMap) -> Option<usize> {
 
 /// On the response of `backend`: `Set-Cookie` (and `Cache-Control:
 /// private` with nocache) unless the request already pointed at it.
-pub fn stick(st: &Sticky, up: &Upstream, backend: &Arc<Backend>, pinned: Option<usize>, headers: &mut HeaderMap) {
-    let Some(i) = up.backends.iter().position(|b| Arc::ptr_eq(b, backend)) else { return };
+pub fn stick(
+    st: &Sticky,
+    up: &Upstream,
+    backend: &Arc<Backend>,
+    pinned: Option<usize>,
+    headers: &mut HeaderMap,
+) {
+    let Some(i) = up.backends.iter().position(|b| Arc::ptr_eq(b, backend)) else {
+        return;
+    };
     if pinned == Some(i) {
         return;
     }

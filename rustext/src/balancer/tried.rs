@@ -53,6 +53,6 @@ mod tests {
         assert!(t.contains(0) && t.contains(64) && t.contains(130));
         assert!(!t.contains(2) && !t.contains(66) && !t.contains(194));
         assert_eq!(t.high.len(), 1);
-        assert_eq!(Tried::of(&[3, 200]).contains(200), true);
+        assert!(Tried::of(&[3, 200]).contains(200));
     }
 }

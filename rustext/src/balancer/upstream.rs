@@ -274,6 +274,8 @@ pub struct Upstream {
     ring: Vec<(u64, u32)>,
     /// Backups, slow start, retry-on, layer-7 health, persistence.
     pub policy: super::policy::Policy,
+    /// The pool's own rate limit, its keys kept across reloads.
+    pub rate_limit: Option<Arc<super::ratelimit::Table>>,
 }
 
 /// Points per unit of weight on the ketama ring.
@@ -319,6 +321,13 @@ impl Upstream {
         };
         let n = backends.len();
         let policy = super::policy::Policy::compile(&settings.policy, &backends)?;
+        let rate_limit = match &settings.policy.rate_limit {
+            Some(spec) => Some(Arc::new(super::ratelimit::Table::new(
+                spec,
+                previous.and_then(|p| p.rate_limit.as_deref()),
+            )?)),
+            None => None,
+        };
         Ok(Upstream {
             backends,
             settings,
@@ -326,6 +335,7 @@ impl Upstream {
             swrr: Mutex::new(vec![0; n]),
             ring,
             policy,
+            rate_limit,
         })
     }
 
@@ -348,14 +358,21 @@ impl Upstream {
                 share >= 1.0 || ((fast_random() >> 11) as f64 / (1u64 << 53) as f64) < share
             }
         };
-        self.select_among(key, tried, &|i| !p.is_backup(i) && ramping(i))
-            .or_else(|| if p.has_slow_start { self.select_among(key, tried, &|i| !p.is_backup(i)) } else { None })
-            .or_else(|| match (p.has_backups, p.all_backups) {
-                (false, _) => None,
-                (true, true) => self.select_among(key, tried, &|i| p.is_backup(i)),
-                (true, false) => (0..self.backends.len())
-                    .find(|&i| p.is_backup(i) && !tried.contains(i) && self.backends[i].available()),
-            })
+        let usable = |i: usize| !tried.contains(i) && self.backends[i].available();
+        // (checked first so that the algorithms' rotation is not spent on an empty pass)
+        let primary_left = !p.has_backups || (0..self.backends.len()).any(|i| !p.is_backup(i) && usable(i));
+        if primary_left {
+            let found = self.select_among(key, tried, &|i| !p.is_backup(i) && ramping(i));
+            if found.is_some() || !p.has_slow_start {
+                return found;
+            }
+            return self.select_among(key, tried, &|i| !p.is_backup(i));
+        }
+        if p.all_backups {
+            self.select_among(key, tried, &|i| p.is_backup(i))
+        } else {
+            (0..self.backends.len()).find(|&i| p.is_backup(i) && usable(i))
+        }
     }
 
     /// [`Upstream::select`] among the servers `among` admits.
@@ -663,6 +680,53 @@ mod tests {
             assert_eq!(u.select(&key("/", &h), &Tried::of(&[0])), Some(64));
         }
         assert_eq!(u.select(&key("/", &h), &Tried::of(&[0, 64])), None);
+    }
+
+    fn with_policy(names: &[(&str, u32)], alg: Algorithm, policy: crate::balancer::policy::PolicySpec) -> Upstream {
+        let mut s = up(names, alg).settings.clone();
+        s.policy = policy;
+        Upstream::new(s, None, Instant::now(), &AtomicU64::new(0)).unwrap()
+    }
+
+    #[test]
+    fn backups_take_over_only_when_no_other_server_is_available() {
+        let p = crate::balancer::policy::PolicySpec {
+            backups: vec!["127.0.0.1:2".into(), "127.0.0.1:3".into()],
+            ..Default::default()
+        };
+        let u = with_policy(&THREE, Algorithm::RoundRobin, p.clone());
+        assert_eq!(counts(&u, 30), vec![30, 0, 0]);
+        u.backends[0].set_healthy(false);
+        assert_eq!(counts(&u, 30), vec![0, 30, 0]); // the first backup only
+        let all = with_policy(&THREE, Algorithm::LeastConnections, crate::balancer::policy::PolicySpec { all_backups: true, ..p });
+        all.backends[0].set_admin(AdminState::Drain);
+        let c = counts(&all, 30);
+        assert!(c[0] == 0 && c[1] >= 5 && c[2] >= 5, "{c:?}"); // both backups
+        // a tried primary does not bring the backups in while another primary is there
+        let h = http::HeaderMap::new();
+        let two = with_policy(
+            &[("127.0.0.1:1", 1), ("127.0.0.1:2", 1), ("127.0.0.1:3", 1)],
+            Algorithm::RoundRobin,
+            crate::balancer::policy::PolicySpec { backups: vec!["127.0.0.1:3".into()], ..Default::default() },
+        );
+        assert_eq!(two.select(&key("/", &h), &Tried::of(&[0])), Some(1));
+        assert_eq!(two.select(&key("/", &h), &Tried::of(&[0, 1])), Some(2));
+    }
+
+    #[test]
+    fn a_new_server_with_slow_start_gets_almost_nothing_at_first() {
+        let p = crate::balancer::policy::PolicySpec {
+            slow_start: vec![("127.0.0.1:2".into(), Duration::from_secs(600))],
+            ..Default::default()
+        };
+        for alg in [Algorithm::RoundRobin, Algorithm::WeightedRoundRobin, Algorithm::LeastConnections, Algorithm::RandomTwo] {
+            let u = with_policy(&[("127.0.0.1:1", 1), ("127.0.0.1:2", 1)], alg, p.clone());
+            let c = counts(&u, 2000);
+            assert!(c[1] < 20, "{alg:?}: {c:?}"); // a share of ~0 for the first seconds of ten minutes
+            // alone, a ramping server still takes the requests
+            u.backends[0].set_healthy(false);
+            assert_eq!(counts(&u, 10), vec![0, 10]);
+        }
     }
 
     #[test]
