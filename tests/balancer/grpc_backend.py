@@ -1,6 +1,8 @@
 """A real grpcio backend for the balancer's gRPC tests (run as a subprocess).
 
-    python grpc_backend.py [HOST:]PORT NAME [CERT KEY]   prints "ready" once serving (TLS with CERT KEY)
+    python grpc_backend.py [HOST:]PORT NAME [CERT KEY]   prints "ready" once serving (TLS with CERT KEY);
+                                                        SIGTERM stops it gracefully (GOAWAY, calls
+                                                        finish) and prints "stopping"
 
 A generic service ``test.Echo`` on raw bytes (no generated code):
 
@@ -15,6 +17,7 @@ Bidi           each request back as ``NAME:request``, as it comes
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from concurrent import futures
@@ -78,6 +81,12 @@ def main() -> None:
     if port == 0:
         sys.exit(f"cannot listen on {addr}")
     server.start()
+    # SIGTERM: a graceful stop (GOAWAY; calls in flight finish within 5 s), as servers are restarted
+    def stop(*_: object) -> None:
+        server.stop(grace=5)
+        print("stopping", flush=True)
+
+    signal.signal(signal.SIGTERM, stop)
     print("ready", flush=True)
     server.wait_for_termination()
 

@@ -10,6 +10,7 @@ import asyncio
 import http.client
 import json
 import queue
+import signal
 import socket
 import struct
 import subprocess
@@ -228,6 +229,27 @@ def test_grpc_over_tls_on_both_sides(proxy, channel, pki):
     finally:
         for b in bks:
             b.kill()
+
+
+def test_a_backend_going_away_finishes_its_calls_and_gets_no_new_ones(proxy, channel):
+    leaving, staying = start_grpc_backends(["leaving", "staying"])
+    try:
+        lb = proxy([leaving, staying], proto="h2", workers=1)
+        ch = channel(lb.address[1])
+        assert sorted(unary(ch)(b"", timeout=5) for _ in range(2)) == [b"leaving:", b"staying:"]
+        slow = [unary(ch, "Slow").future(b"0.5", timeout=10) for _ in range(2)]
+        deadline = time.monotonic() + 5
+        while sum(b["active"] for b in lb.backends()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        leaving.proc.send_signal(signal.SIGTERM)  # GOAWAY, then its call in flight finishes
+        assert leaving.proc.stdout is not None and leaving.proc.stdout.readline() == b"stopping\n"
+        assert [unary(ch)(b"n", timeout=5) for _ in range(4)] == [b"staying:n"] * 4
+        assert sorted(c.result() for c in slow) == [b"leaving", b"staying"]
+        leaving.proc.wait(timeout=10)
+        assert [unary(ch)(b"m", timeout=5) for _ in range(2)] == [b"staying:m"] * 2
+    finally:
+        leaving.kill()
+        staying.kill()
 
 
 # --- protocol translation ---------------------------------------------------
