@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
 import queue
 import signal
 import socket
@@ -55,13 +56,17 @@ class GrpcBackend:
             self.proc.stdout.close()
 
 
-def start_grpc_backends(names: list[str], tls: tuple[str, str] | None = None) -> list[GrpcBackend]:
+def start_grpc_backends(names: list[str], tls: tuple[str, str] | None = None,
+                        max_streams: int | None = None) -> list[GrpcBackend]:
     """grpcio servers (tests/balancer/grpc_backend.py), started together;
-    ``tls`` = (certificate chain, key) serves TLS."""
+    ``tls`` = (certificate chain, key) serves TLS; ``max_streams`` sets their
+    SETTINGS_MAX_CONCURRENT_STREAMS."""
     started = []
+    env = {**os.environ, **({"GRPC_MAX_STREAMS": str(max_streams)} if max_streams else {})}
     for name in names:
         port = free_port()
-        proc = subprocess.Popen([sys.executable, GRPC_BACKEND, str(port), name, *(tls or ())], stdout=subprocess.PIPE)
+        proc = subprocess.Popen([sys.executable, GRPC_BACKEND, str(port), name, *(tls or ())], stdout=subprocess.PIPE,
+                                env=env)
         started.append(GrpcBackend(name, port, proc))
     for b in started:
         assert b.proc.stdout is not None
@@ -229,6 +234,19 @@ def test_grpc_over_tls_on_both_sides(proxy, channel, pki):
     finally:
         for b in bks:
             b.kill()
+
+
+def test_a_backend_stream_limit_is_respected_by_opening_connections(proxy, channel):
+    (limited,) = start_grpc_backends(["limited"], max_streams=2)
+    try:
+        lb = proxy([limited], proto="h2", workers=1)
+        ch = channel(lb.address[1])
+        calls = [unary(ch, "Slow").future(b"0.3", timeout=10) for _ in range(6)]
+        assert [c.result() for c in calls] == [b"limited"] * 6
+        # six at once although a connection takes two streams: three connections, none refused a stream
+        assert unary(ch, "MaxInFlight")(b"", timeout=5) == b"6"
+    finally:
+        limited.kill()
 
 
 def test_a_backend_going_away_finishes_its_calls_and_gets_no_new_ones(proxy, channel):
