@@ -312,9 +312,13 @@ def test_http1_clients_reach_http2_backends(backends, proxy, tmp_path):
     seen = json.loads(c.getresponse().read())
     assert dict(seen["headers"])["host"] == "app.example"
     c.close()
+    # HTTP/2 on both sides: :authority passes as it came
+    version, body = curl_h2c(f"http://127.0.0.1:{outer.address[1]}/headers")
+    assert version == "2" and dict(json.loads(body)["headers"])["host"] == f"127.0.0.1:{outer.address[1]}"
     inner.close()  # flushes its log
     assert log.read_text().splitlines() == [
-        "HTTP/2.0 GET /size/300000 200", "HTTP/2.0 POST /echo 200", "HTTP/2.0 GET /headers 200"]
+        "HTTP/2.0 GET /size/300000 200", "HTTP/2.0 POST /echo 200", "HTTP/2.0 GET /headers 200",
+        "HTTP/2.0 GET /headers 200"]
 
 
 def test_idle_http2_backend_connections_are_closed(backends, proxy):
