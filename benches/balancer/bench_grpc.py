@@ -19,7 +19,9 @@ plane included). ``h2load`` counts an HTTP 200 as a success whatever its
 ``grpc-status``; so the backend counts the calls it answered with OK
 (``/bench.Echo/Count``, asked directly) and a failure is any call h2load
 did not see succeed or the backend did not serve. Medians over rounds are
-printed as a Markdown table; ``--out`` keeps every run and the medians.
+printed as a Markdown table, with the median of each round's CPU ratio
+(ours ÷ HAProxy, the two runs of a round being close in time, which cancels
+part of a shared machine's drift); ``--out`` keeps every run and the medians.
 """
 
 from __future__ import annotations
@@ -168,8 +170,15 @@ def main() -> int:
         rows.append(row)
         print(f"| {kind} | {row['cps']:,.0f} | {row['mean_ms']:.2f} | {row['cpu_us_per_call']:.1f} "
               f"({row['cpu_min']:.1f}–{row['cpu_max']:.1f}) | {row['failures']} |")
+    # each round's two runs are minutes apart at most: their ratio cancels part of the machine's drift
+    ratios = sorted(o.cpu_us_per_call / h.cpu_us_per_call for o, h in (
+        ([x for x in runs if x.round == r and x.balancer == "ours"][0],
+         [x for x in runs if x.round == r and x.balancer == "haproxy"][0]) for r in range(args.rounds)))
+    paired = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+    print(f"\nCPU per call, ours ÷ HAProxy in the same round: median {paired['median']:.2f} "
+          f"({paired['min']:.2f}–{paired['max']:.2f})")
     if args.out:
-        save(args.out, {"setup": {"rounds": args.rounds, "calls": args.calls, "concurrency": args.concurrency,
+        save(args.out, {"paired_cpu_ratio": paired,"setup": {"rounds": args.rounds, "calls": args.calls, "concurrency": args.concurrency,
                                   "size": args.size, "haproxy": "2.6", "backend": "grpc-go (grpcpeer)"},
                         "runs": [asdict(x) for x in runs], "medians": rows, "loadavg_after": loadavg()})
     shutil.rmtree(workdir, ignore_errors=True)

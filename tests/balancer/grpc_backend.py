@@ -1,6 +1,8 @@
 """A real grpcio backend for the balancer's gRPC tests (run as a subprocess).
 
-    python grpc_backend.py [HOST:]PORT NAME [CERT KEY]   prints "ready" once serving (TLS with CERT KEY)
+    python grpc_backend.py [HOST:]PORT NAME [CERT KEY]   prints "ready" once serving (TLS with CERT KEY);
+                                                        SIGTERM stops it gracefully (GOAWAY, calls
+                                                        finish) and prints "stopping"
 
 A generic service ``test.Echo`` on raw bytes (no generated code):
 
@@ -8,6 +10,10 @@ Unary          ``NAME:request``; trailing metadata ``x-backend: NAME`` and every
                ``x-*`` request metadata echoed as initial metadata
 Fail           aborts with NOT_FOUND, ``no such thing: request``
 Slow           sleeps ``float(request)`` seconds, then ``NAME``
+MaxInFlight    the most ``Slow`` calls it ever had in flight at once (ASCII)
+
+``GRPC_MAX_STREAMS=N`` in the environment sets the server's
+``SETTINGS_MAX_CONCURRENT_STREAMS`` (grpcio's ``grpc.max_concurrent_streams``).
 ServerStream   ``int(request)`` messages ``NAME:i``, each flushed as it is made
 ClientStream   ``NAME:`` and every request joined by ``,``
 Bidi           each request back as ``NAME:request``, as it comes
@@ -15,7 +21,10 @@ Bidi           each request back as ``NAME:request``, as it comes
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 import time
 from concurrent import futures
 
@@ -26,6 +35,8 @@ SERVICE = "test.Echo"
 
 def handlers(name: str) -> grpc.GenericRpcHandler:
     tag = name.encode()
+    lock = threading.Lock()
+    in_flight = [0, 0]  # now, most
 
     def unary(req: bytes, ctx: grpc.ServicerContext) -> bytes:
         echoed = tuple((k, v) for k, v in ctx.invocation_metadata() if k.startswith("x-"))
@@ -39,8 +50,16 @@ def handlers(name: str) -> grpc.GenericRpcHandler:
         raise AssertionError("abort raises")
 
     def slow(req: bytes, ctx: grpc.ServicerContext) -> bytes:
+        with lock:
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight)
         time.sleep(float(req))
+        with lock:
+            in_flight[0] -= 1
         return tag
+
+    def max_in_flight(req: bytes, ctx: grpc.ServicerContext) -> bytes:
+        return str(in_flight[1]).encode()
 
     def server_stream(req: bytes, ctx: grpc.ServicerContext):
         for i in range(int(req)):
@@ -57,6 +76,7 @@ def handlers(name: str) -> grpc.GenericRpcHandler:
         "Unary": grpc.unary_unary_rpc_method_handler(unary),
         "Fail": grpc.unary_unary_rpc_method_handler(fail),
         "Slow": grpc.unary_unary_rpc_method_handler(slow),
+        "MaxInFlight": grpc.unary_unary_rpc_method_handler(max_in_flight),
         "ServerStream": grpc.unary_stream_rpc_method_handler(server_stream),
         "ClientStream": grpc.stream_unary_rpc_method_handler(client_stream),
         "Bidi": grpc.stream_stream_rpc_method_handler(bidi),
@@ -67,7 +87,10 @@ def main() -> None:
     addr, name = sys.argv[1], sys.argv[2]
     if ":" not in addr:
         addr = f"127.0.0.1:{addr}"
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    options = []
+    if "GRPC_MAX_STREAMS" in os.environ:
+        options.append(("grpc.max_concurrent_streams", int(os.environ["GRPC_MAX_STREAMS"])))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=options)
     server.add_generic_rpc_handlers((handlers(name),))
     if len(sys.argv) > 4:
         with open(sys.argv[3], "rb") as c, open(sys.argv[4], "rb") as k:
@@ -78,6 +101,12 @@ def main() -> None:
     if port == 0:
         sys.exit(f"cannot listen on {addr}")
     server.start()
+    # SIGTERM: a graceful stop (GOAWAY; calls in flight finish within 5 s), as servers are restarted
+    def stop(*_: object) -> None:
+        server.stop(grace=5)
+        print("stopping", flush=True)
+
+    signal.signal(signal.SIGTERM, stop)
     print("ready", flush=True)
     server.wait_for_termination()
 

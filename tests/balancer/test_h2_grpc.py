@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
 import queue
+import signal
 import socket
 import struct
 import subprocess
@@ -54,13 +56,17 @@ class GrpcBackend:
             self.proc.stdout.close()
 
 
-def start_grpc_backends(names: list[str], tls: tuple[str, str] | None = None) -> list[GrpcBackend]:
+def start_grpc_backends(names: list[str], tls: tuple[str, str] | None = None,
+                        max_streams: int | None = None) -> list[GrpcBackend]:
     """grpcio servers (tests/balancer/grpc_backend.py), started together;
-    ``tls`` = (certificate chain, key) serves TLS."""
+    ``tls`` = (certificate chain, key) serves TLS; ``max_streams`` sets their
+    SETTINGS_MAX_CONCURRENT_STREAMS."""
     started = []
+    env = {**os.environ, **({"GRPC_MAX_STREAMS": str(max_streams)} if max_streams else {})}
     for name in names:
         port = free_port()
-        proc = subprocess.Popen([sys.executable, GRPC_BACKEND, str(port), name, *(tls or ())], stdout=subprocess.PIPE)
+        proc = subprocess.Popen([sys.executable, GRPC_BACKEND, str(port), name, *(tls or ())], stdout=subprocess.PIPE,
+                                env=env)
         started.append(GrpcBackend(name, port, proc))
     for b in started:
         assert b.proc.stdout is not None
@@ -230,6 +236,40 @@ def test_grpc_over_tls_on_both_sides(proxy, channel, pki):
             b.kill()
 
 
+def test_a_backend_stream_limit_is_respected_by_opening_connections(proxy, channel):
+    (limited,) = start_grpc_backends(["limited"], max_streams=2)
+    try:
+        lb = proxy([limited], proto="h2", workers=1)
+        ch = channel(lb.address[1])
+        calls = [unary(ch, "Slow").future(b"0.3", timeout=10) for _ in range(6)]
+        assert [c.result() for c in calls] == [b"limited"] * 6
+        # six at once although a connection takes two streams: three connections, none refused a stream
+        assert unary(ch, "MaxInFlight")(b"", timeout=5) == b"6"
+    finally:
+        limited.kill()
+
+
+def test_a_backend_going_away_finishes_its_calls_and_gets_no_new_ones(proxy, channel):
+    leaving, staying = start_grpc_backends(["leaving", "staying"])
+    try:
+        lb = proxy([leaving, staying], proto="h2", workers=1)
+        ch = channel(lb.address[1])
+        assert sorted(unary(ch)(b"", timeout=5) for _ in range(2)) == [b"leaving:", b"staying:"]
+        slow = [unary(ch, "Slow").future(b"0.5", timeout=10) for _ in range(2)]
+        deadline = time.monotonic() + 5
+        while sum(b["active"] for b in lb.backends()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        leaving.proc.send_signal(signal.SIGTERM)  # GOAWAY, then its call in flight finishes
+        assert leaving.proc.stdout is not None and leaving.proc.stdout.readline() == b"stopping\n"
+        assert [unary(ch)(b"n", timeout=5) for _ in range(4)] == [b"staying:n"] * 4
+        assert sorted(c.result() for c in slow) == [b"leaving", b"staying"]
+        leaving.proc.wait(timeout=10)
+        assert [unary(ch)(b"m", timeout=5) for _ in range(2)] == [b"staying:m"] * 2
+    finally:
+        leaving.kill()
+        staying.kill()
+
+
 # --- protocol translation ---------------------------------------------------
 
 
@@ -272,9 +312,13 @@ def test_http1_clients_reach_http2_backends(backends, proxy, tmp_path):
     seen = json.loads(c.getresponse().read())
     assert dict(seen["headers"])["host"] == "app.example"
     c.close()
+    # HTTP/2 on both sides: :authority passes as it came
+    version, body = curl_h2c(f"http://127.0.0.1:{outer.address[1]}/headers")
+    assert version == "2" and dict(json.loads(body)["headers"])["host"] == f"127.0.0.1:{outer.address[1]}"
     inner.close()  # flushes its log
     assert log.read_text().splitlines() == [
-        "HTTP/2.0 GET /size/300000 200", "HTTP/2.0 POST /echo 200", "HTTP/2.0 GET /headers 200"]
+        "HTTP/2.0 GET /size/300000 200", "HTTP/2.0 POST /echo 200", "HTTP/2.0 GET /headers 200",
+        "HTTP/2.0 GET /headers 200"]
 
 
 def test_idle_http2_backend_connections_are_closed(backends, proxy):

@@ -6,7 +6,8 @@
 //!   and spoken to in HTTP/2.
 //! - A connection takes new streams up to the backend's
 //!   `SETTINGS_MAX_CONCURRENT_STREAMS` (read from its first SETTINGS frame,
-//!   [`super::h2settings`]) or [`STREAMS_PER_CONN`], whichever is lower; then
+//!   [`super::h2settings`], which a new connection waits for before its
+//!   first request) or [`STREAMS_PER_CONN`], whichever is lower; then
 //!   another one is opened, up to [`CONNS_PER_BACKEND`]. Past that, requests
 //!   wait for a stream on the least loaded connection (hyper queues them; the
 //!   backend's limit is never exceeded).
@@ -169,6 +170,7 @@ impl H2Pool {
         };
         let _ = stream.set_nodelay(true);
         let limit = Arc::new(AtomicU32::new(STREAMS_PER_CONN));
+        let settled = Arc::new(tokio::sync::Notify::new());
         let mut builder = http2::Builder::new(TokioExecutor::new());
         builder
             .timer(TokioTimer::new())
@@ -177,7 +179,7 @@ impl H2Pool {
             .initial_max_send_streams(STREAMS_PER_CONN as usize);
         let tx = match &self.tls {
             None => {
-                let io = TokioIo::new(Sniffing::new(SendStream(stream), limit.clone()));
+                let io = TokioIo::new(Sniffing::new(SendStream(stream), limit.clone(), settled.clone()));
                 let (tx, conn) = tokio::time::timeout_at(deadline, builder.handshake(io))
                     .await
                     .map_err(|_| Fail::ConnectTimeout)?
@@ -190,7 +192,7 @@ impl H2Pool {
                     .await
                     .map_err(|_| Fail::ConnectTimeout)?
                     .map_err(|_| Fail::Connect)?;
-                let io = TokioIo::new(Sniffing::new(stream, limit.clone()));
+                let io = TokioIo::new(Sniffing::new(stream, limit.clone(), settled.clone()));
                 let (tx, conn) = tokio::time::timeout_at(deadline, builder.handshake(io))
                     .await
                     .map_err(|_| Fail::ConnectTimeout)?
@@ -199,6 +201,13 @@ impl H2Pool {
                 tx
             }
         };
+        // Until its SETTINGS arrive a backend's stream limit is unknown (HTTP/2
+        // lets a client assume none): streams sent meanwhile over a lower limit
+        // would be refused. Servers send them at once; one that does not is no
+        // working HTTP/2 server.
+        if tokio::time::timeout_at(deadline, settled.notified()).await.is_err() {
+            return Err(Fail::ConnectTimeout);
+        }
         Ok(Conn {
             tx,
             streams: Arc::new(AtomicU32::new(0)),
@@ -313,14 +322,17 @@ struct Sniffing<S> {
     io: S,
     sniffer: Option<Box<Sniffer>>,
     limit: Arc<AtomicU32>,
+    /// Told once the first frame was read (or the connection ended first).
+    settled: Arc<tokio::sync::Notify>,
 }
 
 impl<S> Sniffing<S> {
-    fn new(io: S, limit: Arc<AtomicU32>) -> Self {
+    fn new(io: S, limit: Arc<AtomicU32>, settled: Arc<tokio::sync::Notify>) -> Self {
         Sniffing {
             io,
             sniffer: Some(Box::default()),
             limit,
+            settled,
         }
     }
 }
@@ -330,12 +342,18 @@ impl<S: AsyncRead + Unpin> AsyncRead for Sniffing<S> {
         let me = self.get_mut();
         let before = buf.filled().len();
         let r = Pin::new(&mut me.io).poll_read(cx, buf);
-        if let (Poll::Ready(Ok(())), Some(s)) = (&r, me.sniffer.as_mut()) {
-            if let Sniffed::Done(found) = s.feed(&buf.filled()[before..]) {
+        if let (Poll::Ready(res), Some(s)) = (&r, me.sniffer.as_mut()) {
+            let new = &buf.filled()[before..];
+            let done = match res {
+                Ok(()) if !new.is_empty() => s.feed(new),
+                _ => Sniffed::Done(None), // closed or failed before its SETTINGS
+            };
+            if let Sniffed::Done(found) = done {
                 if let Some(n) = found {
                     me.limit.store(n.max(1), Relaxed);
                 }
                 me.sniffer = None;
+                me.settled.notify_one();
             }
         }
         r

@@ -55,7 +55,7 @@ impl Sniffer {
                 let h = &self.header;
                 let len = u32::from_be_bytes([0, h[0], h[1], h[2]]);
                 let (kind, flags) = (h[3], h[4]);
-                if kind != FRAME_SETTINGS || flags & FLAG_ACK != 0 || len % 6 != 0 {
+                if kind != FRAME_SETTINGS || flags & FLAG_ACK != 0 || !len.is_multiple_of(6) {
                     // not a server preface: hyper will find out; nothing learnt here
                     return self.finish();
                 }

@@ -1169,7 +1169,8 @@ async fn forward(
             headers.insert(header::HOST, v);
         }
     }
-    if h2 && !headers.contains_key(header::HOST) {
+    let host_from_authority = h2 && !headers.contains_key(header::HOST);
+    if host_from_authority {
         // HTTP/2 names the host in :authority; HTTP/1.1 backends want Host.
         if let Some(v) = parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
             headers.insert(header::HOST, v);
@@ -1235,7 +1236,16 @@ async fn forward(
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let uri = Uri::from(pq.clone());
+    let uri = match parts.uri.authority() {
+        // HTTP/2 on both sides: the client's :authority goes on as it came (no Host)
+        Some(a) if host_from_authority && s.proto == Proto::H2 => {
+            headers.remove(header::HOST);
+            let scheme = if w.shared.config.backend_tls.is_some() { http::uri::Scheme::HTTPS } else { http::uri::Scheme::HTTP };
+            Uri::builder().scheme(scheme).authority(a.clone()).path_and_query(pq.clone()).build()
+                .unwrap_or_else(|_| Uri::from(pq.clone()))
+        }
+        _ => Uri::from(pq.clone()),
+    };
 
     let empty = body.is_end_stream();
     let mut body = if empty {
@@ -1311,7 +1321,7 @@ async fn forward(
                 } else {
                     std::mem::take(&mut headers)
                 };
-                if !r.headers().contains_key(header::HOST) {
+                if !r.headers().contains_key(header::HOST) && r.uri().authority().is_none() {
                     // HTTP/1.0 clients may omit it; HTTP/1.1 requires one.
                     if let Ok(v) = HeaderValue::from_str(backend.authority.as_str()) {
                         r.headers_mut().insert(header::HOST, v);
