@@ -774,7 +774,7 @@ fn spawn_writer(spec: &AccessLogSpec, written: Arc<AtomicU64>, dropped: Arc<Atom
                                 }
                                 Some(Err(_)) | None => {
                                     dropped.fetch_add(1, Relaxed);
-                                    if matches!(s.address.starts_with("unix:"), true) {
+                                    if s.address.starts_with("unix:") {
                                         sock = None; // the log daemon restarted: reconnect next time
                                     }
                                 }

@@ -341,9 +341,8 @@ pub async fn serve(
                 Ok(0) | Err(_) => {
                     if logging && !ctl.abort.load(Relaxed) {
                         // closed by the client in the middle of a head, or before its first byte
-                        if !inb.is_empty() {
-                            super::proxy::log_without_request(&w, &peer, 400, "CR");
-                        } else if first && w.shared.access_log.as_ref().is_some_and(|l| l.logs_empty(peer.listener)) {
+                        let mid_head = !inb.is_empty();
+                        if mid_head || (first && w.shared.access_log.as_ref().is_some_and(|l| l.logs_empty(peer.listener))) {
                             super::proxy::log_without_request(&w, &peer, 400, "CR");
                         }
                     }
