@@ -18,7 +18,7 @@ from balancer.config import from_dict
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 PAGES = ["balancer.md", "balancer-migration.md", "tls.md", "getting-started.md", "operations.md"]
-BLOCK = re.compile(r"^( *)```toml\n(.*?)^\1```", re.S | re.M)
+BLOCK = re.compile(r"^( *)```toml\n(.*?)^\1```", re.DOTALL | re.MULTILINE)
 #: errors that come from the files an example names on a machine without them
 MACHINE = re.compile(r"no such (file|directory)|not writable|cannot create a file|cannot read|does not resolve|"
                      r"password file|token file|users_file|no certificate|PEM")
