@@ -66,12 +66,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from rustext.fields import check_fields
-
 from balancer.auth import AdminAuth
 from balancer.discovery import DnsConfig, Target, is_ip
 from balancer.errors import BalancerConfigError
-from balancer.routing import HeaderRules, Hsts, Listener, NamedBackend, RequestId, Route, section
+from balancer.routing import (
+    HeaderRules,
+    Hsts,
+    Listener,
+    NamedBackend,
+    RequestId,
+    Route,
+    section,
+)
+from rustext.fields import check_fields
 
 #: the pool of a configuration with a ``[[backends]]`` list instead of named pools
 DEFAULT_POOL = "default"
@@ -86,6 +93,22 @@ ALGORITHM_ALIASES = {
     "hash": "consistent_hash",
     "ketama": "consistent_hash",
 }
+
+
+def unix_path(value: object) -> str | None:
+    """The socket path of a Unix address (``unix:/path``, HAProxy's ``unix@/path``), else None."""
+    if isinstance(value, str):
+        for prefix in ("unix:", "unix@"):
+            if value.startswith(prefix):
+                return value[len(prefix):]
+    return None
+
+
+def check_unix_path(path: str, what: str) -> None:
+    if not path.startswith("/"):
+        raise BalancerConfigError(f"{what} must be an absolute path after 'unix:', got {path!r}")
+    if len(path.encode()) > 107:
+        raise BalancerConfigError(f"{what} {path!r} is longer than a unix socket path may be (107 bytes)")
 
 
 def parse_hostport(value: str, what: str) -> tuple[str, int]:
@@ -120,7 +143,8 @@ def _non_negative(obj: object, *names: str) -> None:
 class BackendConfig:
     """One backend server, or every address a DNS name gives (see ``[dns]``)."""
 
-    #: ``host:port``; the backend's identity across reloads. A host name is resolved once at load,
+    #: ``host:port``, or ``unix:/path`` for a Unix socket; the backend's identity across reloads.
+    #: A host name is resolved once at load,
     #: or every ``dns.interval`` when the ``[dns]`` table is present (one backend per address)
     address: str = ""
     weight: int = 1  # 0..10000; 0 takes no traffic
@@ -149,6 +173,8 @@ class BackendConfig:
                 raise BalancerConfigError(f"backend srv must be a DNS name, got {self.srv!r}")
         elif not self.address:
             raise BalancerConfigError("a backend needs address = \"host:port\" or srv = \"_service._proto.name\"")
+        elif (path := unix_path(self.address)) is not None:
+            check_unix_path(path, "backend address")
         else:
             parse_hostport(self.address, "backend address")
         if isinstance(self.weight, bool) or not isinstance(self.weight, int) or not 0 <= self.weight <= 10_000:
@@ -182,14 +208,14 @@ class Timeouts:
         _non_negative(self, "connect", "header", "response", "idle", "total", "queue")
         if self.tunnel is not None:
             _non_negative(self, "tunnel")
+        if self.connect == 0 or self.response == 0:
+            raise BalancerConfigError("timeouts.connect and timeouts.response must be > 0")
 
     def tunnel_effective(self) -> float:
         """The tunnel inactivity timeout in force (0: none)."""
         if self.tunnel is not None:
             return self.tunnel
         return min((t for t in (self.idle, self.response) if t > 0), default=0.0)
-        if self.connect == 0 or self.response == 0:
-            raise BalancerConfigError("timeouts.connect and timeouts.response must be > 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -457,7 +483,7 @@ class BalancerConfig:
         for b in self.backends:
             if b.srv is not None:
                 out[b.key] = Target(b.key, "srv", b.srv.rstrip("."), 0, b.resolve)
-            elif self.dns is not None:
+            elif self.dns is not None and unix_path(b.address) is None:
                 host, port = parse_hostport(b.address, "backend address")
                 if not is_ip(host):
                     out[b.key] = Target(b.key, "a", host.rstrip("."), port, b.resolve)
@@ -739,9 +765,7 @@ def _path_in_message(data: dict[str, Any], message: str) -> tuple[str | int, ...
         return None  # other messages: the part-by-part search
     node: Any = data
     for n, k in enumerate(path):
-        if isinstance(node, dict) and isinstance(k, str) and k in node:
-            node = node[k]
-        elif isinstance(node, list) and isinstance(k, int) and k < len(node):
+        if isinstance(node, dict) and isinstance(k, str) and k in node or isinstance(node, list) and isinstance(k, int) and k < len(node):
             node = node[k]
         else:
             return path[:n] if n > 1 else None

@@ -304,6 +304,11 @@ impl Settings {
 
 /// Check a `host:port` backend address (resolving names once, to fail early).
 pub fn parse_backend_addr(name: &str) -> Result<SocketAddr, String> {
+    if let Some(path) = super::unix::backend_path(name) {
+        // a Unix socket: no IP address (see `Backend::unix`)
+        super::unix::check_path(name, &path)?;
+        return Ok(SocketAddr::from(([0, 0, 0, 0], 0)));
+    }
     if name.contains('/') || name.contains('@') {
         return Err(format!("backend address {name:?} must be host:port"));
     }

@@ -42,13 +42,25 @@ fn recv(s: &TcpStream, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> 
 
 /// Read the PROXY header of a just-accepted connection. `limit` bounds the
 /// wait (zero: none). The socket is handed back after the header, with
-/// nothing else consumed.
-pub async fn read_header(sock: std::net::TcpStream, limit: Duration) -> Result<(std::net::TcpStream, Header), Refused> {
+/// nothing else consumed. A refused connection is counted in `refused`
+/// before it is closed (so whoever sees it closed sees it counted).
+pub async fn read_header(
+    sock: std::net::TcpStream,
+    limit: Duration,
+    refused: &std::sync::atomic::AtomicU64,
+) -> Result<(std::net::TcpStream, Header), Refused> {
     let s = TcpStream::from_std(sock).map_err(|_| Refused::Closed)?;
-    let header = if limit.is_zero() {
-        peek_header(&s).await?
+    let got = if limit.is_zero() {
+        peek_header(&s).await
     } else {
-        tokio::time::timeout(limit, peek_header(&s)).await.map_err(|_| Refused::Timeout)??
+        tokio::time::timeout(limit, peek_header(&s)).await.unwrap_or(Err(Refused::Timeout))
+    };
+    let header = match got {
+        Ok(h) => h,
+        Err(e) => {
+            refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Err(e);
+        }
     };
     let s = s.into_std().map_err(|_| Refused::Closed)?;
     Ok((s, header))

@@ -16,6 +16,7 @@
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
 //! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect, TLS to backends
 //! - [`stats`]    per-worker counters and the latency histogram
+//! - [`unix`]     Unix stream sockets (backends)
 //! - [`tunnel`]   upgraded connections: the byte relay and its tunnel timeout
 //! - [`proxyproto`] the PROXY protocol (v1/v2) in and out, sans-I/O
 //! - [`l4`]       PROXY headers on accepted connections, before HTTP or TLS
@@ -36,6 +37,7 @@ pub mod route;
 pub mod server;
 pub mod stats;
 pub mod tunnel;
+pub mod unix;
 pub mod upstream;
 
 #[cfg(feature = "python")]

@@ -637,10 +637,9 @@ async fn serve_proxied(
     let forget = |conns: &Conns| {
         conns.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
     };
-    let (sock, header) = match super::l4::read_header(sock, w.shared.config.header_timeout).await {
+    let (sock, header) = match super::l4::read_header(sock, w.shared.config.header_timeout, &w.stats.proxy_refused).await {
         Ok(x) => x,
         Err(_) => {
-            w.stats.proxy_refused.fetch_add(1, Relaxed);
             forget(&conns);
             return;
         }

@@ -87,6 +87,8 @@ pub struct Backend {
     /// The PROXY header its new connections start with: 0 none, 1 v1, 2 v2
     /// (set on every reload, see [`Backend::send_proxy`]).
     send_proxy: AtomicU8,
+    /// The Unix socket it listens on (`unix:/path`); `addr` is then unused.
+    pub unix: Option<std::path::PathBuf>,
 }
 
 /// Permits of an "unlimited" limiter; Semaphore::MAX_PERMITS is far larger.
@@ -100,10 +102,15 @@ impl Backend {
         epoch: Instant,
     ) -> Result<Self, String> {
         let addr = super::config::parse_backend_addr(&spec.name)?;
-        let authority: http::uri::Authority = spec
-            .name
-            .parse()
-            .map_err(|_| format!("backend address {:?} must be host:port", spec.name))?;
+        let unix = super::unix::backend_path(&spec.name);
+        let authority: http::uri::Authority = if unix.is_some() {
+            // the Host of HTTP/1.0 requests that sent none, and the TLS server name
+            http::uri::Authority::from_static("localhost")
+        } else {
+            spec.name
+                .parse()
+                .map_err(|_| format!("backend address {:?} must be host:port", spec.name))?
+        };
         let max = if spec.max_connections > 0 {
             spec.max_connections
         } else {
@@ -126,6 +133,7 @@ impl Backend {
             limiter: Arc::new(Semaphore::new(permits)),
             stats: BackendStats::default(),
             send_proxy: AtomicU8::new(0),
+            unix,
         })
     }
 
