@@ -442,7 +442,10 @@ class BalancerConfig:
         else:
             if not self.listen:
                 raise BalancerConfigError("'listen' is required (\"host:port\"), or [[listeners]] tables")
-            parse_hostport(self.listen, "listen")
+            if (path := unix_path(self.listen)) is not None:
+                check_unix_path(path, "listen")
+            else:
+                parse_hostport(self.listen, "listen")
             if self.hsts is not None and not self.tls.certificates:
                 raise BalancerConfigError("hsts needs HTTPS on listen (certificates in [tls])")
         if self.backends and self.named_backends:

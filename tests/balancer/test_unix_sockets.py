@@ -4,6 +4,7 @@ HTTP paths and the health checks, with real backend processes."""
 from __future__ import annotations
 
 import asyncio
+import os
 import json
 import shutil
 import socket
@@ -93,5 +94,88 @@ def test_unix_addresses_are_checked() -> None:
     for bad in ("unix:relative.sock", "unix:/" + "a" * 120):
         with pytest.raises(BalancerConfigError, match="backend address"):
             from_dict({"listen": "127.0.0.1:0", "backends": [bad]})
-    with pytest.raises(ValueError, match="unix socket path"):
+    with pytest.raises(rustext.BalancerError, match="unix socket path"):
         rustext.Balancer({"listen": "127.0.0.1:0", "backends": ["unix:/" + "a" * 120]})
+
+
+def unix_get(path: str, raw: bytes) -> tuple[str, dict[str, str], bytes]:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(raw)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return split_response(data)
+
+
+def unix_listener(sockdir: Path, backend: str, **extra: object) -> rustext.Balancer:
+    cfg = from_dict({"workers": 2, "backends": [backend],
+                     "listeners": [{"address": f"unix:{sockdir}/lb.sock", "mode": "0660",
+                                    "default_backend": "default", **extra},
+                                   {"address": "127.0.0.1:0", "default_backend": "default"}]})
+    lb = rustext.Balancer(cfg.to_native())
+    lb.start()
+    return lb
+
+
+def test_a_unix_listener_serves_both_paths_without_a_forwarded_address(sockdir: Path, backends) -> None:
+    (b,) = backends(1)
+    lb = unix_listener(sockdir, b.address)
+    path = str(sockdir / "lb.sock")
+    try:
+        assert lb.addresses[0] == (f"unix:{path}", 0)
+        assert oct(os.stat(path).st_mode & 0o777) == "0o660"
+        for extra in (b"", b"Upgrade: foo\r\n"):  # the fast path, then hyper's
+            status, _, body = unix_get(path, b"GET /headers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                       b"X-Forwarded-For: 192.0.2.1\r\n" + extra + b"\r\n")
+            assert status.endswith("200 OK"), status
+            h = {k.lower(): v for k, v in json.loads(body)["headers"]}
+            # as HAProxy: nothing appended for a client without an address, what came in is kept
+            assert h["x-forwarded-for"] == "192.0.2.1" and "forwarded" not in h, h
+            assert h["x-forwarded-proto"] == "http"
+        # the TCP listener beside it forwards its clients' addresses as usual
+        status, _, body = get(lb.addresses[1][1], "/headers")
+        assert dict(json.loads(body)["headers"])["x-forwarded-for"] == "127.0.0.1"
+    finally:
+        lb.close()
+    assert not os.path.exists(path)  # removed at close
+
+
+def test_accept_proxy_on_a_unix_listener_gives_the_client_address(sockdir: Path, backends) -> None:
+    (b,) = backends(1)
+    lb = unix_listener(sockdir, b.address, accept_proxy=True)
+    try:
+        _, _, body = unix_get(str(sockdir / "lb.sock"), b"PROXY TCP4 192.0.2.8 10.0.0.1 1234 80\r\n"
+                                   b"GET /headers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert dict(json.loads(body)["headers"])["x-forwarded-for"] == "192.0.2.8"
+    finally:
+        lb.close()
+
+
+def test_a_stale_socket_is_replaced_and_a_busy_one_refused(sockdir: Path, backends) -> None:
+    (b,) = backends(1)
+    path = sockdir / "lb.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))  # a file left by a process that is gone: nobody accepts on it
+    stale.close()
+    lb = unix_listener(sockdir, b.address)
+    try:
+        assert unix_get(str(path), b"GET /whoami HTTP/1.0\r\n\r\n")[2] == b"b0"
+        with pytest.raises(rustext.BalancerError, match=f"cannot listen on unix:{path}: address already in use"):
+            unix_listener(sockdir, b.address)
+        assert unix_get(str(path), b"GET /whoami HTTP/1.0\r\n\r\n")[2] == b"b0"  # still ours
+    finally:
+        lb.close()
+    path.write_text("not a socket")
+    with pytest.raises(rustext.BalancerError, match="not a socket"):
+        unix_listener(sockdir, b.address)
+    assert path.read_text() == "not a socket"
+
+
+def test_unix_listener_config_is_checked() -> None:
+    for listener, match in (({"address": "unix:/tmp/x.sock", "mode": "rw"}, "mode"),
+                            ({"address": "127.0.0.1:0", "mode": "0660"}, "mode"),
+                            ({"address": "unix:x.sock"}, "absolute")):
+        with pytest.raises(BalancerConfigError, match=match):
+            from_dict({"backends": ["127.0.0.1:1"], "listeners": [{"default_backend": "default", **listener}]})

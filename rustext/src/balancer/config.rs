@@ -138,13 +138,15 @@ pub struct Settings {
 
 /// One listening address, and whether it terminates TLS (with the
 /// certificates of [`Config::tls`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListenAddr {
     pub addr: SocketAddr,
     pub tls: bool,
     /// Connections start with a PROXY protocol header (v1 or v2), which
     /// gives the client's address (HAProxy's `accept-proxy`).
     pub accept_proxy: bool,
+    /// A Unix socket instead of `addr` (`unix:/path`).
+    pub unix: Option<super::unix::UnixListen>,
 }
 
 /// Fixed for the life of a running balancer (listener, threads, pools).
@@ -262,6 +264,7 @@ impl Config {
                 addr: self.listen,
                 tls: self.tls.is_some(),
                 accept_proxy: false,
+                unix: None,
             }]
         } else {
             self.listeners.clone()

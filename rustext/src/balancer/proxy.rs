@@ -392,6 +392,12 @@ fn append_list(h: &mut HeaderMap, name: HeaderName, item: &[u8]) {
 }
 
 fn add_forwarded(h: &mut HeaderMap, peer: &Peer) {
+    if peer.xff.is_empty() {
+        // a client on a Unix socket: no address to forward (as HAProxy)
+        let proto = if peer.https { "https" } else { "http" };
+        h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+        return;
+    }
     // One growth of the map (hyper sizes it to the parsed headers), one
     // hash per name.
     h.reserve(3);

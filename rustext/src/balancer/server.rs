@@ -47,6 +47,8 @@ pub struct Balancer {
     update_lock: Mutex<()>,
     /// The routing of the last update (None: as configured at start).
     spec: Mutex<Option<RoutingSpec>>,
+    /// The Unix sockets it bound, removed once it stopped.
+    unix_paths: Vec<std::path::PathBuf>,
 }
 
 /// Snapshot of one backend for the control plane.
@@ -139,7 +141,21 @@ impl Balancer {
         let mut per_worker: Vec<Vec<(std::net::TcpListener, usize, bool, bool)>> =
             (0..config.workers).map(|_| Vec::new()).collect();
         let mut local_addrs = Vec::new();
+        let mut unix_paths = Vec::new();
         for (idx, la) in config.listen_addrs().into_iter().enumerate() {
+            if let Some(u) = &la.unix {
+                // One socket (no SO_REUSEPORT for Unix sockets), shared by the workers.
+                let at = || format!("unix:{}", u.path.display());
+                let first = super::unix::bind(u).map_err(|e| format!("cannot listen on {}: {}", at(), os_reason(&e)))?;
+                unix_paths.push(u.path.clone());
+                local_addrs.push(SocketAddr::from(([0, 0, 0, 0], 0)));
+                for w in per_worker.iter_mut().skip(1) {
+                    let dup = first.try_clone().map_err(|e| format!("cannot listen on {}: {}", at(), os_reason(&e)))?;
+                    w.push((dup, idx, la.tls, la.accept_proxy));
+                }
+                per_worker[0].push((first, idx, la.tls, la.accept_proxy));
+                continue;
+            }
             check_free(la.addr).map_err(|e| cannot(la.addr, e))?;
             let first = listener(la.addr).map_err(|e| cannot(la.addr, e))?;
             let bound = first.local_addr().map_err(|e| e.to_string())?;
@@ -173,7 +189,12 @@ impl Balancer {
             Some(spec) => Some(super::accesslog::AccessLog::start(spec)?),
             None => None,
         };
-        let frontends = local_addrs.iter().map(|a| a.to_string()).collect();
+        let frontends = config
+            .listen_addrs()
+            .iter()
+            .zip(&local_addrs)
+            .map(|(l, a)| l.unix.as_ref().map_or_else(|| a.to_string(), |u| format!("unix:{}", u.path.display())))
+            .collect();
         let bound = local_addrs.clone();
         let shared = Arc::new(Shared {
             access_log,
@@ -228,6 +249,7 @@ impl Balancer {
             threads: Mutex::new(threads),
             update_lock: Mutex::new(()),
             spec: Mutex::new(None),
+            unix_paths,
         })
     }
 
@@ -237,6 +259,11 @@ impl Balancer {
 
     pub fn local_addrs(&self) -> &[SocketAddr] {
         &self.local_addrs
+    }
+
+    /// Every listener as the access log names it (`unix:/path` for a Unix socket).
+    pub fn frontends(&self) -> &[String] {
+        &self.shared.frontends
     }
 
     pub fn redirect_addr(&self) -> Option<SocketAddr> {
@@ -418,6 +445,11 @@ impl Balancer {
             // the workers handed over their last lines: let the writer write them (bounded)
             log.sync(Duration::from_secs(2));
         }
+        if joined {
+            for p in &self.unix_paths {
+                let _ = std::fs::remove_file(p);
+            }
+        }
     }
 }
 
@@ -471,7 +503,8 @@ async fn worker_main(
     for (l, idx, tls, accept_proxy) in ls {
         // SAFETY: the listener owns its descriptor and keeps it while registered.
         let Ok(l) = (unsafe { AsyncFd::register_with_interest(l, Interest::READABLE) }) else { return };
-        let mode = Mode { tls, accept_proxy };
+        let unix = shared.frontends.get(idx).is_some_and(|f| f.starts_with("unix:"));
+        let mode = Mode { tls, accept_proxy, unix };
         accepting.push(tokio::spawn(accept_loop(worker.clone(), conns.clone(), l, idx, mode, stop.clone())));
     }
     let sweep_every = if cfg.pool_idle_timeout.is_zero() {
@@ -569,7 +602,9 @@ async fn accept_loop(
                             tokio::spawn(serve_proxied(worker.clone(), conns.clone(), id, ctl, sock, peer, idx, tls));
                         }
                         Ok((sock, peer)) => {
-                            let Ok(slot) = ClientSlot::take(&shared, peer.ip()) else {
+                            // Unix clients have no address to count them by.
+                            let slot = if mode.unix { Ok(None) } else { ClientSlot::take(&shared, peer.ip()) };
+                            let Ok(slot) = slot else {
                                 // over the per-client limit: closed at once, nothing read
                                 stats.clients_refused.fetch_add(1, Relaxed);
                                 drop(sock);
@@ -612,11 +647,17 @@ async fn accept_loop(
 /// Connections accepted per readiness event at most.
 const ACCEPT_BATCH: usize = 32;
 
+/// Whether listener `idx` is a Unix socket.
+fn is_unix(w: &Worker, idx: usize) -> bool {
+    w.shared.frontends.get(idx).is_some_and(|f| f.starts_with("unix:"))
+}
+
 /// How a listener's connections start.
 #[derive(Clone, Copy)]
 struct Mode {
     tls: bool,
     accept_proxy: bool,
+    unix: bool,
 }
 
 /// A connection to an `accept_proxy` listener: its PROXY header first
@@ -652,7 +693,8 @@ async fn serve_proxied(
         ),
         None => (peer, None),
     };
-    let Ok(slot) = ClientSlot::take(&w.shared, client.ip()) else {
+    let slot = if local.is_none() && is_unix(&w, listener) { Ok(None) } else { ClientSlot::take(&w.shared, client.ip()) };
+    let Ok(slot) = slot else {
         w.stats.clients_refused.fetch_add(1, Relaxed);
         forget(&conns);
         return;
@@ -806,6 +848,11 @@ async fn serve_conn(
     let mut peer = Peer::cached(peer, ctl.clone(), &w.last_peer);
     peer.listener = listener;
     peer.local = local;
+    if local.is_none() && is_unix(&w, listener) {
+        // As HAProxy: a client on a Unix socket has no address to forward.
+        peer.xff = hyper::header::HeaderValue::from_static("");
+        peer.forwarded = hyper::header::HeaderValue::from_static("");
+    }
     let peer = Arc::new(peer);
     let mut stage = if w.shared.config.backend_tls.is_some() {
         // The fast path speaks to backends over raw sockets: with TLS to

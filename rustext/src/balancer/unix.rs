@@ -1,5 +1,7 @@
-//! Unix stream sockets, for backends (`address = "unix:/run/app.sock"`,
-//! HAProxy's `server s1 /run/app.sock` or `unix@/run/app.sock`).
+//! Unix stream sockets, for listeners (`[[listeners]] address =
+//! "unix:/run/lb.sock"`, HAProxy's `bind /run/lb.sock mode 660`) and for
+//! backends (`address = "unix:/run/app.sock"`, HAProxy's `server s1
+//! /run/app.sock` or `unix@/run/app.sock`).
 //!
 //! The data paths move bytes with `recv`, `send`/`sendmsg`, `shutdown` and
 //! epoll readiness, which a Unix stream socket answers exactly as a TCP one
@@ -14,6 +16,41 @@ use std::os::fd::{FromRawFd, IntoRawFd};
 use std::path::{Path, PathBuf};
 
 use tokio::net::TcpStream;
+
+/// A listener's Unix socket: its path and the permissions to give it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnixListen {
+    pub path: PathBuf,
+    /// `chmod` bits (None: as the umask leaves them).
+    pub mode: Option<u32>,
+}
+
+/// Bind a listener's socket. A socket file left by a process that is gone
+/// is replaced; one that a live process accepts on is "address already in
+/// use" (as a busy port is); a path that is not a socket is left alone.
+/// The listener is carried as the TCP listener type (see the module's note).
+pub fn bind(u: &UnixListen) -> io::Result<std::net::TcpListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(&u.path) {
+        if !meta.file_type().is_socket() {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, "the path exists and is not a socket"));
+        }
+        match std::os::unix::net::UnixStream::connect(&u.path) {
+            Ok(_) => return Err(io::Error::from_raw_os_error(libc::EADDRINUSE)),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => std::fs::remove_file(&u.path)?,
+            Err(e) => return Err(e),
+        }
+    }
+    let sock = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
+    sock.set_nonblocking(true)?;
+    sock.bind(&socket2::SockAddr::unix(&u.path)?)?;
+    if let Some(mode) = u.mode {
+        std::fs::set_permissions(&u.path, std::fs::Permissions::from_mode(mode))?;
+    }
+    sock.listen(4096)?;
+    // SAFETY: an open, listening, non-blocking stream socket whose ownership moves.
+    Ok(unsafe { std::net::TcpListener::from_raw_fd(sock.into_raw_fd()) })
+}
 
 /// `unix:/path` or `unix@/path` (HAProxy), or an absolute path: the socket's path.
 pub fn backend_path(name: &str) -> Option<PathBuf> {
