@@ -365,7 +365,7 @@ class AccessLog:
 class BalancerConfig:
     """The whole balancer: listener, backends, policy, and the sections below."""
 
-    #: ``host:port`` clients connect to (a change needs a restart); or ``[[listeners]]``
+    #: ``host:port`` (or ``unix:/path``) clients connect to (a reload moves it); or ``[[listeners]]``
     listen: str = ""
     #: the backends (``[[backends]]`` tables, or ``"host:port"`` strings)
     backends: tuple[BackendConfig, ...] = ()
@@ -600,18 +600,17 @@ class BalancerConfig:
     def fixed_changes(self, other: BalancerConfig) -> list[str]:
         """Settings that a reload cannot change in place (they need a restart)."""
         out = []
-        for name in ("listen", "workers", "admin"):
+        for name in ("workers", "admin"):
             if getattr(self, name) != getattr(other, name):
                 out.append(name)
         if (self.access_log is None) != (other.access_log is None) or (
                 self.access_log and other.access_log and self.access_log.path != other.access_log.path):
             out.append("access_log.path (the format changes on reload)")
-        mine = [(x.address, x.tls, x.accept_proxy) for x in self.effective_listeners()]
-        theirs = [(x.address, x.tls, x.accept_proxy) for x in other.effective_listeners()]
-        if self.listeners and mine != theirs:
-            out.append("listeners (addresses, tls and accept_proxy)")
-        if not self.listeners and self.accept_proxy != other.accept_proxy:
-            out.append("accept_proxy")
+        # listeners come and go on reload; one that stays keeps its socket, and so its settings
+        mine = {x.address: (x.tls, x.accept_proxy, x.mode) for x in self.effective_listeners()}
+        for x in other.effective_listeners():
+            if x.address in mine and mine[x.address] != (x.tls, x.accept_proxy, x.mode):
+                out.append(f"the tls, accept_proxy and mode of listener {x.address} (it stays open as it was)")
         if self.tls != other.tls:
             out.append("tls (the same files are reloaded in place; other TLS changes need a restart)")
         for name in ("header", "idle"):

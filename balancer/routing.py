@@ -270,7 +270,7 @@ class RequestId:
 class Listener:
     """One listener (``[[listeners]]``), with its own routes."""
 
-    #: ``host:port`` clients connect to (a change needs a restart)
+    #: ``host:port`` clients connect to, or ``unix:/path``; a reload opens new listeners and closes those no longer listed
     address: str
     #: HTTPS, with the certificates of ``[tls]``
     tls: bool = False

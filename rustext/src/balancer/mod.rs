@@ -20,6 +20,7 @@
 //! - [`tunnel`]   upgraded connections: the byte relay and its tunnel timeout
 //! - [`proxyproto`] the PROXY protocol (v1/v2) in and out, sans-I/O
 //! - [`l4`]       PROXY headers on accepted connections, before HTTP or TLS
+//! - [`listeners`] listener slots, added and removed by reloads
 //! - `python`     the `rustext.Balancer` class
 
 pub mod accesslog;
@@ -29,6 +30,7 @@ pub mod fast;
 pub mod h1;
 pub mod https;
 pub mod l4;
+pub mod listeners;
 pub mod net;
 mod pool;
 pub mod proxy;

@@ -52,11 +52,11 @@ pub struct Shared {
     pub per_client: Mutex<std::collections::HashMap<IpAddr, u32>>,
     /// The access log, if configured.
     pub access_log: Option<super::accesslog::AccessLog>,
-    /// Each listener's bound address, as the access log names it (`%ft`).
-    pub frontends: Vec<String>,
+    /// Each listener's bound address, as the access log names it (`%ft`), by slot.
+    pub frontends: super::listeners::Slots<String>,
     /// Each listener's bound address (the destination a PROXY header sent
-    /// to a backend names, unless the client's own header gave one).
-    pub bound: Vec<SocketAddr>,
+    /// to a backend names, unless the client's own header gave one), by slot.
+    pub bound: super::listeners::Slots<SocketAddr>,
 }
 
 /// A client address already at `max_client_connections`.
@@ -171,6 +171,8 @@ pub struct ConnCtl {
     pub close: AtomicBool,
     /// Close now (slowloris).
     pub abort: AtomicBool,
+    /// The listener slot it was accepted on (closed with its listener).
+    pub listener: std::sync::atomic::AtomicUsize,
     pub waker: Mutex<Option<std::task::Waker>>,
 }
 

@@ -621,13 +621,15 @@ impl PyBalancer {
     /// configuration is kept.
     fn update(&self, py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
         let b = self.running()?;
-        let routing = match parse_routing(config)? {
-            Some((_, r)) => r,
-            None => RoutingSpec::single(parse_settings(config)?, b.local_addrs().len()),
-        };
         let log = parse_access_log(config)?;
-        // Resolving new backend names may block: not with the GIL held.
-        py.detach(|| b.update(routing)).map_err(cfg_err)?;
+        match parse_routing(config)? {
+            // Resolving new backend names may block: not with the GIL held.
+            Some((addrs, r)) => py.detach(|| b.update_listeners(addrs, r)).map_err(cfg_err)?,
+            None => {
+                let r = RoutingSpec::single(parse_settings(config)?, b.routing().listeners.len());
+                py.detach(|| b.update(r)).map_err(cfg_err)?
+            }
+        }
         // a new format applies from here; the file is reopened (logrotate)
         b.reopen_access_log(log.as_ref().map(|l| l.format.as_str())).map_err(cfg_err)
     }
