@@ -853,10 +853,11 @@ async fn serve_proxied(
         forget(&conns);
         return;
     };
+    // Boxed: this task's cell stays small (see serve_conn).
     if tls {
-        serve_tls_conn(w, conns, id, ctl, sock, client, slot, listener, local).await;
+        Box::pin(serve_tls_conn(w, conns, id, ctl, sock, client, slot, listener, local)).await;
     } else {
-        serve_conn(w, conns, id, ctl, sock, client, slot, listener, local).await;
+        Box::pin(serve_conn(w, conns, id, ctl, sock, client, slot, listener, local)).await;
     }
 }
 
