@@ -92,6 +92,22 @@ ALGORITHM_ALIASES = {
 }
 
 
+def unix_path(value: object) -> str | None:
+    """The socket path of a Unix address (``unix:/path``, HAProxy's ``unix@/path``), else None."""
+    if isinstance(value, str):
+        for prefix in ("unix:", "unix@"):
+            if value.startswith(prefix):
+                return value[len(prefix):]
+    return None
+
+
+def check_unix_path(path: str, what: str) -> None:
+    if not path.startswith("/"):
+        raise BalancerConfigError(f"{what} must be an absolute path after 'unix:', got {path!r}")
+    if len(path.encode()) > 107:
+        raise BalancerConfigError(f"{what} {path!r} is longer than a unix socket path may be (107 bytes)")
+
+
 def parse_hostport(value: str, what: str) -> tuple[str, int]:
     """Split ``host:port`` (``[v6]:port`` allowed); raises BalancerConfigError."""
     if not isinstance(value, str) or ":" not in value:
@@ -124,7 +140,8 @@ def _non_negative(obj: object, *names: str) -> None:
 class BackendConfig:
     """One backend server, or every address a DNS name gives (see ``[dns]``)."""
 
-    #: ``host:port``; the backend's identity across reloads. A host name is resolved once at load,
+    #: ``host:port``, or ``unix:/path`` for a Unix socket; the backend's identity across reloads.
+    #: A host name is resolved once at load,
     #: or every ``dns.interval`` when the ``[dns]`` table is present (one backend per address)
     address: str = ""
     weight: int = 1  # 0..10000; 0 takes no traffic
@@ -160,6 +177,8 @@ class BackendConfig:
                 raise BalancerConfigError(f"backend srv must be a DNS name, got {self.srv!r}")
         elif not self.address:
             raise BalancerConfigError("a backend needs address = \"host:port\" or srv = \"_service._proto.name\"")
+        elif (path := unix_path(self.address)) is not None:
+            check_unix_path(path, "backend address")
         else:
             parse_hostport(self.address, "backend address")
         if isinstance(self.weight, bool) or not isinstance(self.weight, int) or not 0 <= self.weight <= 10_000:
@@ -329,7 +348,7 @@ class Tls:
 class BalancerConfig:
     """The whole balancer: listener, backends, policy, and the sections below."""
 
-    #: ``host:port`` clients connect to (a change needs a restart); or ``[[listeners]]``
+    #: ``host:port`` (or ``unix:/path``) clients connect to (a reload moves it); or ``[[listeners]]``
     listen: str = ""
     #: the backends (``[[backends]]`` tables, or ``"host:port"`` strings)
     backends: tuple[BackendConfig, ...] = ()
@@ -423,7 +442,10 @@ class BalancerConfig:
         else:
             if not self.listen:
                 raise BalancerConfigError("'listen' is required (\"host:port\"), or [[listeners]] tables")
-            parse_hostport(self.listen, "listen")
+            if (path := unix_path(self.listen)) is not None:
+                check_unix_path(path, "listen")
+            else:
+                parse_hostport(self.listen, "listen")
             if self.hsts is not None and not self.tls.certificates:
                 raise BalancerConfigError("hsts needs HTTPS on listen (certificates in [tls])")
         if self.backends and self.named_backends:
@@ -480,7 +502,7 @@ class BalancerConfig:
             key = b.key if pool is None else f"{pool}/{b.key}"
             if b.srv is not None:
                 out[key] = Target(key, "srv", b.srv.rstrip("."), 0, b.resolve)
-            elif self.dns is not None:
+            elif self.dns is not None and unix_path(b.address) is None:
                 host, port = parse_hostport(b.address, "backend address")
                 if not is_ip(host):
                     out[key] = Target(key, "a", host.rstrip("."), port, b.resolve)
@@ -638,17 +660,16 @@ class BalancerConfig:
     def fixed_changes(self, other: BalancerConfig) -> list[str]:
         """Settings that a reload cannot change in place (they need a restart)."""
         out = []
-        for name in ("listen", "workers", "admin"):
+        for name in ("workers", "admin"):
             if getattr(self, name) != getattr(other, name):
                 out.append(name)
         if self.log_destinations() != other.log_destinations():
             out.append("access log destinations (path, syslog; formats change on reload)")
-        mine = [(x.address, x.tls, x.accept_proxy) for x in self.effective_listeners()]
-        theirs = [(x.address, x.tls, x.accept_proxy) for x in other.effective_listeners()]
-        if self.listeners and mine != theirs:
-            out.append("listeners (addresses, tls and accept_proxy)")
-        if not self.listeners and self.accept_proxy != other.accept_proxy:
-            out.append("accept_proxy")
+        # listeners come and go on reload; one that stays keeps its socket, and so its settings
+        mine = {x.address: (x.tls, x.accept_proxy, x.mode) for x in self.effective_listeners()}
+        for x in other.effective_listeners():
+            if x.address in mine and mine[x.address] != (x.tls, x.accept_proxy, x.mode):
+                out.append(f"the tls, accept_proxy and mode of listener {x.address} (it stays open as it was)")
         if self.tls != other.tls:
             out.append("tls (the same files are reloaded in place; other TLS changes need a restart)")
         for name in ("header", "idle"):
@@ -835,9 +856,7 @@ def _path_in_message(data: dict[str, Any], message: str) -> tuple[str | int, ...
         return None  # other messages: the part-by-part search
     node: Any = data
     for n, k in enumerate(path):
-        if isinstance(node, dict) and isinstance(k, str) and k in node:
-            node = node[k]
-        elif isinstance(node, list) and isinstance(k, int) and k < len(node):
+        if isinstance(node, dict) and isinstance(k, str) and k in node or isinstance(node, list) and isinstance(k, int) and k < len(node):
             node = node[k]
         else:
             return path[:n] if n > 1 else None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import aiohttp
 
-from balancer.config import HealthCheck, parse_hostport
+from balancer.config import HealthCheck, parse_hostport, unix_path
 
 log = logging.getLogger("balancer.health")
 
@@ -52,15 +52,19 @@ CHECK_PROXY_HEADERS = {
 }
 
 
-async def probe_proxied(address: str, check: HealthCheck, version: str) -> bool:
-    """``probe`` for a backend that expects a PROXY header first."""
-    host, port = parse_hostport(address, "backend address")
+async def probe_raw(address: str, check: HealthCheck, version: str | None) -> bool:
+    """``probe`` over a plain connection: for a backend on a Unix socket, or
+    one that expects a PROXY header (``version``) first."""
+    path = unix_path(address)
 
     async def once() -> bool:
-        reader, writer = await asyncio.open_connection(host, port)
+        if path is not None:
+            reader, writer = await asyncio.open_unix_connection(path)
+        else:
+            reader, writer = await asyncio.open_connection(*parse_hostport(address, "backend address"))
         try:
-            writer.write(CHECK_PROXY_HEADERS[version] + (
-                f"GET {check.path} HTTP/1.1\r\nHost: {check.host or address}\r\n"
+            writer.write(CHECK_PROXY_HEADERS.get(version or "", b"") + (
+                f"GET {check.path} HTTP/1.1\r\nHost: {check.host or ('localhost' if path else address)}\r\n"
                 "User-Agent: juggler-balancer-health\r\nConnection: close\r\n\r\n").encode("latin-1"))
             await writer.drain()
             status = (await reader.readline()).split()
@@ -116,8 +120,8 @@ class HealthChecker:
         ok_streak = bad_streak = 0
         while True:
             version = self.send_proxy.get(name)
-            if version is not None and version in CHECK_PROXY_HEADERS:
-                ok = await probe_proxied(name, self.check, version)
+            if (version is not None and version in CHECK_PROXY_HEADERS) or unix_path(name) is not None:
+                ok = await probe_raw(name, self.check, version)
             else:
                 ok = await probe(self._client(), name, self.check)
             if ok:

@@ -270,7 +270,7 @@ class RequestId:
 class Listener:
     """One listener (``[[listeners]]``), with its own routes."""
 
-    #: ``host:port`` clients connect to (a change needs a restart)
+    #: ``host:port`` clients connect to, or ``unix:/path``; a reload opens new listeners and closes those no longer listed
     address: str
     #: HTTPS, with the certificates of ``[tls]``
     tls: bool = False
@@ -293,12 +293,23 @@ class Listener:
     #: connections start with a PROXY protocol header (v1 or v2, as HAProxy's ``accept-proxy``) giving
     #: the client's address; a connection without a valid one within ``timeouts.header`` is closed
     accept_proxy: bool = False
+    #: permissions of a unix socket listener's file (``"0660"``); unset: as the umask leaves them
+    mode: str | None = None
 
     def __post_init__(self) -> None:
         from balancer.config import parse_hostport
 
         w = self.where
-        parse_hostport(self.address, f"{w}.address")
+        from balancer.config import check_unix_path, unix_path
+
+        if (path := unix_path(self.address)) is not None:
+            check_unix_path(path, f"{w}.address")
+        else:
+            parse_hostport(self.address, f"{w}.address")
+            if self.mode is not None:
+                raise BalancerConfigError(f"{w}.mode applies to a unix socket listener (address = \"unix:/path\")")
+        if self.mode is not None and (not isinstance(self.mode, str) or not re.fullmatch(r"0?[0-7]{3}", self.mode)):
+            raise BalancerConfigError(f"{w}.mode must be octal permissions such as \"0660\", got {self.mode!r}")
         if not isinstance(self.accept_proxy, bool):
             raise BalancerConfigError(f"{w}.accept_proxy must be true or false, got {self.accept_proxy!r}")
         object.__setattr__(self, "routes", tuple(
@@ -345,6 +356,7 @@ class Listener:
             "request_headers": self.request_headers.to_native(),
             "response_headers": self.response_headers.to_native(),
             "accept_proxy": self.accept_proxy,
+            "mode": self.mode,
         }
 
 

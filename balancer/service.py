@@ -61,14 +61,17 @@ class LoadBalancer:
         extra = f", http://{redirect[0]}:{redirect[1]} redirects to https" if redirect else ""
         extra += ", TLS to backends" if self.config.tls.backend else ""
         pools = self.config.pools()
+        def where(scheme: str, host: str, port: int) -> str:
+            return host if host.startswith("unix:") else f"{scheme}://{host}:{port}"
+
         log.info(
-            "balancer listening on %s://%s:%d (%d workers, %s%s) over %d backends%s",
-            scheme, *self.address, self._native.workers, self.config.algorithm, extra,
+            "balancer listening on %s (%d workers, %s%s) over %d backends%s",
+            where(scheme, *self.address), self._native.workers, self.config.algorithm, extra,
             sum(len(p.backends) for p in pools.values()),
             f" in {len(pools)} pools" if self.config.named_backends else "",
         )
         for (host, port), listener in list(zip(self.addresses, self.config.effective_listeners()))[1:]:
-            log.info("also listening on %s://%s:%d", "https" if listener.tls else "http", host, port)
+            log.info("also listening on %s", where("https" if listener.tls else "http", host, port))
 
     @property
     def addresses(self) -> list[tuple[str, int]]:

@@ -439,7 +439,8 @@ class Balancer:
     def address(self) -> tuple[str, int] | None: ...
     @property
     def addresses(self) -> list[tuple[str, int]]:
-        """Every listener's bound (host, port), the first as ``address``; empty before start()."""
+        """Every listener's bound (host, port), the first as ``address``; empty before start().
+        A Unix socket listener is ``("unix:/path", 0)``."""
     @property
     def redirect_address(self) -> tuple[str, int] | None:
         """The bound (host, port) of the HTTP-to-HTTPS redirect listener, if any."""

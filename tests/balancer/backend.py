@@ -158,8 +158,14 @@ class Backend:
 
 
 async def main(where: str, name: str, cert: str | None = None, key: str | None = None) -> None:
-    host, _, port = where.rpartition(":")
     backend = Backend(name)
+    if where.startswith("unix:"):  # a backend on a Unix socket
+        server = await asyncio.start_unix_server(backend.handle, where[5:], limit=1 << 20)
+        print("ready", flush=True)
+        async with server:
+            await server.serve_forever()
+        return
+    host, _, port = where.rpartition(":")
     ctx = None
     if cert is not None and key is not None:  # a backend over TLS
         import ssl

@@ -53,6 +53,16 @@ def start_backend(name: str, port: int | None = None, tls: tuple[str, str] | Non
     return BackendProc(name, port, proc, host)
 
 
+def start_unix_backend(name: str, path: str) -> subprocess.Popen:
+    """A backend process serving HTTP on the Unix socket at ``path``."""
+    proc = subprocess.Popen([sys.executable, BACKEND, f"unix:{path}", name], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != b"ready":
+        proc.kill()
+        raise RuntimeError(f"backend {name} did not start")
+    return proc
+
+
 def raw_exchange(port: int, request: bytes, timeout: float = 30.0) -> bytes:
     """Send raw bytes, read until the server closes; returns everything read."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:

@@ -15,6 +15,7 @@ from balancer_helpers import raw_exchange, split_response
 from test_access_log import get, wait_lines
 
 from balancer import BalancerConfigError, LoadBalancer, load
+from tests.netutil import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -240,3 +241,38 @@ def test_a_listener_log_keeps_requests_of_others_flowing(backends, proxy, tmp_pa
     raw = raw_exchange(lb.addresses[1][1], b"GET /whoami HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert split_response(raw)[2] == b"b0"
     assert wait_lines(tmp_path / "x.log", 0) == []
+
+
+def test_logs_follow_listeners_a_reload_adds_and_removes(tmp_path, backends):
+    """Listener logs are kept by listener, not by position: after a reload
+    removes the first listener and adds another, each listener's lines
+    still go where its table says."""
+    import asyncio
+
+    b = backends(1)
+    top, own = tmp_path / "top.log", tmp_path / "own.log"
+    path = tmp_path / "balancer.toml"
+    ports = [free_port() for _ in range(3)]
+
+    def listener(port: int, log: str = "") -> str:
+        return f'[[listeners]]\naddress = "127.0.0.1:{port}"\ndefault_backend = "web"\n{log}'
+
+    head = f'workers = 1\n[access_log]\npath = "{top}"\nformat = "top %ft %HP"\n[backends.web]\nservers = ["{b[0].address}"]\n'
+    mine = f'access_log = {{ path = "{own}", format = "own %ft %HP" }}\n'
+    path.write_text(head + listener(ports[0]) + listener(ports[1], mine))
+
+    async def run() -> None:
+        async with LoadBalancer(load(path), config_path=path) as lb:
+            for p in ports[:2]:
+                assert (await asyncio.to_thread(get, p, "/size/1"))[0].startswith("HTTP/1.1 200")
+            assert wait_lines(top, 1) == [f"top 127.0.0.1:{ports[0]} /size/1"]
+            assert wait_lines(own, 1) == [f"own 127.0.0.1:{ports[1]} /size/1"]
+            # the first listener goes, a third comes: the second keeps its own log
+            path.write_text(head + listener(ports[1], mine) + listener(ports[2]))
+            await lb.reload()
+            for p in ports[1:]:
+                assert (await asyncio.to_thread(get, p, "/size/2"))[0].startswith("HTTP/1.1 200")
+            assert wait_lines(own, 2)[1] == f"own 127.0.0.1:{ports[1]} /size/2"
+            assert wait_lines(top, 2)[1] == f"top 127.0.0.1:{ports[2]} /size/2"
+
+    asyncio.run(run())

@@ -585,6 +585,8 @@ pub enum ListenerLog {
     Inherit,
     Off,
     Own(AccessLogSpec),
+    /// Whatever it had (a listener removed by a reload, its connections draining).
+    Keep,
 }
 
 /// A syslog destination (RFC 3164 as HAProxy sends by default, or RFC 5424).
@@ -866,6 +868,7 @@ impl AccessLog {
             by_listener.push(match l {
                 ListenerLog::Inherit => default.clone(),
                 ListenerLog::Off => None,
+                ListenerLog::Keep => current.by_listener.get(i).cloned().flatten().or_else(|| default.clone()),
                 ListenerLog::Own(s) => route(s, current.by_listener.get(i).and_then(Option::as_ref))?,
             });
         }

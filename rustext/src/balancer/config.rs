@@ -169,13 +169,15 @@ impl Proto {
 
 /// One listening address, and whether it terminates TLS (with the
 /// certificates of [`Config::tls`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListenAddr {
     pub addr: SocketAddr,
     pub tls: bool,
     /// Connections start with a PROXY protocol header (v1 or v2), which
     /// gives the client's address (HAProxy's `accept-proxy`).
     pub accept_proxy: bool,
+    /// A Unix socket instead of `addr` (`unix:/path`).
+    pub unix: Option<super::unix::UnixListen>,
 }
 
 /// Fixed for the life of a running balancer (listener, threads, pools).
@@ -298,6 +300,7 @@ impl Config {
                 addr: self.listen,
                 tls: self.tls.is_some(),
                 accept_proxy: false,
+                unix: None,
             }]
         } else {
             self.listeners.clone()
@@ -340,6 +343,11 @@ impl Settings {
 
 /// Check a `host:port` backend address (resolving names once, to fail early).
 pub fn parse_backend_addr(name: &str) -> Result<SocketAddr, String> {
+    if let Some(path) = super::unix::backend_path(name) {
+        // a Unix socket: no IP address (see `Backend::unix`)
+        super::unix::check_path(name, &path)?;
+        return Ok(SocketAddr::from(([0, 0, 0, 0], 0)));
+    }
     if name.contains('/') || name.contains('@') {
         return Err(format!("backend address {name:?} must be host:port"));
     }

@@ -824,7 +824,7 @@ async fn too_many(
 }
 
 async fn connect(b: &Backend, timeout: Duration) -> Result<Link, Fail> {
-    match tokio::time::timeout(timeout, TcpStream::connect(b.addr)).await {
+    match tokio::time::timeout(timeout, super::unix::connect_backend(b)).await {
         Ok(Ok(s)) => {
             let _ = s.set_nodelay(true);
             Ok(Link {

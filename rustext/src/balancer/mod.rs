@@ -18,6 +18,7 @@
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
 //! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect, TLS to backends
 //! - [`stats`]    per-worker counters and the latency histogram
+//! - [`unix`]     Unix stream sockets (backends)
 //! - [`tunnel`]   upgraded connections: the byte relay and its tunnel timeout
 //! - [`proxyproto`] the PROXY protocol (v1/v2) in and out, sans-I/O
 //! - [`l4`]       PROXY headers on accepted connections, before HTTP or TLS
@@ -27,6 +28,7 @@
 //! - [`h2pool`]   HTTP/2 to backends (`proto = "h2"`): multiplexed connections per worker
 //! - [`h2settings`] sans-I/O reader of a backend's stream limit (its first SETTINGS frame)
 //! - [`grpc`]     gRPC specifics: the balancer's own errors as gRPC statuses
+//! - [`listeners`] listener slots, added and removed by reloads
 //! - `python`     the `rustext.Balancer` class
 
 pub mod accesslog;
@@ -36,6 +38,7 @@ pub mod fast;
 pub mod h1;
 pub mod https;
 pub mod l4;
+pub mod listeners;
 pub mod net;
 mod pool;
 pub mod policy;
@@ -48,6 +51,7 @@ pub mod stats;
 pub mod sticky;
 pub mod tried;
 pub mod tunnel;
+pub mod unix;
 pub mod upstream;
 pub mod h2c;
 pub mod h2pool;

@@ -52,11 +52,11 @@ pub struct Shared {
     pub per_client: Mutex<std::collections::HashMap<IpAddr, u32>>,
     /// The access log, if configured.
     pub access_log: Option<super::accesslog::AccessLog>,
-    /// Each listener's bound address, as the access log names it (`%ft`).
-    pub frontends: Vec<String>,
+    /// Each listener's bound address, as the access log names it (`%ft`), by slot.
+    pub frontends: super::listeners::Slots<String>,
     /// Each listener's bound address (the destination a PROXY header sent
-    /// to a backend names, unless the client's own header gave one).
-    pub bound: Vec<SocketAddr>,
+    /// to a backend names, unless the client's own header gave one), by slot.
+    pub bound: super::listeners::Slots<SocketAddr>,
 }
 
 /// A client address already at `max_client_connections`.
@@ -173,6 +173,8 @@ pub struct ConnCtl {
     pub close: AtomicBool,
     /// Close now (slowloris).
     pub abort: AtomicBool,
+    /// The listener slot it was accepted on (closed with its listener).
+    pub listener: std::sync::atomic::AtomicUsize,
     pub waker: Mutex<Option<std::task::Waker>>,
 }
 
@@ -394,6 +396,12 @@ fn append_list(h: &mut HeaderMap, name: HeaderName, item: &[u8]) {
 }
 
 fn add_forwarded(h: &mut HeaderMap, peer: &Peer) {
+    if peer.xff.is_empty() {
+        // a client on a Unix socket: no address to forward (as HAProxy)
+        let proto = if peer.https { "https" } else { "http" };
+        h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+        return;
+    }
     // One growth of the map (hyper sizes it to the parsed headers), one
     // hash per name.
     h.reserve(3);

@@ -430,11 +430,31 @@ fn parse_route(d: &Bound<'_, PyDict>) -> PyResult<RouteSpec> {
 
 fn parse_listener(d: &Bound<'_, PyDict>) -> PyResult<(ListenAddr, ListenerSpec)> {
     let address = string(d, "address")?.ok_or_else(|| cfg_err("a listener needs an address"))?;
-    let addr = address
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .ok_or_else(|| cfg_err(format!("listener address {address:?} must be host:port")))?;
+    let unix = match super::unix::backend_path(&address) {
+        Some(path) => {
+            super::unix::check_path(&address, &path).map_err(|e| cfg_err(e.replace("backend", "listener")))?;
+            let mode = match string(d, "mode")? {
+                Some(m) => Some(
+                    u32::from_str_radix(&m, 8)
+                        .ok()
+                        .filter(|&m| m <= 0o777)
+                        .ok_or_else(|| cfg_err(format!("listener mode {m:?} must be octal permissions such as \"0660\"")))?,
+                ),
+                None => None,
+            };
+            Some(super::unix::UnixListen { path, mode })
+        }
+        None => None,
+    };
+    let addr = if unix.is_some() {
+        SocketAddr::from(([0, 0, 0, 0], 0))
+    } else {
+        address
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| cfg_err(format!("listener address {address:?} must be host:port")))?
+    };
     let tls = match d.get_item("tls")? {
         Some(v) if !v.is_none() => v.extract::<bool>().map_err(|_| cfg_err("listener tls must be true or false"))?,
         _ => false,
@@ -465,7 +485,7 @@ fn parse_listener(d: &Bound<'_, PyDict>) -> PyResult<(ListenAddr, ListenerSpec)>
         _ => None,
     };
     Ok((
-        ListenAddr { addr, tls, accept_proxy },
+        ListenAddr { addr, tls, accept_proxy, unix },
         ListenerSpec {
             routes,
             default_backend: string(d, "default_backend")?.filter(|s| !s.is_empty()),
@@ -588,11 +608,15 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     }
     let listen =
         string(d, "listen")?.ok_or_else(|| cfg_err("listen (\"host:port\") is required"))?;
-    let addr: SocketAddr = listen
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .ok_or_else(|| cfg_err(format!("listen address {listen:?} must be host:port")))?;
+    let addr: SocketAddr = if super::unix::backend_path(&listen).is_some() {
+        SocketAddr::from(([0, 0, 0, 0], 0)) // a Unix socket: the listeners say which
+    } else {
+        listen
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| cfg_err(format!("listen address {listen:?} must be host:port")))?
+    };
     let mut c = Config::new(addr, parse_settings(d)?);
     c.workers = int(d, "workers", c.workers)?;
     c.header_timeout = secs(d, "header_timeout", c.header_timeout)?;
@@ -708,12 +732,17 @@ impl PyBalancer {
             .map(|b| (b.local_addr().ip().to_string(), b.local_addr().port()))
     }
 
-    /// (host, port) of every listener, the first as `address`; empty before start().
+    /// (host, port) of every listener, the first as `address`; empty before
+    /// start(). A Unix socket listener is ("unix:/path", 0).
     #[getter]
     fn addresses(&self) -> Vec<(String, u16)> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.as_ref().map_or_else(Vec::new, |b| {
-            b.local_addrs().iter().map(|a| (a.ip().to_string(), a.port())).collect()
+            b.local_addrs()
+                .iter()
+                .zip(b.frontends())
+                .map(|(a, f)| if f.starts_with("unix:") { (f.clone(), 0) } else { (a.ip().to_string(), a.port()) })
+                .collect()
         })
     }
 
@@ -759,17 +788,19 @@ impl PyBalancer {
     /// configuration is kept.
     fn update(&self, py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
         let b = self.running()?;
-        let routing = match parse_routing(config)? {
-            Some((_, r)) => r,
-            None => RoutingSpec {
-                rate_limit: parse_rate_limit(config)?,
-                ..RoutingSpec::single(parse_settings(config)?, b.local_addrs().len())
-            },
-        };
         let log = parse_access_log(config)?;
         let listener_logs = parse_listener_logs(config)?;
-        // Resolving new backend names may block: not with the GIL held.
-        py.detach(|| b.update(routing)).map_err(cfg_err)?;
+        match parse_routing(config)? {
+            // Resolving new backend names may block: not with the GIL held.
+            Some((addrs, r)) => py.detach(|| b.update_listeners(addrs, r)).map_err(cfg_err)?,
+            None => {
+                let r = RoutingSpec {
+                    rate_limit: parse_rate_limit(config)?,
+                    ..RoutingSpec::single(parse_settings(config)?, b.routing().listeners.len())
+                };
+                py.detach(|| b.update(r)).map_err(cfg_err)?
+            }
+        }
         // new formats apply from here; the files are reopened (logrotate)
         b.reconfigure_access_log(log.as_ref(), &listener_logs).map_err(cfg_err)
     }

@@ -37,8 +37,12 @@ use super::upstream::AdminState;
 pub struct Balancer {
     shared: Arc<Shared>,
     local_addr: SocketAddr,
-    /// Every listener's bound address, the first is `local_addr`.
-    local_addrs: Vec<SocketAddr>,
+    /// The listener of each slot (None: removed by a reload); see [`super::listeners`].
+    slots: Mutex<Vec<Option<super::config::ListenAddr>>>,
+    /// The slot of each configured listener, in the configured order.
+    order: Mutex<Vec<usize>>,
+    /// Each worker's listener commands.
+    cmds: Vec<tokio::sync::mpsc::UnboundedSender<super::listeners::Cmd>>,
     /// The bound address of the HTTP-to-HTTPS redirect listener.
     redirect_addr: Option<SocketAddr>,
     /// `Some(deadline)` once draining started.
@@ -47,6 +51,8 @@ pub struct Balancer {
     update_lock: Mutex<()>,
     /// The routing of the last update (None: as configured at start).
     spec: Mutex<Option<RoutingSpec>>,
+    /// The Unix sockets it bound, removed once it stopped (or their listener removed).
+    unix_paths: Mutex<Vec<(usize, std::path::PathBuf)>>,
 }
 
 /// Snapshot of one backend for the control plane.
@@ -102,6 +108,30 @@ fn listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     Ok(sock.into())
 }
 
+/// Open one listener: one socket per worker (`SO_REUSEPORT`), or for a
+/// Unix socket one socket shared by all; and the address it is bound to.
+fn bind_listener(la: &super::config::ListenAddr, workers: usize) -> Result<(Vec<std::net::TcpListener>, SocketAddr), String> {
+    if let Some(u) = &la.unix {
+        let at = |e: io::Error| format!("cannot listen on unix:{}: {}", u.path.display(), os_reason(&e));
+        let first = super::unix::bind(u).map_err(at)?;
+        let mut socks = Vec::with_capacity(workers);
+        for _ in 1..workers {
+            socks.push(first.try_clone().map_err(at)?);
+        }
+        socks.insert(0, first);
+        return Ok((socks, SocketAddr::from(([0, 0, 0, 0], 0))));
+    }
+    let cannot = |addr: SocketAddr, e: io::Error| format!("cannot listen on {addr}: {}", os_reason(&e));
+    check_free(la.addr).map_err(|e| cannot(la.addr, e))?;
+    let first = listener(la.addr).map_err(|e| cannot(la.addr, e))?;
+    let bound = first.local_addr().map_err(|e| e.to_string())?;
+    let mut socks = vec![first];
+    for _ in 1..workers {
+        socks.push(listener(bound).map_err(|e| cannot(bound, e))?);
+    }
+    Ok((socks, bound))
+}
+
 /// Fail like a plain listener would if `addr` is taken: the workers' own
 /// listeners set `SO_REUSEPORT`, with which a second balancer (or anything
 /// else listening with it) could silently share the port instead.
@@ -139,14 +169,15 @@ impl Balancer {
         let mut per_worker: Vec<Vec<(std::net::TcpListener, usize, bool, bool)>> =
             (0..config.workers).map(|_| Vec::new()).collect();
         let mut local_addrs = Vec::new();
+        let mut unix_paths = Vec::new();
         for (idx, la) in config.listen_addrs().into_iter().enumerate() {
-            check_free(la.addr).map_err(|e| cannot(la.addr, e))?;
-            let first = listener(la.addr).map_err(|e| cannot(la.addr, e))?;
-            let bound = first.local_addr().map_err(|e| e.to_string())?;
+            let (socks, bound) = bind_listener(&la, config.workers)?;
+            if let Some(u) = &la.unix {
+                unix_paths.push((idx, u.path.clone()));
+            }
             local_addrs.push(bound);
-            per_worker[0].push((first, idx, la.tls, la.accept_proxy));
-            for w in per_worker.iter_mut().skip(1) {
-                w.push((listener(bound).map_err(|e| cannot(bound, e))?, idx, la.tls, la.accept_proxy));
+            for (w, sock) in per_worker.iter_mut().zip(socks) {
+                w.push((sock, idx, la.tls, la.accept_proxy));
             }
         }
         let local_addr = local_addrs[0];
@@ -170,8 +201,10 @@ impl Balancer {
             .map(|_| Arc::new(WorkerStats::default()))
             .collect();
         let access_log = super::accesslog::AccessLog::start_all(config.access_log.as_ref(), &config.listener_logs)?;
-        let frontends = local_addrs.iter().map(|a| a.to_string()).collect();
-        let bound = local_addrs.clone();
+        let frontends = super::listeners::Slots::new(
+            config.listen_addrs().iter().zip(&local_addrs).map(|(l, a)| super::listeners::display(l, *a)).collect(),
+        );
+        let bound = super::listeners::Slots::new(local_addrs.clone());
         let shared = Arc::new(Shared {
             access_log,
             frontends,
@@ -185,16 +218,19 @@ impl Balancer {
         });
         let (stop, stop_rx) = watch::channel(None);
         let mut threads = Vec::new();
+        let mut cmds = Vec::new();
         for (i, (l, stats)) in per_worker.into_iter().zip(workers).enumerate() {
             let shared = shared.clone();
             let stop_rx = stop_rx.clone();
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            cmds.push(tx);
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(|e| format!("cannot build a runtime: {e}"))?;
             let t = std::thread::Builder::new()
                 .name(format!("balancer-{i}"))
-                .spawn(move || rt.block_on(worker_main(shared, stats, l, stop_rx)))
+                .spawn(move || rt.block_on(worker_main(shared, stats, l, stop_rx, rx)))
                 .map_err(|e| format!("cannot start a worker thread: {e}"))?;
             threads.push(t);
         }
@@ -216,15 +252,19 @@ impl Balancer {
                 .map_err(|e| format!("cannot start the redirect thread: {e}"))?;
             threads.push(t);
         }
+        let n = local_addrs.len();
         Ok(Balancer {
-            shared,
             local_addr,
-            local_addrs,
+            slots: Mutex::new(shared.config.listen_addrs().into_iter().map(Some).collect()),
+            order: Mutex::new((0..n).collect()),
+            cmds,
+            shared,
             redirect_addr,
             stop,
             threads: Mutex::new(threads),
             update_lock: Mutex::new(()),
             spec: Mutex::new(None),
+            unix_paths: Mutex::new(unix_paths),
         })
     }
 
@@ -232,8 +272,107 @@ impl Balancer {
         self.local_addr
     }
 
-    pub fn local_addrs(&self) -> &[SocketAddr] {
-        &self.local_addrs
+    /// Every listener's bound address, in the configured order (the first
+    /// is `local_addr` until a reload changes the listeners).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        order.iter().filter_map(|&i| self.shared.bound.get(i).copied()).collect()
+    }
+
+    /// Every listener as the access log names it (`unix:/path` for a Unix
+    /// socket), in the configured order.
+    pub fn frontends(&self) -> Vec<String> {
+        let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        order.iter().filter_map(|&i| self.shared.frontends.get(i).cloned()).collect()
+    }
+
+    /// Add the listeners of `addrs` that are not open, close those that are
+    /// no longer listed (their connections finish the request in flight),
+    /// keep the others as they are (same sockets), then apply `routing`,
+    /// whose listeners are in the order of `addrs`. Nothing changes if a new
+    /// listener cannot be opened.
+    pub fn update_listeners(&self, addrs: Vec<super::config::ListenAddr>, mut routing: RoutingSpec) -> Result<(), String> {
+        if addrs.len() != routing.listeners.len() {
+            return Err("routing: one route table per listener".into());
+        }
+        let _g = self.update_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let plan = super::listeners::plan(&slots, &addrs);
+        let added = plan.slots.iter().filter(|s| s.is_none()).count();
+        if slots.len() + added > super::listeners::MAX_SLOTS {
+            return Err("too many listeners opened since the start: a restart is needed".into());
+        }
+        // Open every new listener first: a failure leaves everything as it was.
+        let workers = self.cmds.len();
+        let mut opened = Vec::new();
+        for (la, slot) in addrs.iter().zip(&plan.slots) {
+            if slot.is_none() {
+                opened.push((la.clone(), bind_listener(la, workers)?));
+            }
+        }
+        // The route tables by slot: kept and new listeners get theirs from
+        // `routing`, removed ones keep their last (their connections drain).
+        let previous = self.routing_locked();
+        let mut by_slot: Vec<_> = (0..slots.len())
+            .map(|i| previous.listeners.get(i).cloned().unwrap_or_else(|| routing.listeners[0].clone()))
+            .collect();
+        let mut order = Vec::with_capacity(addrs.len());
+        for (pos, slot) in plan.slots.iter().enumerate() {
+            let idx = match slot {
+                Some(i) => *i,
+                None => {
+                    by_slot.push(routing.listeners[pos].clone());
+                    by_slot.len() - 1
+                }
+            };
+            by_slot[idx] = routing.listeners[pos].clone();
+            order.push(idx);
+        }
+        routing.listeners = by_slot;
+        // The new table is checked before anything changes.
+        let old = self.shared.table();
+        let table = Table::new(&routing, Some(&old), self.shared.epoch, &self.shared.ids)?;
+        let mut opened = opened.into_iter();
+        for slot in &plan.slots {
+            if slot.is_some() {
+                continue;
+            }
+            let (la, (socks, bound)) = opened.next().expect("one opened per new listener");
+            let idx = slots.len();
+            self.shared.bound.set(idx, bound);
+            self.shared.frontends.set(idx, super::listeners::display(&la, bound));
+            if let Some(u) = &la.unix {
+                self.unix_paths.lock().unwrap_or_else(|e| e.into_inner()).push((idx, u.path.clone()));
+            }
+            for (tx, sock) in self.cmds.iter().zip(socks) {
+                let _ = tx.send(super::listeners::Cmd::Add { sock, idx, tls: la.tls, accept_proxy: la.accept_proxy });
+            }
+            slots.push(Some(la));
+        }
+        for &idx in &plan.remove {
+            slots[idx] = None;
+            let (done, acks) = std::sync::mpsc::channel();
+            let mut told = 0;
+            for tx in &self.cmds {
+                told += usize::from(tx.send(super::listeners::Cmd::Remove { idx, done: done.clone() }).is_ok());
+            }
+            // Once this returns, the removed listener refuses new connections.
+            for _ in 0..told {
+                if acks.recv_timeout(Duration::from_secs(5)).is_err() {
+                    break;
+                }
+            }
+            let mut paths = self.unix_paths.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(p) = paths.iter().position(|(i, _)| *i == idx) {
+                let (_, path) = paths.remove(p);
+                // the workers close their sockets as they get the command; the name goes now
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        *self.order.lock().unwrap_or_else(|e| e.into_inner()) = order;
+        *self.spec.lock().unwrap_or_else(|e| e.into_inner()) = Some(routing);
+        *self.shared.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
+        Ok(())
     }
 
     pub fn redirect_addr(&self) -> Option<SocketAddr> {
@@ -254,10 +393,15 @@ impl Balancer {
         top: Option<&super::accesslog::AccessLogSpec>,
         listeners: &[super::accesslog::ListenerLog],
     ) -> Result<(), String> {
-        match &self.shared.access_log {
-            Some(log) => log.reconfigure(top, listeners),
-            None => Ok(()),
+        let Some(log) = &self.shared.access_log else { return Ok(()) };
+        // `listeners` is in the configured order; the log's table is by slot
+        // (a removed listener's slot keeps its log while its connections drain)
+        let order = self.order.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut by_slot = vec![super::accesslog::ListenerLog::Keep; order.iter().max().map_or(0, |m| m + 1)];
+        for (pos, &slot) in order.iter().enumerate() {
+            by_slot[slot] = listeners.get(pos).cloned().unwrap_or_default();
         }
+        log.reconfigure(top, &by_slot)
     }
 
     /// Access log lines (written, dropped because the writer fell behind).
@@ -284,15 +428,28 @@ impl Balancer {
     }
 
     /// Replace pools, policy and routes; in-flight requests finish on the
-    /// old snapshot. The number of listeners cannot change.
+    /// old snapshot. `routing` has a route table per listener slot (as
+    /// [`Balancer::routing`] gives); [`Balancer::update_listeners`] changes the listeners.
     pub fn update(&self, routing: RoutingSpec) -> Result<(), String> {
         let _g = self.update_lock.lock().unwrap_or_else(|e| e.into_inner());
-        if routing.listeners.len() != self.local_addrs.len() {
+        let n = self.slots.lock().unwrap_or_else(|e| e.into_inner()).len();
+        if routing.listeners.len() != n {
             return Err(format!(
-                "the balancer has {} listener(s); adding or removing listeners needs a restart",
-                self.local_addrs.len()
+                "the balancer has {n} listener(s); adding or removing listeners goes through a reload"
             ));
         }
+        self.update_locked(routing)
+    }
+
+    fn routing_locked(&self) -> RoutingSpec {
+        self.spec
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_else(|| self.shared.config.routing_spec())
+    }
+
+    fn update_locked(&self, routing: RoutingSpec) -> Result<(), String> {
         let old = self.shared.table();
         let new = Table::new(&routing, Some(&old), self.shared.epoch, &self.shared.ids)?;
         *self.spec.lock().unwrap_or_else(|e| e.into_inner()) = Some(routing);
@@ -427,6 +584,11 @@ impl Balancer {
             // the workers handed over their last lines: let the writer write them (bounded)
             log.sync(Duration::from_secs(2));
         }
+        if joined {
+            for (_, p) in self.unix_paths.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                let _ = std::fs::remove_file(p);
+            }
+        }
     }
 }
 
@@ -462,6 +624,7 @@ async fn worker_main(
     stats: Arc<WorkerStats>,
     ls: Vec<(std::net::TcpListener, usize, bool, bool)>,
     mut stop: watch::Receiver<Option<Instant>>,
+    mut cmds: tokio::sync::mpsc::UnboundedReceiver<super::listeners::Cmd>,
 ) {
     let cfg = &shared.config;
     let pool = Pool::new(cfg.pool_max_idle, cfg.pool_idle_timeout, cfg.backend_tls.clone());
@@ -478,11 +641,17 @@ async fn worker_main(
     });
     let conns = Arc::new(Conns::default());
     let mut accepting = Vec::new();
-    for (l, idx, tls, accept_proxy) in ls {
+    let stop_accepting = stop.clone();
+    let listen = |l: std::net::TcpListener, idx: usize, tls: bool, accept_proxy: bool| {
         // SAFETY: the listener owns its descriptor and keeps it while registered.
-        let Ok(l) = (unsafe { AsyncFd::register_with_interest(l, Interest::READABLE) }) else { return };
-        let mode = Mode { tls, accept_proxy };
-        accepting.push(tokio::spawn(accept_loop(worker.clone(), conns.clone(), l, idx, mode, stop.clone())));
+        let l = unsafe { AsyncFd::register_with_interest(l, Interest::READABLE) }.ok()?;
+        let unix = shared.frontends.get(idx).is_some_and(|f| f.starts_with("unix:"));
+        let mode = Mode { tls, accept_proxy, unix };
+        Some((idx, tokio::spawn(accept_loop(worker.clone(), conns.clone(), l, idx, mode, stop_accepting.clone()))))
+    };
+    for (l, idx, tls, accept_proxy) in ls {
+        let Some(a) = listen(l, idx, tls, accept_proxy) else { return };
+        accepting.push(a);
     }
     let sweep_every = if cfg.pool_idle_timeout.is_zero() {
         Duration::from_secs(30)
@@ -525,11 +694,32 @@ async fn worker_main(
                     }
                 }
             }
+            Some(cmd) = cmds.recv() => match cmd {
+                super::listeners::Cmd::Add { sock, idx, tls, accept_proxy } => {
+                    accepting.extend(listen(sock, idx, tls, accept_proxy));
+                }
+                super::listeners::Cmd::Remove { idx, done } => {
+                    // The accept loop goes with its socket (nothing else
+                    // holds it); its connections finish what is in flight.
+                    let (gone, rest): (Vec<_>, Vec<_>) = accepting.into_iter().partition(|(i, _)| *i == idx);
+                    accepting = rest;
+                    for (_, a) in gone {
+                        a.abort();
+                        let _ = a.await; // dropped, and its socket closed
+                    }
+                    let _ = done.send(());
+                    for ctl in conns.map.lock().unwrap_or_else(|e| e.into_inner()).values() {
+                        if ctl.listener.load(Relaxed) == idx {
+                            ctl.ask_close();
+                        }
+                    }
+                }
+            },
             _ = stop.changed() => break,
         }
     }
     // the accept loops stop on the same signal and drop their listeners
-    for a in accepting {
+    for (_, a) in accepting {
         let _ = a.await;
     }
     for ctl in conns.map.lock().unwrap_or_else(|e| e.into_inner()).values() {
@@ -574,13 +764,16 @@ async fn accept_loop(
                             // The client's address is in the header: the
                             // per-client limit applies once it is read.
                             let ctl = Arc::new(ConnCtl::default());
+                            ctl.listener.store(idx, Relaxed);
                             ctl.active.store(true, Relaxed);
                             let id = conns.next.fetch_add(1, Relaxed);
                             conns.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl.clone());
                             tokio::spawn(serve_proxied(worker.clone(), conns.clone(), id, ctl, sock, peer, idx, tls));
                         }
                         Ok((sock, peer)) => {
-                            let Ok(slot) = ClientSlot::take(&shared, peer.ip()) else {
+                            // Unix clients have no address to count them by.
+                            let slot = if mode.unix { Ok(None) } else { ClientSlot::take(&shared, peer.ip()) };
+                            let Ok(slot) = slot else {
                                 // over the per-client limit: closed at once, nothing read
                                 stats.clients_refused.fetch_add(1, Relaxed);
                                 drop(sock);
@@ -588,6 +781,7 @@ async fn accept_loop(
                             };
                             // Registered here, so a drain that starts next sees it.
                             let ctl = Arc::new(ConnCtl::default());
+                            ctl.listener.store(idx, Relaxed);
                             // Active from the start: an idle check right after the
                             // accept must not close it before its request is read
                             // (that reset a client whose request was in flight).
@@ -623,11 +817,17 @@ async fn accept_loop(
 /// Connections accepted per readiness event at most.
 const ACCEPT_BATCH: usize = 32;
 
+/// Whether listener `idx` is a Unix socket.
+fn is_unix(w: &Worker, idx: usize) -> bool {
+    w.shared.frontends.get(idx).is_some_and(|f| f.starts_with("unix:"))
+}
+
 /// How a listener's connections start.
 #[derive(Clone, Copy)]
 struct Mode {
     tls: bool,
     accept_proxy: bool,
+    unix: bool,
 }
 
 /// A connection to an `accept_proxy` listener: its PROXY header first
@@ -648,10 +848,9 @@ async fn serve_proxied(
     let forget = |conns: &Conns| {
         conns.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
     };
-    let (sock, header) = match super::l4::read_header(sock, w.shared.config.header_timeout).await {
+    let (sock, header) = match super::l4::read_header(sock, w.shared.config.header_timeout, &w.stats.proxy_refused).await {
         Ok(x) => x,
         Err(_) => {
-            w.stats.proxy_refused.fetch_add(1, Relaxed);
             forget(&conns);
             return;
         }
@@ -664,15 +863,17 @@ async fn serve_proxied(
         ),
         None => (peer, None),
     };
-    let Ok(slot) = ClientSlot::take(&w.shared, client.ip()) else {
+    let slot = if local.is_none() && is_unix(&w, listener) { Ok(None) } else { ClientSlot::take(&w.shared, client.ip()) };
+    let Ok(slot) = slot else {
         w.stats.clients_refused.fetch_add(1, Relaxed);
         forget(&conns);
         return;
     };
+    // Boxed: this task's cell stays small (see serve_conn).
     if tls {
-        serve_tls_conn(w, conns, id, ctl, sock, client, slot, listener, local).await;
+        Box::pin(serve_tls_conn(w, conns, id, ctl, sock, client, slot, listener, local)).await;
     } else {
-        serve_conn(w, conns, id, ctl, sock, client, slot, listener, local).await;
+        Box::pin(serve_conn(w, conns, id, ctl, sock, client, slot, listener, local)).await;
     }
 }
 
@@ -818,6 +1019,11 @@ async fn serve_conn(
     let mut peer = Peer::cached(peer, ctl.clone(), &w.last_peer);
     peer.listener = listener;
     peer.local = local;
+    if local.is_none() && is_unix(&w, listener) {
+        // As HAProxy: a client on a Unix socket has no address to forward.
+        peer.xff = hyper::header::HeaderValue::from_static("");
+        peer.forwarded = hyper::header::HeaderValue::from_static("");
+    }
     let peer = Arc::new(peer);
     let mut stage = if w.shared.config.backend_tls.is_some() {
         // The fast path speaks to backends over raw sockets: with TLS to

@@ -89,6 +89,8 @@ pub struct Backend {
     send_proxy: AtomicU8,
     /// When it last came into service, in ms since `epoch` (slow start).
     up_since: AtomicU64,
+    /// The Unix socket it listens on (`unix:/path`); `addr` is then unused.
+    pub unix: Option<std::path::PathBuf>,
 }
 
 /// Permits of an "unlimited" limiter; Semaphore::MAX_PERMITS is far larger.
@@ -102,10 +104,15 @@ impl Backend {
         epoch: Instant,
     ) -> Result<Self, String> {
         let addr = super::config::parse_backend_addr(&spec.name)?;
-        let authority: http::uri::Authority = spec
-            .name
-            .parse()
-            .map_err(|_| format!("backend address {:?} must be host:port", spec.name))?;
+        let unix = super::unix::backend_path(&spec.name);
+        let authority: http::uri::Authority = if unix.is_some() {
+            // the Host of HTTP/1.0 requests that sent none, and the TLS server name
+            http::uri::Authority::from_static("localhost")
+        } else {
+            spec.name
+                .parse()
+                .map_err(|_| format!("backend address {:?} must be host:port", spec.name))?
+        };
         let max = if spec.max_connections > 0 {
             spec.max_connections
         } else {
@@ -129,6 +136,7 @@ impl Backend {
             stats: BackendStats::default(),
             send_proxy: AtomicU8::new(0),
             up_since: AtomicU64::new(epoch.elapsed().as_millis() as u64 + 1),
+            unix,
         })
     }
 

@@ -286,6 +286,19 @@ fn parse(
 }
 
 fn joined(out: &mut Vec<u8>, name: &[u8], buf: &[u8], prev: &[Range], item: &[u8]) {
+    if item.is_empty() {
+        // nothing to add (a client on a Unix socket): the incoming values as they were
+        if let Some((last, rest)) = prev.split_last() {
+            out.extend_from_slice(name);
+            for &r in rest {
+                out.extend_from_slice(slice(buf, r));
+                out.extend_from_slice(b", ");
+            }
+            out.extend_from_slice(slice(buf, *last));
+            out.extend_from_slice(b"\r\n");
+        }
+        return;
+    }
     out.extend_from_slice(name);
     for &r in prev {
         out.extend_from_slice(slice(buf, r));
