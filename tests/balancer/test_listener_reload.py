@@ -139,3 +139,18 @@ async def test_a_listener_that_cannot_open_leaves_everything_as_it_was(backends)
                 assert read_response(s)[1] == b"b0"
     finally:
         busy.close()
+
+
+async def test_a_new_https_listener_without_certificates_is_refused(backends, pki) -> None:
+    main, slow = backends(2)
+    kept = free_port()
+    leaf = pki.leaf("localhost", "127.0.0.1")
+    async with LoadBalancer(config([(kept, "main")], main.address, slow.address)) as lb:
+        new = from_dict({"workers": 2, "backends": [main.address],
+                         "tls": {"certificates": [{"cert": str(leaf.cert), "key": str(leaf.key)}]},
+                         "listeners": [{"address": f"127.0.0.1:{kept}", "default_backend": "default"},
+                                       {"address": f"127.0.0.1:{free_port()}", "tls": True,
+                                        "default_backend": "default"}]})
+        with pytest.raises(Exception, match="restart"):
+            await lb.reload(new)
+        assert [a[1] for a in lb.addresses] == [kept]

@@ -306,6 +306,13 @@ impl Balancer {
         let workers = self.cmds.len();
         let mut opened = Vec::new();
         for (la, slot) in addrs.iter().zip(&plan.slots) {
+            if slot.is_none() && la.tls && self.shared.config.tls.is_none() {
+                return Err("a new HTTPS listener needs the certificates of [tls], which a running balancer \
+                            started without cannot take: restart it"
+                    .into());
+            }
+        }
+        for (la, slot) in addrs.iter().zip(&plan.slots) {
             if slot.is_none() {
                 opened.push((la.clone(), bind_listener(la, workers)?));
             }
