@@ -16,7 +16,9 @@ on threads of its own; this package configures and watches it.
 - admin     the admin HTTP endpoint (aiohttp) on top of a service: backends,
             drain, weights, reload, metrics
 - metrics   the data plane's stats as a prometheus-client collector
-- runner    ``BalancerProcess``: a service and its admin endpoint, as ``juggler balancer`` runs them
+- handover  binary upgrade: the handover socket that gives the listening sockets to a new process
+- runner    ``BalancerProcess``: a service, its admin endpoint and handover socket, as ``juggler balancer``
+            runs them
 - config_errors  where a config error is: the key at fault and its line (FILE:LINE:)
 - errors    ``BalancerError`` / ``BalancerConfigError``
 """

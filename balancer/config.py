@@ -362,6 +362,9 @@ class BalancerConfig:
     retries: int = 2
     #: ``host:port`` of the admin and metrics endpoint; unset = none (a change needs a restart)
     admin: str | None = None
+    #: a Unix socket path where this process hands its listening sockets over to a new
+    #: process started with ``--takeover PATH`` (a binary upgrade); unset = none (a change needs a restart)
+    handover_socket: str | None = None
     #: the ``[timeouts]`` table
     timeouts: Timeouts = field(default_factory=Timeouts)
     #: the ``[passive]`` table
@@ -459,6 +462,8 @@ class BalancerConfig:
             self.pools()  # each pool complete and valid
         if self.admin is not None:
             parse_hostport(self.admin, "admin")
+        if self.handover_socket is not None and not self.handover_socket.strip():
+            raise BalancerConfigError("handover_socket: give the path of a Unix socket")
         check_send_proxy(self.send_proxy, "send_proxy")
         object.__setattr__(self, "backends", tuple(self.backends))
         algorithm = ALGORITHM_ALIASES.get(self.algorithm.replace("-", "_"), self.algorithm.replace("-", "_"))
@@ -660,7 +665,7 @@ class BalancerConfig:
     def fixed_changes(self, other: BalancerConfig) -> list[str]:
         """Settings that a reload cannot change in place (they need a restart)."""
         out = []
-        for name in ("workers", "admin"):
+        for name in ("workers", "admin", "handover_socket"):
             if getattr(self, name) != getattr(other, name):
                 out.append(name)
         if self.log_destinations() != other.log_destinations():

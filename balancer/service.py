@@ -46,7 +46,10 @@ class LoadBalancer:
         self._started = False
 
     # --- lifecycle -------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, inherited: dict[str, list[int]] | None = None) -> None:
+        """Bind and serve; ``inherited``: listening sockets handed over by the
+        process this one replaces (see balancer.handover), by listener key;
+        the descriptors stay the caller's."""
         if self._started:
             raise RuntimeError("start() may be called once")
         self._started = True
@@ -54,7 +57,7 @@ class LoadBalancer:
             await self._discover(self.config)
             self._native = rustext.Balancer(self._effective(self.config).to_native())
             self._dns_task = asyncio.create_task(self._follow_dns(), name="balancer dns")
-        self._native.start()
+        self._native.start(inherited)
         await self._sync_health(self._effective(self.config))
         scheme = "https" if self._native.tls else "http"
         redirect = self._native.redirect_address
@@ -72,6 +75,16 @@ class LoadBalancer:
         )
         for (host, port), listener in list(zip(self.addresses, self.config.effective_listeners()))[1:]:
             log.info("also listening on %s", where("https" if listener.tls else "http", host, port))
+
+    def listener_sockets(self) -> list[tuple[str, bool, list[int]]]:
+        """Copies of every listener's sockets for a process taking them over:
+        (key, tls, descriptors), the descriptors the caller's to close."""
+        return self._native.listener_sockets()
+
+    def handed_over(self) -> None:
+        """Another process accepts on the listeners now: their Unix socket
+        files stay when this one stops."""
+        self._native.handed_over()
 
     @property
     def addresses(self) -> list[tuple[str, int]]:

@@ -10,6 +10,9 @@ EXAMPLES = """examples:
   juggler balancer --listen :8080 --backends 10.0.0.1:80=3,10.0.0.2:80=1 --algorithm weighted_round_robin
   juggler balancer --listen 127.0.0.1:8080 --backends 127.0.0.1:9001 --workers 1 --admin 127.0.0.1:9090
   juggler balancer --config balancer.toml        # SIGHUP reloads the file
+  juggler balancer --config balancer.toml --handover-socket /run/lb/handover.sock
+  juggler balancer --config balancer.toml --handover-socket /run/lb/handover.sock \
+      --takeover /run/lb/handover.sock           # binary upgrade: take the listeners, the old process drains
   juggler balancer --listen :8080 --backends 127.0.0.1:9001 --rate-limit 100/s   # per client address: 429 beyond
   juggler balancer --listen :8080 --backends 127.0.0.1:9001 --access-log /var/log/lb/access.log --log-format json
   juggler balancer --config balancer.toml --admin 0.0.0.0:9090 --admin-users-file admin.htpasswd \
@@ -47,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--admin-public", action="append", default=[], metavar="PATH",
                    help="a read-only admin path answered without credentials (/metrics, /healthz, ...); repeat")
     p.add_argument("--health-path", help="enable active health checks: GET this path")
+    p.add_argument("--handover-socket", metavar="PATH",
+                   help="Unix socket (mode 0600) where a new balancer started with --takeover takes this one's "
+                        "listening sockets (a binary upgrade)")
+    p.add_argument("--takeover", metavar="PATH",
+                   help="take the listening sockets of the balancer serving this handover socket, then tell it "
+                        "to drain and exit; it keeps serving if this start fails")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on exit")
     p.add_argument("--tls-cert", action="append", default=[], metavar="FILE",
                    help="serve HTTPS: PEM certificate chain (repeat with --tls-key for several certificates, "
@@ -111,6 +120,8 @@ def apply_flags(args: argparse.Namespace, cfg: Any) -> Any:
         changes["proto"] = args.backend_proto
     if args.workers is not None:
         changes["workers"] = args.workers
+    if getattr(args, "handover_socket", None):
+        changes["handover_socket"] = args.handover_socket
     if args.admin:
         changes["admin"] = args.admin
     elif args.metrics_port is not None:
@@ -194,7 +205,7 @@ async def _serve(cfg: Any, args: argparse.Namespace) -> int:
         try:
             process = BalancerProcess(cfg, config_path=args.config, drain_timeout=args.drain_timeout,
                                       overrides=lambda new: apply_flags(args, new))
-            await process.start()
+            await process.start(takeover=getattr(args, "takeover", None))
         except BalancerError as exc:
             raise StartError(str(exc), status=2) from exc
         return process
@@ -205,5 +216,5 @@ async def _serve(cfg: Any, args: argparse.Namespace) -> int:
 
             logging.getLogger("balancer").info("admin on http://%s:%d/", *p.admin_address)
 
-    return await serve("juggler balancer", start, ready=ready,
+    return await serve("juggler balancer", start, ready=ready, wait=lambda p: p.taken_over(),
                        reload=lambda p: asyncio.ensure_future(p.lb.reload_logged()))

@@ -119,7 +119,8 @@ async def serve(
     wait: Callable[[S], Awaitable[object]] | None = None,
 ) -> int:
     """Start a service, serve until a signal (or until ``wait(service)``
-    returns: the service ended by itself), drain, stop; returns the exit status.
+    returns: the service ended by itself), drain, stop; returns the exit status
+    (after ``wait`` returned: 1, or the int it returned, e.g. 0 for a planned end).
 
     ``ready`` runs once started (the start-up line); ``reload`` on SIGHUP.
     """
@@ -147,8 +148,13 @@ async def serve(
         if ready is not None:
             ready(service)
         ended = False
+        status_after_wait: object = None
         if wait is not None:
-            ended = await _race(wait(service), signals.first)
+            async def waited() -> None:
+                nonlocal status_after_wait
+                status_after_wait = await wait(service)
+
+            ended = await _race(waited(), signals.first)
         else:
             await signals.first.wait()
         what = service.draining()
@@ -171,7 +177,9 @@ async def serve(
                 return 1
             return 130
         drain.result()
-        return 1 if ended else 0
+        if not ended:
+            return 0
+        return status_after_wait if isinstance(status_after_wait, int) else 1
 
 
 async def _start(start: Callable[[], Awaitable[S]], holder: list[S]) -> None:

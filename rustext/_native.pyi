@@ -433,8 +433,20 @@ class Balancer:
     certificate file is named)."""
 
     def __init__(self, config: dict[str, object]) -> None: ...
-    def start(self) -> tuple[str, int]:
-        """Bind and start the workers; returns the bound (host, port). Once."""
+    def start(self, inherited: dict[str, list[int]] | None = None) -> tuple[str, int]:
+        """Bind and start the workers; returns the bound (host, port). Once.
+        ``inherited``: listening sockets handed over by the process this one
+        replaces, by listener key (``127.0.0.1:8000``, ``unix:/path``); those
+        listeners accept on copies of them instead of binding (the
+        descriptors stay the caller's). A socket that is not listening where
+        its listener says raises BalancerError."""
+    def listener_sockets(self) -> list[tuple[str, bool, list[int]]]:
+        """Every listener's sockets for a process taking them over: (key,
+        tls, descriptors), new copies the caller owns and closes. Empty
+        before start() and once draining."""
+    def handed_over(self) -> None:
+        """Another process accepts on the listeners now: their Unix socket
+        files stay when this one stops."""
     @property
     def address(self) -> tuple[str, int] | None: ...
     @property

@@ -100,6 +100,15 @@ pub fn plan(live: &[Option<ListenAddr>], new: &[ListenAddr]) -> Plan {
     Plan { slots, remove }
 }
 
+/// A listener's identity across a binary upgrade: its configured address
+/// (`127.0.0.1:8000`, `[::]:443`) or `unix:/path`.
+pub fn key(la: &ListenAddr) -> String {
+    match &la.unix {
+        Some(u) => format!("unix:{}", u.path.display()),
+        None => la.addr.to_string(),
+    }
+}
+
 /// A port-0 listener is reported as the port it got.
 pub fn display(la: &ListenAddr, bound: SocketAddr) -> String {
     match &la.unix {

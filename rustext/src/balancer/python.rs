@@ -709,18 +709,46 @@ impl PyBalancer {
     }
 
     /// Bind the listeners and start the worker threads; returns (host, port).
-    fn start(&self, py: Python<'_>) -> PyResult<(String, u16)> {
+    /// `inherited`: listening sockets handed over by the process this one
+    /// replaces, by listener key (see `listener_sockets`); those listeners
+    /// accept on copies of them instead of binding. The descriptors stay the
+    /// caller's (close them after).
+    #[pyo3(signature = (inherited = None))]
+    fn start(&self, py: Python<'_>, inherited: Option<std::collections::HashMap<String, Vec<i32>>>) -> PyResult<(String, u16)> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if inner.is_some() || *self.closed.lock().unwrap_or_else(|e| e.into_inner()) {
             return Err(ErrorKind::Balancer.err("start() may be called once"));
         }
         let cfg = self.config.clone();
+        let inherited = inherited.unwrap_or_default();
         let b = py
-            .detach(|| Balancer::start(cfg))
+            .detach(|| Balancer::start(cfg, &inherited))
             .map_err(|e| ErrorKind::Balancer.err(e))?;
         let a = b.local_addr();
         *inner = Some(Arc::new(b));
         Ok((a.ip().to_string(), a.port()))
+    }
+
+    /// Every listener's sockets for a process that takes them over: a list
+    /// of (key, tls, descriptors), the descriptors new copies that the caller
+    /// owns (and closes). Empty before start() and once draining.
+    fn listener_sockets(&self) -> PyResult<Vec<(String, bool, Vec<i32>)>> {
+        use std::os::fd::IntoRawFd;
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(b) = inner.as_ref() else { return Ok(Vec::new()) };
+        let socks = b.listener_sockets().map_err(|e| ErrorKind::Balancer.err(format!("cannot copy a listener: {e}")))?;
+        Ok(socks
+            .into_iter()
+            .map(|(k, tls, fds)| (k, tls, fds.into_iter().map(IntoRawFd::into_raw_fd).collect()))
+            .collect())
+    }
+
+    /// The listeners were handed over to another process: their Unix socket
+    /// files stay when this one stops.
+    fn handed_over(&self) {
+        if let Some(b) = self.inner.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            b.handed_over();
+        }
     }
 
     /// (host, port) of the listener, or None before start().

@@ -8,6 +8,7 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
@@ -53,6 +54,19 @@ pub struct Balancer {
     spec: Mutex<Option<RoutingSpec>>,
     /// The Unix sockets it bound, removed once it stopped (or their listener removed).
     unix_paths: Mutex<Vec<(usize, std::path::PathBuf)>>,
+    /// Per slot, a copy of each distinct socket the workers accept on: what
+    /// a binary upgrade hands over. Dropped with the listener, and when the
+    /// drain starts (a socket nobody accepts on must refuse, not queue).
+    sockets: Mutex<std::collections::HashMap<usize, Vec<std::net::TcpListener>>>,
+}
+
+/// A listener opened for the workers.
+struct Opened {
+    /// Per worker, the sockets it accepts on.
+    per_worker: Vec<Vec<std::net::TcpListener>>,
+    /// A copy of each distinct socket (see `Balancer::sockets`).
+    distinct: Vec<std::net::TcpListener>,
+    bound: SocketAddr,
 }
 
 /// Snapshot of one backend for the control plane.
@@ -109,27 +123,85 @@ fn listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
 }
 
 /// Open one listener: one socket per worker (`SO_REUSEPORT`), or for a
-/// Unix socket one socket shared by all; and the address it is bound to.
-fn bind_listener(la: &super::config::ListenAddr, workers: usize) -> Result<(Vec<std::net::TcpListener>, SocketAddr), String> {
-    if let Some(u) = &la.unix {
+/// Unix socket one socket shared by all; or, when `given` (a binary
+/// upgrade), accept on the sockets handed over by the previous process.
+fn bind_listener(la: &super::config::ListenAddr, workers: usize, given: Option<&[RawFd]>) -> Result<Opened, String> {
+    if let Some(fds) = given {
+        return adopt(la, workers, fds);
+    }
+    let (distinct, bound) = if let Some(u) = &la.unix {
         let at = |e: io::Error| format!("cannot listen on unix:{}: {}", u.path.display(), os_reason(&e));
-        let first = super::unix::bind(u).map_err(at)?;
-        let mut socks = Vec::with_capacity(workers);
+        (vec![super::unix::bind(u).map_err(at)?], SocketAddr::from(([0, 0, 0, 0], 0)))
+    } else {
+        let cannot = |addr: SocketAddr, e: io::Error| format!("cannot listen on {addr}: {}", os_reason(&e));
+        check_free(la.addr).map_err(|e| cannot(la.addr, e))?;
+        let first = listener(la.addr).map_err(|e| cannot(la.addr, e))?;
+        let bound = first.local_addr().map_err(|e| e.to_string())?;
+        let mut socks = vec![first];
         for _ in 1..workers {
-            socks.push(first.try_clone().map_err(at)?);
+            socks.push(listener(bound).map_err(|e| cannot(bound, e))?);
         }
-        socks.insert(0, first);
-        return Ok((socks, SocketAddr::from(([0, 0, 0, 0], 0))));
+        (socks, bound)
+    };
+    spread(la, workers, distinct, bound)
+}
+
+/// Give each worker its share of `distinct` (every socket is accepted on by
+/// some worker: a socket of a `SO_REUSEPORT` group that nobody accepts on
+/// would keep its share of the connections waiting), and keep a copy of each.
+fn spread(la: &super::config::ListenAddr, workers: usize, distinct: Vec<std::net::TcpListener>, bound: SocketAddr) -> Result<Opened, String> {
+    let at = |e: io::Error| format!("cannot listen on {}: {}", super::listeners::key(la), os_reason(&e));
+    let n = distinct.len().max(1);
+    let mut per_worker: Vec<Vec<std::net::TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
+    for (i, s) in distinct.iter().enumerate() {
+        per_worker[i % workers].push(s.try_clone().map_err(at)?);
     }
-    let cannot = |addr: SocketAddr, e: io::Error| format!("cannot listen on {addr}: {}", os_reason(&e));
-    check_free(la.addr).map_err(|e| cannot(la.addr, e))?;
-    let first = listener(la.addr).map_err(|e| cannot(la.addr, e))?;
-    let bound = first.local_addr().map_err(|e| e.to_string())?;
-    let mut socks = vec![first];
-    for _ in 1..workers {
-        socks.push(listener(bound).map_err(|e| cannot(bound, e))?);
+    // fewer sockets than workers: the rest share them
+    for (w, socks) in per_worker.iter_mut().enumerate().skip(n) {
+        socks.push(distinct[w % n].try_clone().map_err(at)?);
     }
-    Ok((socks, bound))
+    Ok(Opened { per_worker, distinct, bound })
+}
+
+/// The listening sockets handed over for `la` (copies of `fds`, which stay
+/// the caller's), checked to be listening where `la` says.
+fn adopt(la: &super::config::ListenAddr, workers: usize, fds: &[RawFd]) -> Result<Opened, String> {
+    let key = super::listeners::key(la);
+    let wrong = |why: &str| format!("cannot take over {key}: the socket handed over {why}");
+    if fds.is_empty() {
+        return Err(wrong("is missing"));
+    }
+    let mut distinct = Vec::with_capacity(fds.len());
+    let mut bound = SocketAddr::from(([0, 0, 0, 0], 0));
+    for &fd in fds {
+        // SAFETY: the caller keeps `fd` open for this call; we take a copy.
+        let owned = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+            .try_clone_to_owned()
+            .map_err(|e| wrong(&format!("cannot be used: {}", os_reason(&e))))?;
+        let sock = Socket::from(owned);
+        if !sock.is_listener().unwrap_or(false) || sock.r#type().ok() != Some(Type::STREAM) {
+            return Err(wrong("is not a listening stream socket"));
+        }
+        let local = sock.local_addr().map_err(|e| wrong(&os_reason(&e)))?;
+        match &la.unix {
+            Some(u) => {
+                if local.as_pathname() != Some(u.path.as_path()) {
+                    return Err(wrong("listens elsewhere"));
+                }
+            }
+            None => {
+                let at = local.as_socket().ok_or_else(|| wrong("is not a TCP socket"))?;
+                let same = at == la.addr || (la.addr.port() == 0 && at.ip() == la.addr.ip());
+                if !same {
+                    return Err(wrong(&format!("listens on {at}")));
+                }
+                bound = at;
+            }
+        }
+        sock.set_nonblocking(true).map_err(|e| wrong(&os_reason(&e)))?;
+        distinct.push(std::net::TcpListener::from(sock));
+    }
+    spread(la, workers, distinct, bound)
 }
 
 /// Fail like a plain listener would if `addr` is taken: the workers' own
@@ -159,7 +231,11 @@ fn os_reason(e: &io::Error) -> String {
 impl Balancer {
     /// Bind the listeners and start the workers; errors are returned before
     /// any thread starts.
-    pub fn start(config: Config) -> Result<Balancer, String> {
+    ///
+    /// `inherited`: listening sockets handed over by the process this one
+    /// replaces, by listener (`listeners::key`); those listeners accept on
+    /// them instead of binding. The descriptors stay the caller's.
+    pub fn start(config: Config, inherited: &std::collections::HashMap<String, Vec<RawFd>>) -> Result<Balancer, String> {
         config.validate()?;
         let epoch = Instant::now();
         let ids = AtomicU64::new(0);
@@ -170,15 +246,17 @@ impl Balancer {
             (0..config.workers).map(|_| Vec::new()).collect();
         let mut local_addrs = Vec::new();
         let mut unix_paths = Vec::new();
+        let mut sockets = std::collections::HashMap::new();
         for (idx, la) in config.listen_addrs().into_iter().enumerate() {
-            let (socks, bound) = bind_listener(&la, config.workers)?;
+            let opened = bind_listener(&la, config.workers, inherited.get(&super::listeners::key(&la)).map(Vec::as_slice))?;
             if let Some(u) = &la.unix {
                 unix_paths.push((idx, u.path.clone()));
             }
-            local_addrs.push(bound);
-            for (w, sock) in per_worker.iter_mut().zip(socks) {
-                w.push((sock, idx, la.tls, la.accept_proxy));
+            local_addrs.push(opened.bound);
+            for (w, socks) in per_worker.iter_mut().zip(opened.per_worker) {
+                w.extend(socks.into_iter().map(|sock| (sock, idx, la.tls, la.accept_proxy)));
             }
+            sockets.insert(idx, opened.distinct);
         }
         let local_addr = local_addrs[0];
         let https_port = config
@@ -265,6 +343,7 @@ impl Balancer {
             update_lock: Mutex::new(()),
             spec: Mutex::new(None),
             unix_paths: Mutex::new(unix_paths),
+            sockets: Mutex::new(sockets),
         })
     }
 
@@ -314,7 +393,7 @@ impl Balancer {
         }
         for (la, slot) in addrs.iter().zip(&plan.slots) {
             if slot.is_none() {
-                opened.push((la.clone(), bind_listener(la, workers)?));
+                opened.push((la.clone(), bind_listener(la, workers, None)?));
             }
         }
         // The route tables by slot: kept and new listeners get theirs from
@@ -344,20 +423,25 @@ impl Balancer {
             if slot.is_some() {
                 continue;
             }
-            let (la, (socks, bound)) = opened.next().expect("one opened per new listener");
+            let (la, o) = opened.next().expect("one opened per new listener");
+            let bound = o.bound;
             let idx = slots.len();
             self.shared.bound.set(idx, bound);
             self.shared.frontends.set(idx, super::listeners::display(&la, bound));
             if let Some(u) = &la.unix {
                 self.unix_paths.lock().unwrap_or_else(|e| e.into_inner()).push((idx, u.path.clone()));
             }
-            for (tx, sock) in self.cmds.iter().zip(socks) {
-                let _ = tx.send(super::listeners::Cmd::Add { sock, idx, tls: la.tls, accept_proxy: la.accept_proxy });
+            for (tx, socks) in self.cmds.iter().zip(o.per_worker) {
+                for sock in socks {
+                    let _ = tx.send(super::listeners::Cmd::Add { sock, idx, tls: la.tls, accept_proxy: la.accept_proxy });
+                }
             }
+            self.sockets.lock().unwrap_or_else(|e| e.into_inner()).insert(idx, o.distinct);
             slots.push(Some(la));
         }
         for &idx in &plan.remove {
             slots[idx] = None;
+            self.sockets.lock().unwrap_or_else(|e| e.into_inner()).remove(&idx);
             let (done, acks) = std::sync::mpsc::channel();
             let mut told = 0;
             for tx in &self.cmds {
@@ -567,11 +651,34 @@ impl Balancer {
             .collect()
     }
 
+    /// Copies of every listener's sockets, in the configured order, for the
+    /// process that takes them over: (key, tls, sockets). Empty once draining.
+    pub fn listener_sockets(&self) -> io::Result<Vec<(String, bool, Vec<std::os::fd::OwnedFd>)>> {
+        let _g = self.update_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        let sockets = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for &idx in order.iter() {
+            let (Some(Some(la)), Some(socks)) = (slots.get(idx), sockets.get(&idx)) else { continue };
+            let fds = socks.iter().map(|s| std::os::fd::AsFd::as_fd(s).try_clone_to_owned()).collect::<io::Result<_>>()?;
+            out.push((super::listeners::key(la), la.tls, fds));
+        }
+        Ok(out)
+    }
+
+    /// The listeners were handed over: leave their Unix socket files in
+    /// place on exit (the new process accepts on them).
+    pub fn handed_over(&self) {
+        self.unix_paths.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
     /// Stop accepting, let in-flight exchanges finish within `timeout`, then
     /// stop the workers. Blocks; idempotent; a call with a sooner deadline
     /// (from another thread) shortens a drain under way.
     pub fn drain(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
+        self.sockets.lock().unwrap_or_else(|e| e.into_inner()).clear();
         // a drain already under way keeps its deadline unless this one is sooner
         // (a second Ctrl-C: drain(0) while a graceful drain waits)
         self.stop.send_if_modified(|v| match v {
