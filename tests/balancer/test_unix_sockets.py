@@ -179,3 +179,43 @@ def test_unix_listener_config_is_checked() -> None:
                             ({"address": "unix:x.sock"}, "absolute")):
         with pytest.raises(BalancerConfigError, match=match):
             from_dict({"backends": ["127.0.0.1:1"], "listeners": [{"default_backend": "default", **listener}]})
+
+
+def test_a_unix_client_is_logged_as_unix_and_forwarded_no_address_over_tls(sockdir: Path, backends, pki) -> None:
+    """HAProxy logs a client of a Unix socket as ``unix`` with the listener's
+    number as its port (``%ci:%cp`` = ``unix:1``); over TLS as in clear, no
+    address is appended to X-Forwarded-For (there is none: not ``0.0.0.0``)."""
+    import ssl
+
+    (b,) = backends(1)
+    leaf = pki.leaf("localhost", "127.0.0.1")
+    log = sockdir / "access.log"
+    cfg = from_dict({"workers": 1, "backends": [b.address],
+                     "tls": {"certificates": [{"cert": str(leaf.cert), "key": str(leaf.key)}]},
+                     "access_log": {"path": str(log), "format": "%ci:%cp %HP %ST"},
+                     "listeners": [{"address": f"unix:{sockdir}/plain.sock", "default_backend": "default"},
+                                   {"address": f"unix:{sockdir}/tls.sock", "tls": True,
+                                    "default_backend": "default"}]})
+    lb = rustext.Balancer(cfg.to_native())
+    lb.start()
+    try:
+        unix_get(str(sockdir / "plain.sock"), b"GET /whoami HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        ctx = ssl.create_default_context(cafile=str(pki.ca))
+        for extra in (b"", b"Upgrade: foo\r\n"):  # the fast path's and hyper's view of the peer
+            with socket.socket(socket.AF_UNIX) as raw:
+                raw.settimeout(10)
+                raw.connect(str(sockdir / "tls.sock"))
+                with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+                    s.sendall(b"GET /headers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + extra + b"\r\n")
+                    data = b""
+                    while chunk := s.recv(65536):
+                        data += chunk
+            status, _, body = split_response(data)
+            assert status.endswith("200 OK"), status
+            h = {k.lower(): v for k, v in json.loads(body)["headers"]}
+            assert "x-forwarded-for" not in h and "forwarded" not in h, h
+            assert h["x-forwarded-proto"] == "https"
+    finally:
+        lb.close()
+    lines = log.read_text().splitlines()
+    assert lines == ["unix:1 /whoami 200", "unix:2 /headers 200", "unix:2 /headers 200"], lines

@@ -304,6 +304,9 @@ pub struct Record<'a> {
     /// The listener's index (its access log and format); past the configured ones: the top-level log.
     pub listener: usize,
     pub client: SocketAddr,
+    /// The client came over a Unix socket: `%ci` is `unix` and `%cp` the
+    /// listener's number (from 1), as HAProxy logs such a client (`unix:1`).
+    pub unix: bool,
     pub when: SystemTime,
     pub frontend: &'a str,
     pub backend: &'a str,
@@ -486,6 +489,8 @@ impl Format {
             None => (r.target, &b""[..]),
         };
         match v {
+            Var::ClientIp if r.unix => self.string(out, b"unix"),
+            Var::ClientPort if r.unix => num(out, r.listener as u64 + 1),
             Var::ClientIp => {
                 let mut b = [0u8; 64];
                 let mut c = std::io::Cursor::new(&mut b[..]);
@@ -974,6 +979,7 @@ mod tests {
         Record {
             listener: 0,
             client: "10.1.2.3:4567".parse().unwrap(),
+            unix: false,
             when: UNIX_EPOCH + Duration::from_millis(1_764_197_989_123),
             frontend: "127.0.0.1:8080",
             backend: "api",
@@ -1057,6 +1063,16 @@ mod tests {
         assert_eq!(v["status"], 200);
         assert_eq!(v["query"], "?x=1");
         assert_eq!(v["time_response_ms"], -1);
+    }
+
+    #[test]
+    fn names_a_unix_client_as_haproxy_does() {
+        let mut r = record(b"/", b"GET / HTTP/1.1\r\n\r\n");
+        r.unix = true;
+        r.listener = 1;
+        assert!(line(DEFAULT_FORMAT, &r).starts_with("unix:2 ["));
+        let v: serde_json::Value = serde_json::from_str(&line("json", &r)).unwrap();
+        assert_eq!((v["client_ip"].as_str(), v["client_port"].as_u64()), (Some("unix"), Some(2)));
     }
 
     #[test]

@@ -747,6 +747,7 @@ fn log_line(
     let r = Record {
         listener: peer.listener,
         client: std::net::SocketAddr::new(peer.ip, peer.port),
+        unix: peer.unix,
         when: std::time::SystemTime::now() - timings.total,
         frontend: w.shared.frontends.get(peer.listener).map_or("", String::as_str),
         backend: pool,

@@ -141,6 +141,9 @@ pub(super) async fn serve(
     let mut peer = Peer::with_proto(addr, ctl.clone(), true);
     peer.listener = listener;
     peer.local = local;
+    if local.is_none() && super::server::is_unix(&w, listener) {
+        peer.set_unix();
+    }
     let peer = Arc::new(peer);
     let io = TokioIo::new(Watched { io: stream, ctl: ctl.clone(), worker: w.clone(), track_head: !h2 });
     let svc = super::server::Svc::new(w.clone(), peer.clone());
@@ -248,6 +251,7 @@ fn log_redirect<B>(shared: &super::proxy::Shared, buf: &super::accesslog::LogBuf
     let r = Record {
         listener: usize::MAX, // not a configured listener: the top-level log
         client,
+        unix: false,
         when: std::time::SystemTime::now() - total,
         frontend,
         backend: "",

@@ -239,6 +239,9 @@ pub struct Peer {
     /// The address the client connected to, when a PROXY header said it
     /// (else the listener's: see [`Peer::local_addr`]).
     pub local: Option<SocketAddr>,
+    /// The client came over a Unix socket (no PROXY header): it has no
+    /// address; logged as `unix` (HAProxy's `%ci`), none forwarded.
+    pub unix: bool,
 }
 
 impl Peer {
@@ -271,7 +274,16 @@ impl Peer {
             https,
             listener: 0,
             local: None,
+            unix: false,
         }
+    }
+
+    /// A client on a Unix socket: as HAProxy, no address to forward (no
+    /// X-Forwarded-For or Forwarded value appended), logged as `unix`.
+    pub fn set_unix(&mut self) {
+        self.xff = HeaderValue::from_static("");
+        self.forwarded = HeaderValue::from_static("");
+        self.unix = true;
     }
 
     /// As `new`, reusing the header values when the address is the cached one.
@@ -289,6 +301,7 @@ impl Peer {
                     https: false,
                     listener: 0,
                     local: None,
+                    unix: false,
                 };
             }
         }
@@ -786,6 +799,7 @@ fn refused(reason: &'static str, h2: bool) -> Response<RespBody> {
 /// response ends (built only with an access log).
 pub struct HyperLog {
     client: SocketAddr,
+    unix: bool,
     t0: Instant,
     frontend: usize,
     method: http::Method,
@@ -817,6 +831,7 @@ impl HyperLog {
         }
         Some(Box::new(HyperLog {
             client: SocketAddr::new(peer.ip, peer.port),
+            unix: peer.unix,
             t0: start,
             frontend: peer.listener,
             method: req.method().clone(),
@@ -859,6 +874,7 @@ impl HyperLog {
         let r = Record {
             listener: self.frontend,
             client: self.client,
+            unix: self.unix,
             when: std::time::SystemTime::now() - timings.total,
             frontend: w.shared.frontends.get(self.frontend).map_or("", String::as_str),
             backend: &self.pool,
@@ -901,6 +917,7 @@ pub fn log_without_request(w: &Worker, peer: &Peer, status: u16, term: &'static 
     let r = Record {
         listener: peer.listener,
         client: SocketAddr::new(peer.ip, peer.port),
+        unix: peer.unix,
         when: std::time::SystemTime::now(),
         frontend: w.shared.frontends.get(peer.listener).map_or("", String::as_str),
         backend: "",

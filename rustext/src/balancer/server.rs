@@ -932,7 +932,7 @@ async fn accept_loop(
 const ACCEPT_BATCH: usize = 32;
 
 /// Whether listener `idx` is a Unix socket.
-fn is_unix(w: &Worker, idx: usize) -> bool {
+pub(super) fn is_unix(w: &Worker, idx: usize) -> bool {
     w.shared.frontends.get(idx).is_some_and(|f| f.starts_with("unix:"))
 }
 
@@ -1134,9 +1134,7 @@ async fn serve_conn(
     peer.listener = listener;
     peer.local = local;
     if local.is_none() && is_unix(&w, listener) {
-        // As HAProxy: a client on a Unix socket has no address to forward.
-        peer.xff = hyper::header::HeaderValue::from_static("");
-        peer.forwarded = hyper::header::HeaderValue::from_static("");
+        peer.set_unix();
     }
     let peer = Arc::new(peer);
     let mut stage = if w.shared.config.backend_tls.is_some() {
