@@ -77,7 +77,7 @@ class HandoverServer:
         self._listener: socket.socket | None = None
         self._task: asyncio.Task[None] | None = None
         self._sessions: set[asyncio.Task[None]] = set()
-        self._busy = False
+        self._owner: socket.socket | None = None  # the session taking over, from its "listeners"
         self._done = False
 
     async def start(self) -> None:
@@ -125,41 +125,44 @@ class HandoverServer:
                             uid, os.getuid())
                 _send(conn, {"error": "permission denied: only the balancer's own user may take over"})
                 return
-            if self._busy or self._done:
-                _send(conn, {"error": "another takeover is under way"})
-                return
-            self._busy = True
-            try:
-                await self._exchange(loop, conn)
-            finally:
-                self._busy = False
-        except (OSError, TimeoutError, ValueError) as exc:
+            await self._exchange(loop, conn)
+        except (OSError, TimeoutError, ValueError, BalancerError) as exc:  # this session only: A keeps serving
             log.warning("handover socket: session ended: %s", exc)
         finally:
             conn.close()
 
     async def _exchange(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
-        while True:
-            data = await asyncio.wait_for(loop.sock_recv(conn, MAX_MESSAGE), STEP_TIMEOUT)
-            if not data:
-                return  # the new process gave up (or failed to start): keep serving
-            try:
-                op = json.loads(data).get("op")
-            except (ValueError, AttributeError):
-                op = None
-            if op == "listeners":
-                self._send_listeners(conn)
-            elif op == "drain":
-                self._done = True
-                log.info("listeners taken over by a new process: draining")
-                # closed first: once told, the new process may open the same path for its own
-                self.close_listener()
-                _send(conn, {"ok": True})
-                self._on_drain()
-                return
-            else:
-                _send(conn, {"error": 'expected {"op": "listeners"} or {"op": "drain"}'})
-                return
+        """One takeover at a time: a session holds it from ``listeners`` to
+        its end (a connection that asks nothing holds nothing)."""
+        try:
+            while True:
+                data = await asyncio.wait_for(loop.sock_recv(conn, MAX_MESSAGE), STEP_TIMEOUT)
+                if not data:
+                    return  # the new process gave up (or failed to start): keep serving
+                try:
+                    op = json.loads(data).get("op")
+                except (ValueError, AttributeError):
+                    op = None
+                if op == "listeners":
+                    if self._done or self._owner not in (None, conn):
+                        _send(conn, {"error": "another takeover is under way"})
+                        return
+                    self._owner = conn
+                    self._send_listeners(conn)
+                elif op == "drain" and self._owner is conn:
+                    self._done = True
+                    log.info("listeners taken over by a new process: draining")
+                    # closed first: once told, the new process may open the same path for its own
+                    self.close_listener()
+                    _send(conn, {"ok": True})
+                    self._on_drain()
+                    return
+                else:
+                    _send(conn, {"error": 'expected {"op": "listeners"}, then {"op": "drain"}'})
+                    return
+        finally:
+            if self._owner is conn:
+                self._owner = None
 
     def close_listener(self) -> None:
         """Stop taking new sessions (those under way go on); the path goes."""

@@ -244,6 +244,11 @@ def test_takeover_that_cannot_happen_leaves_the_old_process_serving(tmp_path: Pa
             g.send(b"\xff\x00 not json")
             assert b"error" in g.recv(4096)
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as g:
+            g.settimeout(10)
+            g.connect(sock)
+            g.send(b'{"op": "drain"}')  # without having taken the listeners: refused, nothing drains
+            assert b"error" in g.recv(4096)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as g:
             g.connect(sock)  # and gone at once
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as g, pytest.raises(OSError):
             g.connect(sock)  # the wrong kind of socket
@@ -273,3 +278,41 @@ def test_takeover_that_cannot_happen_leaves_the_old_process_serving(tmp_path: Pa
     finally:
         blocker.close()
         stop(a)
+
+
+def test_takeover_of_https_and_its_redirect_listener(tmp_path: Path, backend: BackendProc, pki) -> None:
+    import ssl
+
+    leaf = pki.leaf("localhost", "127.0.0.1")
+    port, redirect = free_port(), free_port()
+    sock = str(tmp_path / "handover.sock")
+    cfg = tmp_path / "lb.toml"
+    cfg.write_text(f'listen = "127.0.0.1:{port}"\nworkers = 1\nbackends = ["{backend.address}"]\n'
+                   f'[tls]\nredirect = "127.0.0.1:{redirect}"\n'
+                   f'[[tls.certificates]]\ncert = "{leaf.cert}"\nkey = "{leaf.key}"\n')
+    ctx = ssl.create_default_context(cafile=str(pki.ca))
+
+    def https_ok() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+                    ctx.wrap_socket(raw, server_hostname="localhost") as s:
+                s.sendall(b"GET /whoami HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                return read_response(s)[2] == b"b0"
+        except OSError:
+            return False
+
+    a = start(cfg, "--handover-socket", sock, log=tmp_path / "a.log")
+    b = None
+    try:
+        wait_until(lambda: os.path.exists(sock) and https_ok(), 20, a, "the first balancer")
+        b = start(cfg, "--takeover", sock, log=tmp_path / "b.log")
+        assert a.wait(timeout=30) == 0, (tmp_path / "a.log").read_text()
+        assert b.poll() is None, (tmp_path / "b.log").read_text()
+        assert https_ok()
+        status, headers, _ = get(redirect, "/x")
+        assert status.endswith("308 Permanent Redirect") and headers["location"] == f"https://x:{port}/x"
+        assert stop(b) == 0
+    finally:
+        for p in (a, b):
+            if p is not None:
+                stop(p)

@@ -58,6 +58,13 @@ pub struct Balancer {
     /// a binary upgrade hands over. Dropped with the listener, and when the
     /// drain starts (a socket nobody accepts on must refuse, not queue).
     sockets: Mutex<std::collections::HashMap<usize, Vec<std::net::TcpListener>>>,
+    /// A copy of the redirect listener's socket, handed over likewise.
+    redirect_sock: Mutex<Option<std::net::TcpListener>>,
+}
+
+/// The handover key of the HTTP-to-HTTPS redirect listener (configured address).
+fn redirect_key(addr: SocketAddr) -> String {
+    format!("redirect:{addr}")
 }
 
 /// A listener opened for the workers.
@@ -266,6 +273,12 @@ impl Balancer {
             .find(|(l, _)| l.tls)
             .map_or(local_addr.port(), |(_, a)| a.port());
         let redirect = match config.redirect_listen {
+            Some(addr) if inherited.contains_key(&redirect_key(addr)) => {
+                let la = super::config::ListenAddr { addr, tls: false, accept_proxy: false, unix: None };
+                let mut o = adopt(&la, 1, &inherited[&redirect_key(addr)])?;
+                let l = o.distinct.swap_remove(0);
+                Some((l, o.bound))
+            }
             Some(addr) => {
                 check_free(addr).map_err(|e| cannot(addr, e))?;
                 let l = listener(addr).map_err(|e| cannot(addr, e))?;
@@ -275,6 +288,10 @@ impl Balancer {
             None => None,
         };
         let redirect_addr = redirect.as_ref().map(|(_, a)| *a);
+        let redirect_copy = match &redirect {
+            Some((l, _)) => Some(l.try_clone().map_err(|e| format!("cannot copy the redirect listener: {e}"))?),
+            None => None,
+        };
         let workers: Vec<Arc<WorkerStats>> = (0..config.workers)
             .map(|_| Arc::new(WorkerStats::default()))
             .collect();
@@ -344,6 +361,7 @@ impl Balancer {
             spec: Mutex::new(None),
             unix_paths: Mutex::new(unix_paths),
             sockets: Mutex::new(sockets),
+            redirect_sock: Mutex::new(redirect_copy),
         })
     }
 
@@ -664,6 +682,9 @@ impl Balancer {
             let fds = socks.iter().map(|s| std::os::fd::AsFd::as_fd(s).try_clone_to_owned()).collect::<io::Result<_>>()?;
             out.push((super::listeners::key(la), la.tls, fds));
         }
+        if let (Some(addr), Some(l)) = (self.shared.config.redirect_listen, &*self.redirect_sock.lock().unwrap_or_else(|e| e.into_inner())) {
+            out.push((redirect_key(addr), false, vec![std::os::fd::AsFd::as_fd(l).try_clone_to_owned()?]));
+        }
         Ok(out)
     }
 
@@ -679,6 +700,7 @@ impl Balancer {
     pub fn drain(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         self.sockets.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        *self.redirect_sock.lock().unwrap_or_else(|e| e.into_inner()) = None;
         // a drain already under way keeps its deadline unless this one is sooner
         // (a second Ctrl-C: drain(0) while a graceful drain waits)
         self.stop.send_if_modified(|v| match v {
