@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -223,6 +224,9 @@ class Takeover:
         self._sock: socket.socket | None = None
 
     def connect(self) -> None:
+        with contextlib.suppress(OSError):
+            if not stat.S_ISSOCK(os.stat(self.path).st_mode):
+                raise HandoverError(f"cannot take over from {self.path}: not a socket")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sock.settimeout(self.timeout)
         try:
@@ -240,6 +244,8 @@ class Takeover:
                                 "(run as the user of the running balancer)") from exc
         except OSError as exc:
             sock.close()
+            if exc.errno == errno.EPROTOTYPE:  # a stream socket: something else listens there
+                raise HandoverError(f"cannot take over from {self.path}: not a balancer's handover socket") from exc
             raise HandoverError(f"cannot take over from {self.path}: {exc.strerror or exc}") from exc
         self._sock = sock
 

@@ -267,6 +267,15 @@ def test_takeover_that_cannot_happen_leaves_the_old_process_serving(tmp_path: Pa
         assert b.returncode == 2
         assert b.stderr.strip() == (f"juggler balancer: cannot take over from {tmp_path / 'missing.sock'}: "
                                     "no such socket (is the running balancer started with handover_socket?)")
+        # a path that is not a socket, or a socket that is not a handover socket: the same
+        stream = socket.socket(socket.AF_UNIX)
+        stream.bind(str(tmp_path / "stream.sock"))
+        stream.listen()
+        for path, why in ((cfg, "not a socket"), (tmp_path / "stream.sock", "not a balancer's handover socket")):
+            b = subprocess.run([sys.executable, "-m", "cli", "balancer", "--config", str(cfg), "--takeover", str(path)],
+                               cwd=ROOT, capture_output=True, text=True, timeout=30, check=False)
+            assert (b.returncode, b.stderr.strip()) == (2, f"juggler balancer: cannot take over from {path}: {why}")
+        stream.close()
         # and after all that, a takeover still works
         cfg = write_config(tmp_path / "c.toml", "c", [port], backend.address, workers=1)
         c = start(cfg, "--takeover", sock, log=tmp_path / "c.log")
