@@ -135,15 +135,20 @@ def test_our_send_proxy_v1_and_v2_reach_haproxy_with_the_client_address(haproxy,
                 assert h["x-seen-dst"] == [f"127.0.0.1:{port}"]
 
 
-def test_keep_alive_client_requests_are_not_sent_on_another_clients_connection(proxy) -> None:
+@pytest.mark.parametrize("extra", [b"", b"Upgrade: foo\r\n"], ids=["fast path", "hyper path"])
+def test_keep_alive_client_requests_are_not_sent_on_another_clients_connection(proxy, extra: bytes) -> None:
     """A raw backend records the PROXY header of each connection it gets and
-    the client each request came from (its X-Forwarded-For)."""
+    the client each request came from (its X-Forwarded-For). As HAProxy does,
+    each client keeps its own backend connection for its next requests."""
+    import itertools
     import threading
 
     srv = socket.create_server(("127.0.0.1", 0))
-    log: list[tuple[str, str]] = []
+    log: list[tuple[int, str, str]] = []
+    ids = itertools.count()
 
     def serve(c: socket.socket) -> None:
+        conn_id = next(ids)
         with c:
             buf = b""
             header = ""
@@ -159,7 +164,7 @@ def test_keep_alive_client_requests_are_not_sent_on_another_clients_connection(p
                 head, _, buf = buf.partition(b"\r\n\r\n")
                 xff = next(x.split(b":", 1)[1].strip().decode() for x in head.split(b"\r\n")
                            if x.lower().startswith(b"x-forwarded-for:"))
-                log.append((header, xff))
+                log.append((conn_id, header, xff))
                 c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
     def accept() -> None:
@@ -182,12 +187,15 @@ def test_keep_alive_client_requests_are_not_sent_on_another_clients_connection(p
             clients.append(s)
         for _ in range(3):  # interleaved keep-alive requests of two clients
             for s in clients:
-                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n" + extra + b"\r\n")
                 assert s.recv(65536).endswith(b"ok")
         for s in clients:
             s.close()
         assert len(log) == 6
-        assert all(header == xff for header, xff in log), log
+        assert all(header == xff for _, header, xff in log), log
+        # one backend connection per client, reused for each of its requests, never the other's
+        by_conn = {conn_id: {xff for c, _, xff in log if c == conn_id} for conn_id, _, _ in log}
+        assert len(by_conn) == 2 and all(len(v) == 1 for v in by_conn.values()), log
     finally:
         srv.close()
 

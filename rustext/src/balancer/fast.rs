@@ -72,6 +72,10 @@ pub struct Client {
     raw: Option<std::net::TcpStream>,
     reg: Option<TcpStream>,
     ctl: Arc<ConnCtl>,
+    /// As HAProxy: a backend connection opened with this client's PROXY
+    /// header (`send_proxy`), kept for its next requests to that backend
+    /// (by id); closed with the client connection, never shared.
+    private: Option<(u64, Link)>,
 }
 
 impl Client {
@@ -80,6 +84,7 @@ impl Client {
             raw: Some(sock),
             reg: None,
             ctl,
+            private: None,
         }
     }
 
@@ -567,6 +572,14 @@ async fn exchange(
         let pp = backend
             .send_proxy()
             .map(|v| super::l4::header_for(v, std::net::SocketAddr::new(peer.ip, peer.port), peer.local_addr(&w.shared)));
+        // the client's own backend connection, if it has one to this backend
+        let held = match client.private.take() {
+            Some((id, l)) if pp.is_some() && id == backend.id => Some(l),
+            other => {
+                client.private = other;
+                None
+            }
+        };
         match attempt_one(
             w,
             backend,
@@ -581,6 +594,7 @@ async fn exchange(
             &resp_edits,
             &mut done.timings.connect,
             pp.as_deref(),
+            held,
         )
         .await
         {
@@ -895,14 +909,17 @@ async fn attempt_one(
     edits: &Edits<'_>,
     tc: &mut Option<Duration>,
     proxy_header: Option<&[u8]>,
+    mut held: Option<Link>,
 ) -> Result<(Link, RespHead), Outcome> {
-    // A connection that starts with a client's PROXY header is that client's.
+    // A connection that starts with a client's PROXY header is that client's:
+    // never from the shared pool, only the one it kept (`held`).
     let mut fresh_only = proxy_header.is_some();
     loop {
-        let pooled = if fresh_only {
-            None
-        } else {
-            w.fast_pool.take(b.id, w.clock.now())
+        let pooled = match held.take() {
+            Some(l) if l.alive() => Some(l),
+            Some(_) => None,
+            None if fresh_only => None,
+            None => w.fast_pool.take(b.id, w.clock.now()),
         };
         let reused = pooled.is_some();
         let mut link = match pooled {
@@ -1089,7 +1106,11 @@ async fn relay(
             reusable = false;
         }
     }
-    if reusable {
+    if reusable && link.private {
+        // kept by its client (its buffer back to the worker while idle)
+        pool.give_back(std::mem::take(&mut link.buf));
+        client.private = Some((id, link));
+    } else if reusable {
         pool.put(id, link, w.clock.now());
     } else {
         pool.give_back(std::mem::take(&mut link.buf));

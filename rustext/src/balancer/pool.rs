@@ -40,7 +40,7 @@ pub struct BackendConn {
 
 impl BackendConn {
     /// Ready for a new request (false if the connection ended meanwhile).
-    async fn ready(&mut self) -> bool {
+    pub(super) async fn ready(&mut self) -> bool {
         if self.tx.is_ready() {
             return true;
         }

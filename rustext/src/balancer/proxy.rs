@@ -242,6 +242,10 @@ pub struct Peer {
     /// The client came over a Unix socket (no PROXY header): it has no
     /// address; logged as `unix` (HAProxy's `%ci`), none forwarded.
     pub unix: bool,
+    /// As HAProxy: a backend connection opened with this client's PROXY
+    /// header (`send_proxy`), kept for its next requests to that backend
+    /// (by id); closed with the client connection, never shared.
+    pub private: Mutex<Option<(u64, super::pool::BackendConn)>>,
 }
 
 impl Peer {
@@ -275,6 +279,7 @@ impl Peer {
             listener: 0,
             local: None,
             unix: false,
+            private: Mutex::new(None),
         }
     }
 
@@ -302,6 +307,7 @@ impl Peer {
                     listener: 0,
                     local: None,
                     unix: false,
+                    private: Mutex::new(None),
                 };
             }
         }
@@ -630,7 +636,11 @@ impl Streaming {
             bump(&self.worker.stats.bytes_out, self.bytes);
             self.bytes = 0;
             if let Some(Held::H1(bc)) = self.conn.take() {
-                if clean {
+                if clean && bc.private {
+                    if !bc.tx.is_closed() {
+                        *self.peer.private.lock().unwrap_or_else(|e| e.into_inner()) = Some((lease.backend.id, bc));
+                    }
+                } else if clean {
                     self.worker.pool.put(lease.backend.id, bc);
                 }
             }
@@ -1039,8 +1049,10 @@ pub(super) enum Outcome {
     Sent(Fail),
 }
 
-/// One backend attempt: a pooled connection, or a new one if the pooled
-/// connection turns out closed before the request was written.
+/// One backend attempt: a pooled connection (`held`, the client's own, for
+/// a `send_proxy` server), or a new one if that connection turns out closed
+/// before the request was written.
+#[allow(clippy::too_many_arguments)]
 async fn send(
     w: &Worker,
     b: &Backend,
@@ -1049,10 +1061,18 @@ async fn send(
     wait: Duration,
     progress: Option<&Progress>,
     proxy_header: Option<&[u8]>,
+    mut held: Option<BackendConn>,
 ) -> Outcome {
     let mut reused_failed = false;
     loop {
-        let got = if reused_failed || proxy_header.is_some() {
+        let mut kept = held.take();
+        let kept_ready = match kept.as_mut() {
+            Some(bc) => bc.ready().await,
+            None => false,
+        };
+        let got = if kept_ready {
+            Ok((kept.take().expect("checked above"), true))
+        } else if reused_failed || proxy_header.is_some() {
             Box::pin(w.pool.connect_with(b, connect, proxy_header)).await.map(|tx| (tx, false))
         } else {
             w.pool.acquire(b, connect).await
@@ -1362,7 +1382,20 @@ async fn forward(
         let outcome = if s.proto == Proto::H2 {
             super::h2pool::send(w, &backend, breq, s.connect_timeout, wait, progress.as_deref()).await
         } else {
-            send(w, &backend, breq, s.connect_timeout, wait, progress.as_deref(), pp.as_deref()).await
+            // the client's own backend connection, if it has one to this backend
+            let held = if pp.is_some() {
+                let mut g = peer.private.lock().unwrap_or_else(|e| e.into_inner());
+                match g.take() {
+                    Some((id, bc)) if id == backend.id => Some(bc),
+                    other => {
+                        *g = other;
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            send(w, &backend, breq, s.connect_timeout, wait, progress.as_deref(), pp.as_deref(), held).await
         };
         match outcome
         {
