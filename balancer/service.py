@@ -95,8 +95,15 @@ class LoadBalancer:
                 continue
             checker = self._health.get(name)
             proxied = {b.address: b.send_proxy or pool.send_proxy for b in pool.backends}
+            tls = pool.tls if pool.tls.backend else None
+            if checker is not None and (checker.proto, checker.tls) != (pool.proto, tls):
+                await self._health.pop(name).aclose()  # how backends are reached changed: start over
+                for b in pool.backends:
+                    self._native.set_backend_health(b.address, True, name)
+                checker = None
             if checker is None:
-                checker = self._health[name] = HealthChecker(pool.health, functools.partial(self._mark_health, name))
+                checker = self._health[name] = HealthChecker(
+                    pool.health, functools.partial(self._mark_health, name), proto=pool.proto, tls=pool.tls)
                 checker.send_proxy = proxied
                 checker.set_backends(b.address for b in pool.backends)
             else:
