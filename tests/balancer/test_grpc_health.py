@@ -219,3 +219,22 @@ def test_a_pool_switching_to_grpc_does_not_inherit_the_http_path():
     pools = cfg.pools()
     assert (pools["web"].health.type, pools["web"].health.path) == ("http", "/health")
     assert (pools["api"].health.type, pools["api"].health.path) == ("grpc", "/")
+
+
+async def test_http_checks_go_over_tls_when_the_requests_do(pki):
+    """h1 pools too: a check in clear would fail against an HTTPS-only server."""
+    leaf = pki.leaf("localhost", "127.0.0.1")
+    origin = start_backend("origin", tls=(str(leaf.cert), str(leaf.key)))
+
+    def origin_health() -> bytes:
+        return subprocess.run(["curl", "-s", "--max-time", "5", "--cacert", str(pki.ca),
+                               f"https://{origin.address}/health"], check=True, capture_output=True).stdout
+
+    try:
+        # the check's path is /sick: a check that reached the server (over TLS) leaves it sick, and succeeds
+        cfg = {**pool([origin.address], proto="h1", path="/sick"), "tls": {"backend": True, "backend_ca": str(pki.ca)}}
+        async with LoadBalancer(from_dict(cfg)) as lb:
+            await wait_until(lambda: asyncio.to_thread(lambda: origin_health() == b"sick"), 10, interval=0.05)
+            assert healthy(lb)[origin.address]
+    finally:
+        origin.kill()
