@@ -21,6 +21,7 @@ from balancer.config import from_dict
 from balancer.health import health_request, serving_status
 from tests.balancer.balancer_helpers import start_backend
 from tests.netutil import free_port, wait_until
+from tests.tlsutil import TestPKI
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -34,19 +35,26 @@ class Backend:
     name: str
     port: int
     proc: subprocess.Popen
+    ca: bytes | None = None  # served over TLS, with a certificate from this CA
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def channel(self) -> grpc.Channel:
+        if self.ca is None:
+            return grpc.insecure_channel(self.address)
+        return grpc.secure_channel(self.address, grpc.ssl_channel_credentials(root_certificates=self.ca),
+                                   options=(("grpc.ssl_target_name_override", "localhost"),))
+
     def set_health(self, status: int, service: str = "") -> None:
         """What its health service answers about ``service`` from now on."""
-        with grpc.insecure_channel(self.address) as ch:
+        with self.channel() as ch:
             ch.unary_unary("/test.Echo/SetHealth")(f"{service}={status}".encode(), timeout=5)
 
     def health_checks(self) -> tuple[int, int]:
         """(checks answered, client connections they came on)."""
-        with grpc.insecure_channel(self.address) as ch:
+        with self.channel() as ch:
             checks, conns = ch.unary_unary("/test.Echo/HealthChecks")(b"", timeout=5).split(b",")
         return int(checks), int(conns)
 
@@ -60,16 +68,17 @@ class Backend:
 
 @pytest.fixture
 def grpc_backend() -> Iterator:
-    """``grpc_backend(name, health=True, tls=None)``: a grpcio server
-    (tests/balancer/grpc_backend.py), killed after the test."""
+    """``grpc_backend(name, health=True, tls=None, ca=None)``: a grpcio
+    server (tests/balancer/grpc_backend.py), over TLS with ``tls`` = (cert,
+    key) from the CA ``ca`` (PEM); killed after the test."""
     started: list[Backend] = []
 
-    def start(name: str, health: bool = True, tls: tuple[str, str] | None = None) -> Backend:
+    def start(name: str, health: bool = True, tls: tuple[str, str] | None = None, ca: bytes | None = None) -> Backend:
         port = free_port()
         env = {**os.environ, **({} if health else {"GRPC_HEALTH": "off"})}
         proc = subprocess.Popen([sys.executable, GRPC_BACKEND, str(port), name, *(tls or ())],
                                 stdout=subprocess.PIPE, env=env)
-        b = Backend(name, port, proc)
+        b = Backend(name, port, proc, ca)
         started.append(b)
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != b"ready":
@@ -155,16 +164,60 @@ async def test_grpc_service_names_the_service_asked_about(grpc_backend):
         await wait_until(lambda: state("other") == {a.address: False}, 10, what=lambda: str(state("other")))
 
 
-async def test_grpc_checks_over_tls_to_backends(grpc_backend, pki):
+async def test_a_server_that_never_answers_is_down(grpc_backend):
+    """Connections accepted, nothing ever answered: each check times out."""
+    silent_conns: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        silent_conns.append(writer)
+        await reader.read()  # until the check gives up and closes
+
+    silent = await asyncio.start_server(hold, "127.0.0.1", 0)
+    address = f"127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    try:
+        async with LoadBalancer(from_dict(pool([address], type="grpc", timeout=0.2))) as lb:
+            await become(lb, {address: False})
+            assert silent_conns  # the checks did connect: it is the silence that failed them
+    finally:
+        silent.close()
+        for w in silent_conns:
+            w.close()
+        await silent.wait_closed()
+
+
+async def test_a_reload_to_grpc_checks_over_h2_brings_a_grpc_server_up(grpc_backend):
+    """HTTP/1 checks of a gRPC server fail (it answers no HTTP/1); the
+    reload changing the pool to h2 and gRPC checks starts the checks over."""
+    a = grpc_backend("a")
+    async with LoadBalancer(from_dict(pool([a.address], proto="h1"))) as lb:
+        await become(lb, {a.address: False})
+        await lb.reload(from_dict(pool([a.address], type="grpc")))
+        await become(lb, {a.address: True})
+        assert await asyncio.to_thread(calls, lb.address[1], 2) == {"a": 2}
+
+
+async def test_grpc_checks_over_tls_to_backends(grpc_backend, pki, tmp_path):
     leaf = pki.leaf("localhost", "127.0.0.1")
-    good = grpc_backend("good", tls=(str(leaf.cert), str(leaf.key)))
+    good = grpc_backend("good", tls=(str(leaf.cert), str(leaf.key)), ca=pki.ca.read_bytes())
     plain = grpc_backend("plain")  # no TLS: its checks fail the handshake
     cfg = pool([good.address, plain.address], type="grpc")
+    async def answered_checks(more: int = 3) -> None:
+        """Wait until ``good`` has answered ``more`` checks (over TLS: it serves nothing else)."""
+        n = (await asyncio.to_thread(good.health_checks))[0]
+        await wait_until(lambda: asyncio.to_thread(lambda: good.health_checks()[0] >= n + more), 10, interval=0.05)
+
     async with LoadBalancer(from_dict({**cfg, "tls": {"backend": True, "backend_ca": str(pki.ca)}})) as lb:
-        await become(lb, {plain.address: False})
-        assert healthy(lb)[good.address]
+        await answered_checks()
+        await become(lb, {good.address: True, plain.address: False})
         with grpc.insecure_channel(f"127.0.0.1:{lb.address[1]}") as ch:
             assert ch.unary_unary("/test.Echo/Unary")(b"x", timeout=5) == b"good:x"
+    # against another CA, verification fails; backend_insecure skips it, as for the requests
+    other = TestPKI(tmp_path)
+    async with LoadBalancer(from_dict({**cfg, "tls": {"backend": True, "backend_ca": str(other.ca)}})) as lb:
+        await become(lb, {good.address: False})
+    async with LoadBalancer(from_dict({**cfg, "tls": {"backend": True, "backend_insecure": True}})) as lb:
+        await answered_checks()
+        await become(lb, {good.address: True, plain.address: False})
 
 
 async def test_http_checks_of_an_h2_pool_speak_http2(tmp_path):
