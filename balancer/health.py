@@ -10,7 +10,8 @@ bounded by ``timeout``):
   naming no client (v2 ``LOCAL``, v1 ``UNKNOWN``), as HAProxy's checks of
   such servers do. For ``proto = "h2"`` pools the check speaks HTTP/2
   (h2c with prior knowledge, or ALPN ``h2`` over TLS), since many HTTP/2
-  and gRPC servers answer nothing else.
+  and gRPC servers answer nothing else. With TLS to backends, checks use
+  TLS too (but for the raw PROXY-header and Unix-socket ones).
 * gRPC checks (``type = "grpc"``) call ``grpc.health.v1.Health/Check`` as
   Envoy, Kubernetes' gRPC probes and ``grpc_health_probe`` do: ``SERVING``
   is a success; any other status, a gRPC error (``UNIMPLEMENTED`` from a
@@ -25,6 +26,7 @@ plane does (Unix sockets, ``tls.backend_insecure``, which grpcio cannot
 express). The two health messages are encoded by hand, as the protocol is
 tiny: ``HealthCheckRequest{string service = 1}``,
 ``HealthCheckResponse{ServingStatus status = 1}``, ``SERVING = 1``.
+
 After ``rise`` successes in a row a down backend is marked up, after
 ``fall`` failures in a row an up backend is marked down; every transition
 calls ``on_change(name, healthy)`` (the service forwards it to the data
