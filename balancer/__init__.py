@@ -10,7 +10,7 @@ on threads of its own; this package configures and watches it.
 - policies  typed pool policies: cookie persistence (``sticky``), backups, slow start, ``retry_on``,
             layer-7 passive health
 - discovery DNS service discovery: backends by name (A/AAAA) or SRV, re-resolved
-- health    active HTTP health checks (asyncio, aiohttp) marking backends up/down
+- health    active health checks (asyncio): HTTP/1 (aiohttp), HTTP/2 and gRPC (h2) marking backends up/down
 - service   ``LoadBalancer``: data plane + health checks, reload, drain
 - auth      the admin endpoint's authentication: Basic (bcrypt users) and bearer tokens
 - admin     the admin HTTP endpoint (aiohttp) on top of a service: backends,

@@ -274,28 +274,46 @@ class Limits:
 
 @dataclass(frozen=True, kw_only=True)
 class HealthCheck:
-    """Active HTTP health checks: ``GET path`` on every backend; 2xx or 3xx is up."""
+    """Active health checks of every backend: ``GET path`` (2xx or 3xx is
+    up), over HTTP/2 for ``proto = "h2"`` pools; or the gRPC health checking
+    protocol (``grpc.health.v1.Health/Check``; ``SERVING`` is up)."""
 
     #: false: no active checks
     enabled: bool = True
-    #: the path requested
+    #: ``"http"``: ``GET path``; ``"grpc"``: the gRPC health checking protocol (needs ``proto = "h2"``)
+    type: str = "http"
+    #: the path requested (HTTP checks only)
     path: str = "/"
+    #: the service a gRPC check asks about (``HealthCheckRequest.service``); empty = the whole server
+    grpc_service: str = ""
     #: seconds between checks of one backend
     interval: float = 2.0
     #: seconds one check may take
     timeout: float = 1.0
     rise: int = 2  # consecutive successes to mark a backend up
     fall: int = 3  # consecutive failures to mark it down
-    host: str | None = None  # Host header (default: the backend address)
+    host: str | None = None  # Host header (:authority of HTTP/2 and gRPC checks; default: the backend address)
 
     def __post_init__(self) -> None:
         _non_negative(self, "interval", "timeout")
+        if self.type not in HEALTH_TYPES:
+            raise BalancerConfigError(f"health.type must be \"http\" or \"grpc\", got {self.type!r}")
         if not self.path.startswith("/"):
             raise BalancerConfigError(f"health.path must start with '/', got {self.path!r}")
+        if self.type == "grpc" and self.path != "/":
+            raise BalancerConfigError(
+                "health.path is for HTTP checks: a gRPC check asks grpc.health.v1.Health/Check "
+                "about grpc_service instead")
+        if self.type == "http" and self.grpc_service:
+            raise BalancerConfigError("health.grpc_service needs type = \"grpc\"")
         if self.interval <= 0 or self.timeout <= 0:
             raise BalancerConfigError("health.interval and health.timeout must be > 0")
         if self.rise < 1 or self.fall < 1:
             raise BalancerConfigError("health.rise and health.fall must be >= 1")
+
+
+#: what ``[health] type`` takes
+HEALTH_TYPES = ("http", "grpc")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -481,6 +499,9 @@ class BalancerConfig:
                 b.send_proxy not in (None, "none") for b in self.backends)):
             raise BalancerConfigError(
                 "send_proxy needs proto = \"h1\": HTTP/2 backend connections carry the calls of many clients")
+        if self.health is not None and self.health.type == "grpc" and self.proto != "h2" and not self.named_backends:
+            raise BalancerConfigError(
+                "health.type = \"grpc\" needs proto = \"h2\": gRPC runs over HTTP/2 only")
         if not isinstance(self.retries, int) or not 0 <= self.retries <= 16:
             raise BalancerConfigError(f"retries must be an integer in 0..16, got {self.retries!r}")
         parse_duration(self.slow_start, "slow_start")
@@ -573,8 +594,19 @@ class BalancerConfig:
             health = self.health
             if nb.health is not None:
                 base = _as_dict(self.health) if self.health is not None else {}
-                h = section(HealthCheck, {**base, **nb.health}, f"{w}.health")
+                if nb.health.get("type", base.get("type", "http")) != base.get("type", "http"):
+                    # a pool switching type does not inherit the other type's target
+                    base = {k: v for k, v in base.items() if k not in ("type", "path", "grpc_service")}
+                try:
+                    h = section(HealthCheck, {**base, **nb.health}, f"{w}.health")
+                except BalancerConfigError as exc:  # name the pool's key, so that the error has its line
+                    msg = str(exc)
+                    raise BalancerConfigError(f"{w}.{msg}" if msg.startswith("health.") else msg) from exc
                 health = h if h.enabled else None
+            if health is not None and health.type == "grpc" and (nb.proto or self.proto) != "h2":
+                key = f"{w}.health.type" if nb.health is not None and "type" in nb.health else "health.type"
+                raise BalancerConfigError(
+                    f"{key} = \"grpc\" needs proto = \"h2\" in [{w}]: gRPC runs over HTTP/2 only")
             try:
                 out[name] = replace(
                     self, listen=self.listen or "0.0.0.0:0", listeners=(), named_backends={}, routes=(),

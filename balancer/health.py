@@ -1,11 +1,32 @@
 """Active health checks, run from asyncio.
 
-Each backend gets one task that sends ``GET <path>`` on a fresh connection
-every ``interval`` (bounded by ``timeout``); a 2xx/3xx answer is a success
-(redirects are not followed). The HTTP client is aiohttp; a backend that
-expects a PROXY protocol header (``send_proxy``) is checked over a raw
-connection that starts with one naming no client (v2 ``LOCAL``, v1
-``UNKNOWN``), as HAProxy's checks of such servers do.
+Each backend gets one task that checks it every ``interval`` (each check
+bounded by ``timeout``):
+
+* HTTP checks send ``GET <path>`` on a fresh connection; a 2xx/3xx answer is
+  a success (redirects are not followed). For ``proto = "h1"`` pools the
+  client is aiohttp; a backend that expects a PROXY protocol header
+  (``send_proxy``) is checked over a raw connection that starts with one
+  naming no client (v2 ``LOCAL``, v1 ``UNKNOWN``), as HAProxy's checks of
+  such servers do. For ``proto = "h2"`` pools the check speaks HTTP/2
+  (h2c with prior knowledge, or ALPN ``h2`` over TLS), since many HTTP/2
+  and gRPC servers answer nothing else. With TLS to backends, checks use
+  TLS too (but for the raw PROXY-header and Unix-socket ones).
+* gRPC checks (``type = "grpc"``) call ``grpc.health.v1.Health/Check`` as
+  Envoy, Kubernetes' gRPC probes and ``grpc_health_probe`` do: ``SERVING``
+  is a success; any other status, a gRPC error (``UNIMPLEMENTED`` from a
+  server without the health service, ``NOT_FOUND`` for an unknown
+  service), a timeout or a broken connection is a failure. One HTTP/2
+  connection per backend stays open between checks and is replaced once it
+  breaks or a check times out (its state is then unknown).
+
+HTTP/2 is the ``h2`` library's sans-I/O state machine driven over asyncio
+streams, not grpcio: the checks then reach backends exactly as the data
+plane does (Unix sockets, ``tls.backend_insecure``, which grpcio cannot
+express). The two health messages are encoded by hand, as the protocol is
+tiny: ``HealthCheckRequest{string service = 1}``,
+``HealthCheckResponse{ServingStatus status = 1}``, ``SERVING = 1``.
+
 After ``rise`` successes in a row a down backend is marked up, after
 ``fall`` failures in a row an up backend is marked down; every transition
 calls ``on_change(name, healthy)`` (the service forwards it to the data
@@ -16,18 +37,41 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
 
 if TYPE_CHECKING:
     import aiohttp
 
-from balancer.config import HealthCheck, parse_hostport, unix_path
+from balancer.config import HealthCheck, Tls, parse_hostport, unix_path
 
 log = logging.getLogger("balancer.health")
 
 
-async def probe(session: aiohttp.ClientSession, address: str, check: HealthCheck) -> bool:
+USER_AGENT = "juggler-balancer-health"
+#: the most of a response body a check reads (a health answer is a few bytes)
+MAX_BODY = 64 * 1024
+
+
+def backend_ssl(tls: Tls, alpn: str) -> ssl.SSLContext:
+    """The TLS settings the data plane uses towards backends, for checks."""
+    ctx = ssl.create_default_context(cafile=tls.backend_ca)
+    if tls.backend_insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols([alpn])
+    return ctx
+
+
+async def probe(session: aiohttp.ClientSession, address: str, check: HealthCheck,
+                tls: ssl.SSLContext | None = None) -> bool:
     """One check: True when the backend answers 2xx/3xx within the timeout."""
     import aiohttp
 
@@ -35,9 +79,10 @@ async def probe(session: aiohttp.ClientSession, address: str, check: HealthCheck
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         async with session.get(
-            f"http://{authority}{check.path}",
-            headers={"Host": check.host or address, "User-Agent": "juggler-balancer-health"},
+            f"{'https' if tls else 'http'}://{authority}{check.path}",
+            headers={"Host": check.host or address, "User-Agent": USER_AGENT},
             allow_redirects=False,
+            ssl=tls if tls is not None else True,
             timeout=aiohttp.ClientTimeout(total=check.timeout),
         ) as resp:
             return 200 <= resp.status < 400
@@ -79,11 +124,243 @@ async def probe_raw(address: str, check: HealthCheck, version: str | None) -> bo
         return False
 
 
+class H2Connection:
+    """One HTTP/2 connection to a backend, one request at a time.
+
+    h2c with prior knowledge on plain backends, ALPN ``h2`` over TLS
+    (``tls``). Not safe to share between tasks; a request cancelled or
+    timed out midway leaves the connection unusable: close it.
+    """
+
+    def __init__(self, address: str, tls: ssl.SSLContext | None) -> None:
+        self.address = address
+        self.tls = tls
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._conn: h2.connection.H2Connection | None = None
+
+    @property
+    def open(self) -> bool:
+        return self._writer is not None and not self._writer.is_closing()
+
+    async def connect(self) -> None:
+        path = unix_path(self.address)
+        if path is not None:
+            self._reader, self._writer = await asyncio.open_unix_connection(
+                path, ssl=self.tls, server_hostname="localhost" if self.tls else None)
+        else:
+            host, port = parse_hostport(self.address, "backend address")
+            self._reader, self._writer = await asyncio.open_connection(host, port, ssl=self.tls)
+        if self.tls is not None:
+            tls_object = self._writer.get_extra_info("ssl_object")
+            alpn = tls_object.selected_alpn_protocol() if tls_object is not None else None
+            if alpn != "h2":
+                raise ConnectionError(f"backend {self.address} did not agree to HTTP/2 (ALPN {alpn!r})")
+        self._conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        self._conn.initiate_connection()
+        self._writer.write(self._conn.data_to_send())
+        await self._writer.drain()
+
+    async def request(self, headers: list[tuple[bytes, bytes]], body: bytes = b"", *,
+                      want_body: bool = True) -> tuple[dict[bytes, bytes], bytes, dict[bytes, bytes]]:
+        """(response headers, body, trailers); without ``want_body`` it
+        returns once the headers are in and resets the stream."""
+        if not self.open:
+            await self.connect()
+        conn, reader, writer = self._conn, self._reader, self._writer
+        assert conn is not None and reader is not None and writer is not None
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, headers, end_stream=not body)
+        if body:  # a few bytes: within any initial flow-control window
+            conn.send_data(sid, body, end_stream=True)
+        writer.write(conn.data_to_send())
+        await writer.drain()
+        head: dict[bytes, bytes] = {}
+        data = bytearray()
+        trailers: dict[bytes, bytes] = {}
+        while True:
+            chunk = await reader.read(65536)
+            if not chunk:
+                raise ConnectionError(f"backend {self.address} closed the connection")
+            for event in conn.receive_data(chunk):
+                if isinstance(event, h2.events.ConnectionTerminated):
+                    raise ConnectionError(f"backend {self.address} sent GOAWAY ({event.error_code!r})")
+                if getattr(event, "stream_id", sid) != sid:
+                    continue
+                if isinstance(event, h2.events.ResponseReceived):
+                    head = dict(event.headers)
+                    if head.get(b":status", b"").startswith(b"1"):
+                        continue  # an interim response
+                    if not want_body:
+                        try:  # a body may follow: not needed
+                            conn.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+                        except h2.exceptions.StreamClosedError:
+                            pass  # it already ended, within the bytes just read
+                        writer.write(conn.data_to_send())
+                        return head, b"", {}
+                elif isinstance(event, h2.events.DataReceived):
+                    data += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, sid)
+                    if len(data) > MAX_BODY:
+                        raise ValueError(f"backend {self.address} answered a health check with over {MAX_BODY} bytes")
+                elif isinstance(event, h2.events.TrailersReceived):
+                    trailers = dict(event.headers)
+                elif isinstance(event, h2.events.StreamReset):
+                    raise ConnectionError(f"backend {self.address} reset the check's stream ({event.error_code!r})")
+                elif isinstance(event, h2.events.StreamEnded):
+                    writer.write(conn.data_to_send())
+                    return head, bytes(data), trailers
+            writer.write(conn.data_to_send())  # SETTINGS and PING acks, window updates
+            await writer.drain()
+
+    async def aclose(self) -> None:
+        """Idempotent."""
+        writer, self._writer, self._conn = self._writer, None, None
+        if writer is not None:
+            writer.close()
+            try:  # bounded: a TLS peer may never answer close_notify
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+            except (OSError, ssl.SSLError, TimeoutError):
+                writer.transport.abort()
+            except asyncio.CancelledError:
+                writer.transport.abort()  # the socket now, not after a TLS shutdown nobody waits for
+                raise
+
+
+def _authority(address: str, check: HealthCheck) -> bytes:
+    return (check.host or ("localhost" if unix_path(address) is not None else address)).encode("idna")
+
+
+async def probe_h2(address: str, check: HealthCheck, tls: ssl.SSLContext | None) -> bool:
+    """An HTTP check over HTTP/2 on a fresh connection: 2xx/3xx is up."""
+    conn = H2Connection(address, tls)
+    try:
+        async with asyncio.timeout(check.timeout):
+            head, _, _ = await conn.request([
+                (b":method", b"GET"), (b":scheme", b"https" if tls else b"http"),
+                (b":authority", _authority(address, check)), (b":path", check.path.encode()),
+                (b"user-agent", USER_AGENT.encode())], want_body=False)
+        status = head.get(b":status", b"")
+        return status.isdigit() and 200 <= int(status) < 400
+    except (OSError, TimeoutError, ValueError, UnicodeError, ssl.SSLError, h2.exceptions.H2Error):
+        return False
+    finally:
+        await conn.aclose()
+
+
+#: grpc.health.v1.HealthCheckResponse.ServingStatus.SERVING
+SERVING = 1
+
+
+def health_request(service: str) -> bytes:
+    """A length-prefixed, uncompressed ``HealthCheckRequest{service}``."""
+    raw = service.encode()
+    msg = b"\x0a" + _varint(len(raw)) + raw if raw else b""
+    return b"\x00" + len(msg).to_bytes(4, "big") + msg
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _read_varint(buf: bytes, i: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        b = buf[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return n, i
+
+
+def serving_status(body: bytes) -> int:
+    """The ``status`` of one length-prefixed ``HealthCheckResponse`` (0,
+    UNKNOWN, when absent, as proto3 omits defaults); ValueError if malformed."""
+    if len(body) < 5 or body[0] != 0:
+        raise ValueError("not one uncompressed gRPC message")
+    msg = body[5:5 + int.from_bytes(body[1:5], "big")]
+    if len(msg) != int.from_bytes(body[1:5], "big"):
+        raise ValueError("truncated gRPC message")
+    status, i = 0, 0
+    while i < len(msg):
+        key, i = _read_varint(msg, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _read_varint(msg, i)
+            if field == 1:
+                status = value
+        elif wire == 1:
+            i += 8
+        elif wire == 2:
+            size, i = _read_varint(msg, i)
+            i += size
+        elif wire == 5:
+            i += 4
+        else:
+            raise ValueError(f"unexpected protobuf wire type {wire}")
+    if i > len(msg):
+        raise ValueError("truncated protobuf field")
+    return status
+
+
+async def probe_grpc(conn: H2Connection, check: HealthCheck) -> bool:
+    """One ``grpc.health.v1.Health/Check`` on ``conn``: True for SERVING.
+    A kept connection found closed (the server's idle timeout, a GOAWAY
+    between checks) is replaced once within the same timeout; ``conn`` is
+    closed when the check leaves it in an unknown state."""
+    headers = [
+        (b":method", b"POST"), (b":scheme", b"https" if conn.tls is not None else b"http"),
+        (b":path", b"/grpc.health.v1.Health/Check"), (b":authority", _authority(conn.address, check)),
+        (b"content-type", b"application/grpc"), (b"te", b"trailers"),
+        (b"grpc-timeout", b"%dm" % max(1, int(check.timeout * 1000))), (b"user-agent", USER_AGENT.encode())]
+    request = health_request(check.grpc_service)
+    try:
+        async with asyncio.timeout(check.timeout):
+            reused = conn.open
+            try:
+                head, body, trailers = await conn.request(headers, request)
+            except (ConnectionError, h2.exceptions.ProtocolError):
+                if not reused:
+                    raise
+                await conn.aclose()
+                head, body, trailers = await conn.request(headers, request)
+    except (OSError, TimeoutError, ValueError, UnicodeError, ssl.SSLError, h2.exceptions.H2Error) as exc:
+        log.debug("gRPC health check of %s failed: %r", conn.address, exc)
+        await conn.aclose()
+        return False
+    grpc_status = trailers.get(b"grpc-status", head.get(b"grpc-status"))  # trailers-only: in the headers
+    if head.get(b":status") != b"200" or grpc_status != b"0":
+        log.debug("gRPC health check of %s: HTTP %s, grpc-status %s, %s", conn.address, head.get(b":status"),
+                  grpc_status, trailers.get(b"grpc-message", head.get(b"grpc-message")))
+        return False
+    try:
+        return serving_status(body) == SERVING
+    except ValueError as exc:
+        log.debug("gRPC health check of %s: %s", conn.address, exc)
+        return False
+
+
 class HealthChecker:
     """Runs one probe task per backend; ``set_backends`` follows reloads."""
 
-    def __init__(self, check: HealthCheck, on_change: Callable[[str, bool], None]) -> None:
+    def __init__(self, check: HealthCheck, on_change: Callable[[str, bool], None], *,
+                 proto: str = "h1", tls: Tls | None = None) -> None:
+        """``proto``: the pool's protocol to its backends; ``tls``: its
+        ``[tls]`` settings (``backend = true``: checks go over TLS too)."""
         self.check = check
+        self.proto = proto
+        self.tls = tls if tls is not None and tls.backend else None
+        self._ssl: ssl.SSLContext | None = None
+        if self.tls is not None:
+            self._ssl = backend_ssl(self.tls, "h2" if proto == "h2" else "http/1.1")
         self._on_change = on_change
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.healthy: dict[str, bool] = {}
@@ -118,22 +395,32 @@ class HealthChecker:
 
     async def _run(self, name: str) -> None:
         ok_streak = bad_streak = 0
-        while True:
-            version = self.send_proxy.get(name)
-            if (version is not None and version in CHECK_PROXY_HEADERS) or unix_path(name) is not None:
-                ok = await probe_raw(name, self.check, version)
-            else:
-                ok = await probe(self._client(), name, self.check)
-            if ok:
-                ok_streak, bad_streak = ok_streak + 1, 0
-            else:
-                ok_streak, bad_streak = 0, bad_streak + 1
-            up = self.healthy.get(name, True)
-            if up and bad_streak >= self.check.fall:
-                self._set(name, False)
-            elif not up and ok_streak >= self.check.rise:
-                self._set(name, True)
-            await asyncio.sleep(self.check.interval)
+        grpc = H2Connection(name, self._ssl)  # kept open between gRPC checks
+        try:
+            while True:
+                ok = await self._probe(name, grpc)
+                if ok:
+                    ok_streak, bad_streak = ok_streak + 1, 0
+                else:
+                    ok_streak, bad_streak = 0, bad_streak + 1
+                up = self.healthy.get(name, True)
+                if up and bad_streak >= self.check.fall:
+                    self._set(name, False)
+                elif not up and ok_streak >= self.check.rise:
+                    self._set(name, True)
+                await asyncio.sleep(self.check.interval)
+        finally:
+            await grpc.aclose()
+
+    async def _probe(self, name: str, grpc: H2Connection) -> bool:
+        if self.check.type == "grpc":
+            return await probe_grpc(grpc, self.check)
+        if self.proto == "h2":
+            return await probe_h2(name, self.check, self._ssl)
+        version = self.send_proxy.get(name)
+        if (version is not None and version in CHECK_PROXY_HEADERS) or unix_path(name) is not None:
+            return await probe_raw(name, self.check, version)
+        return await probe(self._client(), name, self.check, self._ssl)
 
     def _set(self, name: str, healthy: bool) -> None:
         self.healthy[name] = healthy

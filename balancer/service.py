@@ -41,6 +41,8 @@ class LoadBalancer:
         self._dns_task: asyncio.Task[None] | None = None
         self._native = rustext.Balancer(self._effective(config).to_native())
         self._health: dict[str, HealthChecker] = {}  # per backend pool with checks
+        # TLS to backends as the data plane has it: a reload keeps it (see fixed_changes), and so do the checks
+        self._backend_tls = config.tls if config.tls.backend else None
         self._reload_lock = asyncio.Lock()
         self._closed = asyncio.Event()
         self._started = False
@@ -108,8 +110,15 @@ class LoadBalancer:
                 continue
             checker = self._health.get(name)
             proxied = {b.address: b.send_proxy or pool.send_proxy for b in pool.backends}
+            tls = self._backend_tls
+            if checker is not None and (checker.proto, checker.tls) != (pool.proto, tls):
+                await self._health.pop(name).aclose()  # how backends are reached changed: start over
+                for b in pool.backends:
+                    self._native.set_backend_health(b.address, True, name)
+                checker = None
             if checker is None:
-                checker = self._health[name] = HealthChecker(pool.health, functools.partial(self._mark_health, name))
+                checker = self._health[name] = HealthChecker(
+                    pool.health, functools.partial(self._mark_health, name), proto=pool.proto, tls=tls)
                 checker.send_proxy = proxied
                 checker.set_backends(b.address for b in pool.backends)
             else:

@@ -17,6 +17,13 @@ MaxInFlight    the most ``Slow`` calls it ever had in flight at once (ASCII)
 ServerStream   ``int(request)`` messages ``NAME:i``, each flushed as it is made
 ClientStream   ``NAME:`` and every request joined by ``,``
 Bidi           each request back as ``NAME:request``, as it comes
+SetHealth      ``SERVICE=STATUS`` (e.g. ``=2``, ``test.Echo=1``): what the health service answers
+HealthChecks   ``CHECKS,CONNECTIONS``: the health checks answered, and from how many client connections
+
+``grpc.health.v1.Health/Check`` as grpcio-health-checking serves it (messages
+encoded by hand): the status set for the service asked about (``""`` and
+``test.Echo`` start SERVING), NOT_FOUND for any other service.
+``GRPC_HEALTH=off`` leaves the health service out (calls get UNIMPLEMENTED).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import grpc
 SERVICE = "test.Echo"
 
 
-def handlers(name: str) -> grpc.GenericRpcHandler:
+def handlers(name: str) -> tuple[grpc.GenericRpcHandler, grpc.GenericRpcHandler]:
     tag = name.encode()
     lock = threading.Lock()
     in_flight = [0, 0]  # now, most
@@ -68,6 +75,25 @@ def handlers(name: str) -> grpc.GenericRpcHandler:
     def client_stream(reqs, ctx: grpc.ServicerContext) -> bytes:
         return tag + b":" + b",".join(reqs)
 
+    health = {"": 1, SERVICE: 1}  # HealthCheckResponse.ServingStatus by service; 1 = SERVING
+
+    def set_health(req: bytes, ctx: grpc.ServicerContext) -> bytes:
+        service, _, status = req.decode().partition("=")
+        health[service] = int(status)
+        return b""
+
+    checked: list[str] = []  # the peer (client address and port) of each check
+
+    def health_checks(req: bytes, ctx: grpc.ServicerContext) -> bytes:
+        return b"%d,%d" % (len(checked), len(set(checked)))
+
+    def check(req: bytes, ctx: grpc.ServicerContext) -> bytes:
+        checked.append(ctx.peer())
+        service = req[2:2 + req[1]].decode() if req else ""  # HealthCheckRequest{string service = 1}
+        if service not in health:
+            ctx.abort(grpc.StatusCode.NOT_FOUND, "unknown service")
+        return b"\x08" + bytes([health[service]]) if health[service] else b""  # HealthCheckResponse{status = 1}
+
     def bidi(reqs, ctx: grpc.ServicerContext):
         for r in reqs:
             yield tag + b":" + r
@@ -80,6 +106,10 @@ def handlers(name: str) -> grpc.GenericRpcHandler:
         "ServerStream": grpc.unary_stream_rpc_method_handler(server_stream),
         "ClientStream": grpc.stream_unary_rpc_method_handler(client_stream),
         "Bidi": grpc.stream_stream_rpc_method_handler(bidi),
+        "SetHealth": grpc.unary_unary_rpc_method_handler(set_health),
+        "HealthChecks": grpc.unary_unary_rpc_method_handler(health_checks),
+    }), grpc.method_handlers_generic_handler("grpc.health.v1.Health", {
+        "Check": grpc.unary_unary_rpc_method_handler(check),
     })
 
 
@@ -91,7 +121,8 @@ def main() -> None:
     if "GRPC_MAX_STREAMS" in os.environ:
         options.append(("grpc.max_concurrent_streams", int(os.environ["GRPC_MAX_STREAMS"])))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=options)
-    server.add_generic_rpc_handlers((handlers(name),))
+    echo, health = handlers(name)
+    server.add_generic_rpc_handlers((echo,) if os.environ.get("GRPC_HEALTH") == "off" else (echo, health))
     if len(sys.argv) > 4:
         with open(sys.argv[3], "rb") as c, open(sys.argv[4], "rb") as k:
             creds = grpc.ssl_server_credentials(((k.read(), c.read()),))

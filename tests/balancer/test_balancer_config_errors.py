@@ -34,6 +34,13 @@ BAD = [
     ("misspelt key in a table", L + "[timeouts]\nconnect = 1\nconect = 2\n", 4, ["conect", "[timeouts]"]),
     ("zero response timeout", L + "[timeouts]\nconnect = 1\nresponse = 0\n", 4, ["timeouts.response"]),
     ("health path", L + '[health]\ninterval = 1\npath = "x"\n', 4, ["health.path"]),
+    ("grpc check on an h1 pool", L + '[health]\ninterval = 1\ntype = "grpc"\n', 4, ["health.type", "proto = \"h2\""]),
+    ("grpc check of an h1 pool", L + '[backends.api]\nservers = ["127.0.0.1:5"]\n[backends.api.health]\n'
+     'interval = 1\ntype = "grpc"\n', 6, ["backends.api.health.type", "proto = \"h2\""]),
+    ("pool's health type", L + '[backends.api]\nservers = ["127.0.0.1:5"]\nproto = "h2"\n[backends.api.health]\n'
+     'interval = 1\ntype = "tcp"\n', 7, ["backends.api.health.type", "tcp"]),
+    ("path of a grpc check", L + 'proto = "h2"\n[health]\ntype = "grpc"\npath = "/health"\n', 5,
+     ["health.path", "grpc_service"]),
     ("listen", "# the front\nlisten = \"nowhere\"\n", 2, ["listen", "host:port"]),
     ("backend without address", L + "[[backends]]\nweight = 2\n", 2, ["backends[0]", "address"]),
     ("dns nameserver", L + '[dns]\ninterval = 5\nnameservers = ["1.1.1.1", "bad"]\n', 4, ["dns.nameservers", "bad"]),

@@ -70,15 +70,19 @@ def serve(*args: str, listen: str = "127.0.0.1:0") -> Served:
     sel.register(proc.stdout, selectors.EVENT_READ)
     try:
         if not sel.select(timeout=30):
+            err = served.stderr()  # before stop() closes the log
             served.stop()
-            pytest.fail(f"rpc serve did not start: {served.stderr()}")
+            pytest.fail(f"rpc serve did not start: {err}")
         line = proc.stdout.readline()
     finally:
         sel.close()
     found = re.match(r"rpc serve: rpcx(?: over TLS)? on ([^,;\s]+)", line)
     if found is None:
+        if not line:  # stdout closed: it is exiting, its last words are in the log
+            proc.wait(timeout=10)
+        err = served.stderr()  # before stop() closes the log
         served.stop()
-        pytest.fail(f"rpc serve failed: {line!r} {served.stderr()}")
+        pytest.fail(f"rpc serve failed: {line!r} {err}")
     served.address = found.group(1)
     return served
 
