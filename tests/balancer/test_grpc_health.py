@@ -19,7 +19,7 @@ import pytest
 from balancer import BalancerConfigError, LoadBalancer
 from balancer.config import from_dict
 from balancer.health import health_request, serving_status
-from tests.balancer.balancer_helpers import start_backend
+from tests.balancer.balancer_helpers import BackendProc, start_backend
 from tests.netutil import free_port, wait_until
 from tests.tlsutil import TestPKI
 
@@ -30,16 +30,9 @@ NOT_SERVING, SERVING = 2, 1
 FAST = {"interval": 0.05, "timeout": 1.0, "rise": 2, "fall": 2}
 
 
-@dataclass
-class Backend:
-    name: str
-    port: int
-    proc: subprocess.Popen
+@dataclass(kw_only=True)
+class Backend(BackendProc):
     ca: bytes | None = None  # served over TLS, with a certificate from this CA
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
 
     def channel(self) -> grpc.Channel:
         if self.ca is None:
@@ -58,12 +51,6 @@ class Backend:
             checks, conns = ch.unary_unary("/test.Echo/HealthChecks")(b"", timeout=5).split(b",")
         return int(checks), int(conns)
 
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
 
 
 @pytest.fixture
@@ -78,7 +65,7 @@ def grpc_backend() -> Iterator:
         env = {**os.environ, **({} if health else {"GRPC_HEALTH": "off"})}
         proc = subprocess.Popen([sys.executable, GRPC_BACKEND, str(port), name, *(tls or ())],
                                 stdout=subprocess.PIPE, env=env)
-        b = Backend(name, port, proc, ca)
+        b = Backend(name, port, proc, ca=ca)
         started.append(b)
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != b"ready":

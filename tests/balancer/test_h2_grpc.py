@@ -30,6 +30,7 @@ import pytest
 from balancer import BalancerConfigError, load
 from balancer.config import from_dict
 from balancer.runner import BalancerProcess
+from tests.balancer.balancer_helpers import BackendProc
 from tests.netutil import free_port
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -39,21 +40,8 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
 @dataclass
-class GrpcBackend:
-    name: str
-    port: int
-    proc: subprocess.Popen
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+class GrpcBackend(BackendProc):
+    """A grpcio server (grpc_backend.py) in a process of its own."""
 
 
 def start_grpc_backends(names: list[str], tls: tuple[str, str] | None = None,
