@@ -29,6 +29,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 from bench_balancer import Bench, cpu_seconds, descendants, parse_wrk, wait_port  # noqa: E402
 
+from benches.common import loadavg, save  # noqa: E402
+
 from tests.netutil import free_port  # noqa: E402
 
 def start_all(b: Bench, backend: int) -> dict[str, tuple[list[int], int]]:
@@ -73,7 +75,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--out", metavar="FILE", help="write every run and the medians (JSON) there")
     args = ap.parse_args()
+    load_before = loadavg()
     d = tempfile.mkdtemp(prefix="bench-pp-")
     os.chmod(d, 0o755)  # nginx workers run as an unprivileged user
     b = Bench(d)
@@ -102,6 +106,15 @@ def main() -> int:
         for name, rows in results.items():
             print(f"| {name} | {statistics.median(r[0] for r in rows):,.0f} | "
                   f"{statistics.median(r[1] for r in rows):.1f} | {sum(r[2] for r in rows)} |")
+        if args.out:
+            save(args.out, {
+                "setup": {"rounds": args.rounds, "duration": args.duration, "connections": args.connections,
+                          "loadavg_before": load_before, "loadavg_after": loadavg()},
+                "runs": {name: [{"rps": r[0], "cpu_us_per_req": r[1], "failures": r[2]} for r in rows]
+                         for name, rows in results.items()},
+                "medians": {name: {"rps": statistics.median(r[0] for r in rows),
+                                   "cpu_us_per_req": statistics.median(r[1] for r in rows),
+                                   "failures": sum(r[2] for r in rows)} for name, rows in results.items()}})
     finally:
         b.close()
     return 0

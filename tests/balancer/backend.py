@@ -10,6 +10,7 @@ GET  /headers                      JSON: request line and headers as received
 GET  /whoami                       this backend's NAME
 GET  /r/...                        JSON: NAME, path and headers, with X-Backend: NAME and X-Internal headers
 GET  /slow?ms=N                    NAME after N ms
+GET  /slow-begun                   how many /slow requests have arrived (as text)
 GET  /health                       200 (503 after POST /sick)
 GET  /ws (Upgrade)                 101, then echoes raw bytes
 POST /fail                         every later request but /fail, /recover and /health: 500 (NAME as body)
@@ -37,6 +38,7 @@ class Backend:
         self.name = name
         self.sick = False
         self.failing = False
+        self.slow_begun = 0
 
     async def read_body(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
         if headers.get("transfer-encoding", "").lower() == "chunked":
@@ -136,7 +138,10 @@ class Backend:
             data = json.dumps({"name": self.name, "path": path, "headers": raw}).encode()
             writer.write(self.head("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
                                               ("X-Backend", self.name), ("X-Internal", "secret")]) + data)
+        elif path == "/slow-begun":
+            simple(str(self.slow_begun).encode())
         elif path == "/slow":
+            self.slow_begun += 1
             await asyncio.sleep(int(q.get("ms", ["100"])[0]) / 1000)
             simple(self.name.encode())
         elif path == "/health":

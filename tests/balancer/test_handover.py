@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -197,7 +198,9 @@ def test_takeover_under_load(tmp_path: Path, backend: BackendProc) -> None:
         slow_thread = threading.Thread(target=slow)
         slow_thread.start()
         assert slow_sent.wait(10)
-        time.sleep(0.2)  # let the old process take the request to its backend
+        # the old process has taken it: it reached the backend (else the new one could accept it)
+        wait_until(lambda: urllib.request.urlopen(f"http://{backend.address}/slow-begun", timeout=5).read() == b"1",
+                   10, a, "the slow request at the backend")
         b = start(write_config(tmp_path / "b.toml", "b", [port, only_new, f"unix:{unix}"], backend.address,
                                workers=3),
                   "--takeover", sock, "--handover-socket", sock, log=tmp_path / "b.log")

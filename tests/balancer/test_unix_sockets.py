@@ -79,7 +79,6 @@ async def test_health_checks_reach_unix_backends(unix_backend: str) -> None:
     cfg = from_dict({"listen": "127.0.0.1:0", "workers": 1, "backends": [f"unix:{unix_backend}"],
                      "health": {"path": "/health", "interval": 0.05, "timeout": 1.0, "rise": 1, "fall": 2}})
     async with LoadBalancer(cfg) as lb:
-        await asyncio.sleep(0.3)  # several checks
         assert lb.backends()[0]["state"] == "up"
         await asyncio.to_thread(get, lb.address[1], "/sick")
 
