@@ -819,7 +819,13 @@ class RRServer:
             return self._fence(cluster, req)
         if op == OP_INSTALL:
             return self._install(cluster, req)
-        if cluster != self._cluster or not self._cluster:
+        if not self._cluster:
+            # a --rejoin member still learning the configuration from the others: it does not
+            # vote yet; WRONG_CLUSTER would send the caller to re-learn its own configuration
+            if op not in _NOT_VOTING:
+                raise ValueError(f"unknown op {op!r}")
+            return peerlink.pack(_NOT_VOTING[op])
+        if cluster != self._cluster:
             return peerlink.pack([WRONG_CLUSTER, 0, 0])
         if op == OP_CAS:
             expected, new = _u63(req[3]), _u63(req[4])
@@ -976,6 +982,11 @@ class RRServer:
         log.warning("configuration epoch %d (members %s) adopted: catching up from all other members before "
                     "voting", epoch, ",".join(members))
         return peerlink.pack([OK])
+
+
+#: the replies of a member that does not vote yet, by operation (each in the operation's shape)
+_NOT_VOTING: dict[object, list[object]] = {OP_READ: [NOT_READY, 0], OP_CAS: [NOT_READY, False, 0],
+                                           OP_ACQUIRE: [NOT_READY, 0, 0]}
 
 
 def _u63(v: object) -> int:

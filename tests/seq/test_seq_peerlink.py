@@ -68,15 +68,24 @@ async def test_read_cas_acquire_and_rediscovery_after_restart(fresh_cluster: Loc
             await link.aclose()
 
 
-async def test_a_catching_up_member_does_not_vote(fresh_cluster: LocalCluster) -> None:
+@pytest.mark.parametrize(
+    "down",
+    [
+        (2,),  # learns the configuration from member 1, then waits for member 2 to catch up
+        (1, 2),  # nobody to learn the configuration (and the cluster id) from
+    ],
+    ids=["configuration-known", "configuration-unknown"],
+)
+async def test_a_catching_up_member_does_not_vote(fresh_cluster: LocalCluster, down: tuple[int, ...]) -> None:
     c = fresh_cluster
     async with RRSeq("cu", 10, c.addrs) as s:
         for _ in range(30):
             await s.next()
     c.kill(0)
     c.wipe(0)
-    c.kill(2)
-    c.start(0, "--rejoin")  # waits for member 2: stays catching up
+    for i in down:
+        c.kill(i)
+    c.start(0, "--rejoin")  # stays catching up: answers NOT_READY, never WRONG_CLUSTER
     deadline = time.monotonic() + 30
     while await c.state(0) != peer_pb.CATCHING_UP:
         assert time.monotonic() < deadline, c.output(0)
