@@ -120,7 +120,7 @@ def unix_listener(sockdir: Path, backend: str, **extra: object) -> rustext.Balan
 
 def test_a_unix_listener_serves_both_paths_without_a_forwarded_address(sockdir: Path, backends) -> None:
     (b,) = backends(1)
-    lb = unix_listener(sockdir, b.address)
+    lb = unix_listener(sockdir, b.address, request_headers={"set": {"X-Src": "%[src]"}})
     path = str(sockdir / "lb.sock")
     try:
         assert lb.addresses[0] == (f"unix:{path}", 0)
@@ -133,6 +133,7 @@ def test_a_unix_listener_serves_both_paths_without_a_forwarded_address(sockdir: 
             # as HAProxy: nothing appended for a client without an address, what came in is kept
             assert h["x-forwarded-for"] == "192.0.2.1" and "forwarded" not in h, h
             assert h["x-forwarded-proto"] == "http"
+            assert h["x-src"] == ""  # %[src]: empty, as HAProxy's for a Unix-socket client
         # the TCP listener beside it forwards its clients' addresses as usual
         status, _, body = get(lb.addresses[1][1], "/headers")
         assert dict(json.loads(body)["headers"])["x-forwarded-for"] == "127.0.0.1"
