@@ -881,11 +881,16 @@ def _path_in_message(data: dict[str, Any], message: str) -> tuple[str | int, ...
     """The key path a message starts with (``listeners[0].routes[2].host: …``),
     when the file has it: routing errors name their key, including references
     between parts that the part-by-part search cannot see."""
-    m = re.match(r"([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_][\w-]*)*)[:\s]", message)
-    if not m:
-        return None
+    unknown = re.match(r"unknown key\(s\) in \[?(\S+?)\]?: ([\w-]+)", message)
+    if unknown:  # the first unknown key's line
+        dotted = f"{unknown.group(1)}.{unknown.group(2)}"
+    else:
+        m = re.match(r"([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_][\w-]*)*)[:\s]", message)
+        if not m:
+            return None
+        dotted = m.group(1)
     path: tuple[str | int, ...] = tuple(
-        int(i) if i else k for i, k in re.findall(r"\[(\d+)\]|([A-Za-z_][\w-]*)", m.group(1)))
+        int(i) if i else k for i, k in re.findall(r"\[(\d+)\]|([A-Za-z_][\w-]*)", dotted))
     if len(path) > 1 and path[0] == "listen" and "listen" in data and not isinstance(data["listen"], dict):
         path = path[1:]  # the routing keys of the one listener are top-level keys
     routing = ("routes", "listeners", "default_backend", "request_id", "hsts", "request_headers", "response_headers")

@@ -40,6 +40,18 @@ def _split_key(raw: str) -> tuple[str, ...]:
     return tuple(parts)
 
 
+def _within_arrays(name: Path, counters: dict[Path, int]) -> Path:
+    """A table header's path with the index of each array of tables it is
+    inside: as TOML reads it, ``[routes.rate_limit]`` after the second
+    ``[[routes]]`` is ``routes[1].rate_limit``."""
+    out: Path = ()
+    for i, part in enumerate(name):
+        out = (*out, part)
+        if i < len(name) - 1 and out in counters:
+            out = (*out, counters[out])
+    return out
+
+
 def key_lines(text: str) -> dict[Path, int]:
     """Key path → 1-based line where it is defined (first definition wins).
 
@@ -66,7 +78,7 @@ def key_lines(text: str) -> dict[Path, int]:
             s = line.strip()
             if s.startswith("[["):
                 end = s.find("]]")
-                name = _split_key(s[2:end] if end > 0 else s[2:])
+                name = _within_arrays(_split_key(s[2:end] if end > 0 else s[2:]), counters)
                 n = counters[name] = counters.get(name, -1) + 1
                 table = (*name, n)
                 out.setdefault(name, no)
@@ -74,7 +86,7 @@ def key_lines(text: str) -> dict[Path, int]:
                 continue
             if s.startswith("["):
                 end = s.find("]")
-                table = _split_key(s[1:end] if end > 0 else s[1:])
+                table = _within_arrays(_split_key(s[1:end] if end > 0 else s[1:]), counters)
                 out.setdefault(table, no)
                 continue
             if not s or s.startswith("#"):

@@ -19,6 +19,7 @@ from typing import Any
 from rustext.fields import check_fields
 
 from balancer.errors import BalancerConfigError
+from balancer.ratelimit import RateLimit
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _TEMPLATE = re.compile(r"%\[([^\]]*)\]")
@@ -190,6 +191,9 @@ class Route:
     request_headers: HeaderRules = field(default_factory=HeaderRules)
     #: header rules on the response sent to the client
     response_headers: HeaderRules = field(default_factory=HeaderRules)
+    #: a rate limit of this route's own (nginx's ``limit_req`` in a ``location``): the requests it
+    #: takes count there, in a table of their own, besides the top-level and the pool's limits
+    rate_limit: RateLimit | None = None
     where: str = field(default="route", repr=False, compare=False, metadata={"internal": True})
 
     def __post_init__(self) -> None:
@@ -219,6 +223,12 @@ class Route:
             v = getattr(self, name)
             if isinstance(v, Mapping):
                 object.__setattr__(self, name, section(HeaderRules, v, f"{w}.{name}"))
+        if isinstance(self.rate_limit, Mapping):
+            try:
+                limit = section(RateLimit, self.rate_limit, f"{w}.rate_limit")
+            except BalancerConfigError as exc:  # its messages start with "rate_limit."
+                raise BalancerConfigError(f"{w}.{exc}" if str(exc).startswith("rate_limit.") else str(exc)) from exc
+            object.__setattr__(self, "rate_limit", limit)
         if (self.backend is None) == (self.redirect is None):
             raise BalancerConfigError(f"{w}: a route needs a backend or a redirect (one of them)")
 
@@ -229,6 +239,7 @@ class Route:
             "backend": self.backend, "redirect": self.redirect.to_native() if self.redirect else None,
             "request_headers": self.request_headers.to_native(),
             "response_headers": self.response_headers.to_native(),
+            "rate_limit": self.rate_limit.to_native() if self.rate_limit is not None else None,
         }
 
 

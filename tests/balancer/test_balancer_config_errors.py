@@ -49,6 +49,17 @@ BAD = [
     ("limits", L + '[limits]\nmax_header_bytes = 10\n', 3, ["limits.max_header_bytes", "8192"]),
     ("dotted key", L + "timeouts.connect = -1\n", 2, ["connect", ">= 0"]),
     ("invalid TOML", L + "workers = = 2\n", 2, ["invalid TOML"]),
+    ("a route of the second listener", '[backends.web]\nservers = ["127.0.0.1:5"]\n'
+     + '[[listeners]]\naddress = "127.0.0.1:1"\ndefault_backend = "web"\n[[listeners.routes]]\npath = "/a"\n'
+       'backend = "web"\n'
+     + '[[listeners]]\naddress = "127.0.0.1:2"\ndefault_backend = "web"\n[[listeners.routes]]\npath = "/b"\n'
+       'backend = "web"\n[[listeners.routes]]\npath = "c"\nbackend = "web"\n', 15,
+     ["listeners[1].routes[1]", "must start with /"]),
+    ("unknown key in a route's table", L + '[backends.web]\nservers = ["127.0.0.1:5"]\n[[routes]]\npath = "/a"\n'
+     'redirect = { location = "/b", cod = 301 }\n', 6, ["routes[0].redirect", "cod"]),
+    ("a route's rate limit", L + '[backends.web]\nservers = ["127.0.0.1:5"]\n[[routes]]\npath = "/a"\n'
+     'backend = "web"\n[[routes]]\npath = "/b"\nbackend = "web"\n[routes.rate_limit]\nrate = "1/s"\n'
+     'burst = -1\n', 12, ["routes[1].rate_limit.burst"]),
 ]
 
 

@@ -254,3 +254,94 @@ def test_a_pool_of_its_own_limit_on_both_paths(backends):
     with pytest.raises(BalancerConfigError, match=r"backends\.api: rate_limit\.rate"):
         from_dict({"listen": "127.0.0.1:0", "backends": {"api": {"servers": ["127.0.0.1:1"],
                                                                   "rate_limit": {"rate": "fast"}}}})
+
+
+def route_limited(address: str, login_limit: dict[str, object] | None, pool_limit: dict[str, object] | None = None,
+                  extra_routes: tuple[dict[str, object], ...] = ()) -> dict[str, object]:
+    """A file with a rate-limited /login route (nginx's limit_req in a location) beside unlimited routes."""
+    login: dict[str, object] = {"path": "/login", "backend": "web"}
+    if login_limit is not None:
+        login["rate_limit"] = login_limit
+    pool: dict[str, object] = {"servers": [address]}
+    if pool_limit is not None:
+        pool["rate_limit"] = pool_limit
+    return {"listen": "127.0.0.1:0", "workers": 2, "default_backend": "web",
+            "routes": [*extra_routes, login, {"path_prefix": "/old/", "redirect": {"location": "/new/"},
+                                              "rate_limit": {"rate": "1/m"}}],
+            "backends": {"web": pool}}
+
+
+def test_a_route_of_its_own_limit_on_both_paths(backends):
+    import rustext
+
+    b = backends(1)
+    lb = rustext.Balancer(from_dict(route_limited(b[0].address, {"rate": "1/m", "burst": 1})).to_native())
+    lb.start()
+    try:
+        port = lb.address[1]
+        assert statuses(port, 3, path="/login") == [404, 404, 429]  # the backend answers 404 to /login
+        assert statuses(port, 3) == [200, 200, 200]  # other requests to the same pool: not limited
+        c = Conn(port)
+        status, headers, _ = c.request("/login", body=b"x", chunked=True)  # hyper's path, the same table
+        c.close()
+        assert status == 429 and headers["retry-after"] == "60"
+        # a redirect route with a limit: counted before it answers
+        assert statuses(port, 2, path="/old/x") == [302, 429]
+        assert lb.stats()["rate_limited"] == 3
+    finally:
+        lb.close()
+
+
+def test_route_and_pool_limits_both_count(backends):
+    import rustext
+
+    b = backends(1)
+    lb = rustext.Balancer(from_dict(route_limited(b[0].address, {"rate": "1/m", "burst": 3},
+                                                  pool_limit={"rate": "1/m", "burst": 1})).to_native())
+    lb.start()
+    try:
+        port = lb.address[1]
+        # the pool's limit (2 requests) is the tighter: /login requests count in both tables
+        assert statuses(port, 1, path="/login") == [404]
+        assert statuses(port, 2) == [200, 429]
+        assert statuses(port, 1, path="/login") == [429]
+    finally:
+        lb.close()
+
+
+def test_reload_keeps_a_routes_counts_by_its_conditions(backends):
+    import rustext
+
+    b = backends(1)
+    lb = rustext.Balancer(from_dict(route_limited(b[0].address, {"rate": "1/m"})).to_native())
+    lb.start()
+    try:
+        port = lb.address[1]
+        assert statuses(port, 2, path="/login") == [404, 429]
+        # a route added before it moves it in the list: same conditions, same counts
+        moved = route_limited(b[0].address, {"rate": "1/m"}, extra_routes=({"path": "/other", "backend": "web"},))
+        lb.update(from_dict(moved).to_native())
+        assert statuses(port, 1, path="/login") == [429]
+        lb.update(from_dict(route_limited(b[0].address, {"rate": "1/m", "burst": 1})).to_native())  # a new burst
+        assert statuses(port, 2, path="/login") == [404, 429]
+        lb.update(from_dict(route_limited(b[0].address, None)).to_native())  # the limit removed
+        assert statuses(port, 3, path="/login") == [404] * 3
+    finally:
+        lb.close()
+
+
+def test_route_limit_errors_name_the_line(tmp_path):
+    path = tmp_path / "lb.toml"
+    head = ('listen = "127.0.0.1:0"\ndefault_backend = "web"\n\n[backends.web]\nservers = ["127.0.0.1:1"]\n\n'
+            '[[routes]]\npath = "/login"\nbackend = "web"\n')
+    for table, message in (('{ rate = "5/x" }', r"lb.toml:10: routes\[0\]\.rate_limit\.rate"),
+                           ('{ rate = "5/s", brust = 1 }', r"lb.toml:10: unknown key\(s\) in routes\[0\]\.rate_limit: brust"),
+                           ('{ rate = "5/s", status = 200 }', r"lb.toml:10: routes\[0\]\.rate_limit\.status")):
+        path.write_text(head + f"rate_limit = {table}\n")
+        with pytest.raises(BalancerConfigError, match=message):
+            load(path)
+    path.write_text(head + '\n[routes.rate_limit]\nrate = "5/s"\nburst = -2\n')
+    with pytest.raises(BalancerConfigError, match=r"lb.toml:13: routes\[0\]\.rate_limit\.burst"):
+        load(path)
+    path.write_text(head + 'rate_limit = { rate = "5/s", burst = 2 }\n')
+    assert load(path).routes[0].rate_limit == RateLimit(rate="5/s", burst=2)

@@ -404,7 +404,7 @@ pub async fn serve(
             return Some((client, inb));
         }
         let pool_limit = action.pool.filter(|_| action.redirect.is_none()).and_then(|p| t.pools[p].rate_limit.as_deref());
-        let limited = [t.rate_limit.as_deref(), pool_limit].into_iter().flatten().find_map(|rl| {
+        let limited = [t.rate_limit.as_deref(), action.rate_limit.as_deref(), pool_limit].into_iter().flatten().find_map(|rl| {
             rl.deny_raw(peer.ip, &inb[..head.head_len]).map(|wait| (rl.spec.status, wait))
         });
         let keep = match (&action.redirect, action.pool) {

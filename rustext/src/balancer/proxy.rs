@@ -974,13 +974,10 @@ pub async fn handle(
     if let (Some(l), Some((_, v))) = (lg.as_mut(), rid.as_ref()) {
         l.rid = v.as_bytes().to_vec();
     }
-    let limited = t.rate_limit.as_deref().and_then(|rl| {
-        let header = match &rl.spec.key {
-            super::ratelimit::LimitKey::Header(n) => req.headers().get(n).map(HeaderValue::as_bytes),
-            super::ratelimit::LimitKey::Src => None,
-        };
-        rl.deny(peer.ip, header).map(|wait| (rl.spec.status, wait))
-    });
+    let limited = t
+        .rate_limit
+        .as_deref()
+        .and_then(|rl| rl.deny_headers(peer.ip, req.headers()).map(|wait| (rl.spec.status, wait)));
     let mut resp = match limited {
         Some((status, wait)) => {
             bump(&w.stats.rate_limited, 1);
@@ -1232,6 +1229,13 @@ async fn forward(
         path: parts.uri.path(),
         method: method.as_str(),
     }));
+    for rl in [action.rate_limit.as_deref(), action.pool.and_then(|p| t.pools[p].rate_limit.as_deref())].into_iter().flatten() {
+        if let Some(wait) = rl.deny_headers(peer.ip, &headers) {
+            bump(&w.stats.rate_limited, 1);
+            term!("PR");
+            return too_many_response(rl.spec.status, wait);
+        }
+    }
     if let Some(r) = &action.redirect {
         let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         term!("LR");
@@ -1242,16 +1246,6 @@ async fn forward(
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "no backend for this request\n");
     };
     let up: &Upstream = &t.pools[pool];
-    if let Some(rl) = up.rate_limit.as_deref() {
-        let header = match &rl.spec.key {
-            super::ratelimit::LimitKey::Header(n) => headers.get(n).map(HeaderValue::as_bytes),
-            super::ratelimit::LimitKey::Src => None,
-        };
-        if let Some(wait) = rl.deny(peer.ip, header) {
-            bump(&w.stats.rate_limited, 1);
-            return too_many_response(rl.spec.status, wait);
-        }
-    }
     if let Some(l) = lg.as_mut() {
         l.pool = t.names[pool].clone();
     }

@@ -425,6 +425,7 @@ fn parse_route(d: &Bound<'_, PyDict>) -> PyResult<RouteSpec> {
         },
         redirect,
         rules: parse_rules(d)?,
+        rate_limit: parse_rate_limit(d)?,
     })
 }
 

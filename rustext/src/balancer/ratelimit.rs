@@ -215,6 +215,12 @@ pub struct Table {
     state: Arc<State>,
 }
 
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table").field("spec", &self.spec).finish_non_exhaustive()
+    }
+}
+
 impl Table {
     /// Compile `spec`; the keys of `previous` carry over when its key and
     /// `max_keys` are the same (the new rate applies to them from now on).
@@ -330,6 +336,15 @@ impl Table {
     }
 
     /// The verdict on a request from `ip` with the key header's value: Some(wait) if refused.
+    /// [`Table::deny`] for a request given as a header map (hyper's path).
+    pub fn deny_headers(&self, ip: IpAddr, headers: &http::HeaderMap) -> Option<Duration> {
+        let header = match &self.spec.key {
+            LimitKey::Header(n) => headers.get(n).map(http::HeaderValue::as_bytes),
+            LimitKey::Src => None,
+        };
+        self.deny(ip, header)
+    }
+
     pub fn deny(&self, ip: IpAddr, header: Option<&[u8]>) -> Option<Duration> {
         let key = self.key(ip, header)?;
         match self.check(key, self.now()) {

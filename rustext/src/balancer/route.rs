@@ -118,6 +118,20 @@ pub struct RouteSpec {
     /// a redirect answered by the balancer.
     pub redirect: Option<RedirectSpec>,
     pub rules: RulesSpec,
+    /// A request rate limit of this route's own (nginx's `limit_req` in a `location`).
+    pub rate_limit: Option<super::ratelimit::Spec>,
+}
+
+impl RouteSpec {
+    /// What identifies a route across reloads (its conditions): a reload
+    /// keeps the rate-limit counts of a route whose conditions are the same,
+    /// wherever it moved in the list.
+    fn identity(&self) -> String {
+        format!(
+            "{:?}|{:?}|{:?}|{:?}|{:?}",
+            self.hosts, self.paths, self.path_prefixes, self.methods, self.headers
+        )
+    }
 }
 
 /// HSTS on an HTTPS listener's responses.
@@ -389,6 +403,8 @@ pub struct Action {
     pub redirect: Option<Redirect>,
     pub request: Rules,
     pub response: Rules,
+    /// The route's own rate limit, checked on every request it takes.
+    pub rate_limit: Option<Arc<super::ratelimit::Table>>,
 }
 
 #[derive(Debug, Default)]
@@ -464,6 +480,8 @@ pub struct Listener {
     pub request_id: Option<HeaderName>,
     /// `strict-transport-security` value (HTTPS listeners).
     pub hsts: Option<HeaderValue>,
+    /// The routes' rate-limit tables by route identity, for the next reload to keep.
+    limits: Vec<(String, Arc<super::ratelimit::Table>)>,
 }
 
 impl Listener {
@@ -625,6 +643,7 @@ fn compile_action(
         redirect,
         request,
         response,
+        rate_limit: None,
     })
 }
 
@@ -634,13 +653,24 @@ impl Listener {
         where_: &str,
         pools: &HashMap<&str, usize>,
         pool_rules: &[&RulesSpec],
+        previous: Option<&Listener>,
     ) -> Result<Self, String> {
         let mut conds = Vec::with_capacity(spec.routes.len());
         let mut actions = Vec::with_capacity(spec.routes.len() + 1);
+        let mut limits = Vec::new();
         for (i, r) in spec.routes.iter().enumerate() {
-            let (c, a) = compile_route(r, &format!("{where_}routes[{i}]"), pools, &spec.rules, pool_rules)?;
+            let (c, mut a) = compile_route(r, &format!("{where_}routes[{i}]"), pools, &spec.rules, pool_rules)?;
             if a.pool.is_none() && a.redirect.is_none() {
                 return Err(format!("{where_}routes[{i}]: a route needs a backend or a redirect"));
+            }
+            if let Some(rl) = &r.rate_limit {
+                let id = r.identity();
+                let old = previous.and_then(|p| p.limits.iter().find(|(k, _)| *k == id)).map(|(_, t)| &**t);
+                let table = Arc::new(
+                    super::ratelimit::Table::new(rl, old).map_err(|e| format!("{where_}routes[{i}].{e}"))?,
+                );
+                a.rate_limit = Some(table.clone());
+                limits.push((id, table));
             }
             conds.push(c);
             actions.push(a);
@@ -680,6 +710,7 @@ impl Listener {
             actions: actions.into(),
             request_id,
             hsts,
+            limits,
         })
     }
 }
@@ -717,7 +748,7 @@ impl Table {
             .enumerate()
             .map(|(i, l)| {
                 let where_ = if many { format!("listeners[{i}].") } else { String::new() };
-                Listener::compile(l, &where_, &index, &pool_rules)
+                Listener::compile(l, &where_, &index, &pool_rules, previous.and_then(|t| t.listeners.get(i)))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let rate_limit = match &spec.rate_limit {
