@@ -41,6 +41,8 @@ class BalancerCollector(Collector):
         yield CounterMetricFamily("balancer_timeouts", "Backend timeouts (504 or cut body).", value=s["timeouts"])
         yield CounterMetricFamily("balancer_rate_limited", "Requests refused by the rate limit (429).",
                                   value=s.get("rate_limited", 0))
+        yield CounterMetricFamily("balancer_rate_delayed", "Requests held back by a rate limit in delay mode, "
+                                  "then sent on.", value=s.get("rate_delayed", 0))
         yield CounterMetricFamily("balancer_access_log_lines", "Access log lines written.",
                                   value=s.get("access_log_lines", 0))
         yield CounterMetricFamily("balancer_access_log_dropped",

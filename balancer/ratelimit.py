@@ -1,7 +1,7 @@
 """Typed configuration of the request rate limit (the ``[rate_limit]`` table).
 
-The data plane counts requests (GCRA, nginx's ``limit_req`` with ``burst``
-and ``nodelay``) in one table shared by every worker; see
+The data plane counts requests (GCRA, nginx's ``limit_req`` with ``burst``,
+and ``nodelay`` or ``delay``) in one table shared by every worker; see
 ``rustext/src/balancer/ratelimit.rs`` and the "Rate limiting" section of
 ``docs/balancer.md``.
 """
@@ -50,6 +50,12 @@ class RateLimit:
     max_keys: int = 100_000
     #: status of a refused request
     status: int = 429
+    #: ``true``: requests within ``burst`` pass at once (nginx's ``nodelay``); ``false``: they wait
+    #: until they conform to the rate (nginx's ``limit_req`` without ``nodelay``), see ``delay``
+    nodelay: bool = True
+    #: with ``nodelay = false``: this many early requests pass at once, later ones wait (nginx's
+    #: ``delay=N``; 0: every early request waits)
+    delay: int = 0
 
     def __post_init__(self) -> None:
         parse_rate(self.rate)
@@ -66,8 +72,16 @@ class RateLimit:
                 f"rate_limit.max_keys must be an integer in 1..100000000, got {self.max_keys!r}")
         if isinstance(self.status, bool) or not isinstance(self.status, int) or not 400 <= self.status <= 599:
             raise BalancerConfigError(f"rate_limit.status must be a 4xx or 5xx status, got {self.status!r}")
+        if not isinstance(self.nodelay, bool):
+            raise BalancerConfigError(f"rate_limit.nodelay must be true or false, got {self.nodelay!r}")
+        if isinstance(self.delay, bool) or not isinstance(self.delay, int) or not 0 <= self.delay <= 1_000_000:
+            raise BalancerConfigError(f"rate_limit.delay must be an integer in 0..1000000, got {self.delay!r}")
+        if self.delay and self.nodelay:
+            raise BalancerConfigError("rate_limit.delay applies with nodelay = false (with nodelay every "
+                                      "request within the burst passes at once)")
 
     def to_native(self) -> dict[str, Any]:
         count, period = parse_rate(self.rate)
         return {"count": count, "period": period, "burst": self.burst, "key": self.key.strip(),
-                "missing": self.missing, "max_keys": self.max_keys, "status": self.status}
+                "missing": self.missing, "max_keys": self.max_keys, "status": self.status,
+                "delay": None if self.nodelay else self.delay}

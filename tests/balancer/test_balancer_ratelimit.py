@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from balancer_helpers import split_response
@@ -189,7 +190,7 @@ def test_config_rates_and_errors(tmp_path):
                      "rate_limit": {"rate": "10/s", "burst": 20, "key": "header:X-Api-Key"}})
     native = cfg.to_native()["rate_limit"]
     assert native == {"count": 10, "period": 1.0, "burst": 20, "key": "header:X-Api-Key", "missing": "src",
-                      "max_keys": 100_000, "status": 429}
+                      "max_keys": 100_000, "status": 429, "delay": None}
     for table, message in ((
         {"rate": "10/s", "brust": 1}, "unknown key(s) in [rate_limit]: brust"),
         ({"rate": "10/s", "key": "cookie"}, "rate_limit.key"),
@@ -345,3 +346,60 @@ def test_route_limit_errors_name_the_line(tmp_path):
         load(path)
     path.write_text(head + 'rate_limit = { rate = "5/s", burst = 2 }\n')
     assert load(path).routes[0].rate_limit == RateLimit(rate="5/s", burst=2)
+
+
+def test_delay_mode_holds_early_requests_back_then_refuses(backends, proxy):
+    """nginx's limit_req without nodelay (burst=3 delay=1): of six requests at once, two pass, two wait
+    their turn at the rate (1 s and 2 s) and are sent on, two are refused."""
+    b = backends(1)
+    lb = proxy(b, rate_limit=limit("1/s", burst=3, nodelay=False, delay=1))
+    port = lb.address[1]
+    barrier = threading.Barrier(6)
+    results: list[tuple[int, float]] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        c = Conn(port)
+        try:
+            barrier.wait(timeout=10)
+            t0 = time.monotonic()
+            status = c.request()[0]
+            with lock:
+                results.append((status, time.monotonic() - t0))
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(s for s, _ in results) == [200, 200, 200, 200, 429, 429]
+    passed = sorted(d for s, d in results if s == 200)
+    assert passed[2] >= 0.9 and passed[3] >= 1.9, passed  # held back one and two intervals
+    st = lb.stats()
+    assert st["rate_delayed"] == 2 and st["rate_limited"] == 2
+
+
+def test_delay_mode_on_hyper_path(backends, proxy):
+    b = backends(1)
+    lb = proxy(b, rate_limit=limit("1/s", burst=1, nodelay=False))
+    c = Conn(lb.address[1])
+    try:
+        assert c.request()[0] == 200  # passes at once
+        t0 = time.monotonic()
+        status, _, body = c.request("/echo", body=b"abc", chunked=True)  # hyper's path: waits its turn
+        assert (status, body) == (200, b"abc") and time.monotonic() - t0 >= 0.5
+    finally:
+        c.close()
+    assert lb.stats()["rate_delayed"] == 1
+
+
+def test_delay_settings_are_checked():
+    assert limit("10/s", burst=5, nodelay=False, delay=2)["delay"] == 2
+    assert limit("10/s", burst=5)["delay"] is None  # nodelay (the default): nothing waits
+    for kw, message in (({"delay": 2}, "delay applies with nodelay = false"),
+                        ({"nodelay": False, "delay": -1}, "rate_limit.delay"),
+                        ({"nodelay": "no"}, "rate_limit.nodelay")):
+        with pytest.raises(BalancerConfigError, match=re.escape(message)):
+            RateLimit(rate="10/s", **kw)  # type: ignore[arg-type]

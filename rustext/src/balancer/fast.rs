@@ -404,9 +404,16 @@ pub async fn serve(
             return Some((client, inb));
         }
         let pool_limit = action.pool.filter(|_| action.redirect.is_none()).and_then(|p| t.pools[p].rate_limit.as_deref());
-        let limited = [t.rate_limit.as_deref(), action.rate_limit.as_deref(), pool_limit].into_iter().flatten().find_map(|rl| {
-            rl.deny_raw(peer.ip, &inb[..head.head_len]).map(|wait| (rl.spec.status, wait))
-        });
+        let limits = [t.rate_limit.as_deref(), action.rate_limit.as_deref(), pool_limit].into_iter().flatten();
+        let limited = match super::ratelimit::combined(limits, |rl| rl.verdict_raw(peer.ip, &inb[..head.head_len])) {
+            super::ratelimit::Outcome::Pass => None,
+            super::ratelimit::Outcome::Wait(d) => {
+                bump(&w.stats.rate_delayed, 1);
+                tokio::time::sleep(d).await;
+                None
+            }
+            super::ratelimit::Outcome::Refuse(status, wait) => Some((status, wait)),
+        };
         let keep = match (&action.redirect, action.pool) {
             _ if limited.is_some() => {
                 let (status, wait) = limited.unwrap_or_default();

@@ -974,15 +974,9 @@ pub async fn handle(
     if let (Some(l), Some((_, v))) = (lg.as_mut(), rid.as_ref()) {
         l.rid = v.as_bytes().to_vec();
     }
-    let limited = t
-        .rate_limit
-        .as_deref()
-        .and_then(|rl| rl.deny_headers(peer.ip, req.headers()).map(|wait| (rl.spec.status, wait)));
+    let limited = limit(&w, t.rate_limit.as_deref(), req.headers(), peer.ip).await.err();
     let mut resp = match limited {
-        Some((status, wait)) => {
-            bump(&w.stats.rate_limited, 1);
-            too_many_response(status, wait)
-        }
+        Some(refused) => refused,
         None => forward(&w, &t, &peer, req, start, rid.as_ref(), &mut lg).await,
     };
     if let Some((name, value)) = rid {
@@ -1021,6 +1015,28 @@ pub async fn handle(
 }
 
 /// Refused by the rate limit: `status` (429) with `Retry-After`.
+/// The rate limits `tables` on a request: waits out a delay (delay mode),
+/// or gives the refusal to answer.
+async fn limit<'a>(
+    w: &Worker,
+    tables: impl IntoIterator<Item = &'a super::ratelimit::Table>,
+    headers: &HeaderMap,
+    ip: std::net::IpAddr,
+) -> Result<(), Response<RespBody>> {
+    match super::ratelimit::combined(tables, |rl| rl.verdict_headers(ip, headers)) {
+        super::ratelimit::Outcome::Pass => Ok(()),
+        super::ratelimit::Outcome::Wait(d) => {
+            bump(&w.stats.rate_delayed, 1);
+            tokio::time::sleep(d).await;
+            Ok(())
+        }
+        super::ratelimit::Outcome::Refuse(status, wait) => {
+            bump(&w.stats.rate_limited, 1);
+            Err(too_many_response(status, wait))
+        }
+    }
+}
+
 fn too_many_response(status: u16, wait: Duration) -> Response<RespBody> {
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     let mut r = error_response(code, super::ratelimit::BODY);
@@ -1229,12 +1245,10 @@ async fn forward(
         path: parts.uri.path(),
         method: method.as_str(),
     }));
-    for rl in [action.rate_limit.as_deref(), action.pool.and_then(|p| t.pools[p].rate_limit.as_deref())].into_iter().flatten() {
-        if let Some(wait) = rl.deny_headers(peer.ip, &headers) {
-            bump(&w.stats.rate_limited, 1);
-            term!("PR");
-            return too_many_response(rl.spec.status, wait);
-        }
+    let limits = [action.rate_limit.as_deref(), action.pool.and_then(|p| t.pools[p].rate_limit.as_deref())];
+    if let Err(refused) = limit(w, limits.into_iter().flatten(), &headers, peer.ip).await {
+        term!("PR");
+        return refused;
     }
     if let Some(r) = &action.redirect {
         let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());

@@ -60,7 +60,7 @@ const FIXED_KEYS: [&str; 15] = [
 const POLICY_KEYS: &[&str] = &["rate_limit", "policy"];
 
 /// `rate_limit`: {"count", "period" (seconds), "burst", "key", "missing"
-/// ("src" or "allow"), "max_keys", "status"} or None.
+/// ("src" or "allow"), "max_keys", "status", "delay" (None: nodelay)} or None.
 fn parse_rate_limit(d: &Bound<'_, PyDict>) -> PyResult<Option<crate::balancer::ratelimit::Spec>> {
     let Some(v) = d.get_item("rate_limit")?.filter(|v| !v.is_none()) else { return Ok(None) };
     let r = dict(&v, "rate_limit")?;
@@ -78,6 +78,10 @@ fn parse_rate_limit(d: &Bound<'_, PyDict>) -> PyResult<Option<crate::balancer::r
         },
         max_keys: int(&r, "max_keys", 100_000usize)?,
         status: int(&r, "status", 429u16)?,
+        delay: match r.get_item("delay")? {
+            Some(v) if !v.is_none() => Some(v.extract().map_err(|_| cfg_err("rate_limit.delay must be an integer >= 0"))?),
+            _ => None,
+        },
     };
     spec.validate().map_err(cfg_err)?;
     Ok(Some(spec))
@@ -686,6 +690,7 @@ fn totals_dict<'py>(py: Python<'py>, t: &Totals) -> PyResult<Bound<'py, PyDict>>
     d.set_item("timeouts", t.timeouts)?;
     d.set_item("clients_refused", t.clients_refused)?;
     d.set_item("rate_limited", t.rate_limited)?;
+    d.set_item("rate_delayed", t.rate_delayed)?;
     let bounds: Vec<f64> = LATENCY_BOUNDS_US.iter().map(|&u| u as f64 / 1e6).collect();
     d.set_item("latency_bounds", bounds)?;
     d.set_item("latency_buckets", t.latency.to_vec())?;

@@ -69,6 +69,10 @@ pub struct Spec {
     pub max_keys: usize,
     /// Status of a refused request (429 unless configured).
     pub status: u16,
+    /// None: requests within the burst pass at once (nginx's `nodelay`).
+    /// Some(n): requests beyond `n` early ones wait until they conform to
+    /// the rate (nginx's `limit_req` without `nodelay`, `delay=n`).
+    pub delay: Option<u64>,
 }
 
 impl Spec {
@@ -103,6 +107,8 @@ impl Spec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
     Allow,
+    /// Accepted, to be sent on after this long (delay mode).
+    Delay(Duration),
     /// Refused; it would pass after this long.
     Deny(Duration),
 }
@@ -212,6 +218,8 @@ pub struct Table {
     pub spec: Spec,
     interval: u64,
     tolerance: u64,
+    /// Delay mode: early arrivals up to this (ns) pass at once, later ones wait.
+    delay_after: Option<u64>,
     state: Arc<State>,
 }
 
@@ -249,6 +257,7 @@ impl Table {
             spec: spec.clone(),
             interval,
             tolerance: interval.saturating_mul(spec.burst),
+            delay_after: spec.delay.map(|n| interval.saturating_mul(n)),
             state,
         })
     }
@@ -290,7 +299,12 @@ impl Table {
             return Verdict::Deny(Duration::from_nanos(tat - now - self.tolerance));
         }
         node.tat = tat + self.interval;
-        Verdict::Allow
+        // delay mode: the request waits until it conforms to the rate, but
+        // for the first `delay` early ones (nginx's excess / rate)
+        match self.delay_after.map(|d| (tat - now).saturating_sub(d)) {
+            Some(wait) if wait > 0 => Verdict::Delay(Duration::from_nanos(wait)),
+            _ => Verdict::Allow,
+        }
     }
 
     /// Keys remembered now (all shards).
@@ -326,32 +340,65 @@ pub fn retry_after(wait: Duration) -> super::route::Added {
 }
 
 impl Table {
-    /// The verdict on a raw HTTP/1 request head from `ip`: Some(wait) if refused.
-    pub fn deny_raw(&self, ip: IpAddr, head: &[u8]) -> Option<Duration> {
+    /// The verdict on a raw HTTP/1 request head from `ip`.
+    pub fn verdict_raw(&self, ip: IpAddr, head: &[u8]) -> Verdict {
         let header = match &self.spec.key {
             LimitKey::Header(n) => raw_header(head, n.as_str().as_bytes()),
             LimitKey::Src => None,
         };
-        self.deny(ip, header)
+        self.verdict(ip, header)
     }
 
-    /// The verdict on a request from `ip` with the key header's value: Some(wait) if refused.
-    /// [`Table::deny`] for a request given as a header map (hyper's path).
-    pub fn deny_headers(&self, ip: IpAddr, headers: &http::HeaderMap) -> Option<Duration> {
+    /// [`Table::verdict`] for a request given as a header map (hyper's path).
+    pub fn verdict_headers(&self, ip: IpAddr, headers: &http::HeaderMap) -> Verdict {
         let header = match &self.spec.key {
             LimitKey::Header(n) => headers.get(n).map(http::HeaderValue::as_bytes),
             LimitKey::Src => None,
         };
-        self.deny(ip, header)
+        self.verdict(ip, header)
     }
 
-    pub fn deny(&self, ip: IpAddr, header: Option<&[u8]>) -> Option<Duration> {
-        let key = self.key(ip, header)?;
-        match self.check(key, self.now()) {
-            Verdict::Allow => None,
-            Verdict::Deny(wait) => Some(wait),
+    /// The verdict on a request from `ip` with the key header's value (counted if not refused).
+    pub fn verdict(&self, ip: IpAddr, header: Option<&[u8]>) -> Verdict {
+        match self.key(ip, header) {
+            Some(key) => self.check(key, self.now()),
+            None => Verdict::Allow,
         }
     }
+
+    /// Some(wait) if refused (delays ignored: the tests' and benchmarks' view).
+    pub fn deny(&self, ip: IpAddr, header: Option<&[u8]>) -> Option<Duration> {
+        match self.verdict(ip, header) {
+            Verdict::Deny(wait) => Some(wait),
+            _ => None,
+        }
+    }
+}
+
+/// What the limits that apply to a request say, together: refused by the
+/// first that refuses (status, wait), else delayed by the longest delay.
+pub fn combined<'a>(tables: impl IntoIterator<Item = &'a Table>, mut verdict: impl FnMut(&Table) -> Verdict) -> Outcome {
+    let mut delay = Duration::ZERO;
+    for t in tables {
+        match verdict(t) {
+            Verdict::Allow => {}
+            Verdict::Delay(d) => delay = delay.max(d),
+            Verdict::Deny(wait) => return Outcome::Refuse(t.spec.status, wait),
+        }
+    }
+    if delay.is_zero() {
+        Outcome::Pass
+    } else {
+        Outcome::Wait(delay)
+    }
+}
+
+/// See [`combined`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Pass,
+    Wait(Duration),
+    Refuse(u16, Duration),
 }
 
 /// The first value of header `name` (lower case) in a raw HTTP/1 request
@@ -388,10 +435,57 @@ mod tests {
             missing_allow: false,
             max_keys,
             status: 429,
+            delay: None,
         }
     }
 
     const MS: u64 = 1_000_000;
+
+    #[test]
+    fn delay_mode_holds_early_requests_back_as_nginx() {
+        // 10 r/s, burst 5, delay 2 (nginx: burst=5 delay=2): at once, the
+        // first three pass, the next three wait 100, 200, 300 ms, the 7th is refused
+        let mut sp = spec(10, 1000, 5, 100);
+        sp.delay = Some(2);
+        let t = Table::new(&sp, None).unwrap();
+        let k = t.key("10.0.0.1".parse().unwrap(), None).unwrap();
+        let now = 1_000 * MS;
+        let got: Vec<Verdict> = (0..7).map(|_| t.check(k, now)).collect();
+        assert_eq!(
+            got,
+            vec![
+                Verdict::Allow,
+                Verdict::Allow,
+                Verdict::Allow,
+                Verdict::Delay(Duration::from_millis(100)),
+                Verdict::Delay(Duration::from_millis(200)),
+                Verdict::Delay(Duration::from_millis(300)),
+                Verdict::Deny(Duration::from_millis(100)),
+            ]
+        );
+        // delay 0 (no nodelay): every request past the first waits its turn
+        sp.delay = Some(0);
+        let t = Table::new(&sp, None).unwrap();
+        assert_eq!(t.check(k, now), Verdict::Allow);
+        assert_eq!(t.check(k, now), Verdict::Delay(Duration::from_millis(100)));
+        assert_eq!(t.check(k, now + 50 * MS), Verdict::Delay(Duration::from_millis(150)));
+    }
+
+    #[test]
+    fn combined_refuses_by_the_first_refusal_and_waits_the_longest_delay() {
+        let mut a = spec(10, 1000, 5, 100);
+        a.delay = Some(0);
+        let (a, b) = (Table::new(&a, None).unwrap(), Table::new(&spec(10, 1000, 0, 100), None).unwrap());
+        let ip: IpAddr = "10.0.0.2".parse().unwrap();
+        let now = 1_000 * MS;
+        let at = |t: &Table| t.check(t.key(ip, None).unwrap(), now);
+        assert_eq!(combined([&a, &b], at), Outcome::Pass);
+        assert_eq!(at(&a), Verdict::Delay(Duration::from_millis(100)));
+        // b refuses (burst 0): the request is refused with b's status
+        assert_eq!(combined([&a, &b], at), Outcome::Refuse(429, Duration::from_millis(100)));
+        let c = Table::new(&spec(10, 1000, 5, 100), None).unwrap();
+        assert_eq!(combined([&c, &a], at), Outcome::Wait(Duration::from_millis(300)));
+    }
 
     #[test]
     fn burst_then_steady_rate_as_nginx() {

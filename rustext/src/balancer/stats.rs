@@ -68,6 +68,8 @@ pub struct WorkerStats {
     pub proxy_refused: AtomicU64,
     /// Requests refused by the rate limit (429).
     pub rate_limited: AtomicU64,
+    /// Requests held back by a rate limit in delay mode (then sent on).
+    pub rate_delayed: AtomicU64,
 }
 
 impl WorkerStats {
@@ -100,6 +102,7 @@ pub struct Totals {
     pub latency_sum_us: u64,
     pub proxy_refused: u64,
     pub rate_limited: u64,
+    pub rate_delayed: u64,
 }
 
 impl Totals {
@@ -123,6 +126,7 @@ impl Totals {
         self.latency_sum_us += w.latency_sum_us.load(Relaxed);
         self.proxy_refused += w.proxy_refused.load(Relaxed);
         self.rate_limited += w.rate_limited.load(Relaxed);
+        self.rate_delayed += w.rate_delayed.load(Relaxed);
     }
 }
 
