@@ -700,8 +700,6 @@ class BalancerConfig:
         for name in ("workers", "admin", "handover_socket"):
             if getattr(self, name) != getattr(other, name):
                 out.append(name)
-        if self.log_destinations() != other.log_destinations():
-            out.append("access log destinations (path, syslog; formats change on reload)")
         # listeners come and go on reload; one that stays keeps its socket, and so its settings
         mine = {x.address: (x.tls, x.accept_proxy, x.mode) for x in self.effective_listeners()}
         for x in other.effective_listeners():
@@ -716,13 +714,6 @@ class BalancerConfig:
             if getattr(self.limits, name) != getattr(other.limits, name):
                 out.append(f"limits.{name}")
         return out
-
-    def log_destinations(self) -> tuple[str | None, ...]:
-        """Where the top-level and each listener's access log go (fixed at start)."""
-        top = self.access_log.destination if self.access_log is not None else None
-        own = tuple(x.access_log.destination if isinstance(x.access_log, AccessLog) else str(x.access_log)
-                    for x in self.effective_listeners())
-        return (top, *own) if any(x.access_log is not None for x in self.effective_listeners()) else (top,)
 
     def with_backends(self, backends: list[BackendConfig]) -> BalancerConfig:
         return replace(self, backends=tuple(backends))

@@ -276,3 +276,90 @@ def test_logs_follow_listeners_a_reload_adds_and_removes(tmp_path, backends):
             assert wait_lines(top, 2)[1] == f"top 127.0.0.1:{ports[2]} /size/2"
 
     asyncio.run(run())
+
+
+def open_by_this_process(path) -> bool:
+    """Whether a descriptor of this process (the balancer runs in it) names ``path``."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_a_reload_adds_moves_and_removes_access_logs(tmp_path, backends, syslog_receiver):
+    """Started without an access log: a reload adds one, another moves it to a new file (the old one
+    is closed), another sends a listener's lines to a syslog server, and the last removes them all."""
+    import asyncio
+
+    b = backends(1)
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    rx = syslog_receiver()
+    path = tmp_path / "balancer.toml"
+    ports = [free_port(), free_port()]
+    listeners = "".join(f'[[listeners]]\naddress = "127.0.0.1:{p}"\ndefault_backend = "web"\n{{own{i}}}'
+                        for i, p in enumerate(ports))
+    base = f'workers = 2\n{{top}}[backends.web]\nservers = ["{b[0].address}"]\n' + listeners
+
+    def write(top: str = "", own0: str = "", own1: str = "") -> None:
+        path.write_text(base.format(top=top, own0=own0, own1=own1))
+
+    def top(log) -> str:
+        return f'[access_log]\npath = "{log}"\nformat = "%ft %HP"\n'
+
+    async def request(port: int, target: str) -> None:
+        assert (await asyncio.to_thread(get, port, target))[0].startswith("HTTP/1.1 200")
+
+    write()
+    async def run() -> None:
+        async with LoadBalancer(load(path), config_path=path) as lb:
+            await request(ports[0], "/size/1")  # nothing logged anywhere
+            write(top(first))
+            await lb.reload()
+            await request(ports[0], "/size/2")
+            assert wait_lines(first, 1) == [f"127.0.0.1:{ports[0]} /size/2"]
+            write(top(second))  # moved: the new file gets the lines, the old one is closed
+            await lb.reload()
+            await request(ports[1], "/size/3")
+            assert wait_lines(second, 1) == [f"127.0.0.1:{ports[1]} /size/3"]
+            deadline = time.monotonic() + 30
+            while open_by_this_process(first):
+                assert time.monotonic() < deadline, "the old access log stayed open"
+                await asyncio.sleep(0.1)
+            assert first.read_text().splitlines() == [f"127.0.0.1:{ports[0]} /size/2"]
+            # one listener's lines to a syslog server named by the reload
+            write(top(second), own1=f'access_log = {{ syslog = "{rx.address}", format = "%HP" }}\n')
+            await lb.reload()
+            await request(ports[1], "/size/4")
+            await request(ports[0], "/size/5")
+            (m,) = await asyncio.to_thread(rx.messages, 1)
+            assert m.endswith(b": /size/4")
+            assert wait_lines(second, 2)[1] == f"127.0.0.1:{ports[0]} /size/5"
+            write()  # no access log at all
+            await lb.reload()
+            await request(ports[0], "/size/6")
+            deadline = time.monotonic() + 30
+            while open_by_this_process(second):
+                assert time.monotonic() < deadline, "the access log stayed open"
+                await asyncio.sleep(0.1)
+            assert len(second.read_text().splitlines()) == 2
+            assert lb.stats()["access_log_dropped"] == 0
+
+    asyncio.run(run())
+
+
+def test_a_log_destination_that_cannot_be_opened_changes_nothing(tmp_path, backends, proxy):
+    """The new destination is opened before anything else changes: if it cannot be, the reload fails
+    and the running configuration (backends and logs) stays."""
+    b = backends(2)
+    log = tmp_path / "access.log"
+    lb = proxy([b[0]], workers=1, access_log={"path": str(log), "format": "%s"})
+    port = lb.address[1]
+    assert get(port, "/whoami")[0].startswith("HTTP/1.1 200")
+    with pytest.raises(BalancerConfigError, match="cannot open the access log"):
+        lb.update({"listen": "127.0.0.1:0", "workers": 1, "backends": [b[1].address],
+                   "access_log": {"path": str(tmp_path / "no-such-dir" / "x.log"), "format": "%s"}})
+    assert get(port, "/whoami")[0].startswith("HTTP/1.1 200")
+    assert wait_lines(log, 2) == [b[0].address, b[0].address]  # still the first backend, still this file

@@ -574,10 +574,11 @@ pub struct AccessLogSpec {
 }
 
 impl AccessLogSpec {
-    /// What identifies the writer: two listeners logging to the same place share it.
+    /// What identifies the writer: two listeners logging to the same place
+    /// (with the same syslog settings) share it.
     fn destination(&self) -> String {
         match &self.syslog {
-            Some(s) => format!("syslog:{}", s.address),
+            Some(s) => format!("syslog:{s:?}"),
             None => self.path.clone(),
         }
     }
@@ -617,10 +618,22 @@ enum Msg {
 }
 
 /// One writer thread and its channel: a file, stdout or a syslog socket.
+/// The thread ends (closing its file or socket) when the last `Sink` goes.
 struct Sink {
     destination: String,
     tx: SyncSender<Msg>,
     reopen: Arc<AtomicBool>,
+    /// No route names it any more: it only writes lines still buffered.
+    retired: AtomicBool,
+}
+
+impl Sink {
+    fn ask_reopen(&self) {
+        if !self.retired.load(Relaxed) {
+            self.reopen.store(true, Relaxed);
+            let _ = self.tx.try_send(Msg::Wake);
+        }
+    }
 }
 
 /// How a listener's lines are written.
@@ -631,12 +644,15 @@ struct LogRoute {
     log_empty: bool,
 }
 
-/// The formats in force, per listener; swapped whole on reload.
+/// The formats and writers in force; swapped whole on reload.
 #[derive(Clone, Default)]
 struct Routes {
     /// For listeners not in `by_listener` (the HTTP-to-HTTPS redirect listener, listeners added by a reload).
     default: Option<LogRoute>,
     by_listener: Vec<Option<LogRoute>>,
+    /// Writers by id: a worker's buffered lines name theirs. Ids are never
+    /// reused; a closed writer's place stays `None`.
+    sinks: Vec<Option<Arc<Sink>>>,
 }
 
 impl Routes {
@@ -646,14 +662,35 @@ impl Routes {
             None => self.default.as_ref(),
         }
     }
+
+    fn live_sinks(&self) -> impl Iterator<Item = &Arc<Sink>> {
+        self.sinks.iter().flatten()
+    }
 }
 
-/// Every access log of a balancer: a writer per destination, a format per listener.
+/// Writers opened at most over a balancer's life (each reload that names a
+/// new destination opens one).
+const MAX_SINKS: usize = 1024;
+/// How long a writer no longer named by any listener stays, for the lines
+/// the workers still hold for it (they hand them over every tick).
+const RETIRE_AFTER: Duration = Duration::from_secs(3);
+
+/// Every access log of a balancer: a writer per destination, a format per
+/// listener. Destinations and formats change on reload ([`AccessLog::prepare`],
+/// [`AccessLog::commit`]).
 pub struct AccessLog {
-    sinks: Vec<Sink>,
-    routes: RwLock<Arc<Routes>>,
+    routes: Arc<RwLock<Arc<Routes>>>,
+    /// Some listener logs (read on every request: no lock).
+    active: AtomicBool,
     pub dropped: Arc<AtomicU64>,
     pub written: Arc<AtomicU64>,
+}
+
+/// A reload's access logs, checked and with their new destinations open
+/// (dropping it closes them): [`AccessLog::commit`] puts it in force.
+pub struct Prepared {
+    formats: std::collections::HashMap<String, Arc<Format>>,
+    opened: Vec<Arc<Sink>>,
 }
 
 fn open(path: &str) -> std::io::Result<Box<dyn Write + Send>> {
@@ -822,66 +859,141 @@ fn spawn_writer(spec: &AccessLogSpec, written: Arc<AtomicU64>, dropped: Arc<Atom
         })
     };
     spawned.map_err(|e| format!("cannot start the access log writer: {e}"))?;
-    Ok(Sink { destination, tx, reopen })
+    Ok(Sink { destination, tx, reopen, retired: AtomicBool::new(false) })
 }
 
 impl AccessLog {
     /// One log for every listener (the `[access_log]` table alone).
     pub fn start(spec: &AccessLogSpec) -> Result<AccessLog, String> {
-        Self::start_all(Some(spec), &[]).map(|l| l.expect("a log"))
+        Self::start_all(Some(spec), &[])
     }
 
     /// The top-level log (`top`) and each listener's (by index; listeners
-    /// past the end take `top`). None when nothing is logged anywhere.
-    pub fn start_all(top: Option<&AccessLogSpec>, listeners: &[ListenerLog]) -> Result<Option<AccessLog>, String> {
-        let (written, dropped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let mut sinks: Vec<Sink> = Vec::new();
+    /// past the end take `top`); with neither, nothing is logged until a
+    /// reload names a log.
+    pub fn start_all(top: Option<&AccessLogSpec>, listeners: &[ListenerLog]) -> Result<AccessLog, String> {
+        let log = AccessLog {
+            routes: Arc::new(RwLock::new(Arc::new(Routes::default()))),
+            active: AtomicBool::new(false),
+            dropped: Arc::new(AtomicU64::new(0)),
+            written: Arc::new(AtomicU64::new(0)),
+        };
+        let p = log.prepare(top, listeners)?;
+        log.commit(p, top, listeners);
+        Ok(log)
+    }
+
+    /// Whether any listener logs (else the request paths skip logging).
+    #[inline]
+    pub fn active(&self) -> bool {
+        self.active.load(Relaxed)
+    }
+
+    fn current(&self) -> Arc<Routes> {
+        self.routes.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Check the formats of `top` and `listeners` and open the destinations
+    /// not open yet; nothing changes until [`AccessLog::commit`].
+    pub fn prepare(&self, top: Option<&AccessLogSpec>, listeners: &[ListenerLog]) -> Result<Prepared, String> {
+        let current = self.current();
+        let mut p = Prepared { formats: Default::default(), opened: Vec::new() };
         for spec in top.into_iter().chain(listeners.iter().filter_map(|l| match l {
             ListenerLog::Own(s) => Some(s),
             _ => None,
         })) {
-            if !sinks.iter().any(|s| s.destination == spec.destination()) {
-                sinks.push(spawn_writer(spec, written.clone(), dropped.clone())?);
+            if !p.formats.contains_key(&spec.format) {
+                p.formats.insert(spec.format.clone(), Arc::new(compile(&spec.format)?));
             }
+            let d = spec.destination();
+            if current.live_sinks().any(|s| s.destination == d && !s.retired.load(Relaxed))
+                || p.opened.iter().any(|s| s.destination == d)
+            {
+                continue;
+            }
+            if current.sinks.len() + p.opened.len() >= MAX_SINKS {
+                return Err("too many access log destinations opened since the start: a restart is needed".into());
+            }
+            p.opened.push(Arc::new(spawn_writer(spec, self.written.clone(), self.dropped.clone())?));
         }
-        if sinks.is_empty() {
-            return Ok(None);
-        }
-        let log = AccessLog { sinks, routes: RwLock::new(Arc::new(Routes::default())), dropped, written };
-        log.reconfigure(top, listeners)?;
-        Ok(Some(log))
+        Ok(p)
     }
 
-    /// New formats (and `log_empty`) from a reload; destinations are those
-    /// of the start (a listener whose destination changed keeps its old
-    /// route: a new file or syslog server needs a restart). Reopens files.
-    pub fn reconfigure(&self, top: Option<&AccessLogSpec>, listeners: &[ListenerLog]) -> Result<(), String> {
-        let current = self.routes.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let route = |spec: &AccessLogSpec, old: Option<&LogRoute>| -> Result<Option<LogRoute>, String> {
-            let format = Arc::new(compile(&spec.format)?);
-            Ok(match self.sinks.iter().position(|s| s.destination == spec.destination()) {
-                Some(sink) => Some(LogRoute { sink, format, log_empty: spec.log_empty }),
-                None => old.cloned(),
-            })
+    /// Put a prepared reload in force: `top` and `listeners` (by listener
+    /// slot; [`ListenerLog::Keep`] for a removed listener whose connections
+    /// drain) as given to [`AccessLog::prepare`]. Writers no longer named
+    /// close once the lines the workers hold for them are written; the
+    /// others reopen their files (logrotate).
+    pub fn commit(&self, mut p: Prepared, top: Option<&AccessLogSpec>, listeners: &[ListenerLog]) {
+        let mut g = self.routes.write().unwrap_or_else(|e| e.into_inner());
+        let current = g.clone();
+        let mut sinks = current.sinks.clone();
+        let mut sink_of = |spec: &AccessLogSpec, sinks: &mut Vec<Option<Arc<Sink>>>| -> Option<usize> {
+            let d = spec.destination();
+            if let Some(i) = sinks.iter().position(|s| s.as_ref().is_some_and(|s| s.destination == d && !s.retired.load(Relaxed))) {
+                return Some(i);
+            }
+            let k = p.opened.iter().position(|s| s.destination == d)?;
+            sinks.push(Some(p.opened.swap_remove(k)));
+            Some(sinks.len() - 1)
         };
-        let default = match top {
-            Some(t) => route(t, current.default.as_ref())?,
-            None => None,
+        let mut route = |spec: &AccessLogSpec, sinks: &mut Vec<Option<Arc<Sink>>>| -> Option<LogRoute> {
+            let format = match p.formats.get(&spec.format) {
+                Some(f) => f.clone(),
+                None => Arc::new(compile(&spec.format).ok()?),
+            };
+            Some(LogRoute { sink: sink_of(spec, sinks)?, format, log_empty: spec.log_empty })
         };
+        let default = top.and_then(|t| route(t, &mut sinks));
         let mut by_listener = Vec::with_capacity(listeners.len());
         for (i, l) in listeners.iter().enumerate() {
             by_listener.push(match l {
                 ListenerLog::Inherit => default.clone(),
                 ListenerLog::Off => None,
                 ListenerLog::Keep => current.by_listener.get(i).cloned().flatten().or_else(|| default.clone()),
-                ListenerLog::Own(s) => route(s, current.by_listener.get(i).and_then(Option::as_ref))?,
+                ListenerLog::Own(s) => route(s, &mut sinks),
             });
         }
-        *self.routes.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Routes { default, by_listener });
-        for s in &self.sinks {
-            s.reopen.store(true, Relaxed);
-            let _ = s.tx.try_send(Msg::Wake);
+        // writers no route names any more retire: still there for the lines
+        // the workers buffered, closed a little later
+        let used: std::collections::HashSet<usize> =
+            default.iter().chain(by_listener.iter().flatten()).map(|r| r.sink).collect();
+        let mut retiring = Vec::new();
+        for (i, s) in sinks.iter().enumerate() {
+            if let Some(s) = s {
+                if !used.contains(&i) && !s.retired.swap(true, Relaxed) {
+                    retiring.push(s.clone());
+                }
+            }
         }
+        let active = default.is_some() || by_listener.iter().any(Option::is_some);
+        let routes = Routes { default, by_listener, sinks };
+        for s in routes.live_sinks() {
+            s.ask_reopen();
+        }
+        *g = Arc::new(routes);
+        drop(g);
+        self.active.store(active, Relaxed);
+        if !retiring.is_empty() {
+            let routes = self.routes.clone();
+            let _ = std::thread::Builder::new().name("balancer-access-log-retire".into()).spawn(move || {
+                std::thread::sleep(RETIRE_AFTER);
+                let mut g = routes.write().unwrap_or_else(|e| e.into_inner());
+                let mut r = (**g).clone();
+                for slot in r.sinks.iter_mut() {
+                    if slot.as_ref().is_some_and(|s| retiring.iter().any(|x| Arc::ptr_eq(x, s))) {
+                        *slot = None;
+                    }
+                }
+                *g = Arc::new(r);
+            });
+        }
+    }
+
+    /// New formats and destinations from a reload, at once (see [`AccessLog::prepare`]).
+    pub fn reconfigure(&self, top: Option<&AccessLogSpec>, listeners: &[ListenerLog]) -> Result<(), String> {
+        let p = self.prepare(top, listeners)?;
+        self.commit(p, top, listeners);
         Ok(())
     }
 
@@ -899,27 +1011,29 @@ impl AccessLog {
             }
             *g = Arc::new(r);
         }
-        for s in &self.sinks {
-            s.reopen.store(true, Relaxed);
-            let _ = s.tx.try_send(Msg::Wake);
+        for s in self.current().live_sinks() {
+            s.ask_reopen();
         }
         Ok(())
     }
 
     /// The format of `listener`'s lines (None: not logged).
     pub fn format_of(&self, listener: usize) -> Option<Arc<Format>> {
+        if !self.active() {
+            return None;
+        }
         self.routes.read().unwrap_or_else(|e| e.into_inner()).get(listener).map(|r| r.format.clone())
     }
 
     /// Whether connections closed before sending a byte are logged on `listener`.
     pub fn logs_empty(&self, listener: usize) -> bool {
-        self.routes.read().unwrap_or_else(|e| e.into_inner()).get(listener).is_some_and(|r| r.log_empty)
+        self.active() && self.routes.read().unwrap_or_else(|e| e.into_inner()).get(listener).is_some_and(|r| r.log_empty)
     }
 
     /// Wait (bounded) until every writer wrote what it was given.
     pub fn sync(&self, timeout: Duration) {
         let deadline = std::time::Instant::now() + timeout;
-        for s in &self.sinks {
+        for s in self.current().live_sinks() {
             let (ack, done) = sync_channel(1);
             if s.tx.try_send(Msg::Sync(ack)).is_ok() {
                 let _ = done.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()));
@@ -928,32 +1042,46 @@ impl AccessLog {
     }
 
     pub fn log(&self, buf: &LogBuf, r: &Record<'_>) {
+        if !self.active() {
+            return;
+        }
         let routes = self.routes.read().unwrap_or_else(|e| e.into_inner());
         let Some(route) = routes.get(r.listener) else { return };
         let mut g = buf.0.lock().unwrap_or_else(|e| e.into_inner());
         if g.len() <= route.sink {
-            g.resize_with(self.sinks.len(), || (Vec::new(), 0));
+            g.resize_with(routes.sinks.len(), || (Vec::new(), 0));
         }
         let b = &mut g[route.sink];
         route.format.write(&mut b.0, r);
         b.1 += 1;
         if b.0.len() >= FLUSH_AT {
-            self.send(route.sink, b);
+            self.send(&routes, route.sink, b);
         }
     }
 
     pub fn flush(&self, buf: &LogBuf) {
         let mut g = buf.0.lock().unwrap_or_else(|e| e.into_inner());
+        if g.is_empty() {
+            return;
+        }
+        let routes = self.current();
         for (i, b) in g.iter_mut().enumerate() {
             if b.1 > 0 {
-                self.send(i, b);
+                self.send(&routes, i, b);
             }
         }
     }
 
-    fn send(&self, sink: usize, g: &mut (Vec<u8>, u64)) {
+    fn send(&self, routes: &Routes, sink: usize, g: &mut (Vec<u8>, u64)) {
+        let Some(Some(s)) = routes.sinks.get(sink) else {
+            // its writer closed (a reload removed the destination long ago)
+            self.dropped.fetch_add(g.1, Relaxed);
+            g.0.clear();
+            g.1 = 0;
+            return;
+        };
         let lines = std::mem::replace(&mut g.0, Vec::with_capacity(FLUSH_AT + 4096));
-        match self.sinks[sink].tx.try_send(Msg::Lines(lines)) {
+        match s.tx.try_send(Msg::Lines(lines)) {
             Ok(()) => {}
             Err(TrySendError::Full(Msg::Lines(mut back))) | Err(TrySendError::Disconnected(Msg::Lines(mut back))) => {
                 self.dropped.fetch_add(g.1, Relaxed);

@@ -308,7 +308,7 @@ pub async fn serve(
     let mut inb: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
     let mut resp: Vec<u8> = Vec::new();
-    let logging = w.shared.access_log.is_some();
+    let logging = w.shared.access_log.active();
     let mut first = true; // no request served on this connection yet
     loop {
         // when the request head started to arrive (access log only)
@@ -347,7 +347,7 @@ pub async fn serve(
                     if logging && !ctl.abort.load(Relaxed) {
                         // closed by the client in the middle of a head, or before its first byte
                         let mid_head = !inb.is_empty();
-                        if mid_head || (first && w.shared.access_log.as_ref().is_some_and(|l| l.logs_empty(peer.listener))) {
+                        if mid_head || (first && w.shared.access_log.logs_empty(peer.listener)) {
                             super::proxy::log_without_request(&w, &peer, 400, "CR");
                         }
                     }
@@ -516,7 +516,7 @@ async fn exchange(
     req_id: Option<(&str, &[u8])>,
     done: &mut Done,
 ) -> bool {
-    let logging = w.shared.access_log.is_some();
+    let logging = w.shared.access_log.active();
     let edits = Edits {
         add,
         req_id,
@@ -747,7 +747,10 @@ fn log_line(
     begun: Instant,
 ) {
     use super::accesslog::{Headers, Record};
-    let Some(log) = &w.shared.access_log else { return };
+    let log = &w.shared.access_log;
+    if !log.active() {
+        return;
+    }
     let now = Instant::now();
     let mut timings = done.timings;
     timings.head = t0.map(|t| begun.saturating_duration_since(t));

@@ -246,7 +246,10 @@ fn host_without_port(h: &str) -> Option<&str> {
 fn log_redirect<B>(shared: &super::proxy::Shared, buf: &super::accesslog::LogBuf, frontend: &str, client: SocketAddr,
                    req: &Request<B>, resp: &Response<http_body_util::Full<bytes::Bytes>>, start: std::time::Instant) {
     use super::accesslog::{Headers, Record, Timings};
-    let Some(log) = &shared.access_log else { return };
+    let log = &shared.access_log;
+    if !log.active() {
+        return;
+    }
     let total = start.elapsed();
     let r = Record {
         listener: usize::MAX, // not a configured listener: the top-level log

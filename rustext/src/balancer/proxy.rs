@@ -51,7 +51,7 @@ pub struct Shared {
     /// Open client connections per client address (with `max_client_connections`).
     pub per_client: Mutex<std::collections::HashMap<IpAddr, u32>>,
     /// The access log, if configured.
-    pub access_log: Option<super::accesslog::AccessLog>,
+    pub access_log: super::accesslog::AccessLog,
     /// Each listener's bound address, as the access log names it (`%ft`), by slot.
     pub frontends: super::listeners::Slots<String>,
     /// Each listener's bound address (the destination a PROXY header sent
@@ -830,7 +830,7 @@ pub struct HyperLog {
 
 impl HyperLog {
     fn new(w: &Worker, peer: &Peer, req: &Request<Incoming>, start: Instant) -> Option<Box<HyperLog>> {
-        let f = w.shared.access_log.as_ref()?.format_of(peer.listener)?;
+        let f = w.shared.access_log.format_of(peer.listener)?;
         let mut req_headers = HeaderMap::new();
         for n in &f.req_headers {
             if let Some(v) = req.headers().get(n.as_str()) {
@@ -866,7 +866,7 @@ impl HyperLog {
 
     /// Keep the response headers the format shows.
     fn keep_response(&mut self, w: &Worker, h: &HeaderMap) {
-        let Some(f) = w.shared.access_log.as_ref().and_then(|l| l.format_of(self.frontend)) else { return };
+        let Some(f) = w.shared.access_log.format_of(self.frontend) else { return };
         for n in &f.res_headers {
             if let (Some(v), Ok(name)) = (h.get(n.as_str()), HeaderName::from_bytes(n.as_bytes())) {
                 self.res_headers.insert(name, v.clone());
@@ -878,7 +878,10 @@ impl HyperLog {
     pub fn emit(&self, w: &Worker, bytes: u64, received: u64) {
         let received = received.max(self.progress.as_ref().map_or(0, |p| p.bytes.load(Relaxed)));
         use super::accesslog::{Headers, Record};
-        let Some(log) = &w.shared.access_log else { return };
+        let log = &w.shared.access_log;
+        if !log.active() {
+            return;
+        }
         let mut timings = self.timings;
         timings.total = self.t0.elapsed();
         let r = Record {
@@ -923,7 +926,10 @@ pub fn log_refused_by_hyper(w: &Worker, peer: &Peer, e: &hyper::Error) {
 /// (`cR`, 408). HAProxy's termination states.
 pub fn log_without_request(w: &Worker, peer: &Peer, status: u16, term: &'static str) {
     use super::accesslog::{Headers, Record};
-    let Some(log) = &w.shared.access_log else { return };
+    let log = &w.shared.access_log;
+    if !log.active() {
+        return;
+    }
     let r = Record {
         listener: peer.listener,
         client: SocketAddr::new(peer.ip, peer.port),

@@ -824,6 +824,8 @@ impl PyBalancer {
         let b = self.running()?;
         let log = parse_access_log(config)?;
         let listener_logs = parse_listener_logs(config)?;
+        // new log destinations are opened first: one that cannot be changes nothing
+        let prepared = b.prepare_access_log(log.as_ref(), &listener_logs).map_err(cfg_err)?;
         match parse_routing(config)? {
             // Resolving new backend names may block: not with the GIL held.
             Some((addrs, r)) => py.detach(|| b.update_listeners(addrs, r)).map_err(cfg_err)?,
@@ -835,8 +837,9 @@ impl PyBalancer {
                 py.detach(|| b.update(r)).map_err(cfg_err)?
             }
         }
-        // new formats apply from here; the files are reopened (logrotate)
-        b.reconfigure_access_log(log.as_ref(), &listener_logs).map_err(cfg_err)
+        // new formats and destinations apply from here; the files are reopened (logrotate)
+        b.commit_access_log(prepared, log.as_ref(), &listener_logs);
+        Ok(())
     }
 
     /// Reopen the access log file (after logrotate moved it); no-op without one.

@@ -490,19 +490,29 @@ impl Balancer {
 
     /// Reopen the access log file (logrotate), with a new format if given.
     pub fn reopen_access_log(&self, format: Option<&str>) -> Result<(), String> {
-        match &self.shared.access_log {
-            Some(log) => log.reopen(format),
-            None => Ok(()),
-        }
+        self.shared.access_log.reopen(format)
     }
 
-    /// New access log formats after a reload (destinations are fixed at start); reopens the files.
-    pub fn reconfigure_access_log(
+    /// A reload's access logs checked and their new destinations (files,
+    /// syslog servers) opened; nothing changes until
+    /// [`Balancer::commit_access_log`]. `listeners` in the configured order.
+    pub fn prepare_access_log(
         &self,
         top: Option<&super::accesslog::AccessLogSpec>,
         listeners: &[super::accesslog::ListenerLog],
-    ) -> Result<(), String> {
-        let Some(log) = &self.shared.access_log else { return Ok(()) };
+    ) -> Result<super::accesslog::Prepared, String> {
+        self.shared.access_log.prepare(top, listeners)
+    }
+
+    /// Put prepared access logs in force, once the reload's listeners are:
+    /// new formats and destinations apply from here, the files are reopened
+    /// (logrotate), destinations no longer named are closed.
+    pub fn commit_access_log(
+        &self,
+        p: super::accesslog::Prepared,
+        top: Option<&super::accesslog::AccessLogSpec>,
+        listeners: &[super::accesslog::ListenerLog],
+    ) {
         // `listeners` is in the configured order; the log's table is by slot
         // (a removed listener's slot keeps its log while its connections drain)
         let order = self.order.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -510,12 +520,13 @@ impl Balancer {
         for (pos, &slot) in order.iter().enumerate() {
             by_slot[slot] = listeners.get(pos).cloned().unwrap_or_default();
         }
-        log.reconfigure(top, &by_slot)
+        self.shared.access_log.commit(p, top, &by_slot)
     }
 
     /// Access log lines (written, dropped because the writer fell behind).
     pub fn access_log_counts(&self) -> (u64, u64) {
-        self.shared.access_log.as_ref().map_or((0, 0), |l| (l.written.load(Relaxed), l.dropped.load(Relaxed)))
+        let l = &self.shared.access_log;
+        (l.written.load(Relaxed), l.dropped.load(Relaxed))
     }
 
     /// Read the certificate files again: new handshakes get the new
@@ -716,9 +727,9 @@ impl Balancer {
         for t in threads {
             let _ = t.join();
         }
-        if let (true, Some(log)) = (joined, &self.shared.access_log) {
+        if joined {
             // the workers handed over their last lines: let the writer write them (bounded)
-            log.sync(Duration::from_secs(2));
+            self.shared.access_log.sync(Duration::from_secs(2));
         }
         if joined {
             for (_, p) in self.unix_paths.lock().unwrap_or_else(|e| e.into_inner()).iter() {
@@ -813,9 +824,7 @@ async fn worker_main(
             }
             _ = tick.tick() => {
                 let now = worker.clock.advance();
-                if let Some(log) = &shared.access_log {
-                    log.flush(&worker.log);
-                }
+                shared.access_log.flush(&worker.log);
                 let check_idle = !idle.is_zero() && idle_checked.elapsed() >= idle / 2;
                 if check_idle {
                     idle_checked = Instant::now();
@@ -865,9 +874,7 @@ async fn worker_main(
     while stats.connections_active.load(Relaxed) > 0 && Instant::now() < stop.borrow().unwrap_or_else(Instant::now) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    if let Some(log) = &shared.access_log {
-        log.flush(&worker.log);
-    }
+    shared.access_log.flush(&worker.log);
 }
 
 /// Accept the connections of one listener (`idx`) until the drain starts.
