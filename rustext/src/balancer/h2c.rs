@@ -12,20 +12,17 @@
 //! reads between its requests do not start a "request head" (HTTP/2 has
 //! none to time out: a stalled client holds one stream, not the connection).
 
-use std::io;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::net::{poll_send, poll_send_vectored};
 use super::proxy::{ConnCtl, Peer, Worker};
 use super::server::Svc;
+use super::watched::Watched;
 
 /// The client connection preface of HTTP/2 (RFC 9113 §3.4).
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -40,7 +37,7 @@ pub fn is_preface(first: &[u8]) -> bool {
 /// Concurrent streams a client may open on one connection.
 pub const MAX_STREAMS: u32 = 256;
 
-pub(super) type H2Conn = Pin<Box<http2::Connection<TokioIo<Watched>, Svc, TokioExecutor>>>;
+pub(super) type H2Conn = Pin<Box<http2::Connection<TokioIo<Watched<TcpStream>>, Svc, TokioExecutor>>>;
 
 /// Serve the rest of a connection whose first bytes (`prefix`, read by the
 /// fast path) are the HTTP/2 preface.
@@ -49,71 +46,13 @@ pub(super) fn conn(w: &Arc<Worker>, ctl: &Arc<ConnCtl>, peer: &Arc<Peer>, io: Tc
     // the preface is not a request head: no head timeout runs until a request ends
     ctl.begin();
     ctl.end();
-    let io = TokioIo::new(Watched { io, prefix, at: 0, ctl: ctl.clone() });
+    let io = TokioIo::new(Watched::new(io, prefix, ctl.clone(), None));
     let mut b = http2::Builder::new(TokioExecutor::new());
     b.timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS)
         .max_header_list_size(cfg.max_header_bytes as u32)
         .keep_alive_interval(None);
     Box::pin(b.serve_connection(io, Svc::new(w.clone(), peer.clone())))
-}
-
-/// The client's socket: replays the bytes read before the handover, marks
-/// the connection active on every read and write.
-pub struct Watched {
-    io: TcpStream,
-    prefix: Vec<u8>,
-    at: usize,
-    ctl: Arc<ConnCtl>,
-}
-
-impl AsyncRead for Watched {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let me = self.get_mut();
-        if me.at < me.prefix.len() {
-            let n = buf.remaining().min(me.prefix.len() - me.at);
-            buf.put_slice(&me.prefix[me.at..me.at + n]);
-            me.at += n;
-            if me.at == me.prefix.len() {
-                me.prefix = Vec::new();
-                me.at = 0;
-            }
-            return Poll::Ready(Ok(()));
-        }
-        let r = Pin::new(&mut me.io).poll_read(cx, buf);
-        if r.is_ready() {
-            me.ctl.active.store(true, Relaxed);
-        }
-        r
-    }
-}
-
-impl AsyncWrite for Watched {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let me = self.get_mut();
-        let r = poll_send(&me.io, cx, buf);
-        if r.is_ready() {
-            me.ctl.active.store(true, Relaxed);
-        }
-        r
-    }
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        let me = self.get_mut();
-        let r = poll_send_vectored(&me.io, cx, bufs);
-        if r.is_ready() {
-            me.ctl.active.store(true, Relaxed);
-        }
-        r
-    }
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
 }
 
 /// Read a connection's first bytes until they tell HTTP/2 from HTTP/1, for

@@ -20,69 +20,15 @@ use std::time::Duration;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::config::ListenTls;
 use super::proxy::{ConnCtl, Peer, Worker};
+use super::watched::Watched;
 
 /// How long a client may take to complete its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A TLS stream that marks its connection active on every read and write
-/// (idle timeout) and, for HTTP/1, notes reads for the request-head
-/// timeout. HTTP/2 multiplexes requests, so a read between two of them does
-/// not start a head: there the handshake alone is bounded.
-struct Watched<S> {
-    io: S,
-    ctl: Arc<ConnCtl>,
-    worker: Arc<Worker>,
-    track_head: bool,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let me = self.get_mut();
-        let before = buf.filled().len();
-        let r = Pin::new(&mut me.io).poll_read(cx, buf);
-        if r.is_ready() {
-            me.ctl.active.store(true, Relaxed);
-            if me.track_head && buf.filled().len() > before {
-                me.ctl.reading(me.worker.clock.now());
-            }
-        }
-        r
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let me = self.get_mut();
-        let r = Pin::new(&mut me.io).poll_write(cx, buf);
-        if r.is_ready() {
-            me.ctl.active.store(true, Relaxed);
-        }
-        r
-    }
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        let me = self.get_mut();
-        let r = Pin::new(&mut me.io).poll_write_vectored(cx, bufs);
-        if r.is_ready() {
-            me.ctl.active.store(true, Relaxed);
-        }
-        r
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
 
 type Tls = tokio_rustls::server::TlsStream<TcpStream>;
 type H1 = http1::UpgradeableConnection<TokioIo<Watched<Tls>>, super::server::Svc>;
@@ -145,7 +91,7 @@ pub(super) async fn serve(
         peer.set_unix();
     }
     let peer = Arc::new(peer);
-    let io = TokioIo::new(Watched { io: stream, ctl: ctl.clone(), worker: w.clone(), track_head: !h2 });
+    let io = TokioIo::new(Watched::new(stream, Vec::new(), ctl.clone(), (!h2).then(|| w.clone())));
     let svc = super::server::Svc::new(w.clone(), peer.clone());
     let cfg = &w.shared.config;
     let mut conn = if h2 {

@@ -53,6 +53,7 @@ pub mod tried;
 pub mod tunnel;
 pub mod unix;
 pub mod upstream;
+pub mod watched;
 pub mod h2c;
 pub mod h2pool;
 pub mod h2settings;

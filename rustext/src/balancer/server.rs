@@ -12,14 +12,13 @@ use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -28,11 +27,11 @@ use tokio::sync::watch;
 use super::config::Config;
 use super::route::{RoutingSpec, Table};
 use super::fast::{self, Client, FastPool};
-use super::net::{poll_send, poll_send_vectored};
 use super::pool::Pool;
 use super::proxy::{handle, ClientSlot, Clock, ConnCtl, Peer, Shared, Worker};
 use super::stats::{IdMap, Totals, WorkerStats};
 use super::upstream::AdminState;
+use super::watched::Watched;
 
 /// A running balancer. Dropping it drains with a zero deadline.
 pub struct Balancer {
@@ -1042,72 +1041,6 @@ fn accept(l: &std::net::TcpListener) -> io::Result<(std::net::TcpStream, SocketA
     Ok((sock, peer))
 }
 
-/// Marks the connection as active on every read or write (idle timeout);
-/// replays the bytes the fast path read before handing the connection over.
-struct Watched {
-    io: TcpStream,
-    prefix: Vec<u8>,
-    at: usize,
-    ctl: Arc<ConnCtl>,
-    worker: Arc<Worker>,
-}
-
-impl AsyncRead for Watched {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let me = self.get_mut();
-        if me.at < me.prefix.len() {
-            let n = buf.remaining().min(me.prefix.len() - me.at);
-            buf.put_slice(&me.prefix[me.at..me.at + n]);
-            me.at += n;
-            if me.at == me.prefix.len() {
-                me.prefix = Vec::new();
-                me.at = 0;
-            }
-            return Poll::Ready(Ok(()));
-        }
-        let before = buf.filled().len();
-        let r = Pin::new(&mut me.io).poll_read(cx, buf);
-        if r.is_ready() {
-            me.ctl.active.store(true, Relaxed);
-            if buf.filled().len() > before {
-                me.ctl.reading(me.worker.clock.now());
-            }
-        }
-        r
-    }
-}
-
-impl AsyncWrite for Watched {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let me = self.get_mut();
-        let r = poll_send(&me.io, cx, buf);
-        if r.is_ready() {
-            me.ctl.active.store(true, Relaxed);
-        }
-        r
-    }
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        let me = self.get_mut();
-        let r = poll_send_vectored(&me.io, cx, bufs);
-        if r.is_ready() {
-            me.ctl.active.store(true, Relaxed);
-        }
-        r
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
 
 /// Counts a client connection for as long as it lives.
 struct ConnCount(Arc<WorkerStats>);
@@ -1258,7 +1191,7 @@ async fn serve_conn(
 }
 
 type FastFuture = Pin<Box<dyn Future<Output = Option<(Client, Vec<u8>)>> + Send>>;
-type HyperConn = Pin<Box<hyper::server::conn::http1::UpgradeableConnection<TokioIo<Watched>, Svc>>>;
+type HyperConn = Pin<Box<hyper::server::conn::http1::UpgradeableConnection<TokioIo<Watched<TcpStream>>, Svc>>>;
 type HandleFuture = Pin<
     Box<
         dyn Future<Output = Result<hyper::Response<super::proxy::RespBody>, std::convert::Infallible>>
@@ -1301,13 +1234,7 @@ type StartFuture = Pin<Box<dyn Future<Output = Option<(TcpStream, Vec<u8>)>> + S
 /// The rest of a connection the fast path handed over, served by hyper.
 fn hyper_conn(w: &Arc<Worker>, ctl: &Arc<ConnCtl>, peer: &Arc<Peer>, io: TcpStream, prefix: Vec<u8>) -> HyperConn {
     let cfg = &w.shared.config;
-    let io = TokioIo::new(Watched {
-        io,
-        prefix,
-        at: 0,
-        ctl: ctl.clone(),
-        worker: w.clone(),
-    });
+    let io = TokioIo::new(Watched::new(io, prefix, ctl.clone(), Some(w.clone())));
     let svc = Svc {
         worker: w.clone(),
         peer: peer.clone(),
