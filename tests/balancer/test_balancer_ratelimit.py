@@ -376,7 +376,7 @@ def test_delay_mode_holds_early_requests_back_then_refuses(backends, proxy):
         t.join(timeout=30)
     assert sorted(s for s, _ in results) == [200, 200, 200, 200, 429, 429]
     passed = sorted(d for s, d in results if s == 200)
-    assert passed[2] >= 0.9 and passed[3] >= 1.9, passed  # held back one and two intervals
+    assert passed[2] >= 0.5 and passed[3] >= 1.5, passed  # held back about one and two intervals
     st = lb.stats()
     assert st["rate_delayed"] == 2 and st["rate_limited"] == 2
 
