@@ -47,6 +47,9 @@ class Member:
     proc: subprocess.Popen[bytes] | None = None
     log_offset: int = 0  # where the current run's output starts in log_path
     http_addr: str | None = None  # HOST:PORT of its HTTP API (--http), when the cluster has one
+    #: its transport port for the other members (--peer-port): chosen with the others, so that
+    #: no member's port 0 can be handed a port another member is about to listen on
+    peer_port: int | None = None
 
     @property
     def alive(self) -> bool:
@@ -72,14 +75,16 @@ class LocalCluster:
             self.root = tempfile.mkdtemp(prefix="seq-cluster-")
             self._own_root = True
         if not self.members:
-            ports = free_ports(2 * self.n if self.http else self.n)
-            for i, port in enumerate(ports[: self.n]):
+            n = self.n
+            ports = free_ports(3 * n if self.http else 2 * n)
+            for i, port in enumerate(ports[:n]):
                 self.members.append(
                     Member(
                         addr=f"127.0.0.1:{port}",
                         data=os.path.join(self.root, f"node{i}"),
                         log_path=os.path.join(self.root, f"node{i}.log"),
-                        http_addr=f"127.0.0.1:{ports[self.n + i]}" if self.http else None,
+                        http_addr=f"127.0.0.1:{ports[2 * n + i]}" if self.http else None,
+                        peer_port=ports[n + i],
                     )
                 )
 
@@ -97,8 +102,9 @@ class LocalCluster:
         m = self.members[i]
         peers_arg = ",".join(a for j, a in enumerate(self.addrs) if j != i) if peers is None else ",".join(peers)
         http = ["--http", m.http_addr] if m.http_addr is not None else []
+        peer_port = ["--peer-port", str(m.peer_port)] if m.peer_port and "--peer-port" not in flags else []
         return [self.python, "-m", "cli", "seq", "server", "--listen", m.addr, "--data", m.data,
-                "--peers", peers_arg, *http, *flags]
+                "--peers", peers_arg, *http, *peer_port, *flags]
 
     def start(self, i: int, *flags: str, peers: list[str] | None = None) -> subprocess.Popen[bytes]:
         m = self.members[i]
@@ -157,10 +163,10 @@ class LocalCluster:
     def add_member(self) -> int:
         """One more member slot (a free port, a data dir); start it with ``start(i, "--join")``."""
         i = len(self.members)
-        port = free_port()
+        port, peer_port, http_port = free_ports(3)
         self.members.append(Member(addr=f"127.0.0.1:{port}", data=os.path.join(self.root, f"node{i}"),
                                    log_path=os.path.join(self.root, f"node{i}.log"),
-                                   http_addr=f"127.0.0.1:{free_port()}" if self.http else None))
+                                   http_addr=f"127.0.0.1:{http_port}" if self.http else None, peer_port=peer_port))
         self.n = len(self.members)
         return i
 

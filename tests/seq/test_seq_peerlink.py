@@ -60,7 +60,7 @@ async def test_read_cas_acquire_and_rediscovery_after_restart(fresh_cluster: Loc
                     await link.call(bad, 1.0)
             assert link.connects == 1  # one connection, multiplexed (bad requests did not close it)
             c.kill(1)
-            c.start(1)  # listens for peers on a new free port
+            c.start(1, "--peer-port", str(free_ports(1)[0]))  # listens for peers on another port
             await c.wait_ready(1)
             assert await call_until_answered(link, [OP_READ, cid, "pl"]) == [OK, hi + 10]  # durable
             assert link.connects >= 2
