@@ -226,6 +226,11 @@ class Timeouts:
         return min((t for t in (self.idle, self.response) if t > 0), default=0.0)
 
 
+#: the ejection of a server marked down (``on_error = "mark-down"``), in seconds (most of a year, the
+#: longest the data plane takes): the active health check ends it
+MARKED_DOWN = 30_000_000.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class Passive:
     """Passive health: backends that keep failing are ejected for a while."""
@@ -239,11 +244,16 @@ class Passive:
     observe: str = "layer4"
     #: with ``observe = "layer7"``: the statuses that count as failures
     error_statuses: tuple[int, ...] = field(default=LAYER7_ERRORS, metadata={"default": "every 5xx but 501 and 505"})
+    #: what ``eject_after`` failures do: ``"eject"`` (out for ``cooldown``) or ``"mark-down"`` (out until
+    #: the pool's active health check passes ``rise`` times, as HAProxy's ``on-error mark-down``)
+    on_error: str = "eject"
 
     def __post_init__(self) -> None:
         _non_negative(self, "eject_after", "cooldown")
         if self.observe not in ("layer4", "layer7"):
             raise BalancerConfigError(f"passive.observe must be \"layer4\" or \"layer7\", got {self.observe!r}")
+        if self.on_error not in ("eject", "mark-down"):
+            raise BalancerConfigError(f"passive.on_error must be \"eject\" or \"mark-down\", got {self.on_error!r}")
         statuses = tuple(self.error_statuses)
         if not all(isinstance(x, int) and not isinstance(x, bool) and 100 <= x <= 599 for x in statuses):
             raise BalancerConfigError(f"passive.error_statuses must be HTTP statuses, got {self.error_statuses!r}")
@@ -499,6 +509,10 @@ class BalancerConfig:
                 b.send_proxy not in (None, "none") for b in self.backends)):
             raise BalancerConfigError(
                 "send_proxy needs proto = \"h1\": HTTP/2 backend connections carry the calls of many clients")
+        if self.passive.on_error == "mark-down" and self.health is None and not self.named_backends:
+            raise BalancerConfigError(
+                "passive.on_error = \"mark-down\" needs active health checks ([health]): they bring a server "
+                "marked down back")
         if self.health is not None and self.health.type == "grpc" and self.proto != "h2" and not self.named_backends:
             raise BalancerConfigError(
                 "health.type = \"grpc\" needs proto = \"h2\": gRPC runs over HTTP/2 only")
@@ -603,6 +617,11 @@ class BalancerConfig:
                     msg = str(exc)
                     raise BalancerConfigError(f"{w}.{msg}" if msg.startswith("health.") else msg) from exc
                 health = h if h.enabled else None
+            if passive.on_error == "mark-down" and health is None:
+                key = f"{w}.passive.on_error" if nb.passive is not None and "on_error" in nb.passive else "passive.on_error"
+                raise BalancerConfigError(
+                    f"{key} = \"mark-down\" needs active health checks for [{w}]: they bring a server marked "
+                    "down back")
             if health is not None and health.type == "grpc" and (nb.proto or self.proto) != "h2":
                 key = f"{w}.health.type" if nb.health is not None and "type" in nb.health else "health.type"
                 raise BalancerConfigError(
@@ -675,7 +694,8 @@ class BalancerConfig:
             "queue_timeout": t.queue,
             "tunnel_timeout": t.tunnel_effective(),
             "eject_after": p.eject_after,
-            "eject_cooldown": p.cooldown,
+            # marked down: out until the health checker brings it back (it clears the ejection)
+            "eject_cooldown": p.cooldown if p.on_error == "eject" else MARKED_DOWN,
             "max_connections": lim.max_connections,
             "max_header_bytes": lim.max_header_bytes,
             "pool_max_idle": lim.pool_max_idle,

@@ -364,6 +364,9 @@ class HealthChecker:
         self._on_change = on_change
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.healthy: dict[str, bool] = {}
+        #: ``name → whether the data plane has it out after passive failures``: with
+        #: ``passive.on_error = "mark-down"`` such a server is down until ``rise`` checks pass
+        self.ejected: Callable[[str], bool] | None = None
         self._session: aiohttp.ClientSession | None = None
         #: backend address → ``"v1"`` / ``"v2"`` for those checked with a PROXY header
         self.send_proxy: dict[str, str | None] = {}
@@ -404,6 +407,12 @@ class HealthChecker:
                 else:
                     ok_streak, bad_streak = 0, bad_streak + 1
                 up = self.healthy.get(name, True)
+                if up and self._marked_down(name):
+                    # marked down by its errors (HAProxy's on-error mark-down): up again after
+                    # `rise` good checks from now
+                    self.healthy[name] = up = False
+                    ok_streak = 0
+                    log.warning("backend %s is down (marked down by its errors)", name)
                 if up and bad_streak >= self.check.fall:
                     self._set(name, False)
                 elif not up and ok_streak >= self.check.rise:
@@ -421,6 +430,14 @@ class HealthChecker:
         if (version is not None and version in CHECK_PROXY_HEADERS) or unix_path(name) is not None:
             return await probe_raw(name, self.check, version)
         return await probe(self._client(), name, self.check, self._ssl)
+
+    def _marked_down(self, name: str) -> bool:
+        if self.ejected is None:
+            return False
+        try:
+            return self.ejected(name)
+        except Exception:  # a backend removed by a concurrent reload
+            return False
 
     def _set(self, name: str, healthy: bool) -> None:
         self.healthy[name] = healthy

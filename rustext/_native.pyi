@@ -479,6 +479,8 @@ class Balancer:
         """Raise ValueError naming what is wrong with an access log format."""
     def set_backend_state(self, name: str, state: str) -> None:
         """Admin state: "up", "drain" (no new requests, in-flight finish) or "down"."""
+    def backend_ejected(self, name: str, pool: str | None = None) -> bool:
+        """Whether passive health has the backend out (ejected, or marked down until a health check brings it back)."""
     def set_backend_health(self, name: str, healthy: bool, pool: str | None = None) -> None:
         """Health from active checks; unhealthy backends get no requests (in ``pool``,
         or in every pool listing the backend)."""
@@ -489,8 +491,8 @@ class Balancer:
     def stats(self) -> dict[str, object]:
         """Totals over workers: connections_total/active, requests, responses,
         bytes_in/out, retries, no_backend, backend_errors, timeouts,
-        rate_limited (requests refused by ``rate_limit``),
-        latency_bounds (s), latency_buckets (last is +Inf), latency_sum (s);
+        rate_limited (requests refused by ``rate_limit``), rate_delayed (held back
+        by one in delay mode), latency_bounds (s), latency_buckets (last is +Inf), latency_sum (s);
         plus "workers" (per worker), "backends", "algorithm", "hash_key",
         access_log_lines, access_log_dropped."""
     def drain(self, timeout: float = 30.0) -> None:

@@ -49,6 +49,8 @@ BAD = [
     ("limits", L + '[limits]\nmax_header_bytes = 10\n', 3, ["limits.max_header_bytes", "8192"]),
     ("dotted key", L + "timeouts.connect = -1\n", 2, ["connect", ">= 0"]),
     ("invalid TOML", L + "workers = = 2\n", 2, ["invalid TOML"]),
+    ("mark-down without health checks", L + '[passive]\neject_after = 2\non_error = "mark-down"\n', 4,
+     ["passive.on_error", "health checks"]),
     ("a route of the second listener", '[backends.web]\nservers = ["127.0.0.1:5"]\n'
      + '[[listeners]]\naddress = "127.0.0.1:1"\ndefault_backend = "web"\n[[listeners.routes]]\npath = "/a"\n'
        'backend = "web"\n'

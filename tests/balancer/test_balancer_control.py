@@ -138,6 +138,30 @@ async def test_active_health_checks_mark_down_and_up(backends):
         assert (await aget(port, "/whoami"))[0] == 503
 
 
+async def test_marked_down_by_errors_until_the_health_check_passes(backends):
+    """passive.on_error = "mark-down" (HAProxy's observe layer7 + on-error mark-down): three 500s in
+    a row take the server out, and its health check, passing `rise` times, brings it back (the
+    hour-long cooldown plays no part)."""
+    b = backends(2)
+    cfg = from_dict({"listen": "127.0.0.1:0", "workers": 1, "backends": [b[0].address, b[1].address],
+                     "retry_on": [], "health": {"path": "/health", "interval": 0.05, "timeout": 1.0, "rise": 2,
+                                                "fall": 2},
+                     "passive": {"observe": "layer7", "eject_after": 3, "cooldown": 3600, "on_error": "mark-down"}})
+    async with LoadBalancer(cfg) as lb:
+        port = lb.address[1]
+        assert await aget(b[0].port, "/fail", "POST") == (200, b"ok")
+        got = [await aget(port, "/whoami") for _ in range(10)]
+        assert [s for s, _ in got].count(500) == 3 and got[-4:] == [(200, b"b1")] * 4
+
+        def state() -> dict[str, object]:
+            return {x["name"]: x for x in lb.backends()}[b[0].address]
+
+        assert state()["ejections"] == 1
+        await wait_for(lambda: state()["state"] == "up")  # the health check passed twice
+        assert not lb._native.backend_ejected(b[0].address)
+        assert {(await aget(port, "/whoami"))[0] for _ in range(4)} == {200, 500}  # b0 serves again
+
+
 async def test_admin_api(backends):
     b = backends(2)
     admin = free_port()

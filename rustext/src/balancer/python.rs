@@ -871,6 +871,16 @@ impl PyBalancer {
             .map_err(|e| ErrorKind::Balancer.err(e))
     }
 
+    /// Whether the backend is out after passive failures (ejected, or
+    /// marked down until a health check brings it back), in `pool` or in
+    /// any pool listing it.
+    #[pyo3(signature = (name, pool = None))]
+    fn backend_ejected(&self, name: &str, pool: Option<&str>) -> PyResult<bool> {
+        self.running()?
+            .backend_ejected(name, pool)
+            .map_err(|e| ErrorKind::Balancer.err(e))
+    }
+
     fn set_backend_weight(&self, py: Python<'_>, name: &str, weight: u32) -> PyResult<()> {
         let b = self.running()?;
         py.detach(|| b.set_backend_weight(name, weight))

@@ -622,6 +622,17 @@ impl Balancer {
         self.each_backend(name, pool, |b| b.set_healthy(healthy))
     }
 
+    /// Whether passive health has the backend out (in `pool`, or in any pool).
+    pub fn backend_ejected(&self, name: &str, pool: Option<&str>) -> Result<bool, String> {
+        let out = std::sync::atomic::AtomicBool::new(false);
+        self.each_backend(name, pool, |b| {
+            if b.ejected() {
+                out.store(true, Relaxed);
+            }
+        })?;
+        Ok(out.load(Relaxed))
+    }
+
     pub fn set_backend_weight(&self, name: &str, weight: u32) -> Result<(), String> {
         let mut routing = self.routing();
         let mut found = false;

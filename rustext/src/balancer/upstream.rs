@@ -205,7 +205,8 @@ impl Backend {
     }
     pub fn set_healthy(&self, up: bool) {
         let was = self.healthy.swap(up, Relaxed);
-        if up && !was {
+        // back in service: from down, or from an ejection the check ends (marked down)
+        if up && (!was || self.ejected()) {
             self.up_since.store(self.now_ms(), Relaxed);
         }
         if up {
