@@ -329,7 +329,7 @@ workers = 1
 
 [access_log]
 path = "{log}"
-format = "%HV %b %HP %ST %ts"
+format = "%HV %b %HP %ST %ts %[res.hdr(grpc-status)] %[res.hdr(x-backend)]"
 
 [backends.web]
 servers = ["{web}"]
@@ -363,10 +363,16 @@ async def test_routes_header_rules_and_access_log_apply_to_http2(grpc_backends, 
         reply, call = await asyncio.to_thread(unary(ch).with_call, b"r", timeout=5)
         initial = dict(call.initial_metadata())
         assert reply.endswith(b":r") and initial["x-route"] == "rpc" and initial["x-served-by"] == "lb"
+        with pytest.raises(grpc.RpcError) as failed:
+            await asyncio.to_thread(unary(ch, "Fail"), b"x", timeout=5)
+        assert failed.value.code() == grpc.StatusCode.NOT_FOUND
         version, body = await asyncio.to_thread(curl_h2c, f"http://127.0.0.1:{port}/whoami")
         assert (version, body) == ("2", "b0")
     lines = log.read_text().splitlines()
-    assert lines == ["HTTP/2.0 rpc /test.Echo/Unary 200 --", "HTTP/2.0 web /whoami 200 --"]
+    # the call's status and trailing metadata come in trailers: logged as response headers
+    backend = lines[0].rsplit(" ", 1)[1]
+    assert lines == [f"HTTP/2.0 rpc /test.Echo/Unary 200 -- 0 {backend}", "HTTP/2.0 rpc /test.Echo/Fail 200 -- 5 -",
+                     f"HTTP/2.0 web /whoami 200 -- - {web.name}"]
 
 
 def test_proto_is_checked_and_inherited(tmp_path):

@@ -690,6 +690,9 @@ impl Body for RespBody {
                     Poll::Ready(Some(Ok(f))) => {
                         if let Some(d) = f.data_ref() {
                             s.bytes += d.len() as u64;
+                        } else if let (Some(t), Some(l)) = (f.trailers_ref(), s.log.as_mut()) {
+                            // gRPC's status and trailing metadata: logged as response headers
+                            l.keep_response(&s.worker, t);
                         }
                         Poll::Ready(Some(Ok(f)))
                     }
