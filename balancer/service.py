@@ -116,17 +116,14 @@ class LoadBalancer:
                 for b in pool.backends:
                     self._native.set_backend_health(b.address, True, name)
                 checker = None
-            marked_down = functools.partial(self._native.backend_ejected, pool=name)
             if checker is None:
                 checker = self._health[name] = HealthChecker(
                     pool.health, functools.partial(self._mark_health, name), proto=pool.proto, tls=tls)
-                checker.send_proxy = proxied
-                checker.ejected = marked_down if pool.passive.on_error == "mark-down" else None
-                checker.set_backends(b.address for b in pool.backends)
-            else:
-                checker.send_proxy = proxied
-                checker.ejected = marked_down if pool.passive.on_error == "mark-down" else None
-                checker.set_backends((b.address for b in pool.backends), pool.health)
+            checker.send_proxy = proxied
+            # passive.on_error = "mark-down": the checker ends the data plane's ejections
+            checker.ejected = (functools.partial(self._native.backend_ejected, pool=name)
+                               if pool.passive.on_error == "mark-down" else None)
+            checker.set_backends((b.address for b in pool.backends), pool.health)
 
     @property
     def redirect_address(self) -> tuple[str, int] | None:
