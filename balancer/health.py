@@ -23,9 +23,9 @@ bounded by ``timeout``):
 HTTP/2 is the ``h2`` library's sans-I/O state machine driven over asyncio
 streams, not grpcio: the checks then reach backends exactly as the data
 plane does (Unix sockets, ``tls.backend_insecure``, which grpcio cannot
-express). The two health messages are encoded by hand, as the protocol is
-tiny: ``HealthCheckRequest{string service = 1}``,
-``HealthCheckResponse{ServingStatus status = 1}``, ``SERVING = 1``.
+express). The two health messages go through protobuf's runtime from a
+descriptor built here (no generated module): ``HealthCheckRequest{string
+service = 1}``, ``HealthCheckResponse{ServingStatus status = 1}``, ``SERVING = 1``.
 
 After ``rise`` successes in a row a down backend is marked up, after
 ``fall`` failures in a row an up backend is marked down; every transition
@@ -46,6 +46,8 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError, Message
 
 if TYPE_CHECKING:
     import aiohttp
@@ -252,33 +254,30 @@ async def probe_h2(address: str, check: HealthCheck, tls: ssl.SSLContext | None)
 SERVING = 1
 
 
+def _health_messages() -> tuple[type[Message], type[Message]]:
+    """``HealthCheckRequest{string service = 1}`` and ``HealthCheckResponse{status = 1}``
+    (the enum read as its int32 wire form), built from a descriptor in a pool of their own:
+    no generated module, and no clash with grpcio-health-checking's if it is loaded."""
+    f = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="balancer/grpc_health_v1.proto", package="grpc.health.v1",
+                                               syntax="proto3")
+    proto.message_type.add(name="HealthCheckRequest").field.add(
+        name="service", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    proto.message_type.add(name="HealthCheckResponse").field.add(
+        name="status", number=1, type=f.TYPE_INT32, label=f.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return (message_factory.GetMessageClass(pool.FindMessageTypeByName("grpc.health.v1.HealthCheckRequest")),
+            message_factory.GetMessageClass(pool.FindMessageTypeByName("grpc.health.v1.HealthCheckResponse")))
+
+
+_REQUEST, _RESPONSE = _health_messages()
+
+
 def health_request(service: str) -> bytes:
     """A length-prefixed, uncompressed ``HealthCheckRequest{service}``."""
-    raw = service.encode()
-    msg = b"\x0a" + _varint(len(raw)) + raw if raw else b""
+    msg = _REQUEST(service=service).SerializeToString()
     return b"\x00" + len(msg).to_bytes(4, "big") + msg
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
-def _read_varint(buf: bytes, i: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        if i >= len(buf) or shift > 63:
-            raise ValueError("truncated varint")
-        b = buf[i]
-        i += 1
-        n |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return n, i
 
 
 def serving_status(body: bytes) -> int:
@@ -286,29 +285,13 @@ def serving_status(body: bytes) -> int:
     UNKNOWN, when absent, as proto3 omits defaults); ValueError if malformed."""
     if len(body) < 5 or body[0] != 0:
         raise ValueError("not one uncompressed gRPC message")
-    msg = body[5:5 + int.from_bytes(body[1:5], "big")]
-    if len(msg) != int.from_bytes(body[1:5], "big"):
+    size = int.from_bytes(body[1:5], "big")
+    if len(body) - 5 != size:
         raise ValueError("truncated gRPC message")
-    status, i = 0, 0
-    while i < len(msg):
-        key, i = _read_varint(msg, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _read_varint(msg, i)
-            if field == 1:
-                status = value
-        elif wire == 1:
-            i += 8
-        elif wire == 2:
-            size, i = _read_varint(msg, i)
-            i += size
-        elif wire == 5:
-            i += 4
-        else:
-            raise ValueError(f"unexpected protobuf wire type {wire}")
-    if i > len(msg):
-        raise ValueError("truncated protobuf field")
-    return status
+    try:
+        return int(_RESPONSE.FromString(body[5:]).status)
+    except DecodeError as exc:
+        raise ValueError(f"malformed HealthCheckResponse: {exc}") from exc
 
 
 async def probe_grpc(conn: H2Connection, check: HealthCheck) -> bool:

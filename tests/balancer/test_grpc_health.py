@@ -15,6 +15,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from balancer import BalancerConfigError, LoadBalancer
 from balancer.config import from_dict
@@ -278,3 +280,13 @@ async def test_http_checks_go_over_tls_when_the_requests_do(pki):
             assert healthy(lb)[origin.address]
     finally:
         origin.kill()
+
+
+@given(st.binary(max_size=64))
+def test_any_response_body_is_a_status_or_a_value_error(body: bytes) -> None:
+    framed = b"\x00" + len(body).to_bytes(4, "big") + body
+    for data in (body, framed):
+        try:
+            assert isinstance(serving_status(data), int)
+        except ValueError:
+            pass
