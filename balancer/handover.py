@@ -213,6 +213,19 @@ def _clear_stale(path: str) -> None:
                         f"(start with --takeover {path} to replace it)")
 
 
+def _connect_failure(exc: OSError) -> str:
+    """Why connecting to a handover socket failed, in the user's terms."""
+    if isinstance(exc, FileNotFoundError):
+        return "no such socket (is the running balancer started with handover_socket?)"
+    if isinstance(exc, ConnectionRefusedError):
+        return "no balancer is serving it"
+    if isinstance(exc, PermissionError):
+        return "permission denied (run as the user of the running balancer)"
+    if exc.errno == errno.EPROTOTYPE:  # a stream socket: something else listens there
+        return "not a balancer's handover socket"
+    return exc.strerror or str(exc)
+
+
 class Takeover:
     """The new side, before its event loop serves anything (blocking calls,
     bounded by ``timeout``): ``connect()``, ``listeners()``, then ``drain()``
@@ -231,22 +244,9 @@ class Takeover:
         sock.settimeout(self.timeout)
         try:
             sock.connect(self.path)
-        except FileNotFoundError as exc:
-            sock.close()
-            raise HandoverError(f"cannot take over from {self.path}: no such socket "
-                                "(is the running balancer started with handover_socket?)") from exc
-        except ConnectionRefusedError as exc:
-            sock.close()
-            raise HandoverError(f"cannot take over from {self.path}: no balancer is serving it") from exc
-        except PermissionError as exc:
-            sock.close()
-            raise HandoverError(f"cannot take over from {self.path}: permission denied "
-                                "(run as the user of the running balancer)") from exc
         except OSError as exc:
             sock.close()
-            if exc.errno == errno.EPROTOTYPE:  # a stream socket: something else listens there
-                raise HandoverError(f"cannot take over from {self.path}: not a balancer's handover socket") from exc
-            raise HandoverError(f"cannot take over from {self.path}: {exc.strerror or exc}") from exc
+            raise HandoverError(f"cannot take over from {self.path}: {_connect_failure(exc)}") from exc
         self._sock = sock
 
     def _recv(self) -> tuple[dict[str, Any], list[int]]:
