@@ -112,15 +112,9 @@ fn parse_listen_tls(d: &Bound<'_, PyDict>) -> PyResult<Option<ListenTls>> {
 }
 
 fn parse_backend_tls(d: &Bound<'_, PyDict>) -> PyResult<Option<Arc<rustls::ClientConfig>>> {
-    let on = match d.get_item("backend_tls")? {
-        Some(v) if !v.is_none() => v.extract::<bool>().map_err(|_| cfg_err("backend_tls must be true or false"))?,
-        _ => false,
-    };
+    let on = flag(d, "", "backend_tls", false)?;
     let ca = string(d, "backend_ca")?;
-    let insecure = match d.get_item("backend_tls_insecure")? {
-        Some(v) if !v.is_none() => v.extract::<bool>().map_err(|_| cfg_err("backend_tls_insecure must be true or false"))?,
-        _ => false,
-    };
+    let insecure = flag(d, "", "backend_tls_insecure", false)?;
     if !on {
         if ca.is_some() || insecure {
             return Err(cfg_err("backend_ca and backend_tls_insecure need backend_tls"));
@@ -272,12 +266,6 @@ fn parse_policy(d: &Bound<'_, PyDict>) -> PyResult<crate::balancer::policy::Poli
     use crate::balancer::policy::{PolicySpec, StickySpec};
     let Some(v) = d.get_item("policy")?.filter(|v| !v.is_none()) else { return Ok(PolicySpec::default()) };
     let p = dict(&v, "policy")?;
-    let flag = |d: &Bound<'_, PyDict>, k: &str, def: bool| -> PyResult<bool> {
-        match d.get_item(k)? {
-            Some(v) if !v.is_none() => v.extract::<bool>().map_err(|_| cfg_err(format!("{k} must be true or false"))),
-            _ => Ok(def),
-        }
-    };
     let statuses = |k: &str| -> PyResult<Vec<u16>> {
         match p.get_item(k)? {
             Some(v) if !v.is_none() => v.extract().map_err(|_| cfg_err(format!("{k} must be a list of statuses"))),
@@ -309,10 +297,10 @@ fn parse_policy(d: &Bound<'_, PyDict>) -> PyResult<crate::balancer::policy::Poli
             Some(StickySpec {
                 name: string(&c, "name")?.unwrap_or_else(|| "SERVERID".into()),
                 values,
-                indirect: flag(&c, "indirect", true)?,
-                nocache: flag(&c, "nocache", true)?,
-                httponly: flag(&c, "httponly", true)?,
-                secure: flag(&c, "secure", false)?,
+                indirect: flag(&c, "sticky.", "indirect", true)?,
+                nocache: flag(&c, "sticky.", "nocache", true)?,
+                httponly: flag(&c, "sticky.", "httponly", true)?,
+                secure: flag(&c, "sticky.", "secure", false)?,
                 max_age: match c.get_item("max_age")? {
                     Some(v) if !v.is_none() => Some(v.extract().map_err(|_| cfg_err("sticky max_age must be seconds"))?),
                     _ => None,
@@ -325,14 +313,30 @@ fn parse_policy(d: &Bound<'_, PyDict>) -> PyResult<crate::balancer::policy::Poli
     };
     Ok(PolicySpec {
         backups: strings(&p, "backups")?,
-        all_backups: flag(&p, "all_backups", false)?,
+        all_backups: flag(&p, "", "all_backups", false)?,
         slow_start,
         retry_statuses: statuses("retry_statuses")?,
-        retry_timeout: flag(&p, "retry_timeout", false)?,
+        retry_timeout: flag(&p, "", "retry_timeout", false)?,
         error_statuses: statuses("error_statuses")?,
         sticky,
         rate_limit: parse_rate_limit(&p)?,
     })
+}
+
+/// A boolean setting (`default` when absent or None); the error names it `{table}{key}`.
+fn flag(d: &Bound<'_, PyDict>, table: &str, key: &str, default: bool) -> PyResult<bool> {
+    match d.get_item(key)? {
+        Some(v) if !v.is_none() => v.extract::<bool>().map_err(|_| cfg_err(format!("{table}{key} must be true or false"))),
+        _ => Ok(default),
+    }
+}
+
+/// `host:port` (resolved); `what` names it in the error.
+fn host_port(text: &str, what: &str) -> PyResult<SocketAddr> {
+    text.to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| cfg_err(format!("{what} {text:?} must be host:port")))
 }
 
 fn strings(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<String>> {
@@ -451,23 +455,9 @@ fn parse_listener(d: &Bound<'_, PyDict>) -> PyResult<(ListenAddr, ListenerSpec)>
         }
         None => None,
     };
-    let addr = if unix.is_some() {
-        SocketAddr::from(([0, 0, 0, 0], 0))
-    } else {
-        address
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| cfg_err(format!("listener address {address:?} must be host:port")))?
-    };
-    let tls = match d.get_item("tls")? {
-        Some(v) if !v.is_none() => v.extract::<bool>().map_err(|_| cfg_err("listener tls must be true or false"))?,
-        _ => false,
-    };
-    let accept_proxy = match d.get_item("accept_proxy")? {
-        Some(v) if !v.is_none() => v.extract::<bool>().map_err(|_| cfg_err("listener accept_proxy must be true or false"))?,
-        _ => false,
-    };
+    let addr = if unix.is_some() { SocketAddr::from(([0, 0, 0, 0], 0)) } else { host_port(&address, "listener address")? };
+    let tls = flag(d, "listener ", "tls", false)?;
+    let accept_proxy = flag(d, "listener ", "accept_proxy", false)?;
     let routes = list(d, "routes")?
         .iter()
         .map(|r| parse_route(&dict(r, "a route")?))
@@ -475,16 +465,10 @@ fn parse_listener(d: &Bound<'_, PyDict>) -> PyResult<(ListenAddr, ListenerSpec)>
     let hsts = match d.get_item("hsts")? {
         Some(h) if !h.is_none() => {
             let h = dict(&h, "hsts")?;
-            let flag = |k: &str| -> PyResult<bool> {
-                match h.get_item(k)? {
-                    Some(v) if !v.is_none() => v.extract().map_err(|_| cfg_err(format!("hsts.{k} must be true or false"))),
-                    _ => Ok(false),
-                }
-            };
             Some(HstsSpec {
                 max_age: int(&h, "max_age", 0u64)?,
-                include_subdomains: flag("include_subdomains")?,
-                preload: flag("preload")?,
+                include_subdomains: flag(&h, "hsts.", "include_subdomains", false)?,
+                preload: flag(&h, "hsts.", "preload", false)?,
             })
         }
         _ => None,
@@ -616,11 +600,7 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     let addr: SocketAddr = if super::unix::backend_path(&listen).is_some() {
         SocketAddr::from(([0, 0, 0, 0], 0)) // a Unix socket: the listeners say which
     } else {
-        listen
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| cfg_err(format!("listen address {listen:?} must be host:port")))?
+        host_port(&listen, "listen address")?
     };
     let mut c = Config::new(addr, parse_settings(d)?);
     c.workers = int(d, "workers", c.workers)?;
@@ -632,12 +612,7 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     c.max_client_connections = int(d, "max_client_connections", c.max_client_connections)?;
     c.tls = parse_listen_tls(d)?;
     if let Some(r) = string(d, "http_redirect")? {
-        let addr = r
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| cfg_err(format!("http_redirect address {r:?} must be host:port")))?;
-        c.redirect_listen = Some(addr);
+        c.redirect_listen = Some(host_port(&r, "http_redirect address")?);
     }
     c.backend_tls = parse_backend_tls(d)?;
     c.access_log = parse_access_log(d)?;
