@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from balancer_helpers import split_response
+from test_access_log import wait_lines
 
 from balancer.config import from_dict
 from balancer.errors import BalancerConfigError
@@ -326,8 +327,5 @@ def test_the_access_log_shows_the_client_of_the_header(proxy, backends, tmp_path
                access_log={"path": str(log), "format": "%ci|%cp|%ft"})
     for path in ("/headers", "/whoami"):
         request(lb.address[1], b"PROXY TCP4 192.0.2.44 127.0.0.1 4444 80\r\n", path=path)
-    deadline = time.monotonic() + 10  # the log is written by its own thread
-    while time.monotonic() < deadline and len(log.read_text().splitlines() if log.exists() else []) < 2:
-        time.sleep(0.02)
-    lines = log.read_text().splitlines()
+    lines = wait_lines(log, 2)  # the log is written by its own thread
     assert lines == [f"192.0.2.44|4444|127.0.0.1:{lb.address[1]}"] * 2
