@@ -596,26 +596,19 @@ class BalancerConfig:
                 raise BalancerConfigError(f"{w}.servers must list at least one \"host:port\"")
             timeouts = self.timeouts if nb.timeouts is None else section(
                 Timeouts, {**_as_dict(self.timeouts), **nb.timeouts}, f"{w}.timeouts")
-            passive = self.passive if nb.passive is None else section(
-                Passive, {**_as_dict(self.passive), **nb.passive}, f"{w}.passive")
+            passive = self.passive if nb.passive is None else _pool_section(
+                Passive, {**_as_dict(self.passive), **nb.passive}, w, "passive")
             limits = self.limits if nb.max_connections is None else replace(
                 self.limits, max_connections=nb.max_connections)
             if nb.rate_limit is not None:
-                try:
-                    section(RateLimit, nb.rate_limit, f"{w}.rate_limit")
-                except BalancerConfigError as exc:
-                    raise BalancerConfigError(f"{w}: {exc}") from exc
+                _pool_section(RateLimit, nb.rate_limit, w, "rate_limit")
             health = self.health
             if nb.health is not None:
                 base = _as_dict(self.health) if self.health is not None else {}
                 if nb.health.get("type", base.get("type", "http")) != base.get("type", "http"):
                     # a pool switching type does not inherit the other type's target
                     base = {k: v for k, v in base.items() if k not in ("type", "path", "grpc_service")}
-                try:
-                    h = section(HealthCheck, {**base, **nb.health}, f"{w}.health")
-                except BalancerConfigError as exc:  # name the pool's key, so that the error has its line
-                    msg = str(exc)
-                    raise BalancerConfigError(f"{w}.{msg}" if msg.startswith("health.") else msg) from exc
+                h = _pool_section(HealthCheck, {**base, **nb.health}, w, "health")
                 health = h if h.enabled else None
             if passive.on_error == "mark-down" and health is None:
                 key = f"{w}.passive.on_error" if nb.passive is not None and "on_error" in nb.passive else "passive.on_error"
@@ -914,6 +907,16 @@ def _path_in_message(data: dict[str, Any], message: str) -> tuple[str | int, ...
         else:
             return path[:n] if n > 1 else None
     return path or None
+
+
+def _pool_section(cls: type, data: Any, pool: str, key: str) -> Any:
+    """A pool's table (``backends.NAME.KEY``): its errors, which start with ``KEY.``, name the
+    pool's key, so that they are located on its line."""
+    try:
+        return section(cls, data, f"{pool}.{key}")
+    except BalancerConfigError as exc:
+        msg = str(exc)
+        raise BalancerConfigError(f"{pool}.{msg}" if msg.startswith(f"{key}.") else msg) from exc
 
 
 def parse_backends(spec: str) -> list[BackendConfig]:

@@ -49,6 +49,10 @@ BAD = [
     ("limits", L + '[limits]\nmax_header_bytes = 10\n', 3, ["limits.max_header_bytes", "8192"]),
     ("dotted key", L + "timeouts.connect = -1\n", 2, ["connect", ">= 0"]),
     ("invalid TOML", L + "workers = = 2\n", 2, ["invalid TOML"]),
+    ("a pool's passive table", L + '[backends.web]\nservers = ["127.0.0.1:5"]\n[backends.web.passive]\n'
+     'on_error = "markdown"\n', 5, ["backends.web.passive.on_error", "markdown"]),
+    ("a pool's rate limit", L + '[backends.web]\nservers = ["127.0.0.1:5"]\n[backends.web.rate_limit]\n'
+     'rate = "fast"\n', 5, ["backends.web.rate_limit.rate", "fast"]),
     ("mark-down without health checks", L + '[passive]\neject_after = 2\non_error = "mark-down"\n', 4,
      ["passive.on_error", "health checks"]),
     ("a route of the second listener", '[backends.web]\nservers = ["127.0.0.1:5"]\n'

@@ -252,7 +252,7 @@ def test_a_pool_of_its_own_limit_on_both_paths(backends):
         assert lb.stats()["rate_limited"] == 2
     finally:
         lb.close()
-    with pytest.raises(BalancerConfigError, match=r"backends\.api: rate_limit\.rate"):
+    with pytest.raises(BalancerConfigError, match=r"backends\.api\.rate_limit\.rate"):
         from_dict({"listen": "127.0.0.1:0", "backends": {"api": {"servers": ["127.0.0.1:1"],
                                                                   "rate_limit": {"rate": "fast"}}}})
 
