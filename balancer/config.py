@@ -226,11 +226,6 @@ class Timeouts:
         return min((t for t in (self.idle, self.response) if t > 0), default=0.0)
 
 
-#: the ejection of a server marked down (``on_error = "mark-down"``), in seconds (most of a year, the
-#: longest the data plane takes): the active health check ends it
-MARKED_DOWN = 30_000_000.0
-
-
 @dataclass(frozen=True, kw_only=True)
 class Passive:
     """Passive health: backends that keep failing are ejected for a while."""
@@ -687,8 +682,9 @@ class BalancerConfig:
             "queue_timeout": t.queue,
             "tunnel_timeout": t.tunnel_effective(),
             "eject_after": p.eject_after,
-            # marked down: out until the health checker brings it back (it clears the ejection)
-            "eject_cooldown": p.cooldown if p.on_error == "eject" else MARKED_DOWN,
+            "eject_cooldown": p.cooldown,
+            # marked down: out until the health checker brings it back (it ends the ejection)
+            "eject_until_checked": p.on_error == "mark-down",
             "max_connections": lim.max_connections,
             "max_header_bytes": lim.max_header_bytes,
             "pool_max_idle": lim.pool_max_idle,
@@ -741,7 +737,7 @@ def _servers(nb: NamedBackend, where: str) -> tuple[BackendConfig, ...]:
 
 _POOL_KEYS = frozenset((
     "backends", "algorithm", "hash_key", "retries", "connect_timeout", "response_timeout", "total_timeout",
-    "queue_timeout", "eject_after", "eject_cooldown", "max_connections", "send_proxy", "tunnel_timeout", "policy",
+    "queue_timeout", "eject_after", "eject_cooldown", "eject_until_checked", "max_connections", "send_proxy", "tunnel_timeout", "policy",
     "proto"))
 
 #: what ``proto`` takes

@@ -118,7 +118,7 @@ impl<'a> Attempts<'a> {
     /// reached the backend.
     pub fn failed(&mut self, backend: &Backend, sent: bool) {
         let s = &self.up.settings;
-        backend.record_failure(s.eject_after, s.eject_cooldown);
+        backend.record_failure(s.eject_after, s.ejection());
         self.sent |= sent;
     }
 
@@ -153,7 +153,7 @@ impl<'a> Attempts<'a> {
     /// configured: an error status is a failure).
     pub fn observe(&self, backend: &Backend, status: u16) {
         let s = &self.up.settings;
-        self.up.policy.observe(backend, status, s.eject_after, s.eject_cooldown);
+        self.up.policy.observe(backend, status, s.eject_after, s.ejection());
     }
 
     /// How long this attempt may wait for the response head.

@@ -122,6 +122,9 @@ pub struct Settings {
     /// Consecutive failures that eject a backend (0 = never).
     pub eject_after: u32,
     pub eject_cooldown: Duration,
+    /// An ejection lasts until an active health check ends it (HAProxy's
+    /// `on-error mark-down`), not `eject_cooldown`.
+    pub eject_until_checked: bool,
     /// Default per-backend limit of concurrent requests (0 = unlimited).
     pub max_connections: usize,
     /// How long a request may wait for a backend slot before a 503.
@@ -227,6 +230,7 @@ impl Default for Settings {
             retries: 2,
             eject_after: 3,
             eject_cooldown: Duration::from_secs(10),
+            eject_until_checked: false,
             max_connections: 0,
             queue_timeout: Duration::from_secs(5),
             send_proxy: None,
@@ -317,6 +321,16 @@ impl Config {
 }
 
 impl Settings {
+    /// How long passive failures eject a backend: `eject_cooldown`, or for
+    /// ever (until a health check ends it) with `eject_until_checked`.
+    pub fn ejection(&self) -> Duration {
+        if self.eject_until_checked {
+            Duration::MAX
+        } else {
+            self.eject_cooldown
+        }
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         let mut seen = std::collections::HashSet::new();
         for b in &self.backends {

@@ -650,7 +650,7 @@ async fn exchange(
                     RelayEnd::Done => rh.client_keep_alive,
                     RelayEnd::BackendBroke => {
                         // The backend broke mid-body; the client connection is cut.
-                        backend.record_failure(s.eject_after, s.eject_cooldown);
+                        backend.record_failure(s.eject_after, s.ejection());
                         false
                     }
                     RelayEnd::Cut => false,

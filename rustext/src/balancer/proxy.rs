@@ -1479,7 +1479,7 @@ async fn forward(
                     conn: Some(bc),
                     deadline: attempts.deadline().map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
                     bytes: 0,
-                    eject: (s.eject_after, s.eject_cooldown),
+                    eject: (s.eject_after, s.ejection()),
                     log: None,
                 };
                 return Response::from_parts(parts, RespBody::Stream(streaming));

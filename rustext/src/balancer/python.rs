@@ -21,7 +21,7 @@ use super::server::Balancer;
 use super::stats::{Totals, LATENCY_BOUNDS_US};
 use crate::errors::ErrorKind;
 
-const SETTINGS_KEYS: [&str; 15] = [
+const SETTINGS_KEYS: [&str; 16] = [
     "pools",
     "listeners",
     "backends",
@@ -33,6 +33,7 @@ const SETTINGS_KEYS: [&str; 15] = [
     "retries",
     "eject_after",
     "eject_cooldown",
+    "eject_until_checked",
     "max_connections",
     "queue_timeout",
     "listen",
@@ -241,6 +242,7 @@ fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
         retries: int(d, "retries", def.retries)?,
         eject_after: int(d, "eject_after", def.eject_after)?,
         eject_cooldown: secs(d, "eject_cooldown", def.eject_cooldown)?,
+        eject_until_checked: flag(d, "", "eject_until_checked", false)?,
         max_connections: int(d, "max_connections", def.max_connections)?,
         queue_timeout: secs(d, "queue_timeout", def.queue_timeout)?,
         send_proxy: match d.get_item("send_proxy")? {

@@ -245,8 +245,9 @@ impl Backend {
         self.stats.failures.fetch_add(1, Relaxed);
         let n = self.fails.fetch_add(1, Relaxed) + 1;
         if eject_after > 0 && n >= eject_after && !self.ejected() {
-            self.ejected_until
-                .store(self.now_ms() + cooldown.as_millis() as u64, Relaxed);
+            // Duration::MAX: until a health check ends it (set_healthy)
+            let ms = u64::try_from(cooldown.as_millis()).unwrap_or(u64::MAX);
+            self.ejected_until.store(self.now_ms().saturating_add(ms), Relaxed);
             self.fails.store(0, Relaxed);
             self.stats.ejections.fetch_add(1, Relaxed);
         }
