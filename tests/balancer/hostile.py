@@ -54,6 +54,11 @@ CASES: list[Case] = [
     Case("HTTP/1.2 (a later minor version)", _req("GET /ok HTTP/1.2", H), "either"),
     Case("duplicate Content-Length, same value", _req("POST /ok HTTP/1.1", H, "Content-Length: 5", "Content-Length: 5",
                                                       body=b"hello"), "either"),
+    # a Connection header naming end-to-end fields (RFC 9110 §7.6.1 forbids it): a proxy that obeyed
+    # would forward the body as a second request, or a request without Host
+    Case("Connection naming Content-Length", _req("POST /ok HTTP/1.1", H, "Content-Length: 5",
+                                                  "Connection: Content-Length", body=b"hello"), "either"),
+    Case("Connection naming Host", _req("GET /ok HTTP/1.1", H, "Connection: host"), "either"),
     # Host rules (RFC 9112 §3.2)
     Case("two Host lines, same value", _req("GET /ok HTTP/1.1", H, H), "refuse"),
     Case("two Host lines, different values", _req("GET /ok HTTP/1.1", H, "Host: evil.test"), "refuse"),

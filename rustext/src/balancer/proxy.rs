@@ -360,6 +360,7 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
                 if !t.is_empty()
                     && !t.eq_ignore_ascii_case("close")
                     && !t.eq_ignore_ascii_case("keep-alive")
+                    && !crate::balancer::h1::never_nominated(t.as_bytes())
                 {
                     if let Ok(name) = HeaderName::from_bytes(t.as_bytes()) {
                         more.push(name);
@@ -1594,6 +1595,13 @@ mod tests {
         k.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
         strip_hop_by_hop(&mut k);
         assert_eq!(k.len(), 1);
+        let mut n = HeaderMap::new();
+        n.insert(header::CONNECTION, HeaderValue::from_static("Host, Content-Length, x-a"));
+        n.insert(header::HOST, HeaderValue::from_static("h"));
+        n.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        n.insert("x-a", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut n);
+        assert!(n.contains_key(header::HOST) && n.contains_key(header::CONTENT_LENGTH) && n.len() == 2, "{n:?}");
     }
 
     #[test]

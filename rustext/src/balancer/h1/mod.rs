@@ -65,6 +65,15 @@ fn is_hop_by_hop(n: &[u8]) -> bool {
     HOP.iter().any(|h| h.eq_ignore_ascii_case(n))
 }
 
+/// Headers a `Connection` header cannot make hop-by-hop: they frame or
+/// address the message itself, and dropping them would leave a backend (or
+/// client) reading the body as the next message or a request without `Host`.
+/// RFC 9110 §7.6.1 forbids senders to nominate such fields; a receiver that
+/// obeyed anyway would be open to request smuggling.
+pub(crate) fn never_nominated(n: &[u8]) -> bool {
+    n.eq_ignore_ascii_case(b"host") || n.eq_ignore_ascii_case(b"content-length")
+}
+
 fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
     v.split(|&c| c == b',')
         .map(|t| t.trim_ascii())
@@ -104,6 +113,7 @@ fn drop_header(name: &[u8], conn: ConnFlags, headers: &[httparse::Header<'_>]) -
         return true;
     }
     conn.names_others
+        && !never_nominated(name)
         && headers
             .iter()
             .filter(|h| h.name.eq_ignore_ascii_case("connection"))

@@ -37,6 +37,22 @@ fn rewrites_request_head() {
     );
 }
 
+/// A `Connection` header naming `Host` or `Content-Length` does not make
+/// them hop-by-hop: dropping `Content-Length` would send the body to the
+/// backend as the next request (found by fuzzing h1_request).
+#[test]
+fn connection_cannot_nominate_host_or_length() {
+    let raw = b"POST /d HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nConnection: Host, content-length, X-A\r\nX-A: 1\r\n\r\nGET /";
+    let (h, _) = ready(raw, None);
+    assert_eq!(h.body_len, 5);
+    let s = finished(raw);
+    assert!(s.starts_with("POST /d HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n"), "{s}");
+    assert!(!s.contains("X-A") && !s.to_ascii_lowercase().contains("host: be:80"), "{s}");
+    let (h, s) = resp(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: content-length\r\n\r\nhello", C11);
+    assert_eq!((h.mode, h.client_keep_alive), (BodyMode::Length(5), true));
+    assert!(s.contains("Content-Length: 5\r\n"), "{s}");
+}
+
 #[test]
 fn http10_and_host() {
     let raw = b"GET / HTTP/1.0\r\n\r\n";
