@@ -24,7 +24,8 @@ FACILITIES = {
 
 
 def _syslog_address(value: str, where: str) -> str:
-    """``udp://host:port``, ``host:port`` (UDP), ``unix:/dev/log`` or ``/dev/log`` → the data plane's form."""
+    """``udp://host:port``, ``host:port`` (UDP), ``tcp://host:port``, ``unix:/dev/log`` or
+    ``/dev/log`` → the data plane's form."""
     from balancer.config import parse_hostport
 
     if value.startswith(("unix:", "/")):
@@ -32,12 +33,15 @@ def _syslog_address(value: str, where: str) -> str:
         if not path.startswith("/"):
             raise BalancerConfigError(f"{where}.syslog: a socket path must be absolute, got {value!r}")
         return f"unix:{path}"
-    hostport = value.removeprefix("udp://")
-    if "://" in hostport:
+    scheme, sep, hostport = value.partition("://")
+    if not sep:
+        scheme, hostport = "udp", value
+    if scheme not in ("udp", "tcp") or "://" in hostport:
         raise BalancerConfigError(
-            f"{where}.syslog must be udp://host:port, host:port or unix:/path (a datagram socket), got {value!r}")
+            f"{where}.syslog must be udp://host:port (or host:port), tcp://host:port or unix:/path "
+            f"(a datagram socket), got {value!r}")
     parse_hostport(hostport, f"{where}.syslog")
-    return f"udp://{hostport}"
+    return f"{scheme}://{hostport}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,8 +56,9 @@ class AccessLog:
     #: ``haproxy`` (HAProxy's httplog line), ``combined`` (nginx's), ``json`` (one object per line),
     #: or a format of ``%`` variables (see the manual's "Access logs"); changed on reload
     format: str = "haproxy"
-    #: instead of ``path``: a syslog server, ``udp://host:port`` (or ``host:port``), or a local
-    #: datagram socket ``unix:/dev/log``; one message per line
+    #: instead of ``path``: a syslog server, ``udp://host:port`` (or ``host:port``),
+    #: ``tcp://host:port`` (RFC 6587 octet-counted frames), or a local datagram socket
+    #: ``unix:/dev/log``; one message per line
     syslog: str | None = None
     #: the syslog facility: ``local0`` … ``local7``, ``daemon``, ``user``, …
     facility: str = "local0"
@@ -113,7 +118,7 @@ class AccessLog:
 
     @property
     def destination(self) -> str:
-        """Where the lines go: fixed at start (a change needs a restart)."""
+        """Where the lines go (a reload may change it)."""
         return f"syslog {self.syslog}" if self.syslog is not None else self.path
 
     def to_native(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Access logs per listener, to syslog (UDP and a local datagram socket,
+"""Access logs per listener, to syslog (UDP, TCP and a local datagram socket,
 RFC 3164 and RFC 5424), and the lines of connections that end without a
 complete request (HAProxy's ``CR``/``cR`` with ``<BADREQ>``). Real
 balancers, sockets and syslog receivers bound by the tests."""
@@ -6,8 +6,10 @@ balancers, sockets and syslog receivers bound by the tests."""
 from __future__ import annotations
 
 import os
+import queue
 import re
 import socket
+import threading
 import time
 
 import pytest
@@ -39,6 +41,61 @@ class SyslogReceiver:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class TcpSyslogReceiver:
+    """A syslog server over TCP reading RFC 6587 octet-counted frames
+    (``LEN SP MSG``), as rsyslog's and syslog-ng's TCP inputs do; a frame that
+    is not one ends the test with the bytes it got."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.listener = socket.create_server(("127.0.0.1", port))
+        self.port = self.listener.getsockname()[1]
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.got: queue.Queue[bytes] = queue.Queue()
+        self.conns: list[socket.socket] = []
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self.conns.append(conn)
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        buf = b""
+        while True:
+            try:
+                data = conn.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            buf += data
+            while (m := re.match(rb"([1-9]\d*) ", buf)) and len(buf) >= m.end() + int(m.group(1)):
+                end = m.end() + int(m.group(1))
+                self.got.put(buf[m.end():end])
+                buf = buf[end:]
+            if buf and not re.match(rb"\d{1,6}( |$)", buf):
+                self.got.put(b"NOT A FRAME: " + buf)
+                return
+
+    def messages(self, n: int) -> list[bytes]:
+        return [self.got.get(timeout=15) for _ in range(n)]
+
+    def close(self) -> None:
+        # shut down first: a close() alone leaves a socket another thread blocks on open
+        for s in (self.listener, *self.conns):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
 
 
 @pytest.fixture
@@ -111,6 +168,56 @@ def test_syslog_rfc5424_and_max_length(backends, proxy, syslog_receiver):
     head = re.match(r"<30>1 (\S+) (\S+) balancer (\d+) - - /size/1 p+$", m)
     assert head, m
     assert head.group(1).endswith("Z") and head.group(2) == socket.gethostname() and int(head.group(3)) == os.getpid()
+
+
+def test_syslog_over_tcp_octet_counted(backends, proxy):
+    b = backends(1)
+    rx = TcpSyslogReceiver()
+    try:
+        lb = proxy(b, workers=2, access_log={
+            "path": "", "format": "%HM %HP %ST",
+            "syslog": {"address": rx.address, "facility": 16, "format": "rfc5424", "tag": "edge", "max_length": 1024}})
+        paths = [f"/size/{i}" for i in range(20)]
+        for path in paths:
+            assert get(lb.address[1], path)[0].startswith("HTTP/1.1 200")
+        got = [m.decode() for m in rx.messages(len(paths))]
+        pattern = r"<134>1 \S+Z \S+ edge " + str(os.getpid()) + r" - - GET (/size/\d+) 200"
+        assert sorted(re.fullmatch(pattern, m).group(1) for m in got) == sorted(paths), got
+        assert rx.accepted == 1  # one connection carries every line
+    finally:
+        rx.close()
+
+
+def test_a_tcp_syslog_server_that_restarts_gets_the_lines_after_it(backends, proxy):
+    """Lines while the server is away are dropped and counted, requests go on,
+    and the lines after it is back reach it on a new connection."""
+    b = backends(1)
+    rx = TcpSyslogReceiver()
+    port = rx.port
+    lb = proxy(b, workers=1, access_log={
+        "path": "", "format": "%HP",
+        "syslog": {"address": rx.address, "facility": 16, "format": "rfc3164", "tag": "lb", "max_length": 1024}})
+    try:
+        assert get(lb.address[1], "/size/1")[0].startswith("HTTP/1.1 200")
+        assert rx.messages(1)[0].endswith(b": /size/1")
+        rx.close()
+        deadline = time.monotonic() + 15
+        while lb.stats()["access_log_dropped"] == 0:
+            assert time.monotonic() < deadline, lb.stats()
+            assert get(lb.address[1], "/size/2")[0].startswith("HTTP/1.1 200")
+        rx = TcpSyslogReceiver(port)
+        deadline = time.monotonic() + 15
+        got: list[bytes] = []
+        while not any(m.endswith(b": /size/3") for m in got):
+            assert get(lb.address[1], "/size/3")[0].startswith("HTTP/1.1 200")
+            try:
+                got.append(rx.got.get(timeout=0.2))
+            except queue.Empty:
+                assert time.monotonic() < deadline, lb.stats()
+        # lines of requests made while it was away may come first: queued, not yet dropped
+        assert all(m.endswith((b": /size/2", b": /size/3")) for m in got) and rx.accepted == 1, got
+    finally:
+        rx.close()
 
 
 def test_a_missing_syslog_daemon_drops_lines_and_requests_go_on(backends, proxy, tmp_path):
@@ -213,7 +320,8 @@ def test_toml_listener_logs_syslog_and_reload_of_destinations(tmp_path, backends
 
 
 @pytest.mark.parametrize(("table", "message"), [
-    ('[access_log]\nsyslog = "tcp://127.0.0.1:514"\n', "access_log.syslog must be udp://host:port"),
+    ('[access_log]\nsyslog = "tls://127.0.0.1:6514"\n', "access_log.syslog must be udp://host:port (or host:port), tcp://"),
+    ('[access_log]\nsyslog = "tcp://127.0.0.1"\n', "access_log.syslog"),
     ('[access_log]\nsyslog = "127.0.0.1:514"\npath = "-"\n', "give path or syslog, not both"),
     ('[access_log]\nsyslog = "127.0.0.1:514"\nfacility = "local9"\n', "access_log.facility must be one of"),
     ('[access_log]\nsyslog = "127.0.0.1:514"\nsyslog_format = "json"\n', "syslog_format must be rfc3164 or rfc5424"),

@@ -598,7 +598,7 @@ pub enum ListenerLog {
 /// A syslog destination (RFC 3164 as HAProxy sends by default, or RFC 5424).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SyslogSpec {
-    /// `udp://host:port` or `unix:/dev/log` (a datagram socket).
+    /// `udp://host:port`, `tcp://host:port` or `unix:/dev/log` (a datagram socket).
     pub address: String,
     /// 0..=23 (`local0` is 16).
     pub facility: u8,
@@ -700,34 +700,153 @@ fn open(path: &str) -> std::io::Result<Box<dyn Write + Send>> {
     Ok(Box::new(std::fs::OpenOptions::new().create(true).append(true).open(path)?))
 }
 
-/// A connected datagram socket to a syslog server.
+/// A connection to a syslog server: a datagram socket (UDP, the local
+/// daemon's `/dev/log`), or a TCP stream carrying RFC 6587 octet-counted
+/// frames (`LEN SP MSG`), as HAProxy's `log tcp@` and rsyslog's / syslog-ng's
+/// RFC 5425-style TCP inputs take them.
 enum SyslogSocket {
     Udp(std::net::UdpSocket),
     Unix(std::os::unix::net::UnixDatagram),
+    Tcp(std::net::TcpStream),
 }
 
+/// A TCP syslog server that does not accept within this is tried again later.
+const SYSLOG_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// A TCP syslog server that stops reading: the connection is dropped (and
+/// its lines counted as dropped) rather than the writer waiting on it.
+const SYSLOG_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// After a failed connection, lines are dropped without trying again for this long.
+const SYSLOG_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 impl SyslogSocket {
+    fn resolve(hostport: &str) -> std::io::Result<SocketAddr> {
+        std::net::ToSocketAddrs::to_socket_addrs(hostport)?
+            .next()
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address"))
+    }
+
     fn connect(address: &str) -> std::io::Result<SyslogSocket> {
         if let Some(path) = address.strip_prefix("unix:") {
             let s = std::os::unix::net::UnixDatagram::unbound()?;
             s.connect(path)?;
             return Ok(SyslogSocket::Unix(s));
         }
-        let hostport = address.strip_prefix("udp://").unwrap_or(address);
-        let to = std::net::ToSocketAddrs::to_socket_addrs(hostport)?
-            .next()
-            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address"))?;
+        if let Some(hostport) = address.strip_prefix("tcp://") {
+            let s = std::net::TcpStream::connect_timeout(&Self::resolve(hostport)?, SYSLOG_CONNECT_TIMEOUT)?;
+            s.set_write_timeout(Some(SYSLOG_WRITE_TIMEOUT))?;
+            s.set_nodelay(true)?;
+            return Ok(SyslogSocket::Tcp(s));
+        }
+        let to = Self::resolve(address.strip_prefix("udp://").unwrap_or(address))?;
         let any: SocketAddr = if to.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
         let s = std::net::UdpSocket::bind(any)?;
         s.connect(to)?;
         Ok(SyslogSocket::Udp(s))
     }
 
-    fn send(&self, b: &[u8]) -> std::io::Result<usize> {
-        match self {
-            SyslogSocket::Udp(s) => s.send(b),
-            SyslogSocket::Unix(s) => s.send(b),
+    /// Whether the server has closed a TCP connection (a restart): writing to
+    /// it would seem to succeed once and lose those lines.
+    fn closed_by_peer(&self) -> bool {
+        let SyslogSocket::Tcp(t) = self else { return false };
+        let mut b = [0u8; 1];
+        if t.set_nonblocking(true).is_err() {
+            return true;
         }
+        let r = t.peek(&mut b);
+        let _ = t.set_nonblocking(false);
+        match r {
+            Ok(n) => n == 0,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        }
+    }
+}
+
+/// Sends syslog messages, reconnecting when the server goes away and comes
+/// back; a message that cannot be sent is dropped (and counted), never waited for.
+struct SyslogSender {
+    spec: SyslogSpec,
+    host: String,
+    pid: u32,
+    sock: Option<SyslogSocket>,
+    retry_at: std::time::Instant,
+    msg: Vec<u8>,
+    frames: Vec<u8>,
+}
+
+impl SyslogSender {
+    /// Not connected yet: the writer thread connects at its first lines,
+    /// never the reload that opens it. A server that is not there yet (or
+    /// restarts) is not an error: its lines are counted as dropped until it answers.
+    fn new(spec: SyslogSpec) -> SyslogSender {
+        SyslogSender {
+            host: hostname(),
+            pid: std::process::id(),
+            sock: None,
+            retry_at: std::time::Instant::now(),
+            msg: Vec::with_capacity(spec.max_length),
+            frames: Vec::new(),
+            spec,
+        }
+    }
+
+    fn reconnect(&mut self) {
+        self.sock = SyslogSocket::connect(&self.spec.address).ok();
+        if self.sock.is_none() {
+            self.retry_at = std::time::Instant::now() + SYSLOG_RETRY_AFTER;
+        }
+    }
+
+    /// Reconnect if the server went away and the last attempt is old enough.
+    fn connect_if_due(&mut self) {
+        if self.sock.as_ref().is_some_and(SyslogSocket::closed_by_peer) {
+            self.sock = None;
+        }
+        if self.sock.is_none() && std::time::Instant::now() >= self.retry_at {
+            self.reconnect();
+        }
+    }
+
+    /// Send each line of `lines` as one message: (sent, dropped).
+    fn send_lines(&mut self, lines: &[u8]) -> (u64, u64) {
+        let each = lines.split(|&c| c == b'\n').filter(|l| !l.is_empty());
+        if self.spec.address.starts_with("tcp://") {
+            let n = each.clone().count() as u64;
+            self.frames.clear();
+            for line in each {
+                syslog_message(&mut self.msg, &self.spec, &self.host, self.pid, SystemTime::now(), line);
+                num(&mut self.frames, self.msg.len() as u64);
+                self.frames.push(b' ');
+                self.frames.extend_from_slice(&self.msg);
+            }
+            self.connect_if_due();
+            let Some(SyslogSocket::Tcp(stream)) = &self.sock else { return (0, n) };
+            let mut stream: &std::net::TcpStream = stream;
+            if stream.write_all(&self.frames).is_ok() {
+                return (n, 0);
+            }
+            // cut off mid-frame, maybe: the stream cannot go on
+            self.sock = None;
+            return (0, n);
+        }
+        let (mut sent, mut dropped) = (0, 0);
+        for line in each {
+            syslog_message(&mut self.msg, &self.spec, &self.host, self.pid, SystemTime::now(), line);
+            self.connect_if_due();
+            let r = match &self.sock {
+                Some(SyslogSocket::Udp(s)) => s.send(&self.msg),
+                Some(SyslogSocket::Unix(s)) => s.send(&self.msg),
+                Some(SyslogSocket::Tcp(_)) | None => Err(std::io::ErrorKind::NotConnected.into()),
+            };
+            if r.is_ok() {
+                sent += 1;
+            } else {
+                dropped += 1;
+                if self.spec.address.starts_with("unix:") {
+                    self.sock = None; // the log daemon restarted: reconnect next time
+                }
+            }
+        }
+        (sent, dropped)
     }
 }
 
@@ -795,35 +914,17 @@ fn spawn_writer(spec: &AccessLogSpec, written: Arc<AtomicU64>, dropped: Arc<Atom
     let destination = spec.destination();
     let name = "balancer-access-log".to_string();
     let spawned = if let Some(s) = spec.syslog.clone() {
-        // A syslog server that is not there yet (or restarts) is not an error:
-        // its lines are counted as dropped until it answers.
-        let mut sock = SyslogSocket::connect(&s.address).ok();
-        let (host, pid) = (hostname(), std::process::id());
+        let mut sender = SyslogSender::new(s);
         std::thread::Builder::new().name(name).spawn(move || {
-            let mut msg = Vec::with_capacity(s.max_length);
             while let Ok(m) = rx.recv() {
                 if flag.swap(false, Relaxed) {
-                    sock = SyslogSocket::connect(&s.address).ok();
+                    sender.reconnect();
                 }
                 match m {
                     Msg::Lines(b) => {
-                        for line in b.split(|&c| c == b'\n').filter(|l| !l.is_empty()) {
-                            syslog_message(&mut msg, &s, &host, pid, SystemTime::now(), line);
-                            if sock.is_none() {
-                                sock = SyslogSocket::connect(&s.address).ok();
-                            }
-                            match sock.as_ref().map(|k| k.send(&msg)) {
-                                Some(Ok(_)) => {
-                                    written.fetch_add(1, Relaxed);
-                                }
-                                Some(Err(_)) | None => {
-                                    dropped.fetch_add(1, Relaxed);
-                                    if s.address.starts_with("unix:") {
-                                        sock = None; // the log daemon restarted: reconnect next time
-                                    }
-                                }
-                            }
-                        }
+                        let (sent, lost) = sender.send_lines(&b);
+                        written.fetch_add(sent, Relaxed);
+                        dropped.fetch_add(lost, Relaxed);
                     }
                     Msg::Sync(ack) => {
                         let _ = ack.try_send(());
