@@ -64,6 +64,9 @@ class AccessLog:
     facility: str = "local0"
     #: ``rfc3164`` (BSD syslog, what HAProxy sends by default) or ``rfc5424``
     syslog_format: str = "rfc3164"
+    #: over TCP: ``octet-count`` (RFC 6587 ``LEN SP MSG`` frames, the default) or ``newline``
+    #: (each message ends with a newline, for receivers that read lines; HAProxy's ``log-proto legacy``)
+    syslog_framing: str | None = None
     #: the syslog tag (APP-NAME in RFC 5424)
     tag: str = "balancer"
     #: syslog messages longer than this are cut (HAProxy's ``len``)
@@ -95,6 +98,12 @@ class AccessLog:
                     f"{w}.facility must be one of {', '.join(FACILITIES)}; got {self.facility!r}")
             if self.syslog_format not in ("rfc3164", "rfc5424"):
                 raise BalancerConfigError(f"{w}.syslog_format must be rfc3164 or rfc5424, got {self.syslog_format!r}")
+            if self.syslog_framing is not None:
+                if self.syslog_framing not in ("octet-count", "newline"):
+                    raise BalancerConfigError(
+                        f"{w}.syslog_framing must be octet-count or newline, got {self.syslog_framing!r}")
+                if not self.syslog.startswith("tcp://"):
+                    raise BalancerConfigError(f"{w}.syslog_framing applies to a tcp:// syslog server only")
             if not isinstance(self.tag, str) or not self.tag or len(self.tag) > 48 or not all(
                     33 <= ord(c) < 127 for c in self.tag):
                 raise BalancerConfigError(f"{w}.tag must be 1 to 48 visible ASCII characters, got {self.tag!r}")
@@ -125,5 +134,6 @@ class AccessLog:
         out: dict[str, Any] = {"path": self.path, "format": self.format, "log_empty": self.log_empty}
         if self.syslog is not None:
             out["syslog"] = {"address": self.syslog, "facility": FACILITIES[self.facility],
-                             "format": self.syslog_format, "tag": self.tag, "max_length": self.max_length}
+                             "format": self.syslog_format, "tag": self.tag, "max_length": self.max_length,
+                             "framing": self.syslog_framing or "octet-count"}
         return out

@@ -45,10 +45,12 @@ class SyslogReceiver:
 
 class TcpSyslogReceiver:
     """A syslog server over TCP reading RFC 6587 octet-counted frames
-    (``LEN SP MSG``), as rsyslog's and syslog-ng's TCP inputs do; a frame that
-    is not one ends the test with the bytes it got."""
+    (``LEN SP MSG``), as rsyslog's and syslog-ng's TCP inputs do (a frame
+    that is not one ends the test with the bytes it got), or newline-ended
+    messages (``newline=True``)."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, *, newline: bool = False) -> None:
+        self.newline = newline
         self.listener = socket.create_server(("127.0.0.1", port))
         self.port = self.listener.getsockname()[1]
         self.address = f"tcp://127.0.0.1:{self.port}"
@@ -77,6 +79,11 @@ class TcpSyslogReceiver:
             if not data:
                 return
             buf += data
+            if self.newline:
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    self.got.put(line)
+                continue
             while (m := re.match(rb"([1-9]\d*) ", buf)) and len(buf) >= m.end() + int(m.group(1)):
                 end = m.end() + int(m.group(1))
                 self.got.put(buf[m.end():end])
@@ -184,6 +191,23 @@ def test_syslog_over_tcp_octet_counted(backends, proxy):
         pattern = r"<134>1 \S+Z \S+ edge " + str(os.getpid()) + r" - - GET (/size/\d+) 200"
         assert sorted(re.fullmatch(pattern, m).group(1) for m in got) == sorted(paths), got
         assert rx.accepted == 1  # one connection carries every line
+    finally:
+        rx.close()
+
+
+def test_syslog_over_tcp_newline_framing(backends, proxy):
+    b = backends(1)
+    rx = TcpSyslogReceiver(newline=True)
+    try:
+        lb = proxy(b, workers=1, access_log={
+            "path": "", "format": "%HP",
+            "syslog": {"address": rx.address, "facility": 16, "format": "rfc3164", "tag": "lb", "max_length": 1024,
+                       "framing": "newline"}})
+        for i in range(3):
+            assert get(lb.address[1], f"/size/{i}")[0].startswith("HTTP/1.1 200")
+        got = rx.messages(3)
+        assert [m.rpartition(b": ")[2] for m in got] == [b"/size/0", b"/size/1", b"/size/2"], got
+        assert all(m.startswith(b"<134>") for m in got), got
     finally:
         rx.close()
 
@@ -322,6 +346,9 @@ def test_toml_listener_logs_syslog_and_reload_of_destinations(tmp_path, backends
 @pytest.mark.parametrize(("table", "message"), [
     ('[access_log]\nsyslog = "tls://127.0.0.1:6514"\n', "access_log.syslog must be udp://host:port (or host:port), tcp://"),
     ('[access_log]\nsyslog = "tcp://127.0.0.1"\n', "access_log.syslog"),
+    ('[access_log]\nsyslog = "tcp://127.0.0.1:514"\nsyslog_framing = "lf"\n',
+     "access_log.syslog_framing must be octet-count or newline"),
+    ('[access_log]\nsyslog = "127.0.0.1:514"\nsyslog_framing = "newline"\n', "applies to a tcp:// syslog server only"),
     ('[access_log]\nsyslog = "127.0.0.1:514"\npath = "-"\n', "give path or syslog, not both"),
     ('[access_log]\nsyslog = "127.0.0.1:514"\nfacility = "local9"\n', "access_log.facility must be one of"),
     ('[access_log]\nsyslog = "127.0.0.1:514"\nsyslog_format = "json"\n', "syslog_format must be rfc3164 or rfc5424"),

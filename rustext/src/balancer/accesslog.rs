@@ -603,6 +603,10 @@ pub struct SyslogSpec {
     /// 0..=23 (`local0` is 16).
     pub facility: u8,
     pub rfc5424: bool,
+    /// Over TCP: each message ends with a newline (HAProxy's `log-proto
+    /// legacy`, for receivers that read lines) instead of RFC 6587's octet
+    /// counting (`LEN SP MSG`, the default). The lines never hold a newline.
+    pub newline_framing: bool,
     pub tag: String,
     /// Longer messages are cut (HAProxy's `len`, 1024 by default).
     pub max_length: usize,
@@ -701,9 +705,9 @@ fn open(path: &str) -> std::io::Result<Box<dyn Write + Send>> {
 }
 
 /// A connection to a syslog server: a datagram socket (UDP, the local
-/// daemon's `/dev/log`), or a TCP stream carrying RFC 6587 octet-counted
-/// frames (`LEN SP MSG`), as HAProxy's `log tcp@` and rsyslog's / syslog-ng's
-/// RFC 5425-style TCP inputs take them.
+/// daemon's `/dev/log`), or a TCP stream carrying RFC 6587 frames: octet
+/// counting (`LEN SP MSG`) or, for receivers that read lines, newline-ended
+/// messages (HAProxy's ring servers' `log-proto octet-count` / `legacy`).
 enum SyslogSocket {
     Udp(std::net::UdpSocket),
     Unix(std::os::unix::net::UnixDatagram),
@@ -814,9 +818,14 @@ impl SyslogSender {
             self.frames.clear();
             for line in each {
                 syslog_message(&mut self.msg, &self.spec, &self.host, self.pid, SystemTime::now(), line);
-                num(&mut self.frames, self.msg.len() as u64);
-                self.frames.push(b' ');
-                self.frames.extend_from_slice(&self.msg);
+                if self.spec.newline_framing {
+                    self.frames.extend_from_slice(&self.msg);
+                    self.frames.push(b'\n');
+                } else {
+                    num(&mut self.frames, self.msg.len() as u64);
+                    self.frames.push(b' ');
+                    self.frames.extend_from_slice(&self.msg);
+                }
             }
             self.connect_if_due();
             let Some(SyslogSocket::Tcp(stream)) = &self.sock else { return (0, n) };
@@ -1236,7 +1245,7 @@ mod tests {
 
     #[test]
     fn syslog_headers() {
-        let mut s = SyslogSpec { address: "udp://127.0.0.1:514".into(), facility: 16, rfc5424: false, tag: "lb".into(), max_length: 1024 };
+        let mut s = SyslogSpec { address: "udp://127.0.0.1:514".into(), facility: 16, rfc5424: false, newline_framing: false, tag: "lb".into(), max_length: 1024 };
         let when = UNIX_EPOCH + Duration::from_millis(1_764_205_509_123); // 2025-11-27T01:05:09.123Z
         let mut out = Vec::new();
         syslog_message(&mut out, &s, "host1", 42, when, b"GET / 200");

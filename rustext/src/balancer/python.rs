@@ -524,7 +524,8 @@ fn parse_routing(d: &Bound<'_, PyDict>) -> PyResult<Option<(Vec<ListenAddr>, Rou
     Ok(Some((addrs, RoutingSpec { pools, listeners, rate_limit: parse_rate_limit(d)? })))
 }
 
-/// `access_log`: {"path", "format", "log_empty", "syslog": {"address", "facility", "format", "tag", "max_length"}} or None.
+/// `access_log`: {"path", "format", "log_empty", "syslog": {"address", "facility", "format", "tag", "max_length",
+/// "framing"}} or None.
 fn parse_access_log(d: &Bound<'_, PyDict>) -> PyResult<Option<crate::balancer::accesslog::AccessLogSpec>> {
     let Some(v) = d.get_item("access_log")?.filter(|v| !v.is_none()) else { return Ok(None) };
     access_log_spec(&dict(&v, "access_log")?, "access_log").map(Some)
@@ -551,10 +552,18 @@ fn access_log_spec(a: &Bound<'_, PyDict>, what: &str) -> PyResult<crate::balance
                 Some("rfc5424") => true,
                 Some(o) => return Err(cfg_err(format!("{what}.syslog format must be rfc3164 or rfc5424, got {o:?}"))),
             };
+            let newline_framing = match string(&s, "framing")?.as_deref() {
+                None | Some("octet-count") => false,
+                Some("newline") => true,
+                Some(o) => {
+                    return Err(cfg_err(format!("{what}.syslog framing must be octet-count or newline, got {o:?}")))
+                }
+            };
             Some(SyslogSpec {
                 address,
                 facility,
                 rfc5424,
+                newline_framing,
                 tag: string(&s, "tag")?.unwrap_or_else(|| "balancer".into()),
                 max_length: int(&s, "max_length", 1024usize)?.max(64),
             })
