@@ -11,7 +11,7 @@ bounded by ``timeout``):
   such servers do. For ``proto = "h2"`` pools the check speaks HTTP/2
   (h2c with prior knowledge, or ALPN ``h2`` over TLS), since many HTTP/2
   and gRPC servers answer nothing else. With TLS to backends, checks use
-  TLS too (but for the raw PROXY-header and Unix-socket ones).
+  TLS too (after the PROXY header, for servers that expect one).
 * gRPC checks (``type = "grpc"``) call ``grpc.health.v1.Health/Check`` as
   Envoy, Kubernetes' gRPC probes and ``grpc_health_probe`` do: ``SERVING``
   is a success; any other status, a gRPC error (``UNIMPLEMENTED`` from a
@@ -99,18 +99,30 @@ CHECK_PROXY_HEADERS = {
 }
 
 
-async def probe_raw(address: str, check: HealthCheck, version: str | None) -> bool:
-    """``probe`` over a plain connection: for a backend on a Unix socket, or
-    one that expects a PROXY header (``version``) first."""
+async def probe_raw(address: str, check: HealthCheck, version: str | None,
+                    tls: ssl.SSLContext | None = None) -> bool:
+    """``probe`` over a connection made here: for a backend on a Unix socket,
+    or one that expects a PROXY header (``version``) first. With ``tls`` the
+    handshake follows the header, as the data plane's connections do, naming
+    the address's host (``localhost`` for a Unix socket)."""
     path = unix_path(address)
 
     async def once() -> bool:
         if path is not None:
             reader, writer = await asyncio.open_unix_connection(path)
+            host = "localhost"
         else:
-            reader, writer = await asyncio.open_connection(*parse_hostport(address, "backend address"))
+            host, port = parse_hostport(address, "backend address")
+            reader, writer = await asyncio.open_connection(host, port)
         try:
-            writer.write(CHECK_PROXY_HEADERS.get(version or "", b"") + (
+            header = CHECK_PROXY_HEADERS.get(version or "", b"")
+            if tls is not None:
+                if header:
+                    writer.write(header)
+                    await writer.drain()
+                    header = b""
+                await writer.start_tls(tls, server_hostname=host)
+            writer.write(header + (
                 f"GET {check.path} HTTP/1.1\r\nHost: {check.host or ('localhost' if path else address)}\r\n"
                 "User-Agent: juggler-balancer-health\r\nConnection: close\r\n\r\n").encode("latin-1"))
             await writer.drain()
@@ -411,7 +423,7 @@ class HealthChecker:
             return await probe_h2(name, self.check, self._ssl)
         version = self.send_proxy.get(name)
         if (version is not None and version in CHECK_PROXY_HEADERS) or unix_path(name) is not None:
-            return await probe_raw(name, self.check, version)
+            return await probe_raw(name, self.check, version, self._ssl)
         return await probe(self._client(), name, self.check, self._ssl)
 
     def _marked_down(self, name: str) -> bool:

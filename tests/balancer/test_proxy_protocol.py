@@ -329,3 +329,43 @@ def test_the_access_log_shows_the_client_of_the_header(proxy, backends, tmp_path
         request(lb.address[1], b"PROXY TCP4 192.0.2.44 127.0.0.1 4444 80\r\n", path=path)
     lines = wait_lines(log, 2)  # the log is written by its own thread
     assert lines == [f"192.0.2.44|4444|127.0.0.1:{lb.address[1]}"] * 2
+
+
+@pytest.mark.parametrize("server", ["send_proxy", "unix"])
+async def test_health_checks_over_tls_of_send_proxy_and_unix_servers(haproxy, backends, pki, tmp_path: Path,
+                                                                     server: str) -> None:
+    """With TLS to backends, checks of a server behind send_proxy (header,
+    then handshake) and of one on a Unix socket go over TLS as its requests
+    do: HAProxy terminating TLS there keeps them up. A closed port in
+    another pool going down shows the checks ran."""
+    import asyncio
+
+    from balancer import LoadBalancer
+
+    (b,) = backends(1)
+    leaf = pki.leaf("localhost", "127.0.0.1")
+    pem = tmp_path / "haproxy.pem"
+    pem.write_bytes(Path(leaf.cert).read_bytes() + Path(leaf.key).read_bytes())
+    hport = free_port()
+    sock = tmp_path / "tls.sock"
+    if server == "send_proxy":
+        binds, addr = f"  bind 127.0.0.1:{hport} accept-proxy ssl crt {pem}\n", f"127.0.0.1:{hport}"
+    else:
+        binds, addr = f"  bind 127.0.0.1:{hport}\n  bind unix@{sock} ssl crt {pem}\n", f"unix:{sock}"
+    haproxy(f"frontend f\n{binds}  default_backend b\nbackend b\n  server s {b.address}\n", hport)
+    pool: dict[str, Any] = {"servers": [addr], **({"send_proxy": "v2"} if server == "send_proxy" else {})}
+    cfg = from_dict({
+        "listen": "127.0.0.1:0", "workers": 1, "default_backend": "tls",
+        "tls": {"backend": True, "backend_ca": str(pki.ca)},
+        "health": {"path": "/health", "interval": 0.05, "timeout": 1.0, "rise": 1, "fall": 2},
+        "backends": {"tls": pool, "closed": {"servers": [f"127.0.0.1:{free_port()}"]}}})
+    async with LoadBalancer(cfg) as lb:
+        async def closed_down() -> None:
+            while {x["pool"]: x["state"] for x in lb.backends()}["closed"] != "down":
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(closed_down(), 10)
+        await asyncio.sleep(0.3)  # several more checks of each pool
+        assert {x["pool"]: x["state"] for x in lb.backends()} == {"tls": "up", "closed": "down"}
+        status, _, body = await asyncio.to_thread(request, lb.addresses[0][1], b"", path="/whoami")
+        assert status.startswith("HTTP/1.1 200") and b"b0" in body, (status, body)
