@@ -291,10 +291,23 @@ def test_config_fields_are_checked() -> None:
             from_dict({"listen": "127.0.0.1:0", "backends": ["127.0.0.1:1"], **bad})
 
 
+async def states_after_checks(lb: Any, witness: str) -> dict[str, str]:
+    """Each pool's state once the pool ``witness`` (whose server fails its
+    checks) is down, and some more checks (interval 0.05 s) have run."""
+    import asyncio
+
+    async def witness_down() -> None:
+        while {x["pool"]: x["state"] for x in lb.backends()}[witness] != "down":
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(witness_down(), 10)
+    await asyncio.sleep(0.3)  # several more checks of each pool
+    return {x["pool"]: x["state"] for x in lb.backends()}
+
+
 async def test_health_checks_of_send_proxy_servers_start_with_a_header(haproxy, backends) -> None:
     """HAProxy (accept-proxy) in front of a backend: checks from pools with
     send_proxy pass it; the same server checked without a header is down."""
-    import asyncio
 
     from balancer import LoadBalancer
 
@@ -309,14 +322,7 @@ async def test_health_checks_of_send_proxy_servers_start_with_a_header(haproxy, 
         "backends": {"v1": {"servers": [addr], "send_proxy": "v1"}, "v2": {"servers": [addr], "send_proxy": "v2"},
                      "plain": {"servers": [addr]}}})
     async with LoadBalancer(cfg) as lb:
-        async def plain_down() -> None:
-            while {x["pool"]: x["state"] for x in lb.backends()}["plain"] != "down":
-                await asyncio.sleep(0.02)
-
-        await asyncio.wait_for(plain_down(), 10)
-        await asyncio.sleep(0.3)  # several more checks of each pool
-        states = {x["pool"]: x["state"] for x in lb.backends()}
-        assert states == {"v1": "up", "v2": "up", "plain": "down"}
+        assert await states_after_checks(lb, "plain") == {"v1": "up", "v2": "up", "plain": "down"}
 
 
 def test_the_access_log_shows_the_client_of_the_header(proxy, backends, tmp_path: Path) -> None:
@@ -360,12 +366,6 @@ async def test_health_checks_over_tls_of_send_proxy_and_unix_servers(haproxy, ba
         "health": {"path": "/health", "interval": 0.05, "timeout": 1.0, "rise": 1, "fall": 2},
         "backends": {"tls": pool, "closed": {"servers": [f"127.0.0.1:{free_port()}"]}}})
     async with LoadBalancer(cfg) as lb:
-        async def closed_down() -> None:
-            while {x["pool"]: x["state"] for x in lb.backends()}["closed"] != "down":
-                await asyncio.sleep(0.02)
-
-        await asyncio.wait_for(closed_down(), 10)
-        await asyncio.sleep(0.3)  # several more checks of each pool
-        assert {x["pool"]: x["state"] for x in lb.backends()} == {"tls": "up", "closed": "down"}
+        assert await states_after_checks(lb, "closed") == {"tls": "up", "closed": "down"}
         status, _, body = await asyncio.to_thread(request, lb.addresses[0][1], b"", path="/whoami")
         assert status.startswith("HTTP/1.1 200") and b"b0" in body, (status, body)
