@@ -124,6 +124,9 @@ class HandoverServer:
             if uid != os.getuid():
                 log.warning("handover socket: refused a process of uid %d (only uid %d may take over)",
                             uid, os.getuid())
+                # its request read first: closing on unread data would reset the
+                # connection, and the peer would never see why
+                await asyncio.wait_for(loop.sock_recv(conn, MAX_MESSAGE), STEP_TIMEOUT)
                 _send(conn, {"error": "permission denied: only the balancer's own user may take over"})
                 return
             await self._exchange(loop, conn)

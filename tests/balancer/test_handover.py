@@ -328,3 +328,56 @@ def test_takeover_of_https_and_its_redirect_listener(tmp_path: Path, backend: Ba
         for p in (a, b):
             if p is not None:
                 stop(p)
+
+
+#: run as another user: connect to the handover socket, ask for the listeners, say what came back
+OTHER_UID_PEER = r"""
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.settimeout(10)
+try:
+    s.connect(sys.argv[1])
+except PermissionError:
+    print(json.dumps({"connect": "permission denied"}))
+    sys.exit(0)
+s.send(b'{"op": "listeners"}')
+msg, fds, _, _ = socket.recv_fds(s, 65536, 64)
+print(json.dumps({"connect": "ok", "answer": msg.decode(), "fds": len(fds)}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run a peer as another user")
+def test_a_process_of_another_user_gets_no_listeners(tmp_path: Path, backend: BackendProc) -> None:
+    """The socket's mode (0600) keeps other users from connecting; a socket
+    made reachable anyway (its mode changed) still refuses them by their
+    SO_PEERCRED uid, sending no descriptors; the balancer goes on serving."""
+    import json
+    import tempfile
+
+    port = free_port()
+    shared = Path(tempfile.mkdtemp(prefix="handover-"))
+    shared.chmod(0o755)  # reachable by any user: only the socket's own mode and the uid check guard it
+    sock = shared / "handover.sock"
+    a = start(write_config(tmp_path / "a.toml", "a", [port], backend.address, workers=1),
+              "--handover-socket", str(sock), log=tmp_path / "a.log")
+
+    def as_nobody() -> dict[str, object]:
+        out = subprocess.run(["/usr/bin/python3", "-c", OTHER_UID_PEER, str(sock)], user=65534, group=65534,
+                             extra_groups=[], capture_output=True, text=True, timeout=30, check=False)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    try:
+        wait_until(lambda: sock.exists() and serves(port), 20, a, "the first balancer")
+        assert sock.stat().st_mode & 0o777 == 0o600
+        assert as_nobody() == {"connect": "permission denied"}
+        sock.chmod(0o666)
+        got = as_nobody()
+        assert got["connect"] == "ok" and got["fds"] == 0, got
+        assert "permission denied: only the balancer's own user may take over" in str(got["answer"])
+        assert serves(port) and a.poll() is None
+        assert "refused a process of uid 65534" in (tmp_path / "a.log").read_text()
+    finally:
+        stop(a)
+        sock.unlink(missing_ok=True)
+        shared.rmdir()
