@@ -298,9 +298,37 @@ class HealthCheck:
     rise: int = 2  # consecutive successes to mark a backend up
     fall: int = 3  # consecutive failures to mark it down
     host: str | None = None  # Host header (:authority of HTTP/2 and gRPC checks; default: the backend address)
+    #: check this port of each server instead of the one it serves on (HAProxy's ``check port``,
+    #: a management port); not for servers on a Unix socket
+    port: int | None = None
+    #: HTTP checks: the statuses that count as up, e.g. ``[200]`` (HAProxy's ``http-check expect
+    #: status``); unset: any 2xx or 3xx
+    expect_status: tuple[int, ...] | None = None
+    #: HTTP checks: text the response body must contain (HAProxy's ``http-check expect string``),
+    #: looked for in its first 64 KiB
+    expect_body: str | None = None
 
     def __post_init__(self) -> None:
         _non_negative(self, "interval", "timeout")
+        if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
+                                      or not 1 <= self.port <= 65535):
+            raise BalancerConfigError(f"health.port must be a port number (1..65535), got {self.port!r}")
+        if self.expect_status is not None:
+            statuses = self.expect_status
+            if isinstance(statuses, int) and not isinstance(statuses, bool):
+                statuses = (statuses,)
+            if not isinstance(statuses, (list, tuple)) or not statuses or not all(
+                    isinstance(c, int) and not isinstance(c, bool) and 100 <= c <= 599 for c in statuses):
+                raise BalancerConfigError(
+                    f"health.expect_status must be a list of HTTP statuses (100..599), got {self.expect_status!r}")
+            object.__setattr__(self, "expect_status", tuple(statuses))
+        if self.expect_body is not None and (not isinstance(self.expect_body, str) or not self.expect_body
+                                             or len(self.expect_body) > 1024):
+            raise BalancerConfigError(
+                f"health.expect_body must be a text of 1 to 1024 characters, got {self.expect_body!r}")
+        if self.type == "grpc" and (self.expect_status is not None or self.expect_body is not None):
+            raise BalancerConfigError(
+                "health.expect_status and health.expect_body are for HTTP checks: a gRPC check expects SERVING")
         if self.type not in HEALTH_TYPES:
             raise BalancerConfigError(f"health.type must be \"http\" or \"grpc\", got {self.type!r}")
         if not self.path.startswith("/"):
@@ -511,6 +539,9 @@ class BalancerConfig:
         if self.health is not None and self.health.type == "grpc" and self.proto != "h2" and not self.named_backends:
             raise BalancerConfigError(
                 "health.type = \"grpc\" needs proto = \"h2\": gRPC runs over HTTP/2 only")
+        if self.health is not None and self.health.port is not None and any(
+                unix_path(b.address) is not None for b in self.backends):
+            raise BalancerConfigError("health.port does not apply to servers on a Unix socket: they have no port")
         if not isinstance(self.retries, int) or not 0 <= self.retries <= 16:
             raise BalancerConfigError(f"retries must be an integer in 0..16, got {self.retries!r}")
         parse_duration(self.slow_start, "slow_start")
@@ -602,7 +633,8 @@ class BalancerConfig:
                 base = _as_dict(self.health) if self.health is not None else {}
                 if nb.health.get("type", base.get("type", "http")) != base.get("type", "http"):
                     # a pool switching type does not inherit the other type's target
-                    base = {k: v for k, v in base.items() if k not in ("type", "path", "grpc_service")}
+                    base = {k: v for k, v in base.items()
+                            if k not in ("type", "path", "grpc_service", "expect_status", "expect_body")}
                 h = _pool_section(HealthCheck, {**base, **nb.health}, w, "health")
                 health = h if h.enabled else None
             if passive.on_error == "mark-down" and health is None:

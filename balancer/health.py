@@ -36,6 +36,7 @@ plane). Backends start up, as the data plane assumes.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import logging
 import ssl
 from collections.abc import Callable, Iterable
@@ -72,12 +73,30 @@ def backend_ssl(tls: Tls, alpn: str) -> ssl.SSLContext:
     return ctx
 
 
+def check_target(address: str, check: HealthCheck) -> str:
+    """Where a server's checks go: its address, or its host at ``check.port``."""
+    if check.port is None or unix_path(address) is not None:
+        return address
+    host, _ = parse_hostport(address, "backend address")
+    return f"[{host}]:{check.port}" if ":" in host else f"{host}:{check.port}"
+
+
+def answer_ok(status: int, body: bytes | None, check: HealthCheck) -> bool:
+    """Whether an HTTP check's answer means up: its status (``expect_status``,
+    else any 2xx/3xx) and, with ``expect_body``, that text in its body."""
+    if not (status in check.expect_status if check.expect_status is not None else 200 <= status < 400):
+        return False
+    if check.expect_body is None:
+        return True
+    return body is not None and check.expect_body.encode() in body
+
+
 async def probe(session: aiohttp.ClientSession, address: str, check: HealthCheck,
                 tls: ssl.SSLContext | None = None) -> bool:
-    """One check: True when the backend answers 2xx/3xx within the timeout."""
+    """One check: True when the backend answers as ``check`` expects within the timeout."""
     import aiohttp
 
-    host, port = parse_hostport(address, "backend address")
+    host, port = parse_hostport(check_target(address, check), "backend address")
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         async with session.get(
@@ -87,9 +106,28 @@ async def probe(session: aiohttp.ClientSession, address: str, check: HealthCheck
             ssl=tls if tls is not None else True,
             timeout=aiohttp.ClientTimeout(total=check.timeout),
         ) as resp:
-            return 200 <= resp.status < 400
+            body = await resp.content.read(MAX_BODY) if check.expect_body is not None else None
+            return answer_ok(resp.status, body, check)
     except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
         return False
+
+
+def parse_response(data: bytes) -> tuple[int, bytes]:
+    """The status and body of an HTTP/1 response read whole (``Connection:
+    close``): http.client's parser, over the bytes, for chunked bodies too."""
+    import io
+
+    class Bytes:
+        def makefile(self, _mode: str) -> io.BytesIO:
+            return io.BytesIO(data)
+
+    resp = http.client.HTTPResponse(Bytes())  # type: ignore[arg-type]
+    resp.begin()
+    try:
+        body = resp.read()
+    except http.client.IncompleteRead as exc:  # cut at MAX_BODY: what came is enough to look in
+        body = exc.partial
+    return resp.status, body
 
 
 #: The PROXY header of a health check: the balancer's own connection, no client.
@@ -112,7 +150,7 @@ async def probe_raw(address: str, check: HealthCheck, version: str | None,
             reader, writer = await asyncio.open_unix_connection(path)
             host = "localhost"
         else:
-            host, port = parse_hostport(address, "backend address")
+            host, port = parse_hostport(check_target(address, check), "backend address")
             reader, writer = await asyncio.open_connection(host, port)
         try:
             header = CHECK_PROXY_HEADERS.get(version or "", b"")
@@ -126,15 +164,20 @@ async def probe_raw(address: str, check: HealthCheck, version: str | None,
                 f"GET {check.path} HTTP/1.1\r\nHost: {check.host or ('localhost' if path else address)}\r\n"
                 "User-Agent: juggler-balancer-health\r\nConnection: close\r\n\r\n").encode("latin-1"))
             await writer.drain()
-            status = (await reader.readline()).split()
-            return len(status) >= 2 and status[0].startswith(b"HTTP/") and status[1].isdigit() \
-                and 200 <= int(status[1]) < 400
+            if check.expect_body is None:
+                status = (await reader.readline()).split()
+                return len(status) >= 2 and status[0].startswith(b"HTTP/") and status[1].isdigit() \
+                    and answer_ok(int(status[1]), None, check)
+            data = b""
+            while len(data) < MAX_BODY + 16 * 1024 and (chunk := await reader.read(65536)):
+                data += chunk
+            return answer_ok(*parse_response(data), check)
         finally:
             writer.close()
 
     try:
         return await asyncio.wait_for(once(), check.timeout)
-    except (OSError, TimeoutError, ValueError, UnicodeError):
+    except (OSError, TimeoutError, ValueError, UnicodeError, http.client.HTTPException):
         return False
 
 
@@ -246,16 +289,16 @@ def _authority(address: str, check: HealthCheck) -> bytes:
 
 
 async def probe_h2(address: str, check: HealthCheck, tls: ssl.SSLContext | None) -> bool:
-    """An HTTP check over HTTP/2 on a fresh connection: 2xx/3xx is up."""
-    conn = H2Connection(address, tls)
+    """An HTTP check over HTTP/2 on a fresh connection, answered as ``check`` expects."""
+    conn = H2Connection(check_target(address, check), tls)
     try:
         async with asyncio.timeout(check.timeout):
-            head, _, _ = await conn.request([
+            head, body, _ = await conn.request([
                 (b":method", b"GET"), (b":scheme", b"https" if tls else b"http"),
                 (b":authority", _authority(address, check)), (b":path", check.path.encode()),
-                (b"user-agent", USER_AGENT.encode())], want_body=False)
+                (b"user-agent", USER_AGENT.encode())], want_body=check.expect_body is not None)
         status = head.get(b":status", b"")
-        return status.isdigit() and 200 <= int(status) < 400
+        return status.isdigit() and answer_ok(int(status), body, check)
     except (OSError, TimeoutError, ValueError, UnicodeError, ssl.SSLError, h2.exceptions.H2Error):
         return False
     finally:
@@ -393,7 +436,7 @@ class HealthChecker:
 
     async def _run(self, name: str) -> None:
         ok_streak = bad_streak = 0
-        grpc = H2Connection(name, self._ssl)  # kept open between gRPC checks
+        grpc = H2Connection(check_target(name, self.check), self._ssl)  # kept open between gRPC checks
         try:
             while True:
                 ok = await self._probe(name, grpc)

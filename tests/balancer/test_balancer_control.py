@@ -311,3 +311,81 @@ def test_cli_listen_port_only_means_all_interfaces():
     assert cfg.listen == "0.0.0.0:8080" and cfg.backends[0].weight == 2
 
 
+
+
+def pool_states(lb: LoadBalancer) -> dict[str, str]:
+    return {x["pool"]: x["state"] for x in lb.backends()}
+
+
+@pytest.mark.parametrize("server", ["tcp", "unix"])
+async def test_health_checks_expect_a_status_and_a_body(backends, tmp_path, server):
+    """expect_status / expect_body (HAProxy's http-check expect status / string): the backend's
+    /health answers 200 "ok". Expecting "ok" keeps it up; expecting another text or status takes it
+    down. Over aiohttp for TCP servers, over the raw connection for Unix-socket ones."""
+    from balancer_helpers import start_unix_backend
+
+    if server == "tcp":
+        (b,) = backends(1)
+        address, proc = b.address, None
+    else:
+        sock = tmp_path / "b.sock"
+        proc = start_unix_backend("u0", str(sock))
+        address = f"unix:{sock}"
+    health = {"path": "/health", "interval": 0.05, "timeout": 1.0, "rise": 1, "fall": 2}
+    cfg = from_dict({"listen": "127.0.0.1:0", "workers": 1, "default_backend": "body_ok", "health": health,
+                     "backends": {"body_ok": {"servers": [address], "health": {"expect_body": "ok",
+                                                                                "expect_status": [200, 204]}},
+                                  "body_missing": {"servers": [address], "health": {"expect_body": "READY"}},
+                                  "status_other": {"servers": [address], "health": {"expect_status": [204]}}}})
+    try:
+        async with LoadBalancer(cfg) as lb:
+            await wait_for(lambda: pool_states(lb)["body_missing"] == "down")
+            await wait_for(lambda: pool_states(lb)["status_other"] == "down")
+            await asyncio.sleep(0.3)  # several more checks of each pool
+            assert pool_states(lb) == {"body_ok": "up", "body_missing": "down", "status_other": "down"}
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait(timeout=10)
+            assert proc.stdout is not None
+            proc.stdout.close()
+
+
+async def test_health_checks_on_another_port(backends):
+    """health.port (HAProxy's check port): the checks of b0 go to b1's port, so b1 turning sick
+    takes b0 down although b0 itself is well; requests then get 503."""
+    b0, b1 = backends(2)
+    cfg = from_dict({"listen": "127.0.0.1:0", "workers": 1, "backends": [b0.address],
+                     "health": {"path": "/health", "interval": 0.05, "timeout": 1.0, "rise": 1, "fall": 2,
+                                "port": b1.port}})
+    async with LoadBalancer(cfg) as lb:
+        port = lb.address[1]
+        assert await aget(port, "/whoami") == (200, b"b0")
+        assert await aget(b1.port, "/sick") == (200, b"ok")
+        await wait_for(lambda: lb.backends()[0]["state"] == "down")
+        assert (await aget(port, "/whoami"))[0] == 503
+        assert await aget(b0.port, "/health") == (200, b"ok")  # the server itself is well
+
+
+@pytest.mark.parametrize(("health", "words"), [
+    ({"port": 0}, ["health.port", "1..65535"]),
+    ({"port": "8080"}, ["health.port"]),
+    ({"expect_status": []}, ["health.expect_status", "list of HTTP statuses"]),
+    ({"expect_status": [200, 999]}, ["health.expect_status"]),
+    ({"expect_body": ""}, ["health.expect_body"]),
+    ({"type": "grpc", "expect_status": [200]}, ["expect_status", "SERVING"]),
+])
+def test_health_expectation_errors(health, words):
+    with pytest.raises(BalancerConfigError) as e:
+        from_dict({"listen": "127.0.0.1:0", "proto": "h2", "backends": ["127.0.0.1:1"], "health": health})
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_health_port_is_refused_for_unix_servers_and_expectations_are_not_inherited_by_grpc():
+    with pytest.raises(BalancerConfigError, match="health.port does not apply to servers on a Unix socket"):
+        from_dict({"listen": "127.0.0.1:0", "backends": {"u": {"servers": ["unix:/tmp/x.sock"]}},
+                   "health": {"port": 8081}})
+    cfg = from_dict({"listen": "127.0.0.1:0", "health": {"path": "/health", "expect_body": "ok"},
+                     "backends": {"web": {"servers": ["127.0.0.1:1"]},
+                                  "api": {"servers": ["127.0.0.1:2"], "proto": "h2", "health": {"type": "grpc"}}}})
+    assert cfg.pools()["web"].health.expect_body == "ok" and cfg.pools()["api"].health.expect_body is None

@@ -228,6 +228,26 @@ async def test_http_checks_of_an_h2_pool_speak_http2(tmp_path):
         origin.kill()
 
 
+async def test_http_checks_of_an_h2_pool_expect_a_body():
+    """expect_body over HTTP/2: the origin's /health says "ok"; a pool expecting "ok" stays up,
+    one expecting "READY" goes down."""
+    origin = start_backend("origin")
+    try:
+        async with LoadBalancer(from_dict({"listen": "127.0.0.1:0", "workers": 1,
+                                           "backends": [origin.address]})) as inner:
+            h2_backend = f"127.0.0.1:{inner.address[1]}"
+            async with LoadBalancer(from_dict(pool([h2_backend], type="http", path="/health",
+                                                   expect_body="READY"))) as lb:
+                await become(lb, {h2_backend: False})
+            async with LoadBalancer(from_dict(pool([h2_backend], type="http", path="/health",
+                                                   expect_body="ok", expect_status=[200]))) as lb:
+                checks = inner.stats()["requests"]
+                await wait_until(lambda: inner.stats()["requests"] >= checks + 3, 10, what="no checks")
+                assert healthy(lb)[h2_backend]
+    finally:
+        origin.kill()
+
+
 def test_health_messages_round_trip():
     assert health_request("") == b"\x00\x00\x00\x00\x00"
     assert health_request("a.B") == b"\x00\x00\x00\x00\x05\x0a\x03a.B"
