@@ -264,6 +264,10 @@ class Limits:
     #: client connections open at once from one client address; more are closed at accept
     #: (a restart applies a change); 0 = unlimited
     max_client_connections: int = 0
+    #: client connections open at once over every listener (HAProxy's ``maxconn``): at the limit
+    #: the listeners stop accepting, and new connections wait in the kernel's accept queue until
+    #: one closes (a restart applies a change); 0 = unlimited
+    max_open_connections: int = 0
     #: largest request head, at least 8192 (larger: ``431``)
     max_header_bytes: int = 65536
     #: idle keep-alive connections kept per backend and per worker
@@ -272,7 +276,8 @@ class Limits:
     pool_idle_timeout: float = 60.0
 
     def __post_init__(self) -> None:
-        _non_negative(self, "max_connections", "pool_max_idle", "pool_idle_timeout", "max_client_connections")
+        _non_negative(self, "max_connections", "pool_max_idle", "pool_idle_timeout", "max_client_connections",
+                      "max_open_connections")
         if self.max_header_bytes < 8192:
             raise BalancerConfigError(f"limits.max_header_bytes must be >= 8192, got {self.max_header_bytes}")
 
@@ -722,6 +727,7 @@ class BalancerConfig:
             "pool_max_idle": lim.pool_max_idle,
             "pool_idle_timeout": lim.pool_idle_timeout,
             "max_client_connections": lim.max_client_connections,
+            "max_open_connections": lim.max_open_connections,
             "tls_certificates": [(c.cert, c.key) for c in self.tls.certificates] or None,
             "tls_client_ca": self.tls.client_ca,
             "http_redirect": self.tls.redirect,
@@ -751,7 +757,8 @@ class BalancerConfig:
         for name in ("header", "idle"):
             if getattr(self.timeouts, name) != getattr(other.timeouts, name):
                 out.append(f"timeouts.{name}")
-        for name in ("max_header_bytes", "pool_max_idle", "pool_idle_timeout", "max_client_connections"):
+        for name in ("max_header_bytes", "pool_max_idle", "pool_idle_timeout", "max_client_connections",
+                     "max_open_connections"):
             if getattr(self.limits, name) != getattr(other.limits, name):
                 out.append(f"limits.{name}")
         return out

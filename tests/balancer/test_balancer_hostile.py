@@ -199,3 +199,60 @@ def test_per_client_connection_limit(backends: object) -> None:
         lb.close()
     with pytest.raises(rustext.BalancerConfigError):
         rustext.Balancer({"listen": "127.0.0.1:0", "backends": [], "max_client_connections": -1})
+
+
+def test_open_connection_limit_queues_new_connections(backends: object) -> None:
+    """``max_open_connections`` (HAProxy's maxconn): with two connections open
+    over two listeners and two workers, a third is not accepted (its request
+    waits in the kernel's queue, unanswered); once one of the two closes, it
+    is served, as is every connection after."""
+    import socket
+
+    bks = backends(1)  # type: ignore[operator]
+    listeners = [{"address": "127.0.0.1:0", "default_backend": "p"} for _ in range(2)]
+    lb = rustext.Balancer({"listen": "127.0.0.1:0", "workers": 2, "backends": [],
+                           "listeners": listeners, "pools": [{"name": "p", "backends": [bks[0].address]}],
+                           "max_open_connections": 2})
+    lb.start()
+    ports = [a[1] for a in lb.addresses]
+    request = b"GET /whoami HTTP/1.1\r\nHost: t\r\n\r\n"
+
+    def answer(s: socket.socket) -> bytes:
+        got = b""
+        while not got.endswith(b"b0"):
+            chunk = s.recv(4096)
+            assert chunk, f"closed before the response: {got!r}"
+            got += chunk
+        return got
+
+    conns: list[socket.socket] = []
+    try:
+        for port in ports:
+            conns.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            conns[-1].sendall(request)
+            assert answer(conns[-1]).startswith(b"HTTP/1.1 200")
+        waiting = socket.create_connection(("127.0.0.1", ports[1]), timeout=10)  # the kernel completes it
+        conns.append(waiting)
+        waiting.sendall(request)
+        waiting.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            waiting.recv(4096)  # not accepted: nothing read, nothing answered
+        conns.pop(0).close()
+        waiting.settimeout(10)
+        assert answer(waiting).startswith(b"HTTP/1.1 200")
+        # two open again (the second and the one that waited): the first listener waits too
+        late = socket.create_connection(("127.0.0.1", ports[0]), timeout=10)
+        conns.append(late)
+        late.sendall(request)
+        late.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            late.recv(4096)
+        conns.pop(0).close()
+        late.settimeout(10)
+        assert answer(late).startswith(b"HTTP/1.1 200")
+    finally:
+        for s in conns:
+            s.close()
+        lb.close()
+    with pytest.raises(rustext.BalancerConfigError):
+        rustext.Balancer({"listen": "127.0.0.1:0", "backends": [], "max_open_connections": -1})

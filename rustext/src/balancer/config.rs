@@ -206,6 +206,9 @@ pub struct Config {
     pub settings: Settings,
     /// Client connections open at once from one client address (0 = no limit).
     pub max_client_connections: usize,
+    /// Client connections open at once over every listener (0 = no limit);
+    /// past it the listeners stop accepting until one closes (HAProxy's maxconn).
+    pub max_open_connections: usize,
     /// HTTPS on `listen` (None: plain HTTP).
     pub tls: Option<ListenTls>,
     /// A plain-HTTP listener whose every answer is a redirect to HTTPS.
@@ -258,6 +261,7 @@ impl Config {
             pool_idle_timeout: Duration::from_secs(60),
             settings,
             max_client_connections: 0,
+            max_open_connections: 0,
             tls: None,
             redirect_listen: None,
             backend_tls: None,

@@ -50,6 +50,8 @@ pub struct Shared {
     pub ids: std::sync::atomic::AtomicU64,
     /// Open client connections per client address (with `max_client_connections`).
     pub per_client: Mutex<std::collections::HashMap<IpAddr, u32>>,
+    /// Open client connections over every listener (with `max_open_connections`).
+    pub open: OpenConns,
     /// The access log, if configured.
     pub access_log: super::accesslog::AccessLog,
     /// Each listener's bound address, as the access log names it (`%ft`), by slot.
@@ -57,6 +59,56 @@ pub struct Shared {
     /// Each listener's bound address (the destination a PROXY header sent
     /// to a backend names, unless the client's own header gave one), by slot.
     pub bound: super::listeners::Slots<SocketAddr>,
+}
+
+/// Client connections open over every listener, counted when
+/// `max_open_connections` is set; the accept loops wait on `closed` at the limit.
+#[derive(Default)]
+pub struct OpenConns {
+    count: std::sync::atomic::AtomicUsize,
+    closed: tokio::sync::Notify,
+}
+
+/// One client connection counted against `max_open_connections` (taken
+/// before its accept, so the limit is never passed); uncounted on drop.
+pub struct OpenSlot(Arc<Shared>);
+
+impl OpenSlot {
+    /// A slot for one more connection, or None at the limit.
+    pub fn try_take(shared: &Arc<Shared>) -> Option<OpenSlot> {
+        let limit = shared.config.max_open_connections;
+        let count = &shared.open.count;
+        let mut n = count.load(Relaxed);
+        loop {
+            if n >= limit {
+                return None;
+            }
+            match count.compare_exchange_weak(n, n + 1, std::sync::atomic::Ordering::AcqRel, Relaxed) {
+                Ok(_) => return Some(OpenSlot(shared.clone())),
+                Err(now) => n = now,
+            }
+        }
+    }
+
+    /// Whether one more connection may be accepted now.
+    pub fn available(shared: &Shared) -> bool {
+        shared.open.count.load(Relaxed) < shared.config.max_open_connections
+    }
+
+    /// Resolves once a connection closes (create it before checking the
+    /// limit: a close between the two still wakes it).
+    pub fn closed(shared: &Shared) -> tokio::sync::futures::Notified<'_> {
+        shared.open.closed.notified()
+    }
+}
+
+impl Drop for OpenSlot {
+    fn drop(&mut self) {
+        let s = &self.0;
+        if s.open.count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) >= s.config.max_open_connections {
+            s.open.closed.notify_waiters();
+        }
+    }
 }
 
 /// A client address already at `max_client_connections`.
@@ -176,9 +228,22 @@ pub struct ConnCtl {
     /// The listener slot it was accepted on (closed with its listener).
     pub listener: std::sync::atomic::AtomicUsize,
     pub waker: Mutex<Option<std::task::Waker>>,
+    /// Its place under `max_open_connections`, given back when the last
+    /// holder (the connection's task, the worker's map) lets go.
+    pub open: Option<OpenSlot>,
 }
 
 impl ConnCtl {
+    /// A connection just accepted on listener slot `listener`: active from
+    /// the start (an idle check right after the accept must not close it
+    /// before its request is read).
+    pub fn accepted(listener: usize, open: Option<OpenSlot>) -> ConnCtl {
+        let ctl = ConnCtl { open, ..ConnCtl::default() };
+        ctl.listener.store(listener, Relaxed);
+        ctl.active.store(true, Relaxed);
+        ctl
+    }
+
     /// Bytes arrived: outside a request they start a request head.
     #[inline]
     pub fn reading(&self, now: u64) {

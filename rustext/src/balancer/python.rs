@@ -39,10 +39,11 @@ const SETTINGS_KEYS: [&str; 16] = [
     "listen",
     "proto",
 ];
-const FIXED_KEYS: [&str; 15] = [
+const FIXED_KEYS: [&str; 16] = [
     "access_log",
     "listener_logs",
     "max_client_connections",
+    "max_open_connections",
     "workers",
     "header_timeout",
     "idle_timeout",
@@ -621,6 +622,7 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     c.pool_max_idle = int(d, "pool_max_idle", c.pool_max_idle)?;
     c.pool_idle_timeout = secs(d, "pool_idle_timeout", c.pool_idle_timeout)?;
     c.max_client_connections = int(d, "max_client_connections", c.max_client_connections)?;
+    c.max_open_connections = int(d, "max_open_connections", c.max_open_connections)?;
     c.tls = parse_listen_tls(d)?;
     if let Some(r) = string(d, "http_redirect")? {
         c.redirect_listen = Some(host_port(&r, "http_redirect address")?);

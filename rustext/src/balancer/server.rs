@@ -28,7 +28,7 @@ use super::config::Config;
 use super::route::{RoutingSpec, Table};
 use super::fast::{self, Client, FastPool};
 use super::pool::Pool;
-use super::proxy::{handle, ClientSlot, Clock, ConnCtl, Peer, Shared, Worker};
+use super::proxy::{handle, ClientSlot, Clock, ConnCtl, OpenSlot, Peer, Shared, Worker};
 use super::stats::{IdMap, Totals, WorkerStats};
 use super::upstream::AdminState;
 use super::watched::Watched;
@@ -309,6 +309,7 @@ impl Balancer {
             epoch,
             ids,
             per_client: Mutex::new(std::collections::HashMap::new()),
+            open: Default::default(),
         });
         let (stop, stop_rx) = watch::channel(None);
         let mut threads = Vec::new();
@@ -899,7 +900,19 @@ async fn accept_loop(
     let tls = mode.tls;
     let shared = worker.shared.clone();
     let stats = worker.stats.clone();
+    let limited = shared.config.max_open_connections > 0;
     loop {
+        if limited {
+            // At max_open_connections: accept nothing (new connections wait in
+            // the kernel's queue) until one closes, on any worker.
+            let closed = OpenSlot::closed(&shared);
+            if !OpenSlot::available(&shared) {
+                tokio::select! {
+                    _ = closed => continue,
+                    _ = stop.changed() => break,
+                }
+            }
+        }
         tokio::select! {
             r = listener.readable() => {
                 let mut guard = match r {
@@ -912,13 +925,19 @@ async fn accept_loop(
                 // Accept what is queued (bounded, for fairness with the
                 // connections' tasks), then wait for readiness again.
                 for _ in 0..ACCEPT_BATCH {
+                    let open = if limited {
+                        match OpenSlot::try_take(&shared) {
+                            Some(slot) => Some(slot),
+                            None => break, // at the limit: wait above
+                        }
+                    } else {
+                        None
+                    };
                     match accept(guard.get_inner()) {
                         Ok((sock, peer)) if mode.accept_proxy => {
                             // The client's address is in the header: the
                             // per-client limit applies once it is read.
-                            let ctl = Arc::new(ConnCtl::default());
-                            ctl.listener.store(idx, Relaxed);
-                            ctl.active.store(true, Relaxed);
+                            let ctl = Arc::new(ConnCtl::accepted(idx, open));
                             let id = conns.next.fetch_add(1, Relaxed);
                             conns.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl.clone());
                             tokio::spawn(serve_proxied(worker.clone(), conns.clone(), id, ctl, sock, peer, idx, tls));
@@ -932,13 +951,10 @@ async fn accept_loop(
                                 drop(sock);
                                 continue;
                             };
-                            // Registered here, so a drain that starts next sees it.
-                            let ctl = Arc::new(ConnCtl::default());
-                            ctl.listener.store(idx, Relaxed);
-                            // Active from the start: an idle check right after the
-                            // accept must not close it before its request is read
-                            // (that reset a client whose request was in flight).
-                            ctl.active.store(true, Relaxed);
+                            // Registered here, so a drain that starts next sees it;
+                            // active from the start (an idle check right after the
+                            // accept reset a client whose request was in flight).
+                            let ctl = Arc::new(ConnCtl::accepted(idx, open));
                             let id = conns.next.fetch_add(1, Relaxed);
                             conns.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl.clone());
                             if tls {
