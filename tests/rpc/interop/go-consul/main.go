@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -75,8 +76,10 @@ func serve(addr, consul, base, group string) {
 	}
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	var stopping atomic.Bool
 	go func() {
 		<-stop
+		stopping.Store(true)
 		_ = plugin.Stop()
 		_ = s.Close()
 		os.Exit(0)
@@ -90,9 +93,10 @@ func serve(addr, consul, base, group string) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}()
-	if err := s.Serve("tcp", addr); err != nil && err != server.ErrServerClosed {
+	if err := s.Serve("tcp", addr); err != nil && err != server.ErrServerClosed && !stopping.Load() {
 		fail("serve: %v", err)
 	}
+	select {} // stopping: the signal's goroutine deregisters, then exits the process with 0
 }
 
 func call(consul, base string, a, b int, group string) {

@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -105,16 +106,18 @@ func serve(addr, redisAddr, base, group string) {
 		}
 		say("ready tcp@%s", s.Address().String())
 	}()
+	var stopping atomic.Bool
 	go func() {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 		<-sig
+		stopping.Store(true)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		s.Shutdown(ctx) // unregisters every service (the plugin deletes its keys)
 		os.Exit(0)
 	}()
-	if err := s.Serve("tcp", addr); err != nil && err != server.ErrServerClosed {
+	if err := s.Serve("tcp", addr); err != nil && err != server.ErrServerClosed && !stopping.Load() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

@@ -25,6 +25,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -82,8 +83,9 @@ func serve(addr, zk, base, group string) {
 	if err := s.RegisterName("Arith", new(Arith), meta); err != nil {
 		fail("register: %v", err)
 	}
+	var stopping atomic.Bool
 	go func() {
-		if err := s.Serve("tcp", addr); err != nil && err != server.ErrServerClosed {
+		if err := s.Serve("tcp", addr); err != nil && err != server.ErrServerClosed && !stopping.Load() {
 			fail("serve: %v", err)
 		}
 	}()
@@ -95,6 +97,7 @@ func serve(addr, zk, base, group string) {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	<-sig
+	stopping.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = s.Shutdown(ctx) // unregisters every service (the plugin deletes its nodes)
