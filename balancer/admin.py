@@ -125,6 +125,9 @@ class AdminServer:
 
     async def _config(self, request: web.Request) -> web.Response:
         out = dataclasses.asdict(self._lb.config)
+        # the pages' fields and sizes, not their bytes
+        out["error_pages"] = {str(p.status): {"headers": [list(h) for h in p.headers], "bytes": len(p.body)}
+                              for p in self._lb.config.error_pages}
         auth = self._lb.config.admin_auth
         if auth is not None:  # never the hashes or where the token lives
             out["admin_auth"] = {"users": [u.partition(":")[0] for u in auth.users],

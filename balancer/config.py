@@ -72,6 +72,7 @@ from rustext.fields import check_fields
 from balancer.accesslog import AccessLog
 from balancer.auth import AdminAuth
 from balancer.discovery import DnsConfig, Target, is_ip
+from balancer.errorpages import ErrorPage, load_error_pages
 from balancer.errors import BalancerConfigError
 from balancer.policies import LAYER7_ERRORS, Sticky, check_cookie_value, parse_duration, parse_retry_on, policy_native
 from balancer.ratelimit import RateLimit
@@ -465,6 +466,11 @@ class BalancerConfig:
     #: the ``[rate_limit]`` table: requests per client address or header, over every listener;
     #: unset = none (reloadable: the counts carry over while ``key`` and ``max_keys`` stay)
     rate_limit: RateLimit | None = None
+    #: the ``[error_pages]`` table, ``503 = "/etc/balancer/503.http"``: pages answered instead of the
+    #: balancer's own one-line texts (HAProxy's ``errorfile``): a whole HTTP response as HAProxy's
+    #: files are, or a body typed by its extension; read at load and on every reload
+    error_pages: tuple[ErrorPage, ...] = field(
+        default=(), metadata={"type": "table of status = file", "default": "none"})
     #: with backup servers: balance over all of them when no other server is available (HAProxy's
     #: ``option allbackups``); false: the first available backup in the order listed
     all_backups: bool = False
@@ -696,6 +702,8 @@ class BalancerConfig:
             native["listener_logs"] = [x.access_log_native() for x in self.effective_listeners()]
         if self.rate_limit is not None:
             native["rate_limit"] = self.rate_limit.to_native()
+        if self.error_pages:
+            native["error_pages"] = [p.to_native() for p in self.error_pages]
         return native
 
     def _settings_native(self) -> dict[str, Any]:
@@ -855,6 +863,8 @@ def from_dict(data: dict[str, Any]) -> BalancerConfig:
         data["access_log"] = _section(AccessLog, data["access_log"], "access_log")
     if "rate_limit" in data:
         data["rate_limit"] = _section(RateLimit, data["rate_limit"], "rate_limit")
+    if "error_pages" in data:
+        data["error_pages"] = load_error_pages(data["error_pages"])
     if "sticky" in data:
         data["sticky"] = _section(Sticky, data["sticky"], "sticky")
     if "retry_on" in data:
@@ -920,6 +930,9 @@ def _path_in_message(data: dict[str, Any], message: str) -> tuple[str | int, ...
     """The key path a message starts with (``listeners[0].routes[2].host: …``),
     when the file has it: routing errors name their key, including references
     between parts that the part-by-part search cannot see."""
+    page = re.match(r"error_pages\.(\w+)[:\s]", message)
+    if page and isinstance(data.get("error_pages"), dict) and page.group(1) in data["error_pages"]:
+        return ("error_pages", page.group(1))  # its keys are statuses, not names
     unknown = re.match(r"unknown key\(s\) in \[?(\S+?)\]?: ([\w-]+)", message)
     if unknown:  # the first unknown key's line
         dotted = f"{unknown.group(1)}.{unknown.group(2)}"

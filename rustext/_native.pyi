@@ -429,7 +429,11 @@ class Balancer:
     "retry_statuses": [int], "retry_timeout", "error_statuses": [int]
     (layer-7 passive health), "sticky": {"name", "values": {address: value},
     "indirect", "nocache", "httponly", "secure", "max_age", "domain", "path"}
-    or None, "rate_limit": the pool's own, as above} or None. Raises BalancerConfigError on an invalid config (a bad
+    or None, "rate_limit": the pool's own, as above} or None. error_pages:
+    [{"status", "headers": [(name, value)], "body": bytes}]: answered instead
+    of the balancer's own one-line texts. max_client_connections (per client
+    address), max_open_connections (over every listener; at the limit
+    accepting waits). Raises BalancerConfigError on an invalid config (a bad
     certificate file is named)."""
 
     def __init__(self, config: dict[str, object]) -> None: ...

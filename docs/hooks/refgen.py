@@ -339,6 +339,8 @@ def default_text(f: dataclasses.Field[Any], style: str) -> str:
 
 
 def _type_text(f: dataclasses.Field[Any]) -> str:
+    if "type" in f.metadata:  # the key's type in the file, where the field holds what it becomes
+        return str(f.metadata["type"])
     t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", repr(f.type))
     return t.replace("typing.", "")
 

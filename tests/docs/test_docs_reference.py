@@ -128,7 +128,11 @@ def test_dataclasses_nested_in_documented_ones_are_documented() -> None:
     documented = documented_classes()
     for cls in documented:
         hints = typing.get_type_hints(cls)
+        # a field whose key in the file has a type of its own (metadata "type") holds what it becomes
+        stated = {f.name for f in dataclasses.fields(cls) if "type" in f.metadata}
         for name, tp in hints.items():
+            if name in stated:
+                continue
             for nested in _dataclasses_in(tp):
                 assert nested in documented, f"{cls.__qualname__}.{name}: {nested.__qualname__} is not documented"
 

@@ -329,9 +329,18 @@ pub async fn serve(
                             content-length: 16\r\nconnection: close\r\n\r\n\
                             invalid request\n";
                         w.stats.observe(400, std::time::Duration::ZERO);
-                        let _ = client.send(&mut [IoSlice::new(BAD)]).await;
+                        let mut page_buf = Vec::new();
+                        let (answer, bytes) = match t.error_page(400) {
+                            Some(page) => {
+                                let view = ClientView { http10: false, keep_alive: false, head_request: false, closing: true };
+                                h1::page_response_with(&mut page_buf, page, "Bad Request", view, &Edits::default());
+                                (&page_buf[..], page.body.len() as u64)
+                            }
+                            None => (BAD, 16),
+                        };
+                        let _ = client.send(&mut [IoSlice::new(answer)]).await;
                         if logging {
-                            let done = Done { status: 400, bytes: 16, term: "PR", ..Done::default() };
+                            let done = Done { status: 400, bytes, term: "PR", ..Done::default() };
                             log_line(&w, &peer, &inb, None, &done, b"", t0, Instant::now());
                         }
                         return None;
@@ -813,11 +822,22 @@ async fn reply(
     req_id: Option<(&str, &[u8])>,
     done: &mut Done,
 ) -> bool {
-    h1::simple_response_with(resp, status, reason, body, view, &Edits { add: &[], req_id, src: b"" });
+    let edits = Edits { add: &[], req_id, src: b"" };
+    let t = w.shared.table();
+    let sent = match t.error_page(status) {
+        Some(page) => {
+            h1::page_response_with(resp, page, reason, view, &edits);
+            page.body.len()
+        }
+        None => {
+            h1::simple_response_with(resp, status, reason, body, view, &edits);
+            body.len()
+        }
+    };
     w.stats.observe(status, start.elapsed());
     done.status = status;
-    done.bytes = body.len() as u64;
-    done.resp_head = resp.len() - body.len();
+    done.bytes = sent as u64;
+    done.resp_head = resp.len() - if view.head_request { 0 } else { sent };
     client.send(&mut [IoSlice::new(resp)]).await.is_ok() && view.keep_alive && !view.closing
 }
 
@@ -839,12 +859,23 @@ async fn too_many(
     bump(&w.stats.rate_limited, 1);
     let retry = super::ratelimit::retry_after(wait);
     let reason = http::StatusCode::from_u16(status).ok().and_then(|s| s.canonical_reason()).unwrap_or("Too Many Requests");
-    h1::simple_response_with(resp, status, reason, super::ratelimit::BODY, view, &Edits { add: std::slice::from_ref(&retry), req_id, src: b"" });
+    let edits = Edits { add: std::slice::from_ref(&retry), req_id, src: b"" };
+    let t = w.shared.table();
+    let sent = match t.error_page(status) {
+        Some(page) => {
+            h1::page_response_with(resp, page, reason, view, &edits);
+            page.body.len()
+        }
+        None => {
+            h1::simple_response_with(resp, status, reason, super::ratelimit::BODY, view, &edits);
+            super::ratelimit::BODY.len()
+        }
+    };
     w.stats.observe(status, start.elapsed());
     done.status = status;
     done.term = "PR";
-    done.bytes = super::ratelimit::BODY.len() as u64;
-    done.resp_head = resp.len() - if view.head_request { 0 } else { super::ratelimit::BODY.len() };
+    done.bytes = sent as u64;
+    done.resp_head = resp.len() - if view.head_request { 0 } else { sent };
     client.send(&mut [IoSlice::new(resp)]).await.is_ok() && view.keep_alive && !view.closing
 }
 

@@ -796,13 +796,31 @@ impl Body for RespBody {
     }
 }
 
+/// Marks an answer of the balancer's own (an error page may replace it).
+#[derive(Clone, Copy)]
+struct OwnAnswer;
+
 fn error_response(status: StatusCode, msg: &'static str) -> Response<RespBody> {
     let mut r = Response::new(RespBody::Full(Some(Bytes::from_static(msg.as_bytes()))));
     *r.status_mut() = status;
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r.extensions_mut().insert(OwnAnswer);
     r
+}
+
+/// An own answer with its configured page instead of its one-line text:
+/// the page's fields replace the text's type and caching; the others
+/// (`Retry-After`, the request id) stay.
+fn with_page(resp: &mut Response<RespBody>, page: &super::route::ErrorPage) {
+    let h = resp.headers_mut();
+    h.remove(header::CONTENT_TYPE);
+    h.remove(header::CACHE_CONTROL);
+    for (n, v) in &page.headers {
+        h.append(n.clone(), v.clone());
+    }
+    *resp.body_mut() = RespBody::Full(Some(page.body.clone()));
 }
 
 /// Why a request is refused before anything is forwarded (RFC 9112 §3.2,
@@ -1054,6 +1072,11 @@ pub async fn handle(
         Some(refused) => refused,
         None => forward(&w, &t, &peer, req, start, rid.as_ref(), &mut lg).await,
     };
+    if !grpc && resp.extensions().get::<OwnAnswer>().is_some() {
+        if let Some(page) = t.error_page(resp.status().as_u16()) {
+            with_page(&mut resp, page);
+        }
+    }
     if let Some((name, value)) = rid {
         resp.headers_mut().insert(name, value);
     }

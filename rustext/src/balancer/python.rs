@@ -59,7 +59,32 @@ const FIXED_KEYS: [&str; 16] = [
 ];
 
 /// Reloadable keys of the request policies (rate limit).
-const POLICY_KEYS: &[&str] = &["rate_limit", "policy"];
+const POLICY_KEYS: &[&str] = &["rate_limit", "policy", "error_pages"];
+
+/// `error_pages`: [{"status", "headers": [(name, value)], "body": bytes}].
+fn parse_error_pages(d: &Bound<'_, PyDict>) -> PyResult<Vec<Arc<crate::balancer::route::ErrorPage>>> {
+    let Some(v) = d.get_item("error_pages")?.filter(|v| !v.is_none()) else { return Ok(Vec::new()) };
+    let mut pages = Vec::new();
+    for item in v.try_iter().map_err(|_| cfg_err("error_pages must be a list"))? {
+        let p = dict(&item?, "an error page")?;
+        let status: u16 = int(&p, "status", 0u16)?;
+        let headers: Vec<(String, String)> = match p.get_item("headers")? {
+            Some(h) if !h.is_none() => h
+                .extract()
+                .map_err(|_| cfg_err("error_pages: headers is a list of (name, value) pairs"))?,
+            _ => Vec::new(),
+        };
+        let body: Vec<u8> = match p.get_item("body")? {
+            Some(b) if !b.is_none() => b.extract().map_err(|_| cfg_err("error_pages: body must be bytes"))?,
+            _ => Vec::new(),
+        };
+        if pages.iter().any(|x: &Arc<crate::balancer::route::ErrorPage>| x.status == status) {
+            return Err(cfg_err(format!("error_pages: two pages for {status}")));
+        }
+        pages.push(Arc::new(crate::balancer::route::ErrorPage::new(status, headers, body).map_err(cfg_err)?));
+    }
+    Ok(pages)
+}
 
 /// `rate_limit`: {"count", "period" (seconds), "burst", "key", "missing"
 /// ("src" or "allow"), "max_keys", "status", "delay" (None: nodelay)} or None.
@@ -522,7 +547,10 @@ fn parse_routing(d: &Bound<'_, PyDict>) -> PyResult<Option<(Vec<ListenAddr>, Rou
     if listeners.is_empty() {
         return Err(cfg_err("listeners must list at least one listener"));
     }
-    Ok(Some((addrs, RoutingSpec { pools, listeners, rate_limit: parse_rate_limit(d)? })))
+    Ok(Some((
+        addrs,
+        RoutingSpec { pools, listeners, rate_limit: parse_rate_limit(d)?, error_pages: parse_error_pages(d)? },
+    )))
 }
 
 /// `access_log`: {"path", "format", "log_empty", "syslog": {"address", "facility", "format", "tag", "max_length",
@@ -634,10 +662,14 @@ fn parse_config(d: &Bound<'_, PyDict>) -> PyResult<Config> {
         c.listen = addrs[0].addr;
         c.listeners = addrs;
         c.routing = Some(routing);
-    } else if let Some(rl) = parse_rate_limit(d)? {
-        let mut r = c.routing_spec();
-        r.rate_limit = Some(rl);
-        c.routing = Some(r);
+    } else {
+        let (rate_limit, error_pages) = (parse_rate_limit(d)?, parse_error_pages(d)?);
+        if rate_limit.is_some() || !error_pages.is_empty() {
+            let mut r = c.routing_spec();
+            r.rate_limit = rate_limit;
+            r.error_pages = error_pages;
+            c.routing = Some(r);
+        }
     }
     Ok(c)
 }
@@ -820,6 +852,7 @@ impl PyBalancer {
             None => {
                 let r = RoutingSpec {
                     rate_limit: parse_rate_limit(config)?,
+                    error_pages: parse_error_pages(config)?,
                     ..RoutingSpec::single(parse_settings(config)?, b.routing().listeners.len())
                 };
                 py.detach(|| b.update(r)).map_err(cfg_err)?

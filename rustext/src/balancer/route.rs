@@ -169,6 +169,46 @@ pub struct RoutingSpec {
     pub listeners: Vec<ListenerSpec>,
     /// One request rate limit over every listener (None: none).
     pub rate_limit: Option<super::ratelimit::Spec>,
+    /// Pages answered instead of the balancer's own short texts, by status.
+    pub error_pages: Vec<Arc<ErrorPage>>,
+}
+
+/// A page the balancer answers with instead of its own one-line text for a
+/// status (`[error_pages]`, HAProxy's `errorfile`): its header fields
+/// (`content-type` among them; never framing or connection fields) and body.
+#[derive(Debug)]
+pub struct ErrorPage {
+    pub status: u16,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub body: bytes::Bytes,
+}
+
+impl ErrorPage {
+    /// Checked: a status the balancer may answer, fields that do not frame
+    /// the message (the balancer writes those), a body of at most 64 KiB.
+    pub fn new(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Result<ErrorPage, String> {
+        if !(200..=599).contains(&status) {
+            return Err(format!("error_pages: {status} is not an HTTP status the balancer answers with"));
+        }
+        if body.len() > 64 * 1024 {
+            return Err(format!("error_pages.{status}: the page is over 64 KiB"));
+        }
+        let mut fields = Vec::with_capacity(headers.len());
+        for (n, v) in headers {
+            let name = HeaderName::from_bytes(n.as_bytes())
+                .map_err(|_| format!("error_pages.{status}: {n:?} is not a header name"))?;
+            if matches!(
+                name.as_str(),
+                "content-length" | "transfer-encoding" | "connection" | "keep-alive" | "upgrade" | "trailer" | "te"
+            ) {
+                continue; // the balancer frames its answers itself
+            }
+            let value = HeaderValue::from_str(&v)
+                .map_err(|_| format!("error_pages.{status}: the value of {n} is not a header value"))?;
+            fields.push((name, value));
+        }
+        Ok(ErrorPage { status, headers: fields, body: body.into() })
+    }
 }
 
 /// The name of the pool of a configuration without named backends.
@@ -190,6 +230,7 @@ impl RoutingSpec {
                 })
                 .collect(),
             rate_limit: None,
+            error_pages: Vec::new(),
         }
     }
 }
@@ -515,6 +556,7 @@ pub struct Table {
     pub listeners: Vec<Listener>,
     /// The rate limit, its keys kept across reloads (see [`super::ratelimit`]).
     pub rate_limit: Option<Arc<super::ratelimit::Table>>,
+    pub error_pages: Vec<Arc<ErrorPage>>,
 }
 
 fn valid_code(code: u16) -> bool {
@@ -763,7 +805,14 @@ impl Table {
             names: spec.pools.iter().map(|p| p.name.clone()).collect(),
             listeners,
             rate_limit,
+            error_pages: spec.error_pages.clone(),
         })
+    }
+
+    /// The page configured for `status`, if any (a few at most: a scan).
+    #[inline]
+    pub fn error_page(&self, status: u16) -> Option<&Arc<ErrorPage>> {
+        self.error_pages.iter().find(|p| p.status == status)
     }
 
     /// The listener `i`'s routes (the first if out of range).

@@ -27,7 +27,8 @@ pub use request::{
     finish_request, finish_request_with, parse_request, parse_request_routed, Edits, MethodKind, ReqHead, ReqParse,
 };
 pub use response::{
-    parse_response, parse_response_with, redirect_response, simple_response, simple_response_with, BodyMode, ClientView, RespHead, RespParse,
+    page_response_with, parse_response, parse_response_with, redirect_response, simple_response, simple_response_with, BodyMode,
+    ClientView, RespHead, RespParse,
 };
 
 /// Headers parsed per request head; more goes to hyper (limit 100 there).

@@ -210,6 +210,12 @@ pub fn simple_response_with(
         if client.http10 { "HTTP/1.0" } else { "HTTP/1.1" },
         body.len()
     );
+    end_own_head(out, body.as_bytes(), client, edits);
+}
+
+/// The end of an answer of the balancer's own: `edits`, the connection's
+/// fate, the blank line, and `body` (not for HEAD).
+fn end_own_head(out: &mut Vec<u8>, body: &[u8], client: ClientView, edits: &Edits<'_>) {
     edits.write(out);
     if !client.keep_alive || client.closing {
         out.extend_from_slice(b"connection: close\r\n");
@@ -218,8 +224,29 @@ pub fn simple_response_with(
     }
     out.extend_from_slice(b"\r\n");
     if !client.head_request {
-        out.extend_from_slice(body.as_bytes());
+        out.extend_from_slice(body);
     }
+}
+
+/// An answer of the balancer's own with a configured page (`[error_pages]`)
+/// instead of its one-line text, in `out`.
+pub fn page_response_with(
+    out: &mut Vec<u8>,
+    page: &crate::balancer::route::ErrorPage,
+    reason: &str,
+    client: ClientView,
+    edits: &Edits<'_>,
+) {
+    out.clear();
+    let _ = write!(out, "{} {} {reason}\r\n", if client.http10 { "HTTP/1.0" } else { "HTTP/1.1" }, page.status);
+    for (n, v) in &page.headers {
+        out.extend_from_slice(n.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let _ = write!(out, "content-length: {}\r\n", page.body.len());
+    end_own_head(out, &page.body, client, edits);
 }
 
 /// A redirect of the balancer's own, in `out`; `edits` adds the request id.

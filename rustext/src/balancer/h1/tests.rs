@@ -372,6 +372,7 @@ mod routed {
         settings.backends.push(BackendSpec { name: "127.0.0.1:1".into(), weight: 1, max_connections: 0 });
         let spec = RoutingSpec {
             rate_limit: None,
+            error_pages: Vec::new(),
             pools: vec![PoolSpec { name: "a".into(), settings, rules: RulesSpec::default() }],
             listeners: vec![ListenerSpec {
                 routes: vec![
@@ -431,4 +432,25 @@ mod routed {
         };
         assert!(l.action(h.action).pool.is_none() && out.is_empty() && h.req_id.is_none());
     }
+}
+
+#[test]
+fn error_pages_replace_own_texts() {
+    let page = crate::balancer::route::ErrorPage::new(
+        503,
+        vec![("Content-Type".into(), "text/html".into()), ("Connection".into(), "close".into()), ("X-A".into(), "1".into())],
+        b"<p>down</p>".to_vec(),
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    page_response_with(&mut out, &page, "Service Unavailable", C11, &Edits::default());
+    assert_eq!(
+        String::from_utf8(out.clone()).unwrap(),
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/html\r\nx-a: 1\r\ncontent-length: 11\r\n\r\n<p>down</p>"
+    );
+    let head = ClientView { head_request: true, keep_alive: false, ..C11 };
+    page_response_with(&mut out, &page, "Service Unavailable", head, &Edits::default());
+    assert!(String::from_utf8(out).unwrap().ends_with("content-length: 11\r\nconnection: close\r\n\r\n"));
+    assert!(crate::balancer::route::ErrorPage::new(503, vec![("Bad Name".into(), "x".into())], vec![]).is_err());
+    assert!(crate::balancer::route::ErrorPage::new(503, vec![], vec![0; 65 * 1024]).is_err());
 }

@@ -47,6 +47,7 @@ fn route(backend: &str) -> RouteSpec {
 fn table(routes: Vec<RouteSpec>, default: Option<&str>) -> Table {
     let spec = RoutingSpec {
         rate_limit: None,
+        error_pages: Vec::new(),
         pools: vec![pool("a", 1), pool("b", 2), pool("c", 3)],
         listeners: vec![ListenerSpec { routes, default_backend: default.map(Into::into), ..Default::default() }],
     };
@@ -116,6 +117,7 @@ fn paths_methods_headers_and_order() {
 fn rules_fold_in_order() {
     let spec = RoutingSpec {
         rate_limit: None,
+        error_pages: Vec::new(),
         pools: vec![PoolSpec {
             rules: RulesSpec { request: vec![RuleSpec::Set("x-a".into(), "pool".into())], response: vec![] },
             ..pool("a", 1)
@@ -150,6 +152,7 @@ fn errors_name_the_key() {
     let bad = |routes: Vec<RouteSpec>| {
         let spec = RoutingSpec {
             rate_limit: None,
+            error_pages: Vec::new(),
             pools: vec![pool("a", 1)],
             listeners: vec![ListenerSpec { routes, ..Default::default() }],
         };
