@@ -20,7 +20,7 @@ from typing import Any
 
 from balancer.errors import BalancerConfigError
 
-__all__ = ["ERROR_PAGE_STATUSES", "ErrorPage", "load_error_pages"]
+__all__ = ["ERROR_PAGE_STATUSES", "MAX_PAGE", "ErrorPage", "content_type_of", "load_error_pages", "read_page"]
 
 #: the statuses a page may be given for: HAProxy's ``errorfile`` list (the balancer itself
 #: answers 400, 429, 431, 502, 503 and 504; pages for the others are kept for nothing)
@@ -63,10 +63,25 @@ def _raw(data: bytes, where: str, status: int) -> ErrorPage:
     return ErrorPage(status, headers, body)
 
 
-def _content_type(path: str) -> str:
+def content_type_of(path: str) -> str:
+    """A page file's ``Content-Type``, told by its extension."""
     kind, _ = mimetypes.guess_type(path)
     kind = kind or "text/plain"
     return f"{kind}; charset=utf-8" if kind.startswith("text/") or kind == "application/json" else kind
+
+
+def read_page(path: Any, where: str) -> bytes:
+    """A page file's bytes (at most ``MAX_PAGE``); errors name ``where``."""
+    if not isinstance(path, str) or not path:
+        raise BalancerConfigError(f"{where} must be a file name")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_PAGE + 1)
+    except OSError as exc:
+        raise BalancerConfigError(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_PAGE:
+        raise BalancerConfigError(f"{where}: {path} is over {MAX_PAGE // 1024} KiB")
+    return data
 
 
 def load_error_pages(table: Any, where: str = "error_pages") -> tuple[ErrorPage, ...]:
@@ -83,18 +98,10 @@ def load_error_pages(table: Any, where: str = "error_pages") -> tuple[ErrorPage,
         if status not in ERROR_PAGE_STATUSES:
             raise BalancerConfigError(
                 f"{w}: the key must be one of the statuses {', '.join(map(str, ERROR_PAGE_STATUSES))}")
-        if not isinstance(path, str) or not path:
-            raise BalancerConfigError(f"{w} must be a file name")
-        try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_PAGE + 1)
-        except OSError as exc:
-            raise BalancerConfigError(f"{w}: cannot read {path}: {exc.strerror or exc}") from None
-        if len(data) > MAX_PAGE:
-            raise BalancerConfigError(f"{w}: {path} is over {MAX_PAGE // 1024} KiB")
+        data = read_page(path, w)
         if data.startswith(b"HTTP/"):
             pages.append(_raw(data, f"{w} ({path})", status))
         else:
-            pages.append(ErrorPage(status, (("Content-Type", _content_type(os.fspath(path))),
+            pages.append(ErrorPage(status, (("Content-Type", content_type_of(os.fspath(path))),
                                             ("Cache-Control", "no-store")), data))
     return tuple(pages)

@@ -18,6 +18,7 @@ from typing import Any
 
 from rustext.fields import check_fields
 
+from balancer.errorpages import MAX_PAGE, content_type_of, read_page
 from balancer.errors import BalancerConfigError
 from balancer.ratelimit import RateLimit
 
@@ -168,6 +169,49 @@ class Redirect:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Respond:
+    """Answer the request here instead of forwarding it (HAProxy's ``http-request
+    return`` and ``deny``, nginx's ``return``): a status and a body, given as
+    text or read from a file (at load and on every reload)."""
+
+    #: the status answered, 200..599: ``403`` to deny, ``200`` for a fixed answer
+    status: int = 200
+    #: the body, as text; with neither ``body`` nor ``file`` the ``[error_pages]`` page of the
+    #: status is answered if there is one (HAProxy's ``deny``), else an empty body
+    body: str | None = None
+    #: or the file the body is read from (at most 64 KiB)
+    file: str | None = None
+    #: its ``Content-Type``; by default ``text/plain; charset=utf-8`` for ``body``, told by the
+    #: extension for ``file``
+    content_type: str | None = None
+    where: str = field(default="respond", repr=False, compare=False, metadata={"internal": True})
+
+    def __post_init__(self) -> None:
+        w = self.where
+        if isinstance(self.status, bool) or not isinstance(self.status, int) or not 200 <= self.status <= 599:
+            raise BalancerConfigError(f"{w}.status must be an HTTP status in 200..599, got {self.status!r}")
+        if self.body is not None and self.file is not None:
+            raise BalancerConfigError(f"{w}: give body or file, not both")
+        if self.body is not None and not isinstance(self.body, str):
+            raise BalancerConfigError(f"{w}.body must be a string")
+        if self.body is not None and len(self.body.encode()) > MAX_PAGE:
+            raise BalancerConfigError(f"{w}.body is over {MAX_PAGE // 1024} KiB")
+        if self.content_type is not None:
+            _header_value(self.content_type, f"{w}.content_type")
+        if self.file is not None:
+            object.__setattr__(self, "_bytes", read_page(self.file, f"{w}.file"))
+
+    def to_native(self) -> dict[str, Any]:
+        if self.file is not None:
+            body = getattr(self, "_bytes")
+            content_type = self.content_type or content_type_of(self.file)
+        else:
+            body = (self.body or "").encode()
+            content_type = self.content_type or "text/plain; charset=utf-8"
+        return {"status": self.status, "headers": [("Content-Type", content_type)], "body": body}
+
+
+@dataclass(frozen=True, kw_only=True)
 class Route:
     """A route (``[[routes]]`` or ``[[listeners.routes]]``): all of its
     conditions must hold; routes are tried in order, the first that holds
@@ -187,6 +231,8 @@ class Route:
     backend: str | None = None
     #: answer with a redirect instead (``{ code = 301, location = "..." }`` or ``{ scheme = "https" }``)
     redirect: Redirect | None = None
+    #: or answer here (``{ status = 403 }``, ``{ status = 200, body = "ok" }``, ``{ file = "..." }``)
+    respond: Respond | None = None
     #: header rules on the request sent to the backend
     request_headers: HeaderRules = field(default_factory=HeaderRules)
     #: header rules on the response sent to the client
@@ -219,6 +265,8 @@ class Route:
             for i, h in enumerate(header)))
         if isinstance(self.redirect, Mapping):
             object.__setattr__(self, "redirect", section(Redirect, self.redirect, f"{w}.redirect"))
+        if isinstance(self.respond, Mapping):
+            object.__setattr__(self, "respond", section(Respond, self.respond, f"{w}.respond"))
         for name in ("request_headers", "response_headers"):
             v = getattr(self, name)
             if isinstance(v, Mapping):
@@ -229,14 +277,15 @@ class Route:
             except BalancerConfigError as exc:  # its messages start with "rate_limit."
                 raise BalancerConfigError(f"{w}.{exc}" if str(exc).startswith("rate_limit.") else str(exc)) from exc
             object.__setattr__(self, "rate_limit", limit)
-        if (self.backend is None) == (self.redirect is None):
-            raise BalancerConfigError(f"{w}: a route needs a backend or a redirect (one of them)")
+        if sum(x is not None for x in (self.backend, self.redirect, self.respond)) != 1:
+            raise BalancerConfigError(f"{w}: a route needs a backend, a redirect or respond (one of them)")
 
     def to_native(self) -> dict[str, Any]:
         return {
             "host": list(self.host), "path": list(self.path), "path_prefix": list(self.path_prefix),
             "method": [m.upper() for m in self.method], "header": [h.to_native() for h in self.header],
             "backend": self.backend, "redirect": self.redirect.to_native() if self.redirect else None,
+            "respond": self.respond.to_native() if self.respond else None,
             "request_headers": self.request_headers.to_native(),
             "response_headers": self.response_headers.to_native(),
             "rate_limit": self.rate_limit.to_native() if self.rate_limit is not None else None,

@@ -235,6 +235,8 @@ def config_groups() -> list[ConfigGroup]:
                         "A route's header condition, `{ name = \"X-Canary\", equals = \"1\" }`."),
                 Section(_cls("balancer.routing.Redirect"), "redirect",
                         "A route's redirect, `{ code = 301, location = \"...\" }` or `{ scheme = \"https\" }`."),
+                Section(_cls("balancer.routing.Respond"), "respond",
+                        "A route's own answer; see [routing](../balancer.md#routing)."),
                 Section(_cls("balancer.routing.HeaderRules"), "[request_headers], [response_headers]",
                         "Header rules of a listener, a backend pool or a route."),
                 Section(_cls("balancer.routing.RequestId"), "request_id",

@@ -167,3 +167,42 @@ def test_the_cli_serves_the_pages_and_the_admin_endpoint_shows_them(tmp_path: Pa
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_routes_answer_themselves(tmp_path: Path) -> None:
+    """respond on a route (HAProxy's http-request return / deny, nginx's return): a fixed 200 with
+    a body, a 403 without one taking the [error_pages] 403 page, a body from a file; on both
+    paths; other requests still go to the backend (here a closed port: 502)."""
+    (tmp_path / "403.html").write_text("<p>forbidden here</p>\n")
+    (tmp_path / "robots.txt").write_text("User-agent: *\nDisallow: /\n")
+    cfg = tmp_path / "b.toml"
+    cfg.write_text(f'listen = "127.0.0.1:0"\nworkers = 1\nretries = 0\nbackends = ["127.0.0.1:{free_port()}"]\n'
+                   '[[routes]]\npath = "/healthz"\nrespond = { status = 200, body = "ok\\n" }\n'
+                   '[[routes]]\npath_prefix = "/admin"\nrespond = { status = 403 }\n'
+                   f'[[routes]]\npath = "/robots.txt"\nrespond = {{ file = "{tmp_path / "robots.txt"}" }}\n'
+                   '[[routes]]\npath = "/teapot"\nrespond = { status = 418, body = "{}", content_type = "application/json" }\n'
+                   f'[error_pages]\n403 = "{tmp_path / "403.html"}"\n')
+
+    def get(port: int, path: str, hyper: bool = False) -> tuple[str, dict[str, str], bytes]:
+        if hyper:  # a chunked body: hyper's path
+            return exchange(port, f"POST {path} HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                  "0\r\n\r\n".encode())
+        return exchange(port, f"GET {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+
+    async def run() -> None:
+        async with LoadBalancer(load(cfg), config_path=cfg) as lb:
+            port = lb.address[1]
+            for hyper in (False, True):
+                status, headers, body = await asyncio.to_thread(get, port, "/healthz", hyper)
+                assert (status[9:12], body, headers["content-type"]) == ("200", b"ok\n", "text/plain; charset=utf-8")
+                status, headers, body = await asyncio.to_thread(get, port, "/admin/users", hyper)
+                assert (status[9:12], body) == ("403", b"<p>forbidden here</p>\n")
+                assert headers["content-type"] == "text/html; charset=utf-8"
+                status, headers, body = await asyncio.to_thread(get, port, "/robots.txt", hyper)
+                assert (status[9:12], body) == ("200", b"User-agent: *\nDisallow: /\n")
+                status, headers, body = await asyncio.to_thread(get, port, "/teapot", hyper)
+                assert (status[9:12], body, headers["content-type"]) == ("418", b"{}", "application/json")
+                assert (await asyncio.to_thread(get, port, "/other", hyper))[0][9:12] == "502"
+            assert lb.stats()["requests"] == 10
+
+    asyncio.run(run())

@@ -481,11 +481,30 @@ pub async fn serve(
                         }
                         sent && view.keep_alive && !view.closing
                     }
-                    None => {
-                        bump(&w.stats.no_backend, 1);
-                        done.term = "PR";
-                        reply(&w, &mut client, &mut resp, view, start, NO_ROUTE, req_id, &mut done).await
-                    }
+                    None => match &action.respond {
+                        Some(page) => {
+                            // the route's own answer (HAProxy's http-request return / deny);
+                            // without a body, the error page of its status if there is one
+                            let page = if page.body.is_empty() { t.error_page(page.status).unwrap_or(page) } else { page };
+                            let reason = http::StatusCode::from_u16(page.status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
+                            h1::page_response_with(&mut resp, page, reason, view, &Edits { add: &[], req_id, src: b"" });
+                            w.stats.observe(page.status, start.elapsed());
+                            done.status = page.status;
+                            done.bytes = if view.head_request { 0 } else { page.body.len() as u64 };
+                            done.resp_head = resp.len() - done.bytes as usize;
+                            done.term = if page.status >= 400 { "PR" } else { "LR" };
+                            let sent = client.send(&mut [IoSlice::new(&resp)]).await.is_ok();
+                            if !sent {
+                                done.term = "CD";
+                            }
+                            sent && view.keep_alive && !view.closing
+                        }
+                        None => {
+                            bump(&w.stats.no_backend, 1);
+                            done.term = "PR";
+                            reply(&w, &mut client, &mut resp, view, start, NO_ROUTE, req_id, &mut done).await
+                        }
+                    },
                 }
             }
         };

@@ -1353,6 +1353,20 @@ async fn forward(
         term!("LR");
         return redirect_response(r, headers.get(header::HOST).map(HeaderValue::as_bytes), target.as_bytes());
     }
+    if let Some(page) = &action.respond {
+        // the route's own answer (HAProxy's http-request return / deny);
+        // without a body, the error page of its status if there is one
+        let page = if page.body.is_empty() { t.error_page(page.status).unwrap_or(page) } else { page };
+        if page.status >= 400 {
+            term!("PR");
+        } else {
+            term!("LR");
+        }
+        let mut r = Response::new(RespBody::Full(None));
+        *r.status_mut() = StatusCode::from_u16(page.status).unwrap_or(StatusCode::OK);
+        with_page(&mut r, page);
+        return r;
+    }
     let Some(pool) = action.pool else {
         bump(&w.stats.no_backend, 1);
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "no backend for this request\n");

@@ -66,24 +66,27 @@ fn parse_error_pages(d: &Bound<'_, PyDict>) -> PyResult<Vec<Arc<crate::balancer:
     let Some(v) = d.get_item("error_pages")?.filter(|v| !v.is_none()) else { return Ok(Vec::new()) };
     let mut pages = Vec::new();
     for item in v.try_iter().map_err(|_| cfg_err("error_pages must be a list"))? {
-        let p = dict(&item?, "an error page")?;
-        let status: u16 = int(&p, "status", 0u16)?;
-        let headers: Vec<(String, String)> = match p.get_item("headers")? {
-            Some(h) if !h.is_none() => h
-                .extract()
-                .map_err(|_| cfg_err("error_pages: headers is a list of (name, value) pairs"))?,
-            _ => Vec::new(),
-        };
-        let body: Vec<u8> = match p.get_item("body")? {
-            Some(b) if !b.is_none() => b.extract().map_err(|_| cfg_err("error_pages: body must be bytes"))?,
-            _ => Vec::new(),
-        };
-        if pages.iter().any(|x: &Arc<crate::balancer::route::ErrorPage>| x.status == status) {
-            return Err(cfg_err(format!("error_pages: two pages for {status}")));
+        let p = page(&dict(&item?, "an error page")?)?;
+        if pages.iter().any(|x: &Arc<crate::balancer::route::ErrorPage>| x.status == p.status) {
+            return Err(cfg_err(format!("error_pages: two pages for {}", p.status)));
         }
-        pages.push(Arc::new(crate::balancer::route::ErrorPage::new(status, headers, body).map_err(cfg_err)?));
+        pages.push(Arc::new(p));
     }
     Ok(pages)
+}
+
+/// An answer of the balancer's own: {"status", "headers": [(name, value)], "body": bytes}.
+fn page(p: &Bound<'_, PyDict>) -> PyResult<crate::balancer::route::ErrorPage> {
+    let status: u16 = int(p, "status", 0u16)?;
+    let headers: Vec<(String, String)> = match p.get_item("headers")? {
+        Some(h) if !h.is_none() => h.extract().map_err(|_| cfg_err("headers is a list of (name, value) pairs"))?,
+        _ => Vec::new(),
+    };
+    let body: Vec<u8> = match p.get_item("body")? {
+        Some(b) if !b.is_none() => b.extract().map_err(|_| cfg_err("body must be bytes"))?,
+        _ => Vec::new(),
+    };
+    crate::balancer::route::ErrorPage::new(status, headers, body).map_err(cfg_err)
 }
 
 /// `rate_limit`: {"count", "period" (seconds), "burst", "key", "missing"
@@ -460,6 +463,10 @@ fn parse_route(d: &Bound<'_, PyDict>) -> PyResult<RouteSpec> {
             _ => None,
         },
         redirect,
+        respond: match d.get_item("respond")? {
+            Some(r) if !r.is_none() => Some(Arc::new(page(&dict(&r, "respond")?)?)),
+            _ => None,
+        },
         rules: parse_rules(d)?,
         rate_limit: parse_rate_limit(d)?,
     })

@@ -115,8 +115,11 @@ pub struct RouteSpec {
     pub headers: Vec<(String, HeaderTest)>,
     /// The backend pool (by name), or
     pub backend: Option<String>,
-    /// a redirect answered by the balancer.
+    /// a redirect answered by the balancer, or
     pub redirect: Option<RedirectSpec>,
+    /// an answer of the balancer's own (HAProxy's `http-request return` /
+    /// `deny`, nginx's `return`).
+    pub respond: Option<Arc<ErrorPage>>,
     pub rules: RulesSpec,
     /// A request rate limit of this route's own (nginx's `limit_req` in a `location`).
     pub rate_limit: Option<super::ratelimit::Spec>,
@@ -176,7 +179,7 @@ pub struct RoutingSpec {
 /// A page the balancer answers with instead of its own one-line text for a
 /// status (`[error_pages]`, HAProxy's `errorfile`): its header fields
 /// (`content-type` among them; never framing or connection fields) and body.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct ErrorPage {
     pub status: u16,
     pub headers: Vec<(HeaderName, HeaderValue)>,
@@ -188,15 +191,15 @@ impl ErrorPage {
     /// the message (the balancer writes those), a body of at most 64 KiB.
     pub fn new(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Result<ErrorPage, String> {
         if !(200..=599).contains(&status) {
-            return Err(format!("error_pages: {status} is not an HTTP status the balancer answers with"));
+            return Err(format!("{status} is not a status the balancer answers with (200..=599)"));
         }
         if body.len() > 64 * 1024 {
-            return Err(format!("error_pages.{status}: the page is over 64 KiB"));
+            return Err(format!("the page for {status} is over 64 KiB"));
         }
         let mut fields = Vec::with_capacity(headers.len());
         for (n, v) in headers {
             let name = HeaderName::from_bytes(n.as_bytes())
-                .map_err(|_| format!("error_pages.{status}: {n:?} is not a header name"))?;
+                .map_err(|_| format!("the page for {status}: {n:?} is not a header name"))?;
             if matches!(
                 name.as_str(),
                 "content-length" | "transfer-encoding" | "connection" | "keep-alive" | "upgrade" | "trailer" | "te"
@@ -204,7 +207,7 @@ impl ErrorPage {
                 continue; // the balancer frames its answers itself
             }
             let value = HeaderValue::from_str(&v)
-                .map_err(|_| format!("error_pages.{status}: the value of {n} is not a header value"))?;
+                .map_err(|_| format!("the page for {status}: the value of {n} is not a header value"))?;
             fields.push((name, value));
         }
         Ok(ErrorPage { status, headers: fields, body: body.into() })
@@ -438,10 +441,12 @@ impl Redirect {
 /// What a request gets once routed.
 #[derive(Debug)]
 pub struct Action {
-    /// Index into [`Table::pools`]; None with a redirect, or with no
-    /// default backend (503).
+    /// Index into [`Table::pools`]; None with a redirect or an answer of
+    /// the route's own, or with no default backend (503).
     pub pool: Option<usize>,
     pub redirect: Option<Redirect>,
+    /// The route answers this itself.
+    pub respond: Option<Arc<ErrorPage>>,
     pub request: Rules,
     pub response: Rules,
     /// The route's own rate limit, checked on every request it takes.
@@ -616,7 +621,7 @@ fn compile_route(
         methods: r.methods.iter().map(|m| m.to_ascii_uppercase().into_bytes().into()).collect(),
         headers: headers.into(),
     };
-    let action = compile_action(
+    let mut action = compile_action(
         r.backend.as_deref(),
         r.redirect.as_ref(),
         where_,
@@ -625,6 +630,10 @@ fn compile_route(
         pool_rules,
         &r.rules,
     )?;
+    if r.respond.is_some() && (action.pool.is_some() || action.redirect.is_some()) {
+        return Err(format!("{where_}: a route has one of a backend, a redirect or respond"));
+    }
+    action.respond = r.respond.clone();
     Ok((cond, action))
 }
 
@@ -683,6 +692,7 @@ fn compile_action(
     Ok(Action {
         pool,
         redirect,
+        respond: None,
         request,
         response,
         rate_limit: None,
@@ -702,8 +712,8 @@ impl Listener {
         let mut limits = Vec::new();
         for (i, r) in spec.routes.iter().enumerate() {
             let (c, mut a) = compile_route(r, &format!("{where_}routes[{i}]"), pools, &spec.rules, pool_rules)?;
-            if a.pool.is_none() && a.redirect.is_none() {
-                return Err(format!("{where_}routes[{i}]: a route needs a backend or a redirect"));
+            if a.pool.is_none() && a.redirect.is_none() && a.respond.is_none() {
+                return Err(format!("{where_}routes[{i}]: a route needs a backend, a redirect or respond"));
             }
             if let Some(rl) = &r.rate_limit {
                 let id = r.identity();

@@ -173,7 +173,7 @@ fn errors_name_the_key() {
     assert!(bad(vec![r]).contains("content-length"));
     let r = RouteSpec { redirect: Some(RedirectSpec::Https { code: 200, port: None }), backend: None, ..Default::default() };
     assert!(bad(vec![r]).contains("redirect.code"));
-    assert!(bad(vec![RouteSpec::default()]).contains("needs a backend or a redirect"));
+    assert!(bad(vec![RouteSpec::default()]).contains("needs a backend, a redirect or respond"));
 }
 
 #[test]
