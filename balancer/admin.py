@@ -48,8 +48,16 @@ log = logging.getLogger("balancer.admin")
 MAX_BODY = 16384
 
 
+def _sizes(obj: Any) -> Any:
+    """What JSON cannot hold as such: bytes (a page read from a file) are shown by their size."""
+    if isinstance(obj, bytes):
+        return f"{len(obj)} bytes"
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
 def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, text=json.dumps(obj, indent=1), content_type="application/json")
+    return web.Response(status=status, text=json.dumps(obj, indent=1, default=_sizes),
+                        content_type="application/json")
 
 
 class AdminServer:

@@ -16,11 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from rustext.fields import check_fields
-
 from balancer.errorpages import MAX_PAGE, content_type_of, read_page
 from balancer.errors import BalancerConfigError
 from balancer.ratelimit import RateLimit
+from rustext.fields import check_fields
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _TEMPLATE = re.compile(r"%\[([^\]]*)\]")
@@ -184,6 +183,8 @@ class Respond:
     #: its ``Content-Type``; by default ``text/plain; charset=utf-8`` for ``body``, told by the
     #: extension for ``file``
     content_type: str | None = None
+    #: what ``file`` held when read
+    file_bytes: bytes = field(default=b"", repr=False, compare=False, metadata={"internal": True})
     where: str = field(default="respond", repr=False, compare=False, metadata={"internal": True})
 
     def __post_init__(self) -> None:
@@ -199,11 +200,11 @@ class Respond:
         if self.content_type is not None:
             _header_value(self.content_type, f"{w}.content_type")
         if self.file is not None:
-            object.__setattr__(self, "_bytes", read_page(self.file, f"{w}.file"))
+            object.__setattr__(self, "file_bytes", read_page(self.file, f"{w}.file"))
 
     def to_native(self) -> dict[str, Any]:
         if self.file is not None:
-            body = getattr(self, "_bytes")
+            body = self.file_bytes
             content_type = self.content_type or content_type_of(self.file)
         else:
             body = (self.body or "").encode()

@@ -152,7 +152,10 @@ def test_the_cli_serves_the_pages_and_the_admin_endpoint_shows_them(tmp_path: Pa
     port, admin = free_port(), free_port()
     cfg = tmp_path / "b.toml"
     cfg.write_text(f'listen = "127.0.0.1:{port}"\nadmin = "127.0.0.1:{admin}"\nworkers = 1\nretries = 0\n'
-                   f'backends = ["127.0.0.1:{free_port()}"]\n[error_pages]\n502 = "{tmp_path / "502.http"}"\n')
+                   f'backends = ["127.0.0.1:{free_port()}"]\n'
+                   f'[[routes]]\npath = "/robots.txt"\nrespond = {{ file = "{tmp_path / "502.http"}" }}\n'
+                   f'[[routes]]\nbackend = "default"\n'
+                   f'[error_pages]\n502 = "{tmp_path / "502.http"}"\n')
     proc = subprocess.Popen([sys.executable, "-m", "cli", "balancer", "--config", str(cfg)],
                             cwd=Path(__file__).resolve().parents[2], stderr=subprocess.DEVNULL)
     try:
@@ -161,7 +164,10 @@ def test_the_cli_serves_the_pages_and_the_admin_endpoint_shows_them(tmp_path: Pa
         status, headers, body = exchange(port, b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
         assert status.startswith("HTTP/1.1 502") and b"<h1>502 Bad Gateway" in body and headers["content-type"] == "text/html"
         with urllib.request.urlopen(f"http://127.0.0.1:{admin}/config", timeout=10) as r:
-            pages = json.loads(r.read())["error_pages"]
+            config = json.loads(r.read())
+        pages = config["error_pages"]
+        size = (tmp_path / "502.http").stat().st_size
+        assert config["routes"][0]["respond"]["file_bytes"] == f"{size} bytes"
         assert pages == {"502": {"headers": [["Cache-Control", "no-cache"], ["Content-Type", "text/html"]],
                                  "bytes": len(body)}}
     finally:
