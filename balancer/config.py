@@ -295,6 +295,8 @@ class HealthCheck:
     type: str = "http"
     #: the path requested (HTTP checks only)
     path: str = "/"
+    #: the method of HTTP checks: ``GET``, ``HEAD`` or ``OPTIONS`` (HAProxy's ``http-check send meth``)
+    method: str = "GET"
     #: the service a gRPC check asks about (``HealthCheckRequest.service``); empty = the whole server
     grpc_service: str = ""
     #: seconds between checks of one backend
@@ -332,6 +334,10 @@ class HealthCheck:
                                              or len(self.expect_body) > 1024):
             raise BalancerConfigError(
                 f"health.expect_body must be a text of 1 to 1024 characters, got {self.expect_body!r}")
+        if self.method not in ("GET", "HEAD", "OPTIONS"):
+            raise BalancerConfigError(f"health.method must be GET, HEAD or OPTIONS, got {self.method!r}")
+        if self.method == "HEAD" and self.expect_body is not None:
+            raise BalancerConfigError("health.expect_body needs a method whose answer has a body (not HEAD)")
         if self.type == "grpc" and (self.expect_status is not None or self.expect_body is not None):
             raise BalancerConfigError(
                 "health.expect_status and health.expect_body are for HTTP checks: a gRPC check expects SERVING")
@@ -343,6 +349,8 @@ class HealthCheck:
             raise BalancerConfigError(
                 "health.path is for HTTP checks: a gRPC check asks grpc.health.v1.Health/Check "
                 "about grpc_service instead")
+        if self.type == "grpc" and self.method != "GET":
+            raise BalancerConfigError("health.method is for HTTP checks: a gRPC check is a POST of its own")
         if self.type == "http" and self.grpc_service:
             raise BalancerConfigError("health.grpc_service needs type = \"grpc\"")
         if self.interval <= 0 or self.timeout <= 0:
@@ -645,7 +653,7 @@ class BalancerConfig:
                 if nb.health.get("type", base.get("type", "http")) != base.get("type", "http"):
                     # a pool switching type does not inherit the other type's target
                     base = {k: v for k, v in base.items()
-                            if k not in ("type", "path", "grpc_service", "expect_status", "expect_body")}
+                            if k not in ("type", "path", "method", "grpc_service", "expect_status", "expect_body")}
                 h = _pool_section(HealthCheck, {**base, **nb.health}, w, "health")
                 health = h if h.enabled else None
             if passive.on_error == "mark-down" and health is None:

@@ -99,8 +99,8 @@ async def probe(session: aiohttp.ClientSession, address: str, check: HealthCheck
     host, port = parse_hostport(check_target(address, check), "backend address")
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        async with session.get(
-            f"{'https' if tls else 'http'}://{authority}{check.path}",
+        async with session.request(
+            check.method, f"{'https' if tls else 'http'}://{authority}{check.path}",
             headers={"Host": check.host or address, "User-Agent": USER_AGENT},
             allow_redirects=False,
             ssl=tls if tls is not None else True,
@@ -161,7 +161,7 @@ async def probe_raw(address: str, check: HealthCheck, version: str | None,
                     header = b""
                 await writer.start_tls(tls, server_hostname=host)
             writer.write(header + (
-                f"GET {check.path} HTTP/1.1\r\nHost: {check.host or ('localhost' if path else address)}\r\n"
+                f"{check.method} {check.path} HTTP/1.1\r\nHost: {check.host or ('localhost' if path else address)}\r\n"
                 "User-Agent: juggler-balancer-health\r\nConnection: close\r\n\r\n").encode("latin-1"))
             await writer.drain()
             if check.expect_body is None:
@@ -294,7 +294,7 @@ async def probe_h2(address: str, check: HealthCheck, tls: ssl.SSLContext | None)
     try:
         async with asyncio.timeout(check.timeout):
             head, body, _ = await conn.request([
-                (b":method", b"GET"), (b":scheme", b"https" if tls else b"http"),
+                (b":method", check.method.encode()), (b":scheme", b"https" if tls else b"http"),
                 (b":authority", _authority(address, check)), (b":path", check.path.encode()),
                 (b"user-agent", USER_AGENT.encode())], want_body=check.expect_body is not None)
         status = head.get(b":status", b"")

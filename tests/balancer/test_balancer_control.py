@@ -389,3 +389,37 @@ def test_health_port_is_refused_for_unix_servers_and_expectations_are_not_inheri
                      "backends": {"web": {"servers": ["127.0.0.1:1"]},
                                   "api": {"servers": ["127.0.0.1:2"], "proto": "h2", "health": {"type": "grpc"}}}})
     assert cfg.pools()["web"].health.expect_body == "ok" and cfg.pools()["api"].health.expect_body is None
+
+
+async def test_health_check_method(tmp_path):
+    """health.method (HAProxy's http-check send meth): the checks' request line says it, over
+    aiohttp (TCP) and the raw probe (a Unix socket); a HEAD answered 200 keeps the server up."""
+    lines: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines.append(head.split(b"\r\n", 1)[0])
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    tcp = await asyncio.start_server(serve, "127.0.0.1", 0)
+    sock = str(tmp_path / "h.sock")
+    unix = await asyncio.start_unix_server(serve, sock)
+    port = tcp.sockets[0].getsockname()[1]
+    health = {"path": "/ping", "interval": 0.05, "timeout": 1.0, "rise": 1, "fall": 1}
+    cfg = from_dict({"listen": "127.0.0.1:0", "workers": 1, "default_backend": "tcp",
+                     "backends": {"tcp": {"servers": [f"127.0.0.1:{port}"], "health": {**health, "method": "HEAD"}},
+                                  "unix": {"servers": [f"unix:{sock}"], "health": {**health, "method": "OPTIONS"}}}})
+    try:
+        async with LoadBalancer(cfg) as lb:
+            await wait_for(lambda: b"HEAD /ping HTTP/1.1" in lines and b"OPTIONS /ping HTTP/1.1" in lines)
+            assert set(lines) == {b"HEAD /ping HTTP/1.1", b"OPTIONS /ping HTTP/1.1"}, lines
+            assert {x["pool"]: x["state"] for x in lb.backends()} == {"tcp": "up", "unix": "up"}
+    finally:
+        tcp.close()
+        unix.close()
+    for bad, words in (({"method": "POST"}, "health.method must be GET, HEAD or OPTIONS"),
+                       ({"method": "HEAD", "expect_body": "ok"}, "not HEAD")):
+        with pytest.raises(BalancerConfigError, match=words):
+            from_dict({"listen": "127.0.0.1:0", "backends": ["127.0.0.1:1"], "health": bad})
