@@ -493,6 +493,12 @@ class BalancerConfig:
     #: the protocol spoken to the backends: ``h1`` (HTTP/1.1) or ``h2`` (HTTP/2: h2c with prior knowledge
     #: to plain backends, ALPN ``h2`` over TLS, as HAProxy's ``server ... proto h2``); gRPC backends need ``h2``
     proto: str = "h1"
+    #: with ``proto = "h2"``: concurrent streams on one connection to a server before another is opened
+    #: (1..1000; a server's own lower ``SETTINGS_MAX_CONCURRENT_STREAMS`` wins)
+    h2_max_streams: int = 100
+    #: with ``proto = "h2"``: connections to one server per worker (1..64); past them, requests share
+    #: the least loaded one
+    h2_connections: int = 8
 
     def __post_init__(self) -> None:
         if self.listeners:
@@ -547,6 +553,7 @@ class BalancerConfig:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 1024:
             raise BalancerConfigError(f"workers must be an integer in 1..1024, got {self.workers!r}")
         check_proto(self.proto, "proto")
+        check_h2_limits(self.h2_max_streams, self.h2_connections, "")
         if self.proto == "h2" and (self.send_proxy != "none" or any(
                 b.send_proxy not in (None, "none") for b in self.backends)):
             raise BalancerConfigError(
@@ -679,7 +686,9 @@ class BalancerConfig:
                     retry_on=self.retry_on if nb.retry_on is None else nb.retry_on,
                     sticky=self.sticky if nb.sticky is None else (
                         None if nb.sticky is False else section(Sticky, nb.sticky, f"{w}.sticky")),
-                    proto=nb.proto or self.proto)
+                    proto=nb.proto or self.proto,
+                    h2_max_streams=self.h2_max_streams if nb.h2_max_streams is None else nb.h2_max_streams,
+                    h2_connections=self.h2_connections if nb.h2_connections is None else nb.h2_connections)
             except BalancerConfigError as exc:
                 raise BalancerConfigError(f"{w}: {exc}") from exc
         return out
@@ -753,6 +762,8 @@ class BalancerConfig:
             "send_proxy": self.send_proxy,
             "policy": policy_native(self),
             "proto": self.proto,
+            "h2_max_streams": self.h2_max_streams,
+            "h2_connections": self.h2_connections,
         }
         return {k: v for k, v in native.items()
                 if v is not None or not k.startswith(("tls_", "http_", "backend_", "policy"))}
@@ -793,10 +804,17 @@ def _servers(nb: NamedBackend, where: str) -> tuple[BackendConfig, ...]:
 _POOL_KEYS = frozenset((
     "backends", "algorithm", "hash_key", "retries", "connect_timeout", "response_timeout", "total_timeout",
     "queue_timeout", "eject_after", "eject_cooldown", "eject_until_checked", "max_connections", "send_proxy", "tunnel_timeout", "policy",
-    "proto"))
+    "proto", "h2_max_streams", "h2_connections"))
 
 #: what ``proto`` takes
 PROTOS = ("h1", "h2")
+
+
+def check_h2_limits(streams: Any, connections: Any, where: str) -> None:
+    """Refuse HTTP/2 connection limits out of range, naming the key (``where``: a pool's prefix)."""
+    for key, value, top in (("h2_max_streams", streams, 1000), ("h2_connections", connections, 64)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top):
+            raise BalancerConfigError(f"{where}{key} must be an integer in 1..{top}, got {value!r}")
 
 
 def check_proto(value: Any, where: str) -> None:

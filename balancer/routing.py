@@ -467,6 +467,10 @@ class NamedBackend:
     sticky: Mapping[str, Any] | bool | None = None
     #: ``h1`` or ``h2``, as the top-level key; unset: the top-level value
     proto: str | None = None
+    #: as the top-level key; unset: the top-level value
+    h2_max_streams: int | None = None
+    #: as the top-level key; unset: the top-level value
+    h2_connections: int | None = None
     #: a ``[backends.NAME.rate_limit]`` table: a rate limit of this pool's own, checked after routing
     #: (the top-level ``[rate_limit]`` applies first, to every request)
     rate_limit: Mapping[str, Any] | None = None
@@ -482,3 +486,6 @@ class NamedBackend:
                 object.__setattr__(self, name, section(HeaderRules, v, w))
         if self.proto is not None and self.proto not in ("h1", "h2"):
             raise BalancerConfigError(f'{self.where}.proto must be "h1" or "h2", got {self.proto!r}')
+        from balancer.config import check_h2_limits
+
+        check_h2_limits(self.h2_max_streams, self.h2_connections, f"{self.where}.")

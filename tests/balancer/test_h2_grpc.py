@@ -547,3 +547,34 @@ def test_hostile_http2_input_costs_only_its_connection(grpc_backends, proxy, cha
 
     # the channel that was there all along still works, on the same connection
     assert unary(ch)(b"after", timeout=5) == b"g0:after"
+
+
+@pytest.mark.parametrize(("settings", "connections"), [
+    ({"h2_max_streams": 2}, 3),  # six at once, two per connection
+    ({"h2_max_streams": 2, "h2_connections": 1}, 1),  # one connection at most: it carries all six
+    ({}, 1),  # the defaults: up to 100 streams on one connection
+])
+def test_http2_connection_limits_of_a_pool(backends, proxy, settings, connections):
+    """h2_max_streams / h2_connections: how many connections six concurrent requests open to an
+    HTTP/2 server that allows many streams (another balancer, counting its connections)."""
+    inner = proxy(backends(1), workers=1)
+    outer = proxy([f"127.0.0.1:{inner.address[1]}"], proto="h2", workers=1, **settings)
+
+    def slow() -> int:
+        c = http.client.HTTPConnection("127.0.0.1", outer.address[1], timeout=10)
+        try:
+            c.request("GET", "/slow?ms=1000")  # long enough for all six to be in flight at once
+            r = c.getresponse()
+            r.read()
+            return r.status
+        finally:
+            c.close()
+
+    results: list[int] = []
+    threads = [threading.Thread(target=lambda: results.append(slow())) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert results == [200] * 6
+    assert inner.stats()["connections_total"] == connections

@@ -141,6 +141,8 @@ pub struct Settings {
     pub policy: super::policy::PolicySpec,
     /// The protocol spoken to the pool's backends.
     pub proto: Proto,
+    /// With `proto = h2`: streams per connection and connections per server.
+    pub h2: super::h2pool::H2Limits,
 }
 
 /// The HTTP version spoken to a pool's backends: HTTP/1.1, or HTTP/2 (h2c
@@ -241,6 +243,7 @@ impl Default for Settings {
             tunnel_timeout: Duration::ZERO,
             policy: Default::default(),
             proto: Proto::H1,
+            h2: Default::default(),
         }
     }
 }

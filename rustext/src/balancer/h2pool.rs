@@ -7,10 +7,11 @@
 //! - A connection takes new streams up to the backend's
 //!   `SETTINGS_MAX_CONCURRENT_STREAMS` (read from its first SETTINGS frame,
 //!   [`super::h2settings`], which a new connection waits for before its
-//!   first request) or [`STREAMS_PER_CONN`], whichever is lower; then
-//!   another one is opened, up to [`CONNS_PER_BACKEND`]. Past that, requests
-//!   wait for a stream on the least loaded connection (hyper queues them; the
-//!   backend's limit is never exceeded).
+//!   first request) or the pool's `h2_max_streams` ([`H2Limits`], 100 by
+//!   default), whichever is lower; then another one is opened, up to the
+//!   pool's `h2_connections` (8). Past that, requests go to the least loaded
+//!   connection (hyper queues them beyond the backend's own limit, which is
+//!   never exceeded).
 //! - A connection that ended (GOAWAY, reset, idle close by the backend) is
 //!   dropped from the pool at the next pick; a request it refused before
 //!   sending goes on a new connection, once, like a stale HTTP/1 one.
@@ -42,12 +43,21 @@ use super::pool::Fail;
 use super::proxy::{Held, Outcome, Progress, ReqBody, Worker};
 use super::upstream::Backend;
 
-/// Concurrent streams per connection before another connection is opened
-/// (lower when the backend says so).
-pub const STREAMS_PER_CONN: u32 = 100;
-/// Connections per backend per worker; past them requests share the least
-/// loaded one.
-pub const CONNS_PER_BACKEND: usize = 8;
+/// How a pool uses HTTP/2 connections to each of its servers, per worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct H2Limits {
+    /// Concurrent streams on a connection before another one is opened
+    /// (lower when the backend says so).
+    pub streams: u32,
+    /// Connections per server; past them requests share the least loaded one.
+    pub connections: usize,
+}
+
+impl Default for H2Limits {
+    fn default() -> Self {
+        H2Limits { streams: 100, connections: 8 }
+    }
+}
 /// Receive windows: large enough that a stream's window never throttles a
 /// response on a fast network (hyper's defaults, stated).
 const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
@@ -61,6 +71,8 @@ struct Conn {
     streams: Arc<AtomicU32>,
     /// The backend's limit once known (its first SETTINGS frame).
     limit: Arc<AtomicU32>,
+    /// The pool's own limit when it was opened.
+    cap: u32,
     /// Streams ever opened on it, and that count at the last sweep: a
     /// connection that opened none between two sweeps is idle.
     opened: u64,
@@ -69,7 +81,7 @@ struct Conn {
 
 impl Conn {
     fn capacity(&self) -> u32 {
-        self.limit.load(Relaxed).min(STREAMS_PER_CONN)
+        self.limit.load(Relaxed).min(self.cap)
     }
 }
 
@@ -114,14 +126,14 @@ impl H2Pool {
     /// A stream on an open connection with room (or, with every connection
     /// open and full, on the least loaded one); None when a new connection
     /// should be opened.
-    fn pick(&self, id: u64) -> Option<(SendRequest<ReqBody>, Slot)> {
+    fn pick(&self, id: u64, limits: H2Limits) -> Option<(SendRequest<ReqBody>, Slot)> {
         let mut g = self.backends.lock().unwrap_or_else(|e| e.into_inner());
         let e = g.get_mut(&id)?;
         e.conns.retain(|c| !c.tx.is_closed());
         let load = |c: &Conn| c.streams.load(Relaxed);
         let i = match e.conns.iter().position(|c| load(c) < c.capacity()) {
             Some(i) => i,
-            None if e.conns.len() >= CONNS_PER_BACKEND => {
+            None if e.conns.len() >= limits.connections => {
                 (0..e.conns.len()).min_by_key(|&i| load(&e.conns[i]))?
             }
             None => return None,
@@ -139,8 +151,8 @@ impl H2Pool {
     }
 
     /// A stream to `b`: on an open connection (`true`) or a new one.
-    async fn acquire(&self, b: &Backend, timeout: Duration) -> Result<(SendRequest<ReqBody>, Slot, bool), Fail> {
-        if let Some((tx, slot)) = self.pick(b.id) {
+    async fn acquire(&self, b: &Backend, timeout: Duration, limits: H2Limits) -> Result<(SendRequest<ReqBody>, Slot, bool), Fail> {
+        if let Some((tx, slot)) = self.pick(b.id, limits) {
             return Ok((tx, slot, true));
         }
         let deadline = tokio::time::Instant::now() + timeout;
@@ -149,12 +161,12 @@ impl H2Pool {
             return Err(Fail::ConnectTimeout);
         };
         // another request may have opened one while this one waited
-        if let Some((tx, slot)) = self.pick(b.id) {
+        if let Some((tx, slot)) = self.pick(b.id, limits) {
             return Ok((tx, slot, true));
         }
         // boxed: the rare path's futures (TLS, handshake) would otherwise grow
         // every request's future, which is moved whole at least once
-        let conn = Box::pin(self.connect(b, deadline)).await?;
+        let conn = Box::pin(self.connect(b, deadline, limits)).await?;
         conn.streams.fetch_add(1, Relaxed);
         let got = (conn.tx.clone(), Slot(conn.streams.clone()), false);
         let mut g = self.backends.lock().unwrap_or_else(|e| e.into_inner());
@@ -162,21 +174,21 @@ impl H2Pool {
         Ok(got)
     }
 
-    async fn connect(&self, b: &Backend, deadline: tokio::time::Instant) -> Result<Conn, Fail> {
+    async fn connect(&self, b: &Backend, deadline: tokio::time::Instant, limits: H2Limits) -> Result<Conn, Fail> {
         let stream = match tokio::time::timeout_at(deadline, TcpStream::connect(b.addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(_)) => return Err(Fail::Connect),
             Err(_) => return Err(Fail::ConnectTimeout),
         };
         let _ = stream.set_nodelay(true);
-        let limit = Arc::new(AtomicU32::new(STREAMS_PER_CONN));
+        let limit = Arc::new(AtomicU32::new(limits.streams));
         let settled = Arc::new(tokio::sync::Notify::new());
         let mut builder = http2::Builder::new(TokioExecutor::new());
         builder
             .timer(TokioTimer::new())
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONN_WINDOW)
-            .initial_max_send_streams(STREAMS_PER_CONN as usize);
+            .initial_max_send_streams(limits.streams as usize);
         let tx = match &self.tls {
             None => {
                 let io = TokioIo::new(Sniffing::new(SendStream(stream), limit.clone(), settled.clone()));
@@ -212,6 +224,7 @@ impl H2Pool {
             tx,
             streams: Arc::new(AtomicU32::new(0)),
             limit,
+            cap: limits.streams,
             opened: 1,
             swept: 0,
         })
@@ -267,6 +280,7 @@ pub(super) async fn send(
     connect: Duration,
     wait: Duration,
     progress: Option<&Progress>,
+    limits: H2Limits,
 ) -> Outcome {
     let pool = &w.h2_pool;
     let mut req = as_h2(req, b, pool.tls.is_some());
@@ -275,7 +289,7 @@ pub(super) async fn send(
         let got = if fresh_only {
             // a connection of the pool refused it unsent: a new one
             let deadline = tokio::time::Instant::now() + connect;
-            Box::pin(pool.connect(b, deadline)).await.map(|c| {
+            Box::pin(pool.connect(b, deadline, limits)).await.map(|c| {
                 c.streams.fetch_add(1, Relaxed);
                 let got = (c.tx.clone(), Slot(c.streams.clone()), false);
                 let mut g = pool.backends.lock().unwrap_or_else(|e| e.into_inner());
@@ -283,7 +297,7 @@ pub(super) async fn send(
                 got
             })
         } else {
-            pool.acquire(b, connect).await
+            pool.acquire(b, connect, limits).await
         };
         let (mut tx, slot, reused) = match got {
             Ok(x) => x,

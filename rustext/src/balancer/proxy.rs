@@ -1500,7 +1500,7 @@ async fn forward(
             .send_proxy()
             .map(|v| super::l4::header_for(v, SocketAddr::new(peer.ip, peer.port), peer.local_addr(&w.shared)));
         let outcome = if s.proto == Proto::H2 {
-            super::h2pool::send(w, &backend, breq, s.connect_timeout, wait, progress.as_deref()).await
+            super::h2pool::send(w, &backend, breq, s.connect_timeout, wait, progress.as_deref(), s.h2).await
         } else {
             // the client's own backend connection, if it has one to this backend
             let held = if pp.is_some() {

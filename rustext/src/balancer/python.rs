@@ -21,7 +21,7 @@ use super::server::Balancer;
 use super::stats::{Totals, LATENCY_BOUNDS_US};
 use crate::errors::ErrorKind;
 
-const SETTINGS_KEYS: [&str; 16] = [
+const SETTINGS_KEYS: [&str; 18] = [
     "pools",
     "listeners",
     "backends",
@@ -38,6 +38,8 @@ const SETTINGS_KEYS: [&str; 16] = [
     "queue_timeout",
     "listen",
     "proto",
+    "h2_max_streams",
+    "h2_connections",
 ];
 const FIXED_KEYS: [&str; 16] = [
     "access_log",
@@ -285,7 +287,14 @@ fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
             Some(p) => Proto::parse(&p).map_err(cfg_err)?,
             None => def.proto,
         },
+        h2: super::h2pool::H2Limits {
+            streams: int(d, "h2_max_streams", def.h2.streams)?,
+            connections: int(d, "h2_connections", def.h2.connections)?,
+        },
     };
+    if !(1..=1000).contains(&s.h2.streams) || !(1..=64).contains(&s.h2.connections) {
+        return Err(cfg_err("h2_max_streams must be in 1..=1000 and h2_connections in 1..=64"));
+    }
     Ok(s)
 }
 
