@@ -837,19 +837,33 @@ async fn reply(
     resp: &mut Vec<u8>,
     view: ClientView,
     start: Instant,
-    (status, reason, body): OwnAnswer,
+    answer: OwnAnswer,
     req_id: Option<(&str, &[u8])>,
     done: &mut Done,
 ) -> bool {
-    let edits = Edits { add: &[], req_id, src: b"" };
+    reply_with(w, client, resp, view, start, answer, &Edits { add: &[], req_id, src: b"" }, done).await
+}
+
+/// [`reply`] with `edits`: its configured error page if there is one, else its text.
+#[allow(clippy::too_many_arguments)]
+async fn reply_with(
+    w: &Worker,
+    client: &mut Client,
+    resp: &mut Vec<u8>,
+    view: ClientView,
+    start: Instant,
+    (status, reason, body): OwnAnswer,
+    edits: &Edits<'_>,
+    done: &mut Done,
+) -> bool {
     let t = w.shared.table();
     let sent = match t.error_page(status) {
         Some(page) => {
-            h1::page_response_with(resp, page, reason, view, &edits);
+            h1::page_response_with(resp, page, reason, view, edits);
             page.body.len()
         }
         None => {
-            h1::simple_response_with(resp, status, reason, body, view, &edits);
+            h1::simple_response_with(resp, status, reason, body, view, edits);
             body.len()
         }
     };
@@ -878,24 +892,9 @@ async fn too_many(
     bump(&w.stats.rate_limited, 1);
     let retry = super::ratelimit::retry_after(wait);
     let reason = http::StatusCode::from_u16(status).ok().and_then(|s| s.canonical_reason()).unwrap_or("Too Many Requests");
-    let edits = Edits { add: std::slice::from_ref(&retry), req_id, src: b"" };
-    let t = w.shared.table();
-    let sent = match t.error_page(status) {
-        Some(page) => {
-            h1::page_response_with(resp, page, reason, view, &edits);
-            page.body.len()
-        }
-        None => {
-            h1::simple_response_with(resp, status, reason, super::ratelimit::BODY, view, &edits);
-            super::ratelimit::BODY.len()
-        }
-    };
-    w.stats.observe(status, start.elapsed());
-    done.status = status;
     done.term = "PR";
-    done.bytes = sent as u64;
-    done.resp_head = resp.len() - if view.head_request { 0 } else { sent };
-    client.send(&mut [IoSlice::new(resp)]).await.is_ok() && view.keep_alive && !view.closing
+    let edits = Edits { add: std::slice::from_ref(&retry), req_id, src: b"" };
+    reply_with(w, client, resp, view, start, (status, reason, super::ratelimit::BODY), &edits, done).await
 }
 
 async fn connect(b: &Backend, timeout: Duration) -> Result<Link, Fail> {
