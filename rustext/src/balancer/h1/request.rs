@@ -258,9 +258,22 @@ fn parse(
                 .find(|h| h.name.eq_ignore_ascii_case(k.as_str()))
                 .map(|h| range_of(buf, h.value));
         }
+        if action.request.add.iter().any(|a| a.name == "x-forwarded-for" || a.name == "forwarded") {
+            // a rule writes them: the balancer's own value goes after it, as hyper's path writes them
+            return ReqParse::Fallback;
+        }
         rules = Some(&action.request).filter(|r| !r.delete.is_empty());
     }
     head.hash_value = hash_value;
+    if let Some(r) = rules {
+        // deleting them drops the incoming values; the balancer's own are added still (as on hyper's path)
+        if r.deletes(b"x-forwarded-for") {
+            head.n_xff = 0;
+        }
+        if r.deletes(b"forwarded") {
+            head.n_fwd = 0;
+        }
+    }
     out.reserve(head_len + 128);
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
