@@ -484,14 +484,18 @@ async def test_odd_hosts_route_as_haproxy_routes_them(backends, tmp_path):
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize(("rules", "xff", "forwarded"), [
-    ({}, ["6.6.6.6, 127.0.0.1"], ["for=6.6.6.6, for=127.0.0.1;proto=http"]),
+@pytest.mark.parametrize(("rules", "xff", "forwarded", "proto"), [
+    ({}, ["6.6.6.6, 127.0.0.1"], ["for=6.6.6.6, for=127.0.0.1;proto=http"], ["http"]),
     # an edge not trusting its clients' values: only the balancer's own go on
-    ({"delete": ["X-Forwarded-For", "Forwarded"]}, ["127.0.0.1"], ["for=127.0.0.1;proto=http"]),
+    ({"delete": ["X-Forwarded-For", "Forwarded"]}, ["127.0.0.1"], ["for=127.0.0.1;proto=http"], ["http"]),
     # a rule's value, then the balancer's own after it
-    ({"set": {"X-Forwarded-For": "%[src]"}}, ["127.0.0.1, 127.0.0.1"], ["for=6.6.6.6, for=127.0.0.1;proto=http"]),
+    ({"set": {"X-Forwarded-For": "%[src]"}}, ["127.0.0.1, 127.0.0.1"], ["for=6.6.6.6, for=127.0.0.1;proto=http"],
+     ["http"]),
+    # TLS ended in front of the balancer: a rule's X-Forwarded-Proto wins over the balancer's own
+    ({"set": {"X-Forwarded-Proto": "https"}}, ["6.6.6.6, 127.0.0.1"], ["for=6.6.6.6, for=127.0.0.1;proto=http"],
+     ["https"]),
 ])
-async def test_forwarding_headers_under_header_rules_on_both_paths(backends, rules, xff, forwarded):
+async def test_forwarding_headers_under_header_rules_on_both_paths(backends, rules, xff, forwarded, proto):
     """The fast path kept a client's X-Forwarded-For that a delete rule removes on hyper's path:
     the backend must see the same whichever path a request takes."""
     (b,) = backends(1)
@@ -500,7 +504,7 @@ async def test_forwarding_headers_under_header_rules_on_both_paths(backends, rul
         for chunked in (False, True):  # a chunked body goes to hyper's path
             def exchange() -> dict[str, list[str]]:
                 with socket.create_connection(("127.0.0.1", lb.address[1]), timeout=10) as s:
-                    s.sendall(b"POST /headers HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 6.6.6.6\r\n"
+                    s.sendall(b"POST /headers HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Proto: ftp\r\n"
                               b"Forwarded: for=6.6.6.6\r\nConnection: close\r\n"
                               + (b"Transfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n" if chunked
                                  else b"Content-Length: 1\r\n\r\nx"))
@@ -513,4 +517,5 @@ async def test_forwarding_headers_under_header_rules_on_both_paths(backends, rul
                 return seen
 
             seen = await asyncio.to_thread(exchange)
-            assert (seen["x-forwarded-for"], seen["forwarded"]) == (xff, forwarded), (chunked, seen)
+            assert (seen["x-forwarded-for"], seen["forwarded"], seen["x-forwarded-proto"]) == (xff, forwarded, proto), \
+                (chunked, seen)

@@ -1395,7 +1395,20 @@ async fn forward(
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, v);
     }
+    // X-Forwarded-Proto written by a rule (TLS ended before the balancer) wins over the balancer's own
+    let ruled_proto: Option<Vec<HeaderValue>> = action
+        .request
+        .add
+        .iter()
+        .any(|a| a.name == X_FORWARDED_PROTO)
+        .then(|| headers.get_all(&X_FORWARDED_PROTO).iter().cloned().collect());
     add_forwarded(&mut headers, peer);
+    if let Some(values) = ruled_proto {
+        headers.remove(&X_FORWARDED_PROTO);
+        for v in values {
+            headers.append(X_FORWARDED_PROTO, v);
+        }
+    }
     let pq = parts
         .uri
         .path_and_query()

@@ -258,8 +258,14 @@ fn parse(
                 .find(|h| h.name.eq_ignore_ascii_case(k.as_str()))
                 .map(|h| range_of(buf, h.value));
         }
-        if action.request.add.iter().any(|a| a.name == "x-forwarded-for" || a.name == "forwarded") {
-            // a rule writes them: the balancer's own value goes after it, as hyper's path writes them
+        if action
+            .request
+            .add
+            .iter()
+            .any(|a| a.name == "x-forwarded-for" || a.name == "forwarded" || a.name == "x-forwarded-proto")
+        {
+            // a rule writes them (the balancer's own value goes after it; a rule's X-Forwarded-Proto
+            // wins): hyper's path, where that is done once
             return ReqParse::Fallback;
         }
         rules = Some(&action.request).filter(|r| !r.delete.is_empty());
