@@ -37,6 +37,12 @@ REQUEST_CASES: list[dict[str, Any]] = [
     {"request_id": {"header": "X-Request-ID"}, "request_headers": {"delete": ["X-Request-ID"]}},
     {"response_headers": {"set": {"X-Served-By": "lb"}, "delete": ["X-Backend"]}},
     {"response_headers": {"add": {"Set-Cookie": "a=1"}}},
+    # listener and route rules folded: the route's set wins
+    {"request_headers": {"set": {"X-R": "listener", "X-L": "l"}},
+     "routes": [{"path_prefix": "/", "backend": "default", "request_headers": {"set": {"X-R": "route"}},
+                 "response_headers": {"set": {"X-Route": "1"}}}]},
+    {"routes": [{"path_prefix": "/", "backend": "default",
+                 "request_headers": {"delete": ["X-Forwarded-For"], "set": {"X-Forwarded-Proto": "https"}}}]},
 ]
 
 HEAD = (b"Host: t\r\nX-A: 1\r\nX-A: 2\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Proto: ftp\r\n"
