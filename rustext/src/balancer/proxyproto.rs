@@ -93,6 +93,10 @@ fn parse_v1(buf: &[u8]) -> Result<Option<(Header, usize)>, Error> {
         }
         return Ok(None);
     };
+    if window[..cr].contains(&b'\n') {
+        // as when the line had arrived only up to that line feed: one verdict whatever the reads' cuts
+        return Err(Error::Invalid("line feed without carriage return"));
+    }
     if cr + 1 >= window.len() {
         return if buf.len() >= V1_MAX { Err(Error::TooLong) } else { Ok(None) };
     }
@@ -324,6 +328,18 @@ mod tests {
         for i in 0..full.len() {
             assert_eq!(parse(&full[..i]), Ok(None), "v2 prefix {i}");
         }
+    }
+
+    /// A line feed before the CRLF was refused when the line had arrived up
+    /// to it, but an UNKNOWN line taken whole once the CRLF came (found by
+    /// fuzzing proxy_header): one verdict, whatever the reads' cuts.
+    #[test]
+    fn a_bare_line_feed_is_refused_however_the_line_arrives() {
+        let line = b"PROXY UNKNOWN UNK\n\0\0\0\r\nGET /";
+        for cut in 18..line.len() {
+            assert_eq!(parse(&line[..cut]), Err(Error::Invalid("line feed without carriage return")), "{cut}");
+        }
+        assert!(parse(b"PROXY TCP4 1.1.1.1 2.2.2.2 1 2\n\r\n").is_err());
     }
 
     #[test]
