@@ -1,4 +1,4 @@
-"""``juggler seq``: server / client / bench for the sequence service (seq/)."""
+"""``juggler seq``: up / server / client / member / bench / snowflake / decode for the sequence service (seq/)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 from cli.tls import add_client_tls_arguments, client_tls
 
 EPILOG = """examples:
-  # a brand-new 3-member cluster (one terminal each)
+  juggler seq up                                   # a local 3-member cluster in one command, then:
+  juggler seq client orders --servers 127.0.0.1:19001,127.0.0.1:19002,127.0.0.1:19003 --count 5
+  # a brand-new 3-member cluster by hand (one terminal, or one machine, each)
   juggler seq server --listen 127.0.0.1:19001 --data /var/lib/seq1 --peers 127.0.0.1:19002,127.0.0.1:19003 --bootstrap
   juggler seq server --listen 127.0.0.1:19002 --data /var/lib/seq2 --peers 127.0.0.1:19001,127.0.0.1:19003 --bootstrap
   juggler seq server --listen 127.0.0.1:19003 --data /var/lib/seq3 --peers 127.0.0.1:19001,127.0.0.1:19002 --bootstrap
@@ -17,7 +19,7 @@ EPILOG = """examples:
   juggler seq client myseq --servers 127.0.0.1:19001,127.0.0.1:19002,127.0.0.1:19003 --buf 100 --count 5
   juggler seq bench --clients 32 --buf 0 --duration 3      # starts its own 3-member cluster
   # over TLS: each member with its certificate and the CA (juggler tls dev-cert --out certs)
-  juggler seq server --listen 127.0.0.1:19001 --data /var/lib/seq1 --peers ... \
+  juggler seq server --listen 127.0.0.1:19001 --data /var/lib/seq1 --peers ... \\
       --tls-cert certs/cert.pem --tls-key certs/key.pem --tls-ca certs/ca.pem
   juggler seq client myseq --servers 127.0.0.1:19001,... --tls-ca certs/ca.pem
   # the HTTP/JSON API beside gRPC: --http 127.0.0.1:18001, then
@@ -42,6 +44,13 @@ members, another change in progress), 2 asked wrongly.
 """
 
 
+CLIENT_EPILOG = """examples:
+  juggler seq client orders --servers 127.0.0.1:19001,127.0.0.1:19002,127.0.0.1:19003 --count 5
+  juggler seq client orders --servers 127.0.0.1:19001,127.0.0.1:19002,127.0.0.1:19003 --buf 100 --count 0
+  juggler seq client orders --servers 127.0.0.1:19001 --tls-ca certs/ca.pem    # a cluster over TLS
+"""
+
+
 def _addrs(value: str) -> list[str]:
     return [a.strip() for a in value.split(",") if a.strip()]
 
@@ -49,15 +58,22 @@ def _addrs(value: str) -> list[str]:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "seq",
-        help="sequence service: server / client / bench / snowflake / decode",
-        description="RRSeq: unique increasing IDs from a cluster with read/write quorums.",
+        help="sequence (ID) service: up / server / client / member / bench / snowflake / decode",
+        description="Unique, increasing IDs from a cluster of members that agree by read and write quorums "
+        "(it keeps serving while a majority of members is up), and time-ordered 64-bit IDs.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="seq_command", metavar="SUBCOMMAND")
+    from cli import seq_up
 
-    s = sub.add_parser("server", help="run one cluster member", epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    seq_up.register(sub)
+
+    s = sub.add_parser("server", help="run one cluster member",
+                       description="Run one member of a seq cluster. A new cluster's members all start with "
+                       "--bootstrap and --peers naming the others; later starts need neither (the data directory "
+                       "keeps the configuration).",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--listen", required=True, metavar="HOST:PORT")
     s.add_argument("--data", required=True, metavar="DIR", help="data directory (log + meta.json)")
     s.add_argument("--peers", default="", metavar="HOST:PORT,...",
@@ -100,7 +116,11 @@ def register(subparsers: Any) -> None:
                    help="PEM CA the members' certificates chain to: each member verifies the others with it")
     s.set_defaults(func=run_server)
 
-    c = sub.add_parser("client", help="draw IDs and print them, one a line")
+    c = sub.add_parser("client", help="draw IDs and print them, one a line",
+                       description="Draw IDs of a sequence from the cluster and print them, one a line. With "
+                       "--buf N the client fetches ranges of N IDs ahead and hands them out locally, as an "
+                       "application's client does.",
+                       epilog=CLIENT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("name", help="sequence name")
     c.add_argument("--servers", required=True, metavar="HOST:PORT,...")
     c.add_argument("--buf", type=int, default=0, help="buffer size (IDs fetched ahead)")
@@ -111,7 +131,10 @@ def register(subparsers: Any) -> None:
     add_client_tls_arguments(c, "the servers")
     c.set_defaults(func=run_client)
 
-    b = sub.add_parser("bench", help="IDs/s and latency, RRSeq vs SimpleBufSeq")
+    b = sub.add_parser("bench", help="IDs/s and latency of a cluster, beside a single-process counter",
+                       description="Measure IDs/s and latency of --clients concurrent clients drawing from a "
+                       "cluster (a local 3-member one unless --servers), beside the same clients drawing from an "
+                       "in-process counter (the ceiling of the client side), in the same run.")
     b.add_argument("--servers", default="", metavar="HOST:PORT,...", help="default: start a local 3-member cluster")
     b.add_argument("--clients", type=int, default=32)
     b.add_argument("--buf", type=int, default=0)
@@ -120,12 +143,21 @@ def register(subparsers: Any) -> None:
     b.set_defaults(func=run_bench)
 
     m = sub.add_parser("member", help="list, add or remove members (one change at a time)", epilog=MEMBER_EPILOG,
+                       description="See and change which members make up a running cluster.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     msub = m.add_subparsers(dest="member_command", metavar="ACTION")
-    for name, what in (("list", "the configuration: members, epoch, each member's state"),
-                       ("add", "add a member started with --join"),
-                       ("remove", "remove a member (it may be down)")):
-        a = msub.add_parser(name, help=what, epilog=MEMBER_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, what, long in (
+        ("list", "the configuration: members, epoch, each member's state",
+         "Show the cluster's configuration (its members and epoch) and each member's state, as the members "
+         "answer."),
+        ("add", "add a member started with --join",
+         "Add a member to the cluster: start it first with `juggler seq server --join`; it catches up from "
+         "the others, then votes."),
+        ("remove", "remove a member (it may be down)",
+         "Remove a member from the cluster, running or not; once removed it serves nothing."),
+    ):
+        a = msub.add_parser(name, help=what, description=long, epilog=MEMBER_EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
         if name != "list":
             a.add_argument("member", metavar="HOST:PORT", help="the member's address, as --listen/--advertise gave it")
         a.add_argument("--servers", required=True, metavar="HOST:PORT,...",
@@ -179,7 +211,7 @@ def register(subparsers: Any) -> None:
 
 SNOWFLAKE_EPILOG = """examples:
   # beside a 3-member cluster (see juggler seq server --help)
-  juggler seq snowflake --cluster 127.0.0.1:19001,127.0.0.1:19002,127.0.0.1:19003 \
+  juggler seq snowflake --cluster 127.0.0.1:19001,127.0.0.1:19002,127.0.0.1:19003 \\
       --listen 127.0.0.1:19101 --http 127.0.0.1:18101
   curl 'http://127.0.0.1:18101/v1/next/orders?count=10'
   juggler seq decode 1234567890123456789
@@ -395,7 +427,20 @@ async def _serve_member(config: Any, metrics_port: int | None) -> int:
         except (SeqError, OSError) as exc:  # the member had to stop (its store failed, …)
             say(prog, f"stopping: {exc}")
 
-    return await serve(prog, start, wait=until_fatal, reload=_Member.reload_tls if config.tls else None)
+    def ready(m: _Member) -> None:
+        if config.tls and config.tls_cert:
+            import logging
+
+            from cli.tls import client_ca_option
+
+            option, note = client_ca_option(config.tls_cert)
+            servers = ",".join(m.server.configuration[1]) or config.self_address
+            logging.getLogger("seq.server").info(
+                "clients connect over TLS: juggler seq client NAME --servers %s%s%s", servers, option or " --tls",
+                f" ({note})" if note else "")
+
+    return await serve(prog, start, ready=ready, wait=until_fatal,
+                       reload=_Member.reload_tls if config.tls else None)
 
 
 def run_client(args: argparse.Namespace) -> int:

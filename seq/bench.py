@@ -137,12 +137,12 @@ async def bench_main(servers: Sequence[str], clients: int, buf: int, duration: f
     try:
         counter = LocalCounter()
         r = await measure(lambda: SimpleBufSeq(buf, counter=counter), clients, duration=duration, stopped=stopped)
-        print(r.line(f"SimpleBufSeq buf={buf}"), flush=True)
+        print(r.line(f"in-process counter buf={buf}"), flush=True)
         if not stopped():
             async with ApiChannel(servers) as channel:  # the sequences share one connection per server
                 r = await measure(lambda: RRSeq(name, buf, channel=channel), clients, duration=duration,
                                   stopped=stopped)
-            print(r.line(f"RRSeq buf={buf}"), flush=True)
+            print(r.line(f"cluster buf={buf}"), flush=True)
     finally:
         if cluster is not None:
             cluster.close()

@@ -88,6 +88,35 @@ class LocalCluster:
                     )
                 )
 
+    @classmethod
+    def on(cls, addrs: list[str], *, root: str, http: list[str] | None = None) -> LocalCluster:
+        """Members on the given gRPC addresses (and HTTP addresses, when
+        given) with their data under `root`, which is kept (``juggler seq
+        up``); the peer ports are picked free."""
+        peer_ports = free_ports(len(addrs))
+        members = [
+            Member(addr=addr, data=os.path.join(root, f"node{i}"), log_path=os.path.join(root, f"node{i}.log"),
+                   http_addr=http[i] if http else None, peer_port=peer_ports[i])
+            for i, addr in enumerate(addrs)
+        ]
+        return cls(n=len(addrs), root=root, members=members, http=http is not None)
+
+    def busy_ports(self) -> str:
+        """The first of the members' addresses something already listens on
+        (``HOST:PORT``), or "" when all are free."""
+        for m in self.members:
+            for addr in (m.addr, m.http_addr):
+                if addr is None:
+                    continue
+                host, _, port = addr.rpartition(":")
+                with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    try:
+                        s.bind((host.strip("[]"), int(port)))
+                    except OSError:
+                        return addr
+        return ""
+
     @property
     def addrs(self) -> list[str]:
         return [m.addr for m in self.members]
@@ -103,7 +132,9 @@ class LocalCluster:
         peers_arg = ",".join(a for j, a in enumerate(self.addrs) if j != i) if peers is None else ",".join(peers)
         http = ["--http", m.http_addr] if m.http_addr is not None else []
         peer_port = ["--peer-port", str(m.peer_port)] if m.peer_port and "--peer-port" not in flags else []
-        return [self.python, "-m", "cli", "seq", "server", "--listen", m.addr, "--data", m.data,
+        # -P: the package installed (or the checkout, in an editable install), never a `cli`
+        # folder that happens to be in the working directory
+        return [self.python, "-P", "-m", "cli", "seq", "server", "--listen", m.addr, "--data", m.data,
                 "--peers", peers_arg, *http, *peer_port, *flags]
 
     def start(self, i: int, *flags: str, peers: list[str] | None = None) -> subprocess.Popen[bytes]:

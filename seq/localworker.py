@@ -45,7 +45,7 @@ class LocalWorker:
         return self.proc is not None and self.proc.poll() is None
 
     def command(self, *extra: str) -> list[str]:
-        return [self.python, "-m", "cli", "seq", "snowflake", "--cluster", ",".join(self.cluster),
+        return [self.python, "-P", "-m", "cli", "seq", "snowflake", "--cluster", ",".join(self.cluster),
                 "--listen", self.addr, "--http", self.http_addr, *self.flags, *extra]
 
     def start(self, *extra: str) -> subprocess.Popen[bytes]:

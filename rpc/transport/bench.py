@@ -149,7 +149,7 @@ class _Server:
 
     def __init__(self, mode: str, endpoint: str, protocol: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rpc.transport.bench", mode, endpoint, "--protocol", protocol],
+            [sys.executable, "-P", "-m", "rpc.transport.bench", mode, endpoint, "--protocol", protocol],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
