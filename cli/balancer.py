@@ -11,13 +11,13 @@ EXAMPLES = """examples:
   juggler balancer --listen 127.0.0.1:8080 --backends 127.0.0.1:9001 --workers 1 --admin 127.0.0.1:9090
   juggler balancer --config balancer.toml        # SIGHUP reloads the file
   juggler balancer --config balancer.toml --handover-socket /run/lb/handover.sock
-  juggler balancer --config balancer.toml --handover-socket /run/lb/handover.sock \
+  juggler balancer --config balancer.toml --handover-socket /run/lb/handover.sock \\
       --takeover /run/lb/handover.sock           # binary upgrade: take the listeners, the old process drains
   juggler balancer --listen :8080 --backends 127.0.0.1:9001 --rate-limit 100/s   # per client address: 429 beyond
   juggler balancer --listen :8080 --backends 127.0.0.1:9001 --access-log /var/log/lb/access.log --log-format json
-  juggler balancer --config balancer.toml --admin 0.0.0.0:9090 --admin-users-file admin.htpasswd \
+  juggler balancer --config balancer.toml --admin 0.0.0.0:9090 --admin-users-file admin.htpasswd \\
       --admin-public /metrics                    # users from `htpasswd -cB admin.htpasswd alice`
-  juggler balancer --listen :443 --backends 127.0.0.1:9001 --tls-cert certs/cert.pem --tls-key certs/key.pem \
+  juggler balancer --listen :443 --backends 127.0.0.1:9001 --tls-cert certs/cert.pem --tls-key certs/key.pem \\
       --http-redirect :80                        # HTTPS (h2 and http/1.1), HTTP redirected to it
   juggler balancer --listen :50051 --backends 10.0.0.1:50051,10.0.0.2:50051 --backend-proto h2
                                                  # gRPC: each call to the next backend (h2c both sides)

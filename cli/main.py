@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 # Subcommand modules, in the order `juggler --help` lists them.
 SUBCOMMANDS = ("up", "server", "callee", "client", "load", "balancer", "rpc", "seq", "tls")
@@ -18,9 +19,49 @@ EPILOG = """examples:
 """
 
 
+class CommandParser(argparse.ArgumentParser):
+    """An argparse parser whose subcommands report a typo themselves.
+
+    Plain argparse lets a subcommand's parser hand unknown options back to
+    the top-level parser, which then prints *its* usage (``juggler [-h]
+    [--version] COMMAND ...``) for ``juggler up --listn X``; here the
+    subcommand the option was given to prints its own usage and exits 2.
+    Subparsers made by ``add_subparsers`` are of the parent's class, so every
+    level behaves alike. Abbreviated options (``--dat`` for ``--data``) are
+    not taken: a prefix that works today would change meaning the day an
+    option starting the same way is added.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and self.prog != _TOP_PROG:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggestion(extras)}")
+        return parsed, extras
+
+    def _suggestion(self, extras: list[str]) -> str:
+        """`` (did you mean --listen?)`` for the first unknown option close to a known one."""
+        import difflib
+
+        known = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+        for word in extras:
+            if word.startswith("--"):
+                close = difflib.get_close_matches(word.partition("=")[0], known, n=1)
+                if close:
+                    return f" (did you mean {close[0]}?)"
+        return ""
+
+
+_TOP_PROG = "juggler"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="juggler",
+    parser = CommandParser(
+        prog=_TOP_PROG,
         description="Distributed-systems building blocks: websocket RPC/pub-sub, rpcx RPC, load balancer, sequences.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -15,6 +15,9 @@ from cli.otel import add_otel_argument
 from cli.rpc_route import TARGET_HELP, add_route_arguments, route_of
 from cli.tls import add_client_tls_arguments, client_tls
 
+DESCRIPTION = ("Benchmark client: -n calls from -c concurrent callers, then rpcx-benchmark's report "
+               "(TPS; mean, median, p99, p99.9, max and min latency) and the client's CPU.")
+
 EPILOG = """examples:
   juggler rpc bench 127.0.0.1:8972 -c 100 -n 1000000 --pool 10 --processes 2   # vs `rpc serve --example bench`
   juggler rpc bench http://127.0.0.1:8080 -c 50 -n 20000                        # through the HTTP gateway
@@ -43,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "bench", help="benchmark client (TPS, latency percentiles)", description=__doc__.splitlines()[0],
+        "bench", help="benchmark client (TPS, latency percentiles)", description=DESCRIPTION,
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(p)
@@ -128,7 +131,7 @@ def _check_route(route: Any, service: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="juggler rpc bench", description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog="juggler rpc bench", description=DESCRIPTION,
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -24,6 +24,9 @@ from cli.otel import add_otel_argument
 from cli.rpc_route import TARGET_HELP, add_route_arguments, route_of
 from cli.tls import add_client_tls_arguments, client_tls
 
+DESCRIPTION = ("Call one method of an rpcx server, an HTTP gateway or a server found in a registry, "
+               "and print the reply as JSON.")
+
 EPILOG = """examples:
   juggler rpc call 127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}'                # rpcx protocol
   juggler rpc call http://127.0.0.1:8080 Arith.Mul '{"A":6,"B":7}'         # HTTP gateway (ours or Go rpcx's)
@@ -57,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "call", help="call a method and print the reply as JSON", description=__doc__.splitlines()[0],
+        "call", help="call a method and print the reply as JSON", description=DESCRIPTION,
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(p)
@@ -216,13 +219,17 @@ async def _call_through(route: Any, caller: Any, service: str, method: str, valu
 
 
 def run(args: argparse.Namespace) -> int:
+    import logging
+
     import uvloop
 
+    # one call: its outcome is the message; the pool's "lost; reconnecting" would only say it twice
+    logging.getLogger("rpc.transport.pool").setLevel(logging.ERROR)
     return uvloop.run(call(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="juggler rpc call", description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog="juggler rpc call", description=DESCRIPTION,
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))

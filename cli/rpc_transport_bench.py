@@ -9,6 +9,9 @@ import json
 import sys
 from typing import Any
 
+DESCRIPTION = ("Echo benchmark of the multiplexed transport over one connection (client here, server in "
+               "its own process), with a raw-socket echo measured in the same run as the reference.")
+
 EPILOG = """examples:
   juggler rpc transport-bench --payload 4096 --inflight 16 --duration 5
   juggler rpc transport-bench --payload 262144 --inflight 4 --channel unix
@@ -21,7 +24,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "transport-bench",
         help="echo benchmark of the transport (client and server in separate processes)",
-        description=__doc__,
+        description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
