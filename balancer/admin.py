@@ -1,6 +1,7 @@
 """The admin HTTP endpoint (its own port, loopback by default), on aiohttp.
 
 ==========================================  ===========================================
+``GET  /``                                  JSON list of these endpoints
 ``GET  /backends``                          JSON list: name, weight, state, counters
 ``GET  /stats``                             JSON totals, per worker and per backend
 ``GET  /metrics``                           Prometheus text
@@ -47,6 +48,20 @@ log = logging.getLogger("balancer.admin")
 #: largest request body the endpoint reads (its requests carry none that matter)
 MAX_BODY = 16384
 
+#: what ``GET /`` answers: every resource, so that a browser or curl pointed at the port finds its way
+ENDPOINTS: tuple[tuple[str, str, str], ...] = (
+    ("GET", "/backends", "every backend: name, pool, weight, state, counters"),
+    ("GET", "/stats", "totals, per worker and per backend"),
+    ("GET", "/metrics", "Prometheus text"),
+    ("GET", "/config", "the running configuration"),
+    ("GET", "/healthz", "200 while serving"),
+    ("POST", "/backends/<host:port>/drain", "no new requests to it; those in flight finish"),
+    ("POST", "/backends/<host:port>/down", "out of rotation"),
+    ("POST", "/backends/<host:port>/up", "back in rotation"),
+    ("POST", "/backends/<host:port>/weight?w=N", "change its weight"),
+    ("POST", "/reload", "read the configuration file again (as SIGHUP)"),
+)
+
 
 def _sizes(obj: Any) -> Any:
     """What JSON cannot hold as such: bytes (a page read from a file) are shown by their size."""
@@ -92,6 +107,7 @@ class AdminServer:
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors_as_json, self._authenticate])
+        app.router.add_get("/", self._index)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/backends", self._backends)
         app.router.add_get("/stats", self._stats)
@@ -158,6 +174,10 @@ class AdminServer:
         for challenge in auth.challenges:
             response.headers.add("WWW-Authenticate", challenge)
         return response
+
+    async def _index(self, request: web.Request) -> web.Response:
+        return _json({"service": "juggler balancer admin",
+                      "endpoints": [{"method": m, "path": p, "what": w} for m, p, w in ENDPOINTS]})
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")

@@ -77,6 +77,15 @@ class LoadBalancer:
         )
         for (host, port), listener in list(zip(self.addresses, self.config.effective_listeners()))[1:]:
             log.info("also listening on %s", where("https" if listener.tls else "http", host, port))
+        if self.config.tls.certificates and not self.address[0].startswith("unix:"):
+            from rustext.tls import trust_hint
+
+            hint = trust_hint(self.config.tls.certificates[0].cert)
+            if not hint.system:
+                host, port = self.address
+                ca = hint.ca_file or f"CA.pem (the certificate of {hint.issuer or 'the CA that issued it'})"
+                log.info("clients verify it with the CA that issued its certificate: curl --cacert %s "
+                         "https://%s:%d/", ca, host if ":" not in host else f"[{host}]", port)
 
     def listener_sockets(self) -> list[tuple[str, bool, list[int]]]:
         """Copies of every listener's sockets for a process taking them over:

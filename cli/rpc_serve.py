@@ -14,16 +14,19 @@ from typing import Any
 from cli.otel import add_otel_argument
 from cli.tls import add_server_tls_arguments, server_tls
 
+DESCRIPTION = ("Run an RPC server speaking rpcx (and its HTTP API on the same port): your app "
+               "(--app module:object) or a built-in example (--example arith|bench).")
+
 EPILOG = """examples:
   juggler rpc serve --listen 127.0.0.1:8972 --example bench          # rpcx-benchmark's Hello.Say
   juggler rpc serve --listen 127.0.0.1:8972 --example arith --gateway 127.0.0.1:8080
   juggler rpc serve --listen 0.0.0.0:8972 --app myapp.services:Arith \\
       --redis redis://127.0.0.1:6379/0 --advertise tcp@10.0.0.5:8972 --metrics-port 9100
-  juggler rpc serve --listen 0.0.0.0:8973 --example arith --etcd http://127.0.0.1:2379 \
+  juggler rpc serve --listen 0.0.0.0:8973 --example arith --etcd http://127.0.0.1:2379 \\
       --advertise tcp@10.0.0.6:8973 --metadata weight=2 --group canary   # published as weight=2&group=canary
-  juggler rpc serve --listen 0.0.0.0:8974 --example arith --zookeeper 127.0.0.1:2181 --base /rpcx \
+  juggler rpc serve --listen 0.0.0.0:8974 --example arith --zookeeper 127.0.0.1:2181 --base /rpcx \\
       --advertise tcp@10.0.0.7:8974   # an ephemeral node /rpcx/Arith/tcp@10.0.0.7:8974, as Go's rpcx-zookeeper
-  juggler rpc serve --listen 0.0.0.0:8975 --example arith --consul 127.0.0.1:8500 --base /rpcx \
+  juggler rpc serve --listen 0.0.0.0:8975 --example arith --consul 127.0.0.1:8500 --base /rpcx \\
       --advertise tcp@10.0.0.8:8975   # the key rpcx/Arith/tcp@10.0.0.8:8975 held by a session, as Go's rpcx-consul
   juggler rpc serve --listen unix@/tmp/arith.sock --example arith --idle-timeout 90
   curl -s http://127.0.0.1:8080/Arith -H 'X-RPCX-ServiceMethod: Mul' -H 'X-RPCX-SerializeType: 1' -d '{"A":6,"B":7}'
@@ -104,7 +107,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "serve", help="run an RPC server", description=__doc__.splitlines()[0], epilog=EPILOG,
+        "serve", help="run an RPC server", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(p)
@@ -211,8 +214,6 @@ def _add_group(server: Any, group: str) -> None:
 
 
 async def serve(args: argparse.Namespace) -> int:
-    import logging
-
     from cli.lifecycle import StartError
     from cli.lifecycle import serve as serve_until_signalled
     from rpc.examples import register_example
@@ -221,7 +222,6 @@ async def serve(args: argparse.Namespace) -> int:
     from rustext.appspec import AppImportError, cwd_on_path
 
     prog = "juggler rpc serve"
-    log = logging.getLogger("rpc.serve")
     if not args.listen and not args.gateway and not args.grpc:
         print(f"{prog}: give --listen, --gateway and/or --grpc", file=sys.stderr)
         return 2
@@ -418,8 +418,20 @@ async def serve(args: argparse.Namespace) -> int:
             ) if x
         )
         services = ", ".join(sorted(server.registry.services))
-        log.info("rpc serve: %s; services %s", where, services)
+        # one start line, on stdout (the logs carry the transport's own line)
         print(f"rpc serve: {where}; services {services}", flush=True)
+        if r.listener is not None and not r.listener.address.startswith("unix@"):
+            client_options, note = "", ""
+            if tls is not None:
+                from cli.tls import client_ca_option
+
+                client_options, note = client_ca_option(args.tls_cert)
+                client_options = client_options or " --tls"
+            addr = r.listener.address.removeprefix("tcp@")
+            target, arg = ("Arith.Mul", "'{\"A\": 6, \"B\": 7}'") if args.example == "arith" else \
+                ("Service.Method", "'JSON'")
+            print(f"call it with: juggler rpc call {addr} {target} {arg}{client_options}"
+                  + (f"  ({note})" if note else ""), flush=True)
 
     holder: list[_Running] = []
 
@@ -449,7 +461,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="juggler rpc serve", description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog="juggler rpc serve", description=DESCRIPTION,
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))

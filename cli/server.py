@@ -299,10 +299,26 @@ async def serve_app(prog: str, config: Any, *, test_callees: bool, callee_worker
             extra += f", server API on {running.api.url}"
         callees = ", test callees test.echo/test.reverse/test.delay" if test_callees else ""
         log.info("juggler server listening on %s (%s%s%s)", running.server.url, broker_desc, callees, extra)
+        if config.redis is None and not test_callees:
+            log.warning("the in-memory broker reaches only callees in this process, and there are none: no "
+                        "CALL can be served (each is answered NACK 404; pub-sub works). For the test callees run `juggler up`; for "
+                        "callees in other processes use Redis: `juggler server --redis URL` and "
+                        "`juggler callee --redis URL`")
         page = running.server.url.replace("ws", "http", 1).removesuffix(config.server.path) + "/"
         if demo:
             log.info("demo page on %s (browser client %sjuggler.js)", page, page)
+        client_options, note = "", ""
+        if config.server.tls_cert:
+            from cli.tls import client_ca_option
+
+            client_options, note = client_ca_option(config.server.tls_cert)
+            log.info("clients verify it with: juggler client%s, then connect %s%s", client_options,
+                     running.server.url, f" ({note})" if note else "")
         if banner:
-            print(banner.format(url=running.server.url, page=page), flush=True)
+            if note:
+                client_options += f"      ({note})"
+            if config.server.tls_cert and client_options:
+                page += f"  (a browser must trust {client_options.split()[1]} first)"
+            print(banner.format(url=running.server.url, page=page, client_options=client_options), flush=True)
 
     return await serve(prog, start, ready=ready, reload=Running.reload_tls)

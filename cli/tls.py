@@ -50,6 +50,21 @@ def add_server_tls_arguments(p: argparse.ArgumentParser, what: str) -> None:
                    help="require client certificates signed by these PEM CA certificates (mutual TLS)")
 
 
+def client_ca_option(cert: str) -> tuple[str, str]:
+    """What a client of a server using the certificate chain ``cert`` adds
+    to its command line, for the servers' start lines: (``" --tls-ca
+    FILE"``, or ``""`` when the system's trust store has the issuer; a note
+    naming the CA when its file was not found beside the certificate)."""
+    from rustext.tls import trust_hint
+
+    hint = trust_hint(cert)
+    if hint.system:
+        return "", ""
+    if hint.ca_file is not None:
+        return f" --tls-ca {hint.ca_file}", ""
+    return " --tls-ca CA.pem", f"CA.pem: the certificate of the CA that issued {cert} ({hint.issuer or 'unknown'})"
+
+
 def server_tls(args: argparse.Namespace) -> Any:
     """The rustext.tls.ServerTls of the server TLS flags, or None; raises
     TlsConfigError (a bad file, named) or ValueError (flags that do not go

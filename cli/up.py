@@ -21,8 +21,9 @@ EXAMPLES = """examples:
 BANNER = """juggler is up: server {url} with the test callees (test.echo, test.reverse, test.delay).
 Demo page (browser client): {page}
 Connect from another terminal:
-  juggler client            then:  connect {url}
-                                   call 1 test.echo 5s "hello"
+  juggler client{client_options}
+  then:  connect {url}
+         call 1 test.echo 5s "hello"
 Ctrl-C stops it."""
 
 

@@ -31,6 +31,7 @@ import asyncio
 import json
 import logging
 import ssl
+import socket
 import uuid as uuidlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -437,10 +438,18 @@ class _Connect:
             )
         except ssl.SSLError as exc:
             raise ConnectionClosed(f"cannot connect to {self.url}: {describe_ssl_error(exc)}") from exc
-        except (OSError, TimeoutError) as exc:
-            raise ConnectionClosed(f"cannot connect to {self.url}: {exc}") from exc
-        except Exception as exc:  # websockets.InvalidHandshake and friends
-            raise ConnectionClosed(f"cannot connect to {self.url}: {exc}") from exc
+        except (ConnectionRefusedError, TimeoutError, socket.gaierror) as exc:
+            raise ConnectionClosed(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from exc
+        except Exception as exc:  # websockets.InvalidHandshake and friends, a reset
+            tls_port = await _tls_port(self.url)
+            if ssl_ctx is None and tls_port:
+                raise ConnectionClosed(f"cannot connect to {self.url}: this server speaks TLS: use "
+                                       f"wss://{self.url.removeprefix('ws://')}") from exc
+            if ssl_ctx is not None and not tls_port and isinstance(exc, (ConnectionResetError, EOFError)):
+                raise ConnectionClosed(f"cannot connect to {self.url}: the server closed the connection during the "
+                                       "TLS handshake: it does not speak TLS on this port (use "
+                                       f"ws://{self.url.removeprefix('wss://')})") from exc
+            raise ConnectionClosed(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from exc
         if subprotocols and SUBPROTOCOL in subprotocols and ws.subprotocol is None:
             await ws.close()
             raise ProtocolError(f"{self.url} did not negotiate {SUBPROTOCOL}")
@@ -453,6 +462,21 @@ class _Connect:
     async def __aexit__(self, *exc: object) -> None:
         if self.client is not None:
             await self.client.aclose()
+
+
+async def _tls_port(url: str) -> bool:
+    """Whether the host and port of a ws:// URL whose handshake failed
+    answer in TLS (a wss:// server dialled in clear)."""
+    from urllib.parse import urlsplit
+
+    from rustext.tls import speaks_tls
+
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or 80
+    except ValueError:
+        return False
+    return host is not None and await speaks_tls(host, port)
 
 
 def connect(

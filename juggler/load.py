@@ -408,6 +408,11 @@ async def _worker(cfg: LoadConfig, nconns: int, rate: float, counters: Any, star
 
     await asyncio.gather(*(open_one() for _ in range(nconns)))
     if not conns:
+        from rustext.tls import speaks_tls
+
+        u = urlparse(cfg.url)
+        if tls is None and await speaks_tls(u.hostname or "127.0.0.1", u.port or 80):
+            errors.insert(0, f"connect: this server speaks TLS: use wss://{cfg.url.removeprefix('ws://')}")
         return {"lat": lat.tobytes(), "late": 0, "errors": errors}
 
     # everyone starts together (the parent sets start_at after all processes are up)

@@ -48,12 +48,16 @@ from juggler.errors import CallExpired, CallNacked, ConnectionClosed, JugglerErr
 __all__ = ["COMMANDS", "DEFAULT_URL", "Repl", "ReplError", "parse_args_json", "parse_duration"]
 
 DEFAULT_URL = "ws://127.0.0.1:9000/ws"
+CONNECT_USAGE = "connect [--tls-ca FILE | --insecure] [URL [PROTO]]"
 DEFAULT_CALL_TIMEOUT = 5.0
 
 HELP = """commands (connections are numbered from 1):
   help | ?                          this help
   exit                              leave (or Ctrl-D)
   connect [URL [PROTO]]             open a connection [ws://127.0.0.1:9000/ws, juggler.0]
+    [--tls-ca FILE]                   wss://: verify the server with this CA
+    [--insecure]                      wss://: do not verify the server (a self-signed
+                                      development server only: anyone could be it)
   disconnect ID                     drop connection ID without a close handshake
   close ID [TEXT]                   close connection ID (code 1000, reason TEXT)
   send ID RAWTEXT                   send RAWTEXT as a text frame
@@ -269,10 +273,14 @@ class Repl:
         await asyncio.sleep(parse_duration(rest.strip() or "1s"))
 
     async def do_connect(self, rest: str) -> None:
-        words = rest.split()
+        words, tls = self._tls_options(rest.split())
         if len(words) > 2:
-            raise ReplError("usage: connect [URL [PROTO]]")
+            raise ReplError(f"usage: {CONNECT_USAGE}")
         url = words[0] if words else self.default_url
+        if not url.startswith(("ws://", "wss://")):
+            raise ReplError(f"URL must start with ws:// or wss://, got {url!r}")
+        if tls is not None and not url.startswith("wss://"):
+            raise ReplError("--tls-ca and --insecure are for wss:// URLs")
         proto = words[1] if len(words) > 1 else SUBPROTOCOL
         cid = self._next_id
         holder: list[_Conn] = []
@@ -283,7 +291,8 @@ class Repl:
                 holder[0].events_seen += 1
                 holder[0].event_signal.set()
 
-        tls = self.tls if url.startswith("wss://") else None
+        if tls is None:
+            tls = self.tls if url.startswith("wss://") else None
         try:
             client = await connect(url, subprotocols=[proto], on_message=on_message, default_timeout=DEFAULT_CALL_TIMEOUT,
                                    tls=tls)
@@ -293,8 +302,38 @@ class Repl:
         conn = _Conn(id=cid, url=url, client=client)
         holder.append(conn)
         self.conns[cid] = conn
-        self.out(f"[{cid}] connected to {url} ({client.subprotocol or 'no subprotocol'})")
+        unverified = "; the server's certificate was NOT verified (--insecure)" if getattr(tls, "insecure", False) else ""
+        self.out(f"[{cid}] connected to {url} ({client.subprotocol or 'no subprotocol'}{unverified})")
         conn.watcher = asyncio.create_task(self._watch(conn))
+
+    def _tls_options(self, words: list[str]) -> tuple[list[str], Any]:
+        """``--tls-ca FILE`` and ``--insecure`` taken out of a connect line:
+        (the other words, a ClientTls or None when neither was given)."""
+        from rustext.tls import ClientTls
+
+        rest: list[str] = []
+        ca: str | None = None
+        insecure = False
+        it = iter(words)
+        for word in it:
+            if word == "--tls-ca":
+                ca = next(it, None)
+                if ca is None:
+                    raise ReplError("--tls-ca needs a FILE (the PEM CA certificate that signed the server's)")
+                ca = os.path.expanduser(ca)
+            elif word == "--insecure":
+                insecure = True
+            elif word.startswith("-"):
+                raise ReplError(f"unknown option {word!r}; usage: {CONNECT_USAGE}")
+            else:
+                rest.append(word)
+        if ca is None and not insecure:
+            return rest, None
+        if ca is not None and insecure:
+            raise ReplError("--tls-ca and --insecure exclude each other")
+        tls = ClientTls(ca=ca, insecure=insecure)
+        tls.context()  # a bad file is named now
+        return rest, tls
 
     async def do_disconnect(self, rest: str) -> None:
         conn = self._conn(rest.strip())
@@ -408,17 +447,22 @@ class Repl:
         words = rest.split()
         if not words or len(words) > 2:
             raise ReplError("usage: wait ID [TIMEOUT]")
-        if words[0].isdigit() and 0 < int(words[0]) < self._next_id and int(words[0]) not in self.conns:
-            return  # it closed already: the event waited for (its closing line is printed)
-        conn = self._conn(words[0])
         timeout = parse_duration(words[1]) if len(words) > 1 else 5.0
+        if words[0].isdigit() and 0 < int(words[0]) < self._next_id and int(words[0]) not in self.conns:
+            # it closed already: that is the event waited for (its closing line was printed)
+            self.out(f"[{int(words[0])}] wait: the connection is closed")
+            return
+        conn = self._conn(words[0])
         try:
             async with asyncio.timeout(timeout):
                 while conn.events_seen <= conn.events_waited and not conn.client.closed:
                     conn.event_signal.clear()
                     await conn.event_signal.wait()
         except TimeoutError:
-            raise ReplError(f"no event on [{conn.id}] within {first_word_duration(timeout)}") from None
+            # an outcome, printed where events are (stdout), and a failure for the exit status
+            self.failures += 1
+            self.out(f"[{conn.id}] wait: no event within {first_word_duration(timeout)} (timed out)")
+            return
         if conn.events_seen > conn.events_waited:
             conn.events_waited += 1
         elif conn.watcher is not None:

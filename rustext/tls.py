@@ -17,6 +17,11 @@ same kind of message: :class:`TlsConfigError`, naming the file.
 - :func:`write_dev_cert` -- a local CA and a ``localhost``/``127.0.0.1``
   certificate signed by it (``juggler tls dev-cert``), made with
   ``cryptography``.
+- :func:`trust_hint` -- which ``--tls-ca`` a client of a server needs, for
+  the servers' start lines (the CA file beside the certificate, or none when
+  the system's trust store has the issuer).
+- :func:`speaks_tls` -- whether an address answers a TLS ClientHello, to
+  tell a user who dialled a TLS port in clear what went wrong.
 """
 
 from __future__ import annotations
@@ -29,7 +34,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ClientTls", "DevCert", "ServerTls", "TlsConfigError", "describe_ssl_error", "write_dev_cert"]
+__all__ = [
+    "ClientTls", "DevCert", "ServerTls", "TlsConfigError", "TrustHint", "describe_ssl_error", "speaks_tls",
+    "trust_hint", "write_dev_cert",
+]
 
 
 class TlsConfigError(ValueError):
@@ -180,8 +188,111 @@ def describe_ssl_error(exc: BaseException) -> str:
             hint = " (connect with a name the certificate lists)"
         return f"server certificate refused: {msg}{hint}"
     if isinstance(exc, ssl.SSLError):
+        if exc.reason in _CLEAR_ANSWERS:
+            return ("TLS handshake failed: the server answered in clear, it does not speak TLS on this port "
+                    "(use ws:// or http://, or leave out --tls)")
         return f"TLS handshake failed: {exc.reason or exc}"
     return str(exc)
+
+
+#: OpenSSL's reasons for a handshake whose answer was not TLS at all (a plain HTTP or rpcx server)
+_CLEAR_ANSWERS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
+                            "UNKNOWN_PROTOCOL", "HTTP_REQUEST", "UNEXPECTED_EOF_WHILE_READING"})
+
+
+async def speaks_tls(host: str, port: int, *, timeout: float = 2.0) -> bool:
+    """Whether ``host:port`` answers a TLS ClientHello with TLS (a
+    handshake record or an alert): asked after a plain connection there
+    failed in a way a TLS server causes (closed without a word, garbage),
+    so the error can say "use wss:// / --tls". Never raises: False when
+    the address does not answer, or not with TLS, within ``timeout``."""
+    import asyncio
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=None)
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    hello = outgoing.read()
+    writer = None
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(hello)
+            head = await reader.readexactly(3)
+    except (OSError, asyncio.IncompleteReadError, TimeoutError):
+        return False
+    finally:
+        if writer is not None:
+            writer.close()
+    # a TLS record: content type 22 (handshake) or 21 (alert), then version 3.x
+    return head[0] in (21, 22) and head[1] == 3 and head[2] <= 4
+
+
+@dataclass(frozen=True)
+class TrustHint:
+    """How a client verifies a server using a given certificate chain (:func:`trust_hint`)."""
+
+    #: the file to pass as ``--tls-ca``; None when nothing is needed (``system``) or none was found
+    ca_file: str | None
+    #: the system's trust store has the issuer: clients need no option
+    system: bool
+    #: the issuer of the chain's last certificate (RFC 4514), to name the CA when no file was found
+    issuer: str
+
+
+def trust_hint(cert: str | os.PathLike[str]) -> TrustHint:
+    """What a client needs to verify a server using the certificate chain
+    in ``cert``: nothing when the system's trust store has the issuer; else
+    the CA certificate beside it that issued the chain (``juggler tls
+    dev-cert`` writes ``ca.pem`` there), or the certificate itself when it
+    is self-signed; else only the issuer's name."""
+    from cryptography import x509
+
+    path = Path(cert).resolve()
+    try:
+        chain = x509.load_pem_x509_certificates(path.read_bytes())
+    except (OSError, ValueError):
+        return TrustHint(ca_file=None, system=False, issuer="")
+    top = chain[-1]
+    issuer = top.issuer.rfc4514_string()
+    if top.issuer == top.subject:
+        return TrustHint(ca_file=str(path), system=False, issuer=issuer)
+    if top.issuer in _system_issuers():
+        return TrustHint(ca_file=None, system=True, issuer=issuer)
+    for candidate in sorted(path.parent.glob("*.pem")) + sorted(path.parent.glob("*.crt")):
+        if candidate == path:
+            continue
+        try:
+            certs = x509.load_pem_x509_certificates(candidate.read_bytes()[: 1 << 20])
+        except (OSError, ValueError):
+            continue
+        if any(c.subject == top.issuer for c in certs):
+            return TrustHint(ca_file=str(candidate), system=False, issuer=issuer)
+    return TrustHint(ca_file=None, system=False, issuer=issuer)
+
+
+def _system_issuers() -> set[object]:
+    """Subjects of the CA certificates of the system's trust store (the
+    file OpenSSL reads by default)."""
+    import warnings
+
+    from cryptography import x509
+
+    paths = ssl.get_default_verify_paths()
+    for name in (paths.cafile, paths.openssl_cafile):
+        if name and os.path.isfile(name):
+            try:
+                with warnings.catch_warnings():  # old roots with odd serial numbers: not ours to judge
+                    warnings.simplefilter("ignore")
+                    return {c.subject for c in x509.load_pem_x509_certificates(Path(name).read_bytes())}
+            except ValueError:
+                continue
+    return set()
 
 
 # --- a development CA ---------------------------------------------------------

@@ -122,7 +122,13 @@ class TransportPool:
         except ssl.SSLError as exc:
             raise Unavailable(f"cannot connect to {ep}: {describe_ssl_error(exc)}") from exc
         except (OSError, TimeoutError) as exc:
-            raise Unavailable(f"cannot connect to {ep}: {exc}") from exc
+            if self.tls is not None and ep.kind == "tcp" and isinstance(exc, (ConnectionResetError, EOFError)):
+                from rustext.tls import speaks_tls
+
+                if not await speaks_tls(ep.host, ep.port):
+                    raise Unavailable(f"cannot connect to {ep}: the server closed the connection during the TLS "
+                                      "handshake: it does not speak TLS on this port (call it without TLS)") from exc
+            raise Unavailable(f"cannot connect to {ep}: {exc or type(exc).__name__}") from exc
 
     async def _connect(self, ep: Endpoint, entry: _Entry) -> Connection:
         """One attempt; on failure the reconnect loop takes over."""

@@ -102,6 +102,13 @@ pub fn describe_io_error(e: &std::io::Error) -> String {
                 format!("server certificate refused: {what}{hint}")
             }
         }
+        // a plain-text answer (an HTTP/1 400, an h2c preface) read as a TLS record
+        Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)
+        | Error::InvalidMessage(rustls::InvalidMessage::UnknownProtocolVersion) => {
+            "TLS handshake failed: the server answered in clear: it does not speak TLS on this port \
+             (connect without TLS)"
+                .to_string()
+        }
         other => format!("TLS handshake failed: {other}"),
     }
 }
@@ -361,6 +368,17 @@ impl ServerCertVerifier for NoVerification {
 mod tests {
     use super::*;
     use std::process::Command;
+
+    #[test]
+    fn a_plain_text_answer_is_named_as_such() {
+        for inner in [rustls::InvalidMessage::InvalidContentType, rustls::InvalidMessage::UnknownProtocolVersion] {
+            let e = std::io::Error::new(std::io::ErrorKind::InvalidData, rustls::Error::InvalidMessage(inner));
+            let text = describe_io_error(&e);
+            assert!(text.contains("does not speak TLS on this port"), "{text}");
+        }
+        let other = std::io::Error::new(std::io::ErrorKind::InvalidData, rustls::Error::DecryptError);
+        assert!(!describe_io_error(&other).contains("does not speak TLS"));
+    }
 
     /// A throwaway directory with certificates made by openssl(1).
     struct Dir(PathBuf);
