@@ -109,6 +109,16 @@ def run(args: argparse.Namespace) -> int:
     print(format_report(result, concurrency=args.concurrency, processes=args.processes))
     if result.interrupted:
         return 130
+    if result.ok == 0 and route is None and scheme_of(args.address) == "rpcx":
+        import asyncio
+
+        from cli.tls import other_kind_hint
+
+        hint = asyncio.run(other_kind_hint(
+            args.address, tls=tls is not None, use_tls="benchmark it over TLS (--tls, or --tls-ca FILE)",
+            use_plain="benchmark it without --tls / --tls-ca"))
+        if hint:
+            print(f"error: {hint}", file=sys.stderr)
     return 0 if result.errors == 0 else 1
 
 

@@ -142,11 +142,30 @@ async def call(args: argparse.Namespace) -> int:
         reply = codec.decode(res.payload)
     except (RpcError, ValueError) as exc:
         print(f"(error) {type(exc).__name__}: {exc}", file=sys.stderr)
+        await _explain(args.address, exc, tls=tls is not None)
         return 1
     finally:
         await close()
     print(json.dumps(_jsonable(reply), ensure_ascii=False))
     return 0
+
+
+async def _explain(address: str, exc: BaseException, *, tls: bool) -> None:
+    """A line more when an rpcx server could not be reached because its port
+    is of the other kind (TLS dialled in clear, or clear dialled with TLS)."""
+    from rpc.errors import TransportError
+
+    if not isinstance(exc, TransportError) or "://" in address or address.startswith(("unix@", "inproc")):
+        return
+    from cli.tls import other_kind_hint
+
+    hint = await other_kind_hint(
+        address, tls=tls,
+        use_tls="call it over TLS (--tls, with --tls-ca FILE when its certificate is not in the system's trust "
+                "store)",
+        use_plain="call it without --tls / --tls-ca")
+    if hint:
+        print(f"(error) {hint}", file=sys.stderr)
 
 
 async def _traced_call(args: argparse.Namespace, service: str, method: str, value: Any,
@@ -180,6 +199,7 @@ async def _traced_call(args: argparse.Namespace, service: str, method: str, valu
         return 1
     except (RpcError, ValueError) as exc:
         print(f"(error) {type(exc).__name__}: {exc}", file=sys.stderr)
+        await _explain(args.address, exc, tls=tls is not None)
         return 1
     finally:
         await close()

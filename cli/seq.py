@@ -468,7 +468,29 @@ def run_client(args: argparse.Namespace) -> int:
         return int(_run(main()))
     except SeqError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        _explain(_addrs(args.servers), tls=tls is not None)
         return 1
+
+
+def _explain(servers: list[str], *, tls: bool) -> None:
+    """A line more when the servers' ports are of the other kind (TLS
+    dialled in clear, or clear dialled with TLS): the first one found."""
+    import asyncio
+
+    from cli.tls import other_kind_hint
+
+    async def first() -> str:
+        for addr in servers:
+            hint = await other_kind_hint(
+                addr, tls=tls, use_tls="connect over TLS (--tls-ca FILE, or --tls when its certificate is in the "
+                "system's trust store)", use_plain="connect without --tls / --tls-ca")
+            if hint:
+                return hint
+        return ""
+
+    hint = asyncio.run(first())
+    if hint:
+        print(f"error: {hint}", file=sys.stderr)
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -65,6 +65,27 @@ def client_ca_option(cert: str) -> tuple[str, str]:
     return " --tls-ca CA.pem", f"CA.pem: the certificate of the CA that issued {cert} ({hint.issuer or 'unknown'})"
 
 
+async def other_kind_hint(address: str, *, tls: bool, use_tls: str, use_plain: str) -> str:
+    """After a client command failed to reach ``address`` (``HOST:PORT`` or
+    ``tcp@HOST:PORT``): the line saying its port is of the other kind than
+    the command dialled (``"HOST:PORT speaks TLS: " + use_tls`` when dialled
+    in clear, ``"HOST:PORT does not speak TLS on this port: " + use_plain``
+    when dialled with TLS), or "" when that is not it. Probes the port once
+    (rustext.tls.speaks_tls): for the failure path of commands only."""
+    from rustext.tls import speaks_tls
+
+    hostport = address.removeprefix("tcp@")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return ""
+    answer = await speaks_tls(host.strip("[]"), int(port))
+    if not tls and answer:
+        return f"{hostport} speaks TLS: {use_tls}"
+    if tls and answer is False:
+        return f"{hostport} does not speak TLS on this port: {use_plain}"
+    return ""
+
+
 def server_tls(args: argparse.Namespace) -> Any:
     """The rustext.tls.ServerTls of the server TLS flags, or None; raises
     TlsConfigError (a bad file, named) or ValueError (flags that do not go

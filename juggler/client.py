@@ -42,6 +42,7 @@ from rustext.tls import ClientTls, describe_ssl_error
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
+from websockets.exceptions import InvalidMessage
 
 from juggler.errors import CallExpired, CallNacked, ConnectionClosed, ProtocolError
 
@@ -441,14 +442,16 @@ class _Connect:
         except (ConnectionRefusedError, TimeoutError, socket.gaierror) as exc:
             raise ConnectionClosed(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from exc
         except Exception as exc:  # websockets.InvalidHandshake and friends, a reset
-            tls_port = await _tls_port(self.url)
-            if ssl_ctx is None and tls_port:
-                raise ConnectionClosed(f"cannot connect to {self.url}: this server speaks TLS: use "
-                                       f"wss://{self.url.removeprefix('ws://')}") from exc
-            if ssl_ctx is not None and not tls_port and isinstance(exc, (ConnectionResetError, EOFError)):
-                raise ConnectionClosed(f"cannot connect to {self.url}: the server closed the connection during the "
-                                       "TLS handshake: it does not speak TLS on this port (use "
-                                       f"ws://{self.url.removeprefix('wss://')})") from exc
+            # no HTTP answer at all (or a reset): maybe a port of the other kind; one probe says
+            if isinstance(exc, (InvalidMessage, ConnectionResetError, EOFError)):
+                tls_port = await _tls_port(self.url)
+                if ssl_ctx is None and tls_port:
+                    raise ConnectionClosed(f"cannot connect to {self.url}: this server speaks TLS: use "
+                                           f"wss://{self.url.removeprefix('ws://')}") from exc
+                if ssl_ctx is not None and tls_port is False:
+                    raise ConnectionClosed(f"cannot connect to {self.url}: the server closed the connection during "
+                                           "the TLS handshake: it does not speak TLS on this port (use "
+                                           f"ws://{self.url.removeprefix('wss://')})") from exc
             raise ConnectionClosed(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from exc
         if subprotocols and SUBPROTOCOL in subprotocols and ws.subprotocol is None:
             await ws.close()
@@ -464,19 +467,19 @@ class _Connect:
             await self.client.aclose()
 
 
-async def _tls_port(url: str) -> bool:
-    """Whether the host and port of a ws:// URL whose handshake failed
-    answer in TLS (a wss:// server dialled in clear)."""
+async def _tls_port(url: str) -> bool | None:
+    """Whether the host and port of a URL whose handshake failed answer in
+    TLS (see rustext.tls.speaks_tls; None: nothing answers)."""
     from urllib.parse import urlsplit
 
     from rustext.tls import speaks_tls
 
     try:
         parts = urlsplit(url)
-        host, port = parts.hostname, parts.port or 80
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "wss" else 80)
     except ValueError:
-        return False
-    return host is not None and await speaks_tls(host, port)
+        return None
+    return await speaks_tls(host, port) if host is not None else None
 
 
 def connect(

@@ -80,9 +80,6 @@ class RpcxCaller:
         self.on_push = on_push
         # one client context shared by the pools (``rustext.tls.ClientTls`` or an ``ssl.SSLContext``)
         ctx = tls.context() if hasattr(tls, "context") else tls
-        self._tls = ctx
-        #: TLS probes in flight, per address (see _tls_port_check)
-        self._tls_probes: dict[Endpoint, asyncio.Future[bool]] = {}
         #: client plugins whose connection hooks (``on_conn_open``, ``on_conn_close``) run here
         self.plugins = as_container(plugins)
         self._pools = [
@@ -149,33 +146,11 @@ class RpcxCaller:
         except terr.QueueFull as exc:
             raise TransportError(f"{address}: {exc}", TransportErrorKind.OVERLOADED) from exc
         except terr.ConnectionLost as exc:
-            if not conn.received_any:
-                await self._tls_port_check(address)
             kind = TransportErrorKind.PROTOCOL if isinstance(exc.__cause__, terr.ProtocolError) else TransportErrorKind.CLOSED
             raise TransportError(f"{address}: {exc}", kind) from exc
         except terr.TransportError as exc:
             raise TransportError(f"{address}: {exc}", TransportErrorKind.CLOSED) from exc
         return from_wire(res)
-
-    async def _tls_port_check(self, address: str) -> None:
-        """After a plain connection was closed without a byte from the
-        server: raise a TransportError (CONNECT) saying so when the address
-        speaks TLS (a TLS server closes a clear connection that way). One
-        probe at a time per address, whatever the number of calls lost."""
-        if self._tls is not None:
-            return
-        ep = self._endpoint(address)
-        if ep.kind != "tcp":
-            return
-        probe = self._tls_probes.get(ep)
-        if probe is None:
-            from rustext.tls import speaks_tls
-
-            probe = self._tls_probes[ep] = asyncio.ensure_future(speaks_tls(ep.host, ep.port))
-            probe.add_done_callback(lambda _f, ep=ep: self._tls_probes.pop(ep, None))
-        if await asyncio.shield(probe):
-            raise TransportError(f"{address} speaks TLS: call it over TLS (--tls, with --tls-ca FILE when its "
-                                 "certificate is not in the system's trust store)", TransportErrorKind.CONNECT)
 
     @staticmethod
     def _error_reply(address: str, request: Message, exc: BaseException) -> Message:

@@ -35,7 +35,7 @@ sends a oneway request to that client; ``RpcxServer.connections`` lists the
 live ones.
 
 HTTP on the same port: with ``gateway=`` a connection whose first byte is
-an uppercase letter (an HTTP method) is handed to the HTTP gateway (``X-RPCX-*`` headers,
+a letter (an HTTP method's) is handed to the HTTP gateway (``X-RPCX-*`` headers,
 JSON-RPC 2.0) instead (TCP endpoints). A ``CONNECT /_rpcx_`` there (Go's
 ``http@host:port`` network) is answered as Go answers it and the connection
 comes back as rpcx (``adopt``).
@@ -154,8 +154,8 @@ class RpcxServerConnection(Connection):
             # an HTTP request starts with its method's letters; anything else that is not rpcx (a
             # TLS ClientHello, 0x16) goes to the rpcx decoder, which refuses it at once, where the
             # HTTP parser would wait for a line end that never comes
-            if (len(data) and data[0] != RPCX_MAGIC and 0x41 <= data[0] <= 0x5A and self._rpcx is not None
-                    and self.transport is not None):
+            if (len(data) and data[0] != RPCX_MAGIC and chr(data[0]).isascii() and chr(data[0]).isalpha()
+                    and self._rpcx is not None and self.transport is not None):
                 self._rpcx._to_gateway(self, bytes(data))
                 return
         if self._lost or self._bad:

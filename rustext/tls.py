@@ -200,12 +200,15 @@ _CLEAR_ANSWERS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PAC
                             "UNKNOWN_PROTOCOL", "HTTP_REQUEST", "UNEXPECTED_EOF_WHILE_READING"})
 
 
-async def speaks_tls(host: str, port: int, *, timeout: float = 2.0) -> bool:
-    """Whether ``host:port`` answers a TLS ClientHello with TLS (a
-    handshake record or an alert): asked after a plain connection there
-    failed in a way a TLS server causes (closed without a word, garbage),
-    so the error can say "use wss:// / --tls". Never raises: False when
-    the address does not answer, or not with TLS, within ``timeout``."""
+async def speaks_tls(host: str, port: int, *, timeout: float = 2.0) -> bool | None:
+    """Whether ``host:port`` answers a TLS ClientHello with TLS: True (a
+    handshake record or an alert came back), False (something accepted the
+    connection and answered otherwise, or closed it), None (nothing
+    accepted it within ``timeout``). Asked after a connection there failed
+    in a way that a port of the other kind causes, so the error can say
+    "use wss:// / --tls" or "it does not speak TLS"; it opens one
+    connection, so it is for diagnosing failures, never for a working path.
+    Never raises."""
     import asyncio
 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -221,11 +224,14 @@ async def speaks_tls(host: str, port: int, *, timeout: float = 2.0) -> bool:
     writer = None
     try:
         async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+            except OSError:
+                return None
             writer.write(hello)
             head = await reader.readexactly(3)
     except (OSError, asyncio.IncompleteReadError, TimeoutError):
-        return False
+        return False if writer is not None else None
     finally:
         if writer is not None:
             writer.close()

@@ -95,20 +95,6 @@ class RRSeq(BufferedSeq):
         self._servers = [_Server(a, known[a]) for a in servers]
         self._rr = 0
 
-    async def _tls_hint(self) -> str:
-        """For a fetch that failed on every server: "; HOST:PORT speaks TLS
-        ..." when this sequence dials in clear and a server answers TLS."""
-        if self._tls is not None or (self._channel is not None and self._channel.tls is not None):
-            return ""
-        from rustext.tls import speaks_tls
-
-        for addr in self._addrs:
-            host, _, port = addr.rpartition(":")
-            if port.isdigit() and await speaks_tls(host.strip("[]"), int(port), timeout=1.0):
-                return (f"; {addr} speaks TLS: connect over TLS (--tls-ca FILE, or --tls when its certificate "
-                        "is in the system's trust store)")
-        return ""
-
     async def _fetch(self, n: int) -> tuple[int, int]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
@@ -119,8 +105,7 @@ class RRSeq(BufferedSeq):
         while True:
             now = loop.time()
             if now >= deadline:
-                raise SeqUnavailable(f"no range of {self.name!r} within {self.timeout}s: {reason}"
-                                     f"{await self._tls_hint()}")
+                raise SeqUnavailable(f"no range of {self.name!r} within {self.timeout}s: {reason}")
             server = self._pick(now)
             if server is None:
                 if all(s.removed for s in self._servers):

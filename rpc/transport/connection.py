@@ -160,8 +160,6 @@ class Connection(asyncio.BufferedProtocol):
         self._lost = False
         self._lost_exc: BaseException | None = None
         self._bad = False  # bad input seen: ignore whatever still arrives
-        #: whether the peer ever sent a byte (a TLS server dialled in clear closes without one)
-        self.received_any = False
         # One read buffer per connection, reused for every read (the channel
         # reads into it; the decoder copies out only what frames need).
         self._rbuf = bytearray(_READ_BUFFER)
@@ -213,7 +211,6 @@ class Connection(asyncio.BufferedProtocol):
     def data_received(self, data: bytes | memoryview) -> None:
         if self._lost or self._bad:
             return
-        self.received_any = True
         try:
             messages = self._decoder.feed(data)
         except rustext.DecodeError as exc:

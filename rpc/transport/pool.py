@@ -122,13 +122,10 @@ class TransportPool:
         except ssl.SSLError as exc:
             raise Unavailable(f"cannot connect to {ep}: {describe_ssl_error(exc)}") from exc
         except (OSError, TimeoutError) as exc:
-            if self.tls is not None and ep.kind == "tcp" and isinstance(exc, (ConnectionResetError, EOFError)):
-                from rustext.tls import speaks_tls
-
-                if not await speaks_tls(ep.host, ep.port):
-                    raise Unavailable(f"cannot connect to {ep}: the server closed the connection during the TLS "
-                                      "handshake: it does not speak TLS on this port (call it without TLS)") from exc
-            raise Unavailable(f"cannot connect to {ep}: {exc or type(exc).__name__}") from exc
+            what = str(exc) or type(exc).__name__
+            if self.tls is not None and isinstance(exc, (ConnectionResetError, EOFError)):
+                what = f"the server closed the connection during the TLS handshake ({what})"
+            raise Unavailable(f"cannot connect to {ep}: {what}") from exc
 
     async def _connect(self, ep: Endpoint, entry: _Entry) -> Connection:
         """One attempt; on failure the reconnect loop takes over."""

@@ -139,7 +139,8 @@ def test_rpc_call_to_the_wrong_kind_of_port_says_so(rpc_servers: tuple[str, int]
     assert "reconnecting" not in done.stderr
     tls = run(cli("rpc", "call", f"127.0.0.1:{plain_port}", "Arith.Mul", '{"A": 6, "B": 7}', "--tls"), timeout=30)
     assert tls.returncode == 1
-    assert "it does not speak TLS on this port (call it without TLS)" in tls.stderr, tls.stderr
+    assert f"127.0.0.1:{plain_port} does not speak TLS on this port: call it without --tls" in tls.stderr, \
+        tls.stderr
 
 
 def test_seq_member_over_tls_prints_the_client_command(certs: Path, tmp_path: Path) -> None:
