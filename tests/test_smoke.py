@@ -30,3 +30,9 @@ def test_cli_help_runs_as_subprocess() -> None:
     )
     assert out.returncode == 0
     assert "juggler" in out.stdout
+
+
+def test_the_extension_is_the_stable_abi_build() -> None:
+    """One build serves every CPython >= 3.11 (the wheels' abi3); a stale
+    version-specific module beside it would be imported first."""
+    assert rustext._native.__file__.endswith("_native.abi3.so"), rustext._native.__file__

@@ -1,8 +1,8 @@
 """`pip install .` gives a distribution that works from any directory,
 the root of a source checkout included.
 
-Builds the wheel with maturin (reusing the release build of the editable
-install), installs it without dependencies into a scratch target, and imports
+Takes the release wheel (or builds one with maturin), installs it without
+dependencies into a scratch target, and imports
 every package and runs the console script from a directory outside the
 checkout, with the scratch target first on the path; then from a copy of the
 checkout's files (a fresh clone: no compiled module in it), where
@@ -26,15 +26,21 @@ PACKAGES = ("rustext", "juggler", "balancer", "rpc", "seq", "cli")
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel, installed (without dependencies) into a scratch target."""
+    """The wheel, installed (without dependencies) into a scratch target: the
+    release wheel of ``scripts/build-dist`` when ``dist/`` has one (the test
+    command builds it), else one built here with maturin."""
     tmp_path = tmp_path_factory.mktemp("wheel")
-    maturin = shutil.which("maturin") or str(Path(sys.executable).with_name("maturin"))
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [maturin, "build", "--release", "--quiet", "-o", str(wheels)],
-        cwd=ROOT, check=True, timeout=880, capture_output=True,
-    )
-    (wheel,) = wheels.glob("*.whl")
+    release = sorted((ROOT / "dist").glob("juggler_suite-*-cp311-abi3-*.whl"))
+    if release:
+        wheel = release[-1]
+    else:
+        maturin = shutil.which("maturin") or str(Path(sys.executable).with_name("maturin"))
+        wheels = tmp_path / "wheels"
+        subprocess.run(
+            [maturin, "build", "--release", "--quiet", "-o", str(wheels)],
+            cwd=ROOT, check=True, timeout=880, capture_output=True,
+        )
+        (wheel,) = wheels.glob("*.whl")
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
