@@ -1,31 +1,33 @@
 """One websocket connection of the juggler server: the asyncio driver.
 
-The websocket protocol itself (handshake, frames in and out, the closing
-handshake, its states) is the sans-I/O :class:`juggler.wsproto.WsServerProtocol`;
-this ``asyncio.Protocol`` feeds it the bytes received, acts on its events
-(juggler.0 messages, pings, closes), writes what it has to send once per
-event-loop turn, and owns the timers. No task per connection while idle: a
-worker task exists only while messages are queued.
+Two sans-I/O cores decide, this ``asyncio.Protocol`` does the I/O. The
+websocket protocol (handshake, frames in and out, the closing handshake, its
+states) is :class:`juggler.wsproto.WsServerProtocol`; the juggler.0 session
+(message order, admission, NACK rules, limits, close reasons) is
+:class:`juggler.session.Session`. The driver feeds them the bytes received,
+runs the broker work the session admits (through the middleware), writes
+what they have to send once per event-loop turn, and owns the timers. No
+task per connection while idle: a worker task exists only while messages
+are queued.
 
 A connection talks to its server only through the :class:`ConnContext` it
 is given: the configuration, the counters, the brokers, the table of
 pending calls, the middleware chains and a :class:`ConnListener` (the
 server's side of the connection lifecycle).
 
-Contract:
+Contract (the session's rules are in :mod:`juggler.session`):
 
-- Messages from one connection are processed one at a time, in order (ACKs
-  come back in request order); RES and EVNT are written as they come.
-- Bad input (binary frame, invalid JSON, unknown/server-only/forbidden type,
-  missing payload, bad uuid) closes this connection only, without a NACK and
-  without a close frame, after the replies to the messages before it.
-- An oversized message (``read_limit``) closes with 1009; an outgoing
-  message over ``write_limit`` closes the connection; a reader that lets
+- What the session hands out is handled in its turn; RES and EVNT are
+  written as they come.
+- An oversized message (``read_limit``) closes with 1009; a reader that lets
   ``max_write_buffer`` bytes pile up, or blocks writes for ``write_timeout``,
-  is dropped; one silent for ``read_timeout`` is dropped.
+  is dropped; one silent for ``read_timeout`` is dropped; a handshake not
+  done within ``handshake_timeout`` is dropped.
 - An exception in a handler (middleware included) is logged, counted
   (``recovered``) and closes this connection with 1011; the server goes on.
 - More than ``max_pending`` queued messages pause reading (backpressure).
+- Plain HTTP on the websocket port is answered by the server's
+  ``ConnContext.http`` (``/healthz``, the static site), else 404.
 """
 
 from __future__ import annotations
@@ -45,24 +47,14 @@ from websockets.http11 import Request
 
 from juggler.broker.base import CallerBroker, PubSubBroker
 from juggler.config import ServerConfig
-from juggler.http import http_response
-from juggler.limits import TokenBucket
 from juggler.metrics import ServerStats
 from juggler.pending import PendingCalls
-from juggler.protocol import (
-    ALL_CLIENT_TYPES,
-    SUBPROTOCOL,
-    ClientMessage,
-    JugglerDecodeError,
-    Outgoing,
-    allowed_mask,
-    call_timeout_ms,
-)
+from juggler.protocol import SUBPROTOCOL, ClientMessage, Outgoing, allowed_mask
+from juggler.session import CloseAfter, Refused, Session
 from juggler.wsproto import OPEN, WsServerProtocol
 
 if TYPE_CHECKING:
     from juggler.auth import Auth, AuthError, Identity
-    from juggler.static_files import StaticSite
 
 __all__ = ["Conn", "ConnContext", "ConnListener", "ConnState", "Handler", "Middleware", "call_trace"]
 
@@ -73,12 +65,7 @@ _ws_log = logging.getLogger("juggler.conn.ws")
 CALL, PUB, SUB, UNSB = rustext.CALL, rustext.PUB, rustext.SUB, rustext.UNSB
 NACK, ACK, RES, EVNT = rustext.NACK, rustext.ACK, rustext.RES, rustext.EVNT
 
-_parse = rustext.parse_client_message
-_build_ack = rustext.build_ack
-_build_nack = rustext.build_nack
 _build_res = rustext.build_res
-_build_sub_ack = rustext.build_sub_ack
-_build_evnt = rustext.build_evnt
 _WS_PING, _WS_CLOSE, _WS_BINARY = rustext.WS_PING, rustext.WS_CLOSE, rustext.WS_BINARY
 
 
@@ -138,8 +125,9 @@ class ConnContext:
     #: the middleware chains (incoming, outgoing), or None without middleware
     chain_in: Handler | None = None
     chain_out: Handler | None = None
-    #: answers plain HTTP requests to other paths than the websocket one
-    http: StaticSite | None = None
+    #: answers plain HTTP requests to other paths than the websocket one (/healthz, the
+    #: static site): ``http(request, head=..., draining=...)`` returns the response, or None for 404
+    http: Callable[..., Any] | None = None
     #: authenticates handshakes and authorizes CALL/PUB/SUB
     auth: Auth | None = None
     #: the server's subscriptions and their fan-out (juggler.subscriptions.Subscriptions)
@@ -148,20 +136,6 @@ class ConnContext:
 
 _CLOSED = ConnState.CLOSED
 _CONNECTED = ConnState.CONNECTED
-_BAD = object()  # inbox marker: bad input after the queued messages
-_KIND = {CALL: "call", PUB: "pub", SUB: "sub"}
-_CLOSE_REASONS = {1000: "server_close", 1001: "shutdown", 1008: "policy", 1011: "internal_error"}
-
-
-class _Refused:
-    """Inbox entry: a message refused on arrival (rate limit), NACKed in order."""
-
-    __slots__ = ("code", "msg", "text")
-
-    def __init__(self, msg: ClientMessage, code: int, text: str) -> None:
-        self.msg = msg
-        self.code = code
-        self.text = text
 
 
 def _allowed_messages(request: Request) -> str | None:
@@ -188,7 +162,9 @@ class Conn(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.id = rustext.new_uuid()
         self.state = ConnState.ACCEPTING
-        self.allowed = ALL_CLIENT_TYPES
+        self.opened_at = self.loop.time()
+        #: the juggler.0 rules of this connection (sans-I/O)
+        self.session = Session(cfg, context.stats, context.listener.reject, now=self.opened_at)
         self.remote: Any = None
         self.transport: asyncio.Transport | None = None
         #: the websocket protocol (sans-I/O): handshake, frames, closing handshake
@@ -202,11 +178,9 @@ class Conn(asyncio.Protocol):
         #: this connection in the native fan-out (juggler.subscriptions), once connected
         self.hub_id: int | None = None
         self._held = False  # the fan-out hands our frames back: Python output is queued
-        self._inbox: deque[Any] = deque()
+        self._outbox: deque[Outgoing] = deque()  # outgoing messages waiting for the middleware
         self._worker: asyncio.Task[None] | None = None
-        self._subs: set[tuple[bool, str]] = set()  # (pattern, channel) subscribed
-        # flow control and the rate limit's close, orthogonal to the websocket state
-        self._ignore_text = False  # closing for the rate limit: ignore further messages
+        # flow control, orthogonal to the websocket state
         self._paused = False  # reading paused: too many messages queued
         self._last_read = self.loop.time()
         self._timer: asyncio.TimerHandle | None = None
@@ -214,18 +188,9 @@ class Conn(asyncio.Protocol):
         self._closed_fut: asyncio.Future[None] = self.loop.create_future()
         self._slow = cfg.slow_threshold
         self._chained = context.chain_in is not None
-        #: who this connection is (juggler.auth.Identity), when the server has auth
-        self.identity: Any = None
         self._auth_task: asyncio.Task[None] | None = None  # a handshake waiting for keys
-        #: why it closed (a short token: logs and juggler_connections_closed_total{reason})
-        self.close_reason: str | None = None
         #: CALLs ACKed and waiting for their RES (kept by the pending-call table)
         self.inflight = 0
-        self.messages_in = 0
-        self.opened_at = self.loop.time()
-        self._bucket: TokenBucket | None = None
-        if cfg.rate_limit:
-            self._bucket = TokenBucket(cfg.rate_limit, cfg.rate_burst or max(1.0, cfg.rate_limit), self.opened_at)
 
     def __repr__(self) -> str:
         return f"<Conn {self.id} {self.remote} {self.state.value}>"
@@ -236,6 +201,25 @@ class Conn(asyncio.Protocol):
         return self.state is _CLOSED
 
     @property
+    def identity(self) -> Any:
+        """Who this connection is (juggler.auth.Identity), when the server has auth."""
+        return self.session.identity
+
+    @identity.setter
+    def identity(self, identity: Any) -> None:
+        self.session.identity = identity
+
+    @property
+    def close_reason(self) -> str | None:
+        """Why it closed (a short token: logs and juggler_connections_closed_total{reason})."""
+        return self.session.close_reason
+
+    @property
+    def messages_in(self) -> int:
+        """juggler.0 messages received."""
+        return self.session.messages_in
+
+    @property
     def request(self) -> Request | None:
         """The handshake request, once read."""
         return self.ws.request
@@ -243,7 +227,7 @@ class Conn(asyncio.Protocol):
     @property
     def queued(self) -> int:
         """Messages queued in this connection (incoming, and outgoing through middleware)."""
-        return len(self._inbox)
+        return self.session.queued + len(self._outbox)
 
     async def wait_closed(self) -> None:
         await asyncio.shield(self._closed_fut)
@@ -316,15 +300,10 @@ class Conn(asyncio.Protocol):
         listener = self._listener
         path = request.path.split("?", 1)[0]
         if path != self.config.path or ws.head:
-            # plain HTTP: one response, then close. /healthz first, then the static
-            # site (the browser client, the demo page), else 404.
-            self.close_reason = "http"
-            response = http_response(request, draining=listener.draining)
-            if response is None:
-                site = ctx.http
-                response = (site.respond(request, head=ws.head) if site is not None
-                            else ws.reject(404, "Not Found\n"))
-            self._refuse(response)
+            # plain HTTP: one response (the server's: /healthz, the static site), else 404; then close
+            self._set_reason("http")
+            response = ctx.http(request, head=ws.head) if ctx.http is not None else None
+            self._refuse(response if response is not None else ws.reject(404, "Not Found\n"))
             return
         if listener.draining:
             self._refuse_for("draining", 503, "Service Unavailable: shutting down\n")
@@ -382,7 +361,7 @@ class Conn(asyncio.Protocol):
         ws = self.ws
         listener = self._listener
         try:
-            self.allowed = allowed_mask(_allowed_messages(request))
+            self.session.allowed = allowed_mask(_allowed_messages(request))
         except ValueError as exc:
             self._refuse(ws.reject(400, f"Invalid Juggler-Allowed-Messages header: {exc}\n"))
             return
@@ -425,7 +404,7 @@ class Conn(asyncio.Protocol):
 
     def _refuse_for(self, reason: str, status: int, text: str) -> None:
         self._listener.reject(reason)
-        self.close_reason = reason
+        self._set_reason(reason)
         self._refuse(self.ws.reject(status, text))
 
     def _refuse(self, response: Any) -> None:
@@ -485,13 +464,12 @@ class Conn(asyncio.Protocol):
             self.ws.receive_close(ev[1])  # echo the peer's code, then drop TCP (server side)
             self._flush()
         elif kind == _WS_BINARY:
-            self._bad_input("binary frame")
+            self._end(self.session.receive_binary())
         else:  # WS_FAIL: (kind, code, reason)
             self._fail(ev[1], ev[2])
 
     def _set_reason(self, reason: str) -> None:
-        if self.close_reason is None:
-            self.close_reason = reason
+        self.session.set_reason(reason)
 
     def _fail(self, code: int, reason: str) -> None:
         """Fail the connection: close frame with `code`, then drop TCP."""
@@ -504,87 +482,81 @@ class Conn(asyncio.Protocol):
         self._flush()
 
     def _on_text(self, data: bytes) -> None:
-        if self._ignore_text:
+        session = self.session
+        end = session.receive_text(data, self.loop.time())
+        if end is not None:
+            self._end(end)
             return
-        try:
-            msg = _parse(data, self.allowed)
-        except JugglerDecodeError as exc:
-            self._bad_input(str(exc))
-            return
-        self.stats.read[msg.type] += 1
-        self.messages_in += 1
-        inbox = self._inbox
-        now = self.loop.time()
-        bucket = self._bucket
-        if bucket is not None and not bucket.take(now):
-            self._listener.reject("rate_limited")
-            if self.config.rate_limit_action == "close":
-                # ignore further messages, but keep reading control frames:
-                # the client's answer to our close frame ends the connection
-                self._ignore_text = True
-                self._set_reason("rate_limited")
-                log.info("connection %s: closing (rate limit exceeded)", self.remote)
-                if self._worker is None:
-                    self.close(1008, "rate limit exceeded")
-                else:
-                    inbox.append(_BAD)
-                return
-            inbox.append(_Refused(msg, 429, "rate limit exceeded"))
-        else:
-            inbox.append((msg, now))
-        if self._worker is None:
-            self._worker = self.loop.create_task(self._work())
-        if len(inbox) >= self.config.max_pending and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
+        if session.queued:
+            self._wake()
+            if session.queued >= self.config.max_pending and not self._paused and self.transport is not None:
+                self._paused = True
+                self.transport.pause_reading()
 
-    def _bad_input(self, why: str) -> None:
-        self._set_reason("bad_input")
-        self.ws.stop_reading()
-        self.stats.protocol_errors += 1
-        log.info("connection %s: closing on bad input: %s", self.remote, why)
-        if self._worker is None:
-            self._close_transport()
-        else:
-            self._inbox.append(_BAD)
+    def _end(self, end: CloseAfter | None) -> None:
+        """The session ends the connection: now, or (queued) after the replies before it."""
+        if end is None:
+            self._wake()  # queued behind the messages before it
+            return
+        if end.code is None:  # bad input: read no more
+            self.ws.stop_reading()
+            log.info("connection %s: closing on bad input: %s", self.remote, end.reason)
+            if self.session.queued:
+                self._wake()
+            else:
+                self._close_transport()
+            return
+        log.info("connection %s: closing (%s)", self.remote, end.reason)
+        self.close(end.code, end.reason)
+
+    def _wake(self) -> None:
+        if self._worker is None and not self.closed:
+            self._worker = self.loop.create_task(self._work())
 
     async def _work(self) -> None:
-        inbox = self._inbox
+        session = self.session
+        outbox = self._outbox
         chain_in = self.context.chain_in
         chain_out = self.context.chain_out
         try:
-            while inbox and self.state is not _CLOSED:
-                item = inbox.popleft()
-                if self._paused and len(inbox) <= self.config.max_pending // 2 and self.transport is not None:
+            while self.state is not _CLOSED:
+                if outbox:
+                    try:
+                        await chain_out(self, outbox.popleft())
+                    except Exception:
+                        self._handler_failed()
+                        return
+                    continue
+                item = session.next_item()
+                if item is None:
+                    return
+                if self._paused and session.queued <= self.config.max_pending // 2 and self.transport is not None:
                     self._paused = False
                     self.transport.resume_reading()
-                if item is _BAD:
-                    inbox.clear()
-                    if self.close_reason == "rate_limited":
-                        self.close(1008, "rate limit exceeded")
-                        return
-                    self._close_transport()
+                cls = item.__class__
+                if cls is CloseAfter:
+                    outbox.clear()
+                    if item.code is None:
+                        self._close_transport()
+                    else:
+                        self.close(item.code, item.reason)
                     return
-                if item.__class__ is _Refused:
+                if cls is Refused:
                     self.nack(item.msg, item.code, item.text)
                     continue
+                msg = item.msg
                 try:
-                    if item.__class__ is Outgoing:
-                        await chain_out(self, item)
-                        continue
-                    msg, t0 = item
                     if chain_in is None:
                         await self.process(msg)
                     else:
                         await chain_in(self, msg)
                 except Exception:
-                    self.stats.recovered += 1
-                    log.exception("connection %s: handler failed; closing it", self.remote)
-                    inbox.clear()
-                    self.close(1011, "internal error")
+                    self._handler_failed()
                     return
+                finally:
+                    session.done()
                 if self._slow:
-                    dt = self.loop.time() - t0
+                    dt = self.loop.time() - item.received_at
                     if dt >= self._slow:
                         self.stats.slow_messages += 1
                         log.warning(
@@ -592,114 +564,74 @@ class Conn(asyncio.Protocol):
                         )
         finally:
             self._worker = None
-            if inbox and not self.closed:  # raced with a close/return: restart
+            if (session.queued or outbox) and not self.closed:  # raced with a close/return: restart
                 self._worker = self.loop.create_task(self._work())
 
+    def _handler_failed(self) -> None:
+        """A handler (or middleware) raised: logged, counted, this connection closed with 1011."""
+        self.stats.recovered += 1
+        log.exception("connection %s: handler failed; closing it", self.remote)
+        self.session.clear()
+        self._outbox.clear()
+        self.close(1011, "internal error")
+
     async def process(self, msg: ClientMessage) -> None:
-        """The final handler of incoming messages: broker work, then ACK/NACK."""
+        """The final handler of incoming messages: what the session admits goes
+        to the broker (or the subscriptions), then the ACK or NACK."""
+        session = self.session
+        subs = self.context.subscriptions
         t = msg.type
-        if self.identity is not None and t != UNSB:
-            refusal = self.identity.check(_KIND[t], msg.uri if t == CALL else msg.channel)
-            if refusal is not None:
-                self._listener.reject("unauthorized" if refusal[0] == 401 else "forbidden")
-                self.nack(msg, *refusal)
-                return
+        verdict = session.admit(msg, draining=self._listener.draining, inflight=self.inflight,
+                                has_history=subs.has_history, join_leave=subs.sends_join_leave)
+        if verdict.__class__ is tuple:
+            self.nack(msg, *verdict)  # type: ignore[misc]
+            return
         if t == CALL:
-            uri = msg.uri
-            if self._listener.draining:
-                self._listener.reject("draining")
-                self.nack(msg, 503, "server shutting down")
-                return
-            cap = self.config.max_inflight_calls
-            if cap and self.inflight >= cap:
-                self._listener.reject("inflight_limit")
-                self.nack(msg, 429, f"too many calls in flight (max {cap})")
-                return
-            ms = call_timeout_ms(msg.timeout_ns, self.config.call_timeout_ms)
-            if ms <= 0:
-                self.nack(msg, 500, f"invalid call timeout: {msg.timeout_ns} ns")
-                return
             pending = self._pending
-            if not pending.add(msg.uuid, self, ms, self.loop.time()):
+            if not pending.add(msg.uuid, self, verdict, self.loop.time()):  # type: ignore[arg-type]
                 # results route by msg_uuid: another connection's live call keeps it
                 self.nack(msg, 500, "duplicate message uuid")
                 return
             try:
                 trace = call_trace.get()
                 if trace is None:
-                    await self.broker.call(msg.uuid, uri, msg.args, ms)
+                    await self.broker.call(msg.uuid, msg.uri, msg.args, verdict)  # type: ignore[arg-type]
                 else:
-                    await self.broker.call(msg.uuid, uri, msg.args, ms, trace=trace)
+                    await self.broker.call(msg.uuid, msg.uri, msg.args, verdict, trace=trace)  # type: ignore[arg-type]
             except Exception as exc:
                 pending.pop(msg.uuid)
                 self.nack(msg, getattr(exc, "code", 500), str(exc) or type(exc).__name__)
                 return
-            self.stats.calls += 1
-            self.send(ACK, msg.uuid, _build_ack(msg.uuid, CALL, uri))
+            self.send(*session.ack(msg))
         elif t == PUB:
             try:
-                await self.context.subscriptions.publish(msg.channel, msg.uuid, msg.args)
+                await subs.publish(msg.channel, msg.uuid, msg.args)
             except Exception as exc:
                 self.nack(msg, 500, str(exc) or type(exc).__name__)
                 return
-            self.stats.publishes += 1
-            self.send(ACK, msg.uuid, _build_ack(msg.uuid, PUB, msg.channel))
+            self.send(*session.ack(msg))
         elif t == SUB:
-            key = (msg.pattern, msg.channel)
-            cap = self.config.max_subscriptions
-            if cap and key not in self._subs and len(self._subs) >= cap:
-                self._listener.reject("subscription_limit")
-                self.nack(msg, 500, f"too many subscriptions (max {cap})")
-                return
-            subs = self.context.subscriptions
-            since = msg.since
-            if since is not None:
-                if msg.pattern:
-                    self.nack(msg, 400, "since (recovery) needs a channel, not a pattern")
-                    return
-                if subs.recovery is None or subs.recovery.history_of(msg.channel) is None:
-                    self.nack(msg, 400, f"channel {msg.channel!r} keeps no history to recover from")
-                    return
-            if msg.join_leave:
-                opts = subs.presence.rules.lookup(msg.channel) if subs.presence is not None else None
-                if msg.pattern or opts is None or not opts.join_leave:
-                    self.nack(msg, 400, f"channel {msg.channel!r} sends no join/leave notices")
-                    return
             try:
-                joined = await subs.subscribe(self, msg.channel, msg.pattern, since, msg.join_leave)
+                joined = await subs.subscribe(self, msg.channel, msg.pattern, msg.since, msg.join_leave)
             except Exception as exc:
                 self.nack(msg, 500, str(exc) or type(exc).__name__)
                 return
-            self._subs.add(key)
-            if joined is None:
-                self.send(ACK, msg.uuid, _build_ack(msg.uuid, SUB, msg.channel))
-                return
-            if joined.recovered is not None:
-                outcome = "recovered" if joined.recovered else "not_recovered"
-                self.stats.recoveries[outcome] = self.stats.recoveries.get(outcome, 0) + 1
-            # on a channel with history: the position (and recovery) in the ACK, then what was missed
-            self.send(ACK, msg.uuid, _build_sub_ack(msg.uuid, msg.channel, joined.offset, joined.epoch,
-                                                    joined.recovered))
-            for ev in joined.events:
-                self.stats.events += 1
-                self.send(EVNT, ev.msg_uuid, _build_evnt(ev.msg_uuid, ev.channel, None, ev.args, ev.offset,
-                                                         ev.epoch))
+            for frame in session.subscribed(msg, joined):
+                self.send(*frame)
         elif t == UNSB:
-            self._subs.discard((msg.pattern, msg.channel))
+            session.unsubscribed(msg.channel, msg.pattern)  # counts as gone even if Redis fails
             try:
-                await self.context.subscriptions.unsubscribe(self, msg.channel, msg.pattern)
+                await subs.unsubscribe(self, msg.channel, msg.pattern)
             except Exception as exc:
                 self.nack(msg, 500, str(exc) or type(exc).__name__)
                 return
-            self.send(ACK, msg.uuid, _build_ack(msg.uuid, UNSB, msg.channel))
+            self.send(*session.ack(msg))
 
     # outgoing -------------------------------------------------------------------
 
     def nack(self, msg: ClientMessage, code: int, message: str) -> None:
         """Refuse `msg` with a NACK (middleware use it for 401/403 and the like)."""
-        target = msg.uri if msg.type == CALL else msg.channel
-        self.stats.nacks += 1
-        self.send(NACK, msg.uuid, _build_nack(msg.uuid, msg.type, target or "", code, message))
+        self.send(*self.session.nack(msg, code, message))
 
     def send_res(self, for_uuid: str, uri: str, args: bytes | None) -> None:
         self.stats.results += 1
@@ -707,7 +639,7 @@ class Conn(asyncio.Protocol):
 
     async def drop_subscription(self, channel: str, pattern: bool = False) -> bool:
         """End a subscription from the server side (the server API); False when there was none."""
-        self._subs.discard((bool(pattern), channel))
+        self.session.unsubscribed(channel, pattern)
         return await self.context.subscriptions.unsubscribe(self, channel, pattern)
 
     def send(self, msg_type: int, for_uuid: str, frame: bytes) -> None:
@@ -715,17 +647,16 @@ class Conn(asyncio.Protocol):
         if self._chained:
             if self.closed:
                 return
-            if len(self._inbox) >= self.config.max_outbound:
+            if self.queued >= self.config.max_outbound:
                 # the handler chain cannot keep up with what this client is sent
                 log.warning("connection %s: %d messages queued; dropping the connection",
-                            self.remote, len(self._inbox))
+                            self.remote, self.queued)
                 self._listener.reject("slow_consumer")
                 self._set_reason("slow_consumer")
                 self.abort()
                 return
-            self._inbox.append(Outgoing(msg_type, for_uuid, frame))
-            if self._worker is None:
-                self._worker = self.loop.create_task(self._work())
+            self._outbox.append(Outgoing(msg_type, for_uuid, frame))
+            self._wake()
         else:
             self.write(msg_type, frame)
 
@@ -738,11 +669,9 @@ class Conn(asyncio.Protocol):
         ws = self.ws
         if ws.state is not OPEN:
             return False
-        limit = self.config.write_limit
-        if limit and len(frame) > limit:
+        if not self.session.frame_fits(frame):
             log.warning("connection %s: a %d-byte message exceeds write_limit %d; closing", self.remote,
-                        len(frame), limit)
-            self._set_reason("too_big")
+                        len(frame), self.config.write_limit)
             self.close(1009, "message too big")
             return False
         ws.send_text(frame)
@@ -809,7 +738,7 @@ class Conn(asyncio.Protocol):
         ``close_timeout`` if the peer does not answer. Idempotent."""
         if self.closed:
             return
-        self._set_reason(_CLOSE_REASONS.get(code) or f"close_{code}")
+        self.session.closing(code)
         self._detach()
         if self.ws.send_close(code, reason):
             self._flush()

@@ -58,6 +58,7 @@ import rustext
 from rustext.net import listen_error
 
 from juggler.broker.base import Result
+from juggler.http import http_response
 from juggler.config import ServerConfig
 from juggler.conn import Conn, ConnContext, ConnState, Handler, Middleware
 from juggler.metrics import ServerStats
@@ -141,7 +142,7 @@ class Server:
         self.conn_context = ConnContext(
             config=self.config, stats=self.stats, broker=self.broker, pubsub=self.pubsub,
             pending=self._pending, listener=_Listener(self), chain_in=chain_in, chain_out=chain_out,
-            http=http, auth=auth, subscriptions=self.subscriptions,
+            http=self._answer_http, auth=auth, subscriptions=self.subscriptions,
         )
         self._server: asyncio.AbstractServer | None = None
         self._closed: asyncio.Event | None = None
@@ -155,7 +156,14 @@ class Server:
     @http.setter
     def http(self, site: StaticSite | None) -> None:
         self._http = site
-        self.conn_context = dataclasses.replace(self.conn_context, http=site)
+
+    def _answer_http(self, request: Any, *, head: bool) -> Any:
+        """The response to a plain HTTP request on the websocket port: /healthz,
+        then the static site; None (404) for anything else."""
+        response = http_response(request, draining=self.draining)
+        if response is None and self._http is not None:
+            response = self._http.respond(request, head=head)
+        return response
 
     @property
     def auth(self) -> Any:

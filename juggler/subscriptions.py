@@ -93,6 +93,17 @@ class Subscriptions:
 
     # connections ------------------------------------------------------------------
 
+    def has_history(self, channel: str) -> bool:
+        """Whether `channel` keeps history (a SUB may ask to recover from it)."""
+        return self.recovery is not None and self.recovery.history_of(channel) is not None
+
+    def sends_join_leave(self, channel: str) -> bool:
+        """Whether subscribers of `channel` may ask for join/leave notices."""
+        if self.presence is None:
+            return False
+        opts = self.presence.rules.lookup(channel)
+        return opts is not None and bool(opts.join_leave)
+
     def add_conn(self, conn: Conn, fd: int) -> int:
         """Register a connection that may subscribe; `fd` is its socket (-1: written by Python)."""
         hub_id = next(self._ids)

@@ -1,0 +1,313 @@
+"""The juggler.0 session of one connection, without I/O.
+
+What the server does with the messages a client sends is decided here,
+the way :mod:`juggler.wsproto` decides the websocket protocol: no socket,
+no task, no clock (times are passed in). A driver (:class:`juggler.conn.Conn`
+for websockets) feeds it the text frames received and the outcome of the
+broker work it asked for, and writes the frames it hands back.
+
+The rules it holds:
+
+- **Parsing and types.** A frame that is not a juggler.0 client message
+  (invalid JSON, unknown, server-only or forbidden type, bad uuid) ends the
+  connection without a NACK, after the replies to the messages before it.
+- **Rate.** Over ``rate_limit`` messages/s: NACK 429, in order, or (with
+  ``rate_limit_action = "close"``) a 1008 close after the replies before it,
+  every later message ignored.
+- **Order.** Messages are taken one at a time, in the order received
+  (:meth:`Session.next_item`): ACKs and NACKs go out in request order.
+- **Admission** (:meth:`Session.admit`): authorization (401/403), a draining
+  server (CALL: 503), calls in flight (429), the call timeout (nanoseconds
+  to milliseconds, the server default under 1 ms, NACK 500 when negative),
+  subscriptions per connection, recovery and join/leave options.
+- **Replies** (:meth:`Session.ack`, :meth:`Session.nack`,
+  :meth:`Session.subscribed`): the frames, counted.
+- **Outgoing size** (:meth:`Session.frame_fits`): a frame over
+  ``write_limit`` closes the connection with 1009.
+- **Why it closed** (:attr:`Session.close_reason`): the first reason wins.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import rustext
+
+from juggler.config import ServerConfig
+from juggler.limits import TokenBucket
+from juggler.metrics import ServerStats
+from juggler.protocol import ALL_CLIENT_TYPES, ClientMessage, JugglerDecodeError, call_timeout_ms
+
+__all__ = ["CloseAfter", "Refused", "Session", "Work"]
+
+CALL, PUB, SUB, UNSB = rustext.CALL, rustext.PUB, rustext.SUB, rustext.UNSB
+NACK, ACK, RES, EVNT = rustext.NACK, rustext.ACK, rustext.RES, rustext.EVNT
+
+_parse = rustext.parse_client_message
+_build_ack = rustext.build_ack
+_build_nack = rustext.build_nack
+_build_sub_ack = rustext.build_sub_ack
+_build_evnt = rustext.build_evnt
+
+_KIND = {CALL: "call", PUB: "pub", SUB: "sub"}
+_CLOSE_REASONS = {1000: "server_close", 1001: "shutdown", 1008: "policy", 1011: "internal_error"}
+
+#: one outgoing frame: (message type, the uuid it answers or carries, the frame)
+Frame = tuple[int, str, bytes]
+
+
+class Work:
+    """A message to handle (through the middleware, then the broker): its
+    turn came (:meth:`Session.next_item`)."""
+
+    __slots__ = ("msg", "received_at")
+
+    def __init__(self, msg: ClientMessage, received_at: float) -> None:
+        self.msg = msg
+        #: when it was received (the driver's clock): what a slow message is measured from
+        self.received_at = received_at
+
+
+class Refused:
+    """A message refused on arrival (the rate limit): NACK it, in its turn."""
+
+    __slots__ = ("code", "msg", "text")
+
+    def __init__(self, msg: ClientMessage, code: int, text: str) -> None:
+        self.msg = msg
+        self.code = code
+        self.text = text
+
+
+class CloseAfter:
+    """The end of the connection, in its turn (after the replies to the
+    messages before it): with a close frame (``code``), or without one
+    (``code`` None: bad input drops the TCP connection)."""
+
+    __slots__ = ("code", "reason")
+
+    def __init__(self, code: int | None, reason: str = "") -> None:
+        self.code = code
+        self.reason = reason
+
+
+Item = Work | Refused | CloseAfter
+
+
+class Session:
+    """The juggler.0 rules of one connection (see the module doc).
+
+    ``stats`` are the server's counters; ``reject(reason)`` counts one
+    refusal by reason (``juggler_rejections_total``). Neither does I/O.
+    """
+
+    __slots__ = (
+        "_bucket", "_busy", "_ignore_text", "_queue", "_reject", "_subs", "allowed", "close_reason", "config",
+        "identity", "messages_in", "stats",
+    )
+
+    def __init__(self, config: ServerConfig, stats: ServerStats, reject: Callable[[str], None], *,
+                 now: float) -> None:
+        self.config = config
+        self.stats = stats
+        self._reject = reject
+        #: the message types this client may send (the Juggler-Allowed-Messages handshake header)
+        self.allowed = ALL_CLIENT_TYPES
+        #: who the client is (juggler.auth.Identity), when the server authenticates
+        self.identity: Any = None
+        #: why the connection ended, once it is ending (logs, juggler_connections_closed_total)
+        self.close_reason: str | None = None
+        #: messages received (juggler.0 text frames parsed)
+        self.messages_in = 0
+        self._queue: deque[Item] = deque()
+        self._busy = False  # a Work item handed out and not done yet
+        self._ignore_text = False  # closing for the rate limit: later messages are ignored
+        self._subs: set[tuple[bool, str]] = set()  # (pattern, channel) subscribed
+        self._bucket: TokenBucket | None = None
+        if config.rate_limit:
+            self._bucket = TokenBucket(config.rate_limit, config.rate_burst or max(1.0, config.rate_limit), now)
+
+    # --- what the client sent ------------------------------------------------------------
+
+    def receive_text(self, data: bytes, now: float) -> CloseAfter | None:
+        """One text frame received. It is queued (a message, a refusal, or
+        the end of the connection after what is queued); or, with nothing
+        queued before it, the end is returned to be acted on now."""
+        if self._ignore_text:
+            return None
+        try:
+            msg = _parse(data, self.allowed)
+        except JugglerDecodeError as exc:
+            return self._end(self._bad_input(str(exc)))
+        self.stats.read[msg.type] += 1
+        self.messages_in += 1
+        bucket = self._bucket
+        if bucket is not None and not bucket.take(now):
+            self._reject("rate_limited")
+            if self.config.rate_limit_action == "close":
+                # later messages are ignored; control frames are still read (the
+                # client's answer to the close frame ends the connection)
+                self._ignore_text = True
+                self.set_reason("rate_limited")
+                return self._end(CloseAfter(1008, "rate limit exceeded"))
+            self._queue.append(Refused(msg, 429, "rate limit exceeded"))
+            return None
+        self._queue.append(Work(msg, now))
+        return None
+
+    def receive_binary(self) -> CloseAfter | None:
+        """A binary frame: juggler.0 is text only."""
+        return self._end(self._bad_input("binary frame"))
+
+    def _bad_input(self, why: str) -> CloseAfter:
+        self.set_reason("bad_input")
+        self.stats.protocol_errors += 1
+        return CloseAfter(None, why)
+
+    def _end(self, end: CloseAfter) -> CloseAfter | None:
+        if not self._queue and not self._busy:
+            return end
+        self._queue.append(end)
+        return None
+
+    @property
+    def queued(self) -> int:
+        """Items waiting for their turn."""
+        return len(self._queue)
+
+    def next_item(self) -> Item | None:
+        """The next item whose turn it is, or None (nothing queued, or a
+        :class:`Work` handed out is not :meth:`done` yet). A
+        :class:`CloseAfter` is the last: what was queued after it is
+        forgotten."""
+        queue = self._queue
+        if not queue or self._busy:
+            return None
+        item = queue.popleft()
+        if item.__class__ is Work:
+            self._busy = True
+        elif item.__class__ is CloseAfter:
+            queue.clear()
+        return item
+
+    def done(self) -> None:
+        """The :class:`Work` handed out is handled (replied to, or failed)."""
+        self._busy = False
+
+    def clear(self) -> None:
+        """Forget what is queued (the connection is ending)."""
+        self._queue.clear()
+        self._busy = False
+
+    # --- deciding ---------------------------------------------------------------------------
+
+    def admit(self, msg: ClientMessage, *, draining: bool, inflight: int,
+              has_history: Callable[[str], bool] | None = None,
+              join_leave: Callable[[str], bool] | None = None) -> tuple[int, str] | int | None:
+        """Whether `msg` may go to the broker: a refusal ``(code, text)`` to
+        NACK, else None, or for a CALL its timeout in milliseconds.
+        ``draining``: the server is shutting down; ``inflight``: this
+        connection's calls waiting for their RES; ``has_history(channel)`` and
+        ``join_leave(channel)``: what the server's channels offer (SUB)."""
+        t = msg.type
+        identity = self.identity
+        if identity is not None and t != UNSB:
+            refusal = identity.check(_KIND[t], msg.uri if t == CALL else msg.channel)
+            if refusal is not None:
+                self._reject("unauthorized" if refusal[0] == 401 else "forbidden")
+                return refusal
+        cfg = self.config
+        if t == CALL:
+            if draining:
+                self._reject("draining")
+                return 503, "server shutting down"
+            cap = cfg.max_inflight_calls
+            if cap and inflight >= cap:
+                self._reject("inflight_limit")
+                return 429, f"too many calls in flight (max {cap})"
+            ms = call_timeout_ms(msg.timeout_ns, cfg.call_timeout_ms)
+            if ms <= 0:
+                return 500, f"invalid call timeout: {msg.timeout_ns} ns"
+            return ms
+        if t == SUB:
+            key = (msg.pattern, msg.channel)
+            cap = cfg.max_subscriptions
+            if cap and key not in self._subs and len(self._subs) >= cap:
+                self._reject("subscription_limit")
+                return 500, f"too many subscriptions (max {cap})"
+            if msg.since is not None:
+                if msg.pattern:
+                    return 400, "since (recovery) needs a channel, not a pattern"
+                if has_history is None or not has_history(msg.channel):
+                    return 400, f"channel {msg.channel!r} keeps no history to recover from"
+            if msg.join_leave and (msg.pattern or join_leave is None or not join_leave(msg.channel)):
+                return 400, f"channel {msg.channel!r} sends no join/leave notices"
+        return None
+
+    # --- replies ----------------------------------------------------------------------------
+
+    def ack(self, msg: ClientMessage) -> Frame:
+        """The ACK of a message the broker took (CALL: queued; PUB: published;
+        SUB/UNSB: done)."""
+        t = msg.type
+        if t == CALL:
+            self.stats.calls += 1
+            return ACK, msg.uuid, _build_ack(msg.uuid, CALL, msg.uri)
+        if t == PUB:
+            self.stats.publishes += 1
+        elif t == SUB:
+            self._subs.add((msg.pattern, msg.channel))
+        elif t == UNSB:
+            self._subs.discard((msg.pattern, msg.channel))
+        return ACK, msg.uuid, _build_ack(msg.uuid, t, msg.channel)
+
+    def nack(self, msg: ClientMessage, code: int, message: str) -> Frame:
+        """The NACK refusing `msg`."""
+        target = msg.uri if msg.type == CALL else msg.channel
+        self.stats.nacks += 1
+        return NACK, msg.uuid, _build_nack(msg.uuid, msg.type, target or "", code, message)
+
+    def subscribed(self, msg: ClientMessage, joined: Any) -> list[Frame]:
+        """The replies to a SUB the subscriptions took: its ACK, with the
+        channel's position (and whether the recovery asked for worked) when
+        the channel keeps history, then the events recovered."""
+        self._subs.add((msg.pattern, msg.channel))
+        if joined is None:
+            return [(ACK, msg.uuid, _build_ack(msg.uuid, SUB, msg.channel))]
+        stats = self.stats
+        if joined.recovered is not None:
+            outcome = "recovered" if joined.recovered else "not_recovered"
+            stats.recoveries[outcome] = stats.recoveries.get(outcome, 0) + 1
+        frames = [(ACK, msg.uuid, _build_sub_ack(msg.uuid, msg.channel, joined.offset, joined.epoch,
+                                                 joined.recovered))]
+        for ev in joined.events:
+            stats.events += 1
+            frames.append((EVNT, ev.msg_uuid, _build_evnt(ev.msg_uuid, ev.channel, None, ev.args, ev.offset,
+                                                          ev.epoch)))
+        return frames
+
+    def unsubscribed(self, channel: str, pattern: bool) -> None:
+        """A subscription ended from the server's side."""
+        self._subs.discard((bool(pattern), channel))
+
+    # --- what goes out, and the end ---------------------------------------------------------
+
+    def frame_fits(self, frame: bytes) -> bool:
+        """Whether an outgoing frame is within ``write_limit``; when not, the
+        connection is to close with 1009 (the reason is set)."""
+        limit = self.config.write_limit
+        if limit and len(frame) > limit:
+            self.set_reason("too_big")
+            return False
+        return True
+
+    def set_reason(self, reason: str) -> None:
+        """Why the connection ends; the first reason given stays."""
+        if self.close_reason is None:
+            self.close_reason = reason
+
+    def closing(self, code: int) -> None:
+        """The server closes with `code`: the reason it means, unless one was given."""
+        self.set_reason(_CLOSE_REASONS.get(code) or f"close_{code}")
