@@ -41,7 +41,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from juggler.broker.base import Call, CalleeBroker, Result
+from rustext.backoff import Backoff
+from rustext.throttledlog import ThrottledLog
+
+from juggler.broker.base import Call, CalleeBroker, CapacityExceeded, Result
 
 __all__ = [
     "Callee",
@@ -192,7 +195,8 @@ class CalleeStats:
     results: int = 0  # results stored
     errors: int = 0  # results that are {"error":...}
     expired: int = 0  # calls skipped or results dropped because the TTL ran out
-    store_failures: int = 0  # results the broker failed to store
+    store_failures: int = 0  # results the broker failed to store until their call's deadline
+    store_retries: int = 0  # results stored after their first attempt failed
     running: int = 0  # calls being executed now
 
 
@@ -221,6 +225,7 @@ class Callee:
         #: a ``juggler.tracing.CalleeTracing`` (a span per call), or None
         self.tracing = tracing
         self._log = logger or log
+        self._warn = ThrottledLog(self._log)
         self._slots = asyncio.Semaphore(workers)
         self._running: set[asyncio.Task[None]] = set()
         self._pump: asyncio.Task[None] | None = None
@@ -360,6 +365,7 @@ class Callee:
             task.add_done_callback(self._flushing.discard)
 
     async def _store_batch(self, batch: list[tuple[Result, int]]) -> None:
+        started = asyncio.get_running_loop().time()
         send_many = getattr(self.broker, "send_results", None)
         if send_many is not None:
             try:
@@ -370,15 +376,44 @@ class Callee:
             outcomes = await asyncio.gather(
                 *(self.broker.send_result(r, ttl) for r, ttl in batch), return_exceptions=True
             )
+        retries = []
         for (result, ttl_ms), outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 if _is_invalid_result(outcome):
                     await self._store_invalid(result, ttl_ms)
                     continue
-                self.stats.store_failures += 1
-                self._log.warning("storing the result of %s %s failed: %s", result.msg_uuid, result.uri, outcome)
+                retries.append(self._store_until(result, started + ttl_ms / 1000, outcome))
             else:
                 self.stats.results += 1
+        if retries:
+            await asyncio.gather(*retries)
+
+    async def _store_until(self, result: Result, deadline: float, first: BaseException) -> None:
+        """A result whose storing failed (Redis lost, say): tried again with a
+        backoff until it is stored or its call's deadline passes. A result is
+        never dropped while its caller may still get it."""
+        loop = asyncio.get_running_loop()
+        backoff = Backoff()
+        exc: BaseException = first
+        while not isinstance(exc, CapacityExceeded) and not _is_invalid_result(exc):
+            wait = min(backoff.next_delay(), deadline - loop.time())
+            if wait <= 0:
+                break
+            await asyncio.sleep(wait)
+            remaining_ms = int((deadline - loop.time()) * 1000)
+            if remaining_ms <= 0:
+                break
+            try:
+                await self.broker.send_result(result, remaining_ms)
+            except Exception as again:
+                exc = again
+                continue
+            self.stats.results += 1
+            self.stats.store_retries += 1
+            return
+        self.stats.store_failures += 1
+        self._warn.warning("storing the result of %s %s failed until its deadline: %s", result.msg_uuid, result.uri,
+                           exc, key="store")
 
     async def _store_invalid(self, result: Result, ttl_ms: int) -> None:
         """A function returned something that is not JSON: the caller gets an error result."""
@@ -441,8 +476,7 @@ class Callee:
             if _is_invalid_result(exc):
                 await self._store_invalid(result, remaining_ms)
                 return
-            self.stats.store_failures += 1
-            self._log.warning("storing the result of %s %s failed: %s", call.msg_uuid, call.uri, exc)
+            await self._store_until(result, deadline, exc)
             return
         self.stats.results += 1
 

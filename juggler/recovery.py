@@ -158,6 +158,18 @@ class Stream:
         task.add_done_callback(_log_task_error)
         return False
 
+    def catch_up(self) -> None:
+        """The broker subscribed this channel again after losing its pub-sub
+        connection: what was published meanwhile never came live. Read from
+        the history after the position delivered last (live events wait
+        meanwhile), so that a gap at the end of a burst is filled too, not
+        only one that a later event reveals."""
+        if self.offset is None or self._held is not None:
+            return
+        self._held = []
+        task = asyncio.get_running_loop().create_task(self._fill())
+        task.add_done_callback(_log_task_error)
+
     async def _fill(self) -> None:
         """Fill a gap from the history, then let the held events out."""
         assert self.offset is not None and self._held is not None
@@ -170,17 +182,27 @@ class Stream:
         subs = self.recovery.subscriptions
         gaps = subs.stats.history_gaps
         if page is not None and page.epoch == self.epoch and (
-            page.publications and page.publications[0].offset == self.offset + 1
+            not page.publications or page.publications[0].offset == self.offset + 1
         ):
             events = page.publications + held
-            gaps["filled"] = gaps.get("filled", 0) + 1
-        else:
+            if page.publications:
+                gaps["filled"] = gaps.get("filled", 0) + 1
+        elif held:
             gaps["lost"] = gaps.get("lost", 0) + 1
             first = held[0]
             assert first.offset is not None and first.epoch is not None
             self._lost(first.offset - 1, first.epoch)
             self.offset, self.epoch = first.offset - 1, first.epoch
             events = held
+        elif page is not None:
+            # nothing came live since, and the history no longer joins up (trimmed, or a new epoch)
+            gaps["lost"] = gaps.get("lost", 0) + 1
+            start = page.publications[0].offset - 1 if page.publications else page.offset
+            self._lost(start, page.epoch)
+            self.offset, self.epoch = start, page.epoch
+            events = page.publications
+        else:
+            events = []  # the history could not be read: the next live event reveals the gap
         for event in events:
             if event.offset is None or (event.epoch == self.epoch and event.offset <= (self.offset or 0)):
                 continue

@@ -90,6 +90,16 @@ class Subscriptions:
         self.recovery: Any = None
         #: the presence service (juggler.presence.Presence) when channels keep presence
         self.presence: Any = None
+        register = getattr(pubsub, "on_resubscribed", None)
+        if register is not None:
+            register(self._resubscribed)
+
+    def _resubscribed(self, pattern: bool, channel: str) -> None:
+        """The broker re-subscribed after losing its pub-sub connection: a
+        channel with history reads what was published meanwhile."""
+        sub = self._subs.get((pattern, channel))
+        if sub is not None and sub.stream is not None:
+            sub.stream.catch_up()
 
     # connections ------------------------------------------------------------------
 

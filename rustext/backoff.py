@@ -33,6 +33,8 @@ class BackoffPolicy:
     maximum: float = 2.0
     factor: float = 2.0
     jitter: float = 0.5
+    #: seconds a connection must stay up to count as a success (see :meth:`Backoff.after_loss`)
+    healthy_after: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.initial > 0:
@@ -64,8 +66,9 @@ class Backoff:
     """One loop's backoff state.
 
     Call :meth:`next_delay` (or ``await`` :meth:`sleep`) after each failure
-    and :meth:`reset` after a success. Not shared between tasks: each loop
-    owns one.
+    and :meth:`reset` after a success; for a connection that may be lost
+    right after it opened, :meth:`after_loss` instead of a reset on open.
+    Not shared between tasks: each loop owns one.
     """
 
     __slots__ = ("policy", "attempts", "_rng")
@@ -89,6 +92,17 @@ class Backoff:
     def reset(self) -> None:
         """Back to the initial delay (after a success)."""
         self.attempts = 0
+
+    def after_loss(self, up_for: float) -> float:
+        """The delay before reconnecting once a connection that stayed up
+        `up_for` seconds is lost. Only a connection that proved healthy
+        (up ``healthy_after`` seconds) starts the delays afresh; one lost
+        sooner counts as one more failed attempt. So a server that accepts
+        and drops at once (Redis at ``maxclients``, a proxy without its
+        backend) is retried at a growing interval, never in a tight loop."""
+        if up_for >= self.policy.healthy_after:
+            self.attempts = 0
+        return self.next_delay()
 
     def __repr__(self) -> str:
         return f"Backoff({self.policy!r}, attempts={self.attempts})"

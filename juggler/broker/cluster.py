@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 from juggler.broker.resp import (
     RedisAddress,
     RedisConnectionError,
+    RedisOutcomeUnknown,
     RedisReplyError,
     RespConnection,
     RespPool,
@@ -95,6 +96,8 @@ def hash_tagged(prefix: str, name: str) -> str:
 def cluster_error_kind(exc: BaseException) -> str | None:
     """``"MOVED"``, ``"ASK"``, ``"RETRY"`` (cluster busy/down, connection
     lost) or None (an error of the command itself: not retried)."""
+    if isinstance(exc, RedisOutcomeUnknown):
+        return None  # it may have run: a push or a PUBLISH retried could happen twice
     if isinstance(exc, RedisConnectionError):
         return "RETRY"
     if isinstance(exc, RedisReplyError):

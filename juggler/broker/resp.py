@@ -17,6 +17,11 @@ Model:
   the blocking timeout plus a margin) means the connection is in an unknown
   state: it is closed and every pending command fails with
   :class:`RedisConnectionError`. Closed connections are never reused.
+- When a connection is lost, a command already written to it fails with
+  :class:`RedisOutcomeUnknown` (Redis may have run it: a PUBLISH may have
+  been delivered, a push queued), one never written with a plain
+  :class:`RedisConnectionError` (it certainly did not run). Callers must not
+  retry the first kind of what is not idempotent.
 - A connection made with ``on_push`` is a pub-sub connection: every reply
   goes to that callback instead of a future.
 """
@@ -43,6 +48,7 @@ from juggler.broker.base import BrokerError
 __all__ = [
     "RedisAddress",
     "RedisConnectionError",
+    "RedisOutcomeUnknown",
     "RedisReplyError",
     "RespConnection",
     "RespPool",
@@ -60,6 +66,14 @@ class RedisReplyError(BrokerError):
 
 class RedisConnectionError(BrokerError, ConnectionError):
     """The connection to Redis failed, was closed or timed out."""
+
+
+class RedisOutcomeUnknown(RedisConnectionError):
+    """The connection was lost after the command was sent and before its
+    reply: Redis may or may not have run it. ``code`` is the NACK a client
+    gets for it (504: the outcome is unknown, not a refusal)."""
+
+    code = 504
 
 
 Arg = bytes | str | int | float
@@ -215,6 +229,7 @@ class RespConnection:
         self._transport: asyncio.Transport | None = None
         self._pending: deque[tuple[asyncio.Future[Any], float]] = deque()
         self._wbuf: list[bytes] = []
+        self._unsent = 0  # commands at the end of _pending whose bytes are still in _wbuf
         self._flush_scheduled = False
         self._closed = False
         self._ready = False
@@ -301,6 +316,7 @@ class RespConnection:
             f = loop.create_future()
             self._pending.append((f, deadline))
             futs.append(f)
+        self._unsent += count
         self._write(packed)
         return futs
 
@@ -318,6 +334,7 @@ class RespConnection:
             return fut
         t = timeout if timeout is not None else self.command_timeout
         self._pending.append((fut, time.monotonic() + t if t else float("inf")))
+        self._unsent += 1
         self._write(pack_command(args))
         return fut
 
@@ -334,6 +351,7 @@ class RespConnection:
             return
         data = b"".join(self._wbuf) if len(self._wbuf) > 1 else self._wbuf[0]
         self._wbuf.clear()
+        self._unsent = 0
         self._transport.write(data)
 
     def _check_deadlines(self) -> None:
@@ -358,9 +376,19 @@ class RespConnection:
             self._watchdog.cancel()
             self._watchdog = None
         pending, self._pending = self._pending, deque()
-        for fut, _ in pending:
+        # the first commands were written (Redis may have run them), the last `_unsent` were not
+        sent = len(pending) - self._unsent
+        self._unsent = 0
+        unknown: BaseException | None = None
+        for i, (fut, _) in enumerate(pending):
             if not fut.done():
-                fut.set_exception(exc)
+                if i < sent and isinstance(exc, RedisConnectionError):
+                    if unknown is None:
+                        unknown = RedisOutcomeUnknown(f"outcome unknown: {exc} after the command was sent, "
+                                                      "Redis may have run it")
+                    fut.set_exception(unknown)
+                else:
+                    fut.set_exception(exc)
                 fut.exception()  # waiters still get it; a future nobody awaits any more stays quiet
         self._wbuf.clear()
         if self._transport is not None:

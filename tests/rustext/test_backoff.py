@@ -68,3 +68,33 @@ async def test_sleep_waits_the_delay_it_returns() -> None:
     assert await b.sleep() == pytest.approx(0.01)
     assert loop.time() - start >= 0.009
     assert b.attempts == 1
+
+
+def test_a_connection_lost_as_soon_as_it_opened_counts_as_a_failure() -> None:
+    """A server that accepts and drops at once is retried at a growing
+    interval; a connection that stayed up healthy_after starts afresh."""
+    b = Backoff(BackoffPolicy(initial=0.05, maximum=2.0, jitter=0, healthy_after=5.0))
+    delays = [b.after_loss(0.001) for _ in range(7)]
+    assert delays == [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0]
+    assert b.after_loss(5.0) == 0.05  # it had proved healthy
+    assert b.after_loss(4.9) == 0.1
+
+
+def test_throttled_warnings_say_how_many_were_left_out(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from rustext.throttledlog import ThrottledLog
+
+    now = [100.0]
+    t = ThrottledLog(logging.getLogger("test.throttled"), interval=10.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="test.throttled"):
+        assert t.warning("lost %s", "redis")
+        for _ in range(500):
+            assert not t.warning("lost %s", "redis")
+        assert t.warning("another kind")  # each kind has its own interval
+        now[0] += 10.0
+        assert t.warning("lost %s", "redis")
+        t.reset("lost %s")
+        assert t.warning("lost %s", "redis")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["lost redis", "another kind", "lost redis (500 more like it in the last 10 s)", "lost redis"]

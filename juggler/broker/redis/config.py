@@ -35,6 +35,9 @@ class RedisBrokerConfig:
     pool_size: int = 2
     #: seconds between health PINGs on the pub-sub connection (no answer by the next: reconnect)
     pubsub_health_interval: float = 15.0
+    #: ms a callee gives a call whose deadline was lost with a pop check's reply (then asked again
+    #: and gone: expired, or consumed by the lost check); the server drops a result that comes too late
+    unknown_deadline_ms: int = 60_000
     #: the routing key of this process's calls (a fresh UUID when None)
     conn_uuid: str | None = None
     #: Redis Cluster seed node URLs; non-empty = cluster mode (``url`` is then unused)
@@ -68,6 +71,8 @@ class RedisBrokerConfig:
             raise ValueError("block_timeout and pubsub_health_interval must be > 0")
         if self.pool_size < 1:
             raise ValueError("pool_size must be >= 1")
+        if self.unknown_deadline_ms < 1:
+            raise ValueError("unknown_deadline_ms must be >= 1")
         if not self.cluster:
             RedisAddress.from_url(self.url, tls=tls)
         if tls is not None:
@@ -95,6 +100,7 @@ class RedisBrokerStats:
     expired_results: int = 0  # results popped with their TTL gone
     calls_popped: int = 0  # calls handed to callees
     expired_calls: int = 0  # calls popped with their TTL gone
+    checks_unknown: int = 0  # calls/results popped whose pop check's reply was lost (handed on, not dropped)
     results_sent: int = 0  # results pushed by callees
     published: int = 0
     events: int = 0  # events delivered to local subscribers

@@ -7,6 +7,12 @@ costs one round trip; before 7, ``BRPOP`` + ``RPOP count``. A failure
 reconnects with the suite's backoff (``rustext.backoff``). Calls are never
 lost to a cancellation: popped-but-unchecked calls go back to their lists as
 they were, checked-but-unserved ones with their remaining TTL.
+
+Nothing popped is dropped because a pop check failed: when the check's reply
+is lost with its connection (the check may or may not have run, deleting the
+TTL keys), the items are yielded with ``None`` for their PTTL, "unknown",
+and the consumer decides from what it knows (the server knows each call's
+deadline; a callee asks Redis again, see ``RedisBroker.calls``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from juggler.broker.redis.keys import (
 )
 from juggler.broker.resp import RedisReplyError, RespConnection
 from rustext.backoff import Backoff, BackoffPolicy
+from rustext.throttledlog import ThrottledLog
 
 __all__ = ["RECONNECT_BACKOFF", "BlockingPops", "parse_payloads"]
 
@@ -54,6 +61,7 @@ class BlockingPops:
         self.closed = False
         self._orphans: set[asyncio.Future[Any]] = set()
         self._requeues: set[asyncio.Task[None]] = set()
+        self._warn = ThrottledLog(log)
 
     async def aclose(self) -> None:
         """Let the pops and requeues in flight finish (calls they hold go back), then close."""
@@ -81,6 +89,8 @@ class BlockingPops:
         otherwise the reply goes to :meth:`_orphaned` when it comes.
         """
         backoff = Backoff(RECONNECT_BACKOFF)
+        loop = asyncio.get_running_loop()
+        opened_at = 0.0
         conn: RespConnection | None = None
         block = self.config.block_timeout
         timeout = block + self.config.command_timeout
@@ -112,7 +122,7 @@ class BlockingPops:
                         )
                         self.connections.add(conn)
                         client_id = await conn.execute("CLIENT", "ID")
-                        backoff.reset()
+                        opened_at = loop.time()
                     except BrokerError as exc:
                         if conn is not None:
                             self.connections.discard(conn)
@@ -120,7 +130,8 @@ class BlockingPops:
                             conn = None
                         self.router.request_refresh()
                         delay = backoff.next_delay()
-                        log.warning("%s listener: %s; retrying in %.2fs", what, exc, delay)
+                        self._warn.warning("%s listener: %s; retrying in %.2fs", what, exc, delay,
+                                           key=f"connect {what}")
                         await asyncio.sleep(delay)
                         continue
                 if fut is None:
@@ -138,14 +149,17 @@ class BlockingPops:
                         # where the slot map says (MOVED names the node)
                         self.router.note_error(exc)
                         conn.close()
-                    log.warning("%s listener: %s", what, exc)
-                    await backoff.sleep()
+                    self._warn.warning("%s listener: %s", what, exc, key=f"reply {what}")
+                    await asyncio.sleep(backoff.after_loss(loop.time() - opened_at))
                     continue
                 except BrokerError as exc:
                     fut = None
                     self.router.request_refresh()
-                    log.warning("%s listener lost its connection: %s", what, exc)
-                    await backoff.sleep()
+                    # afresh only after a connection that stayed up a while (see Backoff.after_loss)
+                    delay = backoff.after_loss(loop.time() - opened_at)
+                    self._warn.warning("%s listener lost its connection: %s; reconnecting in %.2fs", what, exc,
+                                       delay, key=f"lost {what}")
+                    await asyncio.sleep(delay)
                     continue
                 if reply is None:
                     continue
@@ -177,17 +191,23 @@ class BlockingPops:
                         check.add_done_callback(lambda f, ps=parsed: self._requeue_checked(ps, f))
                     raise
                 except RedisReplyError as exc:
-                    if not str(exc).startswith("NOSCRIPT"):
-                        log.warning("pop check of %d %s failed, dropping them: %s", len(parsed), what, exc)
-                        continue
-                    try:
-                        pttls = await self.router.pool_for(ttl_keys[0]).evalsha(script, ttl_keys, ())
-                    except BrokerError as exc2:
-                        log.warning("pop check of %d %s failed, dropping them: %s", len(parsed), what, exc2)
-                        continue
+                    pttls = None
+                    if str(exc).startswith("NOSCRIPT"):
+                        try:
+                            pttls = await self.router.pool_for(ttl_keys[0]).evalsha(script, ttl_keys, ())
+                        except BrokerError as exc2:
+                            exc = exc2
+                    if pttls is None:
+                        self.stats.checks_unknown += len(parsed)
+                        self._warn.warning("pop check of %d %s failed (%s): handing them on with their deadline "
+                                           "unknown", len(parsed), what, exc, key=f"check {what}")
+                        pttls = [None] * len(parsed)
                 except BrokerError as exc:
-                    log.warning("pop check of %d %s failed, dropping them: %s", len(parsed), what, exc)
-                    continue
+                    # the reply is lost with the connection: the check may have run (TTL keys gone)
+                    self.stats.checks_unknown += len(parsed)
+                    self._warn.warning("pop check of %d %s failed (%s): handing them on with their deadline unknown",
+                                       len(parsed), what, exc, key=f"check {what}")
+                    pttls = [None] * len(parsed)
                 if not isinstance(pttls, list):
                     pttls = [pttls]
                 yield parsed, pttls

@@ -17,6 +17,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import rustext
@@ -26,6 +27,7 @@ from juggler.broker.redis.config import RedisBrokerConfig, RedisBrokerStats
 from juggler.broker.redis.pops import RECONNECT_BACKOFF
 from juggler.broker.resp import RedisReplyError, RespConnection
 from rustext.backoff import Backoff
+from rustext.throttledlog import ThrottledLog
 
 __all__ = ["PubSubFanout"]
 
@@ -70,6 +72,12 @@ class PubSubFanout:
         self._subs: dict[tuple[bool, str], _Sub] = {}
         self._pings: deque[_Barrier] = deque()  # PINGs in flight on the pub-sub connection
         self._by_subscriber: dict[object, set[tuple[bool, str]]] = {}
+        self._warn = ThrottledLog(log)
+        #: reconnections of the pub-sub connection (each after a backoff)
+        self.reconnects = 0
+        #: told ``(pattern, channel)`` when a subscription is in effect again after a
+        #: reconnect: what was published meanwhile was not delivered (see juggler.recovery)
+        self.on_resubscribed: Callable[[bool, str], None] | None = None
 
     async def aclose(self) -> None:
         """Stop the connection task, close the connection, fail what waits on it. Idempotent."""
@@ -222,15 +230,16 @@ class PubSubFanout:
             except BrokerError as exc:
                 self.router.request_refresh()
                 delay = backoff.next_delay()
-                log.warning("pub-sub connection: %s; retrying in %.2fs", exc, delay)
+                self._warn.warning("pub-sub connection: %s; retrying in %.2fs", exc, delay, key="connect")
                 await asyncio.sleep(delay)
                 continue
-            backoff.reset()
+            opened_at = loop.time()
             self.conn = conn
             # re-subscribe what local subscribers still want (after a reconnect)
-            for (pattern, channel), sub in list(self._subs.items()):
+            for key, sub in list(self._subs.items()):
+                pattern, channel = key
                 if sub.handlers:
-                    sub.confirms.append(_Barrier(loop.create_future()))
+                    sub.confirms.append(_Barrier(loop.create_future(), callbacks=[partial(self._resubscribed, key)]))
                     sub.state = "subscribing"
                     conn.send_push("PSUBSCRIBE" if pattern else "SUBSCRIBE", channel)
             self._ready.set()
@@ -255,7 +264,12 @@ class PubSubFanout:
                     del self._subs[key]
             if not self.closed:
                 self.router.request_refresh()
-                log.warning("pub-sub connection lost (%s); reconnecting", exc)
+                # the delays start afresh only after a connection that stayed up a while: one
+                # that drops as soon as it opens (Redis at maxclients) is not retried in a loop
+                delay = backoff.after_loss(loop.time() - opened_at)
+                self._warn.warning("pub-sub connection lost (%s); reconnecting in %.2fs", exc, delay, key="lost")
+                self.reconnects += 1
+                await asyncio.sleep(delay)
 
     async def _watch(self, conn: RespConnection, lost: asyncio.Future[Any]) -> Any:
         """Wait until the pub-sub connection is lost; a PING every
@@ -275,6 +289,10 @@ class PubSubFanout:
             probe = _Barrier(loop.create_future())
             self._pings.append(probe)
             conn.send_push("PING")
+
+    def _resubscribed(self, key: tuple[bool, str]) -> None:
+        if self.on_resubscribed is not None:
+            self.on_resubscribed(*key)
 
     def _activate(self, barrier: _Barrier) -> None:
         for callback in barrier.callbacks:

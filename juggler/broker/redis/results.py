@@ -59,7 +59,9 @@ class ResultsListener:
     def _route_results(self, parsed: list[Any], pttls: list[Any]) -> None:
         handler = self.handler
         for p, pttl in zip(parsed, pttls, strict=True):
-            if isinstance(pttl, Exception) or pttl <= 0:
+            # None: the pop check's reply was lost; the server's table of pending calls
+            # knows whether the call still waits, so the result goes on to it
+            if pttl is not None and (isinstance(pttl, Exception) or pttl <= 0):
                 self.stats.expired_results += 1
                 continue
             self.stats.results_received += 1

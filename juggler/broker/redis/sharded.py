@@ -48,6 +48,7 @@ from juggler.broker.cluster import (
 from juggler.broker.redis.pops import RECONNECT_BACKOFF
 from juggler.broker.resp import RedisAddress, RedisReplyError, RespConnection
 from rustext.backoff import Backoff
+from rustext.throttledlog import ThrottledLog
 
 __all__ = ["ShardedPubSub"]
 
@@ -111,6 +112,7 @@ class ShardedPubSub:
         self.received = 0
         self._chans: dict[str, _Chan] = {}
         self._links: dict[tuple[str, int, str | None], _Link] = {}
+        self._warn = ThrottledLog(log)
 
     # public -------------------------------------------------------------------
 
@@ -269,11 +271,12 @@ class ShardedPubSub:
                     )
                 except BrokerError as exc:
                     delay = backoff.next_delay()
-                    log.warning("sharded pub-sub connection to %s: %s; retrying in %.2fs", link.address, exc, delay)
+                    self._warn.warning("sharded pub-sub connection to %s: %s; retrying in %.2fs", link.address, exc,
+                                       delay, key=f"connect {key}")
                     self._reroute(link)
                     await asyncio.sleep(delay)
                     continue
-                backoff.reset()
+                opened_at = loop.time()
                 link.conn = conn
                 link.expected.clear()
                 link.probe_answered = True
@@ -295,9 +298,9 @@ class ShardedPubSub:
                         chan.confirmed = False
                 if self.closed:
                     break
-                delay = backoff.next_delay()
-                log.warning("sharded pub-sub connection to %s lost (%s); reconnecting in %.2fs",
-                            link.address, exc, delay)
+                delay = backoff.after_loss(loop.time() - opened_at)  # afresh only after a healthy connection
+                self._warn.warning("sharded pub-sub connection to %s lost (%s); reconnecting in %.2fs",
+                                   link.address, exc, delay, key=f"lost {key}")
                 self._reroute(link)
                 await asyncio.sleep(delay)
         finally:
