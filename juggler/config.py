@@ -15,7 +15,9 @@ section; unknown keys are errors (a typo must not be silently ignored)::
     handshake_timeout = 10
     slow_threshold = 0.5        # seconds; slower messages are logged, 0 = off
     call_timeout_ms = 60000     # default CALL timeout (upstream: 1 minute)
+    answer_expired_calls = true # an error RES for a call whose timeout passed without a result
     max_pending = 1024          # messages queued per connection before reading pauses
+    max_concurrent_messages = 16  # messages of one connection handled at once (ACKs stay in order)
     max_subscriptions = 1000    # channels + patterns per connection (more: NACK 500), 0 = none
     max_write_buffer = 16777216 # bytes buffered per connection before it is closed
     close_timeout = 5           # seconds to drain connections at shutdown
@@ -100,8 +102,15 @@ class ServerConfig:
     slow_threshold: float = 0.5
     #: timeout of a CALL that gives none (or under 1 ms)
     call_timeout_ms: int = 60_000
+    #: answer a CALL whose timeout passed without a result with an error RES
+    #: (``{"error": {"message": "call timed out: …"}}``), about a second after its
+    #: deadline; false: stay silent, as the original
+    answer_expired_calls: bool = True
     #: incoming messages queued per connection before reading pauses
     max_pending: int = 1024
+    #: messages of one connection handled at once: calls, and publications to different
+    #: channels, do not wait for each other (ACKs still go out in request order); 1 = one by one
+    max_concurrent_messages: int = 16
     #: channels + patterns one connection may subscribe (more: NACK 500); 0 = no limit
     max_subscriptions: int = 1000
     #: bytes buffered for one slow reader before its connection is closed
@@ -171,6 +180,8 @@ class ServerConfig:
             raise ValueError("max_subscriptions must be >= 0")
         if self.max_pending < 1:
             raise ValueError("max_pending must be >= 1")
+        if self.max_concurrent_messages < 1:
+            raise ValueError("max_concurrent_messages must be >= 1")
 
     @property
     def listen(self) -> str:

@@ -179,7 +179,8 @@ class Conn(asyncio.Protocol):
         self.hub_id: int | None = None
         self._held = False  # the fan-out hands our frames back: Python output is queued
         self._outbox: deque[Outgoing] = deque()  # outgoing messages waiting for the middleware
-        self._worker: asyncio.Task[None] | None = None
+        self._workers = 0  # worker tasks running (see _work)
+        self._outbox_busy = False  # a worker is taking the outbox through the middleware
         # flow control, orthogonal to the websocket state
         self._paused = False  # reading paused: too many messages queued
         self._last_read = self.loop.time()
@@ -510,22 +511,38 @@ class Conn(asyncio.Protocol):
         self.close(end.code, end.reason)
 
     def _wake(self) -> None:
-        if self._worker is None and not self.closed:
-            self._worker = self.loop.create_task(self._work())
+        """Start a worker when something waits and every worker is busy (up to
+        max_concurrent_messages): what the session lets run side by side does."""
+        if self.closed:
+            return
+        session = self.session
+        if self._workers == 0 or (
+            self._workers <= session.running and session.queued
+            and self._workers < self.config.max_concurrent_messages
+        ):
+            self._workers += 1
+            self.loop.create_task(self._work())
 
     async def _work(self) -> None:
+        """Take what the session hands out until it has nothing more for now:
+        several of these run at once when messages may be handled side by side."""
         session = self.session
         outbox = self._outbox
         chain_in = self.context.chain_in
         chain_out = self.context.chain_out
         try:
             while self.state is not _CLOSED:
-                if outbox:
+                if outbox and not self._outbox_busy:
+                    # outgoing messages through the middleware: one worker at a time, in order
+                    self._outbox_busy = True
                     try:
-                        await chain_out(self, outbox.popleft())
+                        while outbox and self.state is not _CLOSED:
+                            await chain_out(self, outbox.popleft())
                     except Exception:
                         self._handler_failed()
                         return
+                    finally:
+                        self._outbox_busy = False
                     continue
                 item = session.next_item()
                 if item is None:
@@ -544,6 +561,8 @@ class Conn(asyncio.Protocol):
                 if cls is Refused:
                     self.nack(item.msg, item.code, item.text)
                     continue
+                if session.queued:
+                    self._wake()  # another may run beside this one
                 msg = item.msg
                 try:
                     if chain_in is None:
@@ -553,8 +572,8 @@ class Conn(asyncio.Protocol):
                 except Exception:
                     self._handler_failed()
                     return
-                finally:
-                    session.done()
+                for frame in session.done(item):
+                    self.send(*frame)
                 if self._slow:
                     dt = self.loop.time() - item.received_at
                     if dt >= self._slow:
@@ -563,9 +582,9 @@ class Conn(asyncio.Protocol):
                             "slow message: %s %s on %s took %.3fs", msg.type, msg.uuid, self.remote, dt
                         )
         finally:
-            self._worker = None
-            if (session.queued or outbox) and not self.closed:  # raced with a close/return: restart
-                self._worker = self.loop.create_task(self._work())
+            self._workers -= 1
+            if self._workers == 0 and (session.queued or outbox) and not self.closed:  # raced with a close: restart
+                self._wake()
 
     def _handler_failed(self) -> None:
         """A handler (or middleware) raised: logged, counted, this connection closed with 1011."""
@@ -588,7 +607,7 @@ class Conn(asyncio.Protocol):
             return
         if t == CALL:
             pending = self._pending
-            if not pending.add(msg.uuid, self, verdict, self.loop.time()):  # type: ignore[arg-type]
+            if not pending.add(msg.uuid, self, verdict, self.loop.time(), msg.uri):  # type: ignore[arg-type]
                 # results route by msg_uuid: another connection's live call keeps it
                 self.nack(msg, 500, "duplicate message uuid")
                 return
@@ -599,17 +618,22 @@ class Conn(asyncio.Protocol):
                 else:
                     await self.broker.call(msg.uuid, msg.uri, msg.args, verdict, trace=trace)  # type: ignore[arg-type]
             except Exception as exc:
-                pending.pop(msg.uuid)
-                self.nack(msg, getattr(exc, "code", 500), str(exc) or type(exc).__name__)
+                code = getattr(exc, "code", 500)
+                if code != 504:
+                    pending.pop(msg.uuid)
+                # 504: the call may have been queued (Redis lost after the push was sent); its
+                # entry stays, so a RES that comes is still delivered, as the error RES of its expiry
+                self.nack(msg, code, str(exc) or type(exc).__name__)
                 return
-            self.send(*session.ack(msg))
+            self.reply(msg, session.ack(msg))
         elif t == PUB:
             try:
                 await subs.publish(msg.channel, msg.uuid, msg.args)
             except Exception as exc:
-                self.nack(msg, 500, str(exc) or type(exc).__name__)
+                # 504: it may have been published (Redis lost after the PUBLISH was sent)
+                self.nack(msg, getattr(exc, "code", 500), str(exc) or type(exc).__name__)
                 return
-            self.send(*session.ack(msg))
+            self.reply(msg, session.ack(msg))
         elif t == SUB:
             try:
                 joined = await subs.subscribe(self, msg.channel, msg.pattern, msg.since, msg.join_leave)
@@ -617,7 +641,7 @@ class Conn(asyncio.Protocol):
                 self.nack(msg, 500, str(exc) or type(exc).__name__)
                 return
             for frame in session.subscribed(msg, joined):
-                self.send(*frame)
+                self.reply(msg, frame)
         elif t == UNSB:
             session.unsubscribed(msg.channel, msg.pattern)  # counts as gone even if Redis fails
             try:
@@ -625,13 +649,20 @@ class Conn(asyncio.Protocol):
             except Exception as exc:
                 self.nack(msg, 500, str(exc) or type(exc).__name__)
                 return
-            self.send(*session.ack(msg))
+            self.reply(msg, session.ack(msg))
 
     # outgoing -------------------------------------------------------------------
 
     def nack(self, msg: ClientMessage, code: int, message: str) -> None:
         """Refuse `msg` with a NACK (middleware use it for 401/403 and the like)."""
-        self.send(*self.session.nack(msg, code, message))
+        self.reply(msg, self.session.nack(msg, code, message))
+
+    def reply(self, msg: ClientMessage, frame: tuple[int, str, bytes]) -> None:
+        """Send a reply to `msg` (its ACK, NACK, or the events a SUB recovered):
+        now, or once the messages before it have their replies out."""
+        work = self.session.work_of(msg)
+        if work is None or self.session.reply(work, frame):
+            self.send(*frame)
 
     def send_res(self, for_uuid: str, uri: str, args: bytes | None) -> None:
         self.stats.results += 1

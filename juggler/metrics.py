@@ -15,6 +15,8 @@ original's expvar counters:
 | ``juggler_results_total`` | counter | RES sent |
 | ``juggler_expired_calls_total`` | counter | calls popped after their TTL (dropped) |
 | ``juggler_expired_results_total`` | counter | results popped after their TTL, or for no live call |
+| ``juggler_calls_timed_out_total`` | counter | calls answered with an error RES: no result by their timeout |
+| ``juggler_redis_checks_unknown_total`` | counter | calls/results popped whose pop check's reply was lost (handed on, not dropped) |
 | ``juggler_events_total`` | counter | EVNT sent |
 | ``juggler_publishes_total`` | counter | PUBs published |
 | ``juggler_nacks_total`` | counter | NACKs sent (broker errors, middleware refusals) |
@@ -51,6 +53,7 @@ class ServerStats:
     calls: int = 0
     results: int = 0
     expired_results: int = 0  # results with no live call left here (late, or its conn closed)
+    calls_timed_out: int = 0  # calls answered with an error RES: no result by their timeout
     events: int = 0
     publishes: int = 0
     nacks: int = 0
@@ -101,6 +104,10 @@ class StatsCollector(Collector):
             "juggler_expired_results", "Results dropped because their TTL ran out or no call waits for them",
             value=s.expired_results + extra.get("expired_results", 0),
         )
+        yield CounterMetricFamily("juggler_calls_timed_out", "Calls answered with an error RES: no result by "
+                                  "their timeout", value=s.calls_timed_out)
+        yield CounterMetricFamily("juggler_redis_checks_unknown", "Calls and results popped whose pop check's "
+                                  "reply was lost (handed on, not dropped)", value=extra.get("checks_unknown", 0))
         yield CounterMetricFamily("juggler_events", "EVNT messages sent", value=s.events)
         yield CounterMetricFamily("juggler_publishes", "PUB messages published", value=s.publishes)
         yield CounterMetricFamily("juggler_nacks", "NACK messages sent", value=s.nacks)
@@ -180,6 +187,7 @@ def broker_source(broker: Any) -> Callable[[], dict[str, int]]:
         out = {
             "expired_calls": int(getattr(st, "expired_calls", 0)),
             "expired_results": int(getattr(st, "expired_results", 0)),
+            "checks_unknown": int(getattr(st, "checks_unknown", 0)),
         }
         router = getattr(broker, "router", None)
         if router is not None and getattr(router, "cluster", False):

@@ -13,6 +13,10 @@ deadline, pops only what is due: no periodic scan of every pending call.
 Owners are the connections that made the calls; the table keeps each
 owner's ``inflight`` count (calls ACKed and waiting for their RES) and reads
 its ``closed`` flag. Times are the event loop's clock (``loop.time()``).
+
+``on_expire(owner, msg_uuid, uri, timeout_ms)``, when set, is told of each
+call forgotten by expiry: the server answers it with an error RES, so that
+no acknowledged call is left without an answer.
 """
 
 from __future__ import annotations
@@ -46,14 +50,15 @@ class PendingCalls(Generic[O]):
     the server's drain waits on it.
     """
 
-    __slots__ = ("_calls", "_clock", "_heap", "_loop", "_timer", "_timer_at", "grace", "on_change")
+    __slots__ = ("_calls", "_clock", "_heap", "_loop", "_timer", "_timer_at", "grace", "on_change", "on_expire")
 
     def __init__(self, *, grace: float = 1.0, loop: asyncio.AbstractEventLoop | None = None) -> None:
         #: seconds an entry outlives its deadline (a result racing the timeout is still routed)
         self.grace = grace
         self.on_change: Callable[[], None] | None = None
-        # msg_uuid -> (owner, deadline, heap handle)
-        self._calls: dict[str, tuple[O, float, int]] = {}
+        self.on_expire: Callable[[O, str, str, int], None] | None = None
+        # msg_uuid -> (owner, deadline, heap handle, uri, timeout in ms)
+        self._calls: dict[str, tuple[O, float, int, str, int]] = {}
         self._heap = rustext.DeadlineHeap()
         self._loop = loop
         self._timer: asyncio.TimerHandle | None = None
@@ -70,7 +75,7 @@ class PendingCalls(Generic[O]):
         entry = self._calls.get(msg_uuid)
         return entry[0] if entry is not None else None
 
-    def add(self, msg_uuid: str, owner: O, timeout_ms: int, now: float) -> bool:
+    def add(self, msg_uuid: str, owner: O, timeout_ms: int, now: float, uri: str = "") -> bool:
         """`owner` waits for `msg_uuid`'s result until ``now + timeout_ms``;
         True. A uuid another owner still waits for (connected, the call
         pending) is refused: False, nothing changed. Results route by uuid,
@@ -86,7 +91,7 @@ class PendingCalls(Generic[O]):
         deadline = now + timeout_ms / 1000.0
         expires = deadline + self.grace
         handle = self._heap.add(int(expires * 1000.0), msg_uuid)
-        calls[msg_uuid] = (owner, deadline, handle)
+        calls[msg_uuid] = (owner, deadline, handle, uri, timeout_ms)
         owner.inflight += 1
         if self._timer is None or expires < self._timer_at:
             self._arm(expires)
@@ -107,22 +112,25 @@ class PendingCalls(Generic[O]):
 
     def live(self, now: float) -> int:
         """Calls whose owner is still connected and whose deadline has not passed."""
-        return sum(1 for owner, deadline, _ in self._calls.values() if not owner.closed and deadline > now)
+        return sum(1 for owner, deadline, *_ in self._calls.values() if not owner.closed and deadline > now)
 
     def expire(self, now: float) -> int:
         """Forget the calls whose deadline (plus ``grace``) has passed; returns how many."""
         due = self._heap.pop_expired(int(now * 1000.0))
         calls = self._calls
+        on_expire = self.on_expire
         for msg_uuid in due:
             entry = calls.pop(msg_uuid)
             entry[0].inflight -= 1
+            if on_expire is not None:
+                on_expire(entry[0], msg_uuid, entry[3], entry[4])
         if due and self.on_change is not None:
             self.on_change()
         return len(due)
 
     def clear(self) -> None:
         """Forget every call and stop the timer (the server has closed)."""
-        for owner, _, _ in self._calls.values():
+        for owner, *_ in self._calls.values():
             owner.inflight -= 1
         self._calls.clear()
         self._heap.clear()

@@ -125,6 +125,8 @@ class Server:
             chain_out = _chain(self.middleware, Conn.write_outgoing)  # type: ignore[arg-type]
         # calls waiting for their result, routed by msg_uuid (expiring on their own timer)
         self._pending: PendingCalls[Conn] = PendingCalls()
+        if self.config.answer_expired_calls:
+            self._pending.on_expire = self._call_expired
         #: who subscribes to what on this server, and the native fan-out of events
         self.subscriptions = Subscriptions(self.pubsub, self.stats,
                                            native=self.config.native_fanout if native_fanout is None else native_fanout,
@@ -332,6 +334,15 @@ class Server:
             return
         conn.send_res(result.msg_uuid, result.uri, result.args)
 
+    def _call_expired(self, conn: Conn, msg_uuid: str, uri: str, timeout_ms: int) -> None:
+        """A call's timeout passed without a result: its caller gets an error
+        RES, so no acknowledged call is left without an answer. (A client of
+        the original ignores it: its own timer has expired the call.)"""
+        if conn.closed:
+            return
+        self.stats.calls_timed_out += 1
+        conn.send_res(msg_uuid, uri, _timed_out(timeout_ms))
+
     async def publish(self, channel: str, args: bytes | None, msg_uuid: str | None = None) -> PublishResult:
         """Publish to `channel` as a PUB would (with history where the channel keeps it):
         the server API's publish. `args` is raw JSON."""
@@ -423,6 +434,11 @@ class _Listener:
             log.exception("on_conn_state(%s) failed on %s", state.name, conn.remote)
             return False
         return True
+
+
+def _timed_out(timeout_ms: int) -> bytes:
+    """The args of the error RES of a call that got no result in time (a callee error's shape)."""
+    return b'{"error":{"message":"call timed out: no result within %d ms"}}' % timeout_ms
 
 
 def _fmt_remote(remote: Any) -> str:

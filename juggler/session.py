@@ -14,8 +14,16 @@ The rules it holds:
 - **Rate.** Over ``rate_limit`` messages/s: NACK 429, in order, or (with
   ``rate_limit_action = "close"``) a 1008 close after the replies before it,
   every later message ignored.
-- **Order.** Messages are taken one at a time, in the order received
-  (:meth:`Session.next_item`): ACKs and NACKs go out in request order.
+- **Order.** What the protocol orders stays ordered, the rest runs side by
+  side (:meth:`Session.next_item`): up to ``max_concurrent_messages`` of a
+  connection's messages are handled at once, so that a slow Redis does not
+  make every message wait for the one before it. CALLs do not wait for each
+  other; a PUB waits for the PUBs to its channel before it; a SUB or UNSB
+  waits for everything before it, and everything after waits for it (its
+  ACK comes before the events it brings, and a PUB after it is seen by it).
+  ACKs and NACKs go out in request order all the same: the replies of a
+  message are held (:meth:`Session.reply`) until those of the messages
+  before it are out (:meth:`Session.done`).
 - **Admission** (:meth:`Session.admit`): authorization (401/403), a draining
   server (CALL: 503), calls in flight (429), the call timeout (nanoseconds
   to milliseconds, the server default under 1 ms, NACK 500 when negative),
@@ -62,12 +70,17 @@ class Work:
     """A message to handle (through the middleware, then the broker): its
     turn came (:meth:`Session.next_item`)."""
 
-    __slots__ = ("msg", "received_at")
+    __slots__ = ("finished", "key", "msg", "received_at", "replies")
 
     def __init__(self, msg: ClientMessage, received_at: float) -> None:
         self.msg = msg
         #: when it was received (the driver's clock): what a slow message is measured from
         self.received_at = received_at
+        #: what it must not run beside: "" (anything: a SUB/UNSB), a PUB's channel, None (a CALL)
+        self.key: str | None = None if msg.type == CALL else msg.channel if msg.type == PUB else ""
+        #: replies held until the messages before it have their replies out
+        self.replies: list[Frame] = []
+        self.finished = False
 
 
 class Refused:
@@ -104,8 +117,8 @@ class Session:
     """
 
     __slots__ = (
-        "_bucket", "_busy", "_ignore_text", "_queue", "_reject", "_subs", "allowed", "close_reason", "config",
-        "identity", "messages_in", "stats",
+        "_bucket", "_ignore_text", "_open", "_queue", "_reject", "_running", "_subs", "allowed", "close_reason",
+        "config", "identity", "messages_in", "stats",
     )
 
     def __init__(self, config: ServerConfig, stats: ServerStats, reject: Callable[[str], None], *,
@@ -122,7 +135,9 @@ class Session:
         #: messages received (juggler.0 text frames parsed)
         self.messages_in = 0
         self._queue: deque[Item] = deque()
-        self._busy = False  # a Work item handed out and not done yet
+        #: Works handed out whose replies are not all out yet, in arrival order
+        self._open: deque[Work] = deque()
+        self._running = 0  # Works handed out and not done
         self._ignore_text = False  # closing for the rate limit: later messages are ignored
         self._subs: set[tuple[bool, str]] = set()  # (pattern, channel) subscribed
         self._bucket: TokenBucket | None = None
@@ -167,7 +182,7 @@ class Session:
         return CloseAfter(None, why)
 
     def _end(self, end: CloseAfter) -> CloseAfter | None:
-        if not self._queue and not self._busy:
+        if not self._queue and not self._open:
             return end
         self._queue.append(end)
         return None
@@ -177,29 +192,94 @@ class Session:
         """Items waiting for their turn."""
         return len(self._queue)
 
+    @property
+    def running(self) -> int:
+        """Works handed out and not :meth:`done` yet."""
+        return self._running
+
     def next_item(self) -> Item | None:
-        """The next item whose turn it is, or None (nothing queued, or a
-        :class:`Work` handed out is not :meth:`done` yet). A
-        :class:`CloseAfter` is the last: what was queued after it is
-        forgotten."""
+        """The next item that may be handled now, or None (nothing queued,
+        or what is queued must wait for work handed out). A
+        :class:`Refused` or :class:`CloseAfter` (and a SUB/UNSB) waits until
+        the replies of everything before it are out; a :class:`CloseAfter`
+        is the last: what was queued after it is forgotten."""
         queue = self._queue
-        if not queue or self._busy:
+        if not queue:
             return None
-        item = queue.popleft()
+        head = queue[0]
+        if not self._open:  # nothing handed out: the head goes, whatever it is
+            queue.popleft()
+            return self._hand_out(head)
+        if head.__class__ is not Work or head.key == "" or self._running >= self.config.max_concurrent_messages:
+            return None
+        # CALLs and PUBs may overtake work handed out, and each other, but never a PUB to
+        # their channel (running or queued before them) nor anything queued behind a barrier
+        running = {w.key for w in self._open if not w.finished and w.key is not None}
+        if "" in running:
+            return None
+        earlier: set[str] = set()
+        for i, item in enumerate(queue):
+            if item.__class__ is not Work or item.key == "":
+                return None
+            key = item.key
+            if key is not None:
+                if key in running or key in earlier:
+                    earlier.add(key)
+                    continue
+            del queue[i]
+            return self._hand_out(item)
+        return None
+
+    def _hand_out(self, item: Item) -> Item:
         if item.__class__ is Work:
-            self._busy = True
+            self._open.append(item)  # type: ignore[arg-type]
+            self._running += 1
         elif item.__class__ is CloseAfter:
-            queue.clear()
+            self._queue.clear()
         return item
 
-    def done(self) -> None:
-        """The :class:`Work` handed out is handled (replied to, or failed)."""
-        self._busy = False
+    def reply(self, work: Work, frame: Frame) -> bool:
+        """A reply of `work` (an ACK, a NACK, the events a SUB recovered):
+        True when it may be written now (every message before it has its
+        replies out), False when the session holds it until then (see
+        :meth:`done`)."""
+        if self._open and self._open[0] is work:
+            return True
+        work.replies.append(frame)
+        return False
+
+    def work_of(self, msg: ClientMessage) -> Work | None:
+        """The work handed out for `msg` (a middleware replying to it), if any."""
+        for work in self._open:
+            if work.msg is msg:
+                return work
+        return None
+
+    def done(self, work: Work) -> list[Frame]:
+        """`work` is handled (replied to, or failed): the replies that may be
+        written now, in order (its own held ones and those of later work that
+        finished before it, up to the first still running)."""
+        if work.finished:
+            return []
+        work.finished = True
+        self._running -= 1
+        opened = self._open
+        if not opened or opened[0] is not work:
+            return []  # an earlier message has replies to send first
+        out: list[Frame] = []
+        while opened and opened[0].finished:
+            out += opened.popleft().replies
+        if opened:  # the new oldest is running: what it said so far goes now, the rest as it comes
+            head = opened[0]
+            out += head.replies
+            head.replies = []
+        return out
 
     def clear(self) -> None:
-        """Forget what is queued (the connection is ending)."""
+        """Forget what is queued and held (the connection is ending)."""
         self._queue.clear()
-        self._busy = False
+        self._open.clear()
+        self._running = 0
 
     # --- deciding ---------------------------------------------------------------------------
 

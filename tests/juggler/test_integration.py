@@ -2,10 +2,10 @@
 `juggler server --redis` processes, three `juggler callee` processes × 4
 workers, and several clients sending random CALL/SUB/UNSB/PUB for a few
 seconds, some calls built to expire. Then every counter is reconciled
-exactly: ACKs = messages sent, no NACK, RES = calls − expired (and the
-expired ones are exactly those built to expire), every event received by
-every subscriber that was subscribed throughout, nothing received twice or
-out of a subscription."""
+exactly: ACKs = messages sent, no NACK, one RES per call (a result, or for
+each call built to expire exactly one "call timed out" error RES, its real
+result never), every event received by every subscriber that was
+subscribed throughout, nothing received twice or out of a subscription."""
 
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ class Tally:
     results_ok: int = 0
     wrong_results: list[Any] = field(default_factory=list)
     received: Counter[int] = field(default_factory=Counter)
+    # RES by call: for_uuid -> how many, and those that said "call timed out"
+    res_for: Counter[str] = field(default_factory=Counter)
+    timed_out: set[str] = field(default_factory=set)
     # (for_uuid, channel, pattern) -> count
     events: Counter[tuple[str, str, str | None]] = field(default_factory=Counter)
     # channel -> list of [sub_sent_at, sub_acked_at, unsb_sent_at | None, unsb_acked_at | None]
@@ -61,6 +64,12 @@ def make_on_message(t: Tally):  # type: ignore[no-untyped-def]
         if typ == EVNT:
             p = msg["payload"]
             t.events[(p["for"], p["channel"], p.get("pattern"))] += 1
+        elif typ == RES:
+            p = msg["payload"]
+            t.res_for[p["for"]] += 1
+            error = p.get("args") if isinstance(p.get("args"), dict) else None
+            if error is not None and str(error.get("error", {}).get("message", "")).startswith("call timed out"):
+                t.timed_out.add(p["for"])
 
     return on_message
 
@@ -173,7 +182,11 @@ async def test_random_traffic_reconciles_exactly(redis_url: str) -> None:
                            if tallies[int(p.channel.split(".")[1])].events[(p.uuid, p.channel, None)] >= 1)
 
             await wait_until(lambda: own_received() >= len(own_pubs), timeout=15, what="every own.<i> event")
-            # a late RES of an expired call must not come: an absence cannot be
+            # every call is answered: the expired ones by the server's error RES, about a
+            # second after their timeout
+            await wait_until(lambda: sum(t.received[RES] for t in tallies) >= sum(t.calls for t in tallies),
+                             timeout=15, what="a RES for every call")
+            # the real result of an expired call must not come as well: an absence cannot be
             # awaited, so give one the time to show up before the exact checks
             await asyncio.sleep(0.6)
 
@@ -192,9 +205,12 @@ async def test_random_traffic_reconciles_exactly(redis_url: str) -> None:
     # ACKs = messages sent, no NACK
     assert sum(t.received[ACK] for t in tallies) == total_sent
     assert sum(t.received[NACK] for t in tallies) == 0
-    # RES = calls - expired; the expired ones are exactly those built to expire
-    assert sum(t.received[RES] for t in tallies) == total_calls - total_expired
+    # one RES per call: the expired ones (exactly those built to expire) got the server's
+    # "call timed out" error RES, and nothing else
+    assert sum(t.received[RES] for t in tallies) == total_calls
+    assert all(n == 1 for t in tallies for n in t.res_for.values())
     assert all(t.expired == t.built_to_expire for t in tallies)
+    assert sum(len(t.timed_out) for t in tallies) == total_expired
     assert [w for t in tallies for w in t.wrong_results] == []
     assert sum(t.results_ok for t in tallies) == total_calls - total_expired
 

@@ -38,21 +38,87 @@ def drain(session: Session) -> list[Any]:
     while (item := session.next_item()) is not None:
         items.append(item)
         if isinstance(item, Work):
-            session.done()
+            session.done(item)
     return items
 
 
-def test_messages_come_out_in_order_one_at_a_time() -> None:
-    s, _ = make()
-    frames = [call(), rustext.build_pub(uid(), "news", b"1"), rustext.build_sub(uid(), "news")]
-    for f in frames:
+def pub(channel: str) -> bytes:
+    return rustext.build_pub(uid(), channel, b"1")
+
+
+def sub(channel: str) -> bytes:
+    return rustext.build_sub(uid(), channel)
+
+
+def test_one_at_a_time_when_asked() -> None:
+    s, _ = make(max_concurrent_messages=1)
+    for f in (call(), pub("news"), sub("news")):
         assert s.receive_text(f, 1.0) is None
     first = s.next_item()
     assert isinstance(first, Work) and first.msg.type == CALL and first.received_at == 1.0
     assert s.next_item() is None  # the first is not done: the second waits its turn
-    s.done()
+    assert s.done(first) == []
     assert [i.msg.type for i in drain(s)] == [PUB, SUB]
     assert s.messages_in == 3 and s.stats.read[CALL] == 1
+
+
+def test_calls_and_publications_to_other_channels_run_side_by_side() -> None:
+    s, _ = make()
+    for f in (call(), call(), pub("a"), pub("b"), pub("a"), call()):
+        s.receive_text(f, 0.0)
+    out = []
+    while (item := s.next_item()) is not None:
+        out.append(item)
+    # the second PUB to "a" waits for the first; the CALL after it overtakes it
+    assert [(w.msg.type, getattr(w.msg, "channel", None)) for w in out] == \
+        [(CALL, None), (CALL, None), (PUB, "a"), (PUB, "b"), (CALL, None)]
+    assert s.running == 5 and s.queued == 1
+    s.done(out[2])  # the first PUB to "a" is done
+    second_a = s.next_item()
+    assert isinstance(second_a, Work) and second_a.msg.channel == "a"
+
+
+def test_a_sub_waits_for_what_is_before_it_and_holds_what_is_after() -> None:
+    s, _ = make()
+    for f in (call(), sub("news"), call()):
+        s.receive_text(f, 0.0)
+    c1 = s.next_item()
+    assert s.next_item() is None  # the SUB waits for the CALL's reply
+    s.done(c1)
+    sb = s.next_item()
+    assert isinstance(sb, Work) and sb.msg.type == SUB
+    assert s.next_item() is None  # the CALL after the SUB waits for it
+    s.done(sb)
+    assert isinstance(s.next_item(), Work)
+
+
+def test_replies_go_out_in_request_order() -> None:
+    s, _ = make()
+    for f in (call(), call(), call()):
+        s.receive_text(f, 0.0)
+    w1, w2, w3 = s.next_item(), s.next_item(), s.next_item()
+    assert isinstance(w1, Work) and isinstance(w2, Work) and isinstance(w3, Work)
+    a2, a3 = s.ack(w2.msg), s.ack(w3.msg)
+    assert not s.reply(w3, a3) and not s.reply(w2, a2)  # held: the first has not replied
+    assert s.done(w3) == [] and s.done(w2) == []
+    a1 = s.ack(w1.msg)
+    assert s.reply(w1, a1)  # the oldest: written now
+    assert s.done(w1) == [a2, a3]  # then the others, in request order
+    assert s.running == 0
+
+
+def test_replies_of_the_new_oldest_go_out_when_it_becomes_the_oldest() -> None:
+    s, _ = make()
+    for f in (call(), call()):
+        s.receive_text(f, 0.0)
+    w1, w2 = s.next_item(), s.next_item()
+    assert isinstance(w1, Work) and isinstance(w2, Work)
+    early = s.nack(w2.msg, 500, "no")
+    assert not s.reply(w2, early)
+    assert s.done(w1) == [early]  # w2 still runs: what it said so far goes out now
+    late = s.ack(w2.msg)
+    assert s.reply(w2, late)  # and from now on, as it comes
+    assert s.work_of(w2.msg) is w2 and s.work_of(w1.msg) is None
 
 
 def test_bad_input_ends_the_connection_after_the_replies_before_it() -> None:
@@ -78,9 +144,11 @@ def test_bad_input_with_nothing_queued_ends_at_once() -> None:
 def test_an_end_waits_for_the_message_being_handled() -> None:
     s, _ = make()
     s.receive_text(call(), 0.0)
-    assert isinstance(s.next_item(), Work)  # handed out, its reply not sent yet
+    work = s.next_item()
+    assert isinstance(work, Work)  # handed out, its reply not sent yet
     assert s.receive_binary() is None  # so the end is queued, not acted on now
-    s.done()
+    assert s.next_item() is None  # and waits for that reply
+    s.done(work)
     assert isinstance(s.next_item(), CloseAfter)
 
 
