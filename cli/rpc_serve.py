@@ -68,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-limit", type=float, metavar="REQ_PER_S", help="server-wide request rate limit")
     p.add_argument("--conn-rate-limit", type=float, metavar="CONN_PER_S", help="accepted connections per second")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics on this port")
-    p.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST", help="interface of /metrics (default 0.0.0.0)")
+    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                   help="interface of /metrics (default 127.0.0.1, as every metrics endpoint of the suite; 0.0.0.0 for all)")
     p.add_argument("--access-log", action="store_true", help="log one line per request")
     add_otel_argument(p)
     reg = p.add_mutually_exclusive_group()
