@@ -111,17 +111,12 @@ def check_unix_path(path: str, what: str) -> None:
 
 def parse_hostport(value: str, what: str) -> tuple[str, int]:
     """Split ``host:port`` (``[v6]:port`` allowed); raises BalancerConfigError."""
-    if not isinstance(value, str) or ":" not in value:
-        raise BalancerConfigError(f"{what} must be 'host:port', got {value!r}")
-    host, _, port_s = value.rpartition(":")
-    host = host.strip("[]")
+    from rustext.net import parse_hostport as parse
+
     try:
-        port = int(port_s)
-    except ValueError:
-        raise BalancerConfigError(f"{what} must be 'host:port', got {value!r}") from None
-    if not host or not 0 <= port <= 65535:
-        raise BalancerConfigError(f"{what} must be 'host:port' with a port in 0..65535, got {value!r}")
-    return host, port
+        return parse(value, what=what)
+    except ValueError as exc:
+        raise BalancerConfigError(str(exc)) from None
 
 
 def check_send_proxy(value: object, what: str) -> None:

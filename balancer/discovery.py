@@ -39,6 +39,8 @@ import dns.exception
 import dns.nameserver
 import dns.resolver
 
+from rustext.net import join_hostport
+
 from balancer.errors import BalancerConfigError
 
 log = logging.getLogger("balancer.dns")
@@ -142,7 +144,7 @@ class ResolutionError(Exception):
 
 
 def _hostport(ip: str, port: int) -> str:
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+    return join_hostport(ip, port)
 
 
 class Discovery:

@@ -116,10 +116,9 @@ def register(subparsers: Any) -> None:
 
 
 def _hostport(value: str, flag: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"{flag} must be HOST:PORT, got {value!r}")
-    return host or "127.0.0.1", int(port)
+    from rustext.net import parse_hostport
+
+    return parse_hostport(value, what=flag, default_host="127.0.0.1")
 
 
 async def _start_rpcx_listener(

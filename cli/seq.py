@@ -515,15 +515,15 @@ def run_member(args: argparse.Namespace) -> int:
     from rustext.tls import ClientTls, TlsConfigError
     from seq.errors import ChangeRefused, MembershipError
     from seq.membership import Admin
-    from seq.server import _check_addr
+    from rustext.net import check_hostport
 
     prog = f"juggler seq member {args.action}"
     try:
-        servers = [_check_addr(a) for a in _addrs(args.servers)]
+        servers = [check_hostport(a) for a in _addrs(args.servers)]
         if not servers:
             raise ValueError("--servers names no member")
         if args.action != "list":
-            _check_addr(args.member)
+            check_hostport(args.member)
         if args.timeout <= 0:
             raise ValueError("--timeout must be > 0")
         tls = None

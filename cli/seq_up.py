@@ -61,9 +61,9 @@ def register(sub: Any) -> None:
 
 
 def _addresses(listen: str, what: str) -> list[str]:
-    from seq.server import _check_addr
+    from rustext.net import check_hostport
 
-    addr = _check_addr(listen)
+    addr = check_hostport(listen)
     host, _, port = addr.rpartition(":")
     first = int(port)
     if not 0 < first <= 65533:

@@ -55,6 +55,8 @@ from typing import Any
 from rustext.fields import check_fields
 from rustext.tls import ServerTls
 
+from rustext.net import parse_hostport
+
 from juggler.broker.memory import MemoryBrokerConfig
 from juggler.channels import ChannelRules
 
@@ -63,17 +65,7 @@ __all__ = ["ApiConfig", "AppConfig", "MetricsConfig", "ServerConfig", "load_conf
 
 def parse_listen(listen: str) -> tuple[str, int]:
     """``HOST:PORT`` (or ``:PORT``, ``[v6]:PORT``) → (host, port)."""
-    host, sep, port_s = listen.rpartition(":")
-    if not sep:
-        raise ValueError(f"listen address must be HOST:PORT, got {listen!r}")
-    host = host.strip("[]") or "127.0.0.1"
-    try:
-        port = int(port_s)
-    except ValueError:
-        raise ValueError(f"invalid port in {listen!r}") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port out of range in {listen!r}")
-    return host, port
+    return parse_hostport(listen, what="listen address", default_host="127.0.0.1")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -42,6 +42,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Self
 
+from rustext.net import join_hostport, parse_hostport
+
 from rpc.errors import RpcError
 from rpc.message import SerializeType
 
@@ -291,14 +293,7 @@ Serve = Callable[[Any, ByteStream], Awaitable[None]]
 def split_hostport(value: str) -> tuple[str, int]:
     """``host:port`` (``[v6]:port``, ``tcp@host:port``) → (host, port)."""
     value = value.partition("@")[2] if "@" in value else value
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]"), int(port)
-
-
-def join_hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return parse_hostport(value)
 
 
 _UNSPECIFIED = ("", "0.0.0.0", "::")

@@ -46,10 +46,12 @@ _TOKEN_KEY = "otel.token"
 
 def _split_hostport(text: str) -> tuple[str, int | None]:
     """``host:port`` / ``[v6]:port`` → (host, port); a text without a port → (text, None)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
+    from rustext.net import parse_hostport
+
+    try:
+        return parse_hostport(text)
+    except ValueError:
         return text, None
-    return host.strip("[]"), int(port)
 
 
 def address_attributes(address: str, prefix: str) -> dict[str, Any]:

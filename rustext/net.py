@@ -1,6 +1,11 @@
-"""Listening sockets: one error type for "cannot listen", whichever server
-(juggler's, rpc's, seq's, the balancer's, a metrics endpoint) failed to bind,
-so every command reports it the same way, in one line."""
+"""Addresses and listening sockets, the same for every part of the suite.
+
+- :func:`parse_hostport` / :func:`join_hostport`: ``HOST:PORT`` (``[v6]:PORT``)
+  read and written in one place, with one kind of error message.
+- :class:`ListenError`: one error type for "cannot listen", whichever server
+  (juggler's, rpc's, seq's, the balancer's, a metrics endpoint) failed to
+  bind, so every command reports it the same way, in one line.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,42 @@ import errno
 import os
 import re
 
-__all__ = ["ListenError", "listen_error", "raise_open_files_limit"]
+__all__ = ["ListenError", "check_hostport", "join_hostport", "listen_error", "parse_hostport", "raise_open_files_limit"]
+
+
+def parse_hostport(text: str, *, what: str = "address", default_host: str | None = None) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[v6]:PORT`` → (host, port). With `default_host`,
+    ``:PORT`` means that host; without, a host is required. Raises
+    ValueError naming `what` (``listen address must be HOST:PORT, got
+    'nowhere'``, ``invalid port in '127.0.0.1:x'``)."""
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be HOST:PORT, got {text!r}")
+    host, sep, port_s = text.rpartition(":")
+    if not sep:
+        raise ValueError(f"{what} must be HOST:PORT, got {text!r}")
+    if not port_s.isdigit() or not port_s.isascii():
+        raise ValueError(f"invalid port in {text!r} ({what} must be HOST:PORT)")
+    port = int(port_s)
+    if port > 65535:
+        raise ValueError(f"port out of range in {text!r} (0 to 65535)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        if default_host is None:
+            raise ValueError(f"{what} must be HOST:PORT, got {text!r} (no host)")
+        host = default_host
+    return host, port
+
+
+def check_hostport(text: str, *, what: str = "address") -> str:
+    """`text` itself, once :func:`parse_hostport` accepts it (ValueError otherwise)."""
+    parse_hostport(text, what=what)
+    return text
+
+
+def join_hostport(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets (``[::1]:80``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class ListenError(OSError):
@@ -16,8 +56,7 @@ class ListenError(OSError):
     can act on: ``cannot listen on 127.0.0.1:9000: address already in use``."""
 
     def __init__(self, host: str, port: int | str, reason: str, err: int | None = None) -> None:
-        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        super().__init__(err or 0, f"cannot listen on {where}: {reason}")
+        super().__init__(err or 0, f"cannot listen on {join_hostport(host, port)}: {reason}")
         self.host, self.port, self.reason = host, port, reason
 
     def __str__(self) -> str:

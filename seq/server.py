@@ -61,7 +61,7 @@ from typing import Literal
 
 import grpc
 
-from rustext.net import ListenError, listen_error
+from rustext.net import ListenError, check_hostport, listen_error
 from rustext.tls import ClientTls, ServerTls
 
 from rpc.transport import ServerConfig as TransportServerConfig
@@ -101,13 +101,6 @@ log = logging.getLogger("seq.server")
 Mode = Literal["normal", "bootstrap", "rejoin", "join"]
 
 
-def _check_addr(addr: str) -> str:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"expected HOST:PORT, got {addr!r}")
-    return addr
-
-
 @dataclass(kw_only=True)
 class ServerConfig:
     """Configuration of one member. Times in seconds."""
@@ -135,10 +128,10 @@ class ServerConfig:
     metrics_max_names: int = 1000  # names with series of their own; later names are counted under name="_other"
 
     def __post_init__(self) -> None:
-        _check_addr(self.listen)
-        self.peers = tuple(_check_addr(p) for p in self.peers)
+        check_hostport(self.listen)
+        self.peers = tuple(check_hostport(p) for p in self.peers)
         if self.advertise is not None:
-            _check_addr(self.advertise)
+            check_hostport(self.advertise)
         if self.self_address in self.peers:
             raise ValueError("--peers lists the other members only, not this one")
         if len(set(self.peers)) != len(self.peers):
@@ -157,7 +150,7 @@ class ServerConfig:
         if not 0 <= self.peer_port < 65536:
             raise ValueError("peer_port out of range")
         if self.http is not None:
-            _check_addr(self.http)
+            check_hostport(self.http)
         if self.metrics_max_names < 0:
             raise ValueError("metrics_max_names must be >= 0")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -889,7 +882,7 @@ class RRServer:
         token, epoch, members = req[3], req[4], req[5]
         if type(token) is not str or not token or type(epoch) is not int or epoch < 1 or not isinstance(members, list):
             raise ValueError("bad membership change")
-        ms = tuple(sorted(str(_check_addr(m)) for m in members))  # type: ignore[arg-type]
+        ms = tuple(sorted(str(check_hostport(m)) for m in members))  # type: ignore[arg-type]
         if not ms or len(set(ms)) != len(ms):
             raise ValueError("bad member list")
         return token, epoch, ms

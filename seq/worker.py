@@ -50,6 +50,8 @@ from typing import Any
 import grpc
 from aiohttp import web
 
+from rustext.net import check_hostport
+
 from seq._proto import rrpeer_pb2 as peer_pb
 from seq.api import ApiServer
 from seq.errors import ClockMovedBackwards, NoLease, SeqExhausted, SeqUnavailable
@@ -72,12 +74,6 @@ __all__ = ["Clock", "SnowflakeWorker", "WorkerConfig"]
 log = logging.getLogger("seq.snowflake")
 
 
-def _check_addr(addr: str) -> str:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"expected HOST:PORT, got {addr!r}")
-    return addr
-
 
 @dataclass(kw_only=True)
 class WorkerConfig:
@@ -99,14 +95,14 @@ class WorkerConfig:
     lease: LeaseConfig = field(init=False)
 
     def __post_init__(self) -> None:
-        self.cluster = tuple(_check_addr(a) for a in self.cluster)
+        self.cluster = tuple(check_hostport(a) for a in self.cluster)
         if not self.cluster:
             raise ValueError("--cluster needs the members' addresses")
         if len(set(self.cluster)) != len(self.cluster):
             raise ValueError("duplicate member in --cluster")
-        _check_addr(self.listen)
+        check_hostport(self.listen)
         if self.http is not None:
-            _check_addr(self.http)
+            check_hostport(self.http)
         t, w, s = self.bits
         self.layout = Layout(epoch_ms=parse_epoch(self.epoch), time_bits=t, worker_bits=w, sequence_bits=s)
         if self.layout.epoch_ms > time.time() * 1000:

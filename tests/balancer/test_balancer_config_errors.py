@@ -41,7 +41,7 @@ BAD = [
      'interval = 1\ntype = "tcp"\n', 7, ["backends.api.health.type", "tcp"]),
     ("path of a grpc check", L + 'proto = "h2"\n[health]\ntype = "grpc"\npath = "/health"\n', 5,
      ["health.path", "grpc_service"]),
-    ("listen", "# the front\nlisten = \"nowhere\"\n", 2, ["listen", "host:port"]),
+    ("listen", "# the front\nlisten = \"nowhere\"\n", 2, ["listen", "HOST:PORT"]),
     ("backend without address", L + "[[backends]]\nweight = 2\n", 2, ["backends[0]", "address"]),
     ("dns nameserver", L + '[dns]\ninterval = 5\nnameservers = ["1.1.1.1", "bad"]\n', 4, ["dns.nameservers", "bad"]),
     ("quoted key", L + '"hash_key" = "cookie"  # not a key the balancer knows\n', 2, ["hash_key", "cookie"]),

@@ -67,7 +67,7 @@ def test_config_file_round_trip(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('listen = "x"', "host:port"),
+        ('listen = "x"', "HOST:PORT"),
         ('backends = []', "'listen' is required"),
         ('listen = "127.0.0.1:1"\nalgorithm = "fastest"', "algorithm must be one of"),
         ('listen = "127.0.0.1:1"\nworkers = 0', "workers"),
