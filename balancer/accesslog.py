@@ -26,7 +26,7 @@ FACILITIES = {
 def _syslog_address(value: str, where: str) -> str:
     """``udp://host:port``, ``host:port`` (UDP), ``tcp://host:port``, ``unix:/dev/log`` or
     ``/dev/log`` → the data plane's form."""
-    from balancer.config import parse_hostport
+    from balancer.checks import parse_hostport
 
     if value.startswith(("unix:", "/")):
         path = value.removeprefix("unix:")

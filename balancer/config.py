@@ -70,6 +70,15 @@ from typing import Any
 from rustext.fields import check_fields
 
 from balancer.accesslog import AccessLog
+from balancer.checks import (  # noqa: F401  (re-exported: the configuration's own checks)
+    PROTOS,
+    check_h2_limits,
+    check_proto,
+    check_send_proxy,
+    check_unix_path,
+    parse_hostport,
+    unix_path,
+)
 from balancer.auth import AdminAuth
 from balancer.discovery import DnsConfig, Target, is_ip
 from balancer.errorpages import ErrorPage, load_error_pages
@@ -91,38 +100,6 @@ ALGORITHM_ALIASES = {
     "hash": "consistent_hash",
     "ketama": "consistent_hash",
 }
-
-
-def unix_path(value: object) -> str | None:
-    """The socket path of a Unix address (``unix:/path``, HAProxy's ``unix@/path``), else None."""
-    if isinstance(value, str):
-        for prefix in ("unix:", "unix@"):
-            if value.startswith(prefix):
-                return value[len(prefix):]
-    return None
-
-
-def check_unix_path(path: str, what: str) -> None:
-    if not path.startswith("/"):
-        raise BalancerConfigError(f"{what} must be an absolute path after 'unix:', got {path!r}")
-    if len(path.encode()) > 107:
-        raise BalancerConfigError(f"{what} {path!r} is longer than a unix socket path may be (107 bytes)")
-
-
-def parse_hostport(value: str, what: str) -> tuple[str, int]:
-    """Split ``host:port`` (``[v6]:port`` allowed); raises BalancerConfigError."""
-    from rustext.net import parse_hostport as parse
-
-    try:
-        return parse(value, what=what)
-    except ValueError as exc:
-        raise BalancerConfigError(str(exc)) from None
-
-
-def check_send_proxy(value: object, what: str) -> None:
-    """``send_proxy`` is unset, ``"v1"``, ``"v2"`` or ``"none"``."""
-    if value is not None and value not in ("v1", "v2", "none"):
-        raise BalancerConfigError(f"{what} must be \"v1\", \"v2\" or \"none\", got {value!r}")
 
 
 def _non_negative(obj: object, *names: str) -> None:
@@ -800,23 +777,6 @@ _POOL_KEYS = frozenset((
     "backends", "algorithm", "hash_key", "retries", "connect_timeout", "response_timeout", "total_timeout",
     "queue_timeout", "eject_after", "eject_cooldown", "eject_until_checked", "max_connections", "send_proxy", "tunnel_timeout", "policy",
     "proto", "h2_max_streams", "h2_connections"))
-
-#: what ``proto`` takes
-PROTOS = ("h1", "h2")
-
-
-def check_h2_limits(streams: Any, connections: Any, where: str) -> None:
-    """Refuse HTTP/2 connection limits out of range, naming the key (``where``: a pool's prefix)."""
-    for key, value, top in (("h2_max_streams", streams, 1000), ("h2_connections", connections, 64)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top):
-            raise BalancerConfigError(f"{where}{key} must be an integer in 1..{top}, got {value!r}")
-
-
-def check_proto(value: Any, where: str) -> None:
-    """Refuse a ``proto`` other than h1 or h2, naming the key."""
-    if value not in PROTOS:
-        raise BalancerConfigError(f"{where} must be \"h1\" or \"h2\", got {value!r}")
-
 
 def _as_dict(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in fields(obj)}

@@ -53,7 +53,8 @@ from google.protobuf.message import DecodeError, Message
 if TYPE_CHECKING:
     import aiohttp
 
-from balancer.config import HealthCheck, Tls, parse_hostport, unix_path
+from balancer.checks import parse_hostport, unix_path
+from balancer.config import HealthCheck, Tls
 
 log = logging.getLogger("balancer.health")
 

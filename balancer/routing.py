@@ -358,10 +358,10 @@ class Listener:
     mode: str | None = None
 
     def __post_init__(self) -> None:
-        from balancer.config import parse_hostport
+        from balancer.checks import parse_hostport
 
         w = self.where
-        from balancer.config import check_unix_path, unix_path
+        from balancer.checks import check_unix_path, unix_path
 
         if (path := unix_path(self.address)) is not None:
             check_unix_path(path, f"{w}.address")
@@ -476,7 +476,7 @@ class NamedBackend:
     rate_limit: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        from balancer.config import check_send_proxy
+        from balancer.checks import check_send_proxy
 
         check_send_proxy(self.send_proxy, f"{self.where}.send_proxy")
         for name in ("request_headers", "response_headers"):
@@ -486,6 +486,6 @@ class NamedBackend:
                 object.__setattr__(self, name, section(HeaderRules, v, w))
         if self.proto is not None and self.proto not in ("h1", "h2"):
             raise BalancerConfigError(f'{self.where}.proto must be "h1" or "h2", got {self.proto!r}')
-        from balancer.config import check_h2_limits
+        from balancer.checks import check_h2_limits
 
         check_h2_limits(self.h2_max_streams, self.h2_connections, f"{self.where}.")

@@ -10,7 +10,8 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from balancer.config import BalancerConfig, parse_hostport
+from balancer.checks import parse_hostport
+from balancer.config import BalancerConfig
 from balancer.errors import BalancerError
 from balancer.service import LoadBalancer
 

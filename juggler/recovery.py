@@ -28,7 +28,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import rustext
 
@@ -38,9 +38,25 @@ from juggler.channels import ChannelOptions, ChannelRules
 
 if TYPE_CHECKING:
     from juggler.conn import Conn
-    from juggler.subscriptions import Subscriptions, _Sub
+    from juggler.metrics import ServerStats
 
-__all__ = ["JoinResult", "PublishResult", "Recovery", "Stream"]
+__all__ = ["Delivery", "JoinResult", "PublishResult", "Recovery", "Stream", "Subscription"]
+
+
+class Subscription(Protocol):
+    """What a :class:`Stream` knows of the subscription it follows."""
+
+    @property
+    def channel(self) -> str: ...
+
+
+class Delivery(Protocol):
+    """Where a :class:`Stream` sends the events it recovers (the server's
+    subscriptions, :class:`juggler.subscriptions.Subscriptions`)."""
+
+    stats: ServerStats
+
+    def deliver(self, sub: Any, event: Event) -> None: ...
 
 log = logging.getLogger("juggler.recovery")
 
@@ -80,7 +96,7 @@ def unrecovered_notice(channel: str, offset: int, epoch: str) -> bytes:
 class Recovery:
     """The server's history side: publishing with history, reading it, one Stream per channel."""
 
-    def __init__(self, subscriptions: Subscriptions, pubsub: Any, rules: ChannelRules) -> None:
+    def __init__(self, subscriptions: Delivery, pubsub: Any, rules: ChannelRules) -> None:
         self.subscriptions = subscriptions
         self.pubsub = pubsub
         self.rules = rules
@@ -93,7 +109,7 @@ class Recovery:
         opts = self.rules.lookup(channel)
         return opts if opts.history and self.supported else None
 
-    def stream_for(self, sub: _Sub) -> Stream | None:
+    def stream_for(self, sub: Subscription) -> Stream | None:
         opts = self.history_of(sub.channel)
         return Stream(self, sub, opts) if opts is not None else None
 
@@ -116,7 +132,7 @@ class Recovery:
 class Stream:
     """Recovery state of one subscribed channel with history (see module doc)."""
 
-    def __init__(self, recovery: Recovery, sub: _Sub, opts: ChannelOptions) -> None:
+    def __init__(self, recovery: Recovery, sub: Subscription, opts: ChannelOptions) -> None:
         self.recovery = recovery
         self.sub = sub
         self.opts = opts

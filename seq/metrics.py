@@ -16,18 +16,33 @@ metric.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from seq.namestats import OTHER, NameStats
-from seq.server import RRServer
+
+
+class Member(Protocol):
+    """What the metrics read of a member (:class:`seq.server.RRServer`), which
+    itself serves them: a protocol, so that this module imports nothing of it."""
+
+    names: NameStats
+
+    @property
+    def stats(self) -> Any: ...
+
+    @property
+    def store(self) -> Any: ...
+
+    @property
+    def state(self) -> str: ...
 
 
 class _Collector(Collector):
-    def __init__(self, server: RRServer) -> None:
+    def __init__(self, server: Member) -> None:
         self._server = server
 
     def collect(self) -> Iterator[Any]:
@@ -53,7 +68,7 @@ class _Collector(Collector):
 class _NameCollector(Collector):
     """The ``seq_name_*`` series (bounded, see the module doc)."""
 
-    def __init__(self, server: RRServer, names: NameStats) -> None:
+    def __init__(self, server: Member, names: NameStats) -> None:
         self._server = server
         self._names = names
 
@@ -90,7 +105,7 @@ class _NameCollector(Collector):
                                 "(beyond --metrics-max-names)", value=other_names)
 
 
-def member_registry(server: RRServer, names: NameStats | None = None) -> CollectorRegistry:
+def member_registry(server: Member, names: NameStats | None = None) -> CollectorRegistry:
     """A registry of the member's metrics (per name too when `names` is given)."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(_Collector(server))
@@ -104,7 +119,7 @@ def render(registry: CollectorRegistry) -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
-def serve_metrics(server: RRServer, port: int, addr: str = "127.0.0.1") -> Any:
+def serve_metrics(server: Member, port: int, addr: str = "127.0.0.1") -> Any:
     """Start the endpoint; returns the WSGI server (call ``shutdown()`` to stop it)."""
     httpd, _thread = start_http_server(port, addr=addr, registry=member_registry(server, server.names))
     return httpd

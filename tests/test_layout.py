@@ -1,0 +1,89 @@
+"""Rules of the code's shape that keep it easy to change, checked on every run.
+
+- No import cycle inside a package (imports under ``TYPE_CHECKING`` count:
+  a type that needs one says the two modules are one concept, or that one
+  should name a protocol of what it needs).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("juggler", "rpc", "seq", "balancer", "cli", "rustext")
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _exists(name: str) -> bool:
+    p = ROOT.joinpath(*name.split("."))
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+def _imports(path: Path) -> set[str]:
+    """The modules of the same package `path` imports (``from pkg import mod`` is an import of ``pkg.mod``)."""
+    mod = _module(path)
+    package = mod.split(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            subs = [f"{node.module}.{a.name}" for a in node.names]
+            found = [s for s in subs if _exists(s)]
+            names = found if len(found) == len(subs) else [node.module, *found]
+        else:
+            continue
+        out.update(n for n in names if n.split(".")[0] == package and n != mod and _exists(n))
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_inside_a_package() -> None:
+    graph: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if "fuzz" in path.parts or "_proto" in path.parts:
+                continue
+            graph[_module(path)] = _imports(path)
+    assert _cycles(graph) == []
