@@ -3,10 +3,10 @@
 ``tomllib`` keeps no positions, so once validation has failed this module
 finds where: :func:`culprit` narrows the error down to a key path (which
 key or table makes the same validation fail on its own), and
-:func:`key_lines` is a line index of the file (tables, array-of-tables
-entries, keys, the elements of arrays) to turn that path into a line
-number. Neither runs on a valid file; both are best effort: a path they
-cannot place names the nearest enclosing table, or no line at all.
+:func:`rustext.tomllines.key_lines` (the line index of a TOML file, shared
+with juggler's configuration) turns that path into a line number. Neither
+runs on a valid file; both are best effort: a path they cannot place names
+the nearest enclosing table, or no line at all.
 """
 
 from __future__ import annotations
@@ -15,143 +15,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from rustext.tomllines import Path, key_lines, line_of
+
 __all__ = ["culprit", "key_lines", "line_of"]
-
-Path = tuple[str | int, ...]
-
-
-def _split_key(raw: str) -> tuple[str, ...]:
-    """``a."b.c".d`` → ("a", "b.c", "d")."""
-    parts, cur, quote = [], "", ""
-    for ch in raw.strip():
-        if quote:
-            if ch == quote:
-                quote = ""
-            else:
-                cur += ch
-        elif ch in "\"'":
-            quote = ch
-        elif ch == ".":
-            parts.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur.strip())
-    return tuple(parts)
-
-
-def _within_arrays(name: Path, counters: dict[Path, int]) -> Path:
-    """A table header's path with the index of each array of tables it is
-    inside: as TOML reads it, ``[routes.rate_limit]`` after the second
-    ``[[routes]]`` is ``routes[1].rate_limit``."""
-    out: Path = ()
-    for i, part in enumerate(name):
-        out = (*out, part)
-        if i < len(name) - 1 and out in counters:
-            out = (*out, counters[out])
-    return out
-
-
-def key_lines(text: str) -> dict[Path, int]:
-    """Key path → 1-based line where it is defined (first definition wins).
-
-    ``[t]`` maps ``("t",)``; the n-th ``[[a]]`` maps ``("a", n)`` (and
-    ``("a",)`` to the first); ``k = v`` maps the table's path + ``k``; the
-    n-th element of an array value maps path + ``n``.
-    """
-    out: dict[Path, int] = {}
-    table: Path = ()
-    counters: dict[Path, int] = {}
-    depth = 0  # brackets/braces open across lines
-    ml: str = ""  # the quote of a multi-line string under way
-    array: Path | None = None  # the top-level-of-a-value array whose elements are counted
-    count = 0
-    expecting = False
-    for no, line in enumerate(text.splitlines(), 1):
-        i = 0
-        if ml:
-            end = line.find(ml)
-            if end < 0:
-                continue
-            i, ml = end + 3, ""
-        elif depth == 0:
-            s = line.strip()
-            if s.startswith("[["):
-                end = s.find("]]")
-                name = _within_arrays(_split_key(s[2:end] if end > 0 else s[2:]), counters)
-                n = counters[name] = counters.get(name, -1) + 1
-                table = (*name, n)
-                out.setdefault(name, no)
-                out.setdefault(table, no)
-                continue
-            if s.startswith("["):
-                end = s.find("]")
-                table = _within_arrays(_split_key(s[1:end] if end > 0 else s[1:]), counters)
-                out.setdefault(table, no)
-                continue
-            if not s or s.startswith("#"):
-                continue
-            eq = _find_eq(line)
-            if eq < 0:
-                continue
-            path = (*table, *_split_key(line[:eq]))
-            out.setdefault(path, no)
-            i = eq + 1
-            array, count, expecting = path, 0, False
-        # the value: strings, comments, brackets; elements of the outer array counted
-        while i < len(line):
-            ch = line[i]
-            if ch == "#":
-                break
-            if depth == 1 and expecting and array is not None and ch not in " \t,]":
-                out.setdefault((*array, count), no)
-                count += 1
-                expecting = False
-            if line.startswith(('"""', "'''"), i):
-                q = line[i:i + 3]
-                end = line.find(q, i + 3)
-                if end < 0:
-                    ml = q
-                    break
-                i = end + 3
-                continue
-            if ch in "\"'":
-                j = i + 1
-                while j < len(line) and line[j] != ch:
-                    j += 2 if ch == '"' and line[j] == "\\" else 1
-                i = j + 1
-                continue
-            if ch in "[{":
-                depth += 1
-                if depth == 1 and ch == "[":
-                    expecting = True
-            elif ch in "]}":
-                depth = max(0, depth - 1)
-            elif ch == "," and depth == 1:
-                expecting = True
-            i += 1
-    return out
-
-
-def _find_eq(line: str) -> int:
-    quote = ""
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "=":
-            return i
-    return -1
-
-
-def line_of(lines: dict[Path, int], path: Path) -> int | None:
-    """The line of ``path``, or of its nearest enclosing key or table."""
-    for n in range(len(path), 0, -1):
-        if path[:n] in lines:
-            return lines[path[:n]]
-    return None
 
 
 def _words(message: str) -> set[str]:

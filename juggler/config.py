@@ -315,10 +315,64 @@ def config_from_dict(data: dict[str, Any]) -> AppConfig:
 
 
 def load_config(path: str) -> AppConfig:
-    """Read a TOML file into an AppConfig; ValueError on any invalid option."""
-    with open(path, "rb") as f:
+    """Read a TOML file into an AppConfig; ValueError on any invalid option,
+    naming the file and the line (``juggler.toml:12: [server] read_limit:
+    expected an integer, got 'abc'``)."""
+    import re
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        text = raw.decode()
+        data = tomllib.loads(text)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: invalid TOML: not UTF-8 (byte {exc.start})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r" \(at line (\d+), column \d+\)$", str(exc))
+        where, reason = (f"{path}:{m.group(1)}", str(exc)[:m.start()]) if m else (str(path), str(exc))
+        raise ValueError(f"{where}: invalid TOML: {reason}") from exc
+    try:
+        return config_from_dict(data)
+    except ValueError as exc:
+        raise ValueError(f"{_where(path, text, data, str(exc))}: {exc}") from exc
+
+
+def _where(path: str, text: str, data: dict[str, Any], message: str) -> str:
+    """``FILE:LINE`` of what `message` (from config_from_dict) is about:
+    the section, then the key of it, that fails on its own."""
+    import re
+
+    from rustext.tomllines import key_lines, line_of
+
+    def fails(doc: dict[str, Any]) -> bool:
         try:
-            data = tomllib.load(f)
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{path}: {exc}") from exc
-    return config_from_dict(data)
+            config_from_dict(doc)
+        except (ValueError, TypeError):
+            return True
+        return False
+
+    found: tuple[str | int, ...] = ()
+    m = re.match(r"unknown section\(s\): ([^,\s]+)", message)
+    if m:
+        found = (m.group(1),)
+    else:
+        for section, table in data.items():
+            if not fails({section: table}):
+                continue
+            found = (section,)
+            if isinstance(table, dict):
+                for key, value in table.items():
+                    if fails({section: {key: value}}):
+                        found = (section, key)
+                        break
+            elif isinstance(table, list):
+                for i, item in enumerate(table):
+                    if fails({section: [item]}):
+                        found = (section, i)
+                        break
+            break
+    line = line_of(key_lines(text), found) if found else None
+    return f"{path}:{line}" if line else str(path)

@@ -91,3 +91,25 @@ def test_flags_override_the_file(tmp_path) -> None:  # type: ignore[no-untyped-d
     c = build_config(ns)
     assert (c.server.port, c.server.path, c.server.read_limit) == (9200, "/x", 10)
     assert c.redis.url == "redis://h:1/0" and c.metrics.port == 9300
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "says"),
+    [
+        ('[server]\nlisten = "127.0.0.1:9000"\n# a comment\nread_limit = "abc"\n', 4,
+         "server.read_limit: expected an integer, got 'abc'"),
+        ('[server]\nlisten = "127.0.0.1:9000"\n\n[metrics]\nport = 70000\n', 5, "metrics port must be in 0..65535"),
+        ('[server]\nport = 1\n[bogus]\nx = 1\n', 3, "unknown section(s): bogus"),
+        ('[server]\nport = 1\nnope = 2\n', 3, "unknown option(s) in [server]: nope"),
+        ('[redis]\nurl = "http://x"\n', 2, "unsupported Redis URL scheme"),
+        ('[server]\nlisten = "nowhere"\n', 2, "listen address must be HOST:PORT"),
+        ('[server\n', 1, "invalid TOML"),
+    ],
+)
+def test_file_errors_name_the_line(tmp_path, text: str, line: int, says: str) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "juggler.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        load_config(str(path))
+    assert str(info.value).startswith(f"{path}:{line}: "), str(info.value)
+    assert says in str(info.value)
