@@ -74,6 +74,7 @@ from seq.errors import SeqExhausted, StoreError
 from seq.log import MAX_VALUE
 from seq.peerlink import EXHAUSTED, OK, OP_ACQUIRE, OP_CAS, OP_READ, WRONG_EPOCH, PeerLink
 from seq.quorum import Outcome, ReadTally, WriteTally
+from seq.reads import consume, read_round
 from seq.store import Store
 
 log = logging.getLogger("seq.coordinator")
@@ -112,11 +113,6 @@ class CoordinatorStats:
     ids_issued: int = 0
     max_attempts: int = 0  # most attempts one round needed
     attempts_hist: dict[int, int] = field(default_factory=dict)
-
-
-def _consume(t: asyncio.Future[Any]) -> None:
-    if not t.cancelled():
-        t.exception()
 
 
 class Coordinator:
@@ -411,25 +407,14 @@ class Coordinator:
         else:
             tally.failed()
         timeout = self._timeout(deadline)
-        pending: set[asyncio.Future[Any]] = set()
-        if tally.outcome is Outcome.PENDING and timeout > 0:
-            req = [OP_READ, self._cluster, name, self._epoch]
-            pending = {p.call(req, timeout) for p in peers}
-        try:
-            while pending and tally.outcome is Outcome.PENDING:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    rep = None if t.cancelled() or t.exception() is not None else t.result()
-                    if rep is not None and rep[0] == OK:
-                        tally.answered(rep[1])
-                    else:
-                        if rep is not None and rep[0] == WRONG_EPOCH:
-                            self._newer(rep[-1])
-                        tally.failed()
-        finally:
-            for t in pending:
-                t.add_done_callback(_consume)
-        return tally.value()
+        if tally.outcome is not Outcome.PENDING or timeout <= 0:
+            return tally.value()
+        req = [OP_READ, self._cluster, name, self._epoch]
+        return await read_round(tally, [p.call(req, timeout) for p in peers], self._refused)
+
+    def _refused(self, rep: Any) -> None:
+        if rep is not None and rep[0] == WRONG_EPOCH:
+            self._newer(rep[-1])
 
     async def _write(self, name: str, h: int, new: int, deadline: float) -> tuple[bool, int | None]:
         """Compare-and-set h → new on every member; (won, next h or None)."""
@@ -486,7 +471,7 @@ class Coordinator:
         finally:
             for t in pending:
                 if t is not local:
-                    t.add_done_callback(_consume)
+                    t.add_done_callback(consume)
         if tally.outcome is Outcome.WON:
             return True, None
         return False, tally.next_h()

@@ -77,6 +77,7 @@ from seq.peerlink import (
     PeerLink,
 )
 from seq.quorum import Outcome, ReadTally, WriteTally
+from seq.reads import consume, read_round
 
 __all__ = ["RESERVED_MESSAGE", "RESERVED_PREFIX", "LeaseConfig", "LeaseHolder", "QuorumRegister", "lease_name"]
 
@@ -94,11 +95,6 @@ def lease_name(worker: int) -> str:
 
 
 ROTOR = PREFIX + "next"  # NextID on it spreads the workers' first choices
-
-
-def _consume(t: asyncio.Future[Any]) -> None:
-    if not t.cancelled():
-        t.exception()
 
 
 class QuorumRegister:
@@ -139,21 +135,8 @@ class QuorumRegister:
     async def read(self, name: str) -> int | None:
         """The maximum over a read quorum, or None (too few members answered)."""
         tally = ReadTally(asked=len(self._links), read_quorum=self._q)
-        pending = {p.call([OP_READ, self._cluster, name, self._epoch], self._timeout) for p in self._links}
-        try:
-            while pending and tally.outcome is Outcome.PENDING:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    rep = None if t.cancelled() or t.exception() is not None else t.result()
-                    if rep is not None and rep[0] == OK:
-                        tally.answered(rep[1])
-                    else:
-                        self._stale(rep)
-                        tally.failed()
-        finally:
-            for t in pending:
-                t.add_done_callback(_consume)
-        return tally.value()
+        req = [OP_READ, self._cluster, name, self._epoch]
+        return await read_round(tally, [p.call(req, self._timeout) for p in self._links], self._stale)
 
     async def cas(self, name: str, h: int, new: int) -> bool:
         """Move `name` h → new on a write quorum; True only on W durable yeses.
@@ -182,7 +165,7 @@ class QuorumRegister:
                         tally.rejected(ids[t], rep[2])
         finally:
             for t in pending:
-                t.add_done_callback(_consume)
+                t.add_done_callback(consume)
         return tally.outcome is Outcome.WON
 
     async def misconfigured(self) -> list[str]:
