@@ -34,7 +34,7 @@ class BalancerProcess:
     def __init__(self, config: BalancerConfig, *, config_path: str | os.PathLike[str] | None = None,
                  drain_timeout: float = 30.0,
                  overrides: Callable[[BalancerConfig], BalancerConfig] | None = None) -> None:
-        self.lb = LoadBalancer(config, config_path=config_path, overrides=overrides)
+        self.lb = LoadBalancer(config, config_path=config_path, overrides=overrides, drain_timeout=drain_timeout)
         self.drain_timeout = drain_timeout
         self.admin: AdminServer | None = None
         self.handover: HandoverServer | None = None
@@ -133,18 +133,18 @@ class BalancerProcess:
             return ""
         return f"draining {n} request{'s' if n != 1 else ''} for up to {self.drain_timeout:g} s"
 
-    async def drain(self) -> None:
+    async def drain(self, timeout: float | None = None) -> None:
+        """Close the admin endpoint and the handover socket, then drain the
+        balancer (`timeout` s, None: ``drain_timeout``)."""
         await self._close_admin()
         await self._close_handover()
-        await self.lb.drain(self.drain_timeout)
+        await self.lb.drain(timeout)
 
-    async def abort(self) -> None:
-        await self.lb.abort()
+    def abort(self) -> None:
+        self.lb.abort()
 
     async def aclose(self) -> None:
-        await self._close_admin()
-        await self._close_handover()
-        await self.lb.aclose()
+        await self.drain()
 
     async def _close_handover(self) -> None:
         if self.handover is not None:

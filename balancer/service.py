@@ -4,8 +4,9 @@ Lifecycle: ``await lb.start()`` → serving; ``await lb.reload()`` (SIGHUP or
 the admin endpoint's ``POST /reload``) re-reads the file and swaps backends
 and policy without dropping a connection, or raises BalancerConfigError and
 keeps the running configuration; ``await lb.drain(timeout)`` stops accepting
-and waits for in-flight requests; ``await lb.aclose()`` stops at once. All
-idempotent. The admin endpoint (balancer.admin) and the process around both
+and waits for in-flight requests (``aclose()``: the same with
+``drain_timeout``); ``lb.abort()`` stops at once (the one lifecycle of
+``rustext.service``). All idempotent. The admin endpoint (balancer.admin) and the process around both
 (balancer.runner) sit on top of this module.
 """
 
@@ -32,9 +33,12 @@ log = logging.getLogger("balancer.service")
 
 class LoadBalancer:
     def __init__(self, config: BalancerConfig, *, config_path: str | os.PathLike[str] | None = None,
-                 overrides: Callable[[BalancerConfig], BalancerConfig] | None = None) -> None:
-        """``overrides`` is applied to the file at each reload (the CLI's flags over the file)."""
+                 overrides: Callable[[BalancerConfig], BalancerConfig] | None = None,
+                 drain_timeout: float = 30.0) -> None:
+        """``overrides`` is applied to the file at each reload (the CLI's flags over the file);
+        ``drain_timeout``: what :meth:`drain` gives requests in flight by default."""
         self.config = config
+        self.drain_timeout = drain_timeout
         self.config_path = config_path
         self._overrides = overrides
         self._discovery: Discovery | None = None
@@ -46,6 +50,7 @@ class LoadBalancer:
         self._reload_lock = asyncio.Lock()
         self._closed = asyncio.Event()
         self._started = False
+        self._aborting: asyncio.Task[None] | None = None
 
     # --- lifecycle -------------------------------------------------------
     async def start(self, inherited: dict[str, list[int]] | None = None) -> None:
@@ -147,20 +152,21 @@ class LoadBalancer:
             raise RuntimeError("not started")
         return addr
 
-    async def drain(self, timeout: float = 30.0) -> None:
-        """Stop accepting, finish in-flight requests within ``timeout``, stop."""
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop accepting, finish in-flight requests within `timeout` s (None:
+        ``drain_timeout``), stop (see rustext.service). Idempotent."""
         await self._stop_control()
-        await asyncio.to_thread(self._native.drain, timeout)
+        await asyncio.to_thread(self._native.drain, self.drain_timeout if timeout is None else timeout)
         self._closed.set()
 
     async def aclose(self) -> None:
-        await self._stop_control()
-        await asyncio.to_thread(self._native.close)
-        self._closed.set()
+        """:meth:`drain` with ``drain_timeout``."""
+        await self.drain()
 
-    async def abort(self) -> None:
-        """Cut a :meth:`drain` under way short: in-flight exchanges end now."""
-        await asyncio.to_thread(self._native.close)
+    def abort(self) -> None:
+        """Stop now: a :meth:`drain` under way is cut short, in-flight
+        exchanges end (the data plane's threads stop in the background)."""
+        self._aborting = asyncio.get_running_loop().create_task(asyncio.to_thread(self._native.close))
 
     async def _stop_control(self) -> None:
         if self._dns_task is not None:

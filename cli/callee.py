@@ -82,72 +82,21 @@ def run(args: argparse.Namespace) -> int:
             tracing.shutdown()  # exports the spans still batched
 
 
-class _Running:
-    """A started callee process (see cli.lifecycle.Service)."""
-
-    def __init__(self, callee: Any, broker: Any, metrics: Any, drain_timeout: float) -> None:
-        self.callee, self.broker, self.metrics, self.drain_timeout = callee, broker, metrics, drain_timeout
-        self._aborted = False
-
-    def draining(self) -> str:
-        n = self.callee.stats.running
-        if not n:
-            return ""
-        return f"draining {n} running call{'s' if n != 1 else ''} for up to {self.drain_timeout:g} s"
-
-    async def drain(self) -> None:
-        import logging
-
-        await self.callee.drain(timeout=0.0 if self._aborted else self.drain_timeout)
-        await self.callee.aclose()
-        await self.broker.aclose()
-        if self.metrics is not None:
-            self.metrics.close()
-            self.metrics = None
-        s = self.callee.stats
-        logging.getLogger("juggler.callee").info(
-            "stopped: %d calls, %d results, %d errors, %d expired", s.calls, s.results, s.errors, s.expired
-        )
-
-    async def abort(self) -> None:
-        self._aborted = True
-        await self.callee.drain(timeout=0.0)
-
-
 async def _serve(args: argparse.Namespace, app: Any, config: Any, *, traced: bool = False) -> int:
     import logging
 
     from cli.lifecycle import StartError, serve
     from juggler.broker.base import BrokerError
-    from juggler.broker.redis import RedisBroker
-    from juggler.callee import Callee
+    from juggler.runner import CalleeProcess, start_callee
 
-    async def start() -> _Running:
-        broker = RedisBroker(config)
+    async def start() -> CalleeProcess:
         try:
-            await broker.start()
-        except BaseException as exc:
-            await broker.aclose()
-            if isinstance(exc, BrokerError):
-                raise StartError(str(exc)) from exc
-            raise
-        tracing = None
-        if traced:
-            from juggler.tracing import CalleeTracing
+            return await start_callee(config, app, workers=args.workers, drain_timeout=args.drain_timeout,
+                                      metrics_port=args.metrics_port or None, traced=traced)
+        except BrokerError as exc:
+            raise StartError(str(exc)) from exc
 
-            tracing = CalleeTracing()
-        callee = Callee(broker, app, workers=args.workers, tracing=tracing)
-        metrics = None
-        try:
-            if args.metrics_port:
-                metrics = _serve_metrics(callee, broker, args.metrics_port)
-            await callee.start()
-        except BaseException:
-            await broker.aclose()
-            raise
-        return _Running(callee, broker, metrics, args.drain_timeout)
-
-    def ready(r: _Running) -> None:
+    def ready(r: CalleeProcess) -> None:
         uris = r.callee.uris
         logging.getLogger("juggler.callee").info(
             "serving %d URIs (%s) from %s with %d workers",
@@ -155,30 +104,3 @@ async def _serve(args: argparse.Namespace, app: Any, config: Any, *, traced: boo
         )
 
     return await serve("juggler callee", start, ready=ready, wait=lambda r: r.callee.wait())
-
-
-def _serve_metrics(callee: Any, broker: Any, port: int) -> Any:
-    """Prometheus metrics of one callee process, read from its counters at scrape time."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-    from prometheus_client.registry import Collector, CollectorRegistry
-
-    from juggler.metrics import serve_metrics
-
-    class CalleeCollector(Collector):
-        def collect(self):  # type: ignore[no-untyped-def]
-            s = callee.stats
-            b = broker.stats
-            yield CounterMetricFamily("juggler_callee_calls", "Calls taken from the broker", value=s.calls)
-            yield CounterMetricFamily("juggler_callee_results", "Results stored", value=s.results)
-            yield CounterMetricFamily("juggler_callee_errors", "Results that are errors", value=s.errors)
-            yield CounterMetricFamily(
-                "juggler_callee_expired", "Calls skipped or results dropped because the TTL ran out",
-                value=s.expired + b.expired_calls,
-            )
-            yield CounterMetricFamily("juggler_callee_store_failures", "Results the broker failed to store",
-                                      value=s.store_failures)
-            yield GaugeMetricFamily("juggler_callee_running", "Calls running now", value=s.running)
-
-    registry = CollectorRegistry()
-    registry.register(CalleeCollector())
-    return serve_metrics(registry, port)  # raises rustext.net.ListenError on a busy port

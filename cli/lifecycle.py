@@ -10,7 +10,9 @@ A start that fails on something the user can fix prints one line and exits
 2 (a busy port, a bad file or option) or 1 (a dependency that cannot be
 reached), never a traceback; a traceback is for a bug.
 
-:func:`serve` runs one :class:`Service` on the running loop. Batch tools
+:func:`serve` runs one service (the one lifecycle of ``rustext.service``,
+plus :meth:`Service.draining` for the message) on the running loop: the
+first signal calls its ``drain()``, the second its ``abort()``. Batch tools
 (benchmarks, load generators) have the same two-step Ctrl-C through
 ``rustext.interrupt``.
 """
@@ -45,16 +47,18 @@ class StartError(Exception):
 
 
 class Service(Protocol):
-    """What :func:`serve` needs of a started command."""
+    """What :func:`serve` needs of a started command: a
+    :class:`rustext.service.Service` that can say what its drain waits for."""
 
     def draining(self) -> str:
         """What the drain waits for, for the message of the first signal
-        (``draining 3 calls for up to 10 s``); empty when nothing is in flight."""
+        (``draining 3 calls for up to 10 s``); empty when nothing is in flight.
+        Optional: without it the message says "stopping"."""
 
-    async def drain(self) -> None:
-        """Stop accepting, let work in flight finish within its deadline, close."""
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop accepting, let work in flight finish within its own drain time, close."""
 
-    async def abort(self) -> None:
+    def abort(self) -> None:
         """Stop now: make a :meth:`drain` in progress finish at once (drop
         what is in flight, skip the closing handshakes)."""
 
@@ -157,7 +161,8 @@ async def serve(
             ended = await _race(waited(), signals.first)
         else:
             await signals.first.wait()
-        what = service.draining()
+        describe = getattr(service, "draining", None)
+        what = describe() if describe is not None else ""
         if not ended:
             say(prog, f"{what}; Ctrl-C again to stop now" if what else "stopping")
         drain = asyncio.ensure_future(service.drain())
@@ -168,7 +173,7 @@ async def serve(
             second.cancel()
         if not drain.done():
             say(prog, "stopping now")
-            await service.abort()
+            service.abort()
             try:
                 await asyncio.wait_for(asyncio.shield(drain), ABORT_GRACE)
             except TimeoutError:

@@ -121,83 +121,23 @@ def _hostport(value: str, flag: str) -> tuple[str, int]:
     return parse_hostport(value, what=flag, default_host="127.0.0.1")
 
 
-async def _start_rpcx_listener(
-    server: Any, address: str, *, http: bool = True, config: Any = None, idle_timeout: float | None = None,
-    tls: Any = None,
-) -> Any:
-    """Start the rpcx listener (``rpc.rpcx_server.RpcxServer``) on ``address``
-    (``HOST:PORT``, ``tcp@HOST:PORT`` or ``unix@/path``); with ``http`` the
-    HTTP gateway answers on the same port (first byte not rpcx's 0x08)."""
-    from rpc.gateway import Gateway
-    from rpc.rpcx_server import RpcxServer
+def _reload_tls(tls: Any, context: Any) -> None:
+    """SIGHUP: read the certificate files again; new handshakes get the
+    new certificate, established connections keep theirs (logged; the
+    current certificate stays when the new files are unusable)."""
+    import logging
 
-    rpcx = RpcxServer(server, address, gateway=Gateway(server.dispatcher) if http else None, config=config,
-                      idle_timeout=idle_timeout, tls=tls)
-    await rpcx.start()
-    return rpcx
+    from rustext.tls import TlsConfigError
 
-
-class _Running:
-    """A started ``rpc serve`` (see cli.lifecycle.Service): the rpcx listener
-    (with HTTP on its port), the gateway, the gRPC peer, the metrics endpoint."""
-
-    def __init__(self, server: Any, timeout: float, tls: Any = None, tls_context: Any = None) -> None:
-        self.server = server
-        self.timeout = timeout
-        self.tls = tls  # rustext.tls.ServerTls: the files
-        self.tls_context = tls_context  # the one ssl.SSLContext both listeners serve
-        self.listener: Any = None
-        self.gateway: Any = None
-        self.grpc_server: Any = None
-        self.metrics_httpd: Any = None
-        self.drained = True
-
-    def draining(self) -> str:
-        n = self.server.in_flight
-        if not n:
-            return ""
-        return f"draining {n} request{'s' if n != 1 else ''} for up to {self.timeout:g} s"
-
-    async def stop_accepting(self) -> None:  # rpc.server.Listener, both listeners at once
-        if self.listener is not None:
-            await self.listener.stop_accepting()
-
-    async def close_connections(self) -> None:
-        if self.listener is not None:
-            await self.listener.close_connections()
-        if self.gateway is not None:
-            await self.gateway.aclose(drain_timeout=1.0)
-
-    async def drain(self) -> None:
-        self.drained = await self.server.shutdown(self, timeout=self.timeout)
-        if self.grpc_server is not None:
-            await self.grpc_server.stop(grace=1.0)
-            self.grpc_server = None
-        if self.metrics_httpd is not None:
-            self.metrics_httpd.shutdown()
-            self.metrics_httpd.server_close()
-            self.metrics_httpd = None
-
-    async def abort(self) -> None:
-        self.server.dispatcher.abort_drain()
-
-    def reload_tls(self) -> None:
-        """SIGHUP: read the certificate files again; new handshakes get the
-        new certificate, established connections keep theirs (logged; the
-        current certificate stays when the new files are unusable)."""
-        import logging
-
-        from rustext.tls import TlsConfigError
-
-        log = logging.getLogger("rpc.serve")
-        if self.tls is None:
-            log.info("SIGHUP: no TLS certificate to reload")
-            return
-        try:
-            self.tls.reload(self.tls_context)
-            log.info("TLS certificate reloaded from %s", self.tls.cert)
-        except TlsConfigError as exc:
-            log.error("TLS certificate not reloaded: %s", exc)
+    log = logging.getLogger("rpc.serve")
+    if tls is None:
+        log.info("SIGHUP: no TLS certificate to reload")
+        return
+    try:
+        tls.reload(context)
+        log.info("TLS certificate reloaded from %s", tls.cert)
+    except TlsConfigError as exc:
+        log.error("TLS certificate not reloaded: %s", exc)
 
 
 def _add_group(server: Any, group: str) -> None:
@@ -359,60 +299,30 @@ async def serve(args: argparse.Namespace) -> int:
             print(f"{prog}: {exc}", file=sys.stderr)
             return 2
 
-    async def start() -> _Running:
-        r = _Running(server, args.shutdown_timeout, tls, tls_context)
+    from rpc.runner import RpcOptions, RpcProcess, RpcStartError
+
+    options = RpcOptions(
+        listen=args.listen, http=not args.no_http, transport=config, idle_timeout=args.idle_timeout,
+        tls_context=tls_context, gateway=gateway_at, grpc=grpc_at,
+        metrics=(metrics, args.metrics_host, args.metrics_port) if metrics is not None else None,
+        advertise=args.advertise, drain_timeout=args.shutdown_timeout,
+        started_plugins=(jwt_plugin,) if jwt_plugin is not None else (),
+    )
+
+    async def start() -> RpcProcess:
+        process = RpcProcess(server, options)
         try:
-            if jwt_plugin is not None:
-                from rustext.tokens import TokenError
+            await process.start()
+        except RpcStartError as exc:
+            raise StartError(str(exc)) from exc
+        return process
 
-                try:
-                    await jwt_plugin.start()  # the JWKS, fetched before the first request
-                except TokenError as exc:
-                    raise StartError(str(exc)) from exc
-            if args.listen:
-                r.listener = await _start_rpcx_listener(server, args.listen, http=not args.no_http, config=config,
-                                                        idle_timeout=args.idle_timeout, tls=tls_context)
-                args.listen = r.listener.address.partition("@")[2]  # the bound port when 0 was asked
-            for side in server.attached:  # file transfer, streams: rpc.server.Server.attach
-                await side.start()
-            if gateway_at is not None:
-                from rpc.gateway import Gateway, GatewayServer
-
-                r.gateway = GatewayServer(Gateway(server.dispatcher), *gateway_at, ssl=tls_context,
-                                          on_connect=r.listener.adopt if r.listener is not None else None)
-                await r.gateway.start()
-            if grpc_at is not None:
-                from rpc.grpc_peer import start_grpc_server
-
-                r.grpc_server, port = await start_grpc_server(*grpc_at)
-                args.grpc = f"{grpc_at[0]}:{port}"
-            if metrics is not None:
-                from prometheus_client import start_http_server
-
-                from rustext.net import listen_error
-
-                try:
-                    r.metrics_httpd, _ = start_http_server(args.metrics_port, addr=args.metrics_host,
-                                                           registry=metrics.registry)
-                except OSError as exc:
-                    raise listen_error(args.metrics_host, args.metrics_port, exc) from exc
-            advertise = args.advertise or (r.listener.address if r.listener is not None else None)
-            if registrars and advertise:
-                try:
-                    await server.publish(advertise)
-                except (OSError, ConnectionError) as exc:
-                    raise StartError(f"cannot register in the registry: {exc}") from exc
-        except BaseException:
-            await r.drain()
-            raise
-        return r
-
-    def ready(r: _Running) -> None:
+    def ready(r: RpcProcess) -> None:
         where = ", ".join(
             x for x in (
                 f"rpcx{' over TLS' if tls else ''} on {r.listener.address}" if r.listener is not None else "",
                 f"{'https' if tls else 'http'} gateway on {r.gateway.host}:{r.gateway.port}" if r.gateway else "",
-                f"grpc.aio Hello.Say on {args.grpc}" if r.grpc_server is not None else "",
+                f"grpc.aio Hello.Say on {r.grpc_address}" if r.grpc_server is not None else "",
                 f"metrics on :{args.metrics_port}" if metrics is not None else "",
                 *(f"{side.name} on {side.address}" for side in server.attached),
             ) if x
@@ -433,17 +343,16 @@ async def serve(args: argparse.Namespace) -> int:
             print(f"call it with: juggler rpc call {addr} {target} {arg}{client_options}"
                   + (f"  ({note})" if note else ""), flush=True)
 
-    holder: list[_Running] = []
+    holder: list[RpcProcess] = []
 
-    async def start_kept() -> _Running:
+    async def start_kept() -> RpcProcess:
         holder.append(await start())
         return holder[0]
 
     try:
-        status = await serve_until_signalled(prog, start_kept, ready=ready, reload=_Running.reload_tls)
+        status = await serve_until_signalled(prog, start_kept, ready=ready,
+                                             reload=lambda _r: _reload_tls(tls, tls_context))
     finally:
-        if jwt_plugin is not None:
-            await jwt_plugin.aclose()
         if tracing is not None:
             tracing.shutdown()  # exports the spans still batched
     if status == 0 and holder and not holder[0].drained:

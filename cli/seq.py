@@ -249,41 +249,18 @@ def run_snowflake(args: argparse.Namespace) -> int:
     return int(_run(_serve_worker(config)))
 
 
-class _Worker:
-    """A started snowflake worker (see cli.lifecycle.Service)."""
-
-    GRACE = 2.0
-
-    def __init__(self, worker: Any) -> None:
-        self.worker = worker
-
-    def draining(self) -> str:
-        n = self.worker.pending()
-        return f"answering {n} call{'s' if n != 1 else ''} for up to {self.GRACE:g} s" if n else ""
-
-    async def drain(self) -> None:
-        await self.worker.aclose(grace=self.GRACE)
-
-    async def abort(self) -> None:
-        self.worker.abort()
-
-
 async def _serve_worker(config: Any) -> int:
     from cli.lifecycle import StartError, serve
     from rustext.net import ListenError
-    from seq.worker import SnowflakeWorker
+    from seq.runner import start_worker
 
-    async def start() -> _Worker:
-        w = SnowflakeWorker(config)
+    async def start() -> Any:
         try:
-            await w.start()
+            return await start_worker(config)
         except ListenError:
-            await w.aclose(grace=0)
             raise
         except (OSError, ValueError) as exc:
-            await w.aclose(grace=0)
             raise StartError(str(exc)) from exc
-        return _Worker(w)
 
     return await serve("juggler seq snowflake", start)
 
@@ -320,51 +297,6 @@ def _run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-class _Member:
-    """A started member (see cli.lifecycle.Service)."""
-
-    GRACE = 2.0  # seconds the calls received get to be answered at shutdown
-
-    def __init__(self, server: Any, httpd: Any) -> None:
-        self.server, self.httpd = server, httpd
-
-    def draining(self) -> str:
-        n = self.server.pending()
-        return f"answering {n} call{'s' if n != 1 else ''} for up to {self.GRACE:g} s" if n else ""
-
-    async def drain(self) -> None:
-        import logging
-
-        if self.httpd is not None:
-            self.httpd.shutdown()
-            self.httpd = None
-        await self.server.aclose(grace=self.GRACE)
-        s, store = self.server.stats, self.server.store
-        logging.getLogger("seq.server").info(
-            "stopped: requests=%d rounds_won=%d conflicts=%d no_quorum=%d expired=%d ids=%d "
-            "max_attempts=%d fsync_batches=%d writes=%d",
-            s.requests, s.rounds_won, s.rounds_conflict, s.rounds_no_quorum, s.requests_expired,
-            s.ids_issued, s.max_attempts, store.fsyncs, store.writes,
-        )
-
-    async def abort(self) -> None:
-        self.server.abort()
-
-    def reload_tls(self) -> None:
-        """SIGHUP: the certificate files again (logged; the current
-        certificate stays when the new files are unusable)."""
-        import logging
-
-        from rustext.tls import TlsConfigError
-
-        log = logging.getLogger("seq.server")
-        try:
-            self.server.reload_tls()
-            log.info("TLS certificate reloaded from %s", self.server.config.tls_cert)
-        except (TlsConfigError, ValueError) as exc:
-            log.error("TLS certificate not reloaded: %s", exc)
-
-
 def run_server(args: argparse.Namespace) -> int:
     import logging
 
@@ -395,39 +327,27 @@ async def _serve_member(config: Any, metrics_port: int | None) -> int:
     from cli.lifecycle import StartError, say, serve
     from rustext.net import ListenError
     from seq.errors import SeqError, UnsafeStart
-    from seq.server import RRServer
+    from seq.runner import MemberProcess, start_member
 
     prog = "juggler seq server"
 
-    async def start() -> _Member:
-        server = RRServer(config)
+    async def start() -> MemberProcess:
         try:
-            await server.start()
+            return await start_member(config, metrics_port)
         except UnsafeStart as exc:
             raise StartError(f"refusing to start: {exc}", status=2) from exc
         except ListenError:
             raise
         except (SeqError, OSError, ValueError) as exc:
             raise StartError(str(exc)) from exc
-        httpd = None
-        if metrics_port is not None:
-            from rustext.net import listen_error
-            from seq.metrics import serve_metrics
 
-            try:
-                httpd = serve_metrics(server, metrics_port)
-            except OSError as exc:
-                await server.aclose(grace=0)
-                raise listen_error("127.0.0.1", metrics_port, exc) from exc
-        return _Member(server, httpd)
-
-    async def until_fatal(m: _Member) -> None:
+    async def until_fatal(m: MemberProcess) -> None:
         try:
             await m.server.serve_forever()
         except (SeqError, OSError) as exc:  # the member had to stop (its store failed, …)
             say(prog, f"stopping: {exc}")
 
-    def ready(m: _Member) -> None:
+    def ready(m: MemberProcess) -> None:
         if config.tls and config.tls_cert:
             import logging
 
@@ -440,7 +360,7 @@ async def _serve_member(config: Any, metrics_port: int | None) -> int:
                 f" ({note})" if note else "")
 
     return await serve(prog, start, ready=ready, wait=until_fatal,
-                       reload=_Member.reload_tls if config.tls else None)
+                       reload=MemberProcess.reload_tls if config.tls else None)
 
 
 def run_client(args: argparse.Namespace) -> int:

@@ -101,16 +101,29 @@ class _Up:
     def draining(self) -> str:
         return "stopping the members (answers in flight are sent first)"
 
-    async def drain(self) -> None:
+    async def start(self) -> None:
+        """Started by `_serve` already."""
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """SIGTERM to every member (each answers what it received first), SIGKILL after `timeout` s (5)."""
         import asyncio
 
-        await asyncio.to_thread(self.cluster.close)
+        await asyncio.to_thread(self.cluster.close, 5.0 if timeout is None else timeout)
 
-    async def abort(self) -> None:
-        import asyncio
+    async def aclose(self) -> None:
+        await self.drain()
 
-        for i in range(self.cluster.n):
-            await asyncio.to_thread(self.cluster.kill, i)
+    def abort(self) -> None:
+        """SIGKILL to every member now."""
+        for m in self.cluster.members:
+            if m.proc is not None and m.proc.poll() is None:
+                m.proc.kill()
+
+    async def __aenter__(self) -> _Up:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -212,6 +212,7 @@ class Callee:
         uris: Iterable[str] | None = None,
         logger: logging.Logger | None = None,
         tracing: Any = None,
+        drain_timeout: float = 10.0,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
@@ -221,6 +222,8 @@ class Callee:
         if not self.uris:
             raise ValueError("no URI to serve")
         self.workers = workers
+        #: seconds running calls get to finish when the callee drains
+        self.drain_timeout = drain_timeout
         self.stats = CalleeStats()
         #: a ``juggler.tracing.CalleeTracing`` (a span per call), or None
         self.tracing = tracing
@@ -255,8 +258,13 @@ class Callee:
         if self._pump is not None:
             await asyncio.shield(self._pump)
 
-    async def drain(self, timeout: float | None = 10.0) -> None:
-        """Stop taking calls; wait up to `timeout` s for running calls, then cancel them."""
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop taking calls (those popped and not started go back to Redis);
+        wait up to `timeout` s (None: ``drain_timeout``) for running calls and
+        their results, then cancel what still runs; release the thread pool.
+        Idempotent (see rustext.service)."""
+        if timeout is None:
+            timeout = self.drain_timeout
         self._stopping = True
         if self._pump is not None and not self._pump.done():
             self._pump.cancel()
@@ -269,15 +277,23 @@ class Callee:
             if pending:
                 self._log.warning("drain: cancelled %d running calls after %ss", len(pending), timeout)
                 await asyncio.wait(pending, timeout=1.0)
+        if not self._closed:
+            self._closed = True
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def aclose(self) -> None:
-        """Drain (briefly) and release the thread pool. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        await self.drain(timeout=5.0)
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        """:meth:`drain` with ``drain_timeout``."""
+        await self.drain()
+
+    def abort(self) -> None:
+        """Stop now: no more calls taken, running ones cancelled (a drain under
+        way then ends at once)."""
+        self._stopping = True
+        if self._pump is not None:
+            self._pump.cancel()
+        for task in list(self._running):
+            task.cancel()
 
     # internals ------------------------------------------------------------------
 

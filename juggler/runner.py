@@ -61,12 +61,16 @@ class Running:
 
     _aborted = False
 
-    async def drain(self) -> None:
-        """Stop accepting, let calls in flight finish (``drain_timeout``),
-        close connections, stop the callees, close the brokers. Idempotent."""
+    async def start(self) -> None:
+        """Started by :func:`start_app` already (see rustext.service)."""
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop accepting, let calls in flight finish (`timeout` s, None:
+        ``drain_timeout``), close connections, stop the callees, close the
+        brokers. Idempotent."""
         if self.api is not None:
             await self.api.aclose()
-        await self.server.aclose()
+        await self.server.drain(timeout)
         if self.presence is not None:
             await self.presence.aclose()
         if self.control is not None:
@@ -74,8 +78,7 @@ class Running:
         if self.auth is not None:
             await self.auth.aclose()
         if self.callee is not None:
-            await self.callee.drain(timeout=0.0 if self._aborted else 5.0)
-            await self.callee.aclose()
+            await self.callee.drain(0.0 if self._aborted else 5.0)
         await self.broker.aclose()
         if self.pubsub is not None:
             await self.pubsub.aclose()
@@ -83,9 +86,10 @@ class Running:
             await asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
             self.metrics = None
 
-    aclose = drain
+    async def aclose(self) -> None:
+        await self.drain()
 
-    async def abort(self) -> None:
+    def abort(self) -> None:
         """Stop now: a drain in progress ends at once, connections are
         dropped, running callee calls cancelled."""
         self._aborted = True
@@ -93,7 +97,13 @@ class Running:
             self.api.abort()
         self.server.abort()
         if self.callee is not None:
-            await self.callee.drain(timeout=0.0)
+            self.callee.abort()
+
+    async def __aenter__(self) -> Running:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def reload_tls(self) -> None:
         """SIGHUP: read the certificate files again (logged; the current ones
@@ -227,3 +237,107 @@ async def _start_api(config: AppConfig, server: Server, started: list[Any]) -> t
         started.append(api)
         await api.start()
     return control, api
+
+
+class CalleeProcess:
+    """A callee process (``juggler callee``): its broker, the callee, its
+    metrics endpoint; a :class:`rustext.service.Service` built by
+    :func:`start_callee`."""
+
+    def __init__(self, callee: Any, broker: Any, metrics: Any) -> None:
+        self.callee, self.broker, self.metrics = callee, broker, metrics
+
+    def draining(self) -> str:
+        """What a drain waits for, in words (empty: nothing running)."""
+        n = self.callee.stats.running
+        if not n:
+            return ""
+        return f"draining {n} running call{'s' if n != 1 else ''} for up to {self.callee.drain_timeout:g} s"
+
+    async def start(self) -> None:
+        """Started by :func:`start_callee` already."""
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop taking calls, let running ones finish (`timeout` s, None: the
+        callee's ``drain_timeout``), close the broker and the metrics endpoint."""
+        await self.callee.drain(timeout)
+        await self.broker.aclose()
+        if self.metrics is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
+            self.metrics = None
+        s = self.callee.stats
+        logging.getLogger("juggler.callee").info(
+            "stopped: %d calls, %d results, %d errors, %d expired", s.calls, s.results, s.errors, s.expired
+        )
+
+    async def aclose(self) -> None:
+        await self.drain()
+
+    def abort(self) -> None:
+        self.callee.abort()
+
+    async def __aenter__(self) -> CalleeProcess:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+async def start_callee(config: Any, app: Any, *, workers: int = 50, drain_timeout: float = 10.0,
+                       metrics_port: int | None = None, traced: bool = False) -> CalleeProcess:
+    """Connect to Redis (``config``: a RedisBrokerConfig), serve `app` with
+    `workers` slots, and Prometheus metrics on 127.0.0.1:`metrics_port`.
+    Raises BrokerError (Redis unreachable) or ListenError (a busy port)."""
+    from juggler.broker.redis import RedisBroker
+    from juggler.callee import Callee
+
+    broker = RedisBroker(config)
+    try:
+        await broker.start()
+    except BaseException:
+        await broker.aclose()
+        raise
+    tracing = None
+    if traced:
+        from juggler.tracing import CalleeTracing
+
+        tracing = CalleeTracing()
+    callee = Callee(broker, app, workers=workers, tracing=tracing, drain_timeout=drain_timeout)
+    metrics = None
+    try:
+        if metrics_port:
+            metrics = _serve_callee_metrics(callee, broker, metrics_port)
+        await callee.start()
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        await broker.aclose()
+        raise
+    return CalleeProcess(callee, broker, metrics)
+
+
+def _serve_callee_metrics(callee: Any, broker: Any, port: int) -> Any:
+    """Prometheus metrics of one callee process, read from its counters at scrape time."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.registry import Collector, CollectorRegistry
+
+    from juggler.metrics import serve_metrics
+
+    class CalleeCollector(Collector):
+        def collect(self):  # type: ignore[no-untyped-def]
+            s = callee.stats
+            b = broker.stats
+            yield CounterMetricFamily("juggler_callee_calls", "Calls taken from the broker", value=s.calls)
+            yield CounterMetricFamily("juggler_callee_results", "Results stored", value=s.results)
+            yield CounterMetricFamily("juggler_callee_errors", "Results that are errors", value=s.errors)
+            yield CounterMetricFamily(
+                "juggler_callee_expired", "Calls skipped or results dropped because the TTL ran out",
+                value=s.expired + b.expired_calls,
+            )
+            yield CounterMetricFamily("juggler_callee_store_failures", "Results the broker failed to store",
+                                      value=s.store_failures)
+            yield GaugeMetricFamily("juggler_callee_running", "Calls running now", value=s.running)
+
+    registry = CollectorRegistry()
+    registry.register(CalleeCollector())
+    return serve_metrics(registry, port)  # raises rustext.net.ListenError on a busy port

@@ -234,9 +234,13 @@ class Server:
         await self._closed.wait()
 
     async def aclose(self) -> None:
-        """Stop accepting, let calls in flight finish (``drain_timeout``), close
-        connections (1001) within ``close_timeout``. Idempotent; :meth:`abort`
-        cuts it short."""
+        """:meth:`drain` with ``drain_timeout`` (see rustext.service)."""
+        await self.drain()
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop accepting, let calls in flight finish (for `timeout` s, None:
+        ``drain_timeout``), close connections (1001) within
+        ``close_timeout``. Idempotent; :meth:`abort` cuts it short."""
         if self._server is None:  # never listening: nothing to close
             if self._closed is not None:
                 self._closed.set()
@@ -248,7 +252,7 @@ class Server:
         self._closing = True
         self.draining = True
         self._server.close()
-        await self._drain_calls()
+        await self._drain_calls(self.config.drain_timeout if timeout is None else timeout)
         conns = list(self.conns)
         for c in conns:
             c.close(1001, "server shutting down")
@@ -295,9 +299,8 @@ class Server:
         """Calls whose caller is connected and whose result may still come."""
         return self._live_pending()
 
-    async def _drain_calls(self) -> None:
-        """Let the calls in flight get their RES, for up to ``drain_timeout`` s."""
-        timeout = self.config.drain_timeout
+    async def _drain_calls(self, timeout: float) -> None:
+        """Let the calls in flight get their RES, for up to `timeout` s."""
         if not timeout:
             return
         loop = asyncio.get_running_loop()

@@ -231,9 +231,9 @@ class LocalCluster:
                     raise TimeoutError(f"member {i} not ready after {timeout}s:\n{self.output(i)}")
                 await asyncio.sleep(0.05)
 
-    def close(self) -> None:
-        """Stop every member (SIGTERM, then SIGKILL) and remove a temp root."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop every member (SIGTERM, then SIGKILL after `timeout` s) and remove a temp root."""
         for i in range(self.n):
-            self.stop(i, timeout=5.0)
+            self.stop(i, timeout=timeout)
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)

@@ -112,6 +112,7 @@ class ServerConfig:
     mode: Mode = "normal"  # "bootstrap" (brand-new cluster), "rejoin" (data lost), "join" (to be added) or "normal"
     default_timeout: float = 5.0  # NextID deadline when the client sends none
     peer_timeout: float = 1.0  # bound of one member-to-member RPC
+    drain_timeout: float = 2.0  # at shutdown, seconds the calls received get to be answered
     backoff_base: float = 0.001  # first retry window of a lost round
     backoff_cap: float = 0.05  # largest retry window
     max_range: int = 1 << 32  # largest range_size accepted
@@ -328,7 +329,7 @@ class RRServer:
         try:
             await self._start(loop)
         except BaseException:
-            await self.aclose(grace=0)
+            await self.drain(0)
             raise
 
     async def _start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -470,7 +471,7 @@ class RRServer:
         return self._api.pending() if self._api is not None else 0
 
     def abort(self) -> None:
-        """Make a close in progress skip what is left of its grace period."""
+        """Make a drain in progress skip what is left of its grace period."""
         if self._api is not None:
             self._api.abort_drain()
 
@@ -494,9 +495,22 @@ class RRServer:
         for _, link in self._links.values():
             link.set_tls(self._link_tls.context())  # type: ignore[union-attr]
 
-    async def aclose(self, grace: float = 2.0) -> None:
-        """Stop accepting, answer the calls received within ``grace`` seconds,
-        stop the coordinator, the links and the store. Idempotent."""
+    async def aclose(self) -> None:
+        """:meth:`drain` with ``drain_timeout`` (see rustext.service)."""
+        await self.drain()
+
+    async def __aenter__(self) -> RRServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop accepting, answer the calls received within `timeout` seconds
+        (None: ``drain_timeout``), stop the coordinator, the links and the
+        store. Idempotent."""
+        grace = self.config.drain_timeout if timeout is None else timeout
         if self._closing:
             await self._stopped.wait()
             return
@@ -540,7 +554,7 @@ class RRServer:
         if self._fatal is None:
             self._fatal = StoreError(f"store failed: {exc}")
             log.critical("stopping: %s", self._fatal)
-            asyncio.get_running_loop().create_task(self.aclose(grace=0.5))
+            asyncio.get_running_loop().create_task(self.drain(0.5))
 
     # -- configuration (seq.membership) -------------------------------------------
 
@@ -739,7 +753,7 @@ class RRServer:
             if wrong:
                 self._fatal = UnsafeStart(f"members {wrong} belong to another cluster")
                 log.critical("%s", self._fatal)
-                loop.create_task(self.aclose(grace=0.5))
+                loop.create_task(self.drain(0.5))
                 return
             ok = [r for r in replies if not isinstance(r, BaseException)]
             reason = ""
@@ -986,32 +1000,3 @@ def _u63(v: object) -> int:
     if type(v) is not int or not 0 <= v <= MAX_VALUE:
         raise ValueError("bad value")
     return v
-
-
-async def run_server(config: ServerConfig, stop: asyncio.Event, *, metrics_port: int | None = None) -> None:
-    """Run one member until `stop` is set (the CLI's SIGINT/SIGTERM) or it must stop."""
-    server = RRServer(config)
-    await server.start()
-    httpd = None
-    if metrics_port is not None:
-        from seq.metrics import serve_metrics
-
-        httpd = serve_metrics(server, metrics_port)
-        log.info("metrics on http://127.0.0.1:%d/metrics", metrics_port)
-    serve = asyncio.ensure_future(server.serve_forever())
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({serve, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopper.cancel()
-        if httpd is not None:
-            httpd.shutdown()
-        await server.aclose()
-        s = server.stats
-        log.info(
-            "stopped: requests=%d rounds_won=%d conflicts=%d no_quorum=%d expired=%d ids=%d "
-            "max_attempts=%d fsync_batches=%d writes=%d",
-            s.requests, s.rounds_won, s.rounds_conflict, s.rounds_no_quorum, s.requests_expired,
-            s.ids_issued, s.max_attempts, server.store.fsyncs, server.store.writes,
-        )
-    await serve  # re-raises a fatal error

@@ -90,6 +90,7 @@ class WorkerConfig:
     max_clock_skew_ms: int = 1_000
     timeout: float = 5.0  # s: request deadline when the client sends none
     peer_timeout: float = 1.0  # s: bound of one call to a member
+    drain_timeout: float = 2.0  # s: at shutdown, how long the requests received get to be answered
     test_clock: bool = False  # POST /v1/test/clock (tests only)
     layout: Layout = field(init=False)
     lease: LeaseConfig = field(init=False)
@@ -283,6 +284,11 @@ class SnowflakeWorker:
         """Until the first lease is held."""
         await asyncio.wait_for(self._ready.wait(), timeout)
 
+    def draining(self) -> str:
+        """What a drain waits for, in words (empty: nothing in flight)."""
+        n = self.pending()
+        return f"answering {n} call{'s' if n != 1 else ''} for up to {self.config.drain_timeout:g} s" if n else ""
+
     def pending(self) -> int:
         return len(self._waiting) + (self._api.pending() if self._api is not None else 0)
 
@@ -291,8 +297,22 @@ class SnowflakeWorker:
         if self._api is not None:
             self._api.abort_drain()
 
-    async def aclose(self, grace: float = 2.0) -> None:
-        """Stop accepting, answer what waits, release nothing (the lease expires by itself). Idempotent."""
+    async def aclose(self) -> None:
+        """:meth:`drain` with ``drain_timeout`` (see rustext.service)."""
+        await self.drain()
+
+    async def __aenter__(self) -> SnowflakeWorker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop accepting, answer what waits within `timeout` s (None:
+        ``drain_timeout``), release nothing (the lease expires by itself).
+        Idempotent."""
+        grace = self.config.drain_timeout if timeout is None else timeout
         if self._closed:
             return
         self._closed = True

@@ -266,7 +266,7 @@ def config_groups() -> list[ConfigGroup]:
         ConfigGroup(
             "seq server",
             "One member of a sequence cluster: the flags of `juggler seq server` map onto these fields "
-            "(`seq.server.ServerConfig`, for `seq.server.run_server` in Python).",
+            "(`seq.server.ServerConfig`, for `seq.runner.start_member` in Python).",
             "python",
             (Section(_cls("seq.server.ServerConfig"), "ServerConfig"),),
         ),
