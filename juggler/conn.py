@@ -488,9 +488,14 @@ class Conn(asyncio.Protocol):
         if end is not None:
             self._end(end)
             return
-        if session.queued:
-            self._wake()
-            if session.queued >= self.config.max_pending and not self._paused and self.transport is not None:
+        queue = session.queue
+        if queue:
+            if self._workers == 0:  # the common case, without a call
+                self._workers = 1
+                self.loop.create_task(self._work())
+            else:
+                self._wake()
+            if len(queue) >= self.config.max_pending and not self._paused and self.transport is not None:
                 self._paused = True
                 self.transport.pause_reading()
 
@@ -513,11 +518,11 @@ class Conn(asyncio.Protocol):
     def _wake(self) -> None:
         """Start a worker when something waits and every worker is busy (up to
         max_concurrent_messages): what the session lets run side by side does."""
-        if self.closed:
+        if self.state is _CLOSED:
             return
         session = self.session
         if self._workers == 0 or (
-            self._workers <= session.running and session.queued
+            self._workers <= session.running and session.queue
             and self._workers < self.config.max_concurrent_messages
         ):
             self._workers += 1
@@ -547,7 +552,7 @@ class Conn(asyncio.Protocol):
                 item = session.next_item()
                 if item is None:
                     return
-                if self._paused and session.queued <= self.config.max_pending // 2 and self.transport is not None:
+                if self._paused and len(session.queue) <= self.config.max_pending // 2 and self.transport is not None:
                     self._paused = False
                     self.transport.resume_reading()
                 cls = item.__class__
@@ -561,7 +566,7 @@ class Conn(asyncio.Protocol):
                 if cls is Refused:
                     self.nack(item.msg, item.code, item.text)
                     continue
-                if session.queued:
+                if session.queue:
                     self._wake()  # another may run beside this one
                 msg = item.msg
                 try:
@@ -572,8 +577,10 @@ class Conn(asyncio.Protocol):
                 except Exception:
                     self._handler_failed()
                     return
-                for frame in session.done(item):
-                    self.send(*frame)
+                held = session.done(item)
+                if held:
+                    for frame in held:
+                        self.send(*frame)
                 if self._slow:
                     dt = self.loop.time() - item.received_at
                     if dt >= self._slow:
@@ -583,7 +590,7 @@ class Conn(asyncio.Protocol):
                         )
         finally:
             self._workers -= 1
-            if self._workers == 0 and (session.queued or outbox) and not self.closed:  # raced with a close: restart
+            if self._workers == 0 and (session.queue or outbox) and self.state is not _CLOSED:  # raced: restart
                 self._wake()
 
     def _handler_failed(self) -> None:
@@ -600,8 +607,7 @@ class Conn(asyncio.Protocol):
         session = self.session
         subs = self.context.subscriptions
         t = msg.type
-        verdict = session.admit(msg, draining=self._listener.draining, inflight=self.inflight,
-                                has_history=subs.has_history, join_leave=subs.sends_join_leave)
+        verdict = session.admit(msg, self._listener.draining, self.inflight, subs)
         if verdict.__class__ is tuple:
             self.nack(msg, *verdict)  # type: ignore[misc]
             return
@@ -660,8 +666,8 @@ class Conn(asyncio.Protocol):
     def reply(self, msg: ClientMessage, frame: tuple[int, str, bytes]) -> None:
         """Send a reply to `msg` (its ACK, NACK, or the events a SUB recovered):
         now, or once the messages before it have their replies out."""
-        work = self.session.work_of(msg)
-        if work is None or self.session.reply(work, frame):
+        opened = self.session.open
+        if not opened or opened[0].msg is msg or self.session.reply(msg, frame):  # the first two: no call
             self.send(*frame)
 
     def send_res(self, for_uuid: str, uri: str, args: bytes | None) -> None:
@@ -700,7 +706,7 @@ class Conn(asyncio.Protocol):
         ws = self.ws
         if ws.state is not OPEN:
             return False
-        if not self.session.frame_fits(frame):
+        if self.config.write_limit and not self.session.frame_fits(frame):
             log.warning("connection %s: a %d-byte message exceeds write_limit %d; closing", self.remote,
                         len(frame), self.config.write_limit)
             self.close(1009, "message too big")

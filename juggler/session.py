@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import rustext
 
@@ -76,10 +76,11 @@ class Work:
         self.msg = msg
         #: when it was received (the driver's clock): what a slow message is measured from
         self.received_at = received_at
+        t = msg.type
         #: what it must not run beside: "" (anything: a SUB/UNSB), a PUB's channel, None (a CALL)
-        self.key: str | None = None if msg.type == CALL else msg.channel if msg.type == PUB else ""
-        #: replies held until the messages before it have their replies out
-        self.replies: list[Frame] = []
+        self.key: str | None = None if t == CALL else msg.channel if t == PUB else ""
+        #: replies held until the messages before it have their replies out (made when needed)
+        self.replies: list[Frame] | None = None
         self.finished = False
 
 
@@ -109,6 +110,14 @@ class CloseAfter:
 Item = Work | Refused | CloseAfter
 
 
+class Channels(Protocol):
+    """What a SUB's admission asks of the server's channels."""
+
+    def has_history(self, channel: str) -> bool: ...
+
+    def sends_join_leave(self, channel: str) -> bool: ...
+
+
 class Session:
     """The juggler.0 rules of one connection (see the module doc).
 
@@ -117,8 +126,8 @@ class Session:
     """
 
     __slots__ = (
-        "_bucket", "_ignore_text", "_open", "_queue", "_reject", "_running", "_subs", "allowed", "close_reason",
-        "config", "identity", "messages_in", "stats",
+        "_bucket", "_ignore_text", "_reject", "_running", "_subs", "allowed", "close_reason", "config", "identity",
+        "messages_in", "open", "queue", "stats",
     )
 
     def __init__(self, config: ServerConfig, stats: ServerStats, reject: Callable[[str], None], *,
@@ -134,9 +143,10 @@ class Session:
         self.close_reason: str | None = None
         #: messages received (juggler.0 text frames parsed)
         self.messages_in = 0
-        self._queue: deque[Item] = deque()
-        #: Works handed out whose replies are not all out yet, in arrival order
-        self._open: deque[Work] = deque()
+        #: items waiting for their turn (read-only for drivers: the hot path tests it without a call)
+        self.queue: deque[Item] = deque()
+        #: Works handed out whose replies are not all out yet, oldest first (read-only for drivers)
+        self.open: deque[Work] = deque()
         self._running = 0  # Works handed out and not done
         self._ignore_text = False  # closing for the rate limit: later messages are ignored
         self._subs: set[tuple[bool, str]] = set()  # (pattern, channel) subscribed
@@ -167,9 +177,9 @@ class Session:
                 self._ignore_text = True
                 self.set_reason("rate_limited")
                 return self._end(CloseAfter(1008, "rate limit exceeded"))
-            self._queue.append(Refused(msg, 429, "rate limit exceeded"))
+            self.queue.append(Refused(msg, 429, "rate limit exceeded"))
             return None
-        self._queue.append(Work(msg, now))
+        self.queue.append(Work(msg, now))
         return None
 
     def receive_binary(self) -> CloseAfter | None:
@@ -182,15 +192,15 @@ class Session:
         return CloseAfter(None, why)
 
     def _end(self, end: CloseAfter) -> CloseAfter | None:
-        if not self._queue and not self._open:
+        if not self.queue and not self.open:
             return end
-        self._queue.append(end)
+        self.queue.append(end)
         return None
 
     @property
     def queued(self) -> int:
         """Items waiting for their turn."""
-        return len(self._queue)
+        return len(self.queue)
 
     @property
     def running(self) -> int:
@@ -203,18 +213,22 @@ class Session:
         :class:`Refused` or :class:`CloseAfter` (and a SUB/UNSB) waits until
         the replies of everything before it are out; a :class:`CloseAfter`
         is the last: what was queued after it is forgotten."""
-        queue = self._queue
+        queue = self.queue
         if not queue:
             return None
         head = queue[0]
-        if not self._open:  # nothing handed out: the head goes, whatever it is
+        if not self.open:  # nothing handed out: the head goes, whatever it is
             queue.popleft()
+            if head.__class__ is Work:  # the common case, without a call
+                self.open.append(head)  # type: ignore[arg-type]
+                self._running += 1
+                return head
             return self._hand_out(head)
         if head.__class__ is not Work or head.key == "" or self._running >= self.config.max_concurrent_messages:
             return None
         # CALLs and PUBs may overtake work handed out, and each other, but never a PUB to
         # their channel (running or queued before them) nor anything queued behind a barrier
-        running = {w.key for w in self._open if not w.finished and w.key is not None}
+        running = {w.key for w in self.open if not w.finished and w.key is not None}
         if "" in running:
             return None
         earlier: set[str] = set()
@@ -232,65 +246,70 @@ class Session:
 
     def _hand_out(self, item: Item) -> Item:
         if item.__class__ is Work:
-            self._open.append(item)  # type: ignore[arg-type]
+            self.open.append(item)  # type: ignore[arg-type]
             self._running += 1
         elif item.__class__ is CloseAfter:
-            self._queue.clear()
+            self.queue.clear()
         return item
 
-    def reply(self, work: Work, frame: Frame) -> bool:
-        """A reply of `work` (an ACK, a NACK, the events a SUB recovered):
+    def reply(self, msg: ClientMessage, frame: Frame) -> bool:
+        """A reply to `msg` (an ACK, a NACK, the events a SUB recovered):
         True when it may be written now (every message before it has its
-        replies out), False when the session holds it until then (see
-        :meth:`done`)."""
-        if self._open and self._open[0] is work:
+        replies out, or `msg` is not one handed out), False when the
+        session holds it until then (see :meth:`done`)."""
+        opened = self.open
+        if not opened or opened[0].msg is msg:
             return True
-        work.replies.append(frame)
-        return False
-
-    def work_of(self, msg: ClientMessage) -> Work | None:
-        """The work handed out for `msg` (a middleware replying to it), if any."""
-        for work in self._open:
+        for work in opened:
             if work.msg is msg:
-                return work
-        return None
+                if work.replies is None:
+                    work.replies = [frame]
+                else:
+                    work.replies.append(frame)
+                return False
+        return True
 
-    def done(self, work: Work) -> list[Frame]:
+    def done(self, work: Work) -> list[Frame] | tuple[()]:
         """`work` is handled (replied to, or failed): the replies that may be
         written now, in order (its own held ones and those of later work that
         finished before it, up to the first still running)."""
         if work.finished:
-            return []
+            return ()
         work.finished = True
         self._running -= 1
-        opened = self._open
+        opened = self.open
         if not opened or opened[0] is not work:
-            return []  # an earlier message has replies to send first
+            return ()  # an earlier message has replies to send first
+        opened.popleft()
+        if not opened:
+            return ()  # the common case: it was the only one
         out: list[Frame] = []
         while opened and opened[0].finished:
-            out += opened.popleft().replies
+            held = opened.popleft().replies
+            if held:
+                out += held
         if opened:  # the new oldest is running: what it said so far goes now, the rest as it comes
             head = opened[0]
-            out += head.replies
-            head.replies = []
+            if head.replies:
+                out += head.replies
+                head.replies = None
         return out
 
     def clear(self) -> None:
         """Forget what is queued and held (the connection is ending)."""
-        self._queue.clear()
-        self._open.clear()
+        self.queue.clear()
+        self.open.clear()
         self._running = 0
 
     # --- deciding ---------------------------------------------------------------------------
 
-    def admit(self, msg: ClientMessage, *, draining: bool, inflight: int,
-              has_history: Callable[[str], bool] | None = None,
-              join_leave: Callable[[str], bool] | None = None) -> tuple[int, str] | int | None:
+    def admit(self, msg: ClientMessage, draining: bool, inflight: int,
+              channels: Channels | None = None) -> tuple[int, str] | int | None:
         """Whether `msg` may go to the broker: a refusal ``(code, text)`` to
         NACK, else None, or for a CALL its timeout in milliseconds.
         ``draining``: the server is shutting down; ``inflight``: this
-        connection's calls waiting for their RES; ``has_history(channel)`` and
-        ``join_leave(channel)``: what the server's channels offer (SUB)."""
+        connection's calls waiting for their RES; ``channels``: what the
+        server's channels offer (history, join/leave notices), for a SUB."""
         t = msg.type
         identity = self.identity
         if identity is not None and t != UNSB:
@@ -320,9 +339,9 @@ class Session:
             if msg.since is not None:
                 if msg.pattern:
                     return 400, "since (recovery) needs a channel, not a pattern"
-                if has_history is None or not has_history(msg.channel):
+                if channels is None or not channels.has_history(msg.channel):
                     return 400, f"channel {msg.channel!r} keeps no history to recover from"
-            if msg.join_leave and (msg.pattern or join_leave is None or not join_leave(msg.channel)):
+            if msg.join_leave and (msg.pattern or channels is None or not channels.sends_join_leave(msg.channel)):
                 return 400, f"channel {msg.channel!r} sends no join/leave notices"
         return None
 

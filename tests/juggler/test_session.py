@@ -57,7 +57,7 @@ def test_one_at_a_time_when_asked() -> None:
     first = s.next_item()
     assert isinstance(first, Work) and first.msg.type == CALL and first.received_at == 1.0
     assert s.next_item() is None  # the first is not done: the second waits its turn
-    assert s.done(first) == []
+    assert not s.done(first)
     assert [i.msg.type for i in drain(s)] == [PUB, SUB]
     assert s.messages_in == 3 and s.stats.read[CALL] == 1
 
@@ -99,10 +99,10 @@ def test_replies_go_out_in_request_order() -> None:
     w1, w2, w3 = s.next_item(), s.next_item(), s.next_item()
     assert isinstance(w1, Work) and isinstance(w2, Work) and isinstance(w3, Work)
     a2, a3 = s.ack(w2.msg), s.ack(w3.msg)
-    assert not s.reply(w3, a3) and not s.reply(w2, a2)  # held: the first has not replied
-    assert s.done(w3) == [] and s.done(w2) == []
+    assert not s.reply(w3.msg, a3) and not s.reply(w2.msg, a2)  # held: the first has not replied
+    assert not s.done(w3) and not s.done(w2)
     a1 = s.ack(w1.msg)
-    assert s.reply(w1, a1)  # the oldest: written now
+    assert s.reply(w1.msg, a1)  # the oldest: written now
     assert s.done(w1) == [a2, a3]  # then the others, in request order
     assert s.running == 0
 
@@ -114,11 +114,12 @@ def test_replies_of_the_new_oldest_go_out_when_it_becomes_the_oldest() -> None:
     w1, w2 = s.next_item(), s.next_item()
     assert isinstance(w1, Work) and isinstance(w2, Work)
     early = s.nack(w2.msg, 500, "no")
-    assert not s.reply(w2, early)
+    assert not s.reply(w2.msg, early)
     assert s.done(w1) == [early]  # w2 still runs: what it said so far goes out now
     late = s.ack(w2.msg)
-    assert s.reply(w2, late)  # and from now on, as it comes
-    assert s.work_of(w2.msg) is w2 and s.work_of(w1.msg) is None
+    assert s.reply(w2.msg, late)  # and from now on, as it comes
+    other = message(call())
+    assert s.reply(other, s.ack(other))  # a message not handed out: written as it comes
 
 
 def test_bad_input_ends_the_connection_after_the_replies_before_it() -> None:
@@ -215,18 +216,29 @@ def test_admission() -> None:
     assert rejected == ["draining", "inflight_limit", "subscription_limit"]
 
 
+@dataclasses.dataclass
+class Channels:
+    history: set[str]
+    notices: set[str]
+
+    def has_history(self, channel: str) -> bool:
+        return channel in self.history
+
+    def sends_join_leave(self, channel: str) -> bool:
+        return channel in self.notices
+
+
 def test_admission_of_recovery_and_notices() -> None:
     s, _ = make()
     since = message(rustext.build_sub(uid(), "h", since=(3, "e1")))
     pattern = message(rustext.build_sub(uid(), "h.*", pattern=True, since=(3, "e1")))
-    history = {"h"}.__contains__
-    assert s.admit(since, draining=False, inflight=0, has_history=history) is None
-    assert s.admit(since, draining=False, inflight=0)[0] == 400  # type: ignore[index]
-    assert s.admit(pattern, draining=False, inflight=0, has_history=history) == \
-        (400, "since (recovery) needs a channel, not a pattern")
+    channels = Channels(history={"h"}, notices={"room"})
+    assert s.admit(since, False, 0, channels) is None
+    assert s.admit(since, False, 0)[0] == 400  # type: ignore[index]
+    assert s.admit(pattern, False, 0, channels) == (400, "since (recovery) needs a channel, not a pattern")
     notices = message(rustext.build_sub(uid(), "room", join_leave=True))
-    assert s.admit(notices, draining=False, inflight=0, join_leave={"room"}.__contains__) is None
-    assert s.admit(notices, draining=False, inflight=0, join_leave=set().__contains__) == \
+    assert s.admit(notices, False, 0, channels) is None
+    assert s.admit(notices, False, 0, Channels(history=set(), notices=set())) == \
         (400, "channel 'room' sends no join/leave notices")
 
 
