@@ -1,0 +1,125 @@
+"""Instructions the juggler server executes per call, for comparing two trees.
+
+CPU time per call on a shared 2-core machine swings by ±10% between runs,
+which hides the few-percent changes a refactor of the hot path can make.
+Instruction counts under valgrind's callgrind do not swing: the same tree
+gives the same count to within a fraction of a percent. So this runs the
+server under callgrind twice per tree (once idle, once serving a fixed
+number of calls at a fixed rate from ``juggler load``) and reports the
+difference divided by the calls: the server's own cost per call, start-up
+removed. Redis and the callee run natively beside it.
+
+Keep the rate low: callgrind slows the server some fifty times, and a
+server that cannot keep up batches several messages per wake-up, which
+lowers the count per call by as much as a fifth and makes it depend on
+timing again. At 50 calls/s two runs of one tree agree within 0.2%.
+
+Each tree is a checkout (``git worktree add /tmp/before <rev>``) with the
+native extension in ``rustext/`` (copy the built ``_native*.so`` across when
+the Rust side did not change). Needs ``valgrind``::
+
+    python benches/juggler/server_instructions.py /tmp/before . /tmp/before . --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 300.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"nothing listened on port {port} within {timeout:.0f}s")
+
+
+def run(tree: str, seconds: int, rate: int) -> tuple[int, int]:
+    """One server lifetime under callgrind: (instructions, calls answered)."""
+    redis_port, ws_port = free_port(), free_port()
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    py = sys.executable
+    redis = subprocess.Popen(
+        ["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    procs = [redis]
+    try:
+        wait_port(redis_port)
+        procs.append(subprocess.Popen(
+            [py, "-m", "cli", "callee", "--redis", redis_url, "--workers", "50",
+             "--log-level", "WARNING"],
+            cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ))
+        server = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+             py, "-m", "cli", "server", "--redis", redis_url,
+             "--listen", f"127.0.0.1:{ws_port}", "--log-level", "WARNING"],
+            cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        wait_port(ws_port)
+        calls = 0
+        if seconds:
+            out = subprocess.run(
+                [py, "-m", "cli", "load", "--url", f"ws://127.0.0.1:{ws_port}/ws",
+                 "-d", f"{seconds}s", "-c", "4", "-r", str(rate), "--quiet", "--json",
+                 "--timeout", "60s"],
+                capture_output=True, text=True, check=True,
+            )
+            calls = int(json.loads(out.stdout)["results"])
+        server.terminate()
+        err = server.communicate(timeout=600)[1]
+        found = re.search(r"Collected : (\d+)", err)
+        if not found:
+            raise SystemExit(f"callgrind printed no total for {tree}:\n{err[-2000:]}")
+        return int(found.group(1)), calls
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trees", nargs="+", help="checkouts to compare (the first is the reference)")
+    parser.add_argument("--seconds", type=int, default=30, help="how long to send calls")
+    parser.add_argument("--rate", type=int, default=50, help="calls per second in total (keep it low: see above)")
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    results = []
+    for tree in args.trees:
+        tree = os.path.abspath(tree)
+        idle, _ = run(tree, 0, args.rate)
+        busy, calls = run(tree, args.seconds, args.rate)
+        per_call = (busy - idle) / calls
+        results.append({"tree": tree, "idle": idle, "busy": busy, "calls": calls,
+                        "per_call": round(per_call)})
+        ratio = per_call / results[0]["per_call"]
+        print(f"{tree}: {per_call / 1000:.1f}k instructions per call "
+              f"({calls} calls; start-up {idle / 1e9:.2f}G; {ratio:.3f}× the first)", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"seconds": args.seconds, "rate": args.rate, "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
