@@ -62,14 +62,12 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from rustext.fields import check_fields
-
 from balancer.accesslog import AccessLog
+from balancer.auth import AdminAuth
 from balancer.checks import (  # noqa: F401  (re-exported: the configuration's own checks)
     PROTOS,
     check_h2_limits,
@@ -79,13 +77,29 @@ from balancer.checks import (  # noqa: F401  (re-exported: the configuration's o
     parse_hostport,
     unix_path,
 )
-from balancer.auth import AdminAuth
 from balancer.discovery import DnsConfig, Target, is_ip
 from balancer.errorpages import ErrorPage, load_error_pages
 from balancer.errors import BalancerConfigError
-from balancer.policies import LAYER7_ERRORS, Sticky, check_cookie_value, parse_duration, parse_retry_on, policy_native
+from balancer.policies import (
+    LAYER7_ERRORS,
+    Sticky,
+    check_cookie_value,
+    parse_duration,
+    parse_retry_on,
+    policy_native,
+)
 from balancer.ratelimit import RateLimit
-from balancer.routing import HeaderRules, Hsts, Listener, NamedBackend, RequestId, Route, section
+from balancer.routing import (
+    HeaderRules,
+    Hsts,
+    Listener,
+    NamedBackend,
+    RequestId,
+    Route,
+    section,
+)
+from rustext.fields import check_fields
+from rustext.tomllines import read_toml
 
 #: the pool of a configuration with a ``[[backends]]`` list instead of named pools
 DEFAULT_POOL = "default"
@@ -875,19 +889,9 @@ def from_dict(data: dict[str, Any]) -> BalancerConfig:
 def load(path: str | os.PathLike[str]) -> BalancerConfig:
     """Read and validate a TOML file; raises BalancerConfigError naming the file."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise BalancerConfigError(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        text = raw.decode()
-        data = tomllib.loads(text)
-    except UnicodeDecodeError as exc:
-        raise BalancerConfigError(f"{path}: invalid TOML: not UTF-8 (byte {exc.start})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        m = re.search(r" \(at line (\d+), column \d+\)$", str(exc))
-        where, reason = (f"{path}:{m.group(1)}", str(exc)[:m.start()]) if m else (str(path), str(exc))
-        raise BalancerConfigError(f"{where}: invalid TOML: {reason}") from exc
+        text, data = read_toml(path)
+    except ValueError as exc:
+        raise BalancerConfigError(str(exc)) from exc
     try:
         return from_dict(data)
     except BalancerConfigError as exc:

@@ -48,17 +48,15 @@ section; unknown keys are errors (a typo must not be silently ignored)::
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from rustext.fields import check_fields
-from rustext.tls import ServerTls
-
-from rustext.net import parse_hostport
-
 from juggler.broker.memory import MemoryBrokerConfig
 from juggler.channels import ChannelRules
+from rustext.fields import check_fields
+from rustext.net import parse_hostport
+from rustext.tls import ServerTls
+from rustext.tomllines import read_toml
 
 __all__ = ["ApiConfig", "AppConfig", "MetricsConfig", "ServerConfig", "load_config", "parse_listen"]
 
@@ -318,22 +316,7 @@ def load_config(path: str) -> AppConfig:
     """Read a TOML file into an AppConfig; ValueError on any invalid option,
     naming the file and the line (``juggler.toml:12: [server] read_limit:
     expected an integer, got 'abc'``)."""
-    import re
-
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        text = raw.decode()
-        data = tomllib.loads(text)
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: invalid TOML: not UTF-8 (byte {exc.start})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        m = re.search(r" \(at line (\d+), column \d+\)$", str(exc))
-        where, reason = (f"{path}:{m.group(1)}", str(exc)[:m.start()]) if m else (str(path), str(exc))
-        raise ValueError(f"{where}: invalid TOML: {reason}") from exc
+    text, data = read_toml(path)
     try:
         return config_from_dict(data)
     except ValueError as exc:

@@ -3,14 +3,40 @@ configuration error found after parsing is placed by this line index
 (tables, array-of-tables entries, keys, the elements of arrays) to say
 ``file.toml:12: …``. Best effort: a path it cannot place gives the nearest
 enclosing table, or no line. Used by the balancer's and juggler's
-configuration files."""
+configuration files, which read them with :func:`read_toml`."""
 
 from __future__ import annotations
 
-__all__ = ["Path", "key_lines", "line_of"]
+import os
+import re
+import tomllib
+from typing import Any
+
+__all__ = ["Path", "key_lines", "line_of", "read_toml"]
 
 #: a key path: table and key names, and the index of an array (of tables) element
 Path = tuple[str | int, ...]
+
+
+def read_toml(path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
+    """A TOML file's text (for :func:`key_lines`) and its data; ValueError
+    naming the file, and the line where TOML says it
+    (``balancer.toml:3: invalid TOML: Expected '=' after a key``)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        text = raw.decode()
+        return text, tomllib.loads(text)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: invalid TOML: not UTF-8 (byte {exc.start})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        found = re.search(r" \(at line (\d+), column \d+\)$", str(exc))
+        if found is None:
+            raise ValueError(f"{path}: invalid TOML: {exc}") from exc
+        raise ValueError(f"{path}:{found.group(1)}: invalid TOML: {str(exc)[:found.start()]}") from exc
 
 
 def _split_key(raw: str) -> tuple[str, ...]:
