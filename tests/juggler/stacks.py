@@ -18,20 +18,24 @@ URIS = make_test_app(4).uris
 
 
 @contextlib.asynccontextmanager
-async def redis_stack(*, pubsub_url: str | None = None, **broker_kw: Any) -> AsyncIterator[Server]:
-    """A started server on port 0 and 50 test callees; ``broker_kw`` are
-    RedisBrokerConfig options (``url=`` or ``cluster=``, TLS, …);
-    ``pubsub_url`` puts pub-sub on a Redis of its own."""
+async def redis_stack(*, pubsub_url: str | None = None, callee_kw: dict[str, Any] | None = None,
+                      server_kw: dict[str, Any] | None = None, workers: int = 50,
+                      **broker_kw: Any) -> AsyncIterator[Server]:
+    """A started server on port 0 and `workers` test callees; ``broker_kw``
+    are RedisBrokerConfig options (``url=`` or ``cluster=``, TLS, …), which
+    ``callee_kw`` overrides for the callees' broker (another URL: a fault
+    proxy); ``server_kw`` are ServerConfig options; ``pubsub_url`` puts
+    pub-sub on a Redis of its own."""
     broker = RedisBroker(RedisBrokerConfig(**broker_kw))
     await broker.start()
     pubsub = None
     if pubsub_url is not None:
         pubsub = RedisBroker(RedisBrokerConfig(url=pubsub_url))
         await pubsub.start()
-    callee_broker = RedisBroker(RedisBrokerConfig(**broker_kw))
+    callee_broker = RedisBroker(RedisBrokerConfig(**{**broker_kw, **(callee_kw or {})}))
     await callee_broker.start()
-    server = Server(broker, ServerConfig(port=0), pubsub=pubsub)
-    callee = Callee(callee_broker, make_test_app(4), workers=50)
+    server = Server(broker, ServerConfig(**{"port": 0, **(server_kw or {})}), pubsub=pubsub)
+    callee = Callee(callee_broker, make_test_app(4), workers=workers)
     try:
         await server.start()
         await callee.start()

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -27,37 +26,22 @@ import redis.asyncio as aioredis
 
 from juggler.broker.redis import RedisBroker, RedisBrokerConfig
 from juggler.broker.redis.keys import POP_CHECK_SCRIPT, PUSH_SCRIPT
-from juggler.callee import Callee, make_test_app
 from juggler.client import ACK, NACK, RES, connect
 from juggler.config import ServerConfig
 from juggler.errors import CallNacked
 from juggler.server import Server
 from tests.faultproxy import FaultProxy
+from tests.juggler.stacks import redis_stack
 from tests.netutil import start_redis, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
 
-@contextlib.asynccontextmanager
-async def stack(server_url: str, callee_url: str, **server_kw: Any) -> AsyncIterator[Server]:
+def stack(server_url: str, callee_url: str, **server_kw: Any) -> contextlib.AbstractAsyncContextManager[Server]:
     """A server on `server_url`'s Redis and test callees on `callee_url`'s
     (the same Redis, one of them through a fault proxy)."""
-    broker = RedisBroker(RedisBrokerConfig(url=server_url, command_timeout=2.0, block_timeout=0.5))
-    callee_broker = RedisBroker(RedisBrokerConfig(url=callee_url, command_timeout=2.0, block_timeout=0.5))
-    await broker.start()
-    await callee_broker.start()
-    server = Server(broker, ServerConfig(port=0, **server_kw))
-    callee = Callee(callee_broker, make_test_app(), workers=20)
-    try:
-        await server.start()
-        await callee.start()
-        yield server
-    finally:
-        await server.aclose()
-        await callee.drain(timeout=2)
-        await callee.aclose()
-        await callee_broker.aclose()
-        await broker.aclose()
+    return redis_stack(url=server_url, command_timeout=2.0, block_timeout=0.5, callee_kw={"url": callee_url},
+                       server_kw=server_kw, workers=20)
 
 
 def proxied(redis_url: str, proxy: FaultProxy) -> str:
