@@ -122,6 +122,8 @@ def test_an_idle_process_stops_on_the_first_signal(command: str, tmp_path: Path,
     with running(long_running(port, tmp_path, redis_url)[command]) as r:
         if command == "callee":
             r.wait_for("serving")
+        elif command == "seq server":  # its port opens before it has finished starting
+            r.wait_for("seq server listening on")
         else:
             wait_for_port(port, timeout=30, proc=r.proc)
         r.signal(signal.SIGTERM)
