@@ -8,7 +8,9 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rustext.service import ServiceBase
 
 from balancer.checks import parse_hostport
 from balancer.config import BalancerConfig
@@ -27,7 +29,7 @@ ADMIN_TAKEOVER_WAIT = 5.0
 __all__ = ["BalancerProcess"]
 
 
-class BalancerProcess:
+class BalancerProcess(ServiceBase):
     """``await start()``, then ``drain()`` (stop accepting, finish in-flight
     requests within ``drain_timeout``) or ``abort()``; ``reload()`` as SIGHUP."""
 
@@ -143,9 +145,6 @@ class BalancerProcess:
     def abort(self) -> None:
         self.lb.abort()
 
-    async def aclose(self) -> None:
-        await self.drain()
-
     async def _close_handover(self) -> None:
         if self.handover is not None:
             await self.handover.aclose()
@@ -155,10 +154,3 @@ class BalancerProcess:
         if self.admin is not None:
             await self.admin.aclose()
             self.admin = None
-
-    async def __aenter__(self) -> BalancerProcess:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()

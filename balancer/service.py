@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import rustext
+from rustext.service import ServiceBase
 
 from balancer import config as config_mod
 from balancer.config import BackendConfig, BalancerConfig
@@ -31,7 +32,7 @@ from balancer.health import HealthChecker
 log = logging.getLogger("balancer.service")
 
 
-class LoadBalancer:
+class LoadBalancer(ServiceBase):
     def __init__(self, config: BalancerConfig, *, config_path: str | os.PathLike[str] | None = None,
                  overrides: Callable[[BalancerConfig], BalancerConfig] | None = None,
                  drain_timeout: float = 30.0) -> None:
@@ -159,10 +160,6 @@ class LoadBalancer:
         await asyncio.to_thread(self._native.drain, self.drain_timeout if timeout is None else timeout)
         self._closed.set()
 
-    async def aclose(self) -> None:
-        """:meth:`drain` with ``drain_timeout``."""
-        await self.drain()
-
     def abort(self) -> None:
         """Stop now: a :meth:`drain` under way is cut short, in-flight
         exchanges end (the data plane's threads stop in the background)."""
@@ -179,13 +176,6 @@ class LoadBalancer:
         checkers, self._health = list(self._health.values()), {}
         for checker in checkers:
             await checker.aclose()
-
-    async def __aenter__(self) -> LoadBalancer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     # --- DNS discovery ---------------------------------------------------
     def _effective(self, config: BalancerConfig) -> BalancerConfig:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rustext.backoff import Backoff
+from rustext.service import ServiceBase
 from rustext.throttledlog import ThrottledLog
 
 from juggler.broker.base import Call, CalleeBroker, CapacityExceeded, Result
@@ -200,7 +201,7 @@ class CalleeStats:
     running: int = 0  # calls being executed now
 
 
-class Callee:
+class Callee(ServiceBase):
     """Serve a :class:`CalleeApp` over a :class:`CalleeBroker` with `workers` slots."""
 
     def __init__(
@@ -246,13 +247,6 @@ class Callee:
         if self._pump is None:
             self._pump = asyncio.create_task(self._run_pump(), name="juggler-callee-pump")
 
-    async def __aenter__(self) -> Callee:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
     async def wait(self) -> None:
         """Wait until the pump stops (broker closed, or drain())."""
         if self._pump is not None:
@@ -281,10 +275,6 @@ class Callee:
             self._closed = True
             if self._executor is not None:
                 self._executor.shutdown(wait=False, cancel_futures=True)
-
-    async def aclose(self) -> None:
-        """:meth:`drain` with ``drain_timeout``."""
-        await self.drain()
 
     def abort(self) -> None:
         """Stop now: no more calls taken, running ones cancelled (a drain under

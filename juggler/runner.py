@@ -18,6 +18,8 @@ from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
+from rustext.service import ServiceBase
+
 from juggler.broker.memory import MemoryBroker
 from juggler.config import AppConfig
 from juggler.metrics import (
@@ -38,7 +40,7 @@ log = logging.getLogger("juggler.server")
 
 
 @dataclass
-class Running:
+class Running(ServiceBase):
     """What :func:`start_app` started: ``drain()`` stops it all in order,
     ``abort()`` at once (a second Ctrl-C)."""
 
@@ -86,9 +88,6 @@ class Running:
             await asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
             self.metrics = None
 
-    async def aclose(self) -> None:
-        await self.drain()
-
     def abort(self) -> None:
         """Stop now: a drain in progress ends at once, connections are
         dropped, running callee calls cancelled."""
@@ -98,12 +97,6 @@ class Running:
         self.server.abort()
         if self.callee is not None:
             self.callee.abort()
-
-    async def __aenter__(self) -> Running:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def reload_tls(self) -> None:
         """SIGHUP: read the certificate files again (logged; the current ones
@@ -239,7 +232,7 @@ async def _start_api(config: AppConfig, server: Server, started: list[Any]) -> t
     return control, api
 
 
-class CalleeProcess:
+class CalleeProcess(ServiceBase):
     """A callee process (``juggler callee``): its broker, the callee, its
     metrics endpoint; a :class:`rustext.service.Service` built by
     :func:`start_callee`."""
@@ -270,17 +263,8 @@ class CalleeProcess:
             "stopped: %d calls, %d results, %d errors, %d expired", s.calls, s.results, s.errors, s.expired
         )
 
-    async def aclose(self) -> None:
-        await self.drain()
-
     def abort(self) -> None:
         self.callee.abort()
-
-    async def __aenter__(self) -> CalleeProcess:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 async def start_callee(config: Any, app: Any, *, workers: int = 50, drain_timeout: float = 10.0,

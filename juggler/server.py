@@ -56,6 +56,7 @@ from typing import Any
 
 import rustext
 from rustext.net import listen_error
+from rustext.service import ServiceBase
 
 from juggler.broker.base import Result
 from juggler.http import http_response
@@ -87,7 +88,7 @@ def _chain(middleware: Sequence[Middleware], final: Handler) -> Handler:
     return handler
 
 
-class Server:
+class Server(ServiceBase):
     """A juggler.0 websocket server over a caller + pub-sub broker (see module doc)."""
 
     def __init__(
@@ -221,21 +222,10 @@ class Server:
         scheme = "wss" if self.config.tls_cert else "ws"
         return f"{scheme}://{host}:{self.port}{self.config.path}"
 
-    async def __aenter__(self) -> Server:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
     async def wait_closed(self) -> None:
         """Wait until :meth:`aclose` has finished."""
         assert self._closed is not None, "not started"
         await self._closed.wait()
-
-    async def aclose(self) -> None:
-        """:meth:`drain` with ``drain_timeout`` (see rustext.service)."""
-        await self.drain()
 
     async def drain(self, timeout: float | None = None) -> None:
         """Stop accepting, let calls in flight finish (for `timeout` s, None:

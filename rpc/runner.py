@@ -19,6 +19,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from rustext.service import ServiceBase
+
 from rpc.server import Server
 
 __all__ = ["RpcOptions", "RpcProcess", "RpcStartError"]
@@ -59,7 +61,7 @@ class RpcOptions:
     started_plugins: tuple[Any, ...] = ()
 
 
-class RpcProcess:
+class RpcProcess(ServiceBase):
     """A started rpc server process (see the module doc)."""
 
     def __init__(self, server: Server, options: RpcOptions) -> None:
@@ -165,16 +167,6 @@ class RpcProcess:
         for plugin in plugins:
             await plugin.aclose()
 
-    async def aclose(self) -> None:
-        await self.drain()
-
     def abort(self) -> None:
         """Stop now: a drain under way stops waiting for requests in flight."""
         self.server.dispatcher.abort_drain()
-
-    async def __aenter__(self) -> RpcProcess:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()

@@ -20,15 +20,17 @@ that one can be embedded, composed or driven by the command line alike:
   second Ctrl-C does.
 - ``async with service:``: :meth:`start`, then :meth:`aclose`.
 
-:func:`check_service` is what the tests use to hold every service to it.
+:class:`ServiceBase` gives a service the last two from its ``start`` and
+``drain``; :func:`check_service` is what the tests use to hold every
+service to it.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
-__all__ = ["Service", "check_service"]
+__all__ = ["Service", "ServiceBase", "check_service"]
 
 
 @runtime_checkable
@@ -46,6 +48,31 @@ class Service(Protocol):
     async def __aenter__(self) -> Any: ...
 
     async def __aexit__(self, *exc: object) -> None: ...
+
+
+class ServiceBase:
+    """What every :class:`Service` does alike, from its own ``start`` and
+    ``drain``: :meth:`aclose` drains with the service's own drain time, and
+    ``async with`` starts it and closes it. A service already started by
+    the function that built it has a ``start`` that does nothing."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+        async def start(self) -> None: ...
+
+        async def drain(self, timeout: float | None = None) -> None: ...
+
+    async def aclose(self) -> None:
+        """:meth:`drain` with the service's own drain time."""
+        await self.drain()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 def check_service(cls: type) -> list[str]:

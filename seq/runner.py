@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from rustext.net import ListenError, listen_error
+from rustext.service import ServiceBase
 
 from seq.errors import SeqError
 from seq.server import RRServer, ServerConfig
@@ -20,7 +21,7 @@ __all__ = ["MemberProcess", "start_member", "start_worker"]
 log = logging.getLogger("seq.server")
 
 
-class MemberProcess:
+class MemberProcess(ServiceBase):
     """A started member and, when asked for, its Prometheus endpoint."""
 
     def __init__(self, server: RRServer, metrics: Any) -> None:
@@ -50,17 +51,8 @@ class MemberProcess:
             s.ids_issued, s.max_attempts, store.fsyncs, store.writes,
         )
 
-    async def aclose(self) -> None:
-        await self.drain()
-
     def abort(self) -> None:
         self.server.abort()
-
-    async def __aenter__(self) -> MemberProcess:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def reload_tls(self) -> None:
         """SIGHUP: the certificate files again (logged; the current

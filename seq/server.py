@@ -62,13 +62,13 @@ from typing import Literal
 import grpc
 
 from rustext.net import ListenError, check_hostport, listen_error
+from rustext.service import ServiceBase
 from rustext.tls import ClientTls, ServerTls
 
 from rpc.transport import ServerConfig as TransportServerConfig
 from rpc.transport import TransportServer
 from seq import peerlink
 from seq._proto import rrpeer_pb2 as peer_pb
-from seq._proto import rrseq_pb2 as pb
 from seq.api import ApiServer
 from seq.coordinator import Coordinator, CoordinatorStats
 from seq.errors import MemberRemoved, SeqExhausted, SeqUnavailable, StoreError, UnsafeStart
@@ -282,7 +282,7 @@ def lock_data_dir(directory: str) -> int:
     return fd
 
 
-class RRServer:
+class RRServer(ServiceBase):
     """One member. See the module docstring for states and lifecycle."""
 
     def __init__(self, config: ServerConfig) -> None:
@@ -494,17 +494,6 @@ class RRServer:
         self._link_tls = cfg.peer_client_tls()
         for _, link in self._links.values():
             link.set_tls(self._link_tls.context())  # type: ignore[union-attr]
-
-    async def aclose(self) -> None:
-        """:meth:`drain` with ``drain_timeout`` (see rustext.service)."""
-        await self.drain()
-
-    async def __aenter__(self) -> RRServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def drain(self, timeout: float | None = None) -> None:
         """Stop accepting, answer the calls received within `timeout` seconds

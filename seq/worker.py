@@ -51,6 +51,7 @@ import grpc
 from aiohttp import web
 
 from rustext.net import check_hostport
+from rustext.service import ServiceBase
 
 from seq._proto import rrpeer_pb2 as peer_pb
 from seq.api import ApiServer
@@ -161,7 +162,7 @@ class _StoreView:
         return 0
 
 
-class SnowflakeWorker:
+class SnowflakeWorker(ServiceBase):
     """One worker (see the module doc). ``await start()``, ``await wait_ready()``, ``await aclose()``."""
 
     def __init__(self, config: WorkerConfig, *, clock: Clock | None = None) -> None:
@@ -296,17 +297,6 @@ class SnowflakeWorker:
         """End a drain in progress at once (a second Ctrl-C)."""
         if self._api is not None:
             self._api.abort_drain()
-
-    async def aclose(self) -> None:
-        """:meth:`drain` with ``drain_timeout`` (see rustext.service)."""
-        await self.drain()
-
-    async def __aenter__(self) -> SnowflakeWorker:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def drain(self, timeout: float | None = None) -> None:
         """Stop accepting, answer what waits within `timeout` s (None:
