@@ -112,7 +112,7 @@ class RpcxCaller:
             return await pools[i].get(self._endpoint(address))
         except terr.TransportClosed as exc:
             raise TransportError(f"{address}: {exc}", TransportErrorKind.CLOSED) from exc
-        except terr.TransportError as exc:
+        except terr.TransportLayerError as exc:
             raise TransportError(f"{address}: {exc}", TransportErrorKind.CONNECT) from exc
 
     async def __call__(self, address: str, request: Message, timeout: float | None) -> Message | None:
@@ -148,7 +148,7 @@ class RpcxCaller:
         except terr.ConnectionLost as exc:
             kind = TransportErrorKind.PROTOCOL if isinstance(exc.__cause__, terr.ProtocolError) else TransportErrorKind.CLOSED
             raise TransportError(f"{address}: {exc}", kind) from exc
-        except terr.TransportError as exc:
+        except terr.TransportLayerError as exc:
             raise TransportError(f"{address}: {exc}", TransportErrorKind.CLOSED) from exc
         return from_wire(res)
 

@@ -47,7 +47,7 @@ import msgpack
 
 from rustext.backoff import BackoffPolicy
 
-from rpc.transport import ConnectionConfig, TransportError, TransportProtocol
+from rpc.transport import ConnectionConfig, TransportLayerError, TransportProtocol
 from rpc.transport.connection import Connection, connect, expire
 from rpc.transport.codec import RawCodec
 from rpc.transport.registry import ProtocolRegistry
@@ -144,7 +144,7 @@ class PeerLink:
         if conn is not None and conn.is_open:
             try:
                 fut = conn.submit(payload, timeout=timeout)
-            except TransportError as exc:
+            except TransportLayerError as exc:
                 return _failed(PeerUnavailable(f"{self.addr}: {exc}"))
             assert fut is not None
             return _decoded(fut)
@@ -159,7 +159,7 @@ class PeerLink:
             raise PeerUnavailable(f"{self.addr}: no time left after connecting")
         try:
             msg = await conn.request(payload, timeout=left)
-        except TransportError as exc:
+        except TransportLayerError as exc:
             raise PeerUnavailable(f"{self.addr}: {exc}") from exc
         return unpack(msg.payload)
 
@@ -177,7 +177,7 @@ class PeerLink:
             self._connecting.add_done_callback(_consume)
         try:
             return await asyncio.wait_for(asyncio.shield(self._connecting), timeout)
-        except (TimeoutError, OSError, TransportError, grpc.aio.AioRpcError) as exc:
+        except (TimeoutError, OSError, TransportLayerError, grpc.aio.AioRpcError) as exc:
             raise PeerUnavailable(f"{self.addr}: {type(exc).__name__}: {exc}") from exc
 
     async def _connect(self, timeout: float) -> Connection:
@@ -243,7 +243,7 @@ def _decoded(src: asyncio.Future[Any]) -> asyncio.Future[Any]:
             return
         exc = f.exception()
         if exc is not None:
-            out.set_exception(PeerUnavailable(str(exc)) if isinstance(exc, TransportError) else exc)
+            out.set_exception(PeerUnavailable(str(exc)) if isinstance(exc, TransportLayerError) else exc)
             return
         try:
             out.set_result(unpack(f.result().payload))

@@ -11,7 +11,7 @@ Map:
 - ``connection``  Connection: multiplexing, request styles, back-pressure, lifecycle
 - ``server``      TransportServer: accept, serve, push, drain
 - ``pool``        TransportPool: one connection per endpoint, health, reconnect
-- ``errors``      the exception tree (root TransportError)
+- ``errors``      the exception tree (root TransportLayerError)
 - ``config``      ConnectionConfig, ServerConfig, PoolConfig
 - ``tuning``      tune_malloc(): keep large buffers off fresh mmaps (large messages)
 - ``bench``       the transport-bench engine behind ``juggler rpc transport-bench``
@@ -28,7 +28,7 @@ from rpc.transport.errors import (
     RemoteError,
     RequestTimeout,
     TransportClosed,
-    TransportError,
+    TransportLayerError,
     Unavailable,
 )
 from rpc.transport.codec import (
@@ -79,7 +79,7 @@ __all__ = [
     "ServerConfig",
     "TcpChannel",
     "TransportClosed",
-    "TransportError",
+    "TransportLayerError",
     "TransportPool",
     "TransportProtocol",
     "TransportServer",

@@ -30,7 +30,7 @@ from rpc.transport.channels import InProcNetwork
 from rpc.transport.config import PoolConfig
 from rpc.transport.connection import Connection, Handler, connect, expire
 from rpc.transport.endpoint import Endpoint
-from rpc.transport.errors import RequestTimeout, TransportClosed, TransportError, Unavailable
+from rpc.transport.errors import RequestTimeout, TransportClosed, TransportLayerError, Unavailable
 from rpc.transport.registry import ProtocolRegistry, TransportProtocol
 from rpc.transport.timer import DeadlineScheduler
 
@@ -164,7 +164,7 @@ class TransportPool:
                 await self.on_connect(ep, conn)
             except BaseException as exc:
                 conn.close()
-                if isinstance(exc, Exception) and not isinstance(exc, (OSError, TransportError)):
+                if isinstance(exc, Exception) and not isinstance(exc, (OSError, TransportLayerError)):
                     raise Unavailable(f"cannot connect to {ep}: {exc}") from exc
                 raise
             if self._closed or not conn.is_open:
@@ -197,7 +197,7 @@ class TransportPool:
                 log.warning("%s: heartbeat unanswered for %.3fs; closing the connection", ep, self.config.heartbeat_timeout)
                 conn.close()
                 return
-            except TransportError:
+            except TransportLayerError:
                 return
 
     def _on_failure(self, ep: Endpoint, entry: _Entry) -> None:

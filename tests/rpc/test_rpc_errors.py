@@ -27,7 +27,7 @@ def test_tree_and_builtins() -> None:
     # the codecs' error belongs to the layer underneath (one codec module, in rpc.transport)
     import rpc.transport
 
-    assert CodecError is rpc.transport.CodecError and issubclass(CodecError, rpc.transport.TransportError)
+    assert CodecError is rpc.transport.CodecError and issubclass(CodecError, rpc.transport.TransportLayerError)
     for cls in (UnknownService, UnknownMethod, AuthFailed, RateLimited, HandlerTimeout):
         assert issubclass(cls, ServiceError)
     assert issubclass(TransportError, ConnectionError) and issubclass(CallTimeout, TimeoutError)

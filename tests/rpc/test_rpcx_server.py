@@ -197,8 +197,8 @@ def test_the_transport_knows_nothing_of_rpc() -> None:
 
     import rpc.transport
 
-    for cls in (terr.TransportError, terr.ConnectionLost, terr.RequestTimeout, terr.RemoteError, terr.ProtocolError):
-        assert issubclass(cls, terr.TransportError) and not issubclass(cls, RpcError)
+    for cls in (terr.TransportLayerError, terr.ConnectionLost, terr.RequestTimeout, terr.RemoteError, terr.ProtocolError):
+        assert issubclass(cls, terr.TransportLayerError) and not issubclass(cls, RpcError)
     for path in pathlib.Path(rpc.transport.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (

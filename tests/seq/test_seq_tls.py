@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from rpc.transport.connection import connect
-from rpc.transport.errors import TransportError
+from rpc.transport.errors import TransportLayerError
 from rustext.tls import ClientTls
 from seq import RRSeq
 from seq._proto import rrseq_pb2 as pb
@@ -87,7 +87,7 @@ async def test_the_peer_listener_wants_a_member_certificate(tls_cluster: TlsClus
     port = int(log.split("peer port ", 1)[1].split(" ", 1)[0].rstrip(","))
     scheduler = DeadlineScheduler(asyncio.get_running_loop(), lambda key: None)
     ctx = ClientTls(ca=str(pki.ca)).context()
-    with pytest.raises((TransportError, ssl.SSLError, ConnectionError, OSError)):
+    with pytest.raises((TransportLayerError, ssl.SSLError, ConnectionError, OSError)):
         conn = await asyncio.wait_for(
             connect(f"tcp://127.0.0.1:{port}", peerlink.PROTOCOL, peerlink.CONNECTION_CONFIG, scheduler, tls=ctx), 5)
         # TLS 1.3: the refusal of a missing client certificate arrives after the handshake
