@@ -3,8 +3,9 @@
 Map (the protocol: docs/protocols/rrseq.md; the user's guide: docs/seq.md):
 
 - ``server.py``      RRServer: one member (public ``pb.RRAPI`` + member-to-member ``RRPeer``),
-                     ServerConfig, data-dir start checks, join (bootstrap / catch-up), its part of a
-                     membership change (fence, install, learning a newer configuration)
+                     join (bootstrap / catch-up), its part of a membership change (fence, install,
+                     learning a newer configuration)
+- ``startup.py``     ServerConfig (a member's flags) and the data-dir start checks and lock
 - ``membership.py``  configurations (epoch + members) and one-member changes: the safety argument,
                      Admin (``juggler seq member list|add|remove``)
 - ``api.py``         the public RRAPI endpoint: native gRPC server (rustext.GrpcServer), calls batched into the coordinator
@@ -45,8 +46,9 @@ from seq.errors import (
     StoreError,
     UnsafeStart,
 )
-from seq.server import RRServer, ServerConfig
+from seq.server import RRServer
 from seq.simple import LocalCounter, SimpleBufSeq
+from seq.startup import ServerConfig
 
 __all__ = [
     "BufferedSeq",

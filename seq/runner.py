@@ -13,7 +13,8 @@ from rustext.net import ListenError, listen_error
 from rustext.service import ServiceBase
 
 from seq.errors import SeqError
-from seq.server import RRServer, ServerConfig
+from seq.server import RRServer
+from seq.startup import ServerConfig
 from seq.worker import SnowflakeWorker, WorkerConfig
 
 __all__ = ["MemberProcess", "start_member", "start_worker"]

@@ -5,7 +5,7 @@ Layout of a data directory::
     meta.json        {"version": 2, "state": ..., "cluster": ..., "epoch": ..., "members": [...],
                      "pending": {...} (a membership change in progress)}, replaced atomically
     log.<gen>        append-only log (format in :mod:`seq.log`); one current generation
-    LOCK             flock'd by the server process using the directory (seq.server)
+    LOCK             flock'd by the server process using the directory (seq.startup)
 
 Durability rules:
 

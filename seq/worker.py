@@ -118,7 +118,7 @@ class WorkerConfig:
 
     @property
     def fingerprint(self) -> str:
-        """The members' cluster fingerprint (seq.server.ServerConfig.cluster)."""
+        """The members' cluster fingerprint (seq.startup.ServerConfig.cluster)."""
         return hashlib.sha256(",".join(sorted(self.cluster)).encode()).hexdigest()[:16]
 
 

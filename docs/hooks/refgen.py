@@ -128,13 +128,19 @@ def _prose(text: str) -> str:
 class Section:
     """One dataclass of a configuration, as it appears to the user."""
 
-    cls: type
+    #: where users import the class from, and so the name the page gives it (``balancer.config.Tls``);
+    #: that module may re-export it from the one defining it
+    path: str
     #: the TOML table (``[server]``, ``[[backends]]``) or the class name users write
     name: str
     #: one line on where this section goes (shown under the heading)
     note: str = ""
     #: False: the note refers to another section with the same fields (no table of its own)
     table: bool = True
+
+    @property
+    def cls(self) -> type:
+        return _cls(self.path)
 
 
 @dataclass(frozen=True)
@@ -166,26 +172,26 @@ def config_groups() -> list[ConfigGroup]:
             "(`VALUE` in TOML syntax).",
             "toml",
             (
-                Section(_cls("juggler.config.ServerConfig"), "[server]",
+                Section("juggler.config.ServerConfig", "[server]",
                         "`listen = \"HOST:PORT\"` may stand for `host` and `port`."),
-                Section(_cls("juggler.broker.redis.RedisBrokerConfig"), "[redis]",
+                Section("juggler.broker.redis.config.RedisBrokerConfig", "[redis]",
                         "Present: calls and results (and pub-sub, unless `[pubsub]`) go through Redis; "
                         "absent: the in-memory broker."),
-                Section(_cls("juggler.broker.redis.RedisBrokerConfig"), "[pubsub]",
+                Section("juggler.broker.redis.config.RedisBrokerConfig", "[pubsub]",
                         "Optional: a separate Redis (or cluster) for SUB/UNSB/PUB, with the same keys as "
                         "[`[redis]`](#juggler-server-redis).", table=False),
-                Section(_cls("juggler.broker.memory.MemoryBrokerConfig"), "[memory]",
+                Section("juggler.broker.memory.MemoryBrokerConfig", "[memory]",
                         "The in-memory broker, used when there is no `[redis]`."),
-                Section(_cls("juggler.auth.AuthConfig"), "[auth]",
+                Section("juggler.auth.AuthConfig", "[auth]",
                         "Authentication at the handshake and authorization per message."),
-                Section(_cls("juggler.auth.Rule"), "[[auth.rules]]",
+                Section("juggler.auth.Rule", "[[auth.rules]]",
                         "Grants: an identity may use what any rule matching its claims allows."),
-                Section(_cls("juggler.config.MetricsConfig"), "[metrics]",
+                Section("juggler.config.MetricsConfig", "[metrics]",
                         "The Prometheus endpoint (`--metrics-port`)."),
-                Section(_cls("juggler.config.ApiConfig"), "[api]",
+                Section("juggler.config.ApiConfig", "[api]",
                         "Present: the [server API](../juggler/api.md) (`--api`, `--api-key`, `--api-insecure`). "
                         "`listen = \"HOST:PORT\"` may stand for `host` and `port`."),
-                Section(_cls("juggler.channels.ChannelOptions"), "[[channels]]",
+                Section("juggler.channels.ChannelOptions", "[[channels]]",
                         "Per-channel options, chosen by `match` (a Redis glob; the first table that matches "
                         "wins): [history and recovery](../juggler/pubsub.md), presence, join/leave."),
             ),
@@ -197,51 +203,51 @@ def config_groups() -> list[ConfigGroup]:
             "nests. Durations are seconds.",
             "toml",
             (
-                Section(_cls("balancer.config.BalancerConfig"), "top level"),
-                Section(_cls("balancer.config.BackendConfig"), "[[backends]]",
+                Section("balancer.config.BalancerConfig", "top level"),
+                Section("balancer.config.BackendConfig", "[[backends]]",
                         "One table per backend (or a list of `\"host:port\"` strings)."),
-                Section(_cls("balancer.config.Timeouts"), "[timeouts]"),
-                Section(_cls("balancer.config.Passive"), "[passive]"),
-                Section(_cls("balancer.config.Limits"), "[limits]"),
-                Section(_cls("balancer.config.HealthCheck"), "[health]",
+                Section("balancer.config.Timeouts", "[timeouts]"),
+                Section("balancer.config.Passive", "[passive]"),
+                Section("balancer.config.Limits", "[limits]"),
+                Section("balancer.config.HealthCheck", "[health]",
                         "Active health checks; absent or `enabled = false`: none."),
-                Section(_cls("balancer.config.Tls"), "[tls]",
+                Section("balancer.config.Tls", "[tls]",
                         "HTTPS on `listen`, the HTTP-to-HTTPS redirect and TLS to backends (see the TLS page)."),
-                Section(_cls("balancer.config.Certificate"), "[[tls.certificates]]",
+                Section("balancer.config.Certificate", "[[tls.certificates]]",
                         "One table per certificate of the listener; the first is the default, others are "
                         "picked by SNI."),
-                Section(_cls("balancer.accesslog.AccessLog"), "[access_log]",
+                Section("balancer.accesslog.AccessLog", "[access_log]",
                         "One line per request; see [access logs](../balancer.md#access-logs)."),
-                Section(_cls("balancer.auth.AdminAuth"), "[admin_auth]",
+                Section("balancer.auth.AdminAuth", "[admin_auth]",
                         "Credentials asked of admin requests; see "
                         "[admin authentication](../balancer.md#admin-authentication)."),
-                Section(_cls("balancer.discovery.DnsConfig"), "[dns]",
+                Section("balancer.discovery.DnsConfig", "[dns]",
                         "Backends given by name, resolved again every `interval` (A/AAAA, SRV); see "
                         "[DNS service discovery](../balancer.md#dns-service-discovery)."),
-                Section(_cls("balancer.ratelimit.RateLimit"), "[rate_limit]",
+                Section("balancer.ratelimit.RateLimit", "[rate_limit]",
                         "Requests per client address or header value, over every listener; see "
                         "[rate limiting](../balancer.md#rate-limiting)."),
-                Section(_cls("balancer.policies.Sticky"), "[sticky]",
+                Section("balancer.policies.Sticky", "[sticky]",
                         "Cookie persistence (every pool; `[backends.NAME.sticky]` for one); see "
                         "[sticky sessions](../balancer.md#sticky-sessions)."),
-                Section(_cls("balancer.routing.NamedBackend"), "[backends.NAME]",
+                Section("balancer.routing.NamedBackend", "[backends.NAME]",
                         "A named backend pool, instead of the `[[backends]]` list (which makes one pool named "
                         "`default`); see [routing](../balancer.md#routing)."),
-                Section(_cls("balancer.routing.Listener"), "[[listeners]]",
+                Section("balancer.routing.Listener", "[[listeners]]",
                         "Several listeners, instead of `listen` and its top-level routing keys."),
-                Section(_cls("balancer.routing.Route"), "[[routes]]",
+                Section("balancer.routing.Route", "[[routes]]",
                         "A route of `listen` (or `[[listeners.routes]]` of a listener)."),
-                Section(_cls("balancer.routing.HeaderMatch"), "header",
+                Section("balancer.routing.HeaderMatch", "header",
                         "A route's header condition, `{ name = \"X-Canary\", equals = \"1\" }`."),
-                Section(_cls("balancer.routing.Redirect"), "redirect",
+                Section("balancer.routing.Redirect", "redirect",
                         "A route's redirect, `{ code = 301, location = \"...\" }` or `{ scheme = \"https\" }`."),
-                Section(_cls("balancer.routing.Respond"), "respond",
+                Section("balancer.routing.Respond", "respond",
                         "A route's own answer; see [routing](../balancer.md#routing)."),
-                Section(_cls("balancer.routing.HeaderRules"), "[request_headers], [response_headers]",
+                Section("balancer.routing.HeaderRules", "[request_headers], [response_headers]",
                         "Header rules of a listener, a backend pool or a route."),
-                Section(_cls("balancer.routing.RequestId"), "request_id",
+                Section("balancer.routing.RequestId", "request_id",
                         "`request_id = { header = \"X-Request-ID\" }`."),
-                Section(_cls("balancer.routing.Hsts"), "hsts",
+                Section("balancer.routing.Hsts", "hsts",
                         "`hsts = { max_age = 31536000, include_subdomains = true }` on an HTTPS listener."),
             ),
         ),
@@ -251,15 +257,15 @@ def config_groups() -> list[ConfigGroup]:
             "connections, servers and pools (`rpc.transport`), and the governed client (`rpc.xclient`).",
             "python",
             (
-                Section(_cls("rpc.transport.config.ConnectionConfig"), "ConnectionConfig",
+                Section("rpc.transport.config.ConnectionConfig", "ConnectionConfig",
                         "Both sides of every transport connection."),
-                Section(_cls("rpc.transport.config.ServerConfig"), "ServerConfig",
+                Section("rpc.transport.config.ServerConfig", "ServerConfig",
                         "`TransportServer(..., config=)` and `RpcxServer(..., config=)`."),
-                Section(_cls("rpc.transport.config.PoolConfig"), "PoolConfig",
+                Section("rpc.transport.config.PoolConfig", "PoolConfig",
                         "`TransportPool(..., config=)` (and so `RpcxCaller`)."),
-                Section(_cls("rpc.xclient.XClientOptions"), "XClientOptions",
+                Section("rpc.xclient.XClientOptions", "XClientOptions",
                         "`XClient(..., options=)`."),
-                Section(_cls("rpc.breaker.BreakerConfig"), "BreakerConfig",
+                Section("rpc.breaker.BreakerConfig", "BreakerConfig",
                         "`XClientOptions(breaker=)`: one circuit breaker per server."),
             ),
         ),
@@ -268,7 +274,7 @@ def config_groups() -> list[ConfigGroup]:
             "One member of a sequence cluster: the flags of `juggler seq server` map onto these fields "
             "(`seq.server.ServerConfig`, for `seq.runner.start_member` in Python).",
             "python",
-            (Section(_cls("seq.server.ServerConfig"), "ServerConfig"),),
+            (Section("seq.server.ServerConfig", "ServerConfig"),),
         ),
     ]
 
@@ -351,7 +357,7 @@ def section_markdown(section: Section, style: str, group: str = "") -> str:
     cls = section.cls
     docs = field_docs(cls)
     head = f"### `{section.name}` {{#{anchor(group + ' ' + section.name)}}}\n\n"
-    where = f"`{cls.__module__}.{cls.__qualname__}`"
+    where = f"`{section.path}`"
     body = [head + (f"{where}. {section.note}" if section.note else f"{where}.") + "\n"]
     if not section.table:
         return "\n".join(body)
