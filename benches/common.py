@@ -14,8 +14,12 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +91,43 @@ def round_args(clients: int, clients_help: str) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", metavar="FILE", help="write every measurement (JSON) there")
     return ap.parse_args()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 300.0) -> None:
+    """Until something accepts on 127.0.0.1:`port` (a server under valgrind
+    takes a while to start)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"nothing listened on port {port} within {timeout:.0f}s")
+
+
+def under_callgrind(argv: list[str], cwd: str | Path) -> subprocess.Popen[str]:
+    """Start `argv` under valgrind's callgrind, counting its instructions
+    (read them with :func:`instructions` once it is stopped)."""
+    return subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+        cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def instructions(proc: subprocess.Popen[str]) -> int:
+    """Stop a process started by :func:`under_callgrind`: the instructions it
+    executed in its whole life."""
+    proc.terminate()
+    err = proc.communicate(timeout=600)[1]
+    found = re.search(r"Collected : (\d+)", err)
+    if not found:
+        raise SystemExit(f"callgrind printed no total:\n{err[-2000:]}")
+    return int(found.group(1))

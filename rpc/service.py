@@ -304,6 +304,7 @@ class Outcome:
 
 
 _NOTHING = Outcome()
+_LOOK_UP: Any = object()  # _request's service not looked up yet
 
 
 class ServiceDispatcher:
@@ -391,21 +392,13 @@ class ServiceDispatcher:
         become error replies (or a close for failed auth)."""
         if msg.message_type != MessageType.REQUEST:
             return _NOTHING  # responses to our pushes are not expected (pushes are oneway)
-        plugins = self.plugins
         if peer is None:
             peer = Peer()
-        if plugins._post_read:
-            try:
-                await plugins.run("post_read", peer, msg)
-            except Exception as exc:
-                return self._error_outcome(msg, exc)
         if msg.heartbeat:
-            if plugins._on_heartbeat:
-                await plugins.run_logged("on_heartbeat", peer, msg)
-            return Outcome(msg.heartbeat_reply())
+            return await self._request(msg, peer)
         self._in_flight += 1
         try:
-            return await self._call(msg, peer)
+            return await self._request(msg, peer)
         finally:
             self._in_flight -= 1
             if self._in_flight == 0 and self._idle is not None:
@@ -417,69 +410,30 @@ class ServiceDispatcher:
         every hook of the request's steps is a plain method
         (``plugins.request_path_sync``). Returns None, having run nothing, when
         the request needs ``dispatch()``. Heartbeats always go to ``dispatch``.
-        ``post_write`` hooks are the transport's to run (``ServerSession.written``)."""
+        ``post_write`` hooks are the transport's to run (``ServerSession.written``).
+
+        It runs the same request path as :meth:`dispatch`, to its end in one
+        step: with those conditions that coroutine never suspends."""
         if msg.heartbeat or msg.message_type != MessageType.REQUEST:
             return None
-        plugins = self.plugins
-        if not plugins.request_path_sync:
+        if not self.plugins.request_path_sync:
             return None
         service = self.registry.get(msg.service_path)
         spec = service.methods.get(msg.service_method) if service is not None else None
         if spec is not None and (spec.is_async or not spec.inline):
             return None
-        if plugins._post_read:
-            try:
-                plugins.run_now("post_read", peer, msg)
-            except Exception as exc:
-                return self._error_outcome(msg, exc)
-        ctx = self._context(msg, peer)
-        metadata = ctx.metadata
-        if plugins._authenticate:
-            if not plugins.all_true_now("authenticate", ctx, metadata.get(META_AUTH)):
-                return Outcome(None if msg.oneway else msg.error_reply("auth failed"), close=True)
-        if self.closing:
-            return self._error_outcome(msg, ServerClosing("server is shutting down"))
-        args: Any = None
-        reply_obj: Any = None
-        error: BaseException | None = None
+        path = self._request(msg, peer, service, spec)
         try:
-            if service is None:
-                raise UnknownService(msg.service_path)
-            if spec is None:
-                raise UnknownMethod(msg.service_method)
-            codec = self.codecs.get(msg.serialize_type)
-            decoder = spec.decoders.get(msg.serialize_type)
-            if decoder is None:
-                decoder = spec.decoders[msg.serialize_type] = codec.decoder_for(spec.arg_type)
-            args = decoder(msg.payload)
-            if plugins._pre_call:
-                plugins.run_now("pre_call", ctx, args)
-            reply_obj = spec.func(ctx, args)
-            payload = b"" if msg.oneway else codec.encode(reply_obj)
-        except Exception as exc:
-            error = exc
-        if plugins._post_call:
-            try:
-                plugins.run_now("post_call", ctx, args, None if error else reply_obj, error)
-            except Exception as exc:
-                error = error or exc
-        if error is not None:
-            return self._handler_failed(msg, error, ctx)
-        if msg.oneway:
-            return _NOTHING
-        res = msg.reply(payload, ctx.reply_metadata)
-        if plugins._pre_write:
-            try:
-                plugins.run_now("pre_write", ctx, msg, res)
-            except Exception as exc:
-                return self._error_outcome(msg, exc, ctx)
-        return Outcome(res)
+            path.send(None)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        path.close()  # it waited for something: the conditions above missed a case
+        raise RuntimeError(f"{msg.service_path}.{msg.service_method}: the request path suspended in dispatch_now")
 
     def _context(self, msg: Message, peer: Peer) -> Context:
-        """The handler's context of one request (both dispatch paths). Its
-        deadline: the client's ``__ServerTimeout`` (ms) when positive, else
-        the server's ``handler_timeout``; a timeout that is not a number is
-        no deadline."""
+        """The handler's context of one request. Its deadline: the client's
+        ``__ServerTimeout`` (ms) when positive, else the server's
+        ``handler_timeout``; a timeout that is not a number is no deadline."""
         metadata = msg.metadata
         deadline = None
         raw_timeout = metadata.get(META_SERVER_TIMEOUT) if metadata else None
@@ -503,8 +457,23 @@ class ServiceDispatcher:
             codecs=self.codecs,
         )
 
-    async def _call(self, msg: Message, peer: Peer) -> Outcome:
+    async def _request(self, msg: Message, peer: Peer, service: Any = _LOOK_UP,
+                       spec: MethodSpec | None = None) -> Outcome:
+        """The request path, written once: post_read, heartbeat, authenticate,
+        decode, pre_call, the handler, post_call, encode, pre_write. Its awaits
+        suspend only for an async hook or handler, so :meth:`dispatch_now`
+        runs it to its end in one step when there is none (and passes the
+        service and method it has looked up already)."""
         plugins = self.plugins
+        if plugins._post_read:
+            try:
+                await plugins.run("post_read", peer, msg)
+            except Exception as exc:
+                return self._error_outcome(msg, exc)
+        if msg.heartbeat:
+            if plugins._on_heartbeat:
+                await plugins.run_logged("on_heartbeat", peer, msg)
+            return Outcome(msg.heartbeat_reply())
         ctx = self._context(msg, peer)
         metadata = ctx.metadata
         if plugins._authenticate:
@@ -518,10 +487,11 @@ class ServiceDispatcher:
         reply_obj: Any = None
         error: BaseException | None = None
         try:
-            service = self.registry.get(msg.service_path)
+            if service is _LOOK_UP:
+                service = self.registry.get(msg.service_path)
+                spec = service.methods.get(msg.service_method) if service is not None else None
             if service is None:
                 raise UnknownService(msg.service_path)
-            spec = service.methods.get(msg.service_method)
             if spec is None:
                 raise UnknownMethod(msg.service_method)
             codec = self.codecs.get(msg.serialize_type)
@@ -531,7 +501,10 @@ class ServiceDispatcher:
             args = decoder(msg.payload)
             if plugins._pre_call:
                 await plugins.run("pre_call", ctx, args)
-            reply_obj = await self._invoke(spec, ctx, args)
+            if spec.inline and not spec.is_async:
+                reply_obj = spec.func(ctx, args)
+            else:
+                reply_obj = await self._invoke(spec, ctx, args)
             payload = b"" if msg.oneway else codec.encode(reply_obj)
         except asyncio.CancelledError:
             raise
@@ -569,9 +542,7 @@ class ServiceDispatcher:
                         f"{ctx.service}.{ctx.method}: deadline exceeded ({ctx.metadata.get(META_SERVER_TIMEOUT, '')} ms)"
                     ) from None
                 raise
-        if spec.inline:
-            return spec.func(ctx, args)
-        if self._executor is None:
+        if self._executor is None:  # a sync handler not marked inline: a thread runs it
             if self.closing:
                 raise ServerClosing("server is shutting down")
             self._executor = concurrent.futures.ThreadPoolExecutor(

@@ -26,29 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, timeout: float = 300.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.5).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"nothing listened on port {port} within {timeout:.0f}s")
+from benches.common import free_port, instructions, under_callgrind, wait_port  # noqa: E402
 
 
 def run(tree: str, seconds: int, rate: int) -> tuple[int, int]:
@@ -68,12 +53,9 @@ def run(tree: str, seconds: int, rate: int) -> tuple[int, int]:
              "--log-level", "WARNING"],
             cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ))
-        server = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-             py, "-m", "cli", "server", "--redis", redis_url,
-             "--listen", f"127.0.0.1:{ws_port}", "--log-level", "WARNING"],
-            cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
+        server = under_callgrind([py, "-m", "cli", "server", "--redis", redis_url,
+                                  "--listen", f"127.0.0.1:{ws_port}", "--log-level", "WARNING"], tree)
+        procs.append(server)
         wait_port(ws_port)
         calls = 0
         if seconds:
@@ -84,12 +66,7 @@ def run(tree: str, seconds: int, rate: int) -> tuple[int, int]:
                 capture_output=True, text=True, check=True,
             )
             calls = int(json.loads(out.stdout)["results"])
-        server.terminate()
-        err = server.communicate(timeout=600)[1]
-        found = re.search(r"Collected : (\d+)", err)
-        if not found:
-            raise SystemExit(f"callgrind printed no total for {tree}:\n{err[-2000:]}")
-        return int(found.group(1)), calls
+        return instructions(server), calls
     finally:
         for proc in procs:
             proc.terminate()
