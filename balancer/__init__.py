@@ -4,6 +4,8 @@ The data plane (forwarding, pools, algorithms, stats) is ``rustext.Balancer``
 on threads of its own; this package configures and watches it.
 
 - config    typed config dataclasses and the TOML loader (validation)
+- config_sections  the tables that validate on their own: ``[timeouts]``, ``[passive]``, ``[limits]``,
+            ``[health]``, ``[tls]`` (re-exported by config)
 - routing   typed routing config: named pools, listeners, routes, header rules,
             redirects, request ids (compiled by the data plane's route table)
 - ratelimit typed ``[rate_limit]``: requests per client address or header (counted by the data plane)
@@ -26,11 +28,13 @@ on threads of its own; this package configures and watches it.
 from balancer.config import (
     BackendConfig,
     BalancerConfig,
+    load,
+)
+from balancer.config_sections import (
     HealthCheck,
     Limits,
     Passive,
     Timeouts,
-    load,
 )
 from balancer.errors import BalancerConfigError, BalancerError
 from balancer.routing import (

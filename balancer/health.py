@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     import aiohttp
 
 from balancer.checks import parse_hostport, unix_path
-from balancer.config import HealthCheck, Tls
+from balancer.config_sections import HealthCheck, Tls
 
 log = logging.getLogger("balancer.health")
 
