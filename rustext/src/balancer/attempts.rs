@@ -22,14 +22,31 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::proxy::{acquire_slot, Lease, Worker};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::body::Lease;
+use super::worker::Worker;
 use super::stats::bump;
 use super::upstream::{Backend, Key, Upstream};
 
-/// Methods whose requests may be sent twice with the effect of once (RFC
-/// 9110 §9.2.2), so a body-less one is replayed after a reset.
-pub fn idempotent(method: &[u8]) -> bool {
-    matches!(method, b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE" | b"PUT" | b"DELETE")
+pub use super::h1::idempotent;
+
+/// A slot of the backend's concurrency limit (none needed when unlimited),
+/// waiting in its queue up to `queue_timeout`.
+pub async fn acquire_slot(
+    backend: &Arc<Backend>,
+    queue_timeout: Duration,
+) -> Result<Option<OwnedSemaphorePermit>, ()> {
+    if !backend.limited() {
+        return Ok(None);
+    }
+    match backend.limiter.clone().try_acquire_owned() {
+        Ok(p) => Ok(Some(p)),
+        Err(_) => match tokio::time::timeout(queue_timeout, backend.limiter.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(Some(p)),
+            _ => Err(()),
+        },
+    }
 }
 
 /// What [`Attempts::next`] gives.

@@ -20,8 +20,8 @@ use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
-use super::proxy::{ConnCtl, Peer, Worker};
-use super::server::Svc;
+use super::worker::{ConnCtl, Peer, Worker};
+use super::serve::Svc;
 use super::watched::Watched;
 
 /// The client connection preface of HTTP/2 (RFC 9113 §3.4).

@@ -40,7 +40,8 @@ use tokio::net::TcpStream;
 use super::h2settings::{Sniffed, Sniffer};
 use super::net::SendStream;
 use super::pool::Fail;
-use super::proxy::{Held, Outcome, Progress, ReqBody, Worker};
+use super::body::{Held, Outcome, Progress, ReqBody};
+use super::worker::Worker;
 use super::upstream::Backend;
 
 /// How a pool uses HTTP/2 connections to each of its servers, per worker.

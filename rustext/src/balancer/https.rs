@@ -24,15 +24,15 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::config::ListenTls;
-use super::proxy::{ConnCtl, Peer, Worker};
+use super::worker::{ConnCtl, Peer, Worker};
 use super::watched::Watched;
 
 /// How long a client may take to complete its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Tls = tokio_rustls::server::TlsStream<TcpStream>;
-type H1 = http1::UpgradeableConnection<TokioIo<Watched<Tls>>, super::server::Svc>;
-type H2 = http2::Connection<TokioIo<Watched<Tls>>, super::server::Svc, TokioExecutor>;
+type H1 = http1::UpgradeableConnection<TokioIo<Watched<Tls>>, super::serve::Svc>;
+type H2 = http2::Connection<TokioIo<Watched<Tls>>, super::serve::Svc, TokioExecutor>;
 
 enum Conn {
     H1(Pin<Box<H1>>),
@@ -87,12 +87,12 @@ pub(super) async fn serve(
     let mut peer = Peer::with_proto(addr, ctl.clone(), true);
     peer.listener = listener;
     peer.local = local;
-    if local.is_none() && super::server::is_unix(&w, listener) {
+    if local.is_none() && super::serve::is_unix(&w, listener) {
         peer.set_unix();
     }
     let peer = Arc::new(peer);
     let io = TokioIo::new(Watched::new(stream, Vec::new(), ctl.clone(), (!h2).then(|| w.clone())));
-    let svc = super::server::Svc::new(w.clone(), peer.clone());
+    let svc = super::serve::Svc::new(w.clone(), peer.clone());
     let cfg = &w.shared.config;
     let mut conn = if h2 {
         let mut b = http2::Builder::new(TokioExecutor::new());
@@ -189,7 +189,7 @@ fn host_without_port(h: &str) -> Option<&str> {
 
 /// The redirect listener's access log line (handed to the writer at once:
 /// this listener has no housekeeping tick, and redirects are few).
-fn log_redirect<B>(shared: &super::proxy::Shared, buf: &super::accesslog::LogBuf, frontend: &str, client: SocketAddr,
+fn log_redirect<B>(shared: &super::worker::Shared, buf: &super::accesslog::LogBuf, frontend: &str, client: SocketAddr,
                    req: &Request<B>, resp: &Response<http_body_util::Full<bytes::Bytes>>, start: std::time::Instant) {
     use super::accesslog::{Headers, Record, Timings};
     let log = &shared.access_log;
@@ -223,7 +223,7 @@ fn log_redirect<B>(shared: &super::proxy::Shared, buf: &super::accesslog::LogBuf
 }
 
 /// Run the redirect listener until `stop` (a drain) arrives.
-pub async fn redirect_loop(listener: std::net::TcpListener, https_port: u16, shared: Arc<super::proxy::Shared>,
+pub async fn redirect_loop(listener: std::net::TcpListener, https_port: u16, shared: Arc<super::worker::Shared>,
                            mut stop: watch::Receiver<Option<std::time::Instant>>) {
     let frontend: Arc<str> = listener.local_addr().map_or_else(|_| String::new(), |a| a.to_string()).into();
     let buf = Arc::new(super::accesslog::LogBuf::default());

@@ -5,17 +5,22 @@
 //!
 //! - [`config`]   typed, validated configuration (defaults documented there)
 //! - [`upstream`] backends, their state, and the balancing algorithms
-//! - [`accesslog`] access log formats (compiled at load), per-worker buffers, the writer thread
+//! - [`accesslog`] access logs: destinations, per-worker buffers, the writer thread (`accesslog/`: formats, syslog)
 //! - [`attempts`] the attempt policy of a request (retries, replays, timeouts), both paths
 //! - [`h1`]       sans-I/O HTTP/1 heads for the fast path (httparse; `h1/`: request, response, chunks)
-//! - [`fast`]     the fast path: common exchanges on raw sockets, its pool
+//! - [`worker`]   what workers share, what each owns, what is known of a client connection (both paths)
+//! - [`fast`]     the fast path: common exchanges on raw sockets (`fast/answers`: its own answers)
+//! - [`fastio`]   the fast path's sockets, backend links and their pool (no HTTP)
 //! - [`route`]    routes, named backend pools, header rules, redirects, request ids (compiled at load)
 //! - [`proxy`]    hyper's path: choose, forward, stream back, retry
+//! - [`body`]     hyper's path's request and response bodies, and one backend attempt's outcome
+//! - [`hyperlog`] hyper's path's access-log line, and lines of connections without a request
 //! - [`ratelimit`] request rate limits per client address or header (GCRA, one table for all workers)
 //! - [`policy`]   backup servers, slow start, retry-on, layer-7 health, cookie persistence
 //! - [`pool`]     hyper's keep-alive backend connections, one pool per worker
 //! - [`net`]      TCP streams writing with send/sendmsg
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
+//! - `serve`      one worker thread: accept loops, housekeeping, a connection from accept to close
 //! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect, TLS to backends
 //! - [`stats`]    per-worker counters and the latency histogram
 //! - [`unix`]     Unix stream sockets (backends)
@@ -29,12 +34,13 @@
 //! - [`h2settings`] sans-I/O reader of a backend's stream limit (its first SETTINGS frame)
 //! - [`grpc`]     gRPC specifics: the balancer's own errors as gRPC statuses
 //! - [`listeners`] listener slots, added and removed by reloads
-//! - `python`     the `rustext.Balancer` class
+//! - `python`     the `rustext.Balancer` class (`python/parse`: its configuration dicts)
 
 pub mod accesslog;
 pub mod attempts;
 pub mod config;
 pub mod fast;
+pub mod fastio;
 pub mod h1;
 pub mod https;
 pub mod l4;
@@ -43,10 +49,14 @@ pub mod net;
 mod pool;
 pub mod policy;
 pub mod proxy;
+pub mod worker;
+pub mod body;
+pub mod hyperlog;
 pub mod proxyproto;
 pub mod ratelimit;
 pub mod route;
 pub mod server;
+mod serve;
 pub mod stats;
 pub mod sticky;
 pub mod tried;

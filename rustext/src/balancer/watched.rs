@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::net::{poll_send, poll_send_vectored};
-use super::proxy::{ConnCtl, Worker};
+use super::worker::{ConnCtl, Worker};
 
 /// A client stream: writes go through [`ClientIo::send`], which a plain
 /// socket does with one `send` (no write-readiness bookkeeping of tokio's

@@ -31,6 +31,40 @@ pub use response::{
     ClientView, RespHead, RespParse,
 };
 
+/// Methods whose requests may be sent twice with the effect of once (RFC
+/// 9110 §9.2.2), so a body-less one is replayed after a reset.
+pub fn idempotent(method: &[u8]) -> bool {
+    matches!(method, b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE" | b"PUT" | b"DELETE")
+}
+
+/// `uri-host [ ":" port ]` (RFC 9110 §7.2, RFC 3986 §3.2.2): a reg-name or
+/// IPv4 address (unreserved, pct-encoded, sub-delims), or an IP literal in
+/// brackets; the port all digits. Empty is allowed (a target without an
+/// authority). No userinfo, spaces or controls.
+pub fn valid_host(h: &[u8]) -> bool {
+    let (host, port) = if h.first() == Some(&b'[') {
+        let Some(end) = h.iter().position(|&b| b == b']') else { return false };
+        let lit = &h[1..end];
+        if lit.is_empty() || !lit.iter().all(|&b| b.is_ascii_hexdigit() || b == b':' || b == b'.') {
+            return false;
+        }
+        match &h[end + 1..] {
+            [] => (&h[..0], None),
+            [b':', port @ ..] => (&h[..0], Some(port)),
+            _ => return false,
+        }
+    } else {
+        match h.iter().rposition(|&b| b == b':') {
+            Some(i) => (&h[..i], Some(&h[i + 1..])),
+            None => (h, None),
+        }
+    };
+    let reg_name = host.iter().all(|&b| {
+        b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&b)
+    });
+    reg_name && port.is_none_or(|p| p.iter().all(u8::is_ascii_digit))
+}
+
 /// Headers parsed per request head; more goes to hyper (limit 100 there).
 pub const MAX_HEADERS: usize = 64;
 /// Headers accepted in a backend's response head.

@@ -157,7 +157,7 @@ fn parse(
         keep_alive: false,
         method: match method {
             "HEAD" => MethodKind::Head,
-            m if crate::balancer::attempts::idempotent(m.as_bytes()) => MethodKind::Idempotent,
+            m if super::idempotent(m.as_bytes()) => MethodKind::Idempotent,
             _ => MethodKind::Other,
         },
         path: (0, 0),
@@ -176,7 +176,7 @@ fn parse(
         let n = h.name.as_bytes();
         match n.len() {
             4 if n.eq_ignore_ascii_case(b"host") => {
-                if has_host || !crate::balancer::proxy::valid_host(h.value) {
+                if has_host || !super::valid_host(h.value) {
                     return ReqParse::Fallback; // refused on hyper's path
                 }
                 has_host = true;
