@@ -3,6 +3,8 @@
 - No import cycle inside a package (imports under ``TYPE_CHECKING`` count:
   a type that needs one says the two modules are one concept, or that one
   should name a protocol of what it needs).
+- No source file over 900 lines (Python, Rust, the browser client): past
+  that a module holds more than one concept; split it along a seam.
 """
 
 from __future__ import annotations
@@ -87,3 +89,15 @@ def test_no_import_cycle_inside_a_package() -> None:
                 continue
             graph[_module(path)] = _imports(path)
     assert _cycles(graph) == []
+
+
+MAX_LINES = 900
+
+
+def test_no_source_file_over_900_lines() -> None:
+    sources = [p for d in (*PACKAGES, "tests", "benches") for p in (ROOT / d).rglob("*")
+               if p.suffix in (".py", ".pyi", ".rs", ".js", ".mjs")
+               and not {"node_modules", "target", "__pycache__"} & set(p.parts)]
+    assert len(sources) > 100, "the walk found too few sources: has the layout moved?"
+    long = {str(p.relative_to(ROOT)): n for p in sources if (n := len(p.read_text(errors="replace").splitlines())) > MAX_LINES}
+    assert not long, f"over {MAX_LINES} lines (split along a seam): {long}"
