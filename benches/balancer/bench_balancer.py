@@ -266,11 +266,14 @@ http {{
 
     def start_balancer(self, kind: str, port: int, backends: list[int]) -> subprocess.Popen:
         addrs = [f"127.0.0.1:{p}" for p in backends]
+        # "before": ours, from another checkout (--before), to compare two trees in one run
+        tree = getattr(self, "before", None) if kind == "before" else ROOT
+        kind = "ours" if kind == "before" else kind
         tls = getattr(self, "tls", None)
         proto = "https" if tls else "http"
         if kind == "ours" and getattr(self, "routing", False):
             p = self.start([sys.executable, "-m", "cli", "balancer", "--config", self.routing_toml(port, addrs),
-                            "--log-level", "WARNING"], cwd=ROOT)
+                            "--log-level", "WARNING"], cwd=tree)
         elif kind == "haproxy" and getattr(self, "routing", False):
             cfg = os.path.join(self.dir, f"haproxy-{port}.cfg")
             front, back = self.routing_haproxy(addrs)
@@ -290,7 +293,7 @@ http {{
             extra = ["--tls-cert", tls[0], "--tls-key", tls[1]] if tls else []
             p = self.start([sys.executable, "-m", "cli", "balancer", "--listen", f"127.0.0.1:{port}",
                             "--backends", ",".join(addrs), "--workers", "1", "--log-level", "WARNING", *extra],
-                           cwd=ROOT)
+                           cwd=tree)
         elif kind == "haproxy":
             cfg = os.path.join(self.dir, f"haproxy-{port}.cfg")
             ssl = f" ssl crt {self.tls_combined} ssl-min-ver TLSv1.3 alpn http/1.1" if tls else ""
@@ -345,7 +348,7 @@ def median_table(runs: list[Run]) -> list[dict]:
     rows = []
     for sc in SCENARIOS:
         for tool in ("wrk", "ab"):
-            for kind in BALANCERS:
+            for kind in ["ours", "before", *BALANCERS[1:]]:
                 rs = [r for r in runs if r.scenario == sc[0] and r.tool == tool and r.balancer == kind]
                 if not rs:
                     continue
@@ -365,16 +368,23 @@ def median_table(runs: list[Run]) -> list[dict]:
 
 def versus(rows: list[dict]) -> str:
     """Ours against HAProxy, per scenario and tool."""
-    out = ["| scenario | tool | CPU/req ours ÷ HAProxy | req/s ours ÷ HAProxy | p99 ours ÷ HAProxy | failures ours |",
-           "| --- | --- | ---: | ---: | ---: | ---: |"]
+    before = any(r["balancer"] == "before" for r in rows)
+    out = ["| scenario | tool | CPU/req ours ÷ HAProxy | req/s ours ÷ HAProxy | p99 ours ÷ HAProxy | failures ours |"
+           + (" CPU/req before ÷ HAProxy | CPU/req ours ÷ before |" if before else ""),
+           "| --- | --- | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if before else "")]
     for sc in SCENARIOS:
         for tool in ("wrk", "ab"):
             m = {r["balancer"]: r for r in rows if r["scenario"] == sc[0] and r["tool"] == tool}
             if "ours" not in m or "haproxy" not in m:
                 continue
             o, h = m["ours"], m["haproxy"]
-            out.append(f"| {sc[0]} | {tool} | {o['cpu_us_per_req'] / h['cpu_us_per_req']:.2f} | "
-                       f"{o['rps'] / h['rps']:.2f} | {o['p99_ms'] / max(h['p99_ms'], 1e-9):.2f} | {o['failures']} |")
+            line = (f"| {sc[0]} | {tool} | {o['cpu_us_per_req'] / h['cpu_us_per_req']:.2f} | "
+                    f"{o['rps'] / h['rps']:.2f} | {o['p99_ms'] / max(h['p99_ms'], 1e-9):.2f} | {o['failures']} |")
+            if "before" in m:
+                b = m["before"]
+                line += (f" {b['cpu_us_per_req'] / h['cpu_us_per_req']:.2f} |"
+                         f" {o['cpu_us_per_req'] / b['cpu_us_per_req']:.2f} |")
+            out.append(line)
     return "\n".join(out)
 
 
@@ -386,6 +396,9 @@ def main() -> int:
     ap.add_argument("--out", metavar="FILE", help="write every run and the medians (JSON) there")
     ap.add_argument("--tls", action="store_true", help="HTTPS termination (TLS 1.3, ECDSA P-256) instead of HTTP")
     ap.add_argument("--balancers", default=",".join(BALANCERS), help="which to run (default all three)")
+    ap.add_argument("--before", metavar="TREE",
+                    help="also run ours from this checkout (with its built extension) as 'before', "
+                         "to compare two versions in the same run")
     ap.add_argument("--routing", action="store_true",
                     help="ours and HAProxy with ten routes and two header rules (see the module doc)")
     ap.add_argument("--access-log", action="store_true",
@@ -407,6 +420,9 @@ def main() -> int:
         os.chmod(d, 0o755)  # nginx workers run as an unprivileged user
         bench = Bench(d)
         balancers = [b for b in BALANCERS if b in args.balancers.split(",")]
+        if args.before:
+            bench.before = os.path.abspath(args.before)
+            balancers.insert(1, "before")
         if args.tls:
             bench.make_certificate()
         bench.routing = args.routing
