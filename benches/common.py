@@ -16,11 +16,13 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,3 +133,23 @@ def instructions(proc: subprocess.Popen[str]) -> int:
     if not found:
         raise SystemExit(f"callgrind printed no total:\n{err[-2000:]}")
     return int(found.group(1))
+
+
+def compare_instructions(trees: Iterable[str], measure: Callable[[str, bool], tuple[int, int]]) -> list[dict[str, Any]]:
+    """Instructions per call of each tree's server: `measure(tree, busy)`
+    runs it once under callgrind, idle or answering calls, and returns its
+    instructions and the calls answered; the difference over the calls
+    removes start-up. Printed as each tree is done, the first the reference."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    results: list[dict[str, Any]] = []
+    for tree in trees:
+        tree = os.path.abspath(tree)
+        idle, _ = measure(tree, False)
+        busy, calls = measure(tree, True)
+        per_call = (busy - idle) / calls
+        results.append({"tree": tree, "idle": idle, "busy": busy, "calls": calls, "per_call": round(per_call)})
+        ratio = per_call / results[0]["per_call"]
+        print(f"{tree}: {per_call / 1000:.1f}k instructions per call "
+              f"({calls} calls; start-up {idle / 1e9:.2f}G; {ratio:.3f}× the first)", flush=True)
+    return results

@@ -36,7 +36,6 @@ daemon whose CPU would go uncounted; one ``write`` per line).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil

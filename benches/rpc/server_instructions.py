@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benches.common import free_port, instructions, under_callgrind, wait_port  # noqa: E402
+from benches.common import compare_instructions, free_port, instructions, under_callgrind, wait_port  # noqa: E402
 
 
 def run(tree: str, example: str, calls: int) -> int:
@@ -59,18 +57,8 @@ def main() -> None:
     parser.add_argument("-n", "--calls", type=int, default=5000, help="calls per busy run")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
-    if shutil.which("valgrind") is None:
-        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
-    results = []
-    for tree in args.trees:
-        tree = os.path.abspath(tree)
-        idle = run(tree, args.example, 0)
-        busy = run(tree, args.example, args.calls)
-        per_call = (busy - idle) / args.calls
-        results.append({"tree": tree, "idle": idle, "busy": busy, "calls": args.calls, "per_call": round(per_call)})
-        ratio = per_call / results[0]["per_call"]
-        print(f"{tree}: {per_call / 1000:.1f}k instructions per call "
-              f"(start-up {idle / 1e9:.2f}G; {ratio:.3f}× the first)", flush=True)
+    results = compare_instructions(
+        args.trees, lambda tree, busy: (run(tree, args.example, args.calls if busy else 0), args.calls))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"example": args.example, "calls": args.calls, "results": results}, f, indent=2)
