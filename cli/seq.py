@@ -16,6 +16,8 @@ EPILOG = """examples:
   juggler seq server --listen 127.0.0.1:19002 --data /var/lib/seq2 --peers 127.0.0.1:19001,127.0.0.1:19003 --bootstrap
   juggler seq server --listen 127.0.0.1:19003 --data /var/lib/seq3 --peers 127.0.0.1:19001,127.0.0.1:19002 --bootstrap
   # later restarts: same command without --bootstrap; after losing a data dir: --rejoin
+  # the same from a file (listen = "127.0.0.1:19001", data_dir = …, peers = [...]; flags override it)
+  juggler seq server --config /etc/seq/seq1.toml --bootstrap
   juggler seq client myseq --servers 127.0.0.1:19001,127.0.0.1:19002,127.0.0.1:19003 --buf 100 --count 5
   juggler seq bench --clients 32 --buf 0 --duration 3      # starts its own 3-member cluster
   # over TLS: each member with its certificate and the CA (juggler tls dev-cert --out certs)
@@ -74,9 +76,12 @@ def register(subparsers: Any) -> None:
                        "--bootstrap and --peers naming the others; later starts need neither (the data directory "
                        "keeps the configuration).",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("--listen", required=True, metavar="HOST:PORT")
-    s.add_argument("--data", required=True, metavar="DIR", help="data directory (log + meta.json)")
-    s.add_argument("--peers", default="", metavar="HOST:PORT,...",
+    s.add_argument("--config", metavar="FILE",
+                   help="TOML file of settings named as in the configuration reference (listen, data_dir, peers, "
+                        "http, tls_cert, …, and metrics_port, log_level); flags override it")
+    s.add_argument("--listen", metavar="HOST:PORT", help="address of the gRPC API (required, here or in --config)")
+    s.add_argument("--data", metavar="DIR", help="data directory (log + meta.json; required, here or in --config)")
+    s.add_argument("--peers", metavar="HOST:PORT,...",
                    help="the OTHER members, for --bootstrap and --rejoin; a member's data directory keeps "
                         "the configuration it is in, which wins over --peers later")
     s.add_argument("--advertise", metavar="HOST:PORT", help="this member's address as peers list it (default --listen)")
@@ -89,14 +94,14 @@ def register(subparsers: Any) -> None:
     mode.add_argument("--join", action="store_true",
                       help="empty data dir, a member to be added to a running cluster: it waits for "
                            "'juggler seq member add' (no --peers needed)")
-    s.add_argument("--timeout", type=float, default=5.0, help="NextID deadline when the client sends none (s)")
-    s.add_argument("--peer-timeout", type=float, default=1.0, help="bound of one member-to-member call (s)")
-    s.add_argument("--no-forward", action="store_true",
+    s.add_argument("--timeout", type=float, help="NextID deadline when the client sends none (s) [5]")
+    s.add_argument("--peer-timeout", type=float, help="bound of one member-to-member call (s) [1]")
+    s.add_argument("--no-forward", action="store_const", const=True,
                    help="coordinate every request here instead of forwarding to the name's preferred member")
-    s.add_argument("--max-inflight", type=int, default=1, help="concurrent quorum rounds per name")
-    s.add_argument("--linger-ms", type=float, default=1.0,
-                   help="under load (the previous round of a name served >= 4 requests) the next round waits this long to batch more (ms; 0: off)")
-    s.add_argument("--peer-port", type=int, default=0,
+    s.add_argument("--max-inflight", type=int, help="concurrent quorum rounds per name [1]")
+    s.add_argument("--linger-ms", type=float,
+                   help="under load (the previous round of a name served >= 4 requests) the next round waits this long to batch more (ms; 0: off) [1]")
+    s.add_argument("--peer-port", type=int,
                    help="port of the member-to-member transport on the --listen host (default 0: any free port; "
                         "peers learn it over gRPC)")
     s.add_argument("--http", metavar="HOST:PORT",
@@ -104,10 +109,10 @@ def register(subparsers: Any) -> None:
                         "POST /v1/set/NAME, GET /v1/names, /healthz, /readyz, a status page at / and /metrics "
                         "(HTTPS with --tls-cert/--tls-key)")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
-    s.add_argument("--metrics-max-names", type=int, default=1000, metavar="N",
+    s.add_argument("--metrics-max-names", type=int, metavar="N",
                    help="names with per-name metric series of their own (the first N served); later names are "
-                        "counted together under name=\"_other\"")
-    s.add_argument("--log-level", default="INFO")
+                        "counted together under name=\"_other\" [1000]")
+    s.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR [INFO]")
     s.add_argument("--tls-cert", metavar="FILE",
                    help="PEM certificate chain: RRAPI over TLS, and this member's certificate to the others "
                         "(reloaded on SIGHUP)")
@@ -176,27 +181,31 @@ def register(subparsers: Any) -> None:
                     "worker ID, 12 bits of sequence) on the same gRPC and HTTP APIs as a member. The worker ID is "
                     "leased from the seq cluster; the worker stops serving when it cannot renew its lease.",
         epilog=SNOWFLAKE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    f.add_argument("--cluster", required=True, metavar="HOST:PORT,...",
+    f.add_argument("--config", metavar="FILE",
+                   help="TOML file of settings named as in the configuration reference (cluster, listen, http, "
+                        "epoch, bits, …, and log_level); flags override it")
+    f.add_argument("--cluster", metavar="HOST:PORT,...",
                    help="members' gRPC addresses, as the members list each other (the worker takes the current "
-                         "member list from them)")
-    f.add_argument("--listen", required=True, metavar="HOST:PORT", help="gRPC address of this worker")
+                         "member list from them; required, here or in --config)")
+    f.add_argument("--listen", metavar="HOST:PORT",
+                   help="gRPC address of this worker (required, here or in --config)")
     f.add_argument("--http", metavar="HOST:PORT", help="serve the HTTP/JSON API on this address")
-    _layout_arguments(f)
-    f.add_argument("--max-clock-backward-ms", type=int, default=5, metavar="MS",
+    _layout_arguments(f, defaults=False)
+    f.add_argument("--max-clock-backward-ms", type=int, metavar="MS",
                    help="a clock at most this far behind the last millisecond used is waited out; further "
                         "behind, requests fail with clock_moved_backwards (default 5)")
-    f.add_argument("--lease-ttl-ms", type=int, default=10_000, metavar="MS",
+    f.add_argument("--lease-ttl-ms", type=int, metavar="MS",
                    help="each renewal extends the lease this far (default 10000; renewed every third of it)")
-    f.add_argument("--lease-margin-ms", type=int, default=2_000, metavar="MS",
+    f.add_argument("--lease-margin-ms", type=int, metavar="MS",
                    help="stop serving this long before the lease expires when it could not be renewed "
                         "(default 2000)")
-    f.add_argument("--max-clock-skew-ms", type=int, default=1_000, metavar="MS",
+    f.add_argument("--max-clock-skew-ms", type=int, metavar="MS",
                    help="how far the workers' clocks may disagree: an expired lease is taken only this long "
                         "after its expiry (default 1000)")
-    f.add_argument("--timeout", type=float, default=5.0, help="request deadline when the client sends none (s)")
-    f.add_argument("--peer-timeout", type=float, default=1.0, help="bound of one call to a member (s)")
+    f.add_argument("--timeout", type=float, help="request deadline when the client sends none (s) [5]")
+    f.add_argument("--peer-timeout", type=float, help="bound of one call to a member (s) [1]")
     f.add_argument("--test-clock-control", action="store_true", help=argparse.SUPPRESS)
-    f.add_argument("--log-level", default="INFO")
+    f.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR [INFO]")
     f.set_defaults(func=run_snowflake)
 
     d = sub.add_parser("decode", help="split a snowflake ID into time, worker and sequence (JSON)",
@@ -218,35 +227,51 @@ SNOWFLAKE_EPILOG = """examples:
 """
 
 
-def _layout_arguments(p: argparse.ArgumentParser) -> None:
+def _layout_arguments(p: argparse.ArgumentParser, defaults: bool = True) -> None:
     from seq.snowflake import DEFAULT_EPOCH
 
-    p.add_argument("--epoch", default=DEFAULT_EPOCH, metavar="TIME",
+    p.add_argument("--epoch", default=DEFAULT_EPOCH if defaults else None, metavar="TIME",
                    help=f"time 0 of the IDs, ISO 8601 with a zone (default {DEFAULT_EPOCH})")
-    p.add_argument("--bits", default="41,10,12", metavar="TIME,WORKER,SEQUENCE",
+    p.add_argument("--bits", default="41,10,12" if defaults else None, metavar="TIME,WORKER,SEQUENCE",
                    help="the bit split, adding up to 63 (default 41,10,12)")
 
 
 def run_snowflake(args: argparse.Namespace) -> int:
     import logging
 
-    from seq.snowflake import parse_bits
-    from seq.worker import WorkerConfig
-
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = WorkerConfig(
-            cluster=tuple(_addrs(args.cluster)), listen=args.listen, http=args.http, epoch=args.epoch,
-            bits=parse_bits(args.bits), max_backward_ms=args.max_clock_backward_ms,
-            lease_ttl_ms=args.lease_ttl_ms, lease_margin_ms=args.lease_margin_ms,
-            max_clock_skew_ms=args.max_clock_skew_ms, timeout=args.timeout, peer_timeout=args.peer_timeout,
-            test_clock=args.test_clock_control,
-        )
+        config, log_level = worker_config(args)
     except ValueError as exc:
         print(f"juggler seq snowflake: {exc}", file=sys.stderr)
         return 2
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(_run(_serve_worker(config)))
+
+
+def worker_config(args: argparse.Namespace) -> tuple[Any, str]:
+    """The snowflake worker's WorkerConfig and log level: ``--config``'s file
+    with the flags given on top; ValueError naming the file and line."""
+    from seq.configfile import ConfigFile, build
+    from seq.snowflake import parse_bits
+    from seq.worker import WorkerConfig
+
+    file = (ConfigFile(args.config, WorkerConfig, flag_only={"test_clock": "--test-clock-control"},
+                       extra={"log_level": _log_level})
+            if args.config else None)
+    given = {
+        "cluster": tuple(_addrs(args.cluster)) if args.cluster is not None else None,
+        "listen": args.listen, "http": args.http, "epoch": args.epoch,
+        "bits": parse_bits(args.bits) if args.bits is not None else None,
+        "max_backward_ms": args.max_clock_backward_ms, "lease_ttl_ms": args.lease_ttl_ms,
+        "lease_margin_ms": args.lease_margin_ms, "max_clock_skew_ms": args.max_clock_skew_ms,
+        "timeout": args.timeout, "peer_timeout": args.peer_timeout,
+        "test_clock": True if args.test_clock_control else None,
+    }
+    flags = {k: v for k, v in given.items() if v is not None}
+    config = build(WorkerConfig, flags, file, probe={"cluster": ("127.0.0.1:1",), "listen": "127.0.0.1:2"},
+                   names={"cluster": "--cluster", "listen": "--listen"})
+    return config, args.log_level or (file.extra.get("log_level") if file else None) or "INFO"
 
 
 async def _serve_worker(config: Any) -> int:
@@ -301,26 +326,62 @@ def run_server(args: argparse.Namespace) -> int:
     import logging
 
     from rustext.tls import TlsConfigError
-    from seq.server import ServerConfig
 
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+    try:
+        config, metrics_port, log_level = member_config(args)
+    except ValueError as exc:
+        print(f"juggler seq server: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = ServerConfig(
-            listen=args.listen, data_dir=args.data, peers=tuple(_addrs(args.peers)), advertise=args.advertise,
-            mode="bootstrap" if args.bootstrap else "rejoin" if args.rejoin else "join" if args.join else "normal",
-            default_timeout=args.timeout, peer_timeout=args.peer_timeout,
-            forward=not args.no_forward, max_inflight=args.max_inflight, peer_port=args.peer_port, linger=args.linger_ms / 1000,
-            tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
-            http=args.http, metrics_max_names=args.metrics_max_names,
-        )
         if config.tls:
             config.peer_server_tls().context()  # type: ignore[union-attr]  # a bad file, named, before anything starts
             config.peer_client_tls().context()  # type: ignore[union-attr]
-    except (ValueError, TlsConfigError) as exc:
+    except TlsConfigError as exc:
         print(f"juggler seq server: {exc}", file=sys.stderr)
         return 2
-    return int(_run(_serve_member(config, args.metrics_port)))
+    return int(_run(_serve_member(config, metrics_port)))
+
+
+def _log_level(value: Any) -> str:
+    if not isinstance(value, str) or value.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValueError(f"expected DEBUG, INFO, WARNING or ERROR, got {value!r}")
+    return value
+
+
+def _port(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise ValueError(f"expected a port number, got {value!r}")
+    return value
+
+
+def member_config(args: argparse.Namespace) -> tuple[Any, int | None, str]:
+    """The member's ServerConfig, metrics port and log level: ``--config``'s
+    file with the flags given on top; ValueError naming the file and line."""
+    from seq.configfile import ConfigFile, build
+    from seq.startup import ServerConfig
+
+    file = (ConfigFile(args.config, ServerConfig, flag_only={"mode": "--bootstrap, --rejoin or --join"},
+                       extra={"metrics_port": _port, "log_level": _log_level})
+            if args.config else None)
+    given = {
+        "listen": args.listen, "data_dir": args.data, "advertise": args.advertise,
+        "peers": tuple(_addrs(args.peers)) if args.peers is not None else None,
+        "default_timeout": args.timeout, "peer_timeout": args.peer_timeout,
+        "forward": False if args.no_forward else None, "max_inflight": args.max_inflight,
+        "linger": args.linger_ms / 1000 if args.linger_ms is not None else None,
+        "peer_port": args.peer_port, "http": args.http, "metrics_max_names": args.metrics_max_names,
+        "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
+    }
+    flags = {k: v for k, v in given.items() if v is not None}
+    flags["mode"] = "bootstrap" if args.bootstrap else "rejoin" if args.rejoin else "join" if args.join else "normal"
+    config = build(ServerConfig, flags, file, probe={"listen": "127.0.0.1:1", "data_dir": "."},
+                   names={"listen": "--listen", "data_dir": "--data"})
+    extra = file.extra if file else {}
+    metrics_port = args.metrics_port if args.metrics_port is not None else extra.get("metrics_port")
+    log_level = args.log_level or extra.get("log_level") or "INFO"
+    return config, metrics_port, log_level
 
 
 async def _serve_member(config: Any, metrics_port: int | None) -> int:

@@ -86,15 +86,15 @@ class WorkerConfig:
     epoch: str = DEFAULT_EPOCH  # ISO 8601: time 0 of the IDs
     bits: tuple[int, int, int] = DEFAULT_BITS  # time, worker, sequence
     max_backward_ms: int = 5  # a clock this far behind the last ms used is waited out; further: refused
-    lease_ttl_ms: int = 10_000
-    lease_margin_ms: int = 2_000
-    max_clock_skew_ms: int = 1_000
+    lease_ttl_ms: int = 10_000  # each renewal extends the worker-ID lease this far (renewed every third of it)
+    lease_margin_ms: int = 2_000  # stop serving this long before the lease expires when it could not be renewed
+    max_clock_skew_ms: int = 1_000  # how far workers' clocks may disagree: an expired lease is taken this long after
     timeout: float = 5.0  # s: request deadline when the client sends none
     peer_timeout: float = 1.0  # s: bound of one call to a member
     drain_timeout: float = 2.0  # s: at shutdown, how long the requests received get to be answered
-    test_clock: bool = False  # POST /v1/test/clock (tests only)
-    layout: Layout = field(init=False)
-    lease: LeaseConfig = field(init=False)
+    test_clock: bool = field(default=False, metadata={"internal": True})  # POST /v1/test/clock (tests only)
+    layout: Layout = field(init=False, metadata={"internal": True})  # from epoch and bits
+    lease: LeaseConfig = field(init=False, metadata={"internal": True})  # from the lease_* settings
 
     def __post_init__(self) -> None:
         self.cluster = tuple(check_hostport(a) for a in self.cluster)

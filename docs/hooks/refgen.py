@@ -271,10 +271,22 @@ def config_groups() -> list[ConfigGroup]:
         ),
         ConfigGroup(
             "seq server",
-            "One member of a sequence cluster: the flags of `juggler seq server` map onto these fields "
-            "(`seq.server.ServerConfig`, for `seq.runner.start_member` in Python).",
-            "python",
+            "One member of a sequence cluster: the file given to `juggler seq server --config FILE` holds "
+            "these keys at its top level (no tables; `peers` is a list of strings, `mode` is chosen by "
+            "`--bootstrap`, `--rejoin` or `--join` only), and also `metrics_port` and `log_level`. The "
+            "flags map onto the same fields and override the file; unknown keys are errors, named with "
+            "their line. In Python: `seq.server.ServerConfig`, for `seq.runner.start_member`.",
+            "toml",
             (Section("seq.server.ServerConfig", "ServerConfig"),),
+        ),
+        ConfigGroup(
+            "seq snowflake",
+            "A snowflake worker: the file given to `juggler seq snowflake --config FILE` holds these keys "
+            "at its top level (`cluster` a list of strings, `bits` a list of three integers such as "
+            "`[41, 10, 12]`), and also `log_level`. The flags override the file. In Python: "
+            "`seq.worker.WorkerConfig`, for `seq.runner.start_worker`.",
+            "toml",
+            (Section("seq.worker.WorkerConfig", "WorkerConfig"),),
         ),
     ]
 
