@@ -138,11 +138,11 @@ pub struct Settings {
     /// (zero = none). The control plane applies HAProxy's default when unset.
     pub tunnel_timeout: Duration,
     /// Backups, slow start, retry-on, layer-7 health, persistence.
-    pub policy: super::policy::PolicySpec,
+    pub policy: PolicySpec,
     /// The protocol spoken to the pool's backends.
     pub proto: Proto,
     /// With `proto = h2`: streams per connection and connections per server.
-    pub h2: super::h2pool::H2Limits,
+    pub h2: H2Limits,
 }
 
 /// The HTTP version spoken to a pool's backends: HTTP/1.1, or HTTP/2 (h2c
@@ -194,7 +194,7 @@ pub struct Config {
     /// `tls` is set.
     pub listeners: Vec<ListenAddr>,
     /// Named pools and routes; None: one pool (`settings`) takes everything.
-    pub routing: Option<super::route::RoutingSpec>,
+    pub routing: Option<RoutingSpec>,
     pub workers: usize,
     /// Client request-head read timeout (slowloris guard).
     pub header_timeout: Duration,
@@ -319,10 +319,10 @@ impl Config {
     }
 
     /// The routing as configured (one pool for everything without `routing`).
-    pub fn routing_spec(&self) -> super::route::RoutingSpec {
+    pub fn routing_spec(&self) -> RoutingSpec {
         match &self.routing {
             Some(r) => r.clone(),
-            None => super::route::RoutingSpec::single(self.settings.clone(), self.listen_addrs().len()),
+            None => RoutingSpec::single(self.settings.clone(), self.listen_addrs().len()),
         }
     }
 }
@@ -379,6 +379,232 @@ pub fn parse_backend_addr(name: &str) -> Result<SocketAddr, String> {
             .next()
             .ok_or_else(|| format!("backend address {name:?} resolves to nothing")),
         Err(e) => Err(format!("backend address {name:?} is invalid: {e}")),
+    }
+}
+
+/// Cookie persistence as configured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StickySpec {
+    /// The cookie's name (`SERVERID`).
+    pub name: String,
+    /// Cookie values by server name; a server not listed gets one derived
+    /// from its name ([`default_cookie`]).
+    pub values: Vec<(String, String)>,
+    /// Remove the cookie from requests before forwarding them.
+    pub indirect: bool,
+    /// Responses that set the cookie are marked `Cache-Control: private`.
+    pub nocache: bool,
+    pub httponly: bool,
+    pub secure: bool,
+    /// `Max-Age` in seconds (None: a session cookie).
+    pub max_age: Option<u64>,
+    pub domain: Option<String>,
+    pub path: String,
+}
+
+/// The policies of one pool as configured.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicySpec {
+    /// Servers (by name) used only when no other is available.
+    pub backups: Vec<String>,
+    /// Balance over every backup rather than the first available.
+    pub all_backups: bool,
+    /// Slow start period per server (by name); absent or zero: none.
+    pub slow_start: Vec<(String, Duration)>,
+    /// Response statuses after which a replayable request goes to another server.
+    pub retry_statuses: Vec<u16>,
+    /// A replayable request whose response did not come in time goes to another server.
+    pub retry_timeout: bool,
+    /// Response statuses counted as failures in passive health (empty: layer 4 only).
+    pub error_statuses: Vec<u16>,
+    pub sticky: Option<StickySpec>,
+    /// A rate limit of this pool's own (after routing; the top-level one applies first).
+    pub rate_limit: Option<super::ratelimit::Spec>,
+}
+
+/// How a pool uses HTTP/2 connections to each of its servers, per worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct H2Limits {
+    /// Concurrent streams on a connection before another one is opened
+    /// (lower when the backend says so).
+    pub streams: u32,
+    /// Connections per server; past them requests share the least loaded one.
+    pub connections: usize,
+}
+
+impl Default for H2Limits {
+    fn default() -> Self {
+        H2Limits { streams: 100, connections: 8 }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Routing as configured (validated and compiled by route::Table::new).
+
+/// A header condition: the field is present, equals a value, or starts with one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeaderTest {
+    Present,
+    Equals(String),
+    Prefix(String),
+}
+
+/// Where a redirect goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RedirectSpec {
+    /// A fixed `Location`.
+    Location { code: u16, location: String },
+    /// The same host and target over HTTPS (on `port` if given).
+    Https { code: u16, port: Option<u16> },
+}
+
+/// One header rule: `set` replaces, `add` appends, `delete` removes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RuleSpec {
+    Set(String, String),
+    Add(String, String),
+    Delete(String),
+}
+
+/// Request and response header rules of a listener, backend or route.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RulesSpec {
+    pub request: Vec<RuleSpec>,
+    pub response: Vec<RuleSpec>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RouteSpec {
+    /// Exact names and `*.suffix` wildcards (any matches).
+    pub hosts: Vec<String>,
+    /// Exact paths (any matches, or any prefix).
+    pub paths: Vec<String>,
+    pub path_prefixes: Vec<String>,
+    pub methods: Vec<String>,
+    /// All must hold.
+    pub headers: Vec<(String, HeaderTest)>,
+    /// The backend pool (by name), or
+    pub backend: Option<String>,
+    /// a redirect answered by the balancer, or
+    pub redirect: Option<RedirectSpec>,
+    /// an answer of the balancer's own (HAProxy's `http-request return` /
+    /// `deny`, nginx's `return`).
+    pub respond: Option<Arc<ErrorPage>>,
+    pub rules: RulesSpec,
+    /// A request rate limit of this route's own (nginx's `limit_req` in a `location`).
+    pub rate_limit: Option<super::ratelimit::Spec>,
+}
+
+impl RouteSpec {
+    /// What identifies a route across reloads (its conditions): a reload
+    /// keeps the rate-limit counts of a route whose conditions are the same,
+    /// wherever it moved in the list.
+    pub(super) fn identity(&self) -> String {
+        format!(
+            "{:?}|{:?}|{:?}|{:?}|{:?}",
+            self.hosts, self.paths, self.path_prefixes, self.methods, self.headers
+        )
+    }
+}
+
+/// HSTS on an HTTPS listener's responses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HstsSpec {
+    pub max_age: u64,
+    pub include_subdomains: bool,
+    pub preload: bool,
+}
+
+/// The reloadable part of one listener.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListenerSpec {
+    pub routes: Vec<RouteSpec>,
+    /// Requests no route takes; None: 503.
+    pub default_backend: Option<String>,
+    /// Request id header name: kept if valid, else generated; echoed back.
+    pub request_id: Option<String>,
+    pub hsts: Option<HstsSpec>,
+    pub rules: RulesSpec,
+}
+
+/// One backend pool.
+#[derive(Clone, Debug)]
+pub struct PoolSpec {
+    pub name: String,
+    pub settings: Settings,
+    pub rules: RulesSpec,
+}
+
+/// Everything routing: pools and the listeners' routes (reloadable).
+#[derive(Clone, Debug)]
+pub struct RoutingSpec {
+    pub pools: Vec<PoolSpec>,
+    pub listeners: Vec<ListenerSpec>,
+    /// One request rate limit over every listener (None: none).
+    pub rate_limit: Option<super::ratelimit::Spec>,
+    /// Pages answered instead of the balancer's own short texts, by status.
+    pub error_pages: Vec<Arc<ErrorPage>>,
+}
+
+/// A page the balancer answers with instead of its own one-line text for a
+/// status (`[error_pages]`, HAProxy's `errorfile`): its header fields
+/// (`content-type` among them; never framing or connection fields) and body.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ErrorPage {
+    pub status: u16,
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    pub body: bytes::Bytes,
+}
+
+impl ErrorPage {
+    /// Checked: a status the balancer may answer, fields that do not frame
+    /// the message (the balancer writes those), a body of at most 64 KiB.
+    pub fn new(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Result<ErrorPage, String> {
+        if !(200..=599).contains(&status) {
+            return Err(format!("{status} is not a status the balancer answers with (200..=599)"));
+        }
+        if body.len() > 64 * 1024 {
+            return Err(format!("the page for {status} is over 64 KiB"));
+        }
+        let mut fields = Vec::with_capacity(headers.len());
+        for (n, v) in headers {
+            let name = http::HeaderName::from_bytes(n.as_bytes())
+                .map_err(|_| format!("the page for {status}: {n:?} is not a header name"))?;
+            if matches!(
+                name.as_str(),
+                "content-length" | "transfer-encoding" | "connection" | "keep-alive" | "upgrade" | "trailer" | "te"
+            ) {
+                continue; // the balancer frames its answers itself
+            }
+            let value = http::HeaderValue::from_str(&v)
+                .map_err(|_| format!("the page for {status}: the value of {n} is not a header value"))?;
+            fields.push((name, value));
+        }
+        Ok(ErrorPage { status, headers: fields, body: body.into() })
+    }
+}
+
+/// The name of the pool of a configuration without named backends.
+pub const DEFAULT_POOL: &str = "default";
+
+impl RoutingSpec {
+    /// One pool named `default`, one listener sending everything to it.
+    pub fn single(settings: Settings, listeners: usize) -> Self {
+        RoutingSpec {
+            pools: vec![PoolSpec {
+                name: DEFAULT_POOL.into(),
+                settings,
+                rules: RulesSpec::default(),
+            }],
+            listeners: (0..listeners.max(1))
+                .map(|_| ListenerSpec {
+                    default_backend: Some(DEFAULT_POOL.into()),
+                    ..Default::default()
+                })
+                .collect(),
+            rate_limit: None,
+            error_pages: Vec::new(),
+        }
     }
 }
 

@@ -570,7 +570,7 @@ fn log_line(
 }
 
 async fn connect(b: &Backend, timeout: Duration) -> Result<Link, Fail> {
-    match tokio::time::timeout(timeout, super::unix::connect_backend(b)).await {
+    match tokio::time::timeout(timeout, b.connect()).await {
         Ok(Ok(s)) => {
             let _ = s.set_nodelay(true);
             Ok(Link {

@@ -21,6 +21,7 @@
 //!
 //! Only the owning worker's tasks touch a pool, so its lock is never contended.
 
+pub use super::config::H2Limits;
 use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
@@ -44,21 +45,6 @@ use super::body::{Held, Outcome, Progress, ReqBody};
 use super::worker::Worker;
 use super::upstream::Backend;
 
-/// How a pool uses HTTP/2 connections to each of its servers, per worker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct H2Limits {
-    /// Concurrent streams on a connection before another one is opened
-    /// (lower when the backend says so).
-    pub streams: u32,
-    /// Connections per server; past them requests share the least loaded one.
-    pub connections: usize,
-}
-
-impl Default for H2Limits {
-    fn default() -> Self {
-        H2Limits { streams: 100, connections: 8 }
-    }
-}
 /// Receive windows: large enough that a stream's window never throttles a
 /// response on a fast network (hyper's defaults, stated).
 const STREAM_WINDOW: u32 = 2 * 1024 * 1024;

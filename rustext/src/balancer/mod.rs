@@ -3,7 +3,8 @@
 //! hyper for everything else. Python configures it, reads its stats and marks
 //! backends up or down; it never runs per request.
 //!
-//! - [`config`]   typed, validated configuration (defaults documented there)
+//! - [`config`]   typed, validated configuration (defaults documented there): settings, routes,
+//!   policies and limits as configured, below the modules that compile and run it (no cycle)
 //! - [`upstream`] backends, their state, and the balancing algorithms
 //! - [`accesslog`] access logs: destinations, per-worker buffers, the writer thread (`accesslog/`: formats, syslog)
 //! - [`attempts`] the attempt policy of a request (retries, replays, timeouts), both paths
@@ -11,12 +12,12 @@
 //! - [`worker`]   what workers share, what each owns, what is known of a client connection (both paths)
 //! - [`fast`]     the fast path: common exchanges on raw sockets (`fast/answers`: its own answers)
 //! - [`fastio`]   the fast path's sockets, backend links and their pool (no HTTP)
-//! - [`route`]    routes, named backend pools, header rules, redirects, request ids (compiled at load)
+//! - [`route`]    routes, named backend pools, header rules, redirects, request ids, compiled at load
 //! - [`proxy`]    hyper's path: choose, forward, stream back, retry
 //! - [`body`]     hyper's path's request and response bodies, and one backend attempt's outcome
 //! - [`hyperlog`] hyper's path's access-log line, and lines of connections without a request
 //! - [`ratelimit`] request rate limits per client address or header (GCRA, one table for all workers)
-//! - [`policy`]   backup servers, slow start, retry-on, layer-7 health, cookie persistence
+//! - [`policy`]   (`upstream/policy`) backup servers, slow start, retry-on, layer-7 health, cookie persistence
 //! - [`pool`]     hyper's keep-alive backend connections, one pool per worker
 //! - [`net`]      TCP streams writing with send/sendmsg
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
@@ -47,7 +48,6 @@ pub mod l4;
 pub mod listeners;
 pub mod net;
 mod pool;
-pub mod policy;
 pub mod proxy;
 pub mod worker;
 pub mod body;
@@ -63,6 +63,7 @@ pub mod tried;
 pub mod tunnel;
 pub mod unix;
 pub mod upstream;
+pub use upstream::policy;
 pub mod watched;
 pub mod h2c;
 pub mod h2pool;

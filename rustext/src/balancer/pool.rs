@@ -112,7 +112,7 @@ impl Pool {
     /// A new connection, starting with `proxy_header` if given (before TLS,
     /// if any); such a connection is private to its client.
     pub async fn connect_with(&self, b: &Backend, timeout: Duration, proxy_header: Option<&[u8]>) -> Result<BackendConn, Fail> {
-        let mut stream = match tokio::time::timeout(timeout, super::unix::connect_backend(b)).await {
+        let mut stream = match tokio::time::timeout(timeout, b.connect()).await {
             Ok(Ok(s)) => s,
             Ok(Err(_)) => return Err(Fail::Connect),
             Err(_) => return Err(Fail::ConnectTimeout),

@@ -323,7 +323,7 @@ async fn limit<'a>(
 fn too_many_response(status: u16, wait: Duration) -> Response<RespBody> {
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     let mut r = error_response(code, super::ratelimit::BODY);
-    if let Some(v) = super::ratelimit::retry_after(wait).fixed {
+    if let Some(v) = super::route::retry_after(wait).fixed {
         r.headers_mut().insert(header::RETRY_AFTER, v);
     }
     r

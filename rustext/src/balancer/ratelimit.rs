@@ -329,16 +329,6 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
 /// The body of a refused request.
 pub const BODY: &str = "too many requests\n";
 
-/// The `Retry-After` header of a refused request, as a header rule.
-pub fn retry_after(wait: Duration) -> super::route::Added {
-    let v = retry_after_secs(wait).to_string();
-    super::route::Added {
-        name: http::header::RETRY_AFTER,
-        fixed: http::HeaderValue::from_str(&v).ok(),
-        pieces: Box::new([super::route::Piece::Lit(v.into_bytes().into_boxed_slice())]),
-    }
-}
-
 impl Table {
     /// The verdict on a raw HTTP/1 request head from `ip`.
     pub fn verdict_raw(&self, ip: IpAddr, head: &[u8]) -> Verdict {

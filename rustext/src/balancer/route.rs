@@ -26,7 +26,6 @@ use std::sync::Arc;
 
 use http::{HeaderName, HeaderValue};
 
-use super::config::Settings;
 use super::upstream::Upstream;
 
 /// Longest host name considered (RFC 1035); longer matches no host condition.
@@ -68,175 +67,10 @@ pub fn normalize_host<'b>(raw: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b
     Some(out)
 }
 
-// ---------------------------------------------------------------------------
-// Specs: what the configuration says (validated and compiled by Table::new).
-
-/// A header condition: the field is present, equals a value, or starts with one.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum HeaderTest {
-    Present,
-    Equals(String),
-    Prefix(String),
-}
-
-/// Where a redirect goes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RedirectSpec {
-    /// A fixed `Location`.
-    Location { code: u16, location: String },
-    /// The same host and target over HTTPS (on `port` if given).
-    Https { code: u16, port: Option<u16> },
-}
-
-/// One header rule: `set` replaces, `add` appends, `delete` removes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RuleSpec {
-    Set(String, String),
-    Add(String, String),
-    Delete(String),
-}
-
-/// Request and response header rules of a listener, backend or route.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RulesSpec {
-    pub request: Vec<RuleSpec>,
-    pub response: Vec<RuleSpec>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RouteSpec {
-    /// Exact names and `*.suffix` wildcards (any matches).
-    pub hosts: Vec<String>,
-    /// Exact paths (any matches, or any prefix).
-    pub paths: Vec<String>,
-    pub path_prefixes: Vec<String>,
-    pub methods: Vec<String>,
-    /// All must hold.
-    pub headers: Vec<(String, HeaderTest)>,
-    /// The backend pool (by name), or
-    pub backend: Option<String>,
-    /// a redirect answered by the balancer, or
-    pub redirect: Option<RedirectSpec>,
-    /// an answer of the balancer's own (HAProxy's `http-request return` /
-    /// `deny`, nginx's `return`).
-    pub respond: Option<Arc<ErrorPage>>,
-    pub rules: RulesSpec,
-    /// A request rate limit of this route's own (nginx's `limit_req` in a `location`).
-    pub rate_limit: Option<super::ratelimit::Spec>,
-}
-
-impl RouteSpec {
-    /// What identifies a route across reloads (its conditions): a reload
-    /// keeps the rate-limit counts of a route whose conditions are the same,
-    /// wherever it moved in the list.
-    fn identity(&self) -> String {
-        format!(
-            "{:?}|{:?}|{:?}|{:?}|{:?}",
-            self.hosts, self.paths, self.path_prefixes, self.methods, self.headers
-        )
-    }
-}
-
-/// HSTS on an HTTPS listener's responses.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HstsSpec {
-    pub max_age: u64,
-    pub include_subdomains: bool,
-    pub preload: bool,
-}
-
-/// The reloadable part of one listener.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ListenerSpec {
-    pub routes: Vec<RouteSpec>,
-    /// Requests no route takes; None: 503.
-    pub default_backend: Option<String>,
-    /// Request id header name: kept if valid, else generated; echoed back.
-    pub request_id: Option<String>,
-    pub hsts: Option<HstsSpec>,
-    pub rules: RulesSpec,
-}
-
-/// One backend pool.
-#[derive(Clone, Debug)]
-pub struct PoolSpec {
-    pub name: String,
-    pub settings: Settings,
-    pub rules: RulesSpec,
-}
-
-/// Everything routing: pools and the listeners' routes (reloadable).
-#[derive(Clone, Debug)]
-pub struct RoutingSpec {
-    pub pools: Vec<PoolSpec>,
-    pub listeners: Vec<ListenerSpec>,
-    /// One request rate limit over every listener (None: none).
-    pub rate_limit: Option<super::ratelimit::Spec>,
-    /// Pages answered instead of the balancer's own short texts, by status.
-    pub error_pages: Vec<Arc<ErrorPage>>,
-}
-
-/// A page the balancer answers with instead of its own one-line text for a
-/// status (`[error_pages]`, HAProxy's `errorfile`): its header fields
-/// (`content-type` among them; never framing or connection fields) and body.
-#[derive(Debug, PartialEq, Eq)]
-pub struct ErrorPage {
-    pub status: u16,
-    pub headers: Vec<(HeaderName, HeaderValue)>,
-    pub body: bytes::Bytes,
-}
-
-impl ErrorPage {
-    /// Checked: a status the balancer may answer, fields that do not frame
-    /// the message (the balancer writes those), a body of at most 64 KiB.
-    pub fn new(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Result<ErrorPage, String> {
-        if !(200..=599).contains(&status) {
-            return Err(format!("{status} is not a status the balancer answers with (200..=599)"));
-        }
-        if body.len() > 64 * 1024 {
-            return Err(format!("the page for {status} is over 64 KiB"));
-        }
-        let mut fields = Vec::with_capacity(headers.len());
-        for (n, v) in headers {
-            let name = HeaderName::from_bytes(n.as_bytes())
-                .map_err(|_| format!("the page for {status}: {n:?} is not a header name"))?;
-            if matches!(
-                name.as_str(),
-                "content-length" | "transfer-encoding" | "connection" | "keep-alive" | "upgrade" | "trailer" | "te"
-            ) {
-                continue; // the balancer frames its answers itself
-            }
-            let value = HeaderValue::from_str(&v)
-                .map_err(|_| format!("the page for {status}: the value of {n} is not a header value"))?;
-            fields.push((name, value));
-        }
-        Ok(ErrorPage { status, headers: fields, body: body.into() })
-    }
-}
-
-/// The name of the pool of a configuration without named backends.
-pub const DEFAULT_POOL: &str = "default";
-
-impl RoutingSpec {
-    /// One pool named `default`, one listener sending everything to it.
-    pub fn single(settings: Settings, listeners: usize) -> Self {
-        RoutingSpec {
-            pools: vec![PoolSpec {
-                name: DEFAULT_POOL.into(),
-                settings,
-                rules: RulesSpec::default(),
-            }],
-            listeners: (0..listeners.max(1))
-                .map(|_| ListenerSpec {
-                    default_backend: Some(DEFAULT_POOL.into()),
-                    ..Default::default()
-                })
-                .collect(),
-            rate_limit: None,
-            error_pages: Vec::new(),
-        }
-    }
-}
+pub use super::config::{
+    ErrorPage, HeaderTest, HstsSpec, ListenerSpec, PoolSpec, RedirectSpec, RouteSpec, RoutingSpec, RuleSpec, RulesSpec,
+    DEFAULT_POOL,
+};
 
 // ---------------------------------------------------------------------------
 // Compiled form.
@@ -868,6 +702,16 @@ impl RequestIds {
 /// An incoming request id worth keeping: 1 to 200 visible ASCII characters.
 pub fn valid_request_id(v: &[u8]) -> bool {
     !v.is_empty() && v.len() <= 200 && v.iter().all(|&b| (0x21..0x7f).contains(&b))
+}
+
+/// The `Retry-After` header of a request refused by a rate limit, as a header rule.
+pub fn retry_after(wait: std::time::Duration) -> Added {
+    let v = super::ratelimit::retry_after_secs(wait).to_string();
+    Added {
+        name: http::header::RETRY_AFTER,
+        fixed: http::HeaderValue::from_str(&v).ok(),
+        pieces: Box::new([Piece::Lit(v.into_bytes().into_boxed_slice())]),
+    }
 }
 
 #[cfg(test)]

@@ -82,14 +82,6 @@ pub async fn connect(path: &Path) -> io::Result<TcpStream> {
     TcpStream::from_std(s)
 }
 
-/// Connect to a backend, over TCP or its Unix socket.
-pub async fn connect_backend(b: &super::upstream::Backend) -> io::Result<TcpStream> {
-    match &b.unix {
-        Some(path) => connect(path).await,
-        None => TcpStream::connect(b.addr).await,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

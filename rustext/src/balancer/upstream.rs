@@ -5,6 +5,8 @@
 //! snapshot they started with. A [`Backend`] survives reloads when its name is
 //! unchanged, so its counters, health and connection limit carry over.
 
+pub mod policy;
+
 use std::net::IpAddr;
 use std::sync::atomic::{
     AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed,
@@ -97,6 +99,14 @@ pub struct Backend {
 const UNLIMITED: usize = 1 << 24;
 
 impl Backend {
+    /// Connect to it, over TCP or its Unix socket.
+    pub async fn connect(&self) -> std::io::Result<tokio::net::TcpStream> {
+        match &self.unix {
+            Some(path) => super::unix::connect(path).await,
+            None => tokio::net::TcpStream::connect(self.addr).await,
+        }
+    }
+
     pub fn new(
         id: u64,
         spec: &BackendSpec,

@@ -80,7 +80,7 @@ pub(super) async fn too_many(
     let start = Instant::now();
     bump(&w.stats.requests, 1);
     bump(&w.stats.rate_limited, 1);
-    let retry = super::super::ratelimit::retry_after(wait);
+    let retry = super::super::route::retry_after(wait);
     let reason = http::StatusCode::from_u16(status).ok().and_then(|s| s.canonical_reason()).unwrap_or("Too Many Requests");
     done.term = "PR";
     let edits = Edits { add: std::slice::from_ref(&retry), req_id, src: b"" };

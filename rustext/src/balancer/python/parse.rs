@@ -282,7 +282,7 @@ pub(super) fn parse_settings(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
             Some(p) => Proto::parse(&p).map_err(cfg_err)?,
             None => def.proto,
         },
-        h2: super::super::h2pool::H2Limits {
+        h2: super::super::config::H2Limits {
             streams: int(d, "h2_max_streams", def.h2.streams)?,
             connections: int(d, "h2_connections", def.h2.connections)?,
         },

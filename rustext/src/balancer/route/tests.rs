@@ -4,6 +4,7 @@ use std::time::Instant;
 use proptest::prelude::*;
 
 use super::*;
+use crate::balancer::config::Settings;
 use crate::balancer::config::BackendSpec;
 
 struct Req<'a> {

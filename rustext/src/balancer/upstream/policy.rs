@@ -1,5 +1,5 @@
 //! Pool policies beyond the algorithm, compiled per pool snapshot
-//! ([`super::upstream::Upstream`]):
+//! ([`super::Upstream`]), and part of it:
 //!
 //! - **Backup servers** take requests only when no other server of the pool
 //!   is available: the first available backup in the configured order, or
@@ -13,7 +13,7 @@
 //!   but `consistent_hash`, where it would move keys). A ramping server is
 //!   still used when nothing else is available.
 //! - **Retry on** chosen response statuses and on a response timeout
-//!   (HAProxy's `retry-on`): see [`super::attempts`].
+//!   (HAProxy's `retry-on`): see [`super::super::attempts`].
 //! - **Layer-7 passive health** (HAProxy's `observe layer7`): responses with
 //!   the chosen statuses count as failures of the server in passive health.
 //! - **Cookie persistence** (HAProxy's `cookie NAME insert indirect
@@ -24,47 +24,8 @@ use std::time::Duration;
 
 use http::HeaderValue;
 
-use super::upstream::{hash64, Backend};
-
-/// Cookie persistence as configured.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StickySpec {
-    /// The cookie's name (`SERVERID`).
-    pub name: String,
-    /// Cookie values by server name; a server not listed gets one derived
-    /// from its name ([`default_cookie`]).
-    pub values: Vec<(String, String)>,
-    /// Remove the cookie from requests before forwarding them.
-    pub indirect: bool,
-    /// Responses that set the cookie are marked `Cache-Control: private`.
-    pub nocache: bool,
-    pub httponly: bool,
-    pub secure: bool,
-    /// `Max-Age` in seconds (None: a session cookie).
-    pub max_age: Option<u64>,
-    pub domain: Option<String>,
-    pub path: String,
-}
-
-/// The policies of one pool as configured.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PolicySpec {
-    /// Servers (by name) used only when no other is available.
-    pub backups: Vec<String>,
-    /// Balance over every backup rather than the first available.
-    pub all_backups: bool,
-    /// Slow start period per server (by name); absent or zero: none.
-    pub slow_start: Vec<(String, Duration)>,
-    /// Response statuses after which a replayable request goes to another server.
-    pub retry_statuses: Vec<u16>,
-    /// A replayable request whose response did not come in time goes to another server.
-    pub retry_timeout: bool,
-    /// Response statuses counted as failures in passive health (empty: layer 4 only).
-    pub error_statuses: Vec<u16>,
-    pub sticky: Option<StickySpec>,
-    /// A rate limit of this pool's own (after routing; the top-level one applies first).
-    pub rate_limit: Option<super::ratelimit::Spec>,
-}
+pub use super::super::config::{PolicySpec, StickySpec};
+use super::{hash64, Backend};
 
 /// The cookie value of a server without one configured: 16 hex digits of
 /// a stable hash of its name (the same across restarts and balancers).
