@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from cli.options import log_level
+
 EXAMPLES = """examples:
   juggler balancer --listen 0.0.0.0:8080 --backends 127.0.0.1:9001,127.0.0.1:9002
   juggler balancer --listen :8080 --backends 10.0.0.1:80=3,10.0.0.2:80=1 --algorithm weighted_round_robin
@@ -78,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rate-limit", metavar="N/s",
                    help="at most N requests per second (or N/m) per client address, more get 429 "
                         "(the [rate_limit] table has burst, header keys, ...)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", type=log_level, help="DEBUG, INFO, WARNING or ERROR [INFO]")
     p.set_defaults(func=run)
 
 

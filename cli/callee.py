@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from cli.options import log_level
+
 EXAMPLES = """examples:
   juggler callee                                   # test.echo, test.reverse, test.delay on local Redis
   juggler callee --redis redis://10.0.0.5:6379/0 --workers 200
@@ -36,7 +38,7 @@ def register(subparsers: Any) -> None:
                    help="on SIGINT/SIGTERM, seconds to let running calls finish [%(default)s]")
     p.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
                    help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = off)")
-    p.add_argument("--log-level", default="INFO", help="[%(default)s]")
+    p.add_argument("--log-level", default="INFO", type=log_level, help="DEBUG, INFO, WARNING or ERROR [INFO]")
     from cli.otel import add_otel_argument
 
     add_otel_argument(p)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from cli.options import log_level
 from cli.tls import add_client_tls_arguments, client_tls
 
 EPILOG = """examples:
@@ -112,7 +113,7 @@ def register(subparsers: Any) -> None:
     s.add_argument("--metrics-max-names", type=int, metavar="N",
                    help="names with per-name metric series of their own (the first N served); later names are "
                         "counted together under name=\"_other\" [1000]")
-    s.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR [INFO]")
+    s.add_argument("--log-level", type=log_level, help="DEBUG, INFO, WARNING or ERROR [INFO]")
     s.add_argument("--tls-cert", metavar="FILE",
                    help="PEM certificate chain: RRAPI over TLS, and this member's certificate to the others "
                         "(reloaded on SIGHUP)")
@@ -205,7 +206,7 @@ def register(subparsers: Any) -> None:
     f.add_argument("--timeout", type=float, help="request deadline when the client sends none (s) [5]")
     f.add_argument("--peer-timeout", type=float, help="bound of one call to a member (s) [1]")
     f.add_argument("--test-clock-control", action="store_true", help=argparse.SUPPRESS)
-    f.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR [INFO]")
+    f.add_argument("--log-level", type=log_level, help="DEBUG, INFO, WARNING or ERROR [INFO]")
     f.set_defaults(func=run_snowflake)
 
     d = sub.add_parser("decode", help="split a snowflake ID into time, worker and sequence (JSON)",
@@ -240,11 +241,11 @@ def run_snowflake(args: argparse.Namespace) -> int:
     import logging
 
     try:
-        config, log_level = worker_config(args)
+        config, level = worker_config(args)
     except ValueError as exc:
         print(f"juggler seq snowflake: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+    logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(_run(_serve_worker(config)))
 
@@ -257,7 +258,7 @@ def worker_config(args: argparse.Namespace) -> tuple[Any, str]:
     from seq.worker import WorkerConfig
 
     file = (ConfigFile(args.config, WorkerConfig, flag_only={"test_clock": "--test-clock-control"},
-                       extra={"log_level": _log_level})
+                       extra={"log_level": log_level})
             if args.config else None)
     given = {
         "cluster": tuple(_addrs(args.cluster)) if args.cluster is not None else None,
@@ -328,11 +329,11 @@ def run_server(args: argparse.Namespace) -> int:
     from rustext.tls import TlsConfigError
 
     try:
-        config, metrics_port, log_level = member_config(args)
+        config, metrics_port, level = member_config(args)
     except ValueError as exc:
         print(f"juggler seq server: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+    logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if config.tls:
@@ -342,12 +343,6 @@ def run_server(args: argparse.Namespace) -> int:
         print(f"juggler seq server: {exc}", file=sys.stderr)
         return 2
     return int(_run(_serve_member(config, metrics_port)))
-
-
-def _log_level(value: Any) -> str:
-    if not isinstance(value, str) or value.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        raise ValueError(f"expected DEBUG, INFO, WARNING or ERROR, got {value!r}")
-    return value
 
 
 def _port(value: Any) -> int:
@@ -363,7 +358,7 @@ def member_config(args: argparse.Namespace) -> tuple[Any, int | None, str]:
     from seq.startup import ServerConfig
 
     file = (ConfigFile(args.config, ServerConfig, flag_only={"mode": "--bootstrap, --rejoin or --join"},
-                       extra={"metrics_port": _port, "log_level": _log_level})
+                       extra={"metrics_port": _port, "log_level": log_level})
             if args.config else None)
     given = {
         "listen": args.listen, "data_dir": args.data, "advertise": args.advertise,
@@ -380,8 +375,8 @@ def member_config(args: argparse.Namespace) -> tuple[Any, int | None, str]:
                    names={"listen": "--listen", "data_dir": "--data"})
     extra = file.extra if file else {}
     metrics_port = args.metrics_port if args.metrics_port is not None else extra.get("metrics_port")
-    log_level = args.log_level or extra.get("log_level") or "INFO"
-    return config, metrics_port, log_level
+    level = args.log_level or extra.get("log_level") or "INFO"
+    return config, metrics_port, level
 
 
 async def _serve_member(config: Any, metrics_port: int | None) -> int:

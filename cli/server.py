@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from cli.options import log_level
+
 EXAMPLES = """examples:
   juggler server                                     # 127.0.0.1:9000/ws, in-memory broker
   juggler server --redis redis://127.0.0.1:6379/0    # with Redis (callees run elsewhere)
@@ -84,7 +86,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="any config option, VALUE in TOML syntax (repeatable), e.g. --set server.max_outbound=1000 "
                    "--set 'auth.issuer=\"me\"' --set 'redis.cluster_retry_timeout=5'")
-    p.add_argument("--log-level", default="INFO", help="[%(default)s]")
+    p.add_argument("--log-level", default="INFO", type=log_level, help="DEBUG, INFO, WARNING or ERROR [INFO]")
 
 
 def apply_overrides(config: Any, items: list[str]) -> Any:

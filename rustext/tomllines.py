@@ -2,7 +2,7 @@
 configuration error found after parsing is placed by this line index
 (tables, array-of-tables entries, keys, the elements of arrays) to say
 ``file.toml:12: …``. Best effort: a path it cannot place gives the nearest
-enclosing table, or no line. Used by the balancer's and juggler's
+enclosing table, or no line. Used by the balancer's, juggler's and seq's
 configuration files, which read them with :func:`read_toml`."""
 
 from __future__ import annotations

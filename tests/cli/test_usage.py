@@ -40,6 +40,17 @@ def test_a_typo_shows_the_usage_of_its_own_command(argv: list[str], usage: str, 
     assert "Traceback" not in done.stderr
 
 
+def test_every_log_level_flag_takes_only_a_level() -> None:
+    flags = [p for p in _parsers() if any("--log-level" in a.option_strings for a in p._actions)]
+    assert len(flags) >= 5, [p.prog for p in flags]
+    for parser in flags:
+        argv = parser.prog.removeprefix("juggler ").split()
+        done = juggler(*argv, "--log-level", "INFOO")
+        assert done.returncode == 2, (parser.prog, done.stderr)
+        assert f"{parser.prog}: error: argument --log-level: invalid log_level value: 'INFOO'" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
 def _parsers() -> Iterator[argparse.ArgumentParser]:
     def walk(p: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
         yield p
