@@ -131,3 +131,16 @@ async def test_a_cluster_started_from_files_serves_ids(tmp_path: Path) -> None:
         assert all(b - a == 4 for a, b in ranges) and all(x[1] < y[0] for x, y in zip(ranges, ranges[1:])), got
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("cls", [ServerConfig, WorkerConfig])
+def test_every_setting_of_the_reference_can_be_written_in_a_file(cls: type) -> None:
+    """A field whose type the reader does not know would be refused as an
+    unknown setting although the configuration reference lists it."""
+    import dataclasses
+
+    from seq.configfile import _READERS
+
+    keys = [f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal") and f.name != "mode"]
+    assert keys and all(str(f.type) in _READERS for f in keys), [(f.name, f.type) for f in keys
+                                                                 if str(f.type) not in _READERS]
