@@ -16,7 +16,9 @@
 //! it is accepted (`ab`, HTTP/1.0) is served and closed without any epoll
 //! registration of its own.
 //!
-//! Semantics are those of the hyper path ([`super::proxy`]): retries of
+//! What a request gets is decided by [`super::decide`], as on hyper's path;
+//! this module only carries the decision out. Semantics are those of the
+//! hyper path ([`super::proxy`]): retries of
 //! idempotent body-less requests on connect failure or reset, never after
 //! the response started; passive ejection; the per-backend limit with its
 //! queue; response and total timeouts; the same stats.
@@ -26,10 +28,12 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::config::{HashKey, Proto};
+use super::decide::{self, Verdict};
 use super::h1::{
-    self, BodyMode, Chunks, ClientView, Edits, MethodKind, ReqHead, ReqParse, RespHead, RespParse,
+    self, BodyMode, Chunks, ClientView, Edits, Forward, MethodKind, RawHead, ReqHead, ReqParse, RespHead, RespParse, Routed,
 };
-use super::route::Rules;
+use super::route::{Listener, Rules, Table};
 use super::pool::Fail;
 use super::attempts::{Attempts, Next};
 use super::worker::{Peer, Worker};
@@ -39,7 +43,7 @@ use super::fastio::{read_into, send_all, BODY_READ, HEAD_READ, MAX_RESP_HEAD};
 pub use super::fastio::{Client, FastPool, Link};
 
 mod answers;
-use answers::{reply, too_many, BAD_GATEWAY, GATEWAY_TIMEOUT, NO_BACKEND, NO_ROUTE, QUEUE_FULL};
+use answers::{page, reply, too_many};
 
 /// Request bodies up to this size are read whole, then forwarded; larger
 /// ones stream through hyper.
@@ -67,7 +71,7 @@ pub async fn serve(
                 // The snapshot current when the head is complete (reloads
                 // apply to the next request of a keep-alive connection).
                 let t = w.shared.table();
-                match h1::parse_request_routed(&inb, t.listener(peer.listener), &t.pools, &mut out) {
+                match h1::parse_request_with(&inb, &mut out, |raw| plan(&t, t.listener(peer.listener), raw)) {
                     // a head over the limit that arrived whole in the last read: hyper's
                     // path answers 431, as for one still partial at the limit
                     ReqParse::Ready(h) if h.head_len > max_head => break (t, None),
@@ -80,10 +84,10 @@ pub async fn serve(
                         w.stats.observe(400, std::time::Duration::ZERO);
                         let mut page_buf = Vec::new();
                         let (answer, bytes) = match t.error_page(400) {
-                            Some(page) => {
+                            Some(p) => {
                                 let view = ClientView { http10: false, keep_alive: false, head_request: false, closing: true };
-                                h1::page_response_with(&mut page_buf, page, "Bad Request", view, &Edits::default());
-                                (&page_buf[..], page.body.len() as u64)
+                                h1::page_response_with(&mut page_buf, page(p), "Bad Request", view, &Edits::default());
+                                (&page_buf[..], p.body.len() as u64)
                             }
                             None => (BAD, 16),
                         };
@@ -122,10 +126,6 @@ pub async fn serve(
         let Some(head) = head.filter(|h| h.body_len <= MAX_FAST_BODY) else {
             return Some((client, inb));
         };
-        if t.listener(peer.listener).action(head.action).pool.is_some_and(|p| t.pools[p].settings.proto == super::config::Proto::H2) {
-            // HTTP/2 to this pool's backends: hyper's path, for the rest of the connection
-            return Some((client, inb));
-        }
         ctl.begin();
         first = false;
         let total = head.head_len + head.body_len as usize;
@@ -139,7 +139,6 @@ pub async fn serve(
             }
         }
         let listener = t.listener(peer.listener);
-        let action = listener.action(head.action);
         let begun = logging.then(Instant::now);
         let mut done = Done::default();
         let generated;
@@ -156,109 +155,80 @@ pub async fn serve(
             )),
             None => None,
         };
-        if action.redirect.is_none() && action.pool.is_some_and(|p| t.pools[p].policy.sticky.is_some()) {
-            // cookie persistence reads and writes cookies: hyper's path
-            ctl.end();
-            return Some((client, inb));
+        let raw_head = &inb[..head.head_len];
+        let decision = decide::decide(&t, peer.listener, head.action, peer.ip, |n| {
+            super::ratelimit::raw_header(raw_head, n.as_str().as_bytes())
+        });
+        if !decision.delay.is_zero() {
+            bump(&w.stats.rate_delayed, 1);
+            tokio::time::sleep(decision.delay).await;
         }
-        let pool_limit = action.pool.filter(|_| action.redirect.is_none()).and_then(|p| t.pools[p].rate_limit.as_deref());
-        let limits = [t.rate_limit.as_deref(), action.rate_limit.as_deref(), pool_limit].into_iter().flatten();
-        let limited = match super::ratelimit::combined(limits, |rl| rl.verdict_raw(peer.ip, &inb[..head.head_len])) {
-            super::ratelimit::Outcome::Pass => None,
-            super::ratelimit::Outcome::Wait(d) => {
-                bump(&w.stats.rate_delayed, 1);
-                tokio::time::sleep(d).await;
-                None
-            }
-            super::ratelimit::Outcome::Refuse(status, wait) => Some((status, wait)),
+        let view = ClientView {
+            http10: head.http10,
+            keep_alive: head.keep_alive,
+            head_request: head.method == MethodKind::Head,
+            closing: peer.ctl.close.load(Relaxed),
         };
-        let keep = match (&action.redirect, action.pool) {
-            _ if limited.is_some() => {
-                let (status, wait) = limited.unwrap_or_default();
-                let view = ClientView {
-                    http10: head.http10,
-                    keep_alive: head.keep_alive,
-                    head_request: head.method == MethodKind::Head,
-                    closing: peer.ctl.close.load(Relaxed),
-                };
-                too_many(&w, &mut client, &mut resp, view, status, wait, req_id, &mut done).await
-            }
-            (None, Some(pool)) => {
+        let own = |resp: &mut Vec<u8>, done: &mut Done, status: u16, body: usize| {
+            done.status = status;
+            done.bytes = if view.head_request { 0 } else { body as u64 };
+            done.resp_head = resp.len() - done.bytes as usize;
+            done.term = decision.own().map_or("--", |(_, term)| term);
+        };
+        let keep = match decision.verdict {
+            Verdict::Forward { upstream, .. } => {
+                let response = decision.response_rules();
                 exchange(
                     &w,
-                    &t.pools[pool],
+                    upstream,
                     &peer,
                     &mut client,
                     &head,
                     &inb[..total],
                     &mut out,
                     &mut resp,
-                    &action.request.add,
-                    Some(&action.response).filter(|r| !r.is_empty()),
+                    &decision.request_rules().add,
+                    Some(response).filter(|r| !r.is_empty()),
                     req_id,
                     &mut done,
                 )
                 .await
             }
-            (redirect, _) => {
+            Verdict::Limited { status, wait } => too_many(&w, &mut client, &mut resp, view, status, wait, req_id, &mut done).await,
+            Verdict::NoRoute => {
+                bump(&w.stats.requests, 1);
+                reply(&w, &mut client, &mut resp, view, Instant::now(), decide::NO_ROUTE, req_id, &mut done).await
+            }
+            Verdict::Redirect(r) => {
                 let start = Instant::now();
                 bump(&w.stats.requests, 1);
-                let view = ClientView {
-                    http10: head.http10,
-                    keep_alive: head.keep_alive,
-                    head_request: head.method == MethodKind::Head,
-                    closing: peer.ctl.close.load(Relaxed),
-                };
-                match redirect {
-                    Some(r) => {
-                        let edits = Edits { add: &[], req_id, src: b"" };
-                        h1::redirect_response(
-                            &mut resp,
-                            r,
-                            head.host.map(|h| h1::slice(&inb, h)),
-                            h1::slice(&inb, head.target),
-                            view,
-                            &edits,
-                        );
-                        w.stats.observe(r.code(), start.elapsed());
-                        done.status = r.code();
-                        done.resp_head = resp.len();
-                        done.term = "LR";
-                        let sent = client.send(&mut [IoSlice::new(&resp)]).await.is_ok();
-                        if !sent {
-                            done.term = "CD";
-                        }
-                        sent && view.keep_alive && !view.closing
-                    }
-                    None => match &action.respond {
-                        Some(page) => {
-                            // the route's own answer (HAProxy's http-request return / deny);
-                            // without a body, the error page of its status if there is one
-                            let page = if page.body.is_empty() { t.error_page(page.status).unwrap_or(page) } else { page };
-                            let reason = http::StatusCode::from_u16(page.status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
-                            h1::page_response_with(&mut resp, page, reason, view, &Edits { add: &[], req_id, src: b"" });
-                            w.stats.observe(page.status, start.elapsed());
-                            done.status = page.status;
-                            done.bytes = if view.head_request { 0 } else { page.body.len() as u64 };
-                            done.resp_head = resp.len() - done.bytes as usize;
-                            done.term = if page.status >= 400 { "PR" } else { "LR" };
-                            let sent = client.send(&mut [IoSlice::new(&resp)]).await.is_ok();
-                            if !sent {
-                                done.term = "CD";
-                            }
-                            sent && view.keep_alive && !view.closing
-                        }
-                        None => {
-                            bump(&w.stats.no_backend, 1);
-                            done.term = "PR";
-                            reply(&w, &mut client, &mut resp, view, start, NO_ROUTE, req_id, &mut done).await
-                        }
-                    },
+                let edits = Edits { add: &[], req_id, src: b"" };
+                let (host, target) = (head.host.map(|h| h1::slice(&inb, h)), h1::slice(&inb, head.target));
+                h1::redirect_response(&mut resp, (r.code(), r.reason()), |out| r.location(out, host, target), view, &edits);
+                w.stats.observe(r.code(), start.elapsed());
+                own(&mut resp, &mut done, r.code(), 0);
+                let sent = client.send(&mut [IoSlice::new(&resp)]).await.is_ok();
+                if !sent {
+                    done.term = "CD";
                 }
+                sent && view.keep_alive && !view.closing
+            }
+            Verdict::Page(p) => {
+                let start = Instant::now();
+                bump(&w.stats.requests, 1);
+                let reason = http::StatusCode::from_u16(p.status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
+                h1::page_response_with(&mut resp, page(p), reason, view, &Edits { add: &[], req_id, src: b"" });
+                w.stats.observe(p.status, start.elapsed());
+                own(&mut resp, &mut done, p.status, p.body.len());
+                let sent = client.send(&mut [IoSlice::new(&resp)]).await.is_ok();
+                if !sent {
+                    done.term = "CD";
+                }
+                sent && view.keep_alive && !view.closing
             }
         };
         if logging {
-            let pool = action.pool.filter(|_| limited.is_none()).map(|p| t.names[p].as_str());
+            let pool = Some(decision.pool_name(&t)).filter(|p| !p.is_empty());
             let rid = req_id.map_or(&b""[..], |(_, v)| v);
             let parsed = Parsed { head: &head, pool, rid, resp: &resp };
             log_line(&w, &peer, &inb[..head.head_len], Some(parsed), &done, &inb[head.head_len..total], t0, begun.unwrap_or_else(Instant::now));
@@ -329,9 +299,8 @@ async fn exchange(
         let (backend, lease) = match attempts.next(w, &key).await {
             Next::Try(backend, lease) => (backend, lease),
             Next::QueueFull => {
-                done.term = "sQ";
                 done.retries = attempts.retries();
-                return reply(w, client, resp, view, start, QUEUE_FULL, req_id, done).await;
+                return reply(w, client, resp, view, start, decide::QUEUE_FULL, req_id, done).await;
             }
             Next::Done => break,
         };
@@ -444,9 +413,7 @@ async fn exchange(
             Err(Outcome::Sent(Fail::Timeout)) => {
                 attempts.failed(backend, true);
                 // A timed-out request may have had effects: never replayed.
-                bump(&w.stats.timeouts, 1);
-                done.term = "sH";
-                return reply(w, client, resp, view, start, GATEWAY_TIMEOUT, req_id, done).await;
+                return reply(w, client, resp, view, start, decide::TIMED_OUT, req_id, done).await;
             }
             Err(Outcome::Sent(f)) => {
                 attempts.failed(backend, true);
@@ -454,23 +421,7 @@ async fn exchange(
             }
         }
     }
-    match failed {
-        Some(Fail::ConnectTimeout) | Some(Fail::Timeout) => {
-            bump(&w.stats.timeouts, 1);
-            done.term = if matches!(failed, Some(Fail::ConnectTimeout)) { "sC" } else { "sH" };
-            reply(w, client, resp, view, start, GATEWAY_TIMEOUT, req_id, done).await
-        }
-        Some(f) => {
-            bump(&w.stats.backend_errors, 1);
-            done.term = if matches!(f, Fail::Connect) { "SC" } else { "SH" };
-            reply(w, client, resp, view, start, BAD_GATEWAY, req_id, done).await
-        }
-        None => {
-            bump(&w.stats.no_backend, 1);
-            done.term = "SC";
-            reply(w, client, resp, view, start, NO_BACKEND, req_id, done).await
-        }
-    }
+    reply(w, client, resp, view, start, decide::gave_up(failed), req_id, done).await
 }
 
 /// How an exchange ended, for its access log line.
@@ -567,6 +518,40 @@ fn log_line(
         termination: done.term,
     };
     log.log(&w.log, &r);
+}
+
+/// The fast path's part of the decision, while the head's fields are at
+/// hand: the route, and whether this path carries it out (None: hyper's
+/// path does, for the rest of the connection).
+pub(crate) fn plan<'t>(t: &'t Table, listener: &'t Listener, raw: &RawHead<'_, '_>) -> Option<Routed<'t>> {
+    let action_index = decide::route(listener, raw);
+    let action = listener.action(action_index);
+    let forward = match (&action.redirect, &action.respond, action.pool) {
+        (None, None, Some(p)) => {
+            let up = &t.pools[p];
+            if up.settings.proto == Proto::H2 || up.policy.sticky.is_some() {
+                // HTTP/2 to the backends, or cookie persistence (it reads and writes cookies)
+                return None;
+            }
+            let writes_forwarding = action
+                .request
+                .add
+                .iter()
+                .any(|a| a.name == "x-forwarded-for" || a.name == "forwarded" || a.name == "x-forwarded-proto");
+            if writes_forwarding {
+                // a rule writes them (the balancer's own value goes after it; a rule's
+                // X-Forwarded-Proto wins): done once, on hyper's path
+                return None;
+            }
+            let hash_header = match &up.settings.hash_key {
+                HashKey::Header(k) => Some(k.as_str()),
+                _ => None,
+            };
+            Some(Forward { hash_header, rules: Some(&action.request) })
+        }
+        _ => None,
+    };
+    Some(Routed { action: action_index, request_id: listener.request_id.as_ref().map(|n| n.as_str()), forward })
 }
 
 async fn connect(b: &Backend, timeout: Duration) -> Result<Link, Fail> {

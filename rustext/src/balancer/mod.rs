@@ -7,8 +7,11 @@
 //!   policies and limits as configured, below the modules that compile and run it (no cycle)
 //! - [`upstream`] backends, their state, and the balancing algorithms
 //! - [`accesslog`] access logs: destinations, per-worker buffers, the writer thread (`accesslog/`: formats, syslog)
+//! - [`decide`]   the one decision on a request for both paths (sans-I/O): route, pool, header edits,
+//!   rate-limit verdict, the balancer's own answers and termination codes
 //! - [`attempts`] the attempt policy of a request (retries, replays, timeouts), both paths
-//! - [`h1`]       sans-I/O HTTP/1 heads for the fast path (httparse; `h1/`: request, response, chunks)
+//! - [`h1`]       sans-I/O HTTP/1 heads for the fast path (httparse; `h1/`: request, response, chunks,
+//!   edits); below everything else: it knows no route, pool or configuration
 //! - [`worker`]   what workers share, what each owns, what is known of a client connection (both paths)
 //! - [`fast`]     the fast path: common exchanges on raw sockets (`fast/answers`: its own answers)
 //! - [`fastio`]   the fast path's sockets, backend links and their pool (no HTTP)
@@ -40,6 +43,7 @@
 pub mod accesslog;
 pub mod attempts;
 pub mod config;
+pub mod decide;
 pub mod fast;
 pub mod fastio;
 pub mod h1;

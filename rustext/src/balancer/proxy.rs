@@ -27,8 +27,9 @@ use super::attempts::{idempotent, Attempts, Next};
 use super::config::{HashKey, Proto};
 use super::pool::{BackendConn, Fail};
 use super::stats::bump;
+use super::decide::{self, Verdict};
 use super::route::{Action, Table, View};
-use super::upstream::{Backend, Key, Upstream};
+use super::upstream::{Backend, Key};
 use super::h1::valid_host;
 use super::worker::{Peer, Worker};
 use super::body::{Held, Outcome, Prebuffered, Progress, ReqBody, RespBody, Streaming, prebuffer};
@@ -252,11 +253,7 @@ pub async fn handle(
     if let (Some(l), Some((_, v))) = (lg.as_mut(), rid.as_ref()) {
         l.rid = v.as_bytes().to_vec();
     }
-    let limited = limit(&w, t.rate_limit.as_deref(), req.headers(), peer.ip).await.err();
-    let mut resp = match limited {
-        Some(refused) => refused,
-        None => forward(&w, &t, &peer, req, start, rid.as_ref(), &mut lg).await,
-    };
+    let mut resp = forward(&w, &t, &peer, req, start, rid.as_ref(), &mut lg).await;
     if !grpc && resp.extensions().get::<OwnAnswer>().is_some() {
         if let Some(page) = t.error_page(resp.status().as_u16()) {
             with_page(&mut resp, page);
@@ -298,28 +295,6 @@ pub async fn handle(
 }
 
 /// Refused by the rate limit: `status` (429) with `Retry-After`.
-/// The rate limits `tables` on a request: waits out a delay (delay mode),
-/// or gives the refusal to answer.
-async fn limit<'a>(
-    w: &Worker,
-    tables: impl IntoIterator<Item = &'a super::ratelimit::Table>,
-    headers: &HeaderMap,
-    ip: std::net::IpAddr,
-) -> Result<(), Response<RespBody>> {
-    match super::ratelimit::combined(tables, |rl| rl.verdict_headers(ip, headers)) {
-        super::ratelimit::Outcome::Pass => Ok(()),
-        super::ratelimit::Outcome::Wait(d) => {
-            bump(&w.stats.rate_delayed, 1);
-            tokio::time::sleep(d).await;
-            Ok(())
-        }
-        super::ratelimit::Outcome::Refuse(status, wait) => {
-            bump(&w.stats.rate_limited, 1);
-            Err(too_many_response(status, wait))
-        }
-    }
-}
-
 fn too_many_response(status: u16, wait: Duration) -> Response<RespBody> {
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     let mut r = error_response(code, super::ratelimit::BODY);
@@ -508,42 +483,40 @@ async fn forward(
         None
     };
     let listener = t.listener(peer.listener);
-    let action: &Action = listener.action(listener.route(&MapView {
+    let routed = decide::route(listener, &MapView {
         headers: &headers,
         path: parts.uri.path(),
         method: method.as_str(),
-    }));
-    let limits = [action.rate_limit.as_deref(), action.pool.and_then(|p| t.pools[p].rate_limit.as_deref())];
-    if let Err(refused) = limit(w, limits.into_iter().flatten(), &headers, peer.ip).await {
-        term!("PR");
-        return refused;
+    });
+    let decision = decide::decide(t, peer.listener, routed, peer.ip, |n| headers.get(n).map(HeaderValue::as_bytes));
+    if !decision.delay.is_zero() {
+        bump(&w.stats.rate_delayed, 1);
+        tokio::time::sleep(decision.delay).await;
     }
-    if let Some(r) = &action.redirect {
-        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        term!("LR");
-        return redirect_response(r, headers.get(header::HOST).map(HeaderValue::as_bytes), target.as_bytes());
+    if let Some((_, term)) = decision.own() {
+        term!(term);
     }
-    if let Some(page) = &action.respond {
-        // the route's own answer (HAProxy's http-request return / deny);
-        // without a body, the error page of its status if there is one
-        let page = if page.body.is_empty() { t.error_page(page.status).unwrap_or(page) } else { page };
-        if page.status >= 400 {
-            term!("PR");
-        } else {
-            term!("LR");
+    let action: &Action = decision.action;
+    let up = match decision.verdict {
+        Verdict::Forward { upstream, .. } => &**upstream,
+        Verdict::Limited { status, wait } => {
+            decide::Counter::RateLimited.bump(&w.stats);
+            return too_many_response(status, wait);
         }
-        let mut r = Response::new(RespBody::Full(None));
-        *r.status_mut() = StatusCode::from_u16(page.status).unwrap_or(StatusCode::OK);
-        with_page(&mut r, page);
-        return r;
-    }
-    let Some(pool) = action.pool else {
-        bump(&w.stats.no_backend, 1);
-        return error_response(StatusCode::SERVICE_UNAVAILABLE, "no backend for this request\n");
+        Verdict::Redirect(r) => {
+            let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+            return redirect_response(r, headers.get(header::HOST).map(HeaderValue::as_bytes), target.as_bytes());
+        }
+        Verdict::Page(page) => {
+            let mut r = Response::new(RespBody::Full(None));
+            *r.status_mut() = StatusCode::from_u16(page.status).unwrap_or(StatusCode::OK);
+            with_page(&mut r, page);
+            return r;
+        }
+        Verdict::NoRoute => return own_answer(w, lg, decide::NO_ROUTE),
     };
-    let up: &Upstream = &t.pools[pool];
     if let Some(l) = lg.as_mut() {
-        l.pool = t.names[pool].clone();
+        l.pool = decision.pool_name(t).to_owned();
     }
     let s = &up.settings;
     // the one TE an HTTP/2 request may carry, which gRPC requires (RFC 9113 §8.2.2)
@@ -639,10 +612,7 @@ async fn forward(
         let queued = lg.is_some().then(Instant::now);
         let (backend, lease) = match attempts.next(w, &key).await {
             Next::Try(backend, lease) => (backend, lease),
-            Next::QueueFull => {
-                term!("sQ");
-                return error_response(StatusCode::SERVICE_UNAVAILABLE, "backend queue full\n");
-            }
+            Next::QueueFull => return own_answer(w, lg, decide::QUEUE_FULL),
             Next::Done => break,
         };
         if let (Some(l), Some(q)) = (lg.as_mut(), queued) {
@@ -782,9 +752,7 @@ async fn forward(
             Outcome::Sent(Fail::Timeout) => {
                 attempts.failed(&backend, true);
                 // A timed-out request may have had effects: never replayed.
-                bump(&w.stats.timeouts, 1);
-                term!("sH");
-                return error_response(StatusCode::GATEWAY_TIMEOUT, "backend timeout\n");
+                return own_answer(w, lg, decide::TIMED_OUT);
             }
             Outcome::Sent(_)
                 if progress
@@ -801,23 +769,17 @@ async fn forward(
             }
         }
     }
-    match failed {
-        Some(f @ (Fail::ConnectTimeout | Fail::Timeout)) => {
-            bump(&w.stats.timeouts, 1);
-            term!(if matches!(f, Fail::ConnectTimeout) { "sC" } else { "sH" });
-            error_response(StatusCode::GATEWAY_TIMEOUT, "backend timeout\n")
-        }
-        Some(f) => {
-            bump(&w.stats.backend_errors, 1);
-            term!(if matches!(f, Fail::Connect) { "SC" } else { "SH" });
-            error_response(StatusCode::BAD_GATEWAY, "backend unavailable\n")
-        }
-        None => {
-            bump(&w.stats.no_backend, 1);
-            term!("SC");
-            error_response(StatusCode::SERVICE_UNAVAILABLE, "no backend available\n")
-        }
+    own_answer(w, lg, decide::gave_up(failed))
+}
+
+/// An answer of the balancer's own ([`decide`] says which), counted and
+/// with its termination code.
+fn own_answer(w: &Worker, lg: &mut Option<Box<HyperLog>>, a: decide::Answer) -> Response<RespBody> {
+    a.counter.bump(&w.stats);
+    if let Some(l) = lg.as_mut() {
+        l.term = a.term;
     }
+    error_response(StatusCode::from_u16(a.status).unwrap_or(StatusCode::BAD_GATEWAY), a.body)
 }
 
 #[cfg(test)]

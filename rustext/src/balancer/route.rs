@@ -42,6 +42,21 @@ pub trait View {
     fn header_any(&self, name: &[u8], test: &mut dyn FnMut(&[u8]) -> bool) -> bool;
 }
 
+impl View for super::h1::RawHead<'_, '_> {
+    fn host(&self) -> Option<&[u8]> {
+        self.host
+    }
+    fn path(&self) -> &[u8] {
+        self.path
+    }
+    fn method(&self) -> &[u8] {
+        self.method
+    }
+    fn header_any(&self, name: &[u8], test: &mut dyn FnMut(&[u8]) -> bool) -> bool {
+        super::h1::RawHead::header_any(self, name, test)
+    }
+}
+
 /// Lower-cased host without port or trailing dot, in `buf`; None if too long.
 pub fn normalize_host<'b>(raw: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b [u8]> {
     let raw = raw.trim_ascii();
@@ -67,6 +82,7 @@ pub fn normalize_host<'b>(raw: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b
     Some(out)
 }
 
+pub use super::h1::{valid_request_id, Added, Piece, Rules};
 pub use super::config::{
     ErrorPage, HeaderTest, HstsSpec, ListenerSpec, PoolSpec, RedirectSpec, RouteSpec, RoutingSpec, RuleSpec, RulesSpec,
     DEFAULT_POOL,
@@ -74,71 +90,6 @@ pub use super::config::{
 
 // ---------------------------------------------------------------------------
 // Compiled form.
-
-/// A piece of a header value template.
-#[derive(Clone, Debug)]
-pub enum Piece {
-    Lit(Box<[u8]>),
-    /// `%[req.id]`: the request id (empty without `request_id`).
-    ReqId,
-    /// `%[src]`: the client's address.
-    Src,
-}
-
-/// A header added by a rule: name and value template.
-#[derive(Clone, Debug)]
-pub struct Added {
-    pub name: HeaderName,
-    pub pieces: Box<[Piece]>,
-    /// The value when it has no dynamic piece.
-    pub fixed: Option<HeaderValue>,
-}
-
-impl Added {
-    /// Write the value into `out`.
-    pub fn render(&self, out: &mut Vec<u8>, req_id: &[u8], src: &[u8]) {
-        for p in self.pieces.iter() {
-            match p {
-                Piece::Lit(b) => out.extend_from_slice(b),
-                Piece::ReqId => out.extend_from_slice(req_id),
-                Piece::Src => out.extend_from_slice(src),
-            }
-        }
-    }
-
-    /// The value for a `HeaderMap` (allocates only for dynamic values).
-    pub fn value(&self, req_id: &[u8], src: &[u8]) -> Option<HeaderValue> {
-        if let Some(v) = &self.fixed {
-            return Some(v.clone());
-        }
-        let mut v = Vec::with_capacity(64);
-        self.render(&mut v, req_id, src);
-        HeaderValue::from_bytes(&v).ok()
-    }
-}
-
-/// Header rules folded into their effect on one message.
-#[derive(Clone, Debug, Default)]
-pub struct Rules {
-    /// Fields removed from the incoming message (lower case).
-    pub delete: Box<[HeaderName]>,
-    /// Fields added, in order.
-    pub add: Box<[Added]>,
-}
-
-impl Rules {
-    pub fn is_empty(&self) -> bool {
-        self.delete.is_empty() && self.add.is_empty()
-    }
-
-    /// Whether an incoming field of this name goes.
-    #[inline]
-    pub fn deletes(&self, name: &[u8]) -> bool {
-        self.delete
-            .iter()
-            .any(|d| d.as_str().len() == name.len() && d.as_str().as_bytes().eq_ignore_ascii_case(name))
-    }
-}
 
 fn compile_template(v: &str, where_: &str) -> Result<(Box<[Piece]>, Option<HeaderValue>), String> {
     let mut pieces = Vec::new();
@@ -697,11 +648,6 @@ impl RequestIds {
         }
         out
     }
-}
-
-/// An incoming request id worth keeping: 1 to 200 visible ASCII characters.
-pub fn valid_request_id(v: &[u8]) -> bool {
-    !v.is_empty() && v.len() <= 200 && v.iter().all(|&b| (0x21..0x7f).contains(&b))
 }
 
 /// The `Retry-After` header of a request refused by a rate limit, as a header rule.

@@ -5,21 +5,20 @@
 use std::io::IoSlice;
 use std::time::{Duration, Instant};
 
-use super::super::h1::{self, ClientView, Edits};
+use super::super::config::ErrorPage;
+use super::super::decide::{Answer, Counter};
+use super::super::h1::{self, ClientView, Edits, Page};
 use super::super::stats::bump;
 use super::super::worker::Worker;
 use super::{Client, Done};
 
-/// An answer the balancer gives itself: status, reason, body.
-pub(super) type OwnAnswer = (u16, &'static str, &'static str);
-pub(super) const QUEUE_FULL: OwnAnswer = (503, "Service Unavailable", "backend queue full\n");
-pub(super) const NO_BACKEND: OwnAnswer = (503, "Service Unavailable", "no backend available\n");
-/// No route took the request and the listener has no default backend (HAProxy answers 503 too).
-pub(super) const NO_ROUTE: OwnAnswer = (503, "Service Unavailable", "no backend for this request\n");
-pub(super) const BAD_GATEWAY: OwnAnswer = (502, "Bad Gateway", "backend unavailable\n");
-pub(super) const GATEWAY_TIMEOUT: OwnAnswer = (504, "Gateway Timeout", "backend timeout\n");
+/// A configured page as the codec writes it.
+pub(super) fn page(p: &ErrorPage) -> Page<'_> {
+    Page { status: p.status, headers: &p.headers, body: &p.body }
+}
 
-/// Answer from the balancer itself; whether the connection goes on.
+/// An answer of the balancer's own ([`super::super::decide`] says which),
+/// counted and with its termination code; whether the connection goes on.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn reply(
     w: &Worker,
@@ -27,11 +26,14 @@ pub(super) async fn reply(
     resp: &mut Vec<u8>,
     view: ClientView,
     start: Instant,
-    answer: OwnAnswer,
+    answer: Answer,
     req_id: Option<(&str, &[u8])>,
     done: &mut Done,
 ) -> bool {
-    reply_with(w, client, resp, view, start, answer, &Edits { add: &[], req_id, src: b"" }, done).await
+    answer.counter.bump(&w.stats);
+    done.term = answer.term;
+    let own = (answer.status, answer.reason, answer.body);
+    reply_with(w, client, resp, view, start, own, &Edits { add: &[], req_id, src: b"" }, done).await
 }
 
 /// [`reply`] with `edits`: its configured error page if there is one, else its text.
@@ -42,14 +44,14 @@ pub(super) async fn reply_with(
     resp: &mut Vec<u8>,
     view: ClientView,
     start: Instant,
-    (status, reason, body): OwnAnswer,
+    (status, reason, body): (u16, &'static str, &'static str),
     edits: &Edits<'_>,
     done: &mut Done,
 ) -> bool {
     let t = w.shared.table();
     let sent = match t.error_page(status) {
         Some(page) => {
-            h1::page_response_with(resp, page, reason, view, edits);
+            h1::page_response_with(resp, self::page(page), reason, view, edits);
             page.body.len()
         }
         None => {
@@ -79,7 +81,7 @@ pub(super) async fn too_many(
 ) -> bool {
     let start = Instant::now();
     bump(&w.stats.requests, 1);
-    bump(&w.stats.rate_limited, 1);
+    Counter::RateLimited.bump(&w.stats);
     let retry = super::super::route::retry_after(wait);
     let reason = http::StatusCode::from_u16(status).ok().and_then(|s| s.canonical_reason()).unwrap_or("Too Many Requests");
     done.term = "PR";

@@ -13,21 +13,27 @@
 //! HTTP/1.0 clients never see chunked encoding.
 //!
 //! Layout: `request` (request heads in, rewritten out), `response` (response
-//! heads, our own answers), `chunks` (chunked bodies), `tests`; the shared
-//! header helpers are here.
+//! heads, our own answers), `chunks` (chunked bodies), `edits` (header edits
+//! asked for by the caller), `tests`; the shared header helpers are here.
+//!
+//! The codec knows nothing of routes, pools or configuration: the caller
+//! decides from a parsed head (see [`parse_request_with`]) and says how to
+//! rewrite it.
 
 mod chunks;
+mod edits;
 mod request;
 mod response;
 #[cfg(test)]
 mod tests;
 
 pub use chunks::{chunk_header, ChunkError, Chunks};
+pub use edits::{valid_request_id, Added, Edits, Piece, Rules};
 pub use request::{
-    finish_request, finish_request_with, parse_request, parse_request_routed, Edits, MethodKind, ReqHead, ReqParse,
+    finish_request, finish_request_with, parse_request, parse_request_with, Forward, MethodKind, RawHead, Routed, ReqHead, ReqParse,
 };
 pub use response::{
-    page_response_with, parse_response, parse_response_with, redirect_response, simple_response, simple_response_with, BodyMode,
+    page_response_with, parse_response, parse_response_with, redirect_response, simple_response, simple_response_with, BodyMode, Page,
     ClientView, RespHead, RespParse,
 };
 

@@ -1,11 +1,7 @@
-//! Request heads: parsed (httparse), routed, and rewritten for a backend.
-
-use std::sync::Arc;
+//! Request heads: parsed (httparse), decided on by the caller, and
+//! rewritten for a backend.
 
 use super::*;
-use crate::balancer::config::HashKey;
-use crate::balancer::route::{self, Listener, View};
-use crate::balancer::upstream::Upstream;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MethodKind {
@@ -67,50 +63,74 @@ fn uri_byte(c: u8) -> bool {
 }
 
 pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -> ReqParse {
-    parse(buf, hash_header, None, out)
+    parse_request_with(buf, out, |_| Some(Routed { action: 0, request_id: None, forward: Some(Forward { hash_header, rules: None }) }))
 }
 
-/// [`parse_request`], routed by `listener` (pools give the hash key of the
-/// chosen pool). A redirect, or no backend, is `Ready` with nothing written
-/// in `out`: the caller answers it.
-pub fn parse_request_routed(
-    buf: &[u8],
-    listener: &Listener,
-    pools: &[Arc<Upstream>],
-    out: &mut Vec<u8>,
-) -> ReqParse {
-    parse(buf, None, Some((listener, pools)), out)
+/// A parsed request head as the caller sees it to decide on it, while its
+/// fields are at hand.
+pub struct RawHead<'a, 'h> {
+    /// The `Host` value, if any.
+    pub host: Option<&'a [u8]>,
+    /// The target's path, without the query.
+    pub path: &'a [u8],
+    pub method: &'a [u8],
+    pub headers: &'h [httparse::Header<'a>],
 }
 
-/// The parsed head as routing sees it.
-struct SliceView<'a, 'h> {
-    host: Option<&'a [u8]>,
-    path: &'a [u8],
-    method: &'a [u8],
-    headers: &'h [httparse::Header<'a>],
-}
-
-impl View for SliceView<'_, '_> {
-    fn host(&self) -> Option<&[u8]> {
-        self.host
-    }
-    fn path(&self) -> &[u8] {
-        self.path
-    }
-    fn method(&self) -> &[u8] {
-        self.method
-    }
-    fn header_any(&self, name: &[u8], test: &mut dyn FnMut(&[u8]) -> bool) -> bool {
+impl<'a> RawHead<'a, '_> {
+    /// Whether some field named `name` (any case) has a value passing `test`.
+    pub fn header_any(&self, name: &[u8], test: &mut dyn FnMut(&[u8]) -> bool) -> bool {
         self.headers
             .iter()
             .any(|h| h.name.len() == name.len() && h.name.as_bytes().eq_ignore_ascii_case(name) && test(h.value))
     }
+
+    /// The first value of field `name` (any case).
+    pub fn first(&self, name: &[u8]) -> Option<&'a [u8]> {
+        self.headers
+            .iter()
+            .find(|h| h.name.len() == name.len() && h.name.as_bytes().eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    }
 }
 
-fn parse(
+/// The caller's decision on a parsed head: how the codec goes on.
+pub struct Routed<'r> {
+    /// The caller's name for its decision, kept in [`ReqHead::action`].
+    pub action: usize,
+    /// The request id field: one valid incoming value is kept in
+    /// [`ReqHead::req_id`]; the field never reaches the rewritten head.
+    pub request_id: Option<&'r str>,
+    /// How to rewrite the head for a backend; None: the caller answers
+    /// itself (nothing is written).
+    pub forward: Option<Forward<'r>>,
+}
+
+/// How to rewrite a head for a backend.
+#[derive(Clone, Copy)]
+pub struct Forward<'r> {
+    /// The field whose value keys the backend choice ([`ReqHead::hash_value`]).
+    pub hash_header: Option<&'r str>,
+    /// Fields deleted from the incoming head (their additions are the
+    /// caller's [`Edits`] at [`finish_request_with`]).
+    pub rules: Option<&'r Rules>,
+}
+
+/// Parse a request head from `buf`; `decide` sees it parsed (None: not for
+/// this path, [`ReqParse::Fallback`]) and says how to write its backend form
+/// into `out` (cleared first): request line and kept headers, without the
+/// final forwarding headers and blank line (see [`finish_request_with`]).
+pub fn parse_request_with<'r>(
     buf: &[u8],
-    hash_header: Option<&str>,
-    routing: Option<(&Listener, &[Arc<Upstream>])>,
+    out: &mut Vec<u8>,
+    decide: impl FnOnce(&RawHead<'_, '_>) -> Option<Routed<'r>>,
+) -> ReqParse {
+    parse(buf, decide, out)
+}
+
+fn parse<'r>(
+    buf: &[u8],
+    decide: impl FnOnce(&RawHead<'_, '_>) -> Option<Routed<'r>>,
     out: &mut Vec<u8>,
 ) -> ReqParse {
     out.clear();
@@ -149,7 +169,6 @@ fn parse(
     let mut conn = ConnFlags::default();
     let mut body_len: Option<u64> = None;
     let mut has_host = false;
-    let mut hash_value = None;
     let mut head = ReqHead {
         head_len,
         body_len: 0,
@@ -208,9 +227,6 @@ fn parse(
             }
             _ => {}
         }
-        if hash_value.is_none() && hash_header.is_some_and(|k| k.eq_ignore_ascii_case(h.name)) {
-            hash_value = Some(range_of(buf, h.value));
-        }
     }
     if conn.upgrade {
         return ReqParse::Fallback;
@@ -229,48 +245,32 @@ fn parse(
         !conn.close
     };
     head.has_host = has_host;
-    let mut rules = None;
-    let mut rid_name: Option<&str> = None;
-    if let Some((listener, pools)) = routing {
-        let view = SliceView {
-            host: head.host.map(|r| slice(buf, r)),
-            path: slice(buf, head.path),
-            method: method.as_bytes(),
-            headers,
-        };
-        head.action = listener.route(&view);
-        let action = listener.action(head.action);
-        if let Some(name) = &listener.request_id {
-            let mut given = headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name.as_str()));
-            if let (Some(h), None) = (given.next(), given.next()) {
-                if route::valid_request_id(h.value) {
-                    head.req_id = Some(range_of(buf, h.value));
-                }
+    let view = RawHead {
+        host: head.host.map(|r| slice(buf, r)),
+        path: slice(buf, head.path),
+        method: method.as_bytes(),
+        headers,
+    };
+    let Some(routed) = decide(&view) else {
+        return ReqParse::Fallback;
+    };
+    head.action = routed.action;
+    let rid_name = routed.request_id;
+    if let Some(name) = rid_name {
+        let mut given = headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name));
+        if let (Some(h), None) = (given.next(), given.next()) {
+            if valid_request_id(h.value) {
+                head.req_id = Some(range_of(buf, h.value));
             }
-            rid_name = Some(name.as_str());
         }
-        let Some(pool) = action.pool.filter(|_| action.redirect.is_none()) else {
-            return ReqParse::Ready(head); // answered by the balancer
-        };
-        if let HashKey::Header(k) = &pools[pool].settings.hash_key {
-            hash_value = headers
-                .iter()
-                .find(|h| h.name.eq_ignore_ascii_case(k.as_str()))
-                .map(|h| range_of(buf, h.value));
-        }
-        if action
-            .request
-            .add
-            .iter()
-            .any(|a| a.name == "x-forwarded-for" || a.name == "forwarded" || a.name == "x-forwarded-proto")
-        {
-            // a rule writes them (the balancer's own value goes after it; a rule's X-Forwarded-Proto
-            // wins): hyper's path, where that is done once
-            return ReqParse::Fallback;
-        }
-        rules = Some(&action.request).filter(|r| !r.delete.is_empty());
     }
-    head.hash_value = hash_value;
+    let Some(forward) = routed.forward else {
+        return ReqParse::Ready(head); // answered by the caller
+    };
+    if let Some(k) = forward.hash_header {
+        head.hash_value = view.first(k.as_bytes()).map(|v| range_of(buf, v));
+    }
+    let rules = forward.rules.filter(|r| !r.delete.is_empty());
     if let Some(r) = rules {
         // deleting them drops the incoming values; the balancer's own are added still (as on hyper's path)
         if r.deletes(b"x-forwarded-for") {
@@ -325,35 +325,6 @@ fn joined(out: &mut Vec<u8>, name: &[u8], buf: &[u8], prev: &[Range], item: &[u8
     }
     out.extend_from_slice(item);
     out.extend_from_slice(b"\r\n");
-}
-
-/// Headers a route adds to a message, and the request id.
-#[derive(Clone, Copy, Default)]
-pub struct Edits<'a> {
-    pub add: &'a [route::Added],
-    /// The request id header: name and value.
-    pub req_id: Option<(&'a str, &'a [u8])>,
-    /// The client's address (`%[src]`).
-    pub src: &'a [u8],
-}
-
-impl Edits<'_> {
-    /// Append the added headers and the request id to a head being written.
-    pub fn write(&self, out: &mut Vec<u8>) {
-        let id = self.req_id.map_or(&b""[..], |(_, v)| v);
-        for a in self.add {
-            out.extend_from_slice(a.name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            a.render(out, id, self.src);
-            out.extend_from_slice(b"\r\n");
-        }
-        if let Some((n, v)) = self.req_id {
-            out.extend_from_slice(n.as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(v);
-            out.extend_from_slice(b"\r\n");
-        }
-    }
 }
 
 /// Complete the head written by [`parse_request`]: `Host` if the client sent

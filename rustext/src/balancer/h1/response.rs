@@ -3,7 +3,6 @@
 use std::io::Write;
 
 use super::*;
-use crate::balancer::route::Rules;
 
 /// How the response body is carried from the backend to the client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,41 +231,47 @@ fn end_own_head(out: &mut Vec<u8>, body: &[u8], client: ClientView, edits: &Edit
 /// instead of its one-line text, in `out`.
 pub fn page_response_with(
     out: &mut Vec<u8>,
-    page: &crate::balancer::route::ErrorPage,
+    page: Page<'_>,
     reason: &str,
     client: ClientView,
     edits: &Edits<'_>,
 ) {
     out.clear();
     let _ = write!(out, "{} {} {reason}\r\n", if client.http10 { "HTTP/1.0" } else { "HTTP/1.1" }, page.status);
-    for (n, v) in &page.headers {
+    for (n, v) in page.headers {
         out.extend_from_slice(n.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(v.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
     let _ = write!(out, "content-length: {}\r\n", page.body.len());
-    end_own_head(out, &page.body, client, edits);
+    end_own_head(out, page.body, client, edits);
 }
 
-/// A redirect of the balancer's own, in `out`; `edits` adds the request id.
+/// A configured page as the codec writes it: status, fields, body.
+#[derive(Clone, Copy)]
+pub struct Page<'a> {
+    pub status: u16,
+    pub headers: &'a [(http::HeaderName, http::HeaderValue)],
+    pub body: &'a [u8],
+}
+
+/// A redirect of the balancer's own, in `out`: `location` writes the
+/// `Location` value; `edits` adds the request id.
 pub fn redirect_response(
     out: &mut Vec<u8>,
-    r: &crate::balancer::route::Redirect,
-    host: Option<&[u8]>,
-    target: &[u8],
+    (code, reason): (u16, &str),
+    location: impl FnOnce(&mut Vec<u8>),
     client: ClientView,
     edits: &Edits<'_>,
 ) {
     out.clear();
     let _ = write!(
         out,
-        "{} {} {}\r\nlocation: ",
+        "{} {code} {reason}\r\nlocation: ",
         if client.http10 { "HTTP/1.0" } else { "HTTP/1.1" },
-        r.code(),
-        r.reason()
     );
-    r.location(out, host, target);
+    location(out);
     out.extend_from_slice(b"\r\ncache-control: no-store\r\ncontent-length: 0\r\n");
     edits.write(out);
     if !client.keep_alive || client.closing {
