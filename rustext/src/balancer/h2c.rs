@@ -20,7 +20,8 @@ use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
-use super::worker::{ConnCtl, Peer, Worker};
+use super::connctl::ConnCtl;
+use super::worker::{Peer, Worker};
 use super::serve::Svc;
 use super::watched::Watched;
 

@@ -24,7 +24,8 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::config::ListenTls;
-use super::worker::{ConnCtl, Peer, Worker};
+use super::connctl::ConnCtl;
+use super::worker::{Peer, Worker};
 use super::watched::Watched;
 
 /// How long a client may take to complete its TLS handshake.

@@ -10,6 +10,7 @@
 //! - [`attempts`] the attempt policy of a request (retries, replays, timeouts), both paths
 //! - [`h1`]       sans-I/O HTTP/1 heads for the fast path (httparse; `h1/`: request, response, chunks)
 //! - [`worker`]   what workers share, what each owns, what is known of a client connection (both paths)
+//! - [`connctl`]  what the housekeeping knows of a client connection, and the open-connection count
 //! - [`fast`]     the fast path: common exchanges on raw sockets (`fast/answers`: its own answers)
 //! - [`fastio`]   the fast path's sockets, backend links and their pool (no HTTP)
 //! - [`route`]    routes, named backend pools, header rules, redirects, request ids, compiled at load
@@ -40,6 +41,7 @@
 pub mod accesslog;
 pub mod attempts;
 pub mod config;
+pub mod connctl;
 pub mod fast;
 pub mod fastio;
 pub mod h1;

@@ -22,7 +22,8 @@ use super::config::Config;
 use super::fast::{self, Client, FastPool};
 use super::pool::Pool;
 use super::proxy::handle;
-use super::worker::{ClientSlot, Clock, ConnCtl, OpenSlot, Peer, Shared, Worker};
+use super::connctl::{ConnCtl, OpenSlot};
+use super::worker::{ClientSlot, Clock, Peer, Shared, Worker};
 use super::stats::{IdMap, WorkerStats};
 use super::watched::Watched;
 
@@ -175,8 +176,8 @@ async fn accept_loop(
         if limited {
             // At max_open_connections: accept nothing (new connections wait in
             // the kernel's queue) until one closes, on any worker.
-            let closed = OpenSlot::closed(&shared);
-            if !OpenSlot::available(&shared) {
+            let closed = OpenSlot::closed(&shared.open);
+            if !OpenSlot::available(&shared.open) {
                 tokio::select! {
                     _ = closed => continue,
                     _ = stop.changed() => break,
@@ -196,7 +197,7 @@ async fn accept_loop(
                 // connections' tasks), then wait for readiness again.
                 for _ in 0..ACCEPT_BATCH {
                     let open = if limited {
-                        match OpenSlot::try_take(&shared) {
+                        match OpenSlot::try_take(&shared.open) {
                             Some(slot) => Some(slot),
                             None => break, // at the limit: wait above
                         }

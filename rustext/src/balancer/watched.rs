@@ -15,7 +15,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::net::{poll_send, poll_send_vectored};
-use super::worker::{ConnCtl, Worker};
+use super::connctl::ConnCtl;
+use super::worker::Worker;
 
 /// A client stream: writes go through [`ClientIo::send`], which a plain
 /// socket does with one `send` (no write-readiness bookkeeping of tokio's
