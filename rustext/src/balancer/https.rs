@@ -32,8 +32,8 @@ use super::watched::Watched;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Tls = tokio_rustls::server::TlsStream<TcpStream>;
-type H1 = http1::UpgradeableConnection<TokioIo<Watched<Tls>>, super::serve::Svc>;
-type H2 = http2::Connection<TokioIo<Watched<Tls>>, super::serve::Svc, TokioExecutor>;
+type H1 = http1::UpgradeableConnection<TokioIo<Watched<Tls, Worker>>, super::serve::Svc>;
+type H2 = http2::Connection<TokioIo<Watched<Tls, Worker>>, super::serve::Svc, TokioExecutor>;
 
 enum Conn {
     H1(Pin<Box<H1>>),

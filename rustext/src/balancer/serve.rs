@@ -489,7 +489,7 @@ async fn serve_conn(
 }
 
 type FastFuture = Pin<Box<dyn Future<Output = Option<(Client, Vec<u8>)>> + Send>>;
-type HyperConn = Pin<Box<hyper::server::conn::http1::UpgradeableConnection<TokioIo<Watched<TcpStream>>, Svc>>>;
+type HyperConn = Pin<Box<hyper::server::conn::http1::UpgradeableConnection<TokioIo<Watched<TcpStream, Worker>>, Svc>>>;
 type HandleFuture = Pin<
     Box<
         dyn Future<Output = Result<hyper::Response<super::body::RespBody>, std::convert::Infallible>>

@@ -139,6 +139,13 @@ impl Clock {
     }
 }
 
+impl super::watched::HeadClock for Worker {
+    #[inline]
+    fn now(&self) -> u64 {
+        self.clock.now()
+    }
+}
+
 /// Per client connection, computed once: the peer and its forwarding headers.
 pub struct Peer {
     pub ip: IpAddr,
