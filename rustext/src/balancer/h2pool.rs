@@ -187,7 +187,7 @@ impl H2Pool {
                 tx
             }
             Some(tls) => {
-                let stream = tokio::time::timeout_at(deadline, super::https::connect_backend(tls, &b.authority, stream))
+                let stream = tokio::time::timeout_at(deadline, super::backend_tls::connect_backend(tls, &b.authority, stream))
                     .await
                     .map_err(|_| Fail::ConnectTimeout)?
                     .map_err(|_| Fail::Connect)?;

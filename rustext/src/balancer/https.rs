@@ -1,5 +1,6 @@
-//! HTTPS on the balancer: TLS termination of client connections, the
-//! plain-HTTP listener that redirects to HTTPS, and TLS to backends.
+//! HTTPS on the balancer: TLS termination of client connections and the
+//! plain-HTTP listener that redirects to HTTPS (TLS to backends:
+//! [`super::backend_tls`]).
 //!
 //! A TLS connection never takes the fast path (it reads and writes raw
 //! sockets): after the handshake (rustls, on the worker's runtime, bounded
@@ -9,7 +10,6 @@
 //! drain handling go through the connection's `ConnCtl` as on the plain path.
 
 use std::future::Future;
-use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
@@ -252,19 +252,6 @@ pub async fn redirect_loop(listener: std::net::TcpListener, https_port: u16, sha
             _ = stop.changed() => return,
         }
     }
-}
-
-/// Connect to a backend over TLS, verifying it per `config` against the
-/// host of its address.
-pub async fn connect_backend(
-    config: &Arc<rustls::ClientConfig>,
-    authority: &http::uri::Authority,
-    stream: TcpStream,
-) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
-    let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_string();
-    let name = rustls::pki_types::ServerName::try_from(host)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-    tokio_rustls::TlsConnector::from(config.clone()).connect(name, stream).await
 }
 
 #[cfg(test)]

@@ -23,7 +23,8 @@
 //! - [`net`]      TCP streams writing with send/sendmsg
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
 //! - `serve`      one worker thread: accept loops, housekeeping, a connection from accept to close
-//! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect, TLS to backends
+//! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect
+//! - [`backend_tls`] TLS to backends (both pools)
 //! - [`stats`]    per-worker counters and the latency histogram
 //! - [`unix`]     Unix stream sockets (backends)
 //! - [`tunnel`]   upgraded connections: the byte relay and its tunnel timeout
@@ -40,6 +41,7 @@
 
 pub mod accesslog;
 pub mod attempts;
+pub mod backend_tls;
 pub mod config;
 pub mod connctl;
 pub mod fast;
