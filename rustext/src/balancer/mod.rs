@@ -15,7 +15,9 @@
 //! - [`fastio`]   the fast path's sockets, backend links and their pool (no HTTP)
 //! - [`route`]    routes, named backend pools, header rules, redirects, request ids, compiled at load
 //! - [`proxy`]    hyper's path: choose, forward, stream back, retry
-//! - [`body`]     hyper's path's request and response bodies, and one backend attempt's outcome
+//! - [`reqbody`]  hyper's path's request body to a backend (read ahead, counted)
+//! - [`respbody`] hyper's path's response body to the client (streamed, holding its backend until it ends)
+//! - [`outcome`]  one backend attempt's outcome on hyper's path, and what its response holds of the backend
 //! - [`hyperlog`] hyper's path's access-log line, and lines of connections without a request
 //! - [`ratelimit`] request rate limits per client address or header (GCRA, one table for all workers)
 //! - [`policy`]   (`upstream/policy`) backup servers, slow start, retry-on, layer-7 health, cookie persistence
@@ -54,7 +56,9 @@ pub mod net;
 mod pool;
 pub mod proxy;
 pub mod worker;
-pub mod body;
+pub mod outcome;
+pub mod reqbody;
+pub mod respbody;
 pub mod hyperlog;
 pub mod proxyproto;
 pub mod ratelimit;

@@ -16,7 +16,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 
 use super::net::SendStream;
-use super::body::ReqBody;
+use super::reqbody::ReqBody;
 use super::upstream::Backend;
 
 pub type Sender = SendRequest<ReqBody>;

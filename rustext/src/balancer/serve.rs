@@ -492,7 +492,7 @@ type FastFuture = Pin<Box<dyn Future<Output = Option<(Client, Vec<u8>)>> + Send>
 type HyperConn = Pin<Box<hyper::server::conn::http1::UpgradeableConnection<TokioIo<Watched<TcpStream, Worker>>, Svc>>>;
 type HandleFuture = Pin<
     Box<
-        dyn Future<Output = Result<hyper::Response<super::body::RespBody>, std::convert::Infallible>>
+        dyn Future<Output = Result<hyper::Response<super::respbody::RespBody>, std::convert::Infallible>>
             + Send,
     >,
 >;
@@ -510,7 +510,7 @@ impl Svc {
 }
 
 impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Svc {
-    type Response = hyper::Response<super::body::RespBody>;
+    type Response = hyper::Response<super::respbody::RespBody>;
     type Error = std::convert::Infallible;
     type Future = HandleFuture;
     fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> HandleFuture {

@@ -139,6 +139,13 @@ impl Clock {
     }
 }
 
+impl super::h2pool::HasH2Pool for Worker {
+    #[inline]
+    fn h2_pool(&self) -> &super::h2pool::H2Pool {
+        &self.h2_pool
+    }
+}
+
 impl super::watched::HeadClock for Worker {
     #[inline]
     fn now(&self) -> u64 {
