@@ -22,7 +22,7 @@ use tokio::net::TcpStream;
 
 use super::connctl::ConnCtl;
 use super::worker::{Peer, Worker};
-use super::serve::Svc;
+use super::svc::Svc;
 use super::watched::Watched;
 
 /// The client connection preface of HTTP/2 (RFC 9113 §3.4).

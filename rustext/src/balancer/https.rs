@@ -32,8 +32,8 @@ use super::watched::Watched;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Tls = tokio_rustls::server::TlsStream<TcpStream>;
-type H1 = http1::UpgradeableConnection<TokioIo<Watched<Tls, Worker>>, super::serve::Svc>;
-type H2 = http2::Connection<TokioIo<Watched<Tls, Worker>>, super::serve::Svc, TokioExecutor>;
+type H1 = http1::UpgradeableConnection<TokioIo<Watched<Tls, Worker>>, super::svc::Svc>;
+type H2 = http2::Connection<TokioIo<Watched<Tls, Worker>>, super::svc::Svc, TokioExecutor>;
 
 enum Conn {
     H1(Pin<Box<H1>>),
@@ -51,7 +51,7 @@ impl Conn {
         match self {
             Conn::H1(c) => c.as_mut().poll(cx).map(|r| {
                 if let Err(e) = r {
-                    super::proxy::log_refused_by_hyper(w, peer, &e);
+                    super::hyperlog::log_refused_by_hyper(w, peer, &e);
                 }
             }),
             Conn::H2(c) => c.as_mut().poll(cx).map(|_| ()),
@@ -88,12 +88,12 @@ pub(super) async fn serve(
     let mut peer = Peer::with_proto(addr, ctl.clone(), true);
     peer.listener = listener;
     peer.local = local;
-    if local.is_none() && super::serve::is_unix(&w, listener) {
+    if local.is_none() && super::worker::is_unix(&w, listener) {
         peer.set_unix();
     }
     let peer = Arc::new(peer);
     let io = TokioIo::new(Watched::new(stream, Vec::new(), ctl.clone(), (!h2).then(|| w.clone())));
-    let svc = super::serve::Svc::new(w.clone(), peer.clone());
+    let svc = super::svc::Svc::new(w.clone(), peer.clone());
     let cfg = &w.shared.config;
     let mut conn = if h2 {
         let mut b = http2::Builder::new(TokioExecutor::new());

@@ -25,6 +25,7 @@
 //! - [`net`]      TCP streams writing with send/sendmsg
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
 //! - `serve`      one worker thread: accept loops, housekeeping, a connection from accept to close
+//! - `svc`        hyper's service for a client connection (serve, h2c and https serve with it)
 //! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect
 //! - [`backend_tls`] TLS to backends (both pools)
 //! - [`stats`]    per-worker counters and the latency histogram
@@ -65,6 +66,7 @@ pub mod ratelimit;
 pub mod route;
 pub mod server;
 mod serve;
+mod svc;
 pub mod stats;
 pub mod sticky;
 pub mod tried;

@@ -35,7 +35,8 @@ use super::outcome::{Held, Outcome};
 use super::reqbody::{Prebuffered, Progress, ReqBody, prebuffer};
 use super::respbody::{RespBody, Streaming};
 use super::hyperlog::HyperLog;
-pub use super::hyperlog::{log_refused_by_hyper, log_without_request};
+// the fast path still names it here
+pub use super::hyperlog::log_without_request;
 
 
 /// Headers that belong to one connection, not to the message (RFC 9110 §7.6.1).

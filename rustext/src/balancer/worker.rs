@@ -89,6 +89,11 @@ impl Shared {
     }
 }
 
+/// Whether listener `idx` is a Unix socket (by its name in `frontends`).
+pub(super) fn is_unix(w: &Worker, idx: usize) -> bool {
+    w.shared.frontends.get(idx).is_some_and(|f| f.starts_with("unix:"))
+}
+
 /// One worker thread's view: its own stats and backend connection pool.
 pub struct Worker {
     pub shared: Arc<Shared>,
