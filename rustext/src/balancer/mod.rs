@@ -35,12 +35,16 @@
 //! - [`l4`]       PROXY headers on accepted connections, before HTTP or TLS
 //! - [`sticky`]   cookie persistence on a request and its response (hyper's path)
 //! - [`tried`]    the set of backends a request has tried (any pool size)
+//! - [`watched`]  the client side of a connection hyper serves (activity, head timeout, replayed bytes)
 //! - [`h2c`]      cleartext HTTP/2 from clients, found by its preface
 //! - [`h2pool`]   HTTP/2 to backends (`proto = "h2"`): multiplexed connections per worker
 //! - [`h2settings`] sans-I/O reader of a backend's stream limit (its first SETTINGS frame)
 //! - [`grpc`]     gRPC specifics: the balancer's own errors as gRPC statuses
 //! - [`listeners`] listener slots, added and removed by reloads
 //! - `python`     the `rustext.Balancer` class (`python/parse`: its configuration dicts)
+//!
+//! The modules form no import cycle (`tests/test_layout.py`); their layers,
+//! bottom up, are listed in the contributing guide.
 
 pub mod accesslog;
 pub mod attempts;
