@@ -63,6 +63,8 @@ SCENARIOS = [
     ("10KiB-8be-c20", 8, 10 * 1024, 20, 10000),
 ]
 BALANCERS = ["ours", "haproxy", "nginx"]
+#: also runnable: "hyper" (ours with the fast path declined, see the module doc), "before" (``--before``)
+EXTRA_BALANCERS = ["hyper"]
 #: the access log line of ``--access-log``, the same on both sides (HAProxy's ``%{+Q}r`` is ours' ``"%r"``)
 ACCESS_FORMAT = "%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %U %tsc %rc "
 
@@ -288,6 +290,14 @@ http {{
                         + log_front + front + back)
             p = self.start(["haproxy", "-f", cfg],
                            stdout_path=os.path.join(self.dir, "haproxy-access.log") if logging else None)
+        elif kind == "hyper":
+            path = os.path.join(self.dir, f"hyper-{port}.toml")
+            with open(path, "w") as f:
+                f.write(f'listen = "127.0.0.1:{port}"\nworkers = 1\n'
+                        f'[request_headers]\nset = {{ "X-Forwarded-Proto" = "{proto}" }}\n'
+                        + "".join(f'[[backends]]\naddress = "{a}"\n' for a in addrs))
+            extra = ["--tls-cert", tls[0], "--tls-key", tls[1]] if tls else []
+            p = self.start([sys.executable, "-m", "cli", "balancer", "--config", path, "--log-level", "WARNING", *extra])
         elif kind == "ours":
             extra = ["--tls-cert", tls[0], "--tls-key", tls[1]] if tls else []
             p = self.start([sys.executable, "-m", "cli", "balancer", "--listen", f"127.0.0.1:{port}",
@@ -347,7 +357,7 @@ def median_table(runs: list[Run]) -> list[dict]:
     rows = []
     for sc in SCENARIOS:
         for tool in ("wrk", "ab"):
-            for kind in ["ours", "before", *BALANCERS[1:]]:
+            for kind in ["ours", "before", "hyper", *BALANCERS[1:]]:
                 rs = [r for r in runs if r.scenario == sc[0] and r.tool == tool and r.balancer == kind]
                 if not rs:
                     continue
@@ -387,6 +397,18 @@ def versus(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def versus_hyper(rows: list[dict]) -> str:
+    """Ours against ours with the fast path declined, per scenario and tool ("" without "hyper" runs)."""
+    out = ["| scenario | tool | CPU/req ours ÷ hyper only | req/s ours ÷ hyper only |", "| --- | --- | ---: | ---: |"]
+    for sc in SCENARIOS:
+        for tool in ("wrk", "ab"):
+            m = {r["balancer"]: r for r in rows if r["scenario"] == sc[0] and r["tool"] == tool}
+            if "ours" in m and "hyper" in m:
+                o, h = m["ours"], m["hyper"]
+                out.append(f"| {sc[0]} | {tool} | {o['cpu_us_per_req'] / h['cpu_us_per_req']:.2f} | {o['rps'] / h['rps']:.2f} |")
+    return "\n".join(out) if len(out) > 2 else ""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -394,7 +416,7 @@ def main() -> int:
     ap.add_argument("--scenarios", default=",".join(s[0] for s in SCENARIOS))
     ap.add_argument("--out", metavar="FILE", help="write every run and the medians (JSON) there")
     ap.add_argument("--tls", action="store_true", help="HTTPS termination (TLS 1.3, ECDSA P-256) instead of HTTP")
-    ap.add_argument("--balancers", default=",".join(BALANCERS), help="which to run (default all three)")
+    ap.add_argument("--balancers", default=",".join(BALANCERS), help="which to run (default ours, haproxy, nginx; also: hyper)")
     ap.add_argument("--before", metavar="TREE",
                     help="also run ours from this checkout (with its built extension) as 'before', "
                          "to compare two versions in the same run")
@@ -418,7 +440,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="lbbench-") as d:
         os.chmod(d, 0o755)  # nginx workers run as an unprivileged user
         bench = Bench(d)
-        balancers = [b for b in BALANCERS if b in args.balancers.split(",")]
+        balancers = [b for b in BALANCERS + EXTRA_BALANCERS if b in args.balancers.split(",")]
         if args.before:
             bench.before = os.path.abspath(args.before)
             balancers.insert(1, "before")
@@ -454,6 +476,8 @@ def main() -> int:
     rows = median_table(runs)
     print()
     print(balancer_table(rows) + "\n\n" + versus(rows))
+    if versus_hyper(rows):
+        print("\n" + versus_hyper(rows))
     if args.out:
         save(args.out, {"setup": {"rounds": args.rounds, "duration": args.duration, "tls": args.tls,
                                   "routing": args.routing, "access_log": args.access_log},

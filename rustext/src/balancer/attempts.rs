@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::body::Lease;
 use super::worker::Worker;
 use super::stats::bump;
 use super::upstream::{Backend, Key, Upstream};
@@ -46,6 +45,28 @@ pub async fn acquire_slot(
             Ok(Ok(p)) => Ok(Some(p)),
             _ => Err(()),
         },
+    }
+}
+
+/// Holds a backend slot for as long as its response streams.
+pub struct Lease {
+    pub(super) backend: Arc<Backend>,
+    pub(super) _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Lease {
+    pub fn new(backend: Arc<Backend>, permit: Option<OwnedSemaphorePermit>) -> Self {
+        backend.active.fetch_add(1, Relaxed);
+        Lease {
+            backend,
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.backend.active.fetch_sub(1, Relaxed);
     }
 }
 

@@ -110,7 +110,7 @@ pub async fn serve(
                         // closed by the client in the middle of a head, or before its first byte
                         let mid_head = !inb.is_empty();
                         if mid_head || (first && w.shared.access_log.logs_empty(peer.listener)) {
-                            super::proxy::log_without_request(&w, &peer, 400, "CR");
+                            super::hyperlog::log_without_request(&w, &peer, 400, "CR");
                         }
                     }
                     return None;

@@ -12,7 +12,7 @@ use socket2::SockRef;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use super::worker::ConnCtl;
+use super::connctl::ConnCtl;
 use super::stats::IdMap;
 
 /// Read size for heads (client requests, backend responses).

@@ -20,8 +20,9 @@ use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
-use super::worker::{ConnCtl, Peer, Worker};
-use super::serve::Svc;
+use super::connctl::ConnCtl;
+use super::worker::{Peer, Worker};
+use super::svc::Svc;
 use super::watched::Watched;
 
 /// The client connection preface of HTTP/2 (RFC 9113 §3.4).
@@ -37,7 +38,7 @@ pub fn is_preface(first: &[u8]) -> bool {
 /// Concurrent streams a client may open on one connection.
 pub const MAX_STREAMS: u32 = 256;
 
-pub(super) type H2Conn = Pin<Box<http2::Connection<TokioIo<Watched<TcpStream>>, Svc, TokioExecutor>>>;
+pub(super) type H2Conn = Pin<Box<http2::Connection<TokioIo<Watched<TcpStream, Worker>>, Svc, TokioExecutor>>>;
 
 /// Serve the rest of a connection whose first bytes (`prefix`, read by the
 /// fast path) are the HTTP/2 preface.

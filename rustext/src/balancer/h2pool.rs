@@ -41,8 +41,8 @@ use tokio::net::TcpStream;
 use super::h2settings::{Sniffed, Sniffer};
 use super::net::SendStream;
 use super::pool::Fail;
-use super::body::{Held, Outcome, Progress, ReqBody};
-use super::worker::Worker;
+use super::outcome::{Held, Outcome, Slot};
+use super::reqbody::{Progress, ReqBody};
 use super::upstream::Backend;
 
 /// Receive windows: large enough that a stream's window never throttles a
@@ -77,15 +77,6 @@ struct Entry {
     conns: Vec<Conn>,
     /// Held while a connection to this backend is being opened.
     connecting: Arc<tokio::sync::Mutex<()>>,
-}
-
-/// A stream of a connection, counted until the response ends (dropped).
-pub struct Slot(Arc<AtomicU32>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Relaxed);
-    }
 }
 
 /// The HTTP/2 connections of one worker, by backend id.
@@ -187,7 +178,7 @@ impl H2Pool {
                 tx
             }
             Some(tls) => {
-                let stream = tokio::time::timeout_at(deadline, super::https::connect_backend(tls, &b.authority, stream))
+                let stream = tokio::time::timeout_at(deadline, super::backend_tls::connect_backend(tls, &b.authority, stream))
                     .await
                     .map_err(|_| Fail::ConnectTimeout)?
                     .map_err(|_| Fail::Connect)?;
@@ -257,11 +248,24 @@ fn as_h2(mut req: Request<ReqBody>, b: &Backend, tls: bool) -> Request<ReqBody> 
     req
 }
 
+/// What holds a worker's [`H2Pool`]: the worker (implemented there; this
+/// module sits below the worker state, which owns the pool).
+pub trait HasH2Pool {
+    fn h2_pool(&self) -> &H2Pool;
+}
+
+impl<T: HasH2Pool> HasH2Pool for Arc<T> {
+    #[inline]
+    fn h2_pool(&self) -> &H2Pool {
+        (**self).h2_pool()
+    }
+}
+
 /// One attempt on an HTTP/2 backend; the semantics of [`super::proxy`]'s
 /// HTTP/1 attempt (the response wait extended while the upload moves, a
 /// request refused by a stale connection sent again on a new one).
 pub(super) async fn send(
-    w: &Worker,
+    w: &impl HasH2Pool,
     b: &Backend,
     req: Request<ReqBody>,
     connect: Duration,
@@ -269,7 +273,7 @@ pub(super) async fn send(
     progress: Option<&Progress>,
     limits: H2Limits,
 ) -> Outcome {
-    let pool = &w.h2_pool;
+    let pool = w.h2_pool();
     let mut req = as_h2(req, b, pool.tls.is_some());
     let mut fresh_only = false;
     loop {

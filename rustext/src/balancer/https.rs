@@ -1,5 +1,6 @@
-//! HTTPS on the balancer: TLS termination of client connections, the
-//! plain-HTTP listener that redirects to HTTPS, and TLS to backends.
+//! HTTPS on the balancer: TLS termination of client connections and the
+//! plain-HTTP listener that redirects to HTTPS (TLS to backends:
+//! [`super::backend_tls`]).
 //!
 //! A TLS connection never takes the fast path (it reads and writes raw
 //! sockets): after the handshake (rustls, on the worker's runtime, bounded
@@ -9,7 +10,6 @@
 //! drain handling go through the connection's `ConnCtl` as on the plain path.
 
 use std::future::Future;
-use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
@@ -24,15 +24,16 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::config::ListenTls;
-use super::worker::{ConnCtl, Peer, Worker};
+use super::connctl::ConnCtl;
+use super::worker::{Peer, Worker};
 use super::watched::Watched;
 
 /// How long a client may take to complete its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Tls = tokio_rustls::server::TlsStream<TcpStream>;
-type H1 = http1::UpgradeableConnection<TokioIo<Watched<Tls>>, super::serve::Svc>;
-type H2 = http2::Connection<TokioIo<Watched<Tls>>, super::serve::Svc, TokioExecutor>;
+type H1 = http1::UpgradeableConnection<TokioIo<Watched<Tls, Worker>>, super::svc::Svc>;
+type H2 = http2::Connection<TokioIo<Watched<Tls, Worker>>, super::svc::Svc, TokioExecutor>;
 
 enum Conn {
     H1(Pin<Box<H1>>),
@@ -50,7 +51,7 @@ impl Conn {
         match self {
             Conn::H1(c) => c.as_mut().poll(cx).map(|r| {
                 if let Err(e) = r {
-                    super::proxy::log_refused_by_hyper(w, peer, &e);
+                    super::hyperlog::log_refused_by_hyper(w, peer, &e);
                 }
             }),
             Conn::H2(c) => c.as_mut().poll(cx).map(|_| ()),
@@ -87,12 +88,12 @@ pub(super) async fn serve(
     let mut peer = Peer::with_proto(addr, ctl.clone(), true);
     peer.listener = listener;
     peer.local = local;
-    if local.is_none() && super::serve::is_unix(&w, listener) {
+    if local.is_none() && super::worker::is_unix(&w, listener) {
         peer.set_unix();
     }
     let peer = Arc::new(peer);
     let io = TokioIo::new(Watched::new(stream, Vec::new(), ctl.clone(), (!h2).then(|| w.clone())));
-    let svc = super::serve::Svc::new(w.clone(), peer.clone());
+    let svc = super::svc::Svc::new(w.clone(), peer.clone());
     let cfg = &w.shared.config;
     let mut conn = if h2 {
         let mut b = http2::Builder::new(TokioExecutor::new());
@@ -251,19 +252,6 @@ pub async fn redirect_loop(listener: std::net::TcpListener, https_port: u16, sha
             _ = stop.changed() => return,
         }
     }
-}
-
-/// Connect to a backend over TLS, verifying it per `config` against the
-/// host of its address.
-pub async fn connect_backend(
-    config: &Arc<rustls::ClientConfig>,
-    authority: &http::uri::Authority,
-    stream: TcpStream,
-) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
-    let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_string();
-    let name = rustls::pki_types::ServerName::try_from(host)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-    tokio_rustls::TlsConnector::from(config.clone()).connect(name, stream).await
 }
 
 #[cfg(test)]

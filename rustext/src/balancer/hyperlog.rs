@@ -10,7 +10,7 @@ use std::time::Instant;
 use http::{HeaderMap, HeaderName, Request, Version};
 use hyper::body::Incoming;
 
-use super::body::Progress;
+use super::reqbody::Progress;
 use super::worker::{Peer, Worker};
 
 /// What the access log line of a hyper-path request needs, kept until its

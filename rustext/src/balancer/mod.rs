@@ -13,11 +13,14 @@
 //! - [`h1`]       sans-I/O HTTP/1 heads for the fast path (httparse; `h1/`: request, response, chunks,
 //!   edits); below everything else: it knows no route, pool or configuration
 //! - [`worker`]   what workers share, what each owns, what is known of a client connection (both paths)
+//! - [`connctl`]  what the housekeeping knows of a client connection, and the open-connection count
 //! - [`fast`]     the fast path: common exchanges on raw sockets (`fast/answers`: its own answers)
 //! - [`fastio`]   the fast path's sockets, backend links and their pool (no HTTP)
 //! - [`route`]    routes, named backend pools, header rules, redirects, request ids, compiled at load
 //! - [`proxy`]    hyper's path: choose, forward, stream back, retry
-//! - [`body`]     hyper's path's request and response bodies, and one backend attempt's outcome
+//! - [`reqbody`]  hyper's path's request body to a backend (read ahead, counted)
+//! - [`respbody`] hyper's path's response body to the client (streamed, holding its backend until it ends)
+//! - [`outcome`]  one backend attempt's outcome on hyper's path, and what its response holds of the backend
 //! - [`hyperlog`] hyper's path's access-log line, and lines of connections without a request
 //! - [`ratelimit`] request rate limits per client address or header (GCRA, one table for all workers)
 //! - [`policy`]   (`upstream/policy`) backup servers, slow start, retry-on, layer-7 health, cookie persistence
@@ -25,7 +28,9 @@
 //! - [`net`]      TCP streams writing with send/sendmsg
 //! - [`server`]   listeners, worker threads, lifecycle (start/update/drain)
 //! - `serve`      one worker thread: accept loops, housekeeping, a connection from accept to close
-//! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect, TLS to backends
+//! - `svc`        hyper's service for a client connection (serve, h2c and https serve with it)
+//! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect
+//! - [`backend_tls`] TLS to backends (both pools)
 //! - [`stats`]    per-worker counters and the latency histogram
 //! - [`unix`]     Unix stream sockets (backends)
 //! - [`tunnel`]   upgraded connections: the byte relay and its tunnel timeout
@@ -33,16 +38,22 @@
 //! - [`l4`]       PROXY headers on accepted connections, before HTTP or TLS
 //! - [`sticky`]   cookie persistence on a request and its response (hyper's path)
 //! - [`tried`]    the set of backends a request has tried (any pool size)
+//! - [`watched`]  the client side of a connection hyper serves (activity, head timeout, replayed bytes)
 //! - [`h2c`]      cleartext HTTP/2 from clients, found by its preface
 //! - [`h2pool`]   HTTP/2 to backends (`proto = "h2"`): multiplexed connections per worker
 //! - [`h2settings`] sans-I/O reader of a backend's stream limit (its first SETTINGS frame)
 //! - [`grpc`]     gRPC specifics: the balancer's own errors as gRPC statuses
 //! - [`listeners`] listener slots, added and removed by reloads
 //! - `python`     the `rustext.Balancer` class (`python/parse`: its configuration dicts)
+//!
+//! The modules form no import cycle (`tests/test_layout.py`); their layers,
+//! bottom up, are listed in the contributing guide.
 
 pub mod accesslog;
 pub mod attempts;
+pub mod backend_tls;
 pub mod config;
+pub mod connctl;
 pub mod decide;
 pub mod fast;
 pub mod fastio;
@@ -54,13 +65,16 @@ pub mod net;
 mod pool;
 pub mod proxy;
 pub mod worker;
-pub mod body;
+pub mod outcome;
+pub mod reqbody;
+pub mod respbody;
 pub mod hyperlog;
 pub mod proxyproto;
 pub mod ratelimit;
 pub mod route;
 pub mod server;
 mod serve;
+mod svc;
 pub mod stats;
 pub mod sticky;
 pub mod tried;

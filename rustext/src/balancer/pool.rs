@@ -16,7 +16,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 
 use super::net::SendStream;
-use super::body::ReqBody;
+use super::reqbody::ReqBody;
 use super::upstream::Backend;
 
 pub type Sender = SendRequest<ReqBody>;
@@ -134,7 +134,7 @@ impl Pool {
                 tx
             }
             Some(tls) => {
-                let stream = tokio::time::timeout(timeout, super::https::connect_backend(tls, &b.authority, stream))
+                let stream = tokio::time::timeout(timeout, super::backend_tls::connect_backend(tls, &b.authority, stream))
                     .await
                     .map_err(|_| Fail::ConnectTimeout)?
                     .map_err(|_| Fail::Connect)?;

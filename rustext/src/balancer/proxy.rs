@@ -32,9 +32,10 @@ use super::route::{Action, Table, View};
 use super::upstream::{Backend, Key};
 use super::h1::valid_host;
 use super::worker::{Peer, Worker};
-use super::body::{Held, Outcome, Prebuffered, Progress, ReqBody, RespBody, Streaming, prebuffer};
+use super::outcome::{Held, Outcome};
+use super::reqbody::{Prebuffered, Progress, ReqBody, prebuffer};
+use super::respbody::{RespBody, Streaming};
 use super::hyperlog::HyperLog;
-pub use super::hyperlog::{log_refused_by_hyper, log_without_request};
 
 
 /// Headers that belong to one connection, not to the message (RFC 9110 §7.6.1).

@@ -21,8 +21,9 @@ use tokio::sync::watch;
 use super::config::Config;
 use super::fast::{self, Client, FastPool};
 use super::pool::Pool;
-use super::proxy::handle;
-use super::worker::{ClientSlot, Clock, ConnCtl, OpenSlot, Peer, Shared, Worker};
+use super::connctl::{ConnCtl, OpenSlot};
+use super::svc::Svc;
+use super::worker::{is_unix, ClientSlot, Clock, Peer, Shared, Worker};
 use super::stats::{IdMap, WorkerStats};
 use super::watched::Watched;
 
@@ -175,8 +176,8 @@ async fn accept_loop(
         if limited {
             // At max_open_connections: accept nothing (new connections wait in
             // the kernel's queue) until one closes, on any worker.
-            let closed = OpenSlot::closed(&shared);
-            if !OpenSlot::available(&shared) {
+            let closed = OpenSlot::closed(&shared.open);
+            if !OpenSlot::available(&shared.open) {
                 tokio::select! {
                     _ = closed => continue,
                     _ = stop.changed() => break,
@@ -196,7 +197,7 @@ async fn accept_loop(
                 // connections' tasks), then wait for readiness again.
                 for _ in 0..ACCEPT_BATCH {
                     let open = if limited {
-                        match OpenSlot::try_take(&shared) {
+                        match OpenSlot::try_take(&shared.open) {
                             Some(slot) => Some(slot),
                             None => break, // at the limit: wait above
                         }
@@ -255,11 +256,6 @@ async fn accept_loop(
 
 /// Connections accepted per readiness event at most.
 const ACCEPT_BATCH: usize = 32;
-
-/// Whether listener `idx` is a Unix socket.
-pub(super) fn is_unix(w: &Worker, idx: usize) -> bool {
-    w.shared.frontends.get(idx).is_some_and(|f| f.starts_with("unix:"))
-}
 
 /// How a listener's connections start.
 #[derive(Clone, Copy)]
@@ -468,7 +464,7 @@ async fn serve_conn(
                     }
                     return conn.as_mut().poll(cx).map(|r| {
                         if let Err(e) = r {
-                            super::proxy::log_refused_by_hyper(&w, &peer, &e);
+                            super::hyperlog::log_refused_by_hyper(&w, &peer, &e);
                         }
                     });
                 }
@@ -478,7 +474,7 @@ async fn serve_conn(
     .await;
     if ctl.abort.load(Relaxed) {
         // the header timeout cut a request head short
-        super::proxy::log_without_request(&w, &peer, 408, "cR");
+        super::hyperlog::log_without_request(&w, &peer, 408, "cR");
     }
     conns
         .map
@@ -488,35 +484,7 @@ async fn serve_conn(
 }
 
 type FastFuture = Pin<Box<dyn Future<Output = Option<(Client, Vec<u8>)>> + Send>>;
-type HyperConn = Pin<Box<hyper::server::conn::http1::UpgradeableConnection<TokioIo<Watched<TcpStream>>, Svc>>>;
-type HandleFuture = Pin<
-    Box<
-        dyn Future<Output = Result<hyper::Response<super::body::RespBody>, std::convert::Infallible>>
-            + Send,
-    >,
->;
-
-/// hyper's service for a connection: [`handle`] each request.
-pub(super) struct Svc {
-    worker: Arc<Worker>,
-    peer: Arc<Peer>,
-}
-
-impl Svc {
-    pub(super) fn new(worker: Arc<Worker>, peer: Arc<Peer>) -> Self {
-        Svc { worker, peer }
-    }
-}
-
-impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Svc {
-    type Response = hyper::Response<super::body::RespBody>;
-    type Error = std::convert::Infallible;
-    type Future = HandleFuture;
-    fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> HandleFuture {
-        Box::pin(handle(self.worker.clone(), self.peer.clone(), req))
-    }
-}
-
+type HyperConn = Pin<Box<hyper::server::conn::http1::UpgradeableConnection<TokioIo<Watched<TcpStream, Worker>>, Svc>>>;
 enum Stage {
     Fast(FastFuture),
     Hyper(HyperConn),
@@ -532,10 +500,7 @@ type StartFuture = Pin<Box<dyn Future<Output = Option<(TcpStream, Vec<u8>)>> + S
 fn hyper_conn(w: &Arc<Worker>, ctl: &Arc<ConnCtl>, peer: &Arc<Peer>, io: TcpStream, prefix: Vec<u8>) -> HyperConn {
     let cfg = &w.shared.config;
     let io = TokioIo::new(Watched::new(io, prefix, ctl.clone(), Some(w.clone())));
-    let svc = Svc {
-        worker: w.clone(),
-        peer: peer.clone(),
-    };
+    let svc = Svc::new(w.clone(), peer.clone());
     let mut builder = http1::Builder::new();
     // hyper's own header timer is off: see the housekeeping in worker_main.
     builder

@@ -289,6 +289,7 @@ impl Balancer {
             config.listen_addrs().iter().zip(&local_addrs).map(|(l, a)| super::listeners::display(l, *a)).collect(),
         );
         let bound = super::listeners::Slots::new(local_addrs.clone());
+        let open = Arc::new(super::connctl::OpenConns::new(config.max_open_connections));
         let shared = Arc::new(Shared {
             access_log,
             frontends,
@@ -299,7 +300,7 @@ impl Balancer {
             epoch,
             ids,
             per_client: Mutex::new(std::collections::HashMap::new()),
-            open: Default::default(),
+            open,
         });
         let (stop, stop_rx) = watch::channel(None);
         let mut threads = Vec::new();

@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::net::{poll_send, poll_send_vectored};
-use super::worker::{ConnCtl, Worker};
+use super::connctl::ConnCtl;
 
 /// A client stream: writes go through [`ClientIo::send`], which a plain
 /// socket does with one `send` (no write-readiness bookkeeping of tokio's
@@ -40,19 +40,25 @@ impl ClientIo for TcpStream {
 
 impl ClientIo for tokio_rustls::server::TlsStream<TcpStream> {}
 
-pub struct Watched<S> {
+/// The coarse clock request heads are timed by: the worker's (implemented
+/// there; this module sits below the worker state, which it need not know).
+pub trait HeadClock {
+    fn now(&self) -> u64;
+}
+
+pub struct Watched<S, C> {
     io: S,
     prefix: Vec<u8>,
     at: usize,
     ctl: Arc<ConnCtl>,
     /// Some: reads are noted for the request-head timeout (HTTP/1).
-    heads: Option<Arc<Worker>>,
+    heads: Option<Arc<C>>,
 }
 
-impl<S> Watched<S> {
+impl<S, C> Watched<S, C> {
     /// `io` after `prefix` (the bytes read before the handover); `heads`:
     /// the worker whose clock times request heads (HTTP/1), None for HTTP/2.
-    pub fn new(io: S, prefix: Vec<u8>, ctl: Arc<ConnCtl>, heads: Option<Arc<Worker>>) -> Self {
+    pub fn new(io: S, prefix: Vec<u8>, ctl: Arc<ConnCtl>, heads: Option<Arc<C>>) -> Self {
         Watched { io, prefix, at: 0, ctl, heads }
     }
 
@@ -64,7 +70,7 @@ impl<S> Watched<S> {
     }
 }
 
-impl<S: ClientIo> AsyncRead for Watched<S> {
+impl<S: ClientIo, C: HeadClock> AsyncRead for Watched<S, C> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let me = self.get_mut();
         if me.at < me.prefix.len() {
@@ -82,14 +88,14 @@ impl<S: ClientIo> AsyncRead for Watched<S> {
         if r.is_ready() {
             me.ctl.active.store(true, Relaxed);
             if let Some(w) = me.heads.as_ref().filter(|_| buf.filled().len() > before) {
-                me.ctl.reading(w.clock.now());
+                me.ctl.reading(w.now());
             }
         }
         r
     }
 }
 
-impl<S: ClientIo> AsyncWrite for Watched<S> {
+impl<S: ClientIo, C> AsyncWrite for Watched<S, C> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let me = self.get_mut();
         let r = me.io.send(cx, buf);

@@ -5,13 +5,14 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use http::HeaderValue;
 
 use super::config::Config;
+use super::connctl::{ConnCtl, OpenConns};
 use super::pool::Pool;
 use super::route::Table;
 use super::stats::WorkerStats;
@@ -28,7 +29,7 @@ pub struct Shared {
     /// Open client connections per client address (with `max_client_connections`).
     pub per_client: Mutex<std::collections::HashMap<IpAddr, u32>>,
     /// Open client connections over every listener (with `max_open_connections`).
-    pub open: OpenConns,
+    pub open: Arc<OpenConns>,
     /// The access log, if configured.
     pub access_log: super::accesslog::AccessLog,
     /// Each listener's bound address, as the access log names it (`%ft`), by slot.
@@ -36,56 +37,6 @@ pub struct Shared {
     /// Each listener's bound address (the destination a PROXY header sent
     /// to a backend names, unless the client's own header gave one), by slot.
     pub bound: super::listeners::Slots<SocketAddr>,
-}
-
-/// Client connections open over every listener, counted when
-/// `max_open_connections` is set; the accept loops wait on `closed` at the limit.
-#[derive(Default)]
-pub struct OpenConns {
-    count: std::sync::atomic::AtomicUsize,
-    closed: tokio::sync::Notify,
-}
-
-/// One client connection counted against `max_open_connections` (taken
-/// before its accept, so the limit is never passed); uncounted on drop.
-pub struct OpenSlot(Arc<Shared>);
-
-impl OpenSlot {
-    /// A slot for one more connection, or None at the limit.
-    pub fn try_take(shared: &Arc<Shared>) -> Option<OpenSlot> {
-        let limit = shared.config.max_open_connections;
-        let count = &shared.open.count;
-        let mut n = count.load(Relaxed);
-        loop {
-            if n >= limit {
-                return None;
-            }
-            match count.compare_exchange_weak(n, n + 1, std::sync::atomic::Ordering::AcqRel, Relaxed) {
-                Ok(_) => return Some(OpenSlot(shared.clone())),
-                Err(now) => n = now,
-            }
-        }
-    }
-
-    /// Whether one more connection may be accepted now.
-    pub fn available(shared: &Shared) -> bool {
-        shared.open.count.load(Relaxed) < shared.config.max_open_connections
-    }
-
-    /// Resolves once a connection closes (create it before checking the
-    /// limit: a close between the two still wakes it).
-    pub fn closed(shared: &Shared) -> tokio::sync::futures::Notified<'_> {
-        shared.open.closed.notified()
-    }
-}
-
-impl Drop for OpenSlot {
-    fn drop(&mut self) {
-        let s = &self.0;
-        if s.open.count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) >= s.config.max_open_connections {
-            s.open.closed.notify_waiters();
-        }
-    }
 }
 
 /// A client address already at `max_client_connections`.
@@ -138,6 +89,11 @@ impl Shared {
     }
 }
 
+/// Whether listener `idx` is a Unix socket (by its name in `frontends`).
+pub(super) fn is_unix(w: &Worker, idx: usize) -> bool {
+    w.shared.frontends.get(idx).is_some_and(|f| f.starts_with("unix:"))
+}
+
 /// One worker thread's view: its own stats and backend connection pool.
 pub struct Worker {
     pub shared: Arc<Shared>,
@@ -188,82 +144,17 @@ impl Clock {
     }
 }
 
-/// What the worker's housekeeping knows of one client connection, and what
-/// it may ask of it.
-#[derive(Default)]
-pub struct ConnCtl {
-    /// Set by every read or write (idle timeout).
-    pub active: AtomicBool,
-    /// A request is being handled (from its head to the end of its response).
-    busy: AtomicBool,
-    /// Coarse time the current request head started to arrive (0: none).
-    head_since: AtomicU64,
-    /// Finish the exchange in flight, then close.
-    pub close: AtomicBool,
-    /// Close now (slowloris).
-    pub abort: AtomicBool,
-    /// The listener slot it was accepted on (closed with its listener).
-    pub listener: std::sync::atomic::AtomicUsize,
-    pub waker: Mutex<Option<std::task::Waker>>,
-    /// Its place under `max_open_connections`, given back when the last
-    /// holder (the connection's task, the worker's map) lets go.
-    pub open: Option<OpenSlot>,
+impl super::h2pool::HasH2Pool for Worker {
+    #[inline]
+    fn h2_pool(&self) -> &super::h2pool::H2Pool {
+        &self.h2_pool
+    }
 }
 
-impl ConnCtl {
-    /// A connection just accepted on listener slot `listener`: active from
-    /// the start (an idle check right after the accept must not close it
-    /// before its request is read).
-    pub fn accepted(listener: usize, open: Option<OpenSlot>) -> ConnCtl {
-        let ctl = ConnCtl { open, ..ConnCtl::default() };
-        ctl.listener.store(listener, Relaxed);
-        ctl.active.store(true, Relaxed);
-        ctl
-    }
-
-    /// Bytes arrived: outside a request they start a request head.
+impl super::watched::HeadClock for Worker {
     #[inline]
-    pub fn reading(&self, now: u64) {
-        if !self.busy.load(Relaxed) && self.head_since.load(Relaxed) == 0 {
-            self.head_since.store(now, Relaxed);
-        }
-    }
-    #[inline]
-    pub fn begin(&self) {
-        self.busy.store(true, Relaxed);
-        self.head_since.store(0, Relaxed);
-    }
-    #[inline]
-    pub fn end(&self) {
-        self.busy.store(false, Relaxed);
-    }
-    /// Between requests with no byte of the next one read.
-    pub fn at_rest(&self) -> bool {
-        !self.busy.load(Relaxed) && self.head_since.load(Relaxed) == 0
-    }
-    pub fn head_overdue(&self, now: u64, limit: Duration) -> bool {
-        let since = self.head_since.load(Relaxed);
-        since != 0
-            && !self.busy.load(Relaxed)
-            && now.saturating_sub(since) > limit.as_millis() as u64
-    }
-    fn wake(&self) {
-        if let Some(w) = self
-            .waker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
-            w.wake_by_ref();
-        }
-    }
-    pub fn ask_close(&self) {
-        self.close.store(true, Relaxed);
-        self.wake();
-    }
-    pub fn ask_abort(&self) {
-        self.abort.store(true, Relaxed);
-        self.wake();
+    fn now(&self) -> u64 {
+        self.clock.now()
     }
 }
 
