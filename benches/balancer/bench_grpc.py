@@ -22,6 +22,9 @@ did not see succeed or the backend did not serve. Medians over rounds are
 printed as a Markdown table, with the median of each round's CPU ratio
 (ours ÷ HAProxy, the two runs of a round being close in time, which cancels
 part of a shared machine's drift); ``--out`` keeps every run and the medians.
+
+``--before TREE`` adds ours from another checkout (its extension built) as
+"before", in the same rotation, to compare two versions in one run.
 """
 
 from __future__ import annotations
@@ -90,11 +93,11 @@ class GrpcBench(Bench):
                        env={**os.environ, "CGO_ENABLED": "0"}, timeout=600)
         return out
 
-    def start_grpc_balancer(self, kind: str, port: int, backend: int) -> subprocess.Popen:
-        if kind == "ours":
+    def start_grpc_balancer(self, kind: str, port: int, backend: int, tree: str = ROOT) -> subprocess.Popen:
+        if kind in ("ours", "before"):
             return self.start([sys.executable, "-m", "cli", "balancer", "--listen", f"127.0.0.1:{port}",
                                "--backends", f"127.0.0.1:{backend}", "--backend-proto", "h2", "--workers", "1",
-                               "--log-level", "WARNING"], cwd=ROOT)
+                               "--log-level", "WARNING"], cwd=tree)
         cfg = os.path.join(self.dir, f"haproxy-{port}.cfg")
         with open(cfg, "w") as f:
             f.write("global\n  nbthread 1\n  maxconn 4000\ndefaults\n  mode http\n  timeout connect 3s\n"
@@ -117,7 +120,9 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=100, help="calls in flight (h2load connections)")
     ap.add_argument("--size", type=int, default=16, help="bytes of the request message (echoed back)")
     ap.add_argument("--out", metavar="FILE", help="write every run and the medians (JSON) there")
+    ap.add_argument("--before", metavar="TREE", help="also run ours from this checkout (its extension built) as 'before'")
     args = ap.parse_args()
+    balancers = BALANCERS + (["before"] if args.before else [])
     for tool in ("h2load", "haproxy"):
         if shutil.which(tool) is None:
             raise SystemExit(f"bench_grpc: {tool} is not installed")
@@ -134,14 +139,16 @@ def main() -> int:
         wait_port(backend)
         procs = {}
         ports = {}
-        for kind in BALANCERS:
+        for kind in balancers:
             ports[kind] = free_port()
-            procs[kind] = bench.start_grpc_balancer(kind, ports[kind], backend)
+            tree = os.path.abspath(args.before) if kind == "before" else ROOT
+            procs[kind] = bench.start_grpc_balancer(kind, ports[kind], backend, tree)
             wait_port(ports[kind])
-        for kind in BALANCERS:  # warm-up: connections, caches, the backend's JIT-free but lazy paths
+        for kind in balancers:  # warm-up: connections, caches, the backend's JIT-free but lazy paths
             h2load(ports[kind], max(args.calls // 10, args.concurrency), args.concurrency, body)
         for r in range(args.rounds):
-            order = BALANCERS[r % 2:] + BALANCERS[:r % 2]
+            shift = r % len(balancers)
+            order = balancers[shift:] + balancers[:shift]
             for kind in order:
                 pids = descendants(procs[kind].pid)
                 before, cpu0 = served(backend), cpu_seconds(pids)
@@ -161,7 +168,7 @@ def main() -> int:
         bench.close()
     rows = []
     print("\n| balancer | calls/s | mean ms | CPU µs/call (min–max) | failures |\n| --- | ---: | ---: | ---: | ---: |")
-    for kind in BALANCERS:
+    for kind in balancers:
         mine = [x for x in runs if x.balancer == kind]
         cpu = [x.cpu_us_per_call for x in mine]
         row = {"balancer": kind, "cps": statistics.median(x.cps for x in mine),
@@ -177,6 +184,13 @@ def main() -> int:
     paired = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
     print(f"\nCPU per call, ours ÷ HAProxy in the same round: median {paired['median']:.2f} "
           f"({paired['min']:.2f}–{paired['max']:.2f})")
+    if args.before:
+        vs = sorted(o.cpu_us_per_call / b.cpu_us_per_call for o, b in (
+            ([x for x in runs if x.round == r and x.balancer == "ours"][0],
+             [x for x in runs if x.round == r and x.balancer == "before"][0]) for r in range(args.rounds)))
+        paired["ours_vs_before"] = {"median": statistics.median(vs), "min": vs[0], "max": vs[-1]}
+        print(f"CPU per call, ours ÷ before in the same round: median {statistics.median(vs):.2f} "
+              f"({vs[0]:.2f}–{vs[-1]:.2f})")
     if args.out:
         save(args.out, {"paired_cpu_ratio": paired,"setup": {"rounds": args.rounds, "calls": args.calls, "concurrency": args.concurrency,
                                   "size": args.size, "haproxy": "2.6", "backend": "grpc-go (grpcpeer)"},
