@@ -70,10 +70,12 @@ from balancer.accesslog import AccessLog
 from balancer.auth import AdminAuth
 from balancer.checks import (  # noqa: F401  (re-exported: the configuration's own checks)
     PROTOS,
+    check_count,
     check_h2_limits,
     check_proto,
     check_send_proxy,
     check_unix_path,
+    is_token,
     parse_hostport,
     unix_path,
 )
@@ -168,11 +170,12 @@ class BackendConfig:
         elif (path := unix_path(self.address)) is not None:
             check_unix_path(path, "backend address")
         else:
-            parse_hostport(self.address, "backend address")
+            host, _ = parse_hostport(self.address, "backend address")
+            if any(c in host for c in "/@ \t"):  # a URL or user@host: the data plane would refuse it
+                raise BalancerConfigError(f"backend address must be host:port, got {self.address!r}")
         if isinstance(self.weight, bool) or not isinstance(self.weight, int) or not 0 <= self.weight <= 10_000:
             raise BalancerConfigError(f"backend {self.address} weight must be an integer in 0..10000, got {self.weight!r}")
-        if isinstance(self.max_connections, bool) or not isinstance(self.max_connections, int) or self.max_connections < 0:
-            raise BalancerConfigError(f"backend {self.address} max_connections must be an integer >= 0")
+        check_count(self.max_connections, f"backend {self.address} max_connections")
         if self.slow_start is not None:
             parse_duration(self.slow_start, f"backend {self.address} slow_start")
         if self.cookie is not None:
@@ -299,6 +302,8 @@ class BalancerConfig:
                 raise BalancerConfigError("hsts needs HTTPS on listen (certificates in [tls])")
         if self.backends and self.named_backends:
             raise BalancerConfigError("backends is either a [[backends]] list or [backends.NAME] tables, not both")
+        if "" in self.named_backends:
+            raise BalancerConfigError("a backend pool needs a name ([backends.NAME]), not \"\"")
         names = set(self.named_backends) or {DEFAULT_POOL}
         for where, name in (x for lst in self.effective_listeners() for x in lst.backends_used()):
             if name not in names:
@@ -317,7 +322,7 @@ class BalancerConfig:
             raise BalancerConfigError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {self.algorithm!r}")
         object.__setattr__(self, "algorithm", algorithm)
         if self.hash_key not in ("client_ip", "path") and not (
-            self.hash_key.startswith("header:") and self.hash_key[7:].strip()
+            self.hash_key.startswith("header:") and is_token(self.hash_key[7:].strip())
         ):
             raise BalancerConfigError(f"hash_key must be client_ip, path or header:NAME; got {self.hash_key!r}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 1024:
@@ -338,7 +343,7 @@ class BalancerConfig:
         if self.health is not None and self.health.port is not None and any(
                 unix_path(b.address) is not None for b in self.backends):
             raise BalancerConfigError("health.port does not apply to servers on a Unix socket: they have no port")
-        if not isinstance(self.retries, int) or not 0 <= self.retries <= 16:
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or not 0 <= self.retries <= 16:
             raise BalancerConfigError(f"retries must be an integer in 0..16, got {self.retries!r}")
         parse_duration(self.slow_start, "slow_start")
         object.__setattr__(self, "retry_on", parse_retry_on(self.retry_on))
@@ -353,6 +358,10 @@ class BalancerConfig:
             if b.key in seen:
                 raise BalancerConfigError(f"backend {b.srv if b.srv is not None else b.address} is listed twice")
             seen.add(b.key)
+        statuses = [p.status for p in self.error_pages]
+        if len(set(statuses)) != len(statuses):
+            twice = next(s for s in statuses if statuses.count(s) > 1)
+            raise BalancerConfigError(f"error_pages: two pages for {twice}")
 
     def dns_targets(self) -> dict[str, Target]:
         """The backends resolved by :class:`balancer.discovery.Discovery`, by key:

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from balancer.checks import U64_MAX
 from balancer.errors import BalancerConfigError
 
 _COOKIE_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -89,7 +90,7 @@ class Sticky:
         if self.mode != "insert":
             raise BalancerConfigError(f"sticky.mode must be \"insert\", got {self.mode!r}")
         if self.max_age is not None and (isinstance(self.max_age, bool) or not isinstance(self.max_age, int)
-                                         or self.max_age < 0):
+                                         or not 0 <= self.max_age <= U64_MAX):
             raise BalancerConfigError(f"sticky.max_age must be a number of seconds >= 0, got {self.max_age!r}")
         for name in ("domain", "path"):
             v = getattr(self, name)

@@ -26,7 +26,10 @@ def parse_rate(value: Any, where: str = "rate_limit.rate") -> tuple[int, float]:
     if not m or int(m.group(1)) == 0:
         raise BalancerConfigError(
             f"{where} must be requests per period such as \"100/s\", \"600/m\" or \"10r/s\", got {value!r}")
-    return int(m.group(1)), _PERIODS[m.group(2)]
+    count, period = int(m.group(1)), _PERIODS[m.group(2)]
+    if count > period * 1_000_000_000:  # the data plane spaces requests by whole nanoseconds
+        raise BalancerConfigError(f"{where} is over one request per nanosecond, got {value!r}")
+    return count, period
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from balancer.checks import U64_MAX
 from balancer.errorpages import MAX_PAGE, content_type_of, read_page
 from balancer.errors import BalancerConfigError
 from balancer.ratelimit import RateLimit
@@ -24,6 +25,8 @@ from rustext.fields import check_fields
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _TEMPLATE = re.compile(r"%\[([^\]]*)\]")
 _TEMPLATE_VALUES = ("req.id", "src")
+#: the longest host name a route matches (RFC 1035)
+MAX_HOST = 255
 #: headers the balancer manages itself: rules may not set or delete them
 RESERVED_HEADERS = frozenset(
     ("connection", "keep-alive", "transfer-encoding", "content-length", "te", "trailer", "upgrade", "host"))
@@ -45,12 +48,15 @@ def _header_name(name: Any, where: str) -> str:
 
 
 def _header_value(value: Any, where: str) -> str:
-    if not isinstance(value, str) or any(c in value for c in "\r\n\0"):
-        raise BalancerConfigError(f"{where} must be a string without line breaks, got {value!r}")
+    if not isinstance(value, str) or any((c < " " and c != "\t") or c == "\x7f" for c in value):
+        raise BalancerConfigError(f"{where} must be a string without line breaks or control characters, "
+                                  f"got {value!r}")
     for name in _TEMPLATE.findall(value):
         if name not in _TEMPLATE_VALUES:
             raise BalancerConfigError(
                 f"{where}: unknown value %[{name}] (expected %[req.id] or %[src])")
+    if "%[" in _TEMPLATE.sub("", value):
+        raise BalancerConfigError(f"{where}: %[ without its closing ] in {value!r}")
     return value
 
 
@@ -160,7 +166,8 @@ class Redirect:
             raise BalancerConfigError(f'redirect.scheme must be "https", got {self.scheme!r}')
         if self.location is not None:
             _header_value(self.location, "redirect.location")
-        if self.port is not None and not 1 <= self.port <= 65535:
+        if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
+                                      or not 1 <= self.port <= 65535):
             raise BalancerConfigError(f"redirect.port must be in 1..65535, got {self.port!r}")
 
     def to_native(self) -> dict[str, Any]:
@@ -249,14 +256,14 @@ class Route:
             object.__setattr__(self, name, _strs(getattr(self, name), f"{w}.{name}"))
         for h in self.host:
             bare = h.lower().rstrip(".")
-            if not bare or " " in bare or "/" in bare or ("*" in bare and not (
+            if not bare or " " in bare or "/" in bare or len(bare) > MAX_HOST or ("*" in bare and not (
                     bare.startswith("*.") and "*" not in bare[2:] and len(bare) > 2)):
                 raise BalancerConfigError(f"{w}.host: invalid host {h!r} (a name, or *.example.com)")
         for p in self.path + self.path_prefix:
             if not p.startswith("/"):
                 raise BalancerConfigError(f"{w}: path {p!r} must start with /")
         for m in self.method:
-            if not m.isalpha():
+            if not (m.isascii() and m.isalpha()):
                 raise BalancerConfigError(f"{w}.method: invalid method {m!r}")
         header = self.header
         if isinstance(header, Mapping):
@@ -278,6 +285,8 @@ class Route:
             except BalancerConfigError as exc:  # its messages start with "rate_limit."
                 raise BalancerConfigError(f"{w}.{exc}" if str(exc).startswith("rate_limit.") else str(exc)) from exc
             object.__setattr__(self, "rate_limit", limit)
+        _tables(self, w, redirect=Redirect, respond=Respond, rate_limit=RateLimit, request_headers=HeaderRules,
+                response_headers=HeaderRules)
         if sum(x is not None for x in (self.backend, self.redirect, self.respond)) != 1:
             raise BalancerConfigError(f"{w}: a route needs a backend, a redirect or respond (one of them)")
 
@@ -305,7 +314,7 @@ class Hsts:
     preload: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_age, bool) or not isinstance(self.max_age, int) or self.max_age < 0:
+        if isinstance(self.max_age, bool) or not isinstance(self.max_age, int) or not 0 <= self.max_age <= U64_MAX:
             raise BalancerConfigError(f"hsts.max_age must be an integer >= 0, got {self.max_age!r}")
 
     def to_native(self) -> dict[str, Any]:
@@ -387,6 +396,7 @@ class Listener:
             v = getattr(self, name)
             if isinstance(v, Mapping):
                 object.__setattr__(self, name, section(HeaderRules, v, f"{w}.{name}"))
+        _tables(self, w, request_id=RequestId, hsts=Hsts, request_headers=HeaderRules, response_headers=HeaderRules)
         from balancer.accesslog import AccessLog
 
         if isinstance(self.access_log, Mapping):
@@ -423,6 +433,14 @@ class Listener:
 
 def _bad(where: str) -> Any:
     raise BalancerConfigError(f"{where} must be a table")
+
+
+def _tables(obj: object, where: str, **classes: type) -> None:
+    """Refuse a value of these keys that did not become its table's class (``rate_limit = []``)."""
+    for name, cls in classes.items():
+        value = getattr(obj, name)
+        if value is not None and not isinstance(value, cls):
+            _bad(f"{where}.{name}")
 
 
 @dataclass(frozen=True, kw_only=True)
