@@ -65,6 +65,7 @@ class Timeouts:
         if self.connect == 0 or self.response == 0:
             raise BalancerConfigError("timeouts.connect and timeouts.response must be > 0")
 
+    @property
     def tunnel_effective(self) -> float:
         """The tunnel inactivity timeout in force (0: none)."""
         if self.tunnel is not None:
@@ -101,6 +102,12 @@ class Passive:
         if not all(isinstance(x, int) and not isinstance(x, bool) and 100 <= x <= 599 for x in statuses):
             raise BalancerConfigError(f"passive.error_statuses must be HTTP statuses, got {self.error_statuses!r}")
         object.__setattr__(self, "error_statuses", statuses)
+
+    @property
+    def eject_until_checked(self) -> bool:
+        """Whether an ejection lasts until the active health check passes (``mark-down``)
+        rather than ``cooldown``."""
+        return self.on_error == "mark-down"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,12 +33,11 @@ FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-
 
 @dataclass(frozen=True)
 class ErrorPage:
+    """An answer of the balancer's own, read from its file: the data plane sends it as it is."""
+
     status: int
     headers: tuple[tuple[str, str], ...]
     body: bytes
-
-    def to_native(self) -> dict[str, Any]:
-        return {"status": self.status, "headers": list(self.headers), "body": self.body}
 
 
 def _raw(data: bytes, where: str, status: int) -> ErrorPage:

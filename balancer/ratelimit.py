@@ -83,8 +83,7 @@ class RateLimit:
             raise BalancerConfigError("rate_limit.delay applies with nodelay = false (with nodelay every "
                                       "request within the burst passes at once)")
 
-    def to_native(self) -> dict[str, Any]:
-        count, period = parse_rate(self.rate)
-        return {"count": count, "period": period, "burst": self.burst, "key": self.key.strip(),
-                "missing": self.missing, "max_keys": self.max_keys, "status": self.status,
-                "delay": None if self.nodelay else self.delay}
+    @property
+    def per_period(self) -> tuple[int, float]:
+        """``rate`` as (requests, period in seconds)."""
+        return parse_rate(self.rate)

@@ -4,9 +4,9 @@ header rules, redirects and request ids (the TOML shapes are in
 
 The classes validate what they can alone in ``__post_init__``; references
 between them (a route's backend must exist) are checked by
-:class:`balancer.config.BalancerConfig`, and the data plane compiles the
-whole into its routing table (checking header names and values again).
-Errors name the key path (``listeners[1].routes[0].host``).
+:class:`balancer.config.BalancerConfig`, and the data plane reads the
+dataclasses and compiles them into its routing table. Errors name the key
+path (``listeners[1].routes[0].host``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from balancer.checks import U64_MAX
-from balancer.errorpages import MAX_PAGE, content_type_of, read_page
+from balancer.errorpages import MAX_PAGE, ErrorPage, content_type_of, read_page
 from balancer.errors import BalancerConfigError
 from balancer.ratelimit import RateLimit
 from rustext.fields import check_fields
@@ -113,10 +113,6 @@ class HeaderRules:
     def __bool__(self) -> bool:
         return bool(self.set or self.add or self.delete)
 
-    def to_native(self) -> list[tuple[str, ...]]:
-        return ([("delete", n) for n in self.delete] + [("set", n, v) for n, v in self.set.items()]
-                + [("add", n, v) for n, v in self.add.items()])
-
 
 @dataclass(frozen=True, kw_only=True)
 class HeaderMatch:
@@ -134,13 +130,6 @@ class HeaderMatch:
         _header_name(self.name, "header.name")
         if self.equals is not None and self.prefix is not None:
             raise BalancerConfigError(f"header {self.name}: give equals or prefix, not both")
-
-    def to_native(self) -> tuple[str, ...]:
-        if self.equals is not None:
-            return (self.name, "equals", self.equals)
-        if self.prefix is not None:
-            return (self.name, "prefix", self.prefix)
-        return (self.name, "present")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,9 +158,6 @@ class Redirect:
         if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
                                       or not 1 <= self.port <= 65535):
             raise BalancerConfigError(f"redirect.port must be in 1..65535, got {self.port!r}")
-
-    def to_native(self) -> dict[str, Any]:
-        return {"code": self.code, "location": self.location, "scheme": self.scheme, "port": self.port}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,14 +195,16 @@ class Respond:
         if self.file is not None:
             object.__setattr__(self, "file_bytes", read_page(self.file, f"{w}.file"))
 
-    def to_native(self) -> dict[str, Any]:
+    @property
+    def page(self) -> ErrorPage:
+        """The answer made: ``status``, its ``Content-Type`` and the body."""
         if self.file is not None:
             body = self.file_bytes
             content_type = self.content_type or content_type_of(self.file)
         else:
             body = (self.body or "").encode()
             content_type = self.content_type or "text/plain; charset=utf-8"
-        return {"status": self.status, "headers": [("Content-Type", content_type)], "body": body}
+        return ErrorPage(self.status, (("Content-Type", content_type),), body)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,6 +253,7 @@ class Route:
         for m in self.method:
             if not (m.isascii() and m.isalpha()):
                 raise BalancerConfigError(f"{w}.method: invalid method {m!r}")
+        object.__setattr__(self, "method", tuple(m.upper() for m in self.method))  # as requests carry them
         header = self.header
         if isinstance(header, Mapping):
             header = (header,)
@@ -290,17 +279,6 @@ class Route:
         if sum(x is not None for x in (self.backend, self.redirect, self.respond)) != 1:
             raise BalancerConfigError(f"{w}: a route needs a backend, a redirect or respond (one of them)")
 
-    def to_native(self) -> dict[str, Any]:
-        return {
-            "host": list(self.host), "path": list(self.path), "path_prefix": list(self.path_prefix),
-            "method": [m.upper() for m in self.method], "header": [h.to_native() for h in self.header],
-            "backend": self.backend, "redirect": self.redirect.to_native() if self.redirect else None,
-            "respond": self.respond.to_native() if self.respond else None,
-            "request_headers": self.request_headers.to_native(),
-            "response_headers": self.response_headers.to_native(),
-            "rate_limit": self.rate_limit.to_native() if self.rate_limit is not None else None,
-        }
-
 
 @dataclass(frozen=True, kw_only=True)
 class Hsts:
@@ -316,9 +294,6 @@ class Hsts:
     def __post_init__(self) -> None:
         if isinstance(self.max_age, bool) or not isinstance(self.max_age, int) or not 0 <= self.max_age <= U64_MAX:
             raise BalancerConfigError(f"hsts.max_age must be an integer >= 0, got {self.max_age!r}")
-
-    def to_native(self) -> dict[str, Any]:
-        return {"max_age": self.max_age, "include_subdomains": self.include_subdomains, "preload": self.preload}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -406,10 +381,6 @@ class Listener:
         elif self.access_log is not None and self.access_log is not False and not isinstance(self.access_log, AccessLog):
             raise BalancerConfigError(f"{w}.access_log must be a table (as [access_log]) or false")
 
-    def access_log_native(self) -> Any:
-        """None (the top-level log), False (none) or this listener's own log."""
-        return self.access_log.to_native() if self.access_log not in (None, False) else self.access_log
-
     def backends_used(self) -> list[tuple[str, str]]:
         """(key path, backend name) of every reference to a pool."""
         at = f"{self.where}." if self.where else ""  # "": the top-level keys of ``listen``
@@ -417,18 +388,6 @@ class Listener:
         if self.default_backend:
             out.append((f"{at}default_backend", self.default_backend))
         return out
-
-    def to_native(self) -> dict[str, Any]:
-        return {
-            "address": self.address, "tls": self.tls, "routes": [r.to_native() for r in self.routes],
-            "default_backend": self.default_backend,
-            "request_id": self.request_id.header if self.request_id else None,
-            "hsts": self.hsts.to_native() if self.hsts else None,
-            "request_headers": self.request_headers.to_native(),
-            "response_headers": self.response_headers.to_native(),
-            "accept_proxy": self.accept_proxy,
-            "mode": self.mode,
-        }
 
 
 def _bad(where: str) -> Any:

@@ -1,7 +1,8 @@
 """What the data plane can hold, the configuration checks itself, with the
 file and line: durations (finite, at most a year), counts (within the data
 plane's 32 or 64 bits), rates, header values and names as its HTTP library
-takes them, tables that must be tables."""
+takes them, tables that must be tables. Every configuration accepted here is
+one the data plane takes (see the fuzz tests); these are the edges."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from balancer.config import BackendConfig, BalancerConfigError, Limits, load
+import rustext
+from balancer.config import BackendConfig, BalancerConfigError, Limits, from_dict, load
 from balancer.policies import Sticky
 from balancer.routing import Hsts, Redirect
 
@@ -88,3 +90,14 @@ def test_counts_past_64_bits_from_python() -> None:
     ):
         with pytest.raises(BalancerConfigError, match=re.escape(words)):
             make()
+
+
+def test_the_largest_values_are_taken_by_the_data_plane() -> None:
+    cfg = from_dict({
+        "listen": "127.0.0.1:0", "backends": [{"address": "127.0.0.1:1", "max_connections": 2**63 - 1}],
+        "timeouts": {"idle": 365 * 86_400, "tunnel": 365 * 86_400}, "passive": {"eject_after": 2**32 - 1},
+        "limits": {"max_open_connections": 2**63 - 1, "pool_idle_timeout": 365 * 86_400},
+        "rate_limit": {"rate": "1000000000/s"},
+        "request_headers": {"set": {"X-A": "tab\there, é and %[src]"}},
+    })
+    rustext.Balancer(cfg)  # checked, not started
