@@ -3,7 +3,8 @@
 The data plane (forwarding, pools, algorithms, stats) is ``rustext.Balancer``
 on threads of its own; this package configures and watches it.
 
-- config    typed config dataclasses and the TOML loader (validation)
+- config    typed config dataclasses and the TOML loader (validation); the one definition of the
+            configuration, which the data plane reads directly
 - config_sections  the tables that validate on their own: ``[timeouts]``, ``[passive]``, ``[limits]``,
             ``[health]``, ``[tls]`` (re-exported by config)
 - routing   typed routing config: named pools, listeners, routes, header rules,

@@ -2,14 +2,13 @@
 syslog server) and in which format. The lines themselves are formatted and
 written by the data plane (``rustext/src/balancer/accesslog.rs``); this
 module validates the ``[access_log]`` table (and a listener's own
-``access_log``) and turns it into what the data plane takes.
+``access_log``), which the data plane reads.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 from balancer.errors import BalancerConfigError
 
@@ -130,10 +129,7 @@ class AccessLog:
         """Where the lines go (a reload may change it)."""
         return f"syslog {self.syslog}" if self.syslog is not None else self.path
 
-    def to_native(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path, "format": self.format, "log_empty": self.log_empty}
-        if self.syslog is not None:
-            out["syslog"] = {"address": self.syslog, "facility": FACILITIES[self.facility],
-                             "format": self.syslog_format, "tag": self.tag, "max_length": self.max_length,
-                             "framing": self.syslog_framing or "octet-count"}
-        return out
+    @property
+    def facility_code(self) -> int | None:
+        """The number of ``facility`` (RFC 5424 §6.2.1) that syslog messages carry; None without ``syslog``."""
+        return FACILITIES[self.facility] if self.syslog is not None else None

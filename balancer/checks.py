@@ -6,13 +6,40 @@ that every section can use them without importing the others."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from balancer.errors import BalancerConfigError
 
 __all__ = [
-    "PROTOS", "check_h2_limits", "check_proto", "check_send_proxy", "check_unix_path", "parse_hostport", "unix_path",
+    "ONE_YEAR", "PROTOS", "U32_MAX", "U64_MAX", "check_count", "check_h2_limits", "check_proto", "check_seconds",
+    "check_send_proxy", "check_unix_path", "is_token", "parse_hostport", "unix_path",
 ]
+
+#: the largest counts the data plane holds (its 32- and 64-bit fields)
+U32_MAX = 2**32 - 1
+U64_MAX = 2**64 - 1
+#: the longest duration the data plane takes, in seconds
+ONE_YEAR = 365 * 86_400
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+
+
+def is_token(value: object) -> bool:
+    """Whether ``value`` is an HTTP token (a header or cookie name)."""
+    return isinstance(value, str) and _TOKEN.match(value) is not None
+
+
+def check_count(value: Any, where: str, top: int = U64_MAX) -> None:
+    """An integer in 0..top, the range of the data plane's field; errors name ``where``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+        raise BalancerConfigError(f"{where} must be an integer in 0..{top}, got {value!r}")
+
+
+def check_seconds(value: Any, where: str) -> None:
+    """A duration the data plane takes: a finite number of seconds, 0 to one year."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= ONE_YEAR:
+        raise BalancerConfigError(
+            f"{where} must be a number of seconds between 0 and one year ({ONE_YEAR}), got {value!r}")
 
 
 def unix_path(value: object) -> str | None:

@@ -1,9 +1,12 @@
 """Typed configuration of the balancer, and its TOML loader.
 
 The dataclasses validate in ``__post_init__`` and raise
-:class:`BalancerConfigError` with a message naming the field; the same
-objects configure the Rust data plane through :meth:`BalancerConfig.to_native`.
-Durations are seconds (floats); ``0`` means "none" where documented.
+:class:`BalancerConfigError` with a message naming the field. They are the
+one definition of the configuration: ``rustext.Balancer`` reads these objects
+directly (their fields, and the views derived here for it:
+:meth:`BalancerConfig.effective_listeners`, :meth:`BalancerConfig.backend_pools`,
+:attr:`BalancerConfig.policy`). Durations are seconds (floats); ``0`` means
+"none" where documented.
 
 A file looks like::
 
@@ -70,10 +73,12 @@ from balancer.accesslog import AccessLog
 from balancer.auth import AdminAuth
 from balancer.checks import (  # noqa: F401  (re-exported: the configuration's own checks)
     PROTOS,
+    check_count,
     check_h2_limits,
     check_proto,
     check_send_proxy,
     check_unix_path,
+    is_token,
     parse_hostport,
     unix_path,
 )
@@ -90,11 +95,12 @@ from balancer.discovery import DnsConfig, Target, is_ip
 from balancer.errorpages import ErrorPage, load_error_pages
 from balancer.errors import BalancerConfigError
 from balancer.policies import (
+    Policy,
     Sticky,
     check_cookie_value,
     parse_duration,
     parse_retry_on,
-    policy_native,
+    pool_policy,
 )
 from balancer.ratelimit import RateLimit
 from balancer.routing import (
@@ -168,11 +174,12 @@ class BackendConfig:
         elif (path := unix_path(self.address)) is not None:
             check_unix_path(path, "backend address")
         else:
-            parse_hostport(self.address, "backend address")
+            host, _ = parse_hostport(self.address, "backend address")
+            if any(c in host for c in "/@ \t"):  # a URL or user@host: the data plane would refuse it
+                raise BalancerConfigError(f"backend address must be host:port, got {self.address!r}")
         if isinstance(self.weight, bool) or not isinstance(self.weight, int) or not 0 <= self.weight <= 10_000:
             raise BalancerConfigError(f"backend {self.address} weight must be an integer in 0..10000, got {self.weight!r}")
-        if isinstance(self.max_connections, bool) or not isinstance(self.max_connections, int) or self.max_connections < 0:
-            raise BalancerConfigError(f"backend {self.address} max_connections must be an integer >= 0")
+        check_count(self.max_connections, f"backend {self.address} max_connections")
         if self.slow_start is not None:
             parse_duration(self.slow_start, f"backend {self.address} slow_start")
         if self.cookie is not None:
@@ -299,6 +306,8 @@ class BalancerConfig:
                 raise BalancerConfigError("hsts needs HTTPS on listen (certificates in [tls])")
         if self.backends and self.named_backends:
             raise BalancerConfigError("backends is either a [[backends]] list or [backends.NAME] tables, not both")
+        if "" in self.named_backends:
+            raise BalancerConfigError("a backend pool needs a name ([backends.NAME]), not \"\"")
         names = set(self.named_backends) or {DEFAULT_POOL}
         for where, name in (x for lst in self.effective_listeners() for x in lst.backends_used()):
             if name not in names:
@@ -317,7 +326,7 @@ class BalancerConfig:
             raise BalancerConfigError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {self.algorithm!r}")
         object.__setattr__(self, "algorithm", algorithm)
         if self.hash_key not in ("client_ip", "path") and not (
-            self.hash_key.startswith("header:") and self.hash_key[7:].strip()
+            self.hash_key.startswith("header:") and is_token(self.hash_key[7:].strip())
         ):
             raise BalancerConfigError(f"hash_key must be client_ip, path or header:NAME; got {self.hash_key!r}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 1024:
@@ -338,7 +347,7 @@ class BalancerConfig:
         if self.health is not None and self.health.port is not None and any(
                 unix_path(b.address) is not None for b in self.backends):
             raise BalancerConfigError("health.port does not apply to servers on a Unix socket: they have no port")
-        if not isinstance(self.retries, int) or not 0 <= self.retries <= 16:
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or not 0 <= self.retries <= 16:
             raise BalancerConfigError(f"retries must be an integer in 0..16, got {self.retries!r}")
         parse_duration(self.slow_start, "slow_start")
         object.__setattr__(self, "retry_on", parse_retry_on(self.retry_on))
@@ -353,6 +362,10 @@ class BalancerConfig:
             if b.key in seen:
                 raise BalancerConfigError(f"backend {b.srv if b.srv is not None else b.address} is listed twice")
             seen.add(b.key)
+        statuses = [p.status for p in self.error_pages]
+        if len(set(statuses)) != len(statuses):
+            twice = next(s for s in statuses if statuses.count(s) > 1)
+            raise BalancerConfigError(f"error_pages: two pages for {twice}")
 
     def dns_targets(self) -> dict[str, Target]:
         """The backends resolved by :class:`balancer.discovery.Discovery`, by key:
@@ -467,76 +480,26 @@ class BalancerConfig:
         """(pool, server) of every server of every pool."""
         return [(name, b) for name, pool in self.pools().items() for b in pool.backends]
 
-    def to_native(self) -> dict[str, Any]:
-        """The dict ``rustext.Balancer`` takes."""
-        native = self._settings_native()
-        named = self.named_backends
-        native["pools"] = [
-            {"name": name, **{k: v for k, v in pool._settings_native().items() if k in _POOL_KEYS},
-             "request_headers": named[name].request_headers.to_native() if named else [],
-             "response_headers": named[name].response_headers.to_native() if named else []}
-            for name, pool in self.pools().items()]
-        for p in native["pools"]:
-            nb = named.get(p["name"]) if named else None
-            if nb is not None and nb.rate_limit is not None:
-                limit = section(RateLimit, nb.rate_limit, f"backends.{p['name']}.rate_limit")
-                p["policy"] = {**(p.get("policy") or {}), "rate_limit": limit.to_native()}
-        native["listeners"] = [x.to_native() for x in self.effective_listeners()]
-        native["listen"] = self.effective_listeners()[0].address
-        if self.access_log is not None:
-            native["access_log"] = self.access_log.to_native()
-        if any(x.access_log is not None for x in self.effective_listeners()):
-            native["listener_logs"] = [x.access_log_native() for x in self.effective_listeners()]
-        if self.rate_limit is not None:
-            native["rate_limit"] = self.rate_limit.to_native()
-        if self.error_pages:
-            native["error_pages"] = [p.to_native() for p in self.error_pages]
-        return native
+    def backend_pools(self) -> tuple[BackendPool, ...]:
+        """Every pool as the data plane runs it: :meth:`pools`, each with the
+        header rules and rate limit of its ``[backends.NAME]`` table."""
+        out = []
+        for name, pool in self.pools().items():
+            nb = self.named_backends.get(name)
+            if nb is None:  # the [[backends]] list
+                out.append(BackendPool(name=name, config=pool))
+                continue
+            where = f"backends.{name}"
+            limit = None if nb.rate_limit is None else _pool_section(RateLimit, nb.rate_limit, where, "rate_limit")
+            out.append(BackendPool(name=name, config=pool, request_headers=nb.request_headers,
+                                   response_headers=nb.response_headers, rate_limit=limit, where=where))
+        return tuple(out)
 
-    def _settings_native(self) -> dict[str, Any]:
-        t, p, lim = self.timeouts, self.passive, self.limits
-        native = {
-            "listen": self.listen,
-            "workers": self.workers,
-            "backends": [
-                {"address": b.address, "weight": b.weight, "max_connections": b.max_connections,
-                 **({"send_proxy": b.send_proxy} if b.send_proxy is not None else {})}
-                for b in self.backends
-            ],
-            "algorithm": self.algorithm,
-            "hash_key": self.hash_key,
-            "retries": self.retries,
-            "connect_timeout": t.connect,
-            "header_timeout": t.header,
-            "response_timeout": t.response,
-            "idle_timeout": t.idle,
-            "total_timeout": t.total,
-            "queue_timeout": t.queue,
-            "tunnel_timeout": t.tunnel_effective(),
-            "eject_after": p.eject_after,
-            "eject_cooldown": p.cooldown,
-            # marked down: out until the health checker brings it back (it ends the ejection)
-            "eject_until_checked": p.on_error == "mark-down",
-            "max_connections": lim.max_connections,
-            "max_header_bytes": lim.max_header_bytes,
-            "pool_max_idle": lim.pool_max_idle,
-            "pool_idle_timeout": lim.pool_idle_timeout,
-            "max_client_connections": lim.max_client_connections,
-            "max_open_connections": lim.max_open_connections,
-            "tls_certificates": [(c.cert, c.key) for c in self.tls.certificates] or None,
-            "tls_client_ca": self.tls.client_ca,
-            "http_redirect": self.tls.redirect,
-            "backend_tls": self.tls.backend,
-            "backend_ca": self.tls.backend_ca,
-            "backend_tls_insecure": self.tls.backend_insecure,
-            "send_proxy": self.send_proxy,
-            "policy": policy_native(self),
-            "proto": self.proto,
-            "h2_max_streams": self.h2_max_streams,
-            "h2_connections": self.h2_connections,
-        }
-        return {k: v for k, v in native.items()
-                if v is not None or not k.startswith(("tls_", "http_", "backend_", "policy"))}
+    @property
+    def policy(self) -> Policy:
+        """The policies of this configuration's servers as the data plane applies
+        them (for a pool of :meth:`pools`: the pool's)."""
+        return pool_policy(self)
 
     def fixed_changes(self, other: BalancerConfig) -> list[str]:
         """Settings that a reload cannot change in place (they need a restart)."""
@@ -571,10 +534,23 @@ def _servers(nb: NamedBackend, where: str) -> tuple[BackendConfig, ...]:
         else section(BackendConfig, b, f"{where}.servers[{i}]") for i, b in enumerate(nb.servers))
 
 
-_POOL_KEYS = frozenset((
-    "backends", "algorithm", "hash_key", "retries", "connect_timeout", "response_timeout", "total_timeout",
-    "queue_timeout", "eject_after", "eject_cooldown", "eject_until_checked", "max_connections", "send_proxy", "tunnel_timeout", "policy",
-    "proto", "h2_max_streams", "h2_connections"))
+@dataclass(frozen=True, kw_only=True)
+class BackendPool:
+    """One backend pool as the data plane runs it (see :meth:`BalancerConfig.backend_pools`)."""
+
+    #: the pool's name (``default`` for a ``[[backends]]`` list)
+    name: str
+    #: the pool's configuration: its servers and policy, the top-level values filling the rest
+    config: BalancerConfig
+    #: header rules on the requests sent to the pool
+    request_headers: HeaderRules = field(default_factory=HeaderRules)
+    #: header rules on its responses
+    response_headers: HeaderRules = field(default_factory=HeaderRules)
+    #: the pool's own rate limit, checked after routing
+    rate_limit: RateLimit | None = None
+    #: the pool's key path in the file (``backends.NAME``; empty for a ``[[backends]]`` list)
+    where: str = ""
+
 
 def _as_dict(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in fields(obj)}

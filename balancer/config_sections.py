@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from balancer.checks import parse_hostport
+from balancer.checks import U32_MAX, U64_MAX, check_count, check_seconds, parse_hostport
 from balancer.errors import BalancerConfigError
 from balancer.policies import LAYER7_ERRORS
 
@@ -21,6 +21,18 @@ def _non_negative(obj: object, *names: str) -> None:
         v = getattr(obj, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             raise BalancerConfigError(f"{type(obj).__name__}.{name} must be a number >= 0, got {v!r}")
+
+
+def _seconds(obj: object, table: str, *names: str) -> None:
+    """Durations the data plane takes (finite, at most one year), after :func:`_non_negative`."""
+    for name in names:
+        check_seconds(getattr(obj, name), f"{table}.{name}")
+
+
+def _counts(obj: object, table: str, *names: str, top: int = U64_MAX) -> None:
+    """Integer fields in the range of the data plane's (after :func:`_non_negative`)."""
+    for name in names:
+        check_count(getattr(obj, name), f"{table}.{name}", top)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,11 +58,14 @@ class Timeouts:
 
     def __post_init__(self) -> None:
         _non_negative(self, "connect", "header", "response", "idle", "total", "queue")
+        _seconds(self, "timeouts", "connect", "header", "response", "idle", "total", "queue")
         if self.tunnel is not None:
             _non_negative(self, "tunnel")
+            _seconds(self, "timeouts", "tunnel")
         if self.connect == 0 or self.response == 0:
             raise BalancerConfigError("timeouts.connect and timeouts.response must be > 0")
 
+    @property
     def tunnel_effective(self) -> float:
         """The tunnel inactivity timeout in force (0: none)."""
         if self.tunnel is not None:
@@ -77,6 +92,8 @@ class Passive:
 
     def __post_init__(self) -> None:
         _non_negative(self, "eject_after", "cooldown")
+        _counts(self, "passive", "eject_after", top=U32_MAX)
+        _seconds(self, "passive", "cooldown")
         if self.observe not in ("layer4", "layer7"):
             raise BalancerConfigError(f"passive.observe must be \"layer4\" or \"layer7\", got {self.observe!r}")
         if self.on_error not in ("eject", "mark-down"):
@@ -85,6 +102,12 @@ class Passive:
         if not all(isinstance(x, int) and not isinstance(x, bool) and 100 <= x <= 599 for x in statuses):
             raise BalancerConfigError(f"passive.error_statuses must be HTTP statuses, got {self.error_statuses!r}")
         object.__setattr__(self, "error_statuses", statuses)
+
+    @property
+    def eject_until_checked(self) -> bool:
+        """Whether an ejection lasts until the active health check passes (``mark-down``)
+        rather than ``cooldown``."""
+        return self.on_error == "mark-down"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +133,9 @@ class Limits:
     def __post_init__(self) -> None:
         _non_negative(self, "max_connections", "pool_max_idle", "pool_idle_timeout", "max_client_connections",
                       "max_open_connections")
+        _counts(self, "limits", "max_connections", "pool_max_idle", "max_client_connections", "max_open_connections",
+                "max_header_bytes")
+        _seconds(self, "limits", "pool_idle_timeout")
         if self.max_header_bytes < 8192:
             raise BalancerConfigError(f"limits.max_header_bytes must be >= 8192, got {self.max_header_bytes}")
 

@@ -33,12 +33,11 @@ FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-
 
 @dataclass(frozen=True)
 class ErrorPage:
+    """An answer of the balancer's own, read from its file: the data plane sends it as it is."""
+
     status: int
     headers: tuple[tuple[str, str], ...]
     body: bytes
-
-    def to_native(self) -> dict[str, Any]:
-        return {"status": self.status, "headers": list(self.headers), "body": self.body}
 
 
 def _raw(data: bytes, where: str, status: int) -> ErrorPage:
@@ -88,7 +87,7 @@ def load_error_pages(table: Any, where: str = "error_pages") -> tuple[ErrorPage,
     """``{"503": "/path/503.http", ...}`` → the pages, read now; errors name the key."""
     if not isinstance(table, dict):
         raise BalancerConfigError(f"{where} must be a table of status = \"file\" (such as 503 = \"503.http\")")
-    pages = []
+    pages: list[ErrorPage] = []
     for key, path in table.items():
         w = f"{where}.{key}"
         try:
@@ -98,6 +97,8 @@ def load_error_pages(table: Any, where: str = "error_pages") -> tuple[ErrorPage,
         if status not in ERROR_PAGE_STATUSES:
             raise BalancerConfigError(
                 f"{w}: the key must be one of the statuses {', '.join(map(str, ERROR_PAGE_STATUSES))}")
+        if any(p.status == status for p in pages):
+            raise BalancerConfigError(f"{w}: a second page for {status}")
         data = read_page(path, w)
         if data.startswith(b"HTTP/"):
             pages.append(_raw(data, f"{w} ({path})", status))

@@ -1,10 +1,10 @@
 """Typed configuration of the pool policies: cookie persistence (``sticky``),
 backup servers, slow start, ``retry_on`` and layer-7 passive health.
 
-The data plane applies them (``rustext/src/balancer/policy.rs``); this
-module checks the values and turns a pool's settings into the ``policy``
-dict the data plane takes (:func:`policy_native`). The TOML shapes are in
-the "Sticky sessions", "Backup servers and slow start" and "Failures"
+The data plane applies them (``rustext/src/balancer/upstream/policy.rs``);
+this module checks the values and derives a pool's :class:`Policy` from its
+settings, which the data plane reads (:func:`pool_policy`). The TOML shapes
+are in the "Sticky sessions", "Backup servers and slow start" and "Failures"
 sections of ``docs/balancer.md``.
 """
 
@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from balancer.checks import U64_MAX
 from balancer.errors import BalancerConfigError
 
 _COOKIE_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -89,7 +90,7 @@ class Sticky:
         if self.mode != "insert":
             raise BalancerConfigError(f"sticky.mode must be \"insert\", got {self.mode!r}")
         if self.max_age is not None and (isinstance(self.max_age, bool) or not isinstance(self.max_age, int)
-                                         or self.max_age < 0):
+                                         or not 0 <= self.max_age <= U64_MAX):
             raise BalancerConfigError(f"sticky.max_age must be a number of seconds >= 0, got {self.max_age!r}")
         for name in ("domain", "path"):
             v = getattr(self, name)
@@ -103,33 +104,47 @@ def check_cookie_value(value: Any, server: str) -> None:
             f"backend {server} cookie must be 1 to 128 letters, digits or -._~, got {value!r}")
 
 
-def policy_native(cfg: Any) -> dict[str, Any] | None:
-    """The ``policy`` dict of one pool (a :class:`balancer.config.BalancerConfig`
-    whose ``backends`` are the pool's servers); None when it has none."""
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    """A pool's policies as the data plane applies them, derived from the
+    pool's settings and its servers' (see :func:`pool_policy`)."""
+
+    #: the backup servers, by address
+    backups: tuple[str, ...] = ()
+    #: balance over every available backup, not only the first
+    all_backups: bool = False
+    #: (server address, seconds) of every server with a slow start
+    slow_start: tuple[tuple[str, float], ...] = ()
+    #: statuses after which a replayable request goes to another server
+    retry_statuses: tuple[int, ...] = ()
+    #: a replayable request whose response is late goes to another server
+    retry_timeout: bool = False
+    #: statuses counted as failures by passive health (``observe = "layer7"``; empty: layer 4)
+    error_statuses: tuple[int, ...] = ()
+    #: cookie persistence, if any
+    sticky: Sticky | None = None
+    #: (server address, cookie value) of the servers given a ``cookie`` of their own
+    cookies: tuple[tuple[str, str], ...] = ()
+
+
+def pool_policy(cfg: Any) -> Policy:
+    """The :class:`Policy` of one pool (a :class:`balancer.config.BalancerConfig`
+    whose ``backends`` are the pool's servers)."""
     pool_slow = parse_duration(cfg.slow_start, "slow_start")
-    slow = {}
+    slow = []
     for b in cfg.backends:
         s = pool_slow if b.slow_start is None else parse_duration(b.slow_start, f"backend {b.address} slow_start")
         if s > 0:
-            slow[b.address] = s
+            slow.append((b.address, s))
     retry = parse_retry_on(cfg.retry_on)
     passive = cfg.passive
-    native: dict[str, Any] = {
-        "backups": [b.address for b in cfg.backends if b.backup],
-        "all_backups": cfg.all_backups,
-        "slow_start": slow,
-        "retry_statuses": [int(s) for s in retry if s.isdigit()],
-        "retry_timeout": "response-timeout" in retry,
-        "error_statuses": list(passive.error_statuses) if passive.observe == "layer7" else [],
-        "sticky": None,
-    }
-    if cfg.sticky is not None:
-        st = cfg.sticky
-        native["sticky"] = {
-            "name": st.cookie, "indirect": st.indirect, "nocache": st.nocache, "httponly": st.httponly,
-            "secure": st.secure, "max_age": st.max_age, "domain": st.domain, "path": st.path,
-            "values": {b.address: b.cookie for b in cfg.backends if b.cookie is not None},
-        }
-    if not any(native.values()):
-        return None
-    return native
+    return Policy(
+        backups=tuple(b.address for b in cfg.backends if b.backup),
+        all_backups=cfg.all_backups,
+        slow_start=tuple(slow),
+        retry_statuses=tuple(int(s) for s in retry if s.isdigit()),
+        retry_timeout="response-timeout" in retry,
+        error_statuses=tuple(passive.error_statuses) if passive.observe == "layer7" else (),
+        sticky=cfg.sticky,
+        cookies=tuple((b.address, b.cookie) for b in cfg.backends if b.cookie is not None) if cfg.sticky is not None else (),
+    )

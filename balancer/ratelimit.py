@@ -26,7 +26,10 @@ def parse_rate(value: Any, where: str = "rate_limit.rate") -> tuple[int, float]:
     if not m or int(m.group(1)) == 0:
         raise BalancerConfigError(
             f"{where} must be requests per period such as \"100/s\", \"600/m\" or \"10r/s\", got {value!r}")
-    return int(m.group(1)), _PERIODS[m.group(2)]
+    count, period = int(m.group(1)), _PERIODS[m.group(2)]
+    if count > period * 1_000_000_000:  # the data plane spaces requests by whole nanoseconds
+        raise BalancerConfigError(f"{where} is over one request per nanosecond, got {value!r}")
+    return count, period
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,8 +83,7 @@ class RateLimit:
             raise BalancerConfigError("rate_limit.delay applies with nodelay = false (with nodelay every "
                                       "request within the burst passes at once)")
 
-    def to_native(self) -> dict[str, Any]:
-        count, period = parse_rate(self.rate)
-        return {"count": count, "period": period, "burst": self.burst, "key": self.key.strip(),
-                "missing": self.missing, "max_keys": self.max_keys, "status": self.status,
-                "delay": None if self.nodelay else self.delay}
+    @property
+    def per_period(self) -> tuple[int, float]:
+        """``rate`` as (requests, period in seconds)."""
+        return parse_rate(self.rate)

@@ -4,9 +4,9 @@ header rules, redirects and request ids (the TOML shapes are in
 
 The classes validate what they can alone in ``__post_init__``; references
 between them (a route's backend must exist) are checked by
-:class:`balancer.config.BalancerConfig`, and the data plane compiles the
-whole into its routing table (checking header names and values again).
-Errors name the key path (``listeners[1].routes[0].host``).
+:class:`balancer.config.BalancerConfig`, and the data plane reads the
+dataclasses and compiles them into its routing table. Errors name the key
+path (``listeners[1].routes[0].host``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from balancer.errorpages import MAX_PAGE, content_type_of, read_page
+from balancer.checks import U64_MAX
+from balancer.errorpages import MAX_PAGE, ErrorPage, content_type_of, read_page
 from balancer.errors import BalancerConfigError
 from balancer.ratelimit import RateLimit
 from rustext.fields import check_fields
@@ -24,6 +25,8 @@ from rustext.fields import check_fields
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _TEMPLATE = re.compile(r"%\[([^\]]*)\]")
 _TEMPLATE_VALUES = ("req.id", "src")
+#: the longest host name a route matches (RFC 1035)
+MAX_HOST = 255
 #: headers the balancer manages itself: rules may not set or delete them
 RESERVED_HEADERS = frozenset(
     ("connection", "keep-alive", "transfer-encoding", "content-length", "te", "trailer", "upgrade", "host"))
@@ -45,12 +48,15 @@ def _header_name(name: Any, where: str) -> str:
 
 
 def _header_value(value: Any, where: str) -> str:
-    if not isinstance(value, str) or any(c in value for c in "\r\n\0"):
-        raise BalancerConfigError(f"{where} must be a string without line breaks, got {value!r}")
+    if not isinstance(value, str) or any((c < " " and c != "\t") or c == "\x7f" for c in value):
+        raise BalancerConfigError(f"{where} must be a string without line breaks or control characters, "
+                                  f"got {value!r}")
     for name in _TEMPLATE.findall(value):
         if name not in _TEMPLATE_VALUES:
             raise BalancerConfigError(
                 f"{where}: unknown value %[{name}] (expected %[req.id] or %[src])")
+    if "%[" in _TEMPLATE.sub("", value):
+        raise BalancerConfigError(f"{where}: %[ without its closing ] in {value!r}")
     return value
 
 
@@ -107,10 +113,6 @@ class HeaderRules:
     def __bool__(self) -> bool:
         return bool(self.set or self.add or self.delete)
 
-    def to_native(self) -> list[tuple[str, ...]]:
-        return ([("delete", n) for n in self.delete] + [("set", n, v) for n, v in self.set.items()]
-                + [("add", n, v) for n, v in self.add.items()])
-
 
 @dataclass(frozen=True, kw_only=True)
 class HeaderMatch:
@@ -128,13 +130,6 @@ class HeaderMatch:
         _header_name(self.name, "header.name")
         if self.equals is not None and self.prefix is not None:
             raise BalancerConfigError(f"header {self.name}: give equals or prefix, not both")
-
-    def to_native(self) -> tuple[str, ...]:
-        if self.equals is not None:
-            return (self.name, "equals", self.equals)
-        if self.prefix is not None:
-            return (self.name, "prefix", self.prefix)
-        return (self.name, "present")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,11 +155,9 @@ class Redirect:
             raise BalancerConfigError(f'redirect.scheme must be "https", got {self.scheme!r}')
         if self.location is not None:
             _header_value(self.location, "redirect.location")
-        if self.port is not None and not 1 <= self.port <= 65535:
+        if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
+                                      or not 1 <= self.port <= 65535):
             raise BalancerConfigError(f"redirect.port must be in 1..65535, got {self.port!r}")
-
-    def to_native(self) -> dict[str, Any]:
-        return {"code": self.code, "location": self.location, "scheme": self.scheme, "port": self.port}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,14 +195,16 @@ class Respond:
         if self.file is not None:
             object.__setattr__(self, "file_bytes", read_page(self.file, f"{w}.file"))
 
-    def to_native(self) -> dict[str, Any]:
+    @property
+    def page(self) -> ErrorPage:
+        """The answer made: ``status``, its ``Content-Type`` and the body."""
         if self.file is not None:
             body = self.file_bytes
             content_type = self.content_type or content_type_of(self.file)
         else:
             body = (self.body or "").encode()
             content_type = self.content_type or "text/plain; charset=utf-8"
-        return {"status": self.status, "headers": [("Content-Type", content_type)], "body": body}
+        return ErrorPage(self.status, (("Content-Type", content_type),), body)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,15 +244,16 @@ class Route:
             object.__setattr__(self, name, _strs(getattr(self, name), f"{w}.{name}"))
         for h in self.host:
             bare = h.lower().rstrip(".")
-            if not bare or " " in bare or "/" in bare or ("*" in bare and not (
+            if not bare or " " in bare or "/" in bare or len(bare) > MAX_HOST or ("*" in bare and not (
                     bare.startswith("*.") and "*" not in bare[2:] and len(bare) > 2)):
                 raise BalancerConfigError(f"{w}.host: invalid host {h!r} (a name, or *.example.com)")
         for p in self.path + self.path_prefix:
             if not p.startswith("/"):
                 raise BalancerConfigError(f"{w}: path {p!r} must start with /")
         for m in self.method:
-            if not m.isalpha():
+            if not (m.isascii() and m.isalpha()):
                 raise BalancerConfigError(f"{w}.method: invalid method {m!r}")
+        object.__setattr__(self, "method", tuple(m.upper() for m in self.method))  # as requests carry them
         header = self.header
         if isinstance(header, Mapping):
             header = (header,)
@@ -278,19 +274,10 @@ class Route:
             except BalancerConfigError as exc:  # its messages start with "rate_limit."
                 raise BalancerConfigError(f"{w}.{exc}" if str(exc).startswith("rate_limit.") else str(exc)) from exc
             object.__setattr__(self, "rate_limit", limit)
+        _tables(self, w, redirect=Redirect, respond=Respond, rate_limit=RateLimit, request_headers=HeaderRules,
+                response_headers=HeaderRules)
         if sum(x is not None for x in (self.backend, self.redirect, self.respond)) != 1:
             raise BalancerConfigError(f"{w}: a route needs a backend, a redirect or respond (one of them)")
-
-    def to_native(self) -> dict[str, Any]:
-        return {
-            "host": list(self.host), "path": list(self.path), "path_prefix": list(self.path_prefix),
-            "method": [m.upper() for m in self.method], "header": [h.to_native() for h in self.header],
-            "backend": self.backend, "redirect": self.redirect.to_native() if self.redirect else None,
-            "respond": self.respond.to_native() if self.respond else None,
-            "request_headers": self.request_headers.to_native(),
-            "response_headers": self.response_headers.to_native(),
-            "rate_limit": self.rate_limit.to_native() if self.rate_limit is not None else None,
-        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,11 +292,8 @@ class Hsts:
     preload: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_age, bool) or not isinstance(self.max_age, int) or self.max_age < 0:
+        if isinstance(self.max_age, bool) or not isinstance(self.max_age, int) or not 0 <= self.max_age <= U64_MAX:
             raise BalancerConfigError(f"hsts.max_age must be an integer >= 0, got {self.max_age!r}")
-
-    def to_native(self) -> dict[str, Any]:
-        return {"max_age": self.max_age, "include_subdomains": self.include_subdomains, "preload": self.preload}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -387,6 +371,7 @@ class Listener:
             v = getattr(self, name)
             if isinstance(v, Mapping):
                 object.__setattr__(self, name, section(HeaderRules, v, f"{w}.{name}"))
+        _tables(self, w, request_id=RequestId, hsts=Hsts, request_headers=HeaderRules, response_headers=HeaderRules)
         from balancer.accesslog import AccessLog
 
         if isinstance(self.access_log, Mapping):
@@ -396,10 +381,6 @@ class Listener:
         elif self.access_log is not None and self.access_log is not False and not isinstance(self.access_log, AccessLog):
             raise BalancerConfigError(f"{w}.access_log must be a table (as [access_log]) or false")
 
-    def access_log_native(self) -> Any:
-        """None (the top-level log), False (none) or this listener's own log."""
-        return self.access_log.to_native() if self.access_log not in (None, False) else self.access_log
-
     def backends_used(self) -> list[tuple[str, str]]:
         """(key path, backend name) of every reference to a pool."""
         at = f"{self.where}." if self.where else ""  # "": the top-level keys of ``listen``
@@ -408,21 +389,17 @@ class Listener:
             out.append((f"{at}default_backend", self.default_backend))
         return out
 
-    def to_native(self) -> dict[str, Any]:
-        return {
-            "address": self.address, "tls": self.tls, "routes": [r.to_native() for r in self.routes],
-            "default_backend": self.default_backend,
-            "request_id": self.request_id.header if self.request_id else None,
-            "hsts": self.hsts.to_native() if self.hsts else None,
-            "request_headers": self.request_headers.to_native(),
-            "response_headers": self.response_headers.to_native(),
-            "accept_proxy": self.accept_proxy,
-            "mode": self.mode,
-        }
-
 
 def _bad(where: str) -> Any:
     raise BalancerConfigError(f"{where} must be a table")
+
+
+def _tables(obj: object, where: str, **classes: type) -> None:
+    """Refuse a value of these keys that did not become its table's class (``rate_limit = []``)."""
+    for name, cls in classes.items():
+        value = getattr(obj, name)
+        if value is not None and not isinstance(value, cls):
+            _bad(f"{where}.{name}")
 
 
 @dataclass(frozen=True, kw_only=True)

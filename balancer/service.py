@@ -44,7 +44,7 @@ class LoadBalancer(ServiceBase):
         self._overrides = overrides
         self._discovery: Discovery | None = None
         self._dns_task: asyncio.Task[None] | None = None
-        self._native = rustext.Balancer(self._effective(config).to_native())
+        self._native = rustext.Balancer(self._effective(config))
         self._health: dict[str, HealthChecker] = {}  # per backend pool with checks
         # TLS to backends as the data plane has it: a reload keeps it (see fixed_changes), and so do the checks
         self._backend_tls = config.tls if config.tls.backend else None
@@ -63,7 +63,7 @@ class LoadBalancer(ServiceBase):
         self._started = True
         if self.config.dns_targets():
             await self._discover(self.config)
-            self._native = rustext.Balancer(self._effective(self.config).to_native())
+            self._native = rustext.Balancer(self._effective(self.config))
             self._dns_task = asyncio.create_task(self._follow_dns(), name="balancer dns")
         self._native.start(inherited)
         await self._sync_health(self._effective(self.config))
@@ -238,7 +238,7 @@ class LoadBalancer(ServiceBase):
     def _apply_backends(self) -> None:
         effective = self._effective(self.config)
         try:
-            self._native.update(effective.to_native())
+            self._native.update(effective)
         except BalancerConfigError as exc:  # e.g. an address the data plane refuses: keep the running set
             log.error("dns: new addresses not applied: %s", exc)
             return
@@ -292,7 +292,7 @@ class LoadBalancer(ServiceBase):
                 elif self._discovery is not None:
                     self._discovery.configure(self._discovery.config, ())
                 effective = self._effective(new)
-                self._native.update(effective.to_native())  # raises and keeps the old config on error
+                self._native.update(effective)  # raises and keeps the old config on error
             except BaseException:
                 if self._discovery is not None:
                     if snapshot is None:

@@ -404,39 +404,25 @@ class DeadlineHeap:
     def __bool__(self) -> bool: ...
 
 # --- balancer -----------------------------------------------------------
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from balancer.config import BalancerConfig
+
 class Balancer:
     """The HTTP load balancer's data plane: a tokio + hyper reverse proxy on
     ``workers`` threads of its own (SO_REUSEPORT listeners). Python never runs
-    per request. ``config`` is a dict (see ``balancer.config.BalancerConfig.
-    to_native``): listen, workers, backends ([{"address", "weight",
-    "max_connections"}] or "host:port"), algorithm, hash_key, connect_timeout,
-    response_timeout, total_timeout, retries, eject_after, eject_cooldown,
-    max_connections, queue_timeout, proto ("h1" or "h2": HTTP/1.1 or HTTP/2 to
-    the backends), header_timeout, idle_timeout,
-    max_header_bytes, pool_max_idle, pool_idle_timeout (seconds; 0 = none);
-    HTTPS: tls_certificates ([(cert, key)] PEM files, picked by SNI, the first
-    the default), tls_client_ca, http_redirect ("host:port" of a plain-HTTP
-    listener answering 308 to https), backend_tls, backend_ca,
-    backend_tls_insecure. Routing: pools ([{"name", the per-pool keys above,
-    "request_headers", "response_headers"}]) and listeners ([{"address",
-    "tls", "routes", "default_backend", "request_id", "hsts",
-    "request_headers", "response_headers"}]), compiled into the routing
-    table. access_log: {"path" (a file or "-"), "format"} or None.
-    rate_limit: {"count", "period" (seconds), "burst", "key" ("src" or
-    "header:NAME"), "missing" ("src" or "allow"), "max_keys", "status"} or
-    None (every listener). policy (top level or per pool): {"backups":
-    [address], "all_backups", "slow_start": {address: seconds},
-    "retry_statuses": [int], "retry_timeout", "error_statuses": [int]
-    (layer-7 passive health), "sticky": {"name", "values": {address: value},
-    "indirect", "nocache", "httponly", "secure", "max_age", "domain", "path"}
-    or None, "rate_limit": the pool's own, as above} or None. error_pages:
-    [{"status", "headers": [(name, value)], "body": bytes}]: answered instead
-    of the balancer's own one-line texts. max_client_connections (per client
-    address), max_open_connections (over every listener; at the limit
-    accepting waits). Raises BalancerConfigError on an invalid config (a bad
-    certificate file is named)."""
+    per request. ``config`` is a ``balancer.config.BalancerConfig``: the data
+    plane reads its dataclasses directly (their fields, and the views the
+    configuration derives for it: ``effective_listeners()``,
+    ``backend_pools()`` with each pool's ``policy``, the tunnel timeout in
+    force...); ``balancer.config`` holds the defaults and the checks, with
+    FILE:LINE errors. What only the data plane can check (certificate files,
+    addresses resolved to sockets, what its HTTP library takes) raises
+    BalancerConfigError naming the key. A dict raises TypeError
+    (``balancer.config.from_dict`` builds a configuration from one)."""
 
-    def __init__(self, config: dict[str, object]) -> None: ...
+    def __init__(self, config: BalancerConfig) -> None: ...
     def start(self, inherited: dict[str, list[int]] | None = None) -> tuple[str, int]:
         """Bind and start the workers; returns the bound (host, port). Once.
         ``inherited``: listening sockets handed over by the process this one
@@ -471,11 +457,13 @@ class Balancer:
     def workers(self) -> int: ...
     @property
     def is_running(self) -> bool: ...
-    def update(self, config: dict[str, object]) -> None:
-        """Replace pools/routes/backends/weights/algorithm/timeouts at run time without
-        dropping connections (in-flight requests finish on the old routing table); on
-        BalancerConfigError (also: a different number of listeners) the running
-        configuration stays."""
+    def update(self, config: BalancerConfig) -> None:
+        """Apply ``config``'s listeners, pools, routes, policies, rate limits, error
+        pages and access logs at run time without dropping connections (in-flight
+        requests finish on the old routing table; a listener that stays keeps its
+        socket, a rate limit whose key stays keeps its counts). What is fixed at
+        start (workers, TLS, header/idle timeouts, pool sizes) is not read again.
+        On BalancerConfigError the running configuration stays."""
     def reopen_access_log(self) -> None:
         """Reopen the access log file (after logrotate moved it); no-op without one."""
     @staticmethod

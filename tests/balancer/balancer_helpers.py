@@ -1,4 +1,5 @@
-"""Helpers of the balancer tests: backend processes, raw HTTP exchanges."""
+"""Helpers of the balancer tests: backend processes, the configuration of a
+balancer in front of them, raw HTTP exchanges."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from balancer.config import BalancerConfig, from_dict
 from tests.netutil import free_port
 
 BACKEND = os.path.join(os.path.dirname(__file__), "backend.py")
@@ -37,6 +41,20 @@ class BackendProc:
         self.proc.wait(timeout=10)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def lb_config(bks: Sequence[Any] = (), **settings: Any) -> BalancerConfig:
+    """A configuration in front of ``bks`` (backends, their addresses or tables)
+    on a free port with two workers;
+    ``settings``: top-level keys and tables of the balancer's file (as
+    :func:`balancer.config.from_dict` takes them). With ``listeners``, there
+    is no ``listen``; with named pools (``backends`` a table), no list."""
+    data: dict[str, Any] = {"listen": "127.0.0.1:0", "workers": 2,
+                            "backends": [b if isinstance(b, (str, dict)) else b.address for b in bks]}
+    data.update(settings)
+    if "listeners" in settings:
+        del data["listen"]
+    return from_dict(data)
 
 
 def start_backend(name: str, port: int | None = None, tls: tuple[str, str] | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from balancer_helpers import BackendProc, start_backend
+from balancer_helpers import BackendProc, lb_config, start_backend
 
 import rustext
 
@@ -27,17 +27,12 @@ def backends() -> Iterator[Callable[[int], list[BackendProc]]]:
 
 @pytest.fixture
 def proxy() -> Iterator[Callable[..., rustext.Balancer]]:
-    """``proxy(backends, **settings)`` starts a rustext.Balancer on a free port."""
+    """``proxy(backends, **settings)`` starts a rustext.Balancer on a free port
+    (``settings``: keys and tables of the balancer's file, see ``lb_config``)."""
     started: list[rustext.Balancer] = []
 
     def make(bks: list[BackendProc] | list[str], **settings: object) -> rustext.Balancer:
-        cfg: dict[str, object] = {
-            "listen": "127.0.0.1:0",
-            "workers": 2,
-            "backends": [b if isinstance(b, (str, dict)) else b.address for b in bks],
-        }
-        cfg.update(settings)
-        b = rustext.Balancer(cfg)
+        b = rustext.Balancer(lb_config(bks, **settings))
         b.start()
         started.append(b)
         return b
@@ -53,7 +48,7 @@ def proxy() -> Iterator[Callable[..., rustext.Balancer]]:
 def proxy_session() -> Iterator[rustext.Balancer]:
     """One backend and one proxy shared by a module (for property tests)."""
     b = start_backend("b0")
-    lb = rustext.Balancer({"listen": "127.0.0.1:0", "workers": 1, "backends": [b.address], "header_timeout": 2})
+    lb = rustext.Balancer(lb_config([b], workers=1, timeouts={"header": 2}))
     lb.start()
     yield lb
     lb.close()

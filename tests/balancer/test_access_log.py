@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from balancer_helpers import raw_exchange, split_response
+from balancer_helpers import lb_config, raw_exchange, split_response
 from tests.netutil import free_port, wait_for_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
@@ -47,10 +47,9 @@ def test_each_variable_on_the_fast_path(tmp_path, backends, proxy):
     log = tmp_path / "access.log"
     fmt = ("%ci|%cp|%tr|%[time.iso]|%ft|%b|%s|%HM|%HP|%HQ|%HV|%r|%ST|%B|%U|%TR|%Tw|%Tc|%Tr|%Ta|%rc|%ID|"
            "%[req.hdr(User-Agent)]|%[res.hdr(Content-Length)]|%tsc|%ts")
-    lb = proxy(b, header_timeout=0.4, access_log={"path": str(log), "format": fmt},
+    lb = proxy(b, timeouts={"header": 0.4}, access_log={"path": str(log), "format": fmt},
                listeners=[{"address": "127.0.0.1:0", "default_backend": "default",
-                           "request_id": "X-Request-ID"}],
-               pools=[{"name": "default", "backends": [b[0].address]}])
+                           "request_id": {"header": "X-Request-ID"}}])
     port = lb.address[1]
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(b"GET /size/5?x=1&y=2 HTTP/1.1\r\nHost: x\r\nUser-Agent: tester/1\r\n"
@@ -75,7 +74,7 @@ def test_each_variable_on_the_fast_path(tmp_path, backends, proxy):
 def test_one_line_per_request_on_both_paths_and_own_errors(tmp_path, backends, proxy):
     b = backends(1)
     log = tmp_path / "access.log"
-    lb = proxy(b, workers=1, header_timeout=0.4,
+    lb = proxy(b, workers=1, timeouts={"header": 0.4},
                access_log={"path": str(log), "format": "%HM %HP %ST %ts %b/%s %U"})
     port = lb.address[1]
     # fast path, keep-alive: two requests on one connection
@@ -108,13 +107,12 @@ def test_502_504_and_redirects(tmp_path, backends, proxy):
     b = backends(1)
     log = tmp_path / "access.log"
     dead = f"127.0.0.1:{free_port()}"
-    lb = proxy(b, workers=1, header_timeout=0.4, response_timeout=0.3, retries=0,
+    lb = proxy([], workers=1, timeouts={"header": 0.4, "response": 0.3}, retries=0,
                access_log={"path": str(log), "format": "%HP %ST %ts %s"},
                listeners=[{"address": "127.0.0.1:0", "default_backend": "live",
                            "routes": [{"path_prefix": ["/dead"], "backend": "dead"},
                                       {"path_prefix": ["/old"], "redirect": {"location": "/new", "code": 301}}]}],
-               pools=[{"name": "live", "backends": [b[0].address], "response_timeout": 0.3, "retries": 0},
-                      {"name": "dead", "backends": [dead], "retries": 0}])
+               backends={"live": {"servers": [b[0].address]}, "dead": {"servers": [dead]}})
     port = lb.address[1]
     assert get(port, "/dead")[0].startswith("HTTP/1.1 502")
     assert get(port, "/slow?ms=2000")[0].startswith("HTTP/1.1 504")
@@ -126,7 +124,7 @@ def test_502_504_and_redirects(tmp_path, backends, proxy):
 def test_websocket_line_when_the_upgraded_connection_ends(tmp_path, backends, proxy):
     b = backends(1)
     log = tmp_path / "access.log"
-    lb = proxy(b, header_timeout=0.4, access_log={"path": str(log), "format": "%HP %ST %B %U"})
+    lb = proxy(b, timeouts={"header": 0.4}, access_log={"path": str(log), "format": "%HP %ST %B %U"})
     with socket.create_connection(("127.0.0.1", lb.address[1]), timeout=10) as s:
         s.sendall(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
         head = b""
@@ -144,8 +142,8 @@ def test_websocket_line_when_the_upgraded_connection_ends(tmp_path, backends, pr
 def test_json_lines_and_escaping(tmp_path, backends, proxy):
     b = backends(1)
     log, text = tmp_path / "access.json", tmp_path / "access.log"
-    lb_json = proxy(b, header_timeout=0.4, access_log={"path": str(log), "format": "json"})
-    lb_text = proxy(b, header_timeout=0.4, access_log={"path": str(text), "format": '"%[req.hdr(X-Odd)]" %HQ'})
+    lb_json = proxy(b, timeouts={"header": 0.4}, access_log={"path": str(log), "format": "json"})
+    lb_text = proxy(b, timeouts={"header": 0.4}, access_log={"path": str(text), "format": '"%[req.hdr(X-Odd)]" %HQ'})
     odd = b'a"b\\c\td\xffe'
     for lb in (lb_json, lb_text):
         raw = raw_exchange(lb.address[1], b"GET /size/1?q=%22%0a HTTP/1.1\r\nHost: x\r\nX-Odd: " + odd +
@@ -268,7 +266,7 @@ def test_unwritable_path_and_flag_errors(tmp_path):
 def test_requests_hyper_refuses_itself_get_a_line(tmp_path, backends, proxy):
     b = backends(1)
     log = tmp_path / "access.log"
-    lb = proxy(b, workers=1, header_timeout=0.4, max_header_bytes=8192,
+    lb = proxy(b, workers=1, timeouts={"header": 0.4}, limits={"max_header_bytes": 8192},
                access_log={"path": str(log), "format": "%ST %ts \"%r\""})
     port = lb.address[1]
     # a head over max_header_bytes: hyper's 431
@@ -287,7 +285,8 @@ def test_https_http1_and_http2_requests_get_a_line(tmp_path, backends, proxy, pk
     b = backends(1)
     leaf = pki.leaf("localhost", "127.0.0.1")
     log = tmp_path / "access.log"
-    lb = proxy(b, workers=1, header_timeout=0.4, tls_certificates=[(str(leaf.cert), str(leaf.key))],
+    lb = proxy(b, workers=1, timeouts={"header": 0.4},
+               tls={"certificates": [{"cert": str(leaf.cert), "key": str(leaf.key)}]},
                access_log={"path": str(log), "format": "%HV %HP %ST %b/%s"})
     port = lb.address[1]
     ctx = ssl.create_default_context(cafile=str(pki.ca))
@@ -329,13 +328,13 @@ def test_a_reload_changes_the_format_and_a_bad_one_keeps_the_old(tmp_path, backe
 
     b = backends(1)
     log = tmp_path / "access.log"
-    lb = proxy(b, workers=1, header_timeout=0.4, access_log={"path": str(log), "format": "old %HP"})
+    lb = proxy(b, workers=1, timeouts={"header": 0.4}, access_log={"path": str(log), "format": "old %HP"})
     port = lb.address[1]
     assert get(port, "/whoami")[0].startswith("HTTP/1.1 200")
     assert wait_lines(log, 1) == ["old /whoami"]
     with pytest.raises(rustext.BalancerConfigError, match="unknown variable %nope"):
-        lb.update({"backends": [b[0].address], "access_log": {"path": str(log), "format": "%nope"}})
-    lb.update({"backends": [b[0].address], "access_log": {"path": str(log), "format": "new %HP %ST"}})
+        lb.update(lb_config(b, access_log={"path": str(log), "format": "%nope"}))
+    lb.update(lb_config(b, access_log={"path": str(log), "format": "new %HP %ST"}))
     assert get(port, "/size/1")[0].startswith("HTTP/1.1 200")
     assert wait_lines(log, 2) == ["old /whoami", "new /size/1 200"]
 
@@ -344,8 +343,9 @@ def test_the_https_redirect_listener_logs_its_answers(tmp_path, backends, proxy,
     b = backends(1)
     leaf = pki.leaf("localhost", "127.0.0.1")
     log = tmp_path / "access.log"
-    lb = proxy(b, workers=1, header_timeout=0.4, tls_certificates=[(str(leaf.cert), str(leaf.key))],
-               http_redirect="127.0.0.1:0", access_log={"path": str(log), "format": "%ft %HP %ST %ts %[res.hdr(Location)]"})
+    lb = proxy(b, workers=1, timeouts={"header": 0.4},
+               tls={"certificates": [{"cert": str(leaf.cert), "key": str(leaf.key)}], "redirect": "127.0.0.1:0"},
+               access_log={"path": str(log), "format": "%ft %HP %ST %ts %[res.hdr(Location)]"})
     rport = lb.redirect_address[1]
     status, headers, _ = split_response(raw_exchange(rport, b"GET /p?q=1 HTTP/1.1\r\nHost: localhost\r\n"
                                                             b"Connection: close\r\n\r\n"))

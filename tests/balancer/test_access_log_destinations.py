@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from balancer_helpers import raw_exchange, split_response
+from balancer_helpers import lb_config, raw_exchange, split_response
 from test_access_log import get, wait_lines
 
 from balancer import BalancerConfigError, LoadBalancer, load
@@ -122,10 +122,11 @@ def syslog_receiver(tmp_path):
 def test_each_listener_logs_where_it_is_told(tmp_path, backends, proxy):
     b = backends(1)
     top, own = tmp_path / "top.log", tmp_path / "own.log"
-    listeners = [{"address": "127.0.0.1:0", "default_backend": "default"} for _ in range(3)]
-    lb = proxy(b, workers=1, access_log={"path": str(top), "format": "top %ft %HP"},
-               listeners=listeners, pools=[{"name": "default", "backends": [b[0].address]}],
-               listener_logs=[None, {"path": str(own), "format": "json"}, False])
+    def listeners(own_format: str) -> list[dict[str, object]]:
+        logs = [{}, {"access_log": {"path": str(own), "format": own_format}}, {"access_log": False}]
+        return [{"address": "127.0.0.1:0", "default_backend": "default", **log} for log in logs]
+
+    lb = proxy(b, workers=1, access_log={"path": str(top), "format": "top %ft %HP"}, listeners=listeners("json"))
     ports = [a[1] for a in lb.addresses]
     for i, port in enumerate(ports):
         assert get(port, f"/size/{i}")[0].startswith("HTTP/1.1 200")
@@ -137,9 +138,8 @@ def test_each_listener_logs_where_it_is_told(tmp_path, backends, proxy):
     assert wait_lines(top, 2)[1] == f"top 127.0.0.1:{ports[0]} /size/9"
     assert len(wait_lines(own, 1)) == 1
     # a reload changes a listener's format; its destination stays
-    lb.update({"listeners": listeners, "pools": [{"name": "default", "backends": [b[0].address]}],
-               "access_log": {"path": str(top), "format": "top %ft %HP"},
-               "listener_logs": [None, {"path": str(own), "format": "own2 %HP %ST"}, False]})
+    lb.update(lb_config(b, workers=1, access_log={"path": str(top), "format": "top %ft %HP"},
+                        listeners=listeners("own2 %HP %ST")))
     assert get(ports[1], "/size/4")[0].startswith("HTTP/1.1 200")
     assert wait_lines(own, 2)[1] == "own2 /size/4 200"
 
@@ -149,8 +149,8 @@ def test_syslog_rfc3164_as_haproxy_sends_it(tmp_path, backends, proxy, syslog_re
     b = backends(1)
     rx = syslog_receiver(unix)
     lb = proxy(b, workers=1, access_log={
-        "path": "", "format": "%HM %HP %ST",
-        "syslog": {"address": rx.address, "facility": 16, "format": "rfc3164", "tag": "edge", "max_length": 1024}})
+        "format": "%HM %HP %ST", "syslog": rx.address, "facility": "local0", "syslog_format": "rfc3164",
+        "tag": "edge", "max_length": 1024})
     port = lb.address[1]
     assert get(port, "/size/2")[0].startswith("HTTP/1.1 200")
     assert get(port, "/whoami")[0].startswith("HTTP/1.1 200")
@@ -165,8 +165,8 @@ def test_syslog_rfc5424_and_max_length(backends, proxy, syslog_receiver):
     b = backends(1)
     rx = syslog_receiver()
     lb = proxy(b, workers=1, access_log={
-        "path": "", "format": "%HP %[req.hdr(X-Pad)]",
-        "syslog": {"address": rx.address, "facility": 3, "format": "rfc5424", "tag": "balancer", "max_length": 100}})
+        "format": "%HP %[req.hdr(X-Pad)]", "syslog": rx.address, "facility": "daemon", "syslog_format": "rfc5424",
+        "tag": "balancer", "max_length": 100})
     assert get(lb.address[1], "/size/1", "X-Pad: " + "p" * 300 + "\r\n")[0].startswith("HTTP/1.1 200")
     (m,) = rx.messages(1)
     assert len(m) == 100
@@ -182,8 +182,8 @@ def test_syslog_over_tcp_octet_counted(backends, proxy):
     rx = TcpSyslogReceiver()
     try:
         lb = proxy(b, workers=2, access_log={
-            "path": "", "format": "%HM %HP %ST",
-            "syslog": {"address": rx.address, "facility": 16, "format": "rfc5424", "tag": "edge", "max_length": 1024}})
+            "format": "%HM %HP %ST", "syslog": rx.address, "facility": "local0", "syslog_format": "rfc5424",
+            "tag": "edge", "max_length": 1024})
         paths = [f"/size/{i}" for i in range(20)]
         for path in paths:
             assert get(lb.address[1], path)[0].startswith("HTTP/1.1 200")
@@ -200,9 +200,8 @@ def test_syslog_over_tcp_newline_framing(backends, proxy):
     rx = TcpSyslogReceiver(newline=True)
     try:
         lb = proxy(b, workers=1, access_log={
-            "path": "", "format": "%HP",
-            "syslog": {"address": rx.address, "facility": 16, "format": "rfc3164", "tag": "lb", "max_length": 1024,
-                       "framing": "newline"}})
+            "format": "%HP", "syslog": rx.address, "facility": "local0", "syslog_format": "rfc3164", "tag": "lb",
+            "max_length": 1024, "syslog_framing": "newline"})
         for i in range(3):
             assert get(lb.address[1], f"/size/{i}")[0].startswith("HTTP/1.1 200")
         got = rx.messages(3)
@@ -219,8 +218,8 @@ def test_a_tcp_syslog_server_that_restarts_gets_the_lines_after_it(backends, pro
     rx = TcpSyslogReceiver()
     port = rx.port
     lb = proxy(b, workers=1, access_log={
-        "path": "", "format": "%HP",
-        "syslog": {"address": rx.address, "facility": 16, "format": "rfc3164", "tag": "lb", "max_length": 1024}})
+        "format": "%HP", "syslog": rx.address, "facility": "local0", "syslog_format": "rfc3164", "tag": "lb",
+        "max_length": 1024})
     try:
         assert get(lb.address[1], "/size/1")[0].startswith("HTTP/1.1 200")
         assert rx.messages(1)[0].endswith(b": /size/1")
@@ -247,9 +246,8 @@ def test_a_tcp_syslog_server_that_restarts_gets_the_lines_after_it(backends, pro
 def test_a_missing_syslog_daemon_drops_lines_and_requests_go_on(backends, proxy, tmp_path):
     b = backends(1)
     lb = proxy(b, workers=1, access_log={
-        "path": "", "format": "%HP",
-        "syslog": {"address": f"unix:{tmp_path / 'nobody.sock'}", "facility": 16, "format": "rfc3164",
-                   "tag": "balancer", "max_length": 1024}})
+        "format": "%HP", "syslog": f"unix:{tmp_path / 'nobody.sock'}", "facility": "local0",
+        "syslog_format": "rfc3164", "tag": "balancer", "max_length": 1024})
     for _ in range(3):
         assert get(lb.address[1], "/whoami")[0].startswith("HTTP/1.1 200")
     deadline = time.monotonic() + 15
@@ -262,7 +260,7 @@ def test_a_missing_syslog_daemon_drops_lines_and_requests_go_on(backends, proxy,
 def test_connections_ending_without_a_request(tmp_path, backends, proxy):
     b = backends(1)
     log = tmp_path / "access.log"
-    lb = proxy(b, workers=1, header_timeout=0.3,
+    lb = proxy(b, workers=1, timeouts={"header": 0.3},
                access_log={"path": str(log), "format": "%ST %tsc \"%r\" %b/%s"})
     port = lb.address[1]
     # connected and closed without a byte: not logged (HAProxy's "option dontlognull")
@@ -370,9 +368,10 @@ def test_bad_log_tables_name_file_and_line(tmp_path, table, message):
 def test_a_listener_log_keeps_requests_of_others_flowing(backends, proxy, tmp_path):
     """Splitting logs costs nothing on a listener that has none: its requests go as usual."""
     b = backends(1)
-    lb = proxy(b, workers=1, listeners=[{"address": "127.0.0.1:0", "default_backend": "default"}] * 2,
-               pools=[{"name": "default", "backends": [b[0].address]}],
-               listener_logs=[{"path": str(tmp_path / "x.log"), "format": "%HP"}, False])
+    lb = proxy(b, workers=1, listeners=[
+        {"address": "127.0.0.1:0", "default_backend": "default",
+         "access_log": {"path": str(tmp_path / "x.log"), "format": "%HP"}},
+        {"address": "127.0.0.1:0", "default_backend": "default", "access_log": False}])
     raw = raw_exchange(lb.addresses[1][1], b"GET /whoami HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert split_response(raw)[2] == b"b0"
     assert wait_lines(tmp_path / "x.log", 0) == []
@@ -493,8 +492,11 @@ def test_a_log_destination_that_cannot_be_opened_changes_nothing(tmp_path, backe
     lb = proxy([b[0]], workers=1, access_log={"path": str(log), "format": "%s"})
     port = lb.address[1]
     assert get(port, "/whoami")[0].startswith("HTTP/1.1 200")
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    new = lb_config([b[1]], workers=1, access_log={"path": str(gone / "x.log"), "format": "%s"})
+    gone.rmdir()  # after the configuration was checked: only the data plane finds out
     with pytest.raises(BalancerConfigError, match="cannot open the access log"):
-        lb.update({"listen": "127.0.0.1:0", "workers": 1, "backends": [b[1].address],
-                   "access_log": {"path": str(tmp_path / "no-such-dir" / "x.log"), "format": "%s"}})
+        lb.update(new)
     assert get(port, "/whoami")[0].startswith("HTTP/1.1 200")
     assert wait_lines(log, 2) == [b[0].address, b[0].address]  # still the first backend, still this file

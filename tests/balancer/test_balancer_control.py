@@ -59,9 +59,9 @@ def test_config_file_round_trip(tmp_path):
     assert cfg.algorithm == "weighted_round_robin"
     assert cfg.backends[0] == BackendConfig(address="127.0.0.1:1", weight=2)
     assert cfg.timeouts.connect == 1.0 and cfg.passive.eject_after == 2
-    native = cfg.to_native()
-    assert native["backends"][0] == {"address": "127.0.0.1:1", "weight": 2, "max_connections": 0}
-    assert native["max_connections"] == 100
+    (pool,) = cfg.backend_pools()  # what the data plane reads
+    assert pool.name == "default" and pool.config.backends == cfg.backends
+    assert pool.config.limits.max_connections == 100
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from balancer_helpers import dechunk, pattern, raw_exchange, split_response
+from balancer_helpers import dechunk, lb_config, pattern, raw_exchange, split_response
 
 
 @pytest.fixture
@@ -222,7 +222,7 @@ def test_reload_applies_to_the_next_request_of_an_idle_keep_alive_connection(bac
     with connect(port_of(lb)) as s, s.makefile("rb") as f:
         s.sendall(b"GET /whoami HTTP/1.1\r\nHost: t\r\n\r\n")
         assert read_response(f)[2] == a.name.encode()
-        lb.update({"backends": [b.address]})
+        lb.update(lb_config([b], workers=1))
         s.sendall(b"GET /whoami HTTP/1.1\r\nHost: t\r\n\r\n")
         assert read_response(f)[2] == b.name.encode()
 
@@ -230,7 +230,7 @@ def test_reload_applies_to_the_next_request_of_an_idle_keep_alive_connection(bac
 def test_new_connections_survive_frequent_idle_checks(backends, proxy):
     """Idle checks (every idle_timeout/2) never close a connection whose
     request has not been read yet: ab aborts on the reset that causes."""
-    lb = proxy(backends(2), workers=1, idle_timeout=0.05)
+    lb = proxy(backends(2), workers=1, timeouts={"idle": 0.05})
     out = subprocess.run(
         ["ab", "-n", "3000", "-c", "10", f"http://127.0.0.1:{port_of(lb)}/size/10"],
         capture_output=True, text=True, timeout=120,

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from balancer_helpers import lb_config
 from hostile import CASES, Outcome, StrictOrigin, run_case
 
 import rustext
@@ -71,8 +72,7 @@ def check_ours(case_name: str, expect: str, o: Outcome) -> list[str]:
 
 async def test_battery_against_ours_and_haproxy(origin: StrictOrigin) -> None:
     assert len(CASES) >= 40
-    lb = rustext.Balancer({"listen": "127.0.0.1:0", "workers": 1, "retries": 0,
-                           "backends": [f"127.0.0.1:{origin.port}"]})
+    lb = rustext.Balancer(lb_config([f"127.0.0.1:{origin.port}"], workers=1, retries=0))
     lb.start()
     haproxy, hport = start_haproxy(origin.port)
     rows = ["| case | expected | ours | HAProxy 2.6 |", "| --- | --- | --- | --- |"]
@@ -106,8 +106,7 @@ async def test_battery_over_the_hyper_path(origin: StrictOrigin) -> None:
     import asyncio
     import socket
 
-    lb = rustext.Balancer({"listen": "127.0.0.1:0", "workers": 1, "retries": 0,
-                           "backends": [f"127.0.0.1:{origin.port}"]})
+    lb = rustext.Balancer(lb_config([f"127.0.0.1:{origin.port}"], workers=1, retries=0))
     lb.start()
     first = b"POST /ok HTTP/1.1\r\nHost: origin.test\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
     problems: list[str] = []
@@ -157,8 +156,7 @@ def test_per_client_connection_limit(backends: object) -> None:
     import time
 
     bks = backends(1)  # type: ignore[operator]
-    lb = rustext.Balancer({"listen": "127.0.0.1:0", "workers": 2, "backends": [bks[0].address],
-                           "max_client_connections": 2})
+    lb = rustext.Balancer(lb_config(bks, limits={"max_client_connections": 2}))
     lb.start()
     port = lb.address[1]
 
@@ -197,8 +195,8 @@ def test_per_client_connection_limit(backends: object) -> None:
         second.close()
     finally:
         lb.close()
-    with pytest.raises(rustext.BalancerConfigError):
-        rustext.Balancer({"listen": "127.0.0.1:0", "backends": [], "max_client_connections": -1})
+    with pytest.raises(rustext.BalancerConfigError, match="max_client_connections"):
+        lb_config(limits={"max_client_connections": -1})
 
 
 def test_open_connection_limit_queues_new_connections(backends: object) -> None:
@@ -210,9 +208,8 @@ def test_open_connection_limit_queues_new_connections(backends: object) -> None:
 
     bks = backends(1)  # type: ignore[operator]
     listeners = [{"address": "127.0.0.1:0", "default_backend": "p"} for _ in range(2)]
-    lb = rustext.Balancer({"listen": "127.0.0.1:0", "workers": 2, "backends": [],
-                           "listeners": listeners, "pools": [{"name": "p", "backends": [bks[0].address]}],
-                           "max_open_connections": 2})
+    lb = rustext.Balancer(lb_config(listeners=listeners, backends={"p": {"servers": [bks[0].address]}},
+                                    limits={"max_open_connections": 2}))
     lb.start()
     ports = [a[1] for a in lb.addresses]
     request = b"GET /whoami HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -254,5 +251,5 @@ def test_open_connection_limit_queues_new_connections(backends: object) -> None:
         for s in conns:
             s.close()
         lb.close()
-    with pytest.raises(rustext.BalancerConfigError):
-        rustext.Balancer({"listen": "127.0.0.1:0", "backends": [], "max_open_connections": -1})
+    with pytest.raises(rustext.BalancerConfigError, match="max_open_connections"):
+        lb_config(limits={"max_open_connections": -1})

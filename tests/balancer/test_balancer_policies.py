@@ -16,6 +16,7 @@ from tests.netutil import free_port
 import rustext
 from balancer.config import BackendConfig, BalancerConfig, from_dict
 from balancer.errors import BalancerConfigError
+from balancer.policies import Policy
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -36,7 +37,7 @@ def test_a_pool_of_100_servers_retries_past_index_64(backends, proxy):
     live = backends(1)[0]
     addrs = [f"127.0.0.1:{free_port()}" for _ in range(100)]
     addrs[64] = live.address
-    lb = proxy(addrs, workers=1, retries=2, eject_after=0)
+    lb = proxy(addrs, workers=1, retries=2, passive={"eject_after": 0})
     for i, a in enumerate(addrs):
         if i not in (0, 64):
             lb.set_backend_state(a, "drain")
@@ -48,7 +49,7 @@ def test_a_pool_of_100_servers_retries_past_index_64(backends, proxy):
 
 
 def start(cfg: BalancerConfig) -> rustext.Balancer:
-    lb = rustext.Balancer(cfg.to_native())
+    lb = rustext.Balancer(cfg)
     lb.start()
     return lb
 
@@ -253,14 +254,14 @@ def test_policy_config_errors():
             from_dict({**base, **extra})
     cfg = from_dict({**base, "retry_on": ["all-retryable-errors", 404], "slow_start": "1m",
                      "passive": {"observe": "layer7"}})
-    pol = cfg.to_native()["policy"]
-    assert pol["retry_statuses"] == [500, 502, 503, 504, 404] and pol["retry_timeout"] is True
-    assert pol["slow_start"] == {"127.0.0.1:1": 60.0}
-    assert 500 in pol["error_statuses"] and 501 not in pol["error_statuses"]
-    assert from_dict(base).to_native().get("policy") is None
+    pol = cfg.policy  # what the data plane applies
+    assert pol.retry_statuses == (500, 502, 503, 504, 404) and pol.retry_timeout is True
+    assert pol.slow_start == (("127.0.0.1:1", 60.0),)
+    assert 500 in pol.error_statuses and 501 not in pol.error_statuses
+    assert from_dict(base).policy == Policy()
     named = from_dict({"listen": "127.0.0.1:0", "sticky": {"cookie": "S"},
                        "backends": {"a": {"servers": ["127.0.0.1:1"]},
                                     "b": {"servers": ["127.0.0.1:2"], "sticky": False, "retry_on": ["503"]}}})
-    pools = {p["name"]: p for p in named.to_native()["pools"]}
-    assert pools["a"]["policy"]["sticky"]["name"] == "S" and pools["b"]["policy"]["retry_statuses"] == [503]
-    assert pools["b"]["policy"]["sticky"] is None
+    pools = {p.name: p.config.policy for p in named.backend_pools()}
+    assert pools["a"].sticky is not None and pools["a"].sticky.cookie == "S" and pools["b"].retry_statuses == (503,)
+    assert pools["b"].sticky is None

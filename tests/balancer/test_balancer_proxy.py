@@ -199,13 +199,13 @@ def test_upgrade_passthrough(lb):
 
 
 def test_oversized_headers_get_431(backends, proxy):
-    lb = proxy(backends(1), max_header_bytes=8192)
+    lb = proxy(backends(1), limits={"max_header_bytes": 8192})
     raw = raw_exchange(port_of(lb), b"GET / HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n")
     assert raw.startswith(b"HTTP/1.1 431")
 
 
 def test_slowloris_connection_closed(backends, proxy):
-    lb = proxy(backends(1), header_timeout=0.5)
+    lb = proxy(backends(1), timeouts={"header": 0.5})
     with socket.create_connection(("127.0.0.1", port_of(lb)), timeout=10) as s:
         s.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n")
         s.settimeout(0.1)  # paces the trickle: one byte per 100 ms
@@ -227,7 +227,7 @@ def test_slowloris_connection_closed(backends, proxy):
 def test_all_backends_down_is_503_quickly(proxy):
     from tests.netutil import free_port
 
-    lb = proxy([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"], eject_after=1, eject_cooldown=60)
+    lb = proxy([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"], passive={"eject_after": 1, "cooldown": 60})
     status, _, _ = get(port_of(lb), "/x")
     assert status == 502  # both refused the connection
     start = time.monotonic()
@@ -289,7 +289,7 @@ def test_large_bodies_stream_in_constant_memory(lb):
 
 
 def test_idle_keep_alive_closed_after_idle_timeout_not_header_timeout(backends, proxy):
-    lb = proxy(backends(1), idle_timeout=0.4, header_timeout=0.2)
+    lb = proxy(backends(1), timeouts={"idle": 0.4, "header": 0.2})
     with socket.create_connection(("127.0.0.1", port_of(lb)), timeout=10) as s:
         f = s.makefile("rb")
         s.sendall(b"GET /size/10 HTTP/1.1\r\nHost: t\r\n\r\n")

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from balancer_helpers import split_response
+from balancer_helpers import lb_config, split_response
 from test_access_log import ROOT, wait_lines
 
 from balancer.config import BalancerConfig, BackendConfig, from_dict, load
@@ -66,7 +66,8 @@ def statuses(port: int, n: int, **kw: object) -> list[int]:
 
 
 def limit(rate: str = "1/m", **kw: object) -> dict[str, object]:
-    return RateLimit(rate=rate, **kw).to_native()  # type: ignore[arg-type]
+    """A ``[rate_limit]`` table."""
+    return {"rate": rate, **kw}
 
 
 def test_burst_then_429_with_retry_after_on_the_fast_path(backends, proxy):
@@ -151,16 +152,15 @@ def test_hostile_keys_stay_within_max_keys(backends, proxy):
 
 def test_reload_keeps_counts_for_the_same_key_and_applies_the_new_rate(backends, proxy):
     b = backends(1)
-    base = {"listen": "127.0.0.1:0", "workers": 1, "backends": [b[0].address]}
     lb = proxy(b, workers=1, rate_limit=limit("1/m"))
     port = lb.address[1]
     assert statuses(port, 2) == [200, 429]
-    lb.update({**base, "rate_limit": limit("1/m", burst=1)})
+    lb.update(lb_config(b, workers=1, rate_limit=limit("1/m", burst=1)))
     # the key's state stayed: its one request still counts, the burst is new
     assert statuses(port, 2) == [200, 429]
-    lb.update({**base, "rate_limit": limit("1/m", key="header:X-K")})  # another key: a new table
+    lb.update(lb_config(b, workers=1, rate_limit=limit("1/m", key="header:X-K")))  # another key: a new table
     assert statuses(port, 2, headers="X-K: a\r\n") == [200, 429]
-    lb.update(base)  # no limit
+    lb.update(lb_config(b, workers=1))  # no limit
     assert statuses(port, 3, headers="X-K: a\r\n") == [200] * 3
 
 
@@ -183,14 +183,15 @@ def test_config_rates_and_errors(tmp_path):
     assert parse_rate("10r/s") == (10, 1.0)
     assert parse_rate("600/m") == (600, 60.0)
     assert parse_rate(" 5 / hour ") == (5, 3600.0)
-    for bad in ("0/s", "100", "100/d", "-1/s", "1.5/s", 100):
+    for bad in ("0/s", "100", "100/d", "-1/s", "1.5/s", 100, "2000000000/s"):
         with pytest.raises(BalancerConfigError, match="rate_limit.rate"):
             parse_rate(bad)
     cfg = from_dict({"listen": "127.0.0.1:0", "backends": ["127.0.0.1:1"],
                      "rate_limit": {"rate": "10/s", "burst": 20, "key": "header:X-Api-Key"}})
-    native = cfg.to_native()["rate_limit"]
-    assert native == {"count": 10, "period": 1.0, "burst": 20, "key": "header:X-Api-Key", "missing": "src",
-                      "max_keys": 100_000, "status": 429, "delay": None}
+    limited = cfg.rate_limit
+    assert limited is not None and limited.per_period == (10, 1.0)  # as the data plane reads it
+    assert (limited.burst, limited.key, limited.missing, limited.max_keys, limited.status, limited.nodelay) == (
+        20, "header:X-Api-Key", "src", 100_000, 429, True)
     for table, message in ((
         {"rate": "10/s", "brust": 1}, "unknown key(s) in [rate_limit]: brust"),
         ({"rate": "10/s", "key": "cookie"}, "rate_limit.key"),
@@ -239,7 +240,7 @@ def test_a_pool_of_its_own_limit_on_both_paths(backends):
                      "backends": {"web": {"servers": [b[0].address]},
                                   "api": {"servers": [b[0].address],
                                           "rate_limit": {"rate": "1/m", "burst": 1}}}})
-    lb = rustext.Balancer(cfg.to_native())
+    lb = rustext.Balancer(cfg)
     lb.start()
     try:
         port = lb.address[1]
@@ -276,7 +277,7 @@ def test_a_route_of_its_own_limit_on_both_paths(backends):
     import rustext
 
     b = backends(1)
-    lb = rustext.Balancer(from_dict(route_limited(b[0].address, {"rate": "1/m", "burst": 1})).to_native())
+    lb = rustext.Balancer(from_dict(route_limited(b[0].address, {"rate": "1/m", "burst": 1})))
     lb.start()
     try:
         port = lb.address[1]
@@ -298,7 +299,7 @@ def test_route_and_pool_limits_both_count(backends):
 
     b = backends(1)
     lb = rustext.Balancer(from_dict(route_limited(b[0].address, {"rate": "1/m", "burst": 3},
-                                                  pool_limit={"rate": "1/m", "burst": 1})).to_native())
+                                                  pool_limit={"rate": "1/m", "burst": 1})))
     lb.start()
     try:
         port = lb.address[1]
@@ -314,18 +315,18 @@ def test_reload_keeps_a_routes_counts_by_its_conditions(backends):
     import rustext
 
     b = backends(1)
-    lb = rustext.Balancer(from_dict(route_limited(b[0].address, {"rate": "1/m"})).to_native())
+    lb = rustext.Balancer(from_dict(route_limited(b[0].address, {"rate": "1/m"})))
     lb.start()
     try:
         port = lb.address[1]
         assert statuses(port, 2, path="/login") == [404, 429]
         # a route added before it moves it in the list: same conditions, same counts
         moved = route_limited(b[0].address, {"rate": "1/m"}, extra_routes=({"path": "/other", "backend": "web"},))
-        lb.update(from_dict(moved).to_native())
+        lb.update(from_dict(moved))
         assert statuses(port, 1, path="/login") == [429]
-        lb.update(from_dict(route_limited(b[0].address, {"rate": "1/m", "burst": 1})).to_native())  # a new burst
+        lb.update(from_dict(route_limited(b[0].address, {"rate": "1/m", "burst": 1})))  # a new burst
         assert statuses(port, 2, path="/login") == [404, 429]
-        lb.update(from_dict(route_limited(b[0].address, None)).to_native())  # the limit removed
+        lb.update(from_dict(route_limited(b[0].address, None)))  # the limit removed
         assert statuses(port, 3, path="/login") == [404] * 3
     finally:
         lb.close()
@@ -396,8 +397,8 @@ def test_delay_mode_on_hyper_path(backends, proxy):
 
 
 def test_delay_settings_are_checked():
-    assert limit("10/s", burst=5, nodelay=False, delay=2)["delay"] == 2
-    assert limit("10/s", burst=5)["delay"] is None  # nodelay (the default): nothing waits
+    assert RateLimit(rate="10/s", burst=5, nodelay=False, delay=2).delay == 2
+    assert RateLimit(rate="10/s", burst=5).nodelay is True  # the default: nothing waits
     for kw, message in (({"delay": 2}, "delay applies with nodelay = false"),
                         ({"nodelay": False, "delay": -1}, "rate_limit.delay"),
                         ({"nodelay": "no"}, "rate_limit.nodelay")):

@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from balancer_helpers import pattern
+from balancer_helpers import lb_config, pattern
 from tests.netutil import free_port
 
 
@@ -73,7 +73,7 @@ class Load:
 
 def test_backend_killed_mid_run_no_client_visible_failure(backends, proxy):
     bks = backends(4)
-    lb = proxy(bks, retries=3, eject_after=2, eject_cooldown=30)
+    lb = proxy(bks, retries=3, passive={"eject_after": 2, "cooldown": 30})
     with Load(lb.address[1]) as load:
         load.wait_for(300)
         bks[1].kill()
@@ -87,7 +87,7 @@ def test_backend_killed_mid_run_no_client_visible_failure(backends, proxy):
 def test_retry_to_next_backend_on_connect_failure(backends, proxy):
     alive = backends(1)[0]
     dead = f"127.0.0.1:{free_port()}"
-    lb = proxy([dead, alive.address], retries=1, eject_after=0, workers=1)
+    lb = proxy([dead, alive.address], retries=1, passive={"eject_after": 0}, workers=1)
     c = http.client.HTTPConnection("127.0.0.1", lb.address[1], timeout=10)
     for _ in range(10):
         c.request("GET", "/whoami")
@@ -136,11 +136,11 @@ def _get(port: int, path: str) -> tuple[int, bytes]:
 
 def test_max_connections_queue_then_503(backends, proxy):
     b = backends(1)
-    lb = proxy([{"address": b[0].address, "max_connections": 1}], queue_timeout=10)
+    lb = proxy([{"address": b[0].address, "max_connections": 1}], timeouts={"queue": 10})
     with ThreadPoolExecutor(4) as pool:
         res = list(pool.map(lambda _: _get(lb.address[1], "/slow?ms=100"), range(4)))
     assert res == [(200, b"b0")] * 4  # queued, not refused
-    lb.update({"backends": [{"address": b[0].address, "max_connections": 1}], "queue_timeout": 0.2})
+    lb.update(lb_config([{"address": b[0].address, "max_connections": 1}], timeouts={"queue": 0.2}))
     with ThreadPoolExecutor(2) as pool:
         res = list(pool.map(lambda _: _get(lb.address[1], "/slow?ms=2000")[0], range(2)))
     assert sorted(res) == [200, 503]
@@ -150,10 +150,10 @@ def test_update_under_load_drops_nothing(backends, proxy):
     b = backends(4)
     lb = proxy(b[:2])
     configs = [
-        {"backends": [b[0].address, b[1].address, b[2].address]},
-        {"backends": [{"address": b[2].address, "weight": 3}, b[3].address], "algorithm": "weighted_round_robin"},
-        {"backends": [b[1].address, b[3].address], "algorithm": "least_connections"},
-        {"backends": [b[0].address, b[1].address, b[2].address, b[3].address], "algorithm": "random_two"},
+        lb_config([b[0], b[1], b[2]]),
+        lb_config([{"address": b[2].address, "weight": 3}, b[3]], algorithm="weighted_round_robin"),
+        lb_config([b[1], b[3]], algorithm="least_connections"),
+        lb_config([b[0], b[1], b[2], b[3]], algorithm="random_two"),
     ]
     with Load(lb.address[1], threads=6) as load:
         for cfg in configs * 3:
@@ -171,14 +171,17 @@ def test_invalid_update_keeps_running_config(backends, proxy):
 
     b = backends(2)
     lb = proxy(b)
-    for bad in (
+    for bad in (  # refused by balancer.config, before the data plane sees them
         {"backends": ["nonsense"]},
         {"backends": [b[0].address, b[0].address]},
         {"backends": [b[0].address], "algorithm": "fastest"},
         {"backends": [b[0].address], "retries": -1},
     ):
         with pytest.raises(rustext.BalancerConfigError):
-            lb.update(bad)
+            lb.update(lb_config(**bad))
+    # a name that does not resolve: only the data plane finds out
+    with pytest.raises(rustext.BalancerConfigError, match="no-such-host.invalid"):
+        lb.update(lb_config(["no-such-host.invalid:80"]))
     assert Counter(_get(lb.address[1], "/whoami")[1] for _ in range(4)) == {b"b0": 2, b"b1": 2}
 
 
@@ -204,7 +207,7 @@ def test_drain_finishes_in_flight_then_stops(backends, proxy):
 
 def test_response_timeout_is_504_and_counts_from_end_of_upload(backends, proxy):
     b = backends(1)
-    lb = proxy(b, response_timeout=0.5, eject_after=0)
+    lb = proxy(b, timeouts={"response": 0.5}, passive={"eject_after": 0})
     assert _get(lb.address[1], "/slow?ms=3000")[0] == 504
     assert lb.stats()["timeouts"] == 1
 
@@ -227,7 +230,7 @@ def test_client_abort_is_not_a_backend_failure(backends, proxy):
     import socket
 
     b = backends(1)
-    lb = proxy(b, eject_after=1)
+    lb = proxy(b, passive={"eject_after": 1})
     with socket.create_connection(("127.0.0.1", lb.address[1]), timeout=10) as s:
         s.sendall(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 100_000)
         wait_until(lambda: lb.backends()[0]["active"] == 1)
@@ -239,6 +242,6 @@ def test_client_abort_is_not_a_backend_failure(backends, proxy):
 
 def test_total_timeout_bounds_the_exchange(backends, proxy):
     b = backends(1)
-    lb = proxy(b, total_timeout=0.5, response_timeout=30, eject_after=0)
+    lb = proxy(b, timeouts={"total": 0.5, "response": 30}, passive={"eject_after": 0})
     assert _get(lb.address[1], "/slow?ms=3000")[0] == 504
     assert _get(lb.address[1], "/size/1000") == (200, pattern(1000))

@@ -27,6 +27,7 @@ import pytest
 from balancer_helpers import raw_exchange, split_response, start_backend
 
 import rustext
+from balancer.config import from_dict
 from tests.tlsutil import TestPKI
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -64,7 +65,7 @@ def peer_names(port: int, ca: Path, server_name: str) -> list[str]:
 def https_proxy(proxy: Any, backends: Any, pki: TestPKI) -> Any:
     leaf = pki.leaf("localhost", "127.0.0.1")
     bks = backends(1)
-    lb = proxy(bks, tls_certificates=[(str(leaf.cert), str(leaf.key))], workers=1)
+    lb = proxy(bks, tls={"certificates": [{"cert": str(leaf.cert), "key": str(leaf.key)}]}, workers=1)
     return lb
 
 
@@ -87,7 +88,8 @@ def test_sni_picks_the_certificate(proxy: Any, backends: Any, pki: TestPKI) -> N
     default = pki.leaf("localhost", "127.0.0.1")
     a = pki.leaf("a.example")
     wild = pki.leaf("*.b.example")
-    lb = proxy(backends(1), workers=1, tls_certificates=[(str(c.cert), str(c.key)) for c in (default, a, wild)])
+    lb = proxy(backends(1), workers=1,
+               tls={"certificates": [{"cert": str(c.cert), "key": str(c.key)} for c in (default, a, wild)]})
     port = lb.address[1]
     assert peer_names(port, pki.ca, "a.example") == ["a.example"]
     assert peer_names(port, pki.ca, "x.b.example") == ["*.b.example"]
@@ -122,8 +124,8 @@ def test_http2_through_curl(https_proxy: Any, pki: TestPKI) -> None:
 
 def test_redirect_listener(proxy: Any, backends: Any, pki: TestPKI) -> None:
     leaf = pki.leaf()
-    lb = proxy(backends(1), workers=1, tls_certificates=[(str(leaf.cert), str(leaf.key))],
-               http_redirect="127.0.0.1:0")
+    lb = proxy(backends(1), workers=1,
+               tls={"certificates": [{"cert": str(leaf.cert), "key": str(leaf.key)}], "redirect": "127.0.0.1:0"})
     rport = lb.redirect_address[1]
     status, headers, _ = split_response(
         raw_exchange(rport, b"GET /a/b?c=1 HTTP/1.1\r\nHost: example.com:8080\r\nConnection: close\r\n\r\n"))
@@ -132,7 +134,7 @@ def test_redirect_listener(proxy: Any, backends: Any, pki: TestPKI) -> None:
     status, _, _ = split_response(raw_exchange(rport, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"))
     assert "400" in status
     with pytest.raises(rustext.BalancerConfigError, match="redirect"):
-        rustext.Balancer({"listen": "127.0.0.1:0", "backends": [], "http_redirect": "127.0.0.1:0"})
+        from_dict({"listen": "127.0.0.1:0", "backends": [], "tls": {"redirect": "127.0.0.1:0"}})
 
 
 def test_reload_serves_new_certificates_and_keeps_connections(proxy: Any, backends: Any, pki: TestPKI,
@@ -141,7 +143,7 @@ def test_reload_serves_new_certificates_and_keeps_connections(proxy: Any, backen
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     shutil.copy(old.cert, cert)
     shutil.copy(old.key, key)
-    lb = proxy(backends(1), workers=1, tls_certificates=[(str(cert), str(key))])
+    lb = proxy(backends(1), workers=1, tls={"certificates": [{"cert": str(cert), "key": str(key)}]})
     port = lb.address[1]
     conn = http.client.HTTPSConnection("localhost", port, context=client_ctx(pki.ca), timeout=10)
     conn.request("GET", "/whoami")
@@ -166,12 +168,12 @@ def test_tls_to_backends(proxy: Any, pki: TestPKI, tmp_path: Path) -> None:
     stranger = other.leaf("127.0.0.1")
     s = start_backend("stranger", tls=(str(stranger.cert), str(stranger.key)))
     try:
-        lb = proxy([b], workers=1, backend_tls=True, backend_ca=str(pki.ca))
+        lb = proxy([b], workers=1, tls={"backend": True, "backend_ca": str(pki.ca)})
         status, headers, body = split_response(
             raw_exchange(lb.address[1], b"GET /whoami HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
         assert "200" in status and body == b"tls-b"
         # a backend whose certificate does not verify is not used
-        lb2 = proxy([s], workers=1, backend_tls=True, backend_ca=str(pki.ca), retries=0)
+        lb2 = proxy([s], workers=1, tls={"backend": True, "backend_ca": str(pki.ca)}, retries=0)
         status, _, _ = split_response(
             raw_exchange(lb2.address[1], b"GET /whoami HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
         assert status.split()[1] in ("502", "503")
@@ -182,7 +184,7 @@ def test_tls_to_backends(proxy: Any, pki: TestPKI, tmp_path: Path) -> None:
 
 def test_a_client_stalling_in_its_handshake_is_dropped(proxy: Any, backends: Any, pki: TestPKI) -> None:
     leaf = pki.leaf()
-    lb = proxy(backends(1), workers=1, header_timeout=1, tls_certificates=[(str(leaf.cert), str(leaf.key))])
+    lb = proxy(backends(1), workers=1, timeouts={"header": 1}, tls={"certificates": [{"cert": str(leaf.cert), "key": str(leaf.key)}]})
     with socket.create_connection(("127.0.0.1", lb.address[1]), timeout=10) as s:
         s.sendall(b"\x16\x03\x01")  # the start of a ClientHello, then nothing
         # closed by the balancer (header_timeout 1 s) well before this socket's own 10 s timeout
@@ -194,11 +196,19 @@ def test_a_client_stalling_in_its_handshake_is_dropped(proxy: Any, backends: Any
 def test_bad_certificate_files_are_refused_naming_them(pki: TestPKI, tmp_path: Path) -> None:
     leaf, other = pki.leaf(), pki.leaf(name="other")
     with pytest.raises(rustext.BalancerConfigError, match="does not go with"):
-        rustext.Balancer({"listen": "127.0.0.1:0", "backends": [],
-                          "tls_certificates": [(str(leaf.cert), str(other.key))]})
+        rustext.Balancer(from_dict({"listen": "127.0.0.1:0", "backends": [],
+                                    "tls": {"certificates": [{"cert": str(leaf.cert), "key": str(other.key)}]}}))
     missing = tmp_path / "missing.pem"
-    with pytest.raises(rustext.BalancerConfigError, match="missing.pem"):
-        rustext.Balancer({"listen": "127.0.0.1:0", "backends": [], "tls_certificates": [(str(missing), str(leaf.key))]})
+    with pytest.raises(rustext.BalancerConfigError, match="missing.pem"):  # balancer.config finds out
+        from_dict({"listen": "127.0.0.1:0", "backends": [],
+                   "tls": {"certificates": [{"cert": str(missing), "key": str(leaf.key)}]}})
+    # a file gone after the configuration was checked: the data plane names it
+    shutil.copy(leaf.cert, missing)
+    cfg = from_dict({"listen": "127.0.0.1:0", "backends": [],
+                     "tls": {"certificates": [{"cert": str(missing), "key": str(leaf.key)}]}})
+    missing.unlink()
+    with pytest.raises(rustext.BalancerConfigError, match=r"tls\.certificates: .*missing\.pem"):
+        rustext.Balancer(cfg)
 
 
 def test_cli_https_with_redirect_and_sighup(backends: Any, pki: TestPKI, tmp_path: Path) -> None:
@@ -238,5 +248,5 @@ def test_rsa_certificates(proxy: Any, backends: Any, tmp_path: Path) -> None:
     """RSA keys as well as ECDSA ones (the test CA's chains: leaf + intermediate)."""
     rsa = TestPKI(tmp_path / "rsa", rsa=True)
     leaf = rsa.leaf()
-    lb = proxy(backends(1), workers=1, tls_certificates=[(str(leaf.cert), str(leaf.key))])
+    lb = proxy(backends(1), workers=1, tls={"certificates": [{"cert": str(leaf.cert), "key": str(leaf.key)}]})
     assert get(lb.address[1], "/whoami", client_ctx(rsa.ca))[1] == b"b0"

@@ -157,7 +157,7 @@ def test_balancer_errors_reach_grpc_clients_as_statuses(grpc_backends, proxy, ch
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     assert e.value.details() == "backend unavailable"  # the balancer's words, not an HTTP 502 seen by grpc
 
-    slow = proxy(grpc_backends[:1], proto="h2", response_timeout=0.3)
+    slow = proxy(grpc_backends[:1], proto="h2", timeouts={"response": 0.3})
     ch = channel(slow.address[1])
     with pytest.raises(grpc.RpcError) as e:
         unary(ch, "Slow")(b"2", timeout=5)
@@ -186,7 +186,7 @@ def test_balancer_errors_reach_grpc_clients_as_statuses(grpc_backends, proxy, ch
 def test_a_killed_backend_fails_its_calls_and_the_next_go_to_the_others(proxy, channel):
     victim, survivor = start_grpc_backends(["victim", "survivor"])
     try:
-        lb = proxy([victim, survivor], proto="h2", eject_after=1, retries=1)
+        lb = proxy([victim, survivor], proto="h2", passive={"eject_after": 1}, retries=1)
         ch = channel(lb.address[1])
         calls = [unary(ch, "Slow").future(b"1", timeout=10) for _ in range(2)]
         deadline = time.monotonic() + 5
@@ -207,10 +207,11 @@ def test_grpc_over_tls_on_both_sides(proxy, channel, pki):
     bks = start_grpc_backends(["t0", "t1"], tls=(str(leaf.cert), str(leaf.key)))
     try:
         # TLS to the backends (ALPN h2, verified against the CA); clients in clear (h2c) or over TLS (ALPN h2)
-        lb = proxy(bks, proto="h2", backend_tls=True, backend_ca=str(pki.ca),
+        lb = proxy(bks, proto="h2",
                    listeners=[{"address": "127.0.0.1:0", "default_backend": "default"},
                               {"address": "127.0.0.1:0", "tls": True, "default_backend": "default"}],
-                   tls_certificates=[(str(leaf.cert), str(leaf.key))])
+                   tls={"certificates": [{"cert": str(leaf.cert), "key": str(leaf.key)}], "backend": True,
+                        "backend_ca": str(pki.ca)})
         plain, tls = (a[1] for a in lb.addresses)
         assert sorted(unary(channel(plain))(b"c", timeout=5) for _ in range(2)) == [b"t0:c", b"t1:c"]
         creds = grpc.ssl_channel_credentials(root_certificates=pki.ca.read_bytes())
@@ -311,7 +312,7 @@ def test_http1_clients_reach_http2_backends(backends, proxy, tmp_path):
 
 def test_idle_http2_backend_connections_are_closed(backends, proxy):
     inner = proxy(backends(1), workers=1)
-    outer = proxy([f"127.0.0.1:{inner.address[1]}"], proto="h2", workers=1, pool_idle_timeout=0.2)
+    outer = proxy([f"127.0.0.1:{inner.address[1]}"], proto="h2", workers=1, limits={"pool_idle_timeout": 0.2})
     for _ in range(3):  # one multiplexed connection, reused
         assert curl_h2c(f"http://127.0.0.1:{outer.address[1]}/whoami")[1] == "b0"
     assert inner.stats()["connections_total"] == 1
@@ -379,7 +380,7 @@ def test_proto_is_checked_and_inherited(tmp_path):
     base = 'listen = "127.0.0.1:0"\nproto = "h2"\n[backends.a]\nservers = ["127.0.0.1:1"]\n'
     cfg = from_dict(tomllib.loads(base + '[backends.b]\nservers = ["127.0.0.1:2"]\nproto = "h1"\n'))
     assert {n: p.proto for n, p in cfg.pools().items()} == {"a": "h2", "b": "h1"}
-    assert [p["proto"] for p in cfg.to_native()["pools"]] == ["h2", "h1"]
+    assert [p.config.proto for p in cfg.backend_pools()] == ["h2", "h1"]  # as the data plane reads them
     path = tmp_path / "bad.toml"
     path.write_text('listen = "127.0.0.1:0"\n\n[backends.a]\nservers = ["127.0.0.1:1"]\nproto = "h3"\n')
     with pytest.raises(BalancerConfigError, match=r'bad.toml:5: .*proto must be "h1" or "h2", got \'h3\''):
@@ -392,7 +393,7 @@ def test_cli_flag_sets_the_backends_protocol(tmp_path):
 
     args = build_parser().parse_args(
         ["balancer", "--listen", "127.0.0.1:0", "--backends", "127.0.0.1:1", "--backend-proto", "h2"])
-    assert build_config(args).to_native()["proto"] == "h2"
+    assert [p.config.proto for p in build_config(args).backend_pools()] == ["h2"]
     out = subprocess.run([sys.executable, "-m", "cli", "balancer", "--listen", "127.0.0.1:0", "--backends",
                           "127.0.0.1:1", "--backend-proto", "h3"], check=False, capture_output=True, text=True,
                          timeout=30)

@@ -69,7 +69,7 @@ def failures(outcomes: dict[str, str]) -> list[str]:
 
 def test_h2spec_over_tls(proxy: Any, backends: Any, pki: TestPKI, h2spec: Path, tmp_path: Path) -> None:
     leaf = pki.leaf("localhost", "127.0.0.1")
-    lb = proxy(backends(1), workers=1, tls_certificates=[(str(leaf.cert), str(leaf.key))])
+    lb = proxy(backends(1), workers=1, tls={"certificates": [{"cert": str(leaf.cert), "key": str(leaf.key)}]})
     outcomes = run_h2spec(h2spec, lb.address[1], tmp_path / "tls.xml", tls=True)
     assert failures(outcomes) == []
     assert lb.stats()["requests"] > 0  # the cases that expect an answer reached the backend

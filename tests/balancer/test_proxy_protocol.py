@@ -69,7 +69,7 @@ def closed_unanswered(port: int, raw: bytes, timeout: float = 5.0) -> bool:
 
 def accepting(proxy: Any, bks: list[Any], **listener: object) -> Any:
     return proxy([], listeners=[{"address": "127.0.0.1:0", "accept_proxy": True, "default_backend": "p", **listener}],
-                 pools=[{"name": "p", "backends": [b.address for b in bks]}], workers=1, header_timeout=0.5)
+                 backends={"p": {"servers": [b.address for b in bks]}}, workers=1, timeouts={"header": 0.5})
 
 
 @pytest.fixture
@@ -120,9 +120,7 @@ def test_our_send_proxy_v1_and_v2_reach_haproxy_with_the_client_address(haproxy,
             f"  http-request set-header X-Seen-Dst %[dst]:%[dst_port]\n  default_backend b\n"
             f"backend b\n  server s {b.address}\n", hport)
     for version in ("v1", "v2"):
-        lb = proxy([], **{k: v for k, v in from_dict({
-            "listen": "127.0.0.1:0", "workers": 1, "backends": [f"127.0.0.1:{hport}"],
-            "send_proxy": version}).to_native().items() if k != "workers"})
+        lb = proxy([f"127.0.0.1:{hport}"], send_proxy=version)
         port = lb.address[1]
         # the fast path, then hyper's (an Upgrade header takes that one), each
         # from two client addresses: a connection opened for one client is
@@ -262,8 +260,8 @@ def test_on_tls_listeners_the_header_comes_before_the_client_hello(proxy, backen
     leaf = pki.leaf("localhost", "127.0.0.1")
     (b,) = backends(1)
     lb = proxy([], listeners=[{"address": "127.0.0.1:0", "tls": True, "accept_proxy": True, "default_backend": "p"}],
-               pools=[{"name": "p", "backends": [b.address]}], workers=1,
-               tls_certificates=[(str(leaf.cert), str(leaf.key))])
+               backends={"p": {"servers": [b.address]}}, workers=1,
+               tls={"certificates": [{"cert": str(leaf.cert), "key": str(leaf.key)}]})
     ctx = ssl.create_default_context(cafile=str(pki.ca))
     with socket.create_connection(("127.0.0.1", lb.address[1]), timeout=10) as raw:
         raw.sendall(b"PROXY TCP4 198.51.100.4 127.0.0.1 999 443\r\n")
@@ -281,10 +279,10 @@ def test_on_tls_listeners_the_header_comes_before_the_client_hello(proxy, backen
 def test_config_fields_are_checked() -> None:
     cfg = from_dict({"listen": "127.0.0.1:0", "accept_proxy": True, "send_proxy": "v2",
                      "backends": [{"address": "127.0.0.1:1", "send_proxy": "none"}, "127.0.0.1:2"]})
-    native = cfg.to_native()
-    assert native["listeners"][0]["accept_proxy"] is True
-    assert native["pools"][0]["send_proxy"] == "v2"
-    assert native["pools"][0]["backends"][0]["send_proxy"] == "none"
+    (pool,) = cfg.backend_pools()  # as the data plane reads them
+    assert cfg.effective_listeners()[0].accept_proxy is True
+    assert pool.config.send_proxy == "v2"
+    assert [b.send_proxy for b in pool.config.backends] == ["none", None]
     for bad in ({"send_proxy": "v3"}, {"accept_proxy": "yes"},
                 {"backends": [{"address": "127.0.0.1:1", "send_proxy": True}]}):
         with pytest.raises(BalancerConfigError, match="send_proxy|accept_proxy"):
@@ -329,7 +327,7 @@ def test_the_access_log_shows_the_client_of_the_header(proxy, backends, tmp_path
     (b,) = backends(1)
     log = tmp_path / "access.log"
     lb = proxy([], listeners=[{"address": "127.0.0.1:0", "accept_proxy": True, "default_backend": "p"}],
-               pools=[{"name": "p", "backends": [b.address]}], workers=1,
+               backends={"p": {"servers": [b.address]}}, workers=1,
                access_log={"path": str(log), "format": "%ci|%cp|%ft"})
     for path in ("/headers", "/whoami"):
         request(lb.address[1], b"PROXY TCP4 192.0.2.44 127.0.0.1 4444 80\r\n", path=path)

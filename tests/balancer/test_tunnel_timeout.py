@@ -33,7 +33,7 @@ async def ws_backend() -> AsyncIterator[str]:
 
 def balancer(backend: str, **timeouts: Any) -> rustext.Balancer:
     lb = rustext.Balancer(from_dict({"listen": "127.0.0.1:0", "workers": 1, "backends": [backend],
-                                     "timeouts": timeouts}).to_native())
+                                     "timeouts": timeouts}))
     lb.start()
     return lb
 
@@ -90,7 +90,7 @@ def test_tunnel_is_per_pool_and_checked() -> None:
     cfg = from_dict({"listen": "127.0.0.1:0", "default_backend": "ws", "timeouts": {"tunnel": 3600},
                      "backends": {"ws": {"servers": ["127.0.0.1:1"], "timeouts": {"tunnel": 60}},
                                   "web": {"servers": ["127.0.0.1:2"]}}})
-    pools = {p["name"]: p for p in cfg.to_native()["pools"]}
-    assert pools["ws"]["tunnel_timeout"] == 60 and pools["web"]["tunnel_timeout"] == 3600
+    pools = {p.name: p.config for p in cfg.backend_pools()}  # as the data plane reads them
+    assert pools["ws"].timeouts.tunnel_effective == 60 and pools["web"].timeouts.tunnel_effective == 3600
     with pytest.raises(Exception, match="tunnel"):
         from_dict({"listen": "127.0.0.1:0", "backends": ["127.0.0.1:1"], "timeouts": {"tunnel": -1}})

@@ -93,8 +93,11 @@ def test_unix_addresses_are_checked() -> None:
     for bad in ("unix:relative.sock", "unix:/" + "a" * 120):
         with pytest.raises(BalancerConfigError, match="backend address"):
             from_dict({"listen": "127.0.0.1:0", "backends": [bad]})
+    # the data plane checks again what reaches it (here past balancer.config's check)
+    cfg = from_dict({"listen": "127.0.0.1:0", "backends": ["unix:/tmp/b.sock"]})
+    object.__setattr__(cfg.backends[0], "address", "unix:/" + "a" * 120)
     with pytest.raises(rustext.BalancerError, match="unix socket path"):
-        rustext.Balancer({"listen": "127.0.0.1:0", "backends": ["unix:/" + "a" * 120]})
+        rustext.Balancer(cfg)
 
 
 def unix_get(path: str, raw: bytes) -> tuple[str, dict[str, str], bytes]:
@@ -113,7 +116,7 @@ def unix_listener(sockdir: Path, backend: str, **extra: object) -> rustext.Balan
                      "listeners": [{"address": f"unix:{sockdir}/lb.sock", "mode": "0660",
                                     "default_backend": "default", **extra},
                                    {"address": "127.0.0.1:0", "default_backend": "default"}]})
-    lb = rustext.Balancer(cfg.to_native())
+    lb = rustext.Balancer(cfg)
     lb.start()
     return lb
 
@@ -196,7 +199,7 @@ def test_a_unix_client_is_logged_as_unix_and_forwarded_no_address_over_tls(sockd
                      "listeners": [{"address": f"unix:{sockdir}/plain.sock", "default_backend": "default"},
                                    {"address": f"unix:{sockdir}/tls.sock", "tls": True,
                                     "default_backend": "default"}]})
-    lb = rustext.Balancer(cfg.to_native())
+    lb = rustext.Balancer(cfg)
     lb.start()
     try:
         unix_get(str(sockdir / "plain.sock"), b"GET /whoami HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")

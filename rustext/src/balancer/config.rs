@@ -1,7 +1,9 @@
 //! Typed configuration of the data plane, validated once before use.
 //!
-//! Python builds these from its dataclasses (see `balancer/config.py`); the
-//! values here are the documented defaults. Durations of zero mean "none".
+//! `python/schema.rs` fills these from the dataclasses of
+//! `balancer/config.py`, which hold the defaults, the accepted names and the
+//! checks users see; the `Default` impls here serve the unit tests only.
+//! Durations of zero mean "none".
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
@@ -34,19 +36,15 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    pub fn parse(s: &str) -> Result<Self, String> {
-        Ok(match s.replace('-', "_").as_str() {
-            "round_robin" | "rr" => Algorithm::RoundRobin,
-            "weighted_round_robin" | "wrr" => Algorithm::WeightedRoundRobin,
-            "least_connections" | "least_conn" => Algorithm::LeastConnections,
-            "random_two" | "p2c" | "random_two_choices" => Algorithm::RandomTwo,
-            "consistent_hash" | "hash" | "ketama" => Algorithm::ConsistentHash,
-            other => {
-                return Err(format!(
-                    "unknown algorithm {other:?} (expected round_robin, weighted_round_robin, \
-                     least_connections, random_two, consistent_hash)"
-                ))
-            }
+    /// The algorithm of a canonical name (`balancer.config` turns aliases into those).
+    pub fn from_name(s: &str) -> Option<Self> {
+        Some(match s {
+            "round_robin" => Algorithm::RoundRobin,
+            "weighted_round_robin" => Algorithm::WeightedRoundRobin,
+            "least_connections" => Algorithm::LeastConnections,
+            "random_two" => Algorithm::RandomTwo,
+            "consistent_hash" => Algorithm::ConsistentHash,
+            _ => return None,
         })
     }
 
@@ -73,7 +71,7 @@ pub enum HashKey {
 impl HashKey {
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
-            "client_ip" | "ip" => Ok(HashKey::ClientIp),
+            "client_ip" => Ok(HashKey::ClientIp),
             "path" => Ok(HashKey::Path),
             _ => match s.strip_prefix("header:") {
                 Some(name) => http::HeaderName::from_bytes(name.trim().as_bytes())
@@ -148,17 +146,17 @@ pub struct Settings {
 /// The HTTP version spoken to a pool's backends: HTTP/1.1, or HTTP/2 (h2c
 /// with prior knowledge to plain backends, ALPN `h2` over TLS), as HAProxy's
 /// `server ... proto h2`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Proto {
-    #[default]
     H1,
     H2,
 }
 
 impl Proto {
+    /// The protocol of a canonical name (`h1` or `h2`).
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
-            "h1" | "http/1.1" => Ok(Proto::H1),
+            "h1" => Ok(Proto::H1),
             "h2" => Ok(Proto::H2),
             other => Err(format!("unknown proto {other:?} (expected h1 or h2)")),
         }
@@ -188,13 +186,10 @@ pub struct ListenAddr {
 /// Fixed for the life of a running balancer (listener, threads, pools).
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// The first listener's address.
-    pub listen: SocketAddr,
-    /// Every listener, `listen` first; empty: `listen` alone, with TLS when
-    /// `tls` is set.
+    /// Every listener (at least one), in the configured order.
     pub listeners: Vec<ListenAddr>,
-    /// Named pools and routes; None: one pool (`settings`) takes everything.
-    pub routing: Option<RoutingSpec>,
+    /// The backend pools and each listener's routes (reloadable).
+    pub routing: RoutingSpec,
     pub workers: usize,
     /// Client request-head read timeout (slowloris guard).
     pub header_timeout: Duration,
@@ -205,13 +200,12 @@ pub struct Config {
     /// Idle keep-alive connections kept per backend per worker.
     pub pool_max_idle: usize,
     pub pool_idle_timeout: Duration,
-    pub settings: Settings,
     /// Client connections open at once from one client address (0 = no limit).
     pub max_client_connections: usize,
     /// Client connections open at once over every listener (0 = no limit);
     /// past it the listeners stop accepting until one closes (HAProxy's maxconn).
     pub max_open_connections: usize,
-    /// HTTPS on `listen` (None: plain HTTP).
+    /// The certificates of the HTTPS listeners (None: plain HTTP only).
     pub tls: Option<ListenTls>,
     /// A plain-HTTP listener whose every answer is a redirect to HTTPS.
     pub redirect_listen: Option<SocketAddr>,
@@ -223,6 +217,8 @@ pub struct Config {
     pub listener_logs: Vec<super::accesslog::ListenerLog>,
 }
 
+/// The defaults of `balancer.config`, for unit tests that build settings by hand.
+#[cfg(test)]
 impl Default for Settings {
     fn default() -> Self {
         Settings {
@@ -243,26 +239,25 @@ impl Default for Settings {
             tunnel_timeout: Duration::ZERO,
             policy: Default::default(),
             proto: Proto::H1,
-            h2: Default::default(),
+            h2: H2Limits { streams: 100, connections: 8 },
         }
     }
 }
 
 impl Config {
+    /// One plain listener at `listen` whose requests all go to one pool
+    /// (`settings`), the rest as `balancer.config`'s defaults: for unit tests.
+    #[cfg(test)]
     pub fn new(listen: SocketAddr, settings: Settings) -> Self {
         Config {
-            listen,
-            listeners: Vec::new(),
-            routing: None,
-            workers: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
+            listeners: vec![ListenAddr { addr: listen, tls: false, accept_proxy: false, unix: None }],
+            routing: RoutingSpec::single(settings, 1),
+            workers: 1,
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_header_bytes: 65536,
             pool_max_idle: 64,
             pool_idle_timeout: Duration::from_secs(60),
-            settings,
             max_client_connections: 0,
             max_open_connections: 0,
             tls: None,
@@ -292,38 +287,23 @@ impl Config {
         if let Some(a) = &self.access_log {
             super::accesslog::compile(&a.format).map_err(|e| format!("access_log.format: {e}"))?;
         }
-        if let Some(r) = &self.routing {
-            if r.listeners.len() != self.listen_addrs().len() {
-                return Err("routing: one route table per listener".into());
-            }
-            for p in &r.pools {
-                p.settings.validate().map_err(|e| format!("backend {:?}: {e}", p.name))?;
-            }
-            return Ok(());
+        if self.listeners.is_empty() || self.routing.listeners.len() != self.listeners.len() {
+            return Err("routing: one route table per listener".into());
         }
-        self.settings.validate()
+        for p in &self.routing.pools {
+            p.settings.validate().map_err(|e| format!("backend {:?}: {e}", p.name))?;
+        }
+        Ok(())
     }
 
-    /// Every listener, the first at `listen`.
+    /// Every listener, in the configured order.
     pub fn listen_addrs(&self) -> Vec<ListenAddr> {
-        if self.listeners.is_empty() {
-            vec![ListenAddr {
-                addr: self.listen,
-                tls: self.tls.is_some(),
-                accept_proxy: false,
-                unix: None,
-            }]
-        } else {
-            self.listeners.clone()
-        }
+        self.listeners.clone()
     }
 
-    /// The routing as configured (one pool for everything without `routing`).
+    /// The routing as configured.
     pub fn routing_spec(&self) -> RoutingSpec {
-        match &self.routing {
-            Some(r) => r.clone(),
-            None => RoutingSpec::single(self.settings.clone(), self.listen_addrs().len()),
-        }
+        self.routing.clone()
     }
 }
 
@@ -432,11 +412,6 @@ pub struct H2Limits {
     pub connections: usize,
 }
 
-impl Default for H2Limits {
-    fn default() -> Self {
-        H2Limits { streams: 100, connections: 8 }
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Routing as configured (validated and compiled by route::Table::new).
@@ -589,6 +564,7 @@ pub const DEFAULT_POOL: &str = "default";
 
 impl RoutingSpec {
     /// One pool named `default`, one listener sending everything to it.
+    #[cfg(test)]
     pub fn single(settings: Settings, listeners: usize) -> Self {
         RoutingSpec {
             pools: vec![PoolSpec {
@@ -615,10 +591,13 @@ mod tests {
     #[test]
     fn parses_names() {
         assert_eq!(
-            Algorithm::parse("least-connections").unwrap(),
-            Algorithm::LeastConnections
+            Algorithm::from_name("least_connections"),
+            Some(Algorithm::LeastConnections)
         );
-        assert!(Algorithm::parse("fastest").is_err());
+        // aliases are balancer.config's business: only canonical names here
+        assert_eq!(Algorithm::from_name("least_conn"), None);
+        assert!(HashKey::parse("ip").is_err());
+        assert!(Proto::parse("http/1.1").is_err());
         assert_eq!(HashKey::parse("path").unwrap(), HashKey::Path);
         assert!(matches!(
             HashKey::parse("header:X-User").unwrap(),

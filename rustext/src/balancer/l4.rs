@@ -17,9 +17,6 @@ use tokio::net::TcpStream;
 
 use super::proxyproto::{self, Header, Version};
 
-/// Balancer settings of this module (besides the listeners' `accept_proxy`).
-pub const CONFIG_KEYS: [&str; 2] = ["send_proxy", "tunnel_timeout"];
-
 /// Why an `accept_proxy` connection was closed before anything was served.
 #[derive(Debug)]
 pub enum Refused {

@@ -3,8 +3,9 @@
 //! hyper for everything else. Python configures it, reads its stats and marks
 //! backends up or down; it never runs per request.
 //!
-//! - [`config`]   typed, validated configuration (defaults documented there): settings, routes,
-//!   policies and limits as configured, below the modules that compile and run it (no cycle)
+//! - [`config`]   typed configuration: settings, routes, policies and limits as configured (read
+//!   from `balancer.config`, which holds the defaults and the checks), below the modules that
+//!   compile and run it (no cycle)
 //! - [`upstream`] backends, their state, and the balancing algorithms
 //! - [`accesslog`] access logs: destinations, per-worker buffers, the writer thread (`accesslog/`: formats, syslog)
 //! - [`decide`]   the one decision on a request for both paths (sans-I/O): route, pool, header edits,
@@ -44,7 +45,8 @@
 //! - [`h2settings`] sans-I/O reader of a backend's stream limit (its first SETTINGS frame)
 //! - [`grpc`]     gRPC specifics: the balancer's own errors as gRPC statuses
 //! - [`listeners`] listener slots, added and removed by reloads
-//! - `python`     the `rustext.Balancer` class (`python/parse`: its configuration dicts)
+//! - `python`     the `rustext.Balancer` class (`python/schema`: reads `balancer.config`'s dataclasses
+//!   into [`config`]'s types)
 //!
 //! The modules form no import cycle (`tests/test_layout.py`); their layers,
 //! bottom up, are listed in the contributing guide.

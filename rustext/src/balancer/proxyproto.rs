@@ -30,8 +30,8 @@ pub enum Version {
 impl Version {
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
-            "v1" | "1" => Ok(Version::V1),
-            "v2" | "2" => Ok(Version::V2),
+            "v1" => Ok(Version::V1),
+            "v2" => Ok(Version::V2),
             other => Err(format!("send_proxy must be \"v1\" or \"v2\", got {other:?}")),
         }
     }

@@ -1,27 +1,35 @@
 //! `rustext.Balancer`: the data plane as a Python object.
 //!
-//! Python passes plain dicts (built from `balancer.config` dataclasses);
-//! they are checked here as well, so a bad value raises
-//! `BalancerConfigError` and leaves a running balancer untouched. Every
-//! method is quick except `drain`/`close`, which release the GIL.
+//! It takes a `balancer.config.BalancerConfig` and reads its dataclasses
+//! directly (`python/schema`); what only Rust can check raises
+//! `BalancerConfigError` naming the attribute and leaves a running balancer
+//! untouched. Every method is quick except `drain`/`close`, which release
+//! the GIL.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::config::Config;
-use super::route::RoutingSpec;
 use super::server::Balancer;
 use super::stats::{Totals, LATENCY_BOUNDS_US};
 use crate::errors::ErrorKind;
 
-mod parse;
-use parse::{
-    cfg_err, parse_access_log, parse_config, parse_error_pages, parse_listener_logs, parse_rate_limit, parse_routing,
-    parse_settings,
-};
+mod schema;
+use schema::{cfg_err, read_config, read_reloadable};
+
+/// A dict is not a configuration: say what is.
+fn config_of<'a, 'py>(config: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyAny>> {
+    if config.is_instance_of::<PyDict>() {
+        return Err(PyTypeError::new_err(
+            "rustext.Balancer takes a balancer.config.BalancerConfig (balancer.config.from_dict builds one from a dict)",
+        ));
+    }
+    Ok(config)
+}
 
 /// The data plane of the HTTP load balancer (see `rustext/_native.pyi`).
 #[pyclass(name = "Balancer", module = "rustext")]
@@ -70,10 +78,10 @@ fn totals_dict<'py>(py: Python<'py>, t: &Totals) -> PyResult<Bound<'py, PyDict>>
 
 #[pymethods]
 impl PyBalancer {
-    /// Check `config` (a dict, see `balancer.config`) without starting.
+    /// Check `config` (a `balancer.config.BalancerConfig`) without starting.
     #[new]
-    fn new(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<Self> {
-        let config = parse_config(config)?;
+    fn new(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let config = read_config(config_of(config)?)?;
         // Validation resolves backend names, which may block: without the GIL.
         py.detach(|| config.validate()).map_err(cfg_err)?;
         Ok(PyBalancer {
@@ -185,30 +193,20 @@ impl PyBalancer {
         inner.as_ref().is_some_and(|b| b.running())
     }
 
-    /// Replace backends, weights, algorithm, timeouts and limits at run time
-    /// without dropping connections. Keys fixed at start (listen, workers,
-    /// header/idle timeouts, pool sizes) are ignored. On error the running
-    /// configuration is kept.
-    fn update(&self, py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
+    /// Replace listeners, pools, routes, policies and access logs at run time
+    /// without dropping connections, from a `balancer.config.BalancerConfig`.
+    /// What is fixed at start (workers, header/idle timeouts, pool sizes,
+    /// TLS) is not read again. On error the running configuration is kept.
+    fn update(&self, py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<()> {
         let b = self.running()?;
-        let log = parse_access_log(config)?;
-        let listener_logs = parse_listener_logs(config)?;
+        let r = read_reloadable(config_of(config)?)?;
         // new log destinations are opened first: one that cannot be changes nothing
-        let prepared = b.prepare_access_log(log.as_ref(), &listener_logs).map_err(cfg_err)?;
-        match parse_routing(config)? {
-            // Resolving new backend names may block: not with the GIL held.
-            Some((addrs, r)) => py.detach(|| b.update_listeners(addrs, r)).map_err(cfg_err)?,
-            None => {
-                let r = RoutingSpec {
-                    rate_limit: parse_rate_limit(config)?,
-                    error_pages: parse_error_pages(config)?,
-                    ..RoutingSpec::single(parse_settings(config)?, b.routing().listeners.len())
-                };
-                py.detach(|| b.update(r)).map_err(cfg_err)?
-            }
-        }
+        let prepared = b.prepare_access_log(r.access_log.as_ref(), &r.listener_logs).map_err(cfg_err)?;
+        // Resolving new backend names may block: not with the GIL held.
+        let (addrs, routing) = (r.addrs, r.routing);
+        py.detach(|| b.update_listeners(addrs, routing)).map_err(cfg_err)?;
         // new formats and destinations apply from here; the files are reopened (logrotate)
-        b.commit_access_log(prepared, log.as_ref(), &listener_logs);
+        b.commit_access_log(prepared, r.access_log.as_ref(), &r.listener_logs);
         Ok(())
     }
 

@@ -40,7 +40,7 @@ pub enum LimitKey {
 impl LimitKey {
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
-            "src" | "client_ip" => Ok(LimitKey::Src),
+            "src" => Ok(LimitKey::Src),
             _ => match s.strip_prefix("header:") {
                 Some(n) => http::HeaderName::from_bytes(n.trim().as_bytes())
                     .map(LimitKey::Header)
