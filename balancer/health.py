@@ -177,7 +177,10 @@ async def probe_raw(address: str, check: HealthCheck, version: str | None,
             writer.close()
 
     try:
-        return await asyncio.wait_for(once(), check.timeout)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+        # cancellation that races the probe's end, and the checker then never stops
+        async with asyncio.timeout(check.timeout):
+            return await once()
     except (OSError, TimeoutError, ValueError, UnicodeError, http.client.HTTPException):
         return False
 
@@ -277,7 +280,8 @@ class H2Connection:
         if writer is not None:
             writer.close()
             try:  # bounded: a TLS peer may never answer close_notify
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await writer.wait_closed()
             except (OSError, ssl.SSLError, TimeoutError):
                 writer.transport.abort()
             except asyncio.CancelledError:
