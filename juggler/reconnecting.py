@@ -10,7 +10,12 @@
             print(event.offset, event.args)
 
 The connection is a :class:`juggler.client.Client`; when it drops, a new one
-is opened with the suite's backoff, and every subscription is made again. On
+is opened with the suite's backoff, and every subscription is made again.
+A server that goes silent counts as a drop: with the client's keepalive (on
+by default, see :func:`juggler.client.connect`), nothing received for the
+server's ping interval plus ``keepalive_grace`` drops the connection, so a
+server that stopped answering (a paused process, a network that lost the
+connection without a reset) is left within seconds, not at the next call. On
 channels with history it asks for what was published meanwhile (``since``
 the last position seen): the missed events come first, in order, then the
 live ones, each once. When that is impossible the event stream carries a

@@ -1,12 +1,14 @@
 """Keepalive on the wire (juggler/keepalive.py, driven by juggler/conn.py):
 a real server on loopback, raw sockets speaking RFC 6455 by hand (so every
 frame the server sends is seen, and a client can be made to answer
-nothing)."""
+nothing), the Python clients, and a real ``juggler server`` process paused
+with SIGSTOP."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,14 +19,20 @@ from test_wsproto import REQUEST, masked
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.exceptions import InvalidStatus
+from websockets.protocol import State as WsState
 
 import rustext
 from juggler.broker.memory import MemoryBroker
+from juggler.client import connect
 from juggler.config import ServerConfig
 from juggler.conn import Conn, ConnState
+from juggler.errors import ConnectionClosed
 from juggler.keepalive import KEEPALIVE
+from juggler.reconnecting import reconnecting
 from juggler.server import Server
-from tests.netutil import wait_until
+from tests.faultproxy import FaultProxy
+from tests.juggler.jugglerprocs import Proc, juggler
+from tests.netutil import free_port, wait_for_port, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -123,6 +131,18 @@ async def test_a_client_that_answers_nothing_is_closed_after_ping_interval_plus_
             assert {op for op, _ in frames[:-1]} <= {PING}
         finally:
             await raw.aclose()
+
+
+async def test_clients_that_answer_pings_stay_connected_across_intervals() -> None:
+    async with serving(**LIVELY) as server:
+        # the websockets library answers pings as gorilla (the Go client) does; it never pings itself here
+        async with ws_connect(server.url, subprotocols=["juggler.0"], ping_interval=None,
+                              compression=None) as plain, connect(server.url) as client:
+            await wait_until(lambda: client.keepalives >= 15, 20, what="15 KEEPALIVEs: 14 ping intervals")
+            assert plain.state is WsState.OPEN and not client.closed
+            assert len(await connected(server, 2)) == 2
+            assert server.stats.closed == {}
+            await client.sub("still.served")
 
 
 async def test_a_connection_that_did_not_opt_in_gets_pings_and_never_a_keepalive_message() -> None:
@@ -225,3 +245,77 @@ async def test_read_timeout_closes_an_idle_client_however_well_it_answers_pings(
                 await asyncio.wait_for(c.recv(), 10)
             assert info.value.rcvd is not None and (info.value.rcvd.code, info.value.rcvd.reason) == (1000, "read timeout")
         await wait_until(lambda: server.stats.closed.get("read_timeout") == 1, what="counted as read_timeout")
+
+
+# --- the Python clients --------------------------------------------------------------------------
+
+
+async def test_the_client_drops_a_server_that_stops_sending() -> None:
+    # a long pong_timeout: the server does not drop the client first (its pongs still get through)
+    async with serving(ping_interval=0.2, pong_timeout=30) as server, FaultProxy(server.port) as proxy:
+        client = await connect(f"ws://127.0.0.1:{proxy.port}/ws", keepalive_grace=0.3)
+        try:
+            await client.sub("ka")
+            assert client.keepalives >= 1
+            proxy.hold_replies()  # the server's bytes stop reaching the client: no reset, no close
+            with pytest.raises(ConnectionClosed, match=r"nothing from the server for .* connection considered dead"):
+                await client.next_event(10)
+            assert client.closed
+        finally:
+            await client.aclose()
+
+
+async def test_the_client_waits_for_ever_on_a_server_that_sends_no_keepalive() -> None:
+    async with serving(ping_interval=0) as server, connect(server.url, keepalive_grace=0.01) as client:
+        await client.sub("a")  # a KEEPALIVE would have come before the ACK
+        assert client.keepalives == 0 and client._watch.limit is None
+    async with serving(**LIVELY) as server, connect(server.url, keepalive=False) as client:
+        await client.sub("a")  # asked for none: gets none
+        assert client.keepalives == 0 and client._watch.limit is None
+        (conn,) = await connected(server)
+        assert not conn.keepalive_messages
+
+
+async def test_on_message_does_not_see_keepalives() -> None:
+    seen: list[int] = []
+    async with serving(**LIVELY) as server, connect(server.url, on_message=lambda m, _: seen.append(m["meta"]["type"])) as c:
+        await wait_until(lambda: c.keepalives >= 2, what="two KEEPALIVEs")
+        await c.sub("x")
+        assert seen == [8]
+
+
+async def test_the_reconnecting_client_leaves_a_paused_server_and_restores_its_subscriptions() -> None:
+    port = free_port()
+    proc = Proc(juggler("server", "--listen", f"127.0.0.1:{port}", "--set", "server.ping_interval=0.2",
+                        "--log-level", "WARNING"))
+    states: asyncio.Queue[str] = asyncio.Queue()
+
+    async def state(want: str, timeout: float) -> None:
+        async with asyncio.timeout(timeout):
+            while (got := await states.get()) != want:
+                pass
+
+    try:
+        wait_for_port(port, timeout=30, proc=proc.proc)
+        url = f"ws://127.0.0.1:{port}/ws"
+        async with reconnecting(url, keepalive_grace=0.3, on_state=states.put_nowait) as client:
+            await state("open", 10)
+            await client.sub("paused")
+            proc.proc.send_signal(signal.SIGSTOP)  # no FIN, no reset: the server just stops answering
+            try:
+                await state("reconnecting", 10)
+            finally:
+                proc.proc.send_signal(signal.SIGCONT)
+            await state("open", 20)  # the attempt made while it was stopped completes
+            async with connect(url) as publisher:
+                await publisher.pub("paused", "after the pause")
+            event = await client.next_event(10)
+            assert (event.channel, event.args) == ("paused", "after the pause")
+            assert client.reconnects == 1
+    except BaseException:
+        print(proc.output())
+        raise
+    finally:
+        if proc.proc.poll() is None:
+            proc.proc.send_signal(signal.SIGCONT)
+        assert proc.stop() == 0
