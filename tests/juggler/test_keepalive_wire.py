@@ -28,6 +28,7 @@ from juggler.config import ServerConfig
 from juggler.conn import Conn, ConnState
 from juggler.errors import ConnectionClosed
 from juggler.keepalive import KEEPALIVE
+from juggler.protocol import Outgoing
 from juggler.reconnecting import reconnecting
 from juggler.server import Server
 from tests.faultproxy import FaultProxy
@@ -282,6 +283,28 @@ async def test_on_message_does_not_see_keepalives() -> None:
         await wait_until(lambda: c.keepalives >= 2, what="two KEEPALIVEs")
         await c.sub("x")
         assert seen == [8]
+
+
+async def test_middleware_sees_no_keepalive() -> None:
+    out: list[int] = []
+
+    async def record(conn: Conn, msg: Any, nxt: Any) -> None:
+        if isinstance(msg, Outgoing):
+            out.append(msg.type)
+        await nxt(conn, msg)
+
+    broker = MemoryBroker()
+    await broker.start()
+    server = Server(broker, ServerConfig(port=0, **LIVELY), middleware=[record])
+    try:
+        await server.start()
+        async with connect(server.url) as c:
+            await wait_until(lambda: c.keepalives >= 3, what="three KEEPALIVEs past the middleware")
+            await c.sub("x")
+        assert out == [8]
+    finally:
+        await server.aclose()
+        await broker.aclose()
 
 
 async def test_the_reconnecting_client_leaves_a_paused_server_and_restores_its_subscriptions() -> None:
