@@ -54,6 +54,9 @@ class ReconnectingClient:
                  **connect_kw: Any) -> None:
         self.url = url
         self.connect_kw = connect_kw
+        # the connection's options checked now (connect() does no I/O until awaited): a wrong one
+        # raises here rather than ending the reconnection task before its first attempt
+        connect(url, max_queued_events=max_queued_events, **connect_kw)
         self.backoff = backoff
         self.on_state = on_state
         self.max_queued_events = max_queued_events

@@ -277,6 +277,14 @@ async def test_the_client_waits_for_ever_on_a_server_that_sends_no_keepalive() -
         assert not conn.keepalive_messages
 
 
+async def test_a_bad_keepalive_grace_is_refused_at_once() -> None:
+    for grace in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="keepalive_grace must be > 0"):
+            connect("ws://127.0.0.1:9/ws", keepalive_grace=grace)
+        with pytest.raises(ValueError, match="keepalive_grace must be > 0"):
+            reconnecting("ws://127.0.0.1:9/ws", keepalive_grace=grace)  # not at its first attempt
+
+
 async def test_on_message_does_not_see_keepalives() -> None:
     seen: list[int] = []
     async with serving(**LIVELY) as server, connect(server.url, on_message=lambda m, _: seen.append(m["meta"]["type"])) as c:
