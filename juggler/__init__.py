@@ -7,6 +7,8 @@
                   ConnContext / ConnListener, all it knows of the server
 - wsproto.py      the websocket protocol of a connection, sans-I/O: handshake, frames
                   in and out (rustext), closing handshake, its states
+- keepalive.py    keepalive rules, sans-I/O: when to ping, when a peer (or, for a client,
+                  its server) counts as gone; the opt-in and the KEEPALIVE extension message
 - pending.py      calls waiting for their result, expiring on rustext's deadline heap
 - http.py         plain HTTP on the websocket port: /healthz
 - static_files.py plain HTTP on the websocket port: /juggler.js, the demo page, /stats.json

@@ -22,6 +22,11 @@ Contract:
 - Cancelling a call is safe: it only forgets its pending entry.
 - When the connection closes, every waiter fails with
   :class:`~juggler.errors.ConnectionClosed` and the event iterator ends.
+- Keepalive (:mod:`juggler.keepalive`): the client asks the server for
+  KEEPALIVE messages (``keepalive=True``). Once the server has said its ping
+  interval, a connection on which nothing arrives for that interval plus
+  ``keepalive_grace`` is dropped as dead (and closes as above). The
+  websockets library answers the server's pings; nothing else is sent.
 - ``aclose()`` is idempotent.
 """
 
@@ -45,11 +50,14 @@ from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.exceptions import InvalidMessage
 
 from juggler.errors import CallExpired, CallNacked, ConnectionClosed, ProtocolError
+from juggler.keepalive import HEADER as KEEPALIVE_HEADER
+from juggler.keepalive import KEEPALIVE, ServerWatch
 
 __all__ = [
     "ACK",
     "CALL",
     "EVNT",
+    "KEEPALIVE",
     "NACK",
     "PUB",
     "RES",
@@ -130,6 +138,7 @@ class Client:
         default_timeout: float = 60.0,
         max_queued_events: int = 10_000,
         on_message: Callable[[dict[str, Any], str], None] | None = None,
+        keepalive_grace: float = 10.0,
     ) -> None:
         self.ws = ws
         self.default_timeout = default_timeout
@@ -137,7 +146,13 @@ class Client:
         self.on_message = on_message
         self.late_results = 0
         self.dropped_events = 0
+        #: KEEPALIVE messages received (the server's sign of life; not passed to on_message)
+        self.keepalives = 0
         self._loop = asyncio.get_running_loop()
+        self._watch = ServerWatch(keepalive_grace)
+        self._last_in = self._loop.time()  # when the last frame came (the keepalive's clock)
+        self._watch_timer: asyncio.TimerHandle | None = None
+        self._silent: str | None = None  # why the connection was dropped as dead
         self._pending: dict[str, _Pending] = {}
         #: channel -> (offset, epoch) of the last event seen, on channels with history
         self.positions: dict[str, tuple[int, str]] = {}
@@ -288,6 +303,7 @@ class Client:
         exc: BaseException | None = None
         try:
             async for frame in self.ws:
+                self._last_in = self._loop.time()
                 if isinstance(frame, bytes):
                     log.warning("ignoring a binary frame from the server")
                     continue
@@ -305,6 +321,10 @@ class Client:
             self._closed(exc)
 
     def _dispatch(self, msg: dict[str, Any], frame: str) -> None:
+        meta = msg.get("meta") if isinstance(msg, dict) else None
+        if isinstance(meta, dict) and meta.get("type") == KEEPALIVE:
+            self._keepalive(msg.get("payload"))
+            return
         if self.on_message is not None:
             try:
                 self.on_message(msg, frame)
@@ -348,6 +368,38 @@ class Client:
         else:
             log.debug("ignoring message type %s", msg_type)
 
+    # keepalive ----------------------------------------------------------------------
+
+    def _keepalive(self, payload: Any) -> None:
+        """A KEEPALIVE: the server is alive and says its ping interval; the
+        first one arms the watch."""
+        self.keepalives += 1
+        if not self._watch.announced(payload):
+            log.debug("ignoring a KEEPALIVE without a usable interval: %.200r", payload)
+            return
+        if self._watch_timer is None and self._closed_exc is None:
+            self._watch_at(self._watch.deadline(self._last_in))
+
+    def _watch_at(self, when: float | None) -> None:
+        self._watch_timer = None if when is None else self._loop.call_at(when, self._check_server)
+
+    def _check_server(self) -> None:
+        """The watch's timer: drop the connection when nothing came in time,
+        else wait until the new deadline (frames only move ``_last_in``)."""
+        self._watch_timer = None
+        if self._closed_exc is not None:
+            return
+        now = self._loop.time()
+        if not self._watch.dead(now, self._last_in):
+            self._watch_at(self._watch.deadline(self._last_in))
+            return
+        self._silent = (f"nothing from the server for {now - self._last_in:.1f}s (it announced a keepalive "
+                        f"every {self._watch.interval:g}s): connection considered dead")
+        log.info("%s", self._silent)
+        transport = getattr(self.ws, "transport", None)
+        if transport is not None:
+            transport.abort()  # a dead server answers no closing handshake: the reader ends now
+
     def _push_event(self, ev: ClientEvent) -> None:
         if len(self._events) >= self.max_queued_events:
             self._events.popleft()
@@ -362,8 +414,13 @@ class Client:
 
     def _closed(self, exc: BaseException | None) -> ConnectionClosed:
         if self._closed_exc is None:
+            if self._watch_timer is not None:
+                self._watch_timer.cancel()
+                self._watch_timer = None
             rcvd = exc.rcvd if isinstance(exc, WsConnectionClosed) else self.ws.protocol.close_rcvd
-            if rcvd is not None:
+            if self._silent is not None:
+                detail = f": {self._silent}"
+            elif rcvd is not None:
                 detail = f" (code {rcvd.code}{': ' + rcvd.reason if rcvd.reason else ''})"
             else:
                 detail = " (no close frame)"
@@ -418,6 +475,8 @@ class _Connect:
         allowed = kw.pop("allowed_messages")
         if allowed is not None:
             headers["Juggler-Allowed-Messages"] = ", ".join(allowed)
+        if kw.pop("keepalive"):
+            headers[KEEPALIVE_HEADER] = "1"
         open_timeout = kw.pop("open_timeout")
         max_size = kw.pop("max_size")
         tls: ClientTls | ssl.SSLContext | None = kw.pop("tls")
@@ -494,6 +553,8 @@ def connect(
     max_queued_events: int = 10_000,
     on_message: Callable[[dict[str, Any], str], None] | None = None,
     tls: ClientTls | ssl.SSLContext | None = None,
+    keepalive: bool = True,
+    keepalive_grace: float = 10.0,
 ) -> _Connect:
     """Open a juggler connection; use ``async with`` (or ``await`` then ``aclose()``).
 
@@ -501,11 +562,21 @@ def connect(
     ``tls`` says (``ClientTls(ca=…)``, a client certificate, or an explicit
     ``insecure=True``); ``tls`` with a ``ws://`` URL is an error.
 
+    ``keepalive`` asks the server for KEEPALIVE messages (the
+    ``Juggler-Keepalive: 1`` header): once the server has said its ping
+    interval, a connection on which nothing arrives for that interval plus
+    ``keepalive_grace`` seconds is dropped as dead. A server that sends none
+    (the original, or pings off) is waited for as long as it takes.
+    ``on_message`` does not see KEEPALIVE messages.
+
     Raises :class:`ConnectionClosed` when the handshake fails and
     :class:`ProtocolError` when the server does not negotiate ``juggler.0``.
     """
+    if not keepalive_grace > 0:
+        raise ValueError("keepalive_grace must be > 0")
     return _Connect(url, {
         "subprotocols": subprotocols, "headers": headers, "allowed_messages": allowed_messages,
         "default_timeout": default_timeout, "open_timeout": open_timeout, "max_size": max_size,
         "max_queued_events": max_queued_events, "on_message": on_message, "tls": tls,
+        "keepalive": keepalive, "keepalive_grace": keepalive_grace,
     })

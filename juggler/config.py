@@ -10,7 +10,9 @@ section; unknown keys are errors (a typo must not be silently ignored)::
     allow_empty_subprotocol = false
     read_limit = 1048576        # bytes per incoming message, 0 = none
     write_limit = 0             # bytes per outgoing message, 0 = none
-    read_timeout = 0            # seconds without any incoming data, 0 = none
+    read_timeout = 0            # seconds without any incoming message (pongs do not count), 0 = none
+    ping_interval = 25          # seconds between websocket pings (and KEEPALIVE messages to clients that ask), 0 = none
+    pong_timeout = 10           # seconds a ping may go unanswered (nothing received) before the connection is closed
     write_timeout = 10          # seconds a blocked write may wait, 0 = none
     handshake_timeout = 10
     slow_threshold = 0.5        # seconds; slower messages are logged, 0 = off
@@ -48,6 +50,7 @@ section; unknown keys are errors (a typo must not be silently ignored)::
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,8 +85,14 @@ class ServerConfig:
     read_limit: int = 1 << 20
     #: max bytes of one outgoing message (larger: the connection is closed); 0 = none
     write_limit: int = 0
-    #: close a connection that sends nothing for this long (s); 0 = never
+    #: close a connection that sends no message for this long (s), however well it answers pings; 0 = never
     read_timeout: float = 0.0
+    #: send every connection a websocket ping this often (s), and a KEEPALIVE message to
+    #: clients that ask for one (``Juggler-Keepalive: 1``, or ``?juggler-keepalive=1``); 0 = no pings
+    ping_interval: float = 25.0
+    #: close a connection (code 1011, reason ``ping_timeout``) that sends nothing back this long (s)
+    #: after a ping: a peer gone silent is closed within ping_interval + pong_timeout
+    pong_timeout: float = 10.0
     #: close a connection whose writes stay blocked this long (s); 0 = never
     write_timeout: float = 10.0
     #: max seconds for the opening handshake
@@ -162,6 +171,11 @@ class ServerConfig:
         for name in ("read_timeout", "write_timeout", "slow_threshold", "close_timeout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        # not NaN nor infinity either: they would stop the keepalive without a word
+        if not (math.isfinite(self.ping_interval) and self.ping_interval >= 0):
+            raise ValueError("ping_interval must be a number of seconds >= 0 (0: no pings)")
+        if not (math.isfinite(self.pong_timeout) and self.pong_timeout > 0):
+            raise ValueError("pong_timeout must be a number of seconds > 0")
         if self.handshake_timeout <= 0:
             raise ValueError("handshake_timeout must be > 0")
         if self.call_timeout_ms < 1:

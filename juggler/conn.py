@@ -8,7 +8,8 @@ states) is :class:`juggler.wsproto.WsServerProtocol`; the juggler.0 session
 runs the broker work the session admits (through the middleware), writes
 what they have to send once per event-loop turn, and owns the timers. No
 task per connection while idle: a worker task exists only while messages
-are queued.
+are queued, and the keepalive (:mod:`juggler.keepalive`) is one timer,
+re-armed when it fires, never on traffic.
 
 A connection talks to its server only through the :class:`ConnContext` it
 is given: the configuration, the counters, the brokers, the table of
@@ -21,8 +22,11 @@ Contract (the session's rules are in :mod:`juggler.session`):
   written as they come.
 - An oversized message (``read_limit``) closes with 1009; a reader that lets
   ``max_write_buffer`` bytes pile up, or blocks writes for ``write_timeout``,
-  is dropped; one silent for ``read_timeout`` is dropped; a handshake not
+  is dropped; one sending no message for ``read_timeout`` is closed; a handshake not
   done within ``handshake_timeout`` is dropped.
+- Every connection is pinged each ``ping_interval`` (and, if it asked, sent
+  a KEEPALIVE message); one that sends nothing back within ``pong_timeout``
+  of a ping is closed (1011, reason ``ping_timeout``) and dropped at once.
 - An exception in a handler (middleware included) is logged, counted
   (``recovered``) and closes this connection with 1011; the server goes on.
 - More than ``max_pending`` queued messages pause reading (backpressure).
@@ -47,6 +51,10 @@ from websockets.http11 import Request
 
 from juggler.broker.base import CallerBroker, PubSubBroker
 from juggler.config import ServerConfig
+from juggler.keepalive import HEADER as _KEEPALIVE_HEADER
+from juggler.keepalive import PING as _PING
+from juggler.keepalive import QUERY as _KEEPALIVE_QUERY
+from juggler.keepalive import READ_TIMEOUT, Keepalive, keepalive_frame, opted_in
 from juggler.metrics import ServerStats
 from juggler.pending import PendingCalls
 from juggler.protocol import SUBPROTOCOL, ClientMessage, Outgoing, allowed_mask
@@ -66,6 +74,7 @@ CALL, PUB, SUB, UNSB = rustext.CALL, rustext.PUB, rustext.SUB, rustext.UNSB
 NACK, ACK, RES, EVNT = rustext.NACK, rustext.ACK, rustext.RES, rustext.EVNT
 
 _build_res = rustext.build_res
+_new_uuid = rustext.new_uuid
 _WS_PING, _WS_CLOSE, _WS_BINARY = rustext.WS_PING, rustext.WS_CLOSE, rustext.WS_BINARY
 
 
@@ -138,13 +147,14 @@ _CLOSED = ConnState.CLOSED
 _CONNECTED = ConnState.CONNECTED
 
 
-def _allowed_messages(request: Request) -> str | None:
-    """The Juggler-Allowed-Messages header, else the ``juggler-allowed-messages``
-    query parameter (browsers cannot send handshake headers)."""
-    header = request.headers.get("Juggler-Allowed-Messages")
-    if header is not None or "?" not in request.path:
-        return header
-    values = parse_qs(request.path.split("?", 1)[1]).get("juggler-allowed-messages")
+def _handshake_option(request: Request, header: str, query: str) -> str | None:
+    """A handshake option: its header (``Juggler-Allowed-Messages``), else its
+    query parameter (``juggler-allowed-messages``): browsers cannot send
+    handshake headers."""
+    value = request.headers.get(header)
+    if value is not None or "?" not in request.path:
+        return value
+    values = parse_qs(request.path.split("?", 1)[1]).get(query)
     return values[-1] if values else None
 
 
@@ -183,8 +193,13 @@ class Conn(asyncio.Protocol):
         self._outbox_busy = False  # a worker is taking the outbox through the middleware
         # flow control, orthogonal to the websocket state
         self._paused = False  # reading paused: too many messages queued
-        self._last_read = self.loop.time()
-        self._timer: asyncio.TimerHandle | None = None
+        self._last_read = self.loop.time()  # the last bytes received (pongs too): the keepalive's sign of life
+        self._last_message = self._last_read  # the last message received: what read_timeout measures
+        self._timer: asyncio.TimerHandle | None = None  # the handshake's, then the keepalive's
+        #: when to ping and when the peer counts as gone (sans-I/O), once connected; None: nothing to time
+        self.keepalive: Keepalive | None = None
+        #: the client asked for KEEPALIVE messages at the handshake
+        self.keepalive_messages = False
         self._write_timer: asyncio.TimerHandle | None = None
         self._closed_fut: asyncio.Future[None] = self.loop.create_future()
         self._slow = cfg.slow_threshold
@@ -362,9 +377,15 @@ class Conn(asyncio.Protocol):
         ws = self.ws
         listener = self._listener
         try:
-            self.session.allowed = allowed_mask(_allowed_messages(request))
+            self.session.allowed = allowed_mask(
+                _handshake_option(request, "Juggler-Allowed-Messages", "juggler-allowed-messages"))
         except ValueError as exc:
             self._refuse(ws.reject(400, f"Invalid Juggler-Allowed-Messages header: {exc}\n"))
+            return
+        try:
+            keepalive_messages = opted_in(_handshake_option(request, _KEEPALIVE_HEADER, _KEEPALIVE_QUERY))
+        except ValueError as exc:
+            self._refuse(ws.reject(400, f"Invalid {_KEEPALIVE_HEADER} header: {exc}\n"))
             return
         try:
             listener.conn_accepting(self)
@@ -385,8 +406,7 @@ class Conn(asyncio.Protocol):
         if subs is not None:
             self.hub_id = subs.add_conn(self, self._native_fd())
         listener.conn_connected(self)
-        if self.config.read_timeout:
-            self._timer = self.loop.call_later(self.config.read_timeout, self._read_timed_out)
+        self._start_keepalive(keepalive_messages)
 
     def _native_fd(self) -> int:
         """The socket the fan-out may write EVNTs to directly, or -1 (TLS, outgoing middleware)."""
@@ -419,18 +439,62 @@ class Conn(asyncio.Protocol):
             self._set_reason("handshake_timeout")
             self.abort()
 
-    def _read_timed_out(self) -> None:
-        self._timer = None
-        if self.closed:
+    # keepalive (the rules: juggler.keepalive) ---------------------------------------
+
+    def _start_keepalive(self, messages: bool) -> None:
+        """Connected: time pings and read_timeout; a client that asked gets its
+        first KEEPALIVE now, with the 101 (it then knows the interval)."""
+        cfg = self.config
+        ka = Keepalive(ping_interval=cfg.ping_interval, pong_timeout=cfg.pong_timeout,
+                       read_timeout=cfg.read_timeout, now=self.loop.time())
+        if not ka.active or self.ws.state is not OPEN:
             return
-        rt = self.config.read_timeout
-        idle = self.loop.time() - self._last_read
-        if idle >= rt:
-            log.info("connection %s: read timeout (%.1fs without data)", self.remote, idle)
-            self._set_reason("read_timeout")
+        self.keepalive = ka
+        self._last_message = self._last_read
+        if messages and cfg.ping_interval:
+            self.keepalive_messages = True
+            self.ws.send_text(keepalive_frame(_new_uuid(), cfg.ping_interval))  # the caller flushes
+        self._keepalive_at(ka.next_tick(self._last_message))
+
+    def _keepalive_at(self, when: float | None) -> None:
+        self._timer = None if when is None else self.loop.call_at(when, self._keepalive_tick)
+
+    def _keepalive_tick(self) -> None:
+        """The keepalive timer: do what is due, then re-arm for what comes next.
+        Traffic only moves ``_last_read`` and ``_last_message``; the timer is
+        never re-armed for it."""
+        self._timer = None
+        ka = self.keepalive
+        ws = self.ws
+        if ka is None or self.closed or ws.state is not OPEN:
+            return
+        last_in = self._last_read
+        due = ka.tick(self.loop.time(), last_in, self._last_message)
+        if due == _PING:
+            ws.send_ping()
+            if self.keepalive_messages:
+                ws.send_text(keepalive_frame(_new_uuid(), ka.interval))
+            self._flush()
+        elif due is not None:
+            self._timed_out(due)
+            return
+        self._keepalive_at(ka.next_tick(self._last_message))
+
+    def _timed_out(self, reason: str) -> None:
+        """Nothing came in time: ``read_timeout`` closes with 1000 (the closing
+        handshake, as any close); an unanswered ping closes with 1011 and drops
+        the TCP connection at once, since a peer that answers no ping will
+        not answer the close frame either."""
+        now = self.loop.time()
+        self._set_reason(reason)
+        if reason == READ_TIMEOUT:
+            log.info("connection %s: read timeout (%.1fs without a message)", self.remote, now - self._last_message)
             self.close(1000, "read timeout")
-        else:
-            self._timer = self.loop.call_later(rt - idle, self._read_timed_out)
+            return
+        log.info("connection %s: no answer to a ping within %.1fs (%.1fs without data); dropping it",
+                 self.remote, self.config.pong_timeout, now - self._last_read)
+        self.close(1011, "keepalive timeout")
+        self.abort()
 
     def _write_timed_out(self) -> None:
         self._write_timer = None
@@ -484,7 +548,8 @@ class Conn(asyncio.Protocol):
 
     def _on_text(self, data: bytes) -> None:
         session = self.session
-        end = session.receive_text(data, self.loop.time())
+        self._last_message = now = self.loop.time()
+        end = session.receive_text(data, now)
         if end is not None:
             self._end(end)
             return

@@ -10,7 +10,12 @@
             print(event.offset, event.args)
 
 The connection is a :class:`juggler.client.Client`; when it drops, a new one
-is opened with the suite's backoff, and every subscription is made again. On
+is opened with the suite's backoff, and every subscription is made again.
+A server that goes silent counts as a drop: with the client's keepalive (on
+by default, see :func:`juggler.client.connect`), nothing received for the
+server's ping interval plus ``keepalive_grace`` drops the connection, so a
+server that stopped answering (a paused process, a network that lost the
+connection without a reset) is left within seconds, not at the next call. On
 channels with history it asks for what was published meanwhile (``since``
 the last position seen): the missed events come first, in order, then the
 live ones, each once. When that is impossible the event stream carries a
@@ -49,6 +54,9 @@ class ReconnectingClient:
                  **connect_kw: Any) -> None:
         self.url = url
         self.connect_kw = connect_kw
+        # the connection's options checked now (connect() does no I/O until awaited): a wrong one
+        # raises here rather than ending the reconnection task before its first attempt
+        connect(url, max_queued_events=max_queued_events, **connect_kw)
         self.backoff = backoff
         self.on_state = on_state
         self.max_queued_events = max_queued_events

@@ -23,6 +23,8 @@ Handler chain: ``middleware`` is a sequence of
 ``juggler.protocol.Outgoing``); it may call ``await next_handler(conn, msg)``
 to go on, or refuse an incoming message with ``conn.nack(msg, 403, "...")``.
 An exception closes only that connection (counted in ``recovered``).
+KEEPALIVE messages (:mod:`juggler.keepalive`) are connection machinery, as
+websocket pings are: they do not go through the chain.
 
 Plain HTTP: a request for another path than ``config.path`` (or a HEAD) is
 answered by ``/healthz`` (``juggler.http``), then by ``http`` (a

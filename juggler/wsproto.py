@@ -31,7 +31,9 @@ Events from :meth:`receive_data`: while CONNECTING, a
 ``websockets.http11.Request`` (answer it with :meth:`accept` or
 :meth:`reject`); then, in order, ``bytes`` (one whole text message) or the
 reader's tuples ``(WS_PING, payload)``, ``(WS_CLOSE, payload)``,
-``(WS_BINARY, b"")``, ``(WS_FAIL, code, reason)``. The driver handles them
+``(WS_BINARY, b"")``, ``(WS_FAIL, code, reason)``; a pong gives none (the
+driver counts any bytes received as a sign of life, :mod:`juggler.keepalive`,
+and pings with :meth:`send_ping`). The driver handles them
 in order and hands the control ones back (:meth:`receive_ping`,
 :meth:`receive_close`, :meth:`fail`): what it decides about one message
 (closing, say) then applies to the frames after it, byte for byte as before.
@@ -52,7 +54,7 @@ __all__ = ["State", "WsServerProtocol"]
 _ws_text_frames = rustext.ws_text_frames
 _ws_control_frame = rustext.ws_control_frame
 _ws_close_frame = rustext.ws_close_frame
-_WS_CLOSE, _WS_PONG = rustext.WS_CLOSE, 10
+_WS_CLOSE, _WS_PING, _WS_PONG = rustext.WS_CLOSE, rustext.WS_PING, 10
 
 
 class State(enum.IntEnum):
@@ -254,6 +256,14 @@ class WsServerProtocol:
         if self.state is not OPEN:
             return False
         self._texts.append(payload)
+        return True
+
+    def send_ping(self, payload: bytes = b"") -> bool:
+        """Queue a ping (the keepalive; the peer's pong, like anything it
+        sends, is its sign of life); False (nothing queued) unless OPEN."""
+        if self.state is not OPEN:
+            return False
+        self._control(_ws_control_frame(_WS_PING, payload))
         return True
 
     def send_close(self, code: int, reason: str = "") -> bool:

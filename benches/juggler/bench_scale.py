@@ -11,7 +11,8 @@ One run, everything on this machine:
    --workers 200`, and two `juggler load -c 10` at once, one per server
    (20 connections in total);
 3. idle: N idle websocket connections (juggler.0 handshake done, then
-   silent) opened by a minimal asyncio client process against one of the
+   silent but for the pongs to the server's keepalive pings) opened by a
+   minimal asyncio client process against one of the
    cluster servers; the server's RSS before and after gives RSS per 1,000
    idle connections. ``ulimit -n`` is raised to the hard limit first.
 
@@ -114,21 +115,33 @@ REQUEST = (
 )
 
 
+_PING, _PONG = b"\x89\x00", b"\x8a\x80\x00\x00\x00\x00"  # the server's empty ping; an empty masked pong
+
+
 class _Idle(asyncio.Protocol):
+    """An idle client as a browser tab is one: it sends nothing but answers
+    the server's keepalive pings (the only frames it is sent)."""
+
     def __init__(self, done: asyncio.Future[bool], request: bytes) -> None:
         self.done = done
         self.request = request
         self.buf = b""
+        self.transport: Any = None
 
     def connection_made(self, transport: Any) -> None:
+        self.transport = transport
         transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
+        self.buf += data
         if not self.done.done():
-            self.buf += data
             if b"\r\n\r\n" in self.buf:
-                self.done.set_result(self.buf.startswith(b"HTTP/1.1 101"))
-                self.buf = b""
+                head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+                self.done.set_result(head.startswith(b"HTTP/1.1 101"))
+            return
+        while self.buf[:2] == _PING:
+            self.buf = self.buf[2:]
+            self.transport.write(_PONG)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.done.done():

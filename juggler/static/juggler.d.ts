@@ -8,6 +8,8 @@ export declare const SUBPROTOCOL: "juggler.0";
 
 export declare const MessageType: Readonly<{
   CALL: 1; PUB: 2; SUB: 3; UNSB: 4; NACK: 7; ACK: 8; RES: 9; EVNT: 10;
+  /** This server's extension, sent only to clients that ask (`keepalive`): `{interval_ms}`. */
+  KEEPALIVE: 256;
 }>;
 
 export type State = "connecting" | "open" | "reconnecting" | "closed";
@@ -69,6 +71,18 @@ export interface ConnectOptions {
   maxAttempts?: number;
   /** Messages queued while disconnected before further ones fail. Default 1000. */
   maxQueue?: number;
+  /**
+   * Ask the server for KEEPALIVE messages (the `juggler-keepalive=1` query
+   * parameter, added to `url`). A browser cannot see websocket pings, so this
+   * is how the client tells a dead server from a quiet one: once the server
+   * has announced its ping interval, a connection on which nothing arrives for
+   * that interval plus `keepaliveGrace` is dropped and reconnected like any
+   * lost connection. A server that sends none (the original Go server, or
+   * pings off) is waited for as before. Default true.
+   */
+  keepalive?: boolean;
+  /** Milliseconds past the server's announced interval before its silence counts as death. Default 10000. */
+  keepaliveGrace?: number;
 }
 
 export interface CallOptions {
@@ -181,6 +195,7 @@ export declare class Juggler extends EventTarget {
   /** Resolves once connected; rejects with ConnectionClosedError if the first attempt fails. */
   static connect(url: string | URL, options?: ConnectOptions): Promise<Juggler>;
   constructor(url: string | URL, options?: ConnectOptions);
+  /** The URL dialled: the one given, with the query parameters of `keepalive` and `headersAsQuery`. */
   readonly url: string;
   readonly state: State;
   /**

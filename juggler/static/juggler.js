@@ -12,6 +12,8 @@
 // Wire format (see docs/protocols/juggler.md): one JSON object per text
 // frame, {"meta":{"type":N,"uuid":"..."},"payload":{...}}; CALL=1 PUB=2 SUB=3
 // UNSB=4 NACK=7 ACK=8 RES=9 EVNT=10; CALL timeouts travel in nanoseconds.
+// KEEPALIVE=256 is this server's extension, sent only to clients that ask
+// (the juggler-keepalive=1 query parameter): {"interval_ms": N}.
 //
 // Contract:
 // - call() resolves with the RES args, rejects with NackError (the server
@@ -22,11 +24,17 @@
 //   once the connection is back; subscriptions are restored before them.
 // - Reconnection: exponential backoff with jitter, forever unless
 //   `reconnect: false` or `maxAttempts`. close() is final and idempotent.
+// - Keepalive (`keepalive: true`): a browser cannot see websocket pings, so
+//   the client asks the server for KEEPALIVE messages; once one said the
+//   interval, nothing received for interval + `keepaliveGrace` ms means the
+//   server is gone: the connection is dropped and reconnected like any other.
 // Types: juggler.d.ts next to this file.
 
-const CALL = 1, PUB = 2, SUB = 3, UNSB = 4, NACK = 7, ACK = 8, RES = 9, EVNT = 10;
+const CALL = 1, PUB = 2, SUB = 3, UNSB = 4, NACK = 7, ACK = 8, RES = 9, EVNT = 10, KEEPALIVE = 256;
 export const SUBPROTOCOL = "juggler.0";
-export const MessageType = Object.freeze({ CALL, PUB, SUB, UNSB, NACK, ACK, RES, EVNT });
+export const MessageType = Object.freeze({ CALL, PUB, SUB, UNSB, NACK, ACK, RES, EVNT, KEEPALIVE });
+// the query parameter that asks the server for KEEPALIVE messages (browsers cannot send headers)
+const KEEPALIVE_QUERY = "juggler-keepalive";
 
 // errors ----------------------------------------------------------------------
 
@@ -96,6 +104,18 @@ const CustomEvent =
 
 function noop() {}
 
+// a monotonic clock (ms): a wall clock set back must not look like silence
+const clock =
+  globalThis.performance && typeof globalThis.performance.now === "function"
+    ? () => globalThis.performance.now()
+    : () => Date.now();
+
+// the interval (ms) a KEEPALIVE's payload announces, or 0 when it has no usable one
+function keepaliveInterval(pl) {
+  const ms = pl && pl.interval_ms;
+  return Number.isSafeInteger(ms) && ms > 0 ? ms : 0;
+}
+
 // Forget a socket. Its error handler stays: with the `ws` package an 'error'
 // without a listener (e.g. closing a socket that is still connecting) would
 // be an uncaught exception.
@@ -125,6 +145,8 @@ const DEFAULTS = Object.freeze({
   jitter: 0.5, // each delay is scaled by a random factor in [1 - jitter, 1]
   maxAttempts: Infinity, // consecutive failed reconnection attempts before giving up
   maxQueue: 1000, // messages queued while disconnected
+  keepalive: true, // ask the server for KEEPALIVE messages and drop a connection that goes silent
+  keepaliveGrace: 10000, // ms past the server's announced interval before its silence means it is gone
 });
 
 // the client --------------------------------------------------------------------
@@ -150,6 +172,9 @@ export class Juggler extends EventTarget {
     if (typeof this._WebSocket !== "function") {
       throw new TypeError("no WebSocket in this runtime: pass options.WebSocket (e.g. the `ws` package)");
     }
+    if (!(Number.isFinite(o.keepaliveGrace) && o.keepaliveGrace > 0)) {
+      throw new RangeError(`keepaliveGrace must be a number of milliseconds > 0, got ${o.keepaliveGrace}`);
+    }
     this._protocols = o.protocols ?? [SUBPROTOCOL];
     this._headers = { ...(o.headers || {}) };
     if (o.allowedMessages) {
@@ -161,6 +186,7 @@ export class Juggler extends EventTarget {
     this.url = this._buildUrl(String(url));
     this._state = "connecting";
     this._ws = null;
+    this._watch = null; // the current socket's keepalive watch
     this._attempt = 0;
     this._timer = null;
     this._pending = new Map(); // uuid -> {type, resolve, reject, timer, uri|channel, sent, frame}
@@ -182,15 +208,18 @@ export class Juggler extends EventTarget {
 
   _buildUrl(url) {
     const names = Object.keys(this._headers);
-    if (!names.length || this._canSendHeaders) return url;
-    if (!this.options.headersAsQuery) {
+    const inQuery = names.length && !this._canSendHeaders;
+    if (inQuery && !this.options.headersAsQuery) {
       throw new TypeError(
         `this WebSocket cannot send headers (${names.join(", ")}): pass options.WebSocket ` +
           "(e.g. the `ws` package) or set headersAsQuery: true (the server must read them from the URL)",
       );
     }
+    if (!inQuery && !this.options.keepalive) return url;
     const u = new URL(url);
-    for (const n of names) u.searchParams.set(n.toLowerCase(), this._headers[n]);
+    if (inQuery) for (const n of names) u.searchParams.set(n.toLowerCase(), this._headers[n]);
+    // in the query whatever the WebSocket: every runtime can send it, and the server reads it there
+    if (this.options.keepalive) u.searchParams.set(KEEPALIVE_QUERY, "1");
     return u.toString();
   }
 
@@ -214,6 +243,9 @@ export class Juggler extends EventTarget {
     }
     this._ws = ws;
     let opened = false;
+    // this socket's keepalive: armed by the first KEEPALIVE, which says the server's interval
+    const watch = { limit: 0, last: clock(), timer: null, check: null };
+    this._watch = watch;
     const guard = setTimeout(() => {
       if (!opened) {
         try {
@@ -227,6 +259,7 @@ export class Juggler extends EventTarget {
     let gone = false;
     const onGone = (err) => {
       clearTimeout(guard);
+      clearTimeout(watch.timer);
       if (gone) return;
       gone = true;
       if (this._ws === ws) this._ws = null;
@@ -244,7 +277,26 @@ export class Juggler extends EventTarget {
       opened = true;
       this._opened();
     };
-    ws.onmessage = (ev) => this._onMessage(ev.data);
+    watch.check = () => {
+      watch.timer = null;
+      if (gone || this._ws !== ws) return;
+      const idle = clock() - watch.last;
+      if (idle < watch.limit) {
+        watch.timer = setTimeout(watch.check, watch.limit - idle);
+        return;
+      }
+      // a silent server answers no closing handshake either: forget the socket now
+      try {
+        ws.close();
+      } catch {
+        /* ignore */
+      }
+      onGone(new ConnectionLostError(`nothing from the server for ${Math.round(idle)} ms: connection considered dead`));
+    };
+    ws.onmessage = (ev) => {
+      watch.last = clock();
+      this._onMessage(ev.data, watch);
+    };
     ws.onerror = noop; // the close event follows and says more
     ws.onclose = (ev) => {
       onGone(new ConnectionLostError(`connection closed (${ev.code}${ev.reason ? " " + ev.reason : ""})`));
@@ -319,6 +371,7 @@ export class Juggler extends EventTarget {
     this._closedByUser = true;
     const ws = this._ws;
     this._ws = null;
+    if (this._watch) clearTimeout(this._watch.timer);
     if (ws) {
       detach(ws);
       try {
@@ -522,7 +575,7 @@ export class Juggler extends EventTarget {
 
   // receiving --------------------------------------------------------------------
 
-  _onMessage(data) {
+  _onMessage(data, watch) {
     if (typeof data !== "string") {
       if (data instanceof ArrayBuffer) data = new TextDecoder().decode(data);
       else if (ArrayBuffer.isView(data)) data = new TextDecoder().decode(data);
@@ -595,6 +648,14 @@ export class Juggler extends EventTarget {
             this.dispatchEvent(new CustomEvent("error", { detail: { error: err } }));
           }
         }
+        return;
+      }
+      case KEEPALIVE: {
+        // the server is alive (any message says so); the first one arms the watch
+        const ms = keepaliveInterval(pl);
+        if (!ms || !watch || !this.options.keepalive) return;
+        watch.limit = ms + this.options.keepaliveGrace;
+        if (!watch.timer) watch.timer = setTimeout(watch.check, watch.limit);
         return;
       }
       default:

@@ -3,6 +3,8 @@
 // page loads, calls test.echo / test.reverse, shows a PUB made by the REPL
 // (`juggler client` through a pipe) and by another tab, survives a server
 // restart on the same port, and leaves a screenshot in artifacts/demo.png.
+// The client in Chromium also leaves a server that goes silent (stopped with
+// SIGSTOP), which it notices through KEEPALIVE messages alone.
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
 import path from "node:path";
@@ -98,10 +100,51 @@ test("the browser's WebSocket cannot send headers: refused, or sent in the query
   });
   assert.deepEqual(r, {
     refused: "TypeError",
-    url: `${up.wsUrl}?juggler-allowed-messages=pub`,
+    url: `${up.wsUrl}?juggler-allowed-messages=pub&juggler-keepalive=1`,
     callError: "ConnectionLostError",
     state: "closed",
   });
+});
+
+test("in the browser, a server gone silent is noticed through KEEPALIVE messages and left", async () => {
+  // a browser sees no websocket ping: the client asks for KEEPALIVE messages in the URL
+  const srv = await JugglerProc.server("[server]\nping_interval = 0.1\npong_timeout = 5\n");
+  const other = await browser.newPage();
+  try {
+    await other.goto(up.httpUrl); // the page's origin serves /juggler.js
+    const first = await other.evaluate(async (url) => {
+      const { Juggler } = await import("/juggler.js");
+      window.ka = await Juggler.connect(url, { keepaliveGrace: 300, initialDelay: 50, maxDelay: 500 });
+      window.kaGot = [];
+      window.kaLost = [];
+      window.ka.addEventListener("close", (ev) => window.kaLost.push(ev.detail.error.message));
+      const u = window.ka.subscribe("paused", (x) => window.kaGot.push(x));
+      await u.ready;
+      return { url: window.ka.url, armed: window.ka._watch.limit };
+    }, srv.wsUrl);
+    assert.deepEqual(first, { url: `${srv.wsUrl}?juggler-keepalive=1`, armed: 100 + 300 });
+    process.kill(srv.proc.pid, "SIGSTOP");
+    try {
+      await other.waitForFunction(() => window.ka.state === "reconnecting", null, { timeout: T });
+    } finally {
+      process.kill(srv.proc.pid, "SIGCONT");
+    }
+    await other.waitForFunction(() => window.ka.state === "open", null, { timeout: T });
+    const r = await other.evaluate(async (url) => {
+      const { Juggler } = await import("/juggler.js");
+      const b = await Juggler.connect(url);
+      await b.publish("paused", "after the pause");
+      b.close();
+      return window.kaLost;
+    }, srv.wsUrl);
+    assert.match(r[0], /nothing from the server for \d+ ms/);
+    await other.waitForFunction(() => window.kaGot.length === 1 && window.kaGot[0] === "after the pause", null,
+      { timeout: T });
+    await other.evaluate(() => window.ka.close());
+  } finally {
+    await other.close();
+    await srv.stop();
+  }
 });
 
 test("a PUB from the REPL (juggler client through a pipe) appears in the page", async () => {

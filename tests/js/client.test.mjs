@@ -1,5 +1,6 @@
 // Unit tests of juggler/static/juggler.js under Node's test runner, against a
-// REAL `juggler up` (and a `juggler server` with small limits for NACKs).
+// REAL `juggler up` (and `juggler server`s: with small limits for NACKs, and
+// pinging every 100 ms for the keepalive, stopped with SIGSTOP to go silent).
 // Node 20 has no global WebSocket: the `ws` package is injected (which also
 // exercises the `headers` path that browsers cannot take).
 import assert from "node:assert/strict";
@@ -12,6 +13,7 @@ import {
   ConnectionLostError,
   ExpiredError,
   Juggler,
+  MessageType,
   NackError,
 } from "../../juggler/static/juggler.js";
 import { JugglerProc, freePort, until } from "./helpers.mjs";
@@ -265,7 +267,7 @@ describe("connection", () => {
     const native = { ...opts, nativeWebSocket: true, reconnect: false };
     assert.throws(() => new Juggler(up.wsUrl, { ...native, headers: { "X-Token": "t" } }), TypeError);
     const c = await connect(up.wsUrl, { ...native, allowedMessages: "pub", headersAsQuery: true });
-    assert.match(c.url, /\?juggler-allowed-messages=pub$/);
+    assert.match(c.url, /\?juggler-allowed-messages=pub&juggler-keepalive=1$/);
     await c.publish("allowed", 1);
     await assert.rejects(c.call("test.echo", "x", { timeout: 5000 }), ConnectionLostError);
   });
@@ -314,6 +316,94 @@ describe("NACKs", () => {
     await u1();
     const u3 = c.subscribe("two", () => {}); // room again
     await u3.ready;
+  });
+});
+
+describe("keepalive", () => {
+  // a `juggler server` that pings every 100 ms (in-memory broker, no callees)
+  const pinging = (extra = "") => JugglerProc.server(`[server]\nping_interval = 0.1\npong_timeout = 5\n${extra}`);
+
+  // a `ws` socket that counts the KEEPALIVE messages it receives
+  function counting() {
+    const seen = { keepalives: 0 };
+    class Counting extends WebSocket {
+      constructor(...args) {
+        super(...args);
+        this.on("message", (data) => {
+          if (JSON.parse(data).meta.type === MessageType.KEEPALIVE) seen.keepalives += 1;
+        });
+      }
+    }
+    return { seen, Counting };
+  }
+
+  test("the client asks for KEEPALIVE messages and stays connected while they come", async () => {
+    const srv = await pinging();
+    try {
+      const { seen, Counting } = counting();
+      const c = await connect(srv.wsUrl, { WebSocket: Counting, keepaliveGrace: 1000 });
+      const lost = [];
+      c.addEventListener("close", (ev) => lost.push(ev.detail.error));
+      assert.equal(c.url, `${srv.wsUrl}?juggler-keepalive=1`); // the query parameter, whatever the WebSocket
+      await until(() => seen.keepalives >= 15, { what: "15 KEEPALIVEs: longer than interval + grace" });
+      assert.equal(c.state, "open");
+      assert.deepEqual(lost, []);
+      await c.publish("still.here", 1);
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  test("a server gone silent (stopped, no FIN, no reset) is left: the client reconnects and keeps its subscriptions", async () => {
+    const srv = await pinging();
+    try {
+      const a = await connect(srv.wsUrl, { keepaliveGrace: 300 });
+      const lost = [];
+      a.addEventListener("close", (ev) => lost.push(ev.detail.error));
+      const got = [];
+      const u = a.subscribe("paused", (x) => got.push(x));
+      await u.ready;
+      process.kill(srv.proc.pid, "SIGSTOP");
+      try {
+        await until(() => a.state === "reconnecting", { what: "the silence noticed" });
+      } finally {
+        process.kill(srv.proc.pid, "SIGCONT");
+      }
+      assert.ok(lost[0] instanceof ConnectionLostError);
+      assert.match(lost[0].message, /nothing from the server for \d+ ms/);
+      // the attempt made while the server was stopped completes once it runs again
+      await until(() => a.state === "open", { timeout: 20000, what: "reconnected" });
+      const b = await connect(srv.wsUrl);
+      await b.publish("paused", "after the pause");
+      await until(() => got.length === 1, { what: "event after the pause" });
+      assert.deepEqual(got, ["after the pause"]);
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  test("keepalive: false asks for nothing; a server that sends none is waited for", async () => {
+    const srv = await pinging();
+    try {
+      const { seen, Counting } = counting();
+      const c = await connect(srv.wsUrl, { WebSocket: Counting, keepalive: false });
+      assert.equal(c.url, srv.wsUrl);
+      await c.publish("quiet", 1); // a KEEPALIVE would have come before the ACK
+      assert.equal(seen.keepalives, 0);
+      assert.equal(c._watch.limit, 0);
+    } finally {
+      await srv.stop();
+    }
+    const off = await JugglerProc.server("[server]\nping_interval = 0\n"); // pings off: no KEEPALIVE either
+    try {
+      const c = await connect(off.wsUrl, { keepaliveGrace: 1 });
+      await c.publish("quiet", 1);
+      assert.equal(c._watch.limit, 0); // never armed: the client waits as long as it takes
+      assert.equal(c.state, "open");
+    } finally {
+      await off.stop();
+    }
+    assert.throws(() => new Juggler(up.wsUrl, { ...opts, keepaliveGrace: 0 }), RangeError);
   });
 });
 

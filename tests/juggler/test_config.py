@@ -13,12 +13,15 @@ def test_defaults_are_upstream_like() -> None:
     c = AppConfig()
     assert (c.server.host, c.server.port, c.server.path) == ("127.0.0.1", 9000, "/ws")
     assert c.server.call_timeout_ms == 60_000 and c.redis is None and c.metrics.port == 0
+    # unlike the original, pings are on: a peer gone silent does not hold its connection for ever
+    assert (c.server.ping_interval, c.server.pong_timeout, c.server.read_timeout) == (25.0, 10.0, 0.0)
 
 
 @pytest.mark.parametrize(
     "kw",
     [{"port": 70000}, {"path": "ws"}, {"read_limit": -1}, {"write_timeout": -1.0}, {"call_timeout_ms": 0},
-     {"max_pending": 0}, {"handshake_timeout": 0}],
+     {"max_pending": 0}, {"handshake_timeout": 0}, {"ping_interval": -1.0}, {"ping_interval": float("nan")},
+     {"ping_interval": float("inf")}, {"pong_timeout": 0.0}, {"pong_timeout": float("nan")}],
 )
 def test_validation(kw: dict) -> None:
     with pytest.raises(ValueError):
@@ -49,6 +52,8 @@ path = "/juggler"
 allow_empty_subprotocol = true
 read_limit = 4096
 slow_threshold = 0.25
+ping_interval = 0.5
+pong_timeout = 2
 
 [redis]
 url = "redis://127.0.0.1:6390/1"
@@ -61,6 +66,7 @@ port = 9101
     c = load_config(str(p))
     assert (c.server.port, c.server.path, c.server.allow_empty_subprotocol) == (9100, "/juggler", True)
     assert c.server.read_limit == 4096 and c.server.slow_threshold == 0.25
+    assert (c.server.ping_interval, c.server.pong_timeout) == (0.5, 2.0)
     assert c.redis.url == "redis://127.0.0.1:6390/1" and c.redis.call_cap == 5
     assert c.metrics.port == 9101
 
@@ -104,6 +110,9 @@ def test_flags_override_the_file(tmp_path) -> None:  # type: ignore[no-untyped-d
         ('[redis]\nurl = "http://x"\n', 2, "unsupported Redis URL scheme"),
         ('[server]\nlisten = "nowhere"\n', 2, "listen address must be HOST:PORT"),
         ('[server\n', 1, "invalid TOML"),
+        ('[server]\nport = 1\nping_interval = -5\n', 3, "ping_interval must be a number of seconds >= 0"),
+        ('[server]\npong_timeout = 0\nport = 1\n', 2, "pong_timeout must be a number of seconds > 0"),
+        ('[server]\nport = 1\nping_interval = "25s"\n', 3, "server.ping_interval: expected a number, got '25s'"),
     ],
 )
 def test_file_errors_name_the_line(tmp_path, text: str, line: int, says: str) -> None:  # type: ignore[no-untyped-def]

@@ -64,3 +64,27 @@ async def test_through_redis(redis_url: str) -> None:
             url=server.url, subscribers=20, rate=30, duration=1.0, settle=2.0, channel="fanout.redis"))
     assert report.published >= 30 and report.lost == 0 and report.duplicates == 0
     assert report.delivered == report.published * 20
+
+
+async def test_subscribers_answer_keepalive_pings() -> None:
+    """The native subscribers and the publisher answer the server's pings:
+    a run many ping intervals long loses no subscriber to the keepalive."""
+    import asyncio
+
+    from juggler.broker.memory import MemoryBroker
+    from juggler.config import ServerConfig
+    from juggler.server import Server
+
+    broker = MemoryBroker()
+    await broker.start()
+    server = Server(broker, ServerConfig(port=0, ping_interval=0.05, pong_timeout=0.5))
+    try:
+        await server.start()
+        report = await asyncio.to_thread(run_fanout, FanoutConfig(
+            url=server.url, subscribers=10, rate=20, duration=2.0, settle=2.0, channel="fanout.pinged"))
+        assert not report.error_messages and report.lost == 0
+        assert report.delivered == report.published * 10
+        assert "ping_timeout" not in server.stats.closed
+    finally:
+        await server.aclose()
+        await broker.aclose()

@@ -142,6 +142,19 @@ def test_control_frames_keep_their_place_among_texts() -> None:
     assert b"".join(p.data_to_send()) == server_frame(b"one") + server_frame(b"hi", 10) + server_frame(b"two")
 
 
+def test_pings_only_while_open_and_pongs_give_no_event() -> None:
+    p = proto()
+    assert p.send_ping() is False  # no handshake yet
+    p, _ = opened()
+    p.send_text(b"one")
+    assert p.send_ping() is True
+    assert b"".join(p.data_to_send()) == server_frame(b"one") + server_frame(b"", 9)
+    # the answer is no event: the driver saw bytes arrive, which is what the keepalive counts
+    assert p.receive_data(masked(b"", opcode=10) + masked(b"after")) == [b"after"]
+    assert p.send_close(1000)
+    assert p.send_ping() is False and p.data_to_send() == [server_frame(b"\x03\xe8", 8)]
+
+
 def test_closing_handshake_started_by_the_server() -> None:
     p, _ = opened()
     assert p.send_close(1001, "server shutting down")

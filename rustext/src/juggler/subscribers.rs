@@ -7,7 +7,9 @@
 //! handshake, `juggler.0`), sends one SUB, and for every EVNT reads `"t"`
 //! (publish time, ns since the epoch) and `"seq"` from its `args` without
 //! decoding the JSON, recording latency and counting lost, duplicated and
-//! reordered events. Nothing here is a general websocket client.
+//! reordered events. It answers the server's keepalive pings (a server
+//! closes a connection that answers nothing, however long the run). Nothing
+//! here is a general websocket client.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -162,6 +164,13 @@ async fn subscriber(
                     }
                 }
                 8 => return Ok(()), // closed by the server
+                9 => {
+                    // a keepalive ping: answered, or the server closes a subscriber that only listens
+                    let pong = pong_frame(payload);
+                    buf.drain(..h + len);
+                    s.write_all(&pong).await.map_err(|e| format!("pong: {e}"))?;
+                    continue;
+                }
                 _ => {}
             }
             buf.drain(..h + len);
@@ -190,6 +199,11 @@ pub fn sub_frame(channel: &str, uuid: &str) -> Vec<u8> {
     json.extend_from_slice(b",\"pattern\":false}}");
     // masked with a zero key: the payload goes out as is
     crate::wsframe::encode_client_frame(true, 1, &json, [0; 4])
+}
+
+/// The pong answering a ping with `payload` (masked client frame; a control frame carries at most 125 bytes).
+pub fn pong_frame(payload: &[u8]) -> Vec<u8> {
+    crate::wsframe::encode_client_frame(true, 10, &payload[..payload.len().min(125)], [0; 4])
 }
 
 /// Start `n` subscribers on `rt`; they run until `shared.stop` is set and the owner notifies.
@@ -233,6 +247,12 @@ mod tests {
         let f = br#"{"meta":{"type":10,"uuid":"u"},"payload":{"for":"x","channel":"c","args":{"t":1234,"seq":7,"pad":"xx"}}}"#;
         assert_eq!(event_fields(f), Some((1234, 7)));
         assert_eq!(event_fields(br#"{"args":{"seq":1}}"#), None);
+    }
+
+    #[test]
+    fn pong_frame_echoes_the_ping_masked() {
+        assert_eq!(pong_frame(b""), vec![0x8A, 0x80, 0, 0, 0, 0]);
+        assert_eq!(pong_frame(b"hi"), vec![0x8A, 0x82, 0, 0, 0, 0, b'h', b'i']);
     }
 
     #[test]
