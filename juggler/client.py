@@ -50,6 +50,7 @@ from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.exceptions import InvalidMessage
 
 from juggler.errors import CallExpired, CallNacked, ConnectionClosed, ProtocolError
+from juggler.extensions import EXTENSION_MIN, REPLY
 from juggler.keepalive import HEADER as KEEPALIVE_HEADER
 from juggler.keepalive import KEEPALIVE, ServerWatch
 
@@ -220,6 +221,24 @@ class Client:
         finally:
             self._pending.pop(msg_uuid, None)
 
+    async def request(self, msg_type: int, payload: Mapping[str, Any], *, timeout: float | None = None) -> Any:
+        """Send an extension request (type 256 and above, :mod:`juggler.extensions`) and
+        return the ``result`` of the server's REPLY; a NACK raises :class:`CallNacked`,
+        no answer within `timeout` (default ``default_timeout``) raises TimeoutError. A
+        server that does not handle the type closes the connection, as for any unknown type."""
+        if msg_type < EXTENSION_MIN:
+            raise ValueError(f"extension types start at {EXTENSION_MIN}, got {msg_type}")
+        msg_uuid = new_uuid()
+        pending = _Pending(self._loop, msg_type, True)
+        self._pending[msg_uuid] = pending
+        try:
+            await self.send(msg_type, payload, msg_uuid=msg_uuid)
+            assert pending.res is not None
+            async with asyncio.timeout(timeout if timeout is not None else self.default_timeout):
+                return await pending.res
+        finally:
+            self._pending.pop(msg_uuid, None)
+
     async def _acked(self, msg_type: int, payload: dict[str, Any], raw_args: str | None, timeout: float | None,
                      msg_uuid: str | None = None) -> str:
         msg_uuid = msg_uuid or new_uuid()
@@ -358,6 +377,9 @@ class Client:
                     if fut is not None and not fut.done():
                         fut.set_exception(err)
                         fut.exception()
+        elif msg_type == REPLY:
+            if pending is not None and pending.res is not None and not pending.res.done():
+                pending.res.set_result(payload.get("result"))
         elif msg_type == RES:
             if pending is not None and pending.res is not None and not pending.res.done():
                 if not pending.ack.done():

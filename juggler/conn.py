@@ -41,8 +41,8 @@ import contextvars
 import enum
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs
 
@@ -51,6 +51,9 @@ from websockets.http11 import Request
 
 from juggler.broker.base import CallerBroker, PubSubBroker
 from juggler.config import ServerConfig
+from juggler.extensions import EXTENSION_MIN as _EXTENSION_MIN
+from juggler.extensions import KEEPALIVE as _KEEPALIVE
+from juggler.extensions import ExtensionHandler
 from juggler.keepalive import HEADER as _KEEPALIVE_HEADER
 from juggler.keepalive import PING as _PING
 from juggler.keepalive import QUERY as _KEEPALIVE_QUERY
@@ -141,6 +144,8 @@ class ConnContext:
     auth: Auth | None = None
     #: the server's subscriptions and their fan-out (juggler.subscriptions.Subscriptions)
     subscriptions: Any = None
+    #: handlers of the extension requests the server answers, by type (juggler.extensions)
+    extensions: Mapping[int, ExtensionHandler] = field(default_factory=dict)
 
 
 _CLOSED = ConnState.CLOSED
@@ -175,6 +180,7 @@ class Conn(asyncio.Protocol):
         self.opened_at = self.loop.time()
         #: the juggler.0 rules of this connection (sans-I/O)
         self.session = Session(cfg, context.stats, context.listener.reject, now=self.opened_at)
+        self.session.extensions = context.extensions
         self.remote: Any = None
         self.transport: asyncio.Transport | None = None
         #: the websocket protocol (sans-I/O): handshake, frames, closing handshake
@@ -454,7 +460,12 @@ class Conn(asyncio.Protocol):
         if messages and cfg.ping_interval:
             self.keepalive_messages = True
             self.ws.send_text(keepalive_frame(_new_uuid(), cfg.ping_interval))  # the caller flushes
+            self._count_keepalive()
         self._keepalive_at(ka.next_tick(self._last_message))
+
+    def _count_keepalive(self) -> None:
+        ext = self.stats.extensions_written
+        ext[_KEEPALIVE] = ext.get(_KEEPALIVE, 0) + 1
 
     def _keepalive_at(self, when: float | None) -> None:
         self._timer = None if when is None else self.loop.call_at(when, self._keepalive_tick)
@@ -474,6 +485,7 @@ class Conn(asyncio.Protocol):
             ws.send_ping()
             if self.keepalive_messages:
                 ws.send_text(keepalive_frame(_new_uuid(), ka.interval))
+                self._count_keepalive()
             self._flush()
         elif due is not None:
             self._timed_out(due)
@@ -672,6 +684,9 @@ class Conn(asyncio.Protocol):
         session = self.session
         subs = self.context.subscriptions
         t = msg.type
+        if t >= _EXTENSION_MIN:
+            await self.context.extensions[t](self, msg)  # type: ignore[arg-type]
+            return
         verdict = session.admit(msg, self._listener.draining, self.inflight, subs)
         if verdict.__class__ is tuple:
             self.nack(msg, *verdict)  # type: ignore[misc]
@@ -777,7 +792,11 @@ class Conn(asyncio.Protocol):
             self.close(1009, "message too big")
             return False
         ws.send_text(frame)
-        self.stats.written[msg_type] += 1
+        try:
+            self.stats.written[msg_type] += 1
+        except IndexError:  # an extension message (juggler.extensions)
+            ext = self.stats.extensions_written
+            ext[msg_type] = ext.get(msg_type, 0) + 1
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)

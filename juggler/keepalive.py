@@ -43,6 +43,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from juggler.extensions import KEEPALIVE
+
 __all__ = [
     "HEADER",
     "KEEPALIVE",
@@ -57,8 +59,6 @@ __all__ = [
     "opted_in",
 ]
 
-#: the message type of the keepalive extension (256 and above are free for custom types)
-KEEPALIVE = 256
 #: the handshake header a client asks for KEEPALIVE messages with
 HEADER = "Juggler-Keepalive"
 #: the query parameter of the websocket URL that asks for them (browsers cannot send headers)

@@ -37,6 +37,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from juggler.extensions import TYPE_NAMES as EXTENSION_NAMES
 from juggler.protocol import TYPE_NAMES
 
 __all__ = ["MetricsServer", "ServerStats", "StatsCollector", "serve_metrics"]
@@ -48,6 +49,9 @@ class ServerStats:
 
     read: list[int] = field(default_factory=lambda: [0] * 11)  # by type (index = type)
     written: list[int] = field(default_factory=lambda: [0] * 11)
+    #: extension messages (juggler.extensions, types 256 and above) read and written, by type
+    extensions_read: dict[int, int] = field(default_factory=dict)
+    extensions_written: dict[int, int] = field(default_factory=dict)
     connections_active: int = 0
     connections_total: int = 0
     calls: int = 0
@@ -91,6 +95,9 @@ class StatsCollector(Collector):
                 read.add_metric([name], s.read[t])
             else:
                 written.add_metric([name], s.written[t])
+        for counts, family in ((s.extensions_read, read), (s.extensions_written, written)):
+            for t, n in sorted(counts.items()):
+                family.add_metric([EXTENSION_NAMES.get(t, str(t))], n)
         yield read
         yield written
         yield GaugeMetricFamily("juggler_connections_active", "Open websocket connections", value=s.connections_active)

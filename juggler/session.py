@@ -24,6 +24,10 @@ The rules it holds:
   ACKs and NACKs go out in request order all the same: the replies of a
   message are held (:meth:`Session.reply`) until those of the messages
   before it are out (:meth:`Session.done`).
+- **Extensions** (:mod:`juggler.extensions`): a message of a type from 256
+  up is accepted only when the server handles that type
+  (:attr:`Session.extensions`); it is ordered like a SUB and its handler
+  decides everything else.
 - **Admission** (:meth:`Session.admit`): authorization (401/403), a draining
   server (CALL: 503), calls in flight (429), the call timeout (nanoseconds
   to milliseconds, the server default under 1 ms, NACK 500 when negative),
@@ -38,12 +42,13 @@ The rules it holds:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any, Protocol
 
 import rustext
 
 from juggler.config import ServerConfig
+from juggler.extensions import EXTENSION_MIN, parse_extension
 from juggler.limits import TokenBucket
 from juggler.metrics import ServerStats
 from juggler.protocol import ALL_CLIENT_TYPES, ClientMessage, JugglerDecodeError, call_timeout_ms
@@ -126,8 +131,8 @@ class Session:
     """
 
     __slots__ = (
-        "_bucket", "_ignore_text", "_reject", "_running", "_subs", "allowed", "close_reason", "config", "identity",
-        "messages_in", "open", "queue", "stats",
+        "_bucket", "_ignore_text", "_reject", "_running", "_subs", "allowed", "close_reason", "config",
+        "extensions", "identity", "messages_in", "open", "queue", "stats",
     )
 
     def __init__(self, config: ServerConfig, stats: ServerStats, reject: Callable[[str], None], *,
@@ -137,6 +142,8 @@ class Session:
         self._reject = reject
         #: the message types this client may send (the Juggler-Allowed-Messages handshake header)
         self.allowed = ALL_CLIENT_TYPES
+        #: the extension message types (256 and above) the server handles; any other is bad input
+        self.extensions: Container[int] = ()
         #: who the client is (juggler.auth.Identity), when the server authenticates
         self.identity: Any = None
         #: why the connection ended, once it is ending (logs, juggler_connections_closed_total)
@@ -164,9 +171,13 @@ class Session:
             return None
         try:
             msg = _parse(data, self.allowed)
+            self.stats.read[msg.type] += 1
         except JugglerDecodeError as exc:
-            return self._end(self._bad_input(str(exc)))
-        self.stats.read[msg.type] += 1
+            msg = parse_extension(data, self.extensions) if self.extensions else None
+            if msg is None:
+                return self._end(self._bad_input(str(exc)))
+            read = self.stats.extensions_read
+            read[msg.type] = read.get(msg.type, 0) + 1
         self.messages_in += 1
         bucket = self._bucket
         if bucket is not None and not bucket.take(now):
@@ -311,6 +322,8 @@ class Session:
         connection's calls waiting for their RES; ``channels``: what the
         server's channels offer (history, join/leave notices), for a SUB."""
         t = msg.type
+        if t >= EXTENSION_MIN:
+            return None  # its handler decides
         identity = self.identity
         if identity is not None and t != UNSB:
             refusal = identity.check(_KIND[t], msg.uri if t == CALL else msg.channel)

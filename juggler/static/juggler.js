@@ -31,8 +31,10 @@
 // Types: juggler.d.ts next to this file.
 
 const CALL = 1, PUB = 2, SUB = 3, UNSB = 4, NACK = 7, ACK = 8, RES = 9, EVNT = 10, KEEPALIVE = 256;
+// the server's answer to an extension request (types 256 and above): {for, for_type, result}
+const REPLY = 262;
 export const SUBPROTOCOL = "juggler.0";
-export const MessageType = Object.freeze({ CALL, PUB, SUB, UNSB, NACK, ACK, RES, EVNT, KEEPALIVE });
+export const MessageType = Object.freeze({ CALL, PUB, SUB, UNSB, NACK, ACK, RES, EVNT, KEEPALIVE, REPLY });
 // the query parameter that asks the server for KEEPALIVE messages (browsers cannot send headers)
 const KEEPALIVE_QUERY = "juggler-keepalive";
 
@@ -648,6 +650,12 @@ export class Juggler extends EventTarget {
             this.dispatchEvent(new CustomEvent("error", { detail: { error: err } }));
           }
         }
+        return;
+      }
+      case REPLY: {
+        // the answer to an extension request (sent with _request, type 256 and above)
+        const p = this._pending.get(pl.for);
+        if (p && p.type >= 256) this._settle(pl.for, p, null, pl.result === undefined ? null : pl.result);
         return;
       }
       case KEEPALIVE: {
