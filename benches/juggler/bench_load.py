@@ -14,6 +14,9 @@ Each run starts everything afresh; ``--out`` keeps every run with the load
 average before and after it. ``--tls`` alternates plaintext runs with runs
 over ``wss://`` (the server with an ECDSA P-256 certificate of ``juggler tls
 dev-cert``, the load tool verifying it), so the two sit side by side.
+``--before TREE`` alternates runs of this checkout's server and callee with
+runs of another checkout's (a ``git worktree`` with its own
+``rustext/_native*.so``), the same load tool driving both.
 
 Not a test: it measures and prints, and exits 0 unless something failed to run.
 """
@@ -97,16 +100,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=1, help="fresh runs, one after the other [%(default)s]")
     ap.add_argument("--out", metavar="FILE", help="write the raw results of every run (JSON) there")
     ap.add_argument("--tls", action="store_true", help="alternate ws:// runs with wss:// runs")
+    ap.add_argument("--before", type=Path, metavar="TREE",
+                    help="alternate runs with the server and callee of this other checkout")
     args = ap.parse_args(argv)
     runs = []
-    modes = [False, True] if args.tls else [False]
+    if args.before is not None and not list(args.before.resolve().glob("rustext/_native*.so")):
+        ap.error(f"{args.before}: no rustext/_native*.so (build it or copy one of its revision there)")
+    trees = [("ours", ROOT)] + ([("before", args.before.resolve())] if args.before is not None else [])
+    modes = [(tls, label, tree) for tls in ([False, True] if args.tls else [False]) for label, tree in trees]
     for i in range(args.runs):
-        for tls in modes if i % 2 == 0 else modes[::-1]:
+        for tls, label, tree in modes if i % 2 == 0 else modes[::-1]:
             load0 = loadavg()
-            result = run_once(args, tls=tls)
+            if len(trees) > 1:
+                print(f"-- {label} ({tree})", flush=True)
+            result = run_once(args, tls=tls, tree=tree)
             if result is None:
                 return 1
-            runs.append({**result, "tls": tls, "loadavg_before": load0, "loadavg_after": loadavg()})
+            runs.append({**result, "tls": tls, "tree": label, "loadavg_before": load0, "loadavg_after": loadavg()})
     if args.out:
         save(args.out, {"setup": {"connections": args.connections, "duration": args.duration, "workers": args.workers,
                                   "callees": args.callees, "load_procs": args.procs, "uri": args.uri,
@@ -114,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_once(args: argparse.Namespace, tls: bool = False) -> dict | None:
-    """One run from a fresh redis-server (``tls``: the server on wss://);
-    the figures, or None if something failed to run."""
+def run_once(args: argparse.Namespace, tls: bool = False, tree: Path = ROOT) -> dict | None:
+    """One run from a fresh redis-server (``tls``: the server on wss://), the
+    server and callee of the checkout `tree`; the figures, or None if
+    something failed to run."""
     workdir = tempfile.mkdtemp(prefix="jbench-")
     server_tls: list[str] = []
     load_tls: list[str] = []
@@ -142,7 +153,8 @@ def run_once(args: argparse.Namespace, tls: bool = False) -> dict | None:
         def start(name: str, cmd: list[str]) -> subprocess.Popen:
             log = open(os.path.join(workdir, f"{name}.log"), "wb")
             logs.append(log)
-            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**env, "PYTHONPATH": str(tree)},
+                                 cwd=tree)
             procs.append(p)
             return p
 

@@ -10,6 +10,13 @@ is charged to the sender)::
     python benches/juggler/fanout_compare.py --subscribers 1000 --rate 50 -d 10 --rounds 3
     python benches/juggler/fanout_compare.py --subscribers 10000 --rate 10 -d 10 --rounds 2
 
+``--before TREE`` compares instead the server of this checkout with the one
+of another checkout (a ``git worktree`` with its own ``rustext/_native*.so``),
+both with the native fan-out, interleaved the same way; the load tool is this
+checkout's in both::
+
+    python benches/juggler/fanout_compare.py --before /tmp/before --subscribers 1000 --rate 50 -d 10 --rounds 3
+
 Writes benches/juggler/results/fanout-<subscribers>x<rate>.json.
 """
 
@@ -52,13 +59,17 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
     raise RuntimeError(f"server on {port} did not start")
 
 
-def one(native: bool, args: argparse.Namespace) -> dict:
+def one(native: bool, args: argparse.Namespace, tree: Path = ROOT) -> dict:
+    """One run against a fresh server of the checkout `tree`."""
     port = free_port()
     cmd = [*JUGGLER, "server", "--listen", f"127.0.0.1:{port}", "--set",
            f"server.native_fanout={'true' if native else 'false'}", "--set", "server.max_connections=0"]
+    for setting in args.set or ():
+        cmd += ["--set", setting]
     if args.redis:
         cmd += ["--redis", args.redis]
-    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    server = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_port(port)
         u0, s0 = cpu(server.pid)
@@ -75,6 +86,7 @@ def one(native: bool, args: argparse.Namespace) -> dict:
         d = max(1, report["delivered"])
         report["server_user_us_per_delivery"] = report["server_cpu_us_per_delivery"] and None
         report["native"] = native
+        report["tree"] = str(tree)
         # whole-run split (includes subscribing): the proportion applies to the window figure
         total = (u1 - u0) + (s1 - s0)
         if total > 0 and report["server_cpu_us_per_delivery"] is not None:
@@ -100,24 +112,34 @@ def main() -> None:
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--redis", metavar="URL", help="through this Redis instead of the in-memory broker")
+    p.add_argument("--before", type=Path, metavar="TREE",
+                   help="compare with the server of this checkout (native fan-out both) instead of the Python path")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a server setting for every run (repeatable)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
+    if args.before is not None and not list(args.before.resolve().glob("rustext/_native*.so")):
+        p.error(f"{args.before}: no rustext/_native*.so (build it or copy one of its revision there)")
+    # (label, native fan-out, checkout) of the two servers compared, interleaved
+    pair = ([("ours", True, ROOT), ("before", True, args.before.resolve())] if args.before is not None
+            else [("native", True, ROOT), ("python", False, ROOT)])
     runs = []
     for r in range(args.rounds):
-        for native in ((True, False) if r % 2 == 0 else (False, True)):
-            rep = one(native, args)
+        for label, native, tree in (pair if r % 2 == 0 else pair[::-1]):
+            rep = one(native, args, tree)
+            rep["label"] = label
             runs.append(rep)
             if rep["server_cpu_us_per_delivery"] is None:
                 print(f"round {r + 1}: no figure: {json.dumps(rep)[:2000]}", flush=True)
                 continue
-            print(f"round {r + 1} {'native' if native else 'python'}: {rep['deliveries_per_s']:,.0f}/s "
+            print(f"round {r + 1} {label}: {rep['deliveries_per_s']:,.0f}/s "
                   f"lost {rep['lost']} p50 {rep['latency_ms'].get('median', 0):.1f} ms "
                   f"p99 {rep['latency_ms'].get('p99', 0):.1f} ms "
                   f"server {rep['server_cpu_us_per_delivery']:.2f} µs/delivery "
                   f"(user {rep.get('server_user_us_per_delivery') or 0:.2f}, "
                   f"system {rep.get('server_system_us_per_delivery') or 0:.2f})", flush=True)
     out = args.out or ROOT / "benches" / "juggler" / "results" / (
-        f"fanout-{args.subscribers}x{args.rate:g}{'-redis' if args.redis else ''}.json")
+        f"fanout-{args.subscribers}x{args.rate:g}{'-redis' if args.redis else ''}"
+        f"{'-before' if args.before is not None else ''}.json")
     out.write_text(json.dumps({"command": " ".join(sys.argv), "runs": runs}, indent=1))
     print(f"wrote {out}")
 
