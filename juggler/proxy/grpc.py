@@ -118,10 +118,10 @@ class GrpcTransport:
             async with asyncio.timeout(timeout + 0.5):
                 response = await method(request, timeout=timeout)
         except TimeoutError:
-            raise ProxyTimeout(f"no answer from {self.endpoint} within {timeout:g} s") from None
+            raise ProxyTimeout(f"no answer within {timeout:g} s") from None
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
-            text = f"{self.endpoint}: {code.name}: {exc.details() or ''}".rstrip(": ")
+            text = f"gRPC {code.name}: {exc.details() or ''}".rstrip(": ")
             if code in _UNAVAILABLE:
                 raise ProxyUnavailable(text) from None
             if code in _TIMEOUT:

@@ -55,11 +55,11 @@ class HttpTransport:
                     answer = await resp.content.read(MAX_ANSWER + 1)
                     status = resp.status
         except TimeoutError:
-            raise ProxyTimeout(f"no answer from {self.url} within {timeout:g} s") from None
+            raise ProxyTimeout(f"no answer within {timeout:g} s") from None
         except (aiohttp.ClientConnectionError, OSError) as exc:
-            raise ProxyUnavailable(f"{self.url}: {exc or type(exc).__name__}") from None
+            raise ProxyUnavailable(str(exc) or type(exc).__name__) from None
         except aiohttp.ClientError as exc:
-            raise ProxyBadAnswer(f"{self.url}: {exc or type(exc).__name__}") from None
+            raise ProxyBadAnswer(str(exc) or type(exc).__name__) from None
         if status != 200:
-            raise ProxyBadAnswer(f"{self.url} answered HTTP {status}")
+            raise ProxyBadAnswer(f"HTTP status {status}")
         return decode_answer(answer)
