@@ -13,8 +13,19 @@ and publishes, and answers RPCs, over HTTP (JSON POST) or gRPC.
 """
 
 from juggler.proxy.config import ProxyConfig, proxies_from_toml
-from juggler.proxy.errors import ProxyBadAnswer, ProxyError, ProxyTimeout, ProxyUnavailable
-from juggler.proxy.mapping import ConnectResult, PublishResult, Refusal, RefreshResult, RpcResult
+from juggler.proxy.errors import (
+    ProxyBadAnswer,
+    ProxyError,
+    ProxyTimeout,
+    ProxyUnavailable,
+)
+from juggler.proxy.mapping import (
+    ConnectResult,
+    PublishResult,
+    RefreshResult,
+    Refusal,
+    RpcResult,
+)
 from juggler.proxy.registry import ProxyRefusal, ProxySet
 from juggler.proxy.stats import ProxyCollector, ProxyStats
 
@@ -30,8 +41,8 @@ __all__ = [
     "ProxyTimeout",
     "ProxyUnavailable",
     "PublishResult",
-    "Refusal",
     "RefreshResult",
+    "Refusal",
     "RpcResult",
     "proxies_from_toml",
 ]

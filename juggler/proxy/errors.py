@@ -14,7 +14,7 @@ __all__ = ["ProxyBadAnswer", "ProxyError", "ProxyTimeout", "ProxyUnavailable"]
 class ProxyError(JugglerError):
     """The backend gave no usable answer (not a refusal: a refusal is an answer)."""
 
-    #: the NACK code (or handshake status) it becomes
+    #: the handshake's HTTP status, and the code of a CALL's error RES
     code = 502
     #: the ``error`` label of ``juggler_proxy_errors_total``
     label = "error"

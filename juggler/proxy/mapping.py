@@ -27,8 +27,8 @@ from juggler.proxy.errors import ProxyBadAnswer
 __all__ = [
     "ConnectResult",
     "PublishResult",
-    "Refusal",
     "RefreshResult",
+    "Refusal",
     "RpcResult",
     "connect_question",
     "decode_answer",

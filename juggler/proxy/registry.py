@@ -30,17 +30,21 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import rustext
-
 from juggler.auth import AuthError, Identity
 from juggler.broker.glob import glob_match
 from juggler.proxy.config import ProxyConfig
 from juggler.proxy.errors import ProxyError
-from juggler.proxy.handshake import allowed_cookies, allowed_headers, bearer_token, remote_address
+from juggler.proxy.handshake import (
+    allowed_cookies,
+    allowed_headers,
+    bearer_token,
+    remote_address,
+)
 from juggler.proxy.mapping import (
     ConnectResult,
     PublishResult,
-    Refusal,
     RefreshResult,
+    Refusal,
     RpcResult,
     connect_question,
     error_res,
@@ -80,7 +84,9 @@ class Transport:
 
 def _transport(endpoint: str) -> Transport:
     if endpoint.startswith("grpc://"):
-        from juggler.proxy.grpc import GrpcTransport  # grpcio only when a proxy speaks it
+        from juggler.proxy.grpc import (
+            GrpcTransport,  # grpcio only when a proxy speaks it
+        )
 
         return GrpcTransport(endpoint)  # type: ignore[return-value]
     from juggler.proxy.http import HttpTransport
@@ -251,10 +257,10 @@ class ProxySet:
         try:
             result = await proxy.answer(question, parse)
         except ProxyError as exc:
-            conn.nack(msg, exc.code, exc.public)
+            conn.nack(msg, nack_code(exc.code), exc.public)
             return Refusal(exc.code, str(exc))
         if isinstance(result, Refusal):
-            conn.nack(msg, result.code, result.reason)
+            conn.nack(msg, nack_code(result.code), result.reason)
         return result
 
     def _call(self, conn: Any, msg: Any, proxy: Proxy, timeout_ms: int) -> None:
@@ -309,6 +315,13 @@ def identity_of(answer: ConnectResult, first: Any = None) -> Any:
         claims.pop("exp", None)
     grants = first.grants if first is not None else None
     return Identity(claims, grants, user=answer.user, data=answer.data, channels=answer.channels)
+
+
+def nack_code(code: int) -> int:
+    """The NACK code of a refusal or failure: 504 says "outcome unknown" in
+    juggler.0 (a PUB may have been published), and a message the application
+    refused or did not answer was certainly not done: 503 instead."""
+    return 503 if code == 504 else code
 
 
 def _user(identity: Any) -> str:

@@ -46,6 +46,8 @@ async def decide(kind: str, q: dict[str, Any]) -> dict[str, Any]:
         return {"error": {"code": 999, "reason": "a code out of range"}}
     if tail in ("no", "banned"):
         return {"error": {"code": 403, "reason": f"{kind} refused for {key}"}}
+    if tail == "e504":
+        return {"error": {"code": 504, "reason": "upstream of the application timed out"}}
     if tail == "teapot":
         return {"error": {"code": 418, "reason": "short and stout"}}
     if kind == "connect":

@@ -17,12 +17,17 @@ from websockets.datastructures import Headers
 from juggler.config import load_config
 from juggler.proxy.config import ProxyConfig, proxies_from_toml
 from juggler.proxy.errors import ProxyBadAnswer
-from juggler.proxy.handshake import allowed_cookies, allowed_headers, bearer_token, remote_address
+from juggler.proxy.handshake import (
+    allowed_cookies,
+    allowed_headers,
+    bearer_token,
+    remote_address,
+)
 from juggler.proxy.mapping import (
     ConnectResult,
     PublishResult,
-    Refusal,
     RefreshResult,
+    Refusal,
     RpcResult,
     connect_question,
     decode_answer,

@@ -23,7 +23,13 @@ from websockets.exceptions import InvalidStatus
 from juggler.auth import Identity
 from juggler.client import connect
 from juggler.errors import CallNacked
-from juggler.proxy import ProxyCollector, ProxyConfig, ProxySet, ProxyTimeout, ProxyUnavailable
+from juggler.proxy import (
+    ProxyCollector,
+    ProxyConfig,
+    ProxySet,
+    ProxyTimeout,
+    ProxyUnavailable,
+)
 from juggler.server import Server
 from tests.juggler.jugglerprocs import ROOT
 from tests.netutil import free_port, wait_for_port, wait_until
@@ -189,7 +195,8 @@ async def test_subscribe(backends: Backends, transport: str) -> None:
                                         ("chat:teapot", 418, "short and stout"),
                                         ("chat:garbage", 502, "invalid answer"), ("chat:crash", 502, "invalid answer"),
                                         ("chat:badcode", 502, "invalid answer"),
-                                        ("chat:slow", 504, "did not answer in time")]:
+                                        ("chat:slow", 503, "did not answer in time"),
+                                        ("chat:e504", 503, "upstream of the application timed out")]:
                 t0 = time.monotonic()
                 with pytest.raises(CallNacked) as info:
                     await client.sub(channel, timeout=5)
@@ -198,7 +205,7 @@ async def test_subscribe(backends: Backends, transport: str) -> None:
             # the connection is fine after all that
             assert await client.call("test.echo", "still here", timeout=5) == "still here"
         s = stats(proxies, "subscribe")
-        assert (s.calls, s.refusals) == (8, 2)
+        assert (s.calls, s.refusals) == (9, 3)
         assert s.errors == {"bad_answer": 3, "timeout": 1}
 
 
@@ -213,7 +220,7 @@ async def test_publish(backends: Backends, transport: str) -> None:
             await writer.pub("chat:replace", {"text": "raw"})
             ev = await reader.next_event(timeout=5)
             assert (ev.channel, ev.args) == ("chat:replace", {"replaced": {"text": "raw"}, "by": "bob"})
-            for channel, code in [("chat:no", 403), ("chat:slow", 504), ("chat:garbage", 502)]:
+            for channel, code in [("chat:no", 403), ("chat:slow", 503), ("chat:garbage", 502)]:
                 with pytest.raises(CallNacked) as info:
                     await writer.pub(channel, {"text": "x"}, timeout=5)
                 assert info.value.code == code
@@ -280,6 +287,8 @@ async def test_rpc_backend_down_and_others_served(backends: Backends, transport:
             assert await client.call("app.echo", 2, timeout=5) == {"echo": 2, "user": "", "uri": "app.echo"}
             assert not slow.done()
             assert (await slow)["error"]["code"] == 504
+        by_name = {s.name: s for s in proxies.stats()}
+        assert by_name[down].errors == {"unavailable": 1}
 
 
 # refresh --------------------------------------------------------------------------------------
