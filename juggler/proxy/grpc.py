@@ -19,6 +19,7 @@ import grpc
 
 from juggler.proxy import proxy_pb2
 from juggler.proxy.errors import ProxyBadAnswer, ProxyTimeout, ProxyUnavailable
+from juggler.proxy.mapping import MAX_ANSWER, json_value
 
 __all__ = ["GrpcTransport", "answer_of", "request_of"]
 
@@ -63,10 +64,7 @@ def answer_of(response: Any) -> dict[str, Any]:
         name = desc.name
         if name == "data":
             if result.HasField("data"):
-                try:
-                    out["data"] = json.loads(result.data)
-                except (ValueError, RecursionError) as exc:
-                    raise ProxyBadAnswer(f"result.data is not JSON: {exc}") from None
+                out["data"] = json_value(result.data, "result.data")
         elif name == "expire_at":
             out["expire_at"] = result.expire_at or None
         elif name == "channels":
@@ -89,7 +87,9 @@ class GrpcTransport:
 
     async def start(self) -> None:
         if self._channel is None:
-            channel = self._channel = grpc.aio.insecure_channel(self.target)
+            # an answer larger than an HTTP one may be is a bad answer too (RESOURCE_EXHAUSTED)
+            channel = self._channel = grpc.aio.insecure_channel(
+                self.target, options=[("grpc.max_receive_message_length", MAX_ANSWER)])
             # the calls by hand, not the generated stub: proxy_pb2_grpc.py (for applications)
             # requires the grpcio it was generated with, the server any grpcio
             self._calls = {

@@ -52,14 +52,20 @@ class HttpTransport:
         try:
             async with asyncio.timeout(timeout):
                 async with session.post(self.url, data=body, headers=_HEADERS, allow_redirects=False) as resp:
-                    answer = await resp.content.read(MAX_ANSWER + 1)
                     status = resp.status
+                    if status != 200:
+                        raise ProxyBadAnswer(f"HTTP status {status}")
+                    chunks: list[bytes] = []
+                    size = 0
+                    async for chunk in resp.content.iter_any():
+                        size += len(chunk)
+                        if size > MAX_ANSWER:  # checked before it is buffered whole
+                            raise ProxyBadAnswer(f"answer over {MAX_ANSWER} bytes")
+                        chunks.append(chunk)
         except TimeoutError:
             raise ProxyTimeout(f"no answer within {timeout:g} s") from None
         except (aiohttp.ClientConnectionError, OSError) as exc:
             raise ProxyUnavailable(str(exc) or type(exc).__name__) from None
         except aiohttp.ClientError as exc:
             raise ProxyBadAnswer(str(exc) or type(exc).__name__) from None
-        if status != 200:
-            raise ProxyBadAnswer(f"HTTP status {status}")
-        return decode_answer(answer)
+        return decode_answer(b"".join(chunks))

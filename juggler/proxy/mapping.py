@@ -32,6 +32,8 @@ __all__ = [
     "RpcResult",
     "connect_question",
     "decode_answer",
+    "error_res",
+    "json_value",
     "parse_connect",
     "parse_publish",
     "parse_refresh",
@@ -157,6 +159,14 @@ def decode_answer(body: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ProxyBadAnswer(f"answer is not a JSON object but {type(value).__name__}")
     return value
+
+
+def json_value(raw: bytes, what: str) -> Any:
+    """A JSON value sent as bytes (gRPC's ``data``); ProxyBadAnswer when it is not strict JSON."""
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ProxyBadAnswer(f"{what} is not JSON: {exc}") from None
 
 
 def _no_constant(name: str) -> Any:

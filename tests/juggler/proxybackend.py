@@ -62,6 +62,8 @@ async def decide(kind: str, q: dict[str, Any]) -> dict[str, Any]:
         return {"result": {"expire_at": 2_000_000_000, "data": {"refreshed": key, "had": q.get("data")}}}
     if kind == "publish" and tail == "replace":
         return {"result": {"data": {"replaced": q.get("data"), "by": q.get("user")}}}
+    if kind == "rpc" and tail in ("big", "huge"):  # past what one read gives; past the limit
+        return {"result": {"data": "x" * (300_000 if tail == "big" else (1 << 20) + 10)}}
     if kind == "rpc":
         return {"result": {"data": {"echo": q.get("data"), "user": q.get("user"), "uri": q.get("uri")}}}
     return {"result": {}}

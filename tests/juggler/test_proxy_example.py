@@ -11,9 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 from test_proxy_server import proxied, refused
+
+from juggler.auth import Identity
 from juggler.client import connect
 from juggler.errors import CallNacked
-from juggler.auth import Identity
 from juggler.proxy import ProxyConfig
 from tests.juggler.jugglerprocs import ROOT
 from tests.netutil import free_port, wait_for_port

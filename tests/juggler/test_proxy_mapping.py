@@ -237,3 +237,31 @@ def test_collector_exposes_counters() -> None:
     assert 'juggler_proxy_duration_seconds_bucket{kind="subscribe",le="0.025",name="chat"} 2.0' in text
     assert 'juggler_proxy_duration_seconds_bucket{kind="subscribe",le="+Inf",name="chat"} 3.0' in text
     assert 'juggler_proxy_duration_seconds_count{kind="subscribe",name="chat"} 3.0' in text
+
+
+def test_grpc_messages_map_onto_the_json_objects() -> None:
+    from juggler.proxy import proxy_pb2 as pb
+    from juggler.proxy.grpc import answer_of, request_of
+
+    q = connect_question("c", remote="1.2.3.4:5", headers={"A": "b"}, cookies={"s": "1"}, token="t", path="/ws")
+    req = request_of("connect", q)
+    assert (req.client, req.token, dict(req.headers), dict(req.cookies), req.remote) == ("c", "t", {"A": "b"},
+                                                                                        {"s": "1"}, "1.2.3.4:5")
+    assert not request_of("connect", {**q, "token": None}).HasField("token")
+    assert request_of("publish", publish_question("c", "u", channel="ch", args=b'{"a":1}')).data == b'{"a":1}'
+    assert not request_of("rpc", {"client": "c", "uri": "x", "data": None}).HasField("data")
+    assert request_of("refresh", {"client": "c", "expire_at": None}).expire_at == 0
+
+    ok = pb.ConnectResponse(result=pb.ConnectResult(user="u", expire_at=7, data=b'{"x":1}', channels=["a"]))
+    assert parse_connect(answer_of(ok)) == ConnectResult(user="u", expire_at=7.0, data={"x": 1}, channels=("a",))
+    assert parse_connect(answer_of(pb.ConnectResponse(result=pb.ConnectResult(user="u")))).expire_at is None
+    assert parse_connect(answer_of(pb.ConnectResponse(error=pb.Error(code=401, reason="no")))) == Refusal(401, "no")
+    assert answer_of(pb.SubscribeResponse()) == {}
+    assert parse_publish(answer_of(pb.PublishResponse(result=pb.PublishResult()))) == PublishResult()
+    assert parse_publish(answer_of(pb.PublishResponse(result=pb.PublishResult(data=b"null")))) == PublishResult(
+        True, b"null")
+    for bad in (b"\xff", b"{", b"NaN", b""):
+        with pytest.raises(ProxyBadAnswer):
+            answer_of(pb.RPCResponse(result=pb.RPCResult(data=bad)))
+    with pytest.raises(ProxyBadAnswer):
+        parse_subscribe(answer_of(pb.SubscribeResponse(error=pb.Error(code=0))))

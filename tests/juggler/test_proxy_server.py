@@ -249,9 +249,11 @@ async def test_rpc(backends: Backends, transport: str) -> None:
             result = await client.call("app.slow", 1, timeout=5)  # the proxy's timeout
             assert result["error"]["code"] == 504 and time.monotonic() - t0 < TIMEOUT + 1.5
             assert await client.call("test.echo", "broker", timeout=5) == "broker"
+            assert await client.call("app.big", timeout=5) == "x" * 300_000
+            assert (await client.call("app.huge", timeout=5))["error"]["code"] == 502
             assert server.pending_calls == 0
         s = stats(proxies, "rpc")
-        assert (s.calls, s.refusals, s.errors) == (6, 1, {"bad_answer": 2, "timeout": 1})
+        assert (s.calls, s.refusals, s.errors) == (8, 1, {"bad_answer": 3, "timeout": 1})
 
 
 async def test_rpc_call_timeout_bounds_the_backend(backends: Backends, transport: str) -> None:
@@ -346,3 +348,59 @@ async def test_metrics_values(backends: Backends, transport: str) -> None:
     assert f'juggler_proxy_calls_total{{kind="rpc",name="{name}"}} 1.0' in text
     name = backends.endpoint(transport, "connect")
     assert f'juggler_proxy_calls_total{{kind="connect",name="{name}"}} 1.0' in text
+
+
+# the configured server --------------------------------------------------------------------------
+
+
+async def test_configured_server_runs_its_proxies(backends: Backends, tmp_path: Any) -> None:
+    """[[proxy]] tables in a configuration file: start_app opens the proxies,
+    the server asks them, the metrics endpoint exports them, drain closes them."""
+    import aiohttp
+
+    from juggler.config import load_config
+    from juggler.runner import start_app
+
+    http, grpc_port = backends.ports["http"], backends.ports["grpc"]
+    metrics_port = free_port()
+    path = tmp_path / "juggler.toml"
+    path.write_text(f"""
+[server]
+listen = "127.0.0.1:0"
+
+[metrics]
+port = {metrics_port}
+
+[[proxy]]
+kind = "connect"
+endpoint = "http://127.0.0.1:{http}/juggler/connect"
+name = "app-connect"
+timeout = 0.5
+headers = ["X-Request-Id"]
+
+[[proxy]]
+kind = "rpc"
+endpoint = "grpc://127.0.0.1:{grpc_port}"
+name = "app-rpc"
+match = ["app.*"]
+""")
+    running = await start_app(load_config(str(path)), test_callees=True)
+    try:
+        url = running.server.url
+        async with connect(url, headers={**bearer("carol"), "X-Request-Id": "r-9"}) as client:
+            assert only_conn(running.server).identity.data["headers"] == {"X-Request-Id": "r-9"}
+            assert await client.call("app.echo", [1], timeout=5) == {"echo": [1], "user": "carol", "uri": "app.echo"}
+        status, _, _ = await refused(running.server, bearer("banned"))
+        assert status == 403
+        async with aiohttp.ClientSession() as session, \
+                session.get(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
+            text = await resp.text()
+        assert 'juggler_proxy_calls_total{kind="connect",name="app-connect"} 2.0' in text
+        assert 'juggler_proxy_refusals_total{kind="connect",name="app-connect"} 1.0' in text
+        assert 'juggler_proxy_calls_total{kind="rpc",name="app-rpc"} 1.0' in text
+        assert 'juggler_rejections_total{reason="proxy_refused"} 1.0' in text
+    finally:
+        await running.drain(2.0)
+    assert running.proxies is not None
+    with pytest.raises(ProxyUnavailable):  # closed with the server
+        await running.proxies.pick("connect").transport.ask("connect", {}, 1.0)
