@@ -203,6 +203,9 @@ class ProxySet:
             # the client is told what kind of failure, not the backend's address
             raise ProxyRefusal(f"connect proxy: {exc}", exc.code, "proxy_error",
                                exc.public) from None
+        except Exception as exc:  # a bug must refuse the handshake, not leave it waiting
+            log.exception("connect proxy %s failed", cfg.name)
+            raise ProxyRefusal(f"connect proxy: {exc!r}", 500, "proxy_error", "internal error") from None
         if isinstance(answer, Refusal):
             raise ProxyRefusal(answer.reason, 401 if answer.code == 401 else 403, "proxy_refused", answer.reason)
         return identity_of(answer, identity)
@@ -300,7 +303,7 @@ class ProxyRefusal(AuthError):
         self.refusal = (reason, f"{_STATUS_TEXT.get(status, 'Refused')}: {text}\n")
 
 
-_STATUS_TEXT = {401: "Unauthorized", 403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable",
+_STATUS_TEXT = {401: "Unauthorized", 403: "Forbidden", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable",
                 504: "Gateway Timeout"}
 
 

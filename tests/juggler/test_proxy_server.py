@@ -404,3 +404,19 @@ match = ["app.*"]
     assert running.proxies is not None
     with pytest.raises(ProxyUnavailable):  # closed with the server
         await running.proxies.pick("connect").transport.ask("connect", {}, 1.0)
+
+
+async def test_auth_checks_first_then_the_application(backends: Backends) -> None:
+    """[auth] (origins here) refuses before the backend is asked; what it lets
+    through, the connect proxy decides."""
+    from juggler.auth import Auth, AuthConfig
+
+    auth = Auth(AuthConfig(allowed_origins=("https://app.example",)))
+    cfgs = configs(lambda k: backends.endpoint("http", k), ("connect",))
+    async with proxied(cfgs, auth=auth) as (server, proxies):
+        status, _, _ = await refused(server, {**bearer("alice"), "Origin": "https://evil.example"})
+        assert status == 403 and stats(proxies, "connect").calls == 0
+        assert server.stats.rejections == {"origin": 1}
+        async with connect(server.url, headers={**bearer("alice"), "Origin": "https://app.example"}):
+            assert only_conn(server).identity.user == "alice"
+        assert stats(proxies, "connect").calls == 1
