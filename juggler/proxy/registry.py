@@ -27,7 +27,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import rustext
 from juggler.auth import AuthError, Identity
@@ -72,14 +72,16 @@ HANDLED: Any = object()
 T = TypeVar("T")
 
 
-class Transport:
+class Transport(Protocol):
     """What a proxy speaks through (juggler.proxy.http.HttpTransport, juggler.proxy.grpc.GrpcTransport)."""
 
     async def start(self) -> None: ...
 
     async def aclose(self) -> None: ...
 
-    async def ask(self, kind: str, question: dict[str, Any], timeout: float) -> dict[str, Any]: ...
+    async def ask(self, kind: str, question: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """The answer object; ProxyError when there is no usable answer within `timeout` s."""
+        ...
 
 
 def _transport(endpoint: str) -> Transport:
@@ -88,10 +90,10 @@ def _transport(endpoint: str) -> Transport:
             GrpcTransport,  # grpcio only when a proxy speaks it
         )
 
-        return GrpcTransport(endpoint)  # type: ignore[return-value]
+        return GrpcTransport(endpoint)
     from juggler.proxy.http import HttpTransport
 
-    return HttpTransport(endpoint)  # type: ignore[return-value]
+    return HttpTransport(endpoint)
 
 
 class Proxy:

@@ -265,3 +265,15 @@ def test_grpc_messages_map_onto_the_json_objects() -> None:
             answer_of(pb.RPCResponse(result=pb.RPCResult(data=bad)))
     with pytest.raises(ProxyBadAnswer):
         parse_subscribe(answer_of(pb.SubscribeResponse(error=pb.Error(code=0))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40), max_size=3),
+       st.lists(st.sampled_from(["a", "b", "sid", "", " a", "a b"]), max_size=4))
+def test_cookie_allow_list_takes_any_header(values: list[str], allow: list[str]) -> None:
+    """Any Cookie headers: a dict of allowed names only, never an exception."""
+    headers = Headers()
+    for v in values:
+        headers["Cookie"] = v
+    got = allowed_cookies(headers, allow)
+    assert set(got) <= set(allow) and all(isinstance(v, str) for v in got.values())
