@@ -71,9 +71,9 @@ class ProxyConfig:
         if not (math.isfinite(self.timeout) and self.timeout > 0):
             raise ValueError("timeout must be a number of seconds > 0")
         if self.kind in MATCHED and not self.match:
-            raise ValueError(f"a {self.kind} proxy needs match (the globs it decides)")
+            raise ValueError(f'kind = "{self.kind}" needs match (the globs it decides)')
         if self.kind not in MATCHED and self.match:
-            raise ValueError(f"a {self.kind} proxy takes no match")
+            raise ValueError(f'kind = "{self.kind}" takes no match')
         if (self.headers or self.cookies) and self.kind != "connect":
             raise ValueError("headers and cookies are handshake data: only a connect proxy takes them")
         if not self.name:

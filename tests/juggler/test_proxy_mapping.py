@@ -215,7 +215,7 @@ def test_config_file_errors_name_the_line(tmp_path: Any) -> None:
     path = tmp_path / "juggler.toml"
     path.write_text('[server]\nport = 0\n\n[[proxy]]\nkind = "connect"\nendpoint = "http://127.0.0.1:1/c"\n\n'
                     '[[proxy]]\nkind = "subscribe"\nendpoint = "http://127.0.0.1:1/s"\n')
-    with pytest.raises(ValueError, match=r"juggler.toml:8: \[\[proxy\]\] #2: a subscribe proxy needs match"):
+    with pytest.raises(ValueError, match=r"juggler.toml:8: \[\[proxy\]\] #2: kind = \"subscribe\" needs match"):
         load_config(str(path))
     path.write_text('[[proxy]]\nkind = "rpc"\nendpoint = "grpc://127.0.0.1:5"\nmatch = ["app.*"]\n')
     assert load_config(str(path)).proxy[0].match == ("app.*",)

@@ -420,3 +420,31 @@ async def test_auth_checks_first_then_the_application(backends: Backends) -> Non
         async with connect(server.url, headers={**bearer("alice"), "Origin": "https://app.example"}):
             assert only_conn(server).identity.user == "alice"
         assert stats(proxies, "connect").calls == 1
+
+
+async def test_juggler_server_with_proxies_in_its_config(backends: Backends, tmp_path: Any) -> None:
+    """The command line: `juggler server --config FILE` asks the backend (over
+    gRPC here), which answers RPCs with no callee anywhere."""
+    from tests.juggler.jugglerprocs import juggler_listening
+
+    grpc_port = backends.ports["grpc"]
+    path = tmp_path / "juggler.toml"
+    path.write_text(f'[[proxy]]\nkind = "connect"\nendpoint = "grpc://127.0.0.1:{grpc_port}"\n\n'
+                    f'[[proxy]]\nkind = "rpc"\nendpoint = "grpc://127.0.0.1:{grpc_port}"\nmatch = ["app.*"]\n')
+    with juggler_listening("server", "--config", str(path), exits_clean=True) as url:
+        async with connect(url, headers=bearer("dave")) as client:
+            assert await client.call("app.echo", "x", timeout=5) == {"echo": "x", "user": "dave", "uri": "app.echo"}
+        with pytest.raises(Exception, match="401"):
+            async with connect(url):
+                pass
+
+
+def test_juggler_server_config_mistake(tmp_path: Any) -> None:
+    from tests.juggler.jugglerprocs import juggler
+
+    path = tmp_path / "juggler.toml"
+    path.write_text('[[proxy]]\nkind = "rpc"\nendpoint = "grpc://127.0.0.1:1"\n')
+    out = subprocess.run([*juggler("server", "--config", str(path)), "--listen", f"127.0.0.1:{free_port()}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 2, out.stderr
+    assert "juggler.toml:1: [[proxy]] #1: kind = \"rpc\" needs match" in out.stderr
