@@ -17,7 +17,7 @@ connection driver asks it at three points:
 - :meth:`ProxySet.refresh` when a connection's credentials near their expiry.
 
 A backend that is down, slow or answers garbage costs the one message a
-NACK 503/504/502 (an error RES for a CALL) within the proxy's timeout;
+NACK 502/503 (an error RES for a CALL) within the proxy's timeout;
 every other connection goes on.
 """
 
@@ -59,6 +59,7 @@ from juggler.proxy.mapping import (
     subscribe_question,
 )
 from juggler.proxy.stats import ProxyStats
+from rustext.throttledlog import ThrottledLog
 
 __all__ = ["HANDLED", "Proxy", "ProxyRefusal", "ProxySet", "identity_of"]
 
@@ -86,9 +87,8 @@ class Transport(Protocol):
 
 def _transport(endpoint: str) -> Transport:
     if endpoint.startswith("grpc://"):
-        from juggler.proxy.grpc import (
-            GrpcTransport,  # grpcio only when a proxy speaks it
-        )
+        # grpcio is imported only when a proxy speaks it
+        from juggler.proxy.grpc import GrpcTransport
 
         return GrpcTransport(endpoint)
     from juggler.proxy.http import HttpTransport
@@ -103,6 +103,8 @@ class Proxy:
         self.config = config
         self.transport = transport
         self.stats = ProxyStats(config.kind, config.name)
+        # a backend that is down fails every question: one line per kind of failure per 10 s
+        self._log = ThrottledLog(log)
 
     def matches(self, target: str) -> bool:
         return any(glob_match(p, target) for p in self.config.match)
@@ -117,7 +119,7 @@ class Proxy:
             result = parse(await self.transport.ask(self.config.kind, question, timeout or self.config.timeout))
         except ProxyError as exc:
             stats.error(exc.label)
-            log.warning("%s proxy %s: %s", self.config.kind, self.config.name, exc)
+            self._log.warning("%s proxy %s: %s", self.config.kind, self.config.name, exc, key=exc.label)
             raise
         finally:
             stats.observe(loop.time() - started)
@@ -145,9 +147,6 @@ class ProxySet:
         for p in self.proxies:
             self._by_kind.setdefault(p.config.kind, []).append(p)
         self._tasks: set[asyncio.Task[None]] = set()
-
-    def __bool__(self) -> bool:
-        return bool(self.proxies)
 
     async def start(self) -> None:
         for t in self._transports:
