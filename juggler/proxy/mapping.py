@@ -174,7 +174,7 @@ def _no_constant(name: str) -> Any:
 
 
 def _split(answer: Any) -> tuple[dict[str, Any] | None, Refusal | None]:
-    """(result, None) or (None, refusal): exactly one of ``result`` and ``error``."""
+    """(result, None) or (None, refusal): an ``error`` refuses, else the ``result`` (an object) accepts."""
     if not isinstance(answer, Mapping):
         raise ProxyBadAnswer(f"answer is not an object but {type(answer).__name__}")
     result, error = answer.get("result"), answer.get("error")
@@ -189,7 +189,8 @@ def _split(answer: Any) -> tuple[dict[str, Any] | None, Refusal | None]:
             raise ProxyBadAnswer("error.reason must be a string")
         return None, Refusal(code, reason or "refused")
     if result is None:
-        return {}, None  # an empty answer ({}) accepts, with nothing to add
+        # neither: a backend that lost track of its answer must not let anything through
+        raise ProxyBadAnswer("an answer has a result or an error")
     if not isinstance(result, Mapping):
         raise ProxyBadAnswer("result must be an object")
     return dict(result), None

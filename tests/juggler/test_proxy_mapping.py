@@ -50,7 +50,7 @@ def test_accepting_answers() -> None:
     assert parse_connect({"result": {"user": "42", "expire_at": 1700000000, "data": {"a": 1},
                                      "channels": ["news"]}}) == ConnectResult(
         user="42", expire_at=1700000000.0, data={"a": 1}, channels=("news",))
-    assert parse_connect({}) == ConnectResult(user="")  # an empty answer accepts anonymously
+    assert parse_connect({"result": {}}) == ConnectResult(user="")  # an anonymous user let in
     assert parse_connect({"result": {"user": "u", "expire_at": 0}}).expire_at is None
     assert parse_refresh({"result": {"expire_at": 5.5}}) == RefreshResult(expire_at=5.5)
     assert parse_refresh({"result": {"expired": True}}).expired
@@ -74,7 +74,7 @@ def test_refusals() -> None:
 
 
 HOSTILE: list[Any] = [
-    [], "x", 1, None, True,
+    [], "x", 1, None, True, {}, {"result": None}, {"error": None}, {"other": 1},
     {"result": []}, {"result": "ok"}, {"result": 1}, {"error": "no"}, {"error": []},
     {"error": {"code": "403"}}, {"error": {"code": 403.0}}, {"error": {"code": True}},
     {"error": {"code": 200}}, {"error": {"code": 999}}, {"error": {"code": -1}},
@@ -256,7 +256,8 @@ def test_grpc_messages_map_onto_the_json_objects() -> None:
     assert parse_connect(answer_of(ok)) == ConnectResult(user="u", expire_at=7.0, data={"x": 1}, channels=("a",))
     assert parse_connect(answer_of(pb.ConnectResponse(result=pb.ConnectResult(user="u")))).expire_at is None
     assert parse_connect(answer_of(pb.ConnectResponse(error=pb.Error(code=401, reason="no")))) == Refusal(401, "no")
-    assert answer_of(pb.SubscribeResponse()) == {}
+    with pytest.raises(ProxyBadAnswer):  # neither a result nor an error
+        parse_subscribe(answer_of(pb.SubscribeResponse()))
     assert parse_publish(answer_of(pb.PublishResponse(result=pb.PublishResult()))) == PublishResult()
     assert parse_publish(answer_of(pb.PublishResponse(result=pb.PublishResult(data=b"null")))) == PublishResult(
         True, b"null")
