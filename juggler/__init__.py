@@ -24,6 +24,8 @@
 - broker/         base.py interfaces · memory.py embedded · redis/ Redis (+ cluster.py)
                   · resp.py the RESP client · glob.py Redis glob patterns
 - presence/       who is subscribed to a channel (in memory or Redis) and join/leave notices
+- proxy/          the application's backend decides connects, subscribes, publishes and
+                  answers RPCs, over HTTP or gRPC (the [[proxy]] tables)
 - callee.py       callee runtime; client.py asyncio client; repl.py the REPL; load.py load tool
 - tracing.py      OpenTelemetry spans of CALLs: server middleware, callee spans, the context
                   carried in the call payload (the otel extra; imported only when tracing)

@@ -163,14 +163,21 @@ def _rule(data: Any) -> Rule:
 class Identity:
     """Who a connection is, and what it may do (checked per message)."""
 
-    __slots__ = ("claims", "exp", "grants", "name")
+    __slots__ = ("channels", "claims", "data", "exp", "grants", "name", "user")
 
-    def __init__(self, claims: Mapping[str, Any] | None, grants: dict[str, tuple[str, ...]] | None) -> None:
+    def __init__(self, claims: Mapping[str, Any] | None, grants: dict[str, tuple[str, ...]] | None, *,
+                 user: str | None = None, data: Any = None, channels: tuple[str, ...] = ()) -> None:
         self.claims = dict(claims) if claims is not None else None
         self.grants = grants  # None = everything
         exp = self.claims.get("exp") if self.claims else None
         self.exp = float(exp) if isinstance(exp, int | float) else None
         self.name = str(self.claims.get("sub", "?")) if self.claims is not None else "anonymous"
+        #: the user as the application's connect proxy named it (None: no connect proxy)
+        self.user = user
+        #: what the connect proxy said about the connection (any JSON value)
+        self.data = data
+        #: channels the connect proxy subscribes the connection to (server-side subscriptions)
+        self.channels = tuple(channels)
 
     @property
     def anonymous(self) -> bool:

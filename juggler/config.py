@@ -45,6 +45,10 @@ section; unknown keys are errors (a typo must not be silently ignored)::
     [[channels]]                 # per-channel history/presence (juggler.channels)
     match = "chat.*"
     history_size = 100
+
+    [[proxy]]                    # the application's backend decides (juggler.proxy)
+    kind = "connect"
+    endpoint = "http://127.0.0.1:8000/juggler/connect"
 """
 
 from __future__ import annotations
@@ -266,6 +270,8 @@ class AppConfig:
     api: ApiConfig | None = None
     #: per-channel history, presence and join/leave options (``[[channels]]`` tables)
     channels: ChannelRules = field(default_factory=ChannelRules)
+    #: the application's backend endpoints (``[[proxy]]`` tables, juggler.proxy.ProxyConfig)
+    proxy: tuple[Any, ...] = ()
 
 
 def _build(cls: type, section: str, data: dict[str, Any]) -> Any:
@@ -283,7 +289,8 @@ def _build(cls: type, section: str, data: dict[str, Any]) -> Any:
 
 
 def config_from_dict(data: dict[str, Any]) -> AppConfig:
-    unknown = sorted(set(data) - {"server", "redis", "pubsub", "memory", "metrics", "auth", "channels", "api"})
+    unknown = sorted(set(data) - {"server", "redis", "pubsub", "memory", "metrics", "auth", "channels", "api",
+                                 "proxy"})
     if unknown:
         raise ValueError(f"unknown section(s): {', '.join(unknown)}")
     server = data.get("server", {})
@@ -323,7 +330,14 @@ def config_from_dict(data: dict[str, Any]) -> AppConfig:
         metrics=_build(MetricsConfig, "metrics", data.get("metrics", {})),
         api=api,
         channels=ChannelRules.from_toml(data.get("channels", [])),
+        proxy=_proxies(data.get("proxy", [])),
     )
+
+
+def _proxies(data: Any) -> tuple[Any, ...]:
+    from juggler.proxy.config import proxies_from_toml
+
+    return proxies_from_toml(data)
 
 
 def load_config(path: str) -> AppConfig:

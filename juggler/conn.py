@@ -146,6 +146,8 @@ class ConnContext:
     subscriptions: Any = None
     #: handlers of the extension requests the server answers, by type (juggler.extensions)
     extensions: Mapping[int, ExtensionHandler] = field(default_factory=dict)
+    #: the application's backend: connect, subscribe, publish and rpc proxies (juggler.proxy.ProxySet)
+    proxies: Any = None
 
 
 _CLOSED = ConnState.CLOSED
@@ -347,9 +349,18 @@ class Conn(asyncio.Protocol):
                 # early stay buffered until the handshake is answered
                 assert self.transport is not None
                 self.transport.pause_reading()
+                if ctx.proxies is not None and ctx.proxies.connecting:  # then the application decides
+                    identity = ctx.proxies.connect(self, request, identity)
                 self._auth_task = self.loop.create_task(self._authenticated_later(request, identity))
                 return
             self.identity = identity
+        if ctx.proxies is not None and ctx.proxies.connecting:
+            # the application's backend decides (juggler.proxy): reading waits, as for a JWKS fetch
+            assert self.transport is not None
+            self.transport.pause_reading()
+            self._auth_task = self.loop.create_task(
+                self._authenticated_later(request, ctx.proxies.connect(self, request, self.identity)))
+            return
         self._accept(request)
 
     async def _authenticated_later(self, request: Request, pending: Awaitable[Identity]) -> None:
@@ -377,6 +388,7 @@ class Conn(asyncio.Protocol):
         log.debug("connection %s refused: %s", self.remote, exc)
         reason = "origin" if exc.status == 403 else "unauthenticated"
         text = "Forbidden\n" if exc.status == 403 else "Unauthorized\n"
+        reason, text = getattr(exc, "refusal", (reason, text))  # a connect proxy's (juggler.proxy)
         self._refuse_for(reason, exc.status, text)
 
     def _accept(self, request: Request) -> None:
@@ -691,6 +703,14 @@ class Conn(asyncio.Protocol):
         if verdict.__class__ is tuple:
             self.nack(msg, *verdict)  # type: ignore[misc]
             return
+        args = msg.args
+        proxies = self.context.proxies
+        if proxies is not None and t != UNSB:
+            # the application's backend first (juggler.proxy): it may refuse, replace a PUB's
+            # args, or answer a CALL itself
+            args = await proxies.vet(self, msg, verdict)
+            if args is proxies.HANDLED:
+                return
         if t == CALL:
             pending = self._pending
             if not pending.add(msg.uuid, self, verdict, self.loop.time(), msg.uri):  # type: ignore[arg-type]
@@ -714,7 +734,7 @@ class Conn(asyncio.Protocol):
             self.reply(msg, session.ack(msg))
         elif t == PUB:
             try:
-                await subs.publish(msg.channel, msg.uuid, msg.args)
+                await subs.publish(msg.channel, msg.uuid, args)
             except Exception as exc:
                 # 504: it may have been published (Redis lost after the PUBLISH was sent)
                 self.nack(msg, getattr(exc, "code", 500), str(exc) or type(exc).__name__)

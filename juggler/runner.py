@@ -53,6 +53,7 @@ class Running(ServiceBase):
     control: Any = None  # juggler.control.Control: the server API's commands between servers
     api: Any = None  # juggler.api.ApiServer, if served
     presence: Any = None  # juggler.presence.Presence, when channels keep presence
+    proxies: Any = None  # juggler.proxy.ProxySet, when [[proxy]] tables are configured
 
     def draining(self) -> str:
         """What a drain waits for, in words (empty: nothing in flight)."""
@@ -75,6 +76,8 @@ class Running(ServiceBase):
         await self.server.drain(timeout)
         if self.presence is not None:
             await self.presence.aclose()
+        if self.proxies is not None:
+            await self.proxies.aclose()
         if self.control is not None:
             await self.control.aclose()
         if self.auth is not None:
@@ -168,6 +171,13 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
             presence = Presence(pubsub if pubsub is not None else broker, config.channels)
             started.append(presence)
             await presence.start()
+        proxies = None
+        if config.proxy:
+            from juggler.proxy import ProxySet
+
+            proxies = ProxySet(config.proxy)
+            started.append(proxies)
+            await proxies.start()
         stats = ServerStats()
         middleware: list[Any] = []
         if traced:
@@ -175,7 +185,7 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
 
             middleware.append(CallTracing())
         server = Server(broker, config.server, stats=stats, pubsub=pubsub, auth=auth, channels=config.channels,
-                        presence=presence, middleware=middleware)
+                        presence=presence, middleware=middleware, proxies=proxies)
         server.http = StaticSite(demo=demo, stats=functools.partial(stats_snapshot, server))
         started.append(server)
         await server.start()
@@ -189,6 +199,10 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
             if callee is not None:
                 sources.append(callee_source(callee))
             registry.register(StatsCollector(stats, *sources, gauges=server_gauges(server)))
+            if proxies is not None:
+                from juggler.proxy import ProxyCollector
+
+                registry.register(ProxyCollector(proxies.stats))
             metrics = serve_metrics(registry, config.metrics.port, config.metrics.host)
     except BaseException:
         for part in reversed(started):
@@ -198,7 +212,7 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
                 log.debug("closing %r after a failed start", part, exc_info=True)
         raise
     return Running(server=server, broker=broker, callee=callee, metrics=metrics, pubsub=pubsub, auth=auth,
-                   control=control, api=api, presence=presence)
+                   control=control, api=api, presence=presence, proxies=proxies)
 
 
 async def _start_api(config: AppConfig, server: Server, started: list[Any]) -> tuple[Any, Any]:

@@ -108,6 +108,7 @@ class Server(ServiceBase):
         native_fanout: bool | None = None,
         channels: ChannelRules | None = None,
         presence: Any = None,
+        proxies: Any = None,
     ) -> None:
         self.broker = broker
         self.pubsub = pubsub if pubsub is not None else broker
@@ -152,6 +153,7 @@ class Server(ServiceBase):
             config=self.config, stats=self.stats, broker=self.broker, pubsub=self.pubsub,
             pending=self._pending, listener=_Listener(self), chain_in=chain_in, chain_out=chain_out,
             http=self._answer_http, auth=auth, subscriptions=self.subscriptions, extensions=self.extensions,
+            proxies=proxies,  # the application's backend (juggler.proxy.ProxySet; the caller starts it)
         )
         self._server: asyncio.AbstractServer | None = None
         self._closed: asyncio.Event | None = None

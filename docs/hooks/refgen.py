@@ -194,6 +194,9 @@ def config_groups() -> list[ConfigGroup]:
                 Section("juggler.channels.ChannelOptions", "[[channels]]",
                         "Per-channel options, chosen by `match` (a Redis glob; the first table that matches "
                         "wins): [history and recovery](../juggler/pubsub.md), presence, join/leave."),
+                Section("juggler.proxy.config.ProxyConfig", "[[proxy]]",
+                        "An endpoint of your application that decides connects, subscribes or publishes, or "
+                        "answers RPCs, over HTTP or gRPC: see [Connecting your application](../juggler/proxies.md)."),
             ),
         ),
         ConfigGroup(
