@@ -177,6 +177,9 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
         server = Server(broker, config.server, stats=stats, pubsub=pubsub, auth=auth, channels=config.channels,
                         presence=presence, middleware=middleware)
         server.http = StaticSite(demo=demo, stats=functools.partial(stats_snapshot, server))
+        from juggler.refreshing import TokenRefresh
+
+        TokenRefresh(auth, config.channels).install(server)  # REFRESH, SUB_REFRESH, tokens timed
         started.append(server)
         await server.start()
         control, api = await _start_api(config, server, started)
