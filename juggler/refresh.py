@@ -38,7 +38,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import rustext
 from juggler.extensions import EXPIRING
+
+_SUB = rustext.SUB
+#: the longest uuid form the codec accepts (``urn:uuid:`` + 36)
+_MAX_UUID = 45
 
 __all__ = [
     "CLOSE",
@@ -56,6 +61,7 @@ __all__ = [
     "SubKey",
     "expiring_frame",
     "expiring_notice",
+    "sub_token",
 ]
 
 #: the handshake header a client asks for EXPIRING messages with
@@ -221,6 +227,23 @@ def expiring_notice(msg_uuid: str, sub: SubKey) -> bytes:
     if sub[0]:
         payload["pattern"] = True
     return _frame(msg_uuid, payload)
+
+
+def sub_token(data: bytes | str) -> tuple[str, Any] | None:
+    """The (canonical uuid, token) of a SUB frame whose payload has a ``token``
+    field, or None for any other frame, valid or not (the codec judges it)."""
+    try:
+        msg = json.loads(data)
+        meta, payload = msg["meta"], msg["payload"]
+        if meta["type"] != _SUB or meta["type"].__class__ is not int or "token" not in payload:
+            return None
+        msg_uuid = meta["uuid"]
+        if not isinstance(msg_uuid, str) or len(msg_uuid) > _MAX_UUID or not isinstance(payload, dict):
+            return None
+    except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError, RecursionError):
+        return None
+    canonical = rustext.canonical_uuid(msg_uuid)
+    return None if canonical is None else (canonical, payload["token"])
 
 
 def _frame(msg_uuid: str, payload: dict[str, Any]) -> bytes:

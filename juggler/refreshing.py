@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -69,6 +68,7 @@ from juggler.refresh import (
     SubKey,
     expiring_frame,
     expiring_notice,
+    sub_token,
 )
 from rustext.tokens import TokenError, UnknownKey
 
@@ -79,8 +79,6 @@ if TYPE_CHECKING:
 __all__ = ["ConnExpiry", "RefreshOutcome", "Refresher", "TokenRefresh", "rules_of"]
 
 log = logging.getLogger("juggler.refresh")
-
-SUB = rustext.SUB
 
 #: subscription tokens of SUBs not handled yet, kept per connection at most (older ones forgotten)
 _MAX_SUB_TOKENS = 256
@@ -137,8 +135,11 @@ class TokenRefresh:
         server.conn_context = dataclasses.replace(server.conn_context, refresh=self)
         return self
 
-    def attach(self, conn: Conn, messages: bool) -> ConnExpiry:
-        """A connection was accepted; `messages`: it asked for EXPIRING messages."""
+    def attach(self, conn: Conn, messages: bool) -> ConnExpiry | None:
+        """A connection was accepted; `messages`: it asked for EXPIRING messages.
+        None on a server with neither authentication nor private channels (nothing to time)."""
+        if self.auth is None and not self.private:
+            return None
         return ConnExpiry(self, conn, messages)
 
     def is_private(self, channel: str, pattern: bool) -> bool:
@@ -255,9 +256,10 @@ class ConnExpiry:
         #: what the refresher last said of the connection
         self.info: Any = None
         self._timer: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()  # a refresher asked, subscriptions being ended
-        self._tokens: dict[str, Any] = {}  # SUB uuid -> its payload's token
-        self._admitted: dict[str, float | None] = {}  # SUB uuid -> its token's exp, until subscribed
+        # made when first needed: most connections never use them
+        self._tasks: set[asyncio.Task[None]] | None = None  # a refresher asked, subscriptions being ended
+        self._tokens: dict[str, Any] | None = None  # SUB uuid -> its payload's token
+        self._admitted: dict[str, float | None] | None = None  # SUB uuid -> its token's exp, until subscribed
         self._arm()
 
     # what the connection tells ---------------------------------------------------------
@@ -265,24 +267,19 @@ class ConnExpiry:
     def frame_in(self, data: bytes) -> None:
         """A text frame that may be a SUB with a token: the token is kept for
         when the SUB's turn comes (the codec does not read the field)."""
-        try:
-            msg = json.loads(data)
-            meta, payload = msg["meta"], msg["payload"]
-            if meta["type"] != SUB or not isinstance(payload, dict) or "token" not in payload:
-                return
-            msg_uuid = rustext.canonical_uuid(meta["uuid"])
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
-            return  # the codec says what is wrong with it
-        if msg_uuid is None:
-            return
+        found = sub_token(data)
+        if found is None:
+            return  # not a SUB with a token (the codec says what is wrong with a bad frame)
         tokens = self._tokens
-        if len(tokens) >= _MAX_SUB_TOKENS:
+        if tokens is None:
+            tokens = self._tokens = {}
+        elif len(tokens) >= _MAX_SUB_TOKENS:
             del tokens[next(iter(tokens))]
-        tokens[msg_uuid] = payload["token"]
+        tokens[found[0]] = found[1]
 
     async def admit_sub(self, msg: Any) -> tuple[int, str] | None:
         """None when the SUB may go on (a private one with a valid token), else the NACK."""
-        token = self._tokens.pop(msg.uuid, None)
+        token = self._tokens.pop(msg.uuid, None) if self._tokens else None
         if not self.owner.is_private(msg.channel, msg.pattern):
             return None
         if token is None:
@@ -290,9 +287,12 @@ class ConnExpiry:
         checked = await self.check_token(token, msg.channel)
         if isinstance(checked, tuple):
             return checked
-        if len(self._admitted) >= _MAX_SUB_TOKENS:
-            del self._admitted[next(iter(self._admitted))]
-        self._admitted[msg.uuid] = checked
+        admitted = self._admitted
+        if admitted is None:
+            admitted = self._admitted = {}
+        elif len(admitted) >= _MAX_SUB_TOKENS:
+            del admitted[next(iter(admitted))]
+        admitted[msg.uuid] = checked
         return None
 
     async def check_token(self, token: Any, channel: str) -> tuple[int, str] | float | None:
@@ -317,7 +317,7 @@ class ConnExpiry:
 
     def subscribed(self, msg: Any) -> None:
         """The SUB went through: time its token."""
-        if msg.uuid in self._admitted:
+        if self._admitted and msg.uuid in self._admitted:
             self.sub_renewed((bool(msg.pattern), msg.channel), self._admitted.pop(msg.uuid))
 
     def unsubscribed(self, channel: str, pattern: bool) -> None:
@@ -340,7 +340,7 @@ class ConnExpiry:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for task in self._tasks:
+        for task in self._tasks or ():
             task.cancel()
 
     # the timer --------------------------------------------------------------------------
@@ -382,6 +382,8 @@ class ConnExpiry:
 
     def _spawn(self, coro: Any) -> None:
         task = self.conn.loop.create_task(coro)
+        if self._tasks is None:
+            self._tasks = set()
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

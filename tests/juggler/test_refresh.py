@@ -15,6 +15,8 @@ from typing import Any
 
 import jwt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.exceptions import InvalidStatus
@@ -40,6 +42,7 @@ from juggler.refresh import (
     expiring_frame,
     expiring_notice,
 )
+from juggler.refresh import sub_token as token_of_frame
 from juggler.refreshing import RefreshOutcome, TokenRefresh
 from juggler.server import Server
 
@@ -119,6 +122,45 @@ def test_the_frames() -> None:
         "expires_in_ms": 2000, "channel": "a.*", "pattern": True}
     assert json.loads(expiring_notice("u", (False, "é")))["payload"] == {
         "channel": "é", "expires_in_ms": 0, "unsubscribed": True}
+
+
+U = "0b9d7d4e-8a43-4a07-9e5b-5c1b8a9f0a11"
+
+
+def _sub(meta: Any, payload: Any) -> bytes:
+    return json.dumps({"meta": meta, "payload": payload}).encode()
+
+
+@pytest.mark.parametrize(("frame", "expected"), [
+    (_sub({"type": 3, "uuid": U.upper()}, {"channel": "c", "token": "t"}), (U, "t")),
+    (_sub({"type": 3, "uuid": U}, {"channel": "c", "token": {"x": 1}}), (U, {"x": 1})),
+    (_sub({"type": 3, "uuid": U}, {"channel": "c"}), None),  # no token
+    (_sub({"type": 2, "uuid": U}, {"channel": "c", "token": "t"}), None),  # a PUB
+    (_sub({"type": 3.0, "uuid": U}, {"token": "t"}), None),
+    (_sub({"type": True, "uuid": U}, {"token": "t"}), None),
+    (_sub({"type": 3, "uuid": "nope"}, {"token": "t"}), None),
+    (_sub({"type": 3, "uuid": 7}, {"token": "t"}), None),
+    (_sub({"type": 3, "uuid": "x" * 1000}, {"token": "t"}), None),
+    (_sub({"type": 3, "uuid": U}, "token"), None),
+    (_sub({"type": 3, "uuid": U}, ["token"]), None),
+    (_sub({"type": 3, "uuid": U}, 7), None),
+    (_sub([], {"token": "t"}), None),
+    (b"[1,2]", None), (b"", None), (b"{", None), (b'"token"', None), (b"[" * 100_000, None),
+    (b"\xff\xfe", None),
+])
+def test_the_subscription_token_of_a_frame(frame: bytes, expected: Any) -> None:
+    assert token_of_frame(frame) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=200),
+                 st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+                              lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                                  st.sampled_from(["meta", "payload", "type", "uuid", "token", "x"]), inner,
+                                  max_size=4), max_leaves=20).map(lambda v: json.dumps(v).encode())))
+def test_any_frame_gives_a_token_or_none(data: bytes) -> None:
+    found = token_of_frame(data)
+    assert found is None or (isinstance(found[0], str) and len(found[0]) == 36)
 
 
 def test_the_options_from_toml() -> None:
