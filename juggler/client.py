@@ -49,11 +49,11 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.exceptions import InvalidMessage
 
+from juggler.client_tokens import REFRESH_HEADER, ClientTokens, SubscriptionTokenSource, TokenSource
 from juggler.errors import CallExpired, CallNacked, ConnectionClosed, ProtocolError
 from juggler.extensions import EXPIRING, EXTENSION_MIN, REPLY
 from juggler.keepalive import HEADER as KEEPALIVE_HEADER
 from juggler.keepalive import KEEPALIVE, ServerWatch
-from juggler.client_tokens import REFRESH_HEADER, ClientTokens, SubscriptionTokenSource, TokenSource
 
 __all__ = [
     "ACK",

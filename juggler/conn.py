@@ -59,10 +59,10 @@ from juggler.keepalive import PING as _PING
 from juggler.keepalive import QUERY as _KEEPALIVE_QUERY
 from juggler.keepalive import READ_TIMEOUT, Keepalive, keepalive_frame, opted_in
 from juggler.metrics import ServerStats
-from juggler.refresh import HEADER as _REFRESH_HEADER
-from juggler.refresh import QUERY as _REFRESH_QUERY
 from juggler.pending import PendingCalls
 from juggler.protocol import SUBPROTOCOL, ClientMessage, Outgoing, allowed_mask
+from juggler.refresh import HEADER as _REFRESH_HEADER
+from juggler.refresh import QUERY as _REFRESH_QUERY
 from juggler.session import CloseAfter, Refused, Session
 from juggler.wsproto import OPEN, WsServerProtocol
 
