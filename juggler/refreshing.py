@@ -283,9 +283,11 @@ class ConnExpiry:
         if not self.owner.is_private(msg.channel, msg.pattern):
             return None
         if token is None:
+            self.conn.context.listener.reject("forbidden")
             return 403, "a subscription token is needed for this channel"
         checked = await self.check_token(token, msg.channel)
         if isinstance(checked, tuple):
+            self.conn.context.listener.reject("forbidden")
             return checked
         admitted = self._admitted
         if admitted is None:

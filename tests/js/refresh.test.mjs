@@ -94,6 +94,25 @@ describe("token refresh", () => {
     assert.deepEqual(got, [{ n: 1 }]);
   });
 
+  test("a subscription token not renewed ends the subscription, not the connection", async () => {
+    let asked = 0;
+    const c = await connect({
+      getToken: async () => jwt({}, 600),
+      getSubscriptionToken: async (channel) => {
+        asked += 1;
+        return asked === 1 ? jwt({ channel }, 1.5) : null; // no renewal
+      },
+    });
+    const ended = [];
+    c.addEventListener("subscriptionend", (ev) => ended.push(ev.detail));
+    const unsub = c.subscribe("private.gone", () => {});
+    await unsub.ready;
+    await until(() => ended.length === 1, { timeout: 10000, what: "the end of the subscription" });
+    assert.deepEqual(ended, [{ channel: "private.gone", pattern: false }]);
+    assert.equal(c.state, "open");
+    await c.publish("public", "still connected", { timeout: 5000 });
+  });
+
   test("a private channel without a token is refused", async () => {
     const c = await connect({ getToken: async () => jwt({}, 600) });
     const unsub = c.subscribe("private.x", () => {});

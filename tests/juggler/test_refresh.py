@@ -198,13 +198,15 @@ class Refresher:
 
 @asynccontextmanager
 async def serving(broker: Any = None, *, refresher: Any = None, channels: ChannelRules | None = None,
-                  warning: float = 0.4, grace: float = 0.0, auth: bool = True) -> AsyncIterator[Server]:
+                  warning: float = 0.4, grace: float = 0.0, auth: bool = True,
+                  close_expired: bool = True) -> AsyncIterator[Server]:
     own = broker is None
     broker = broker or MemoryBroker()
     if own:
         await broker.start()
     channels = channels or ChannelRules([ChannelOptions(match="private.*", private=True)])
-    a = Auth(AuthConfig(jwt_secret=SECRET, refresh_warning=warning, expiry_grace=grace)) if auth else None
+    a = Auth(AuthConfig(jwt_secret=SECRET, refresh_warning=warning, expiry_grace=grace,
+                        close_expired=close_expired)) if auth else None
     server = Server(broker, ServerConfig(port=0), auth=a, channels=channels)
     TokenRefresh(a, channels, refresher=refresher).install(server)
     try:
@@ -267,6 +269,32 @@ async def test_the_python_client_says_why_it_was_closed() -> None:
         await client.wait_closed()
         with pytest.raises(ConnectionClosed, match="4001: token expired"):
             await client.pub("x", 1)
+
+
+async def test_with_close_expired_off_an_expired_connection_stays_and_gets_nack_401() -> None:
+    async with serving(close_expired=False) as server:
+        warned = asyncio.Event()
+
+        def on_message(m: dict[str, Any], _f: str) -> None:
+            if m["meta"]["type"] == EXPIRING:
+                warned.set()
+
+        async with connect(server.url, headers={"Authorization": "Bearer " + token(1.0), "Juggler-Refresh": "1"},
+                           on_message=on_message) as client:
+            await asyncio.wait_for(warned.wait(), 5)  # warned, and not renewed
+            await _until(lambda: time.time() > client_exp(server) + 0.2)
+            with pytest.raises(CallNacked) as nacked:
+                await client.pub("public", 1)
+            assert nacked.value.code == 401
+            # a REFRESH still brings it back
+            await client.request(REFRESH, {"token": token(60)}, timeout=5)
+            await client.pub("public", 2)
+        assert "token_expired" not in server.stats.closed
+
+
+def client_exp(server: Server) -> float:
+    (conn,) = server.conns
+    return float(conn.identity.exp)
 
 
 async def test_refresh_refusals() -> None:
@@ -384,6 +412,7 @@ async def test_a_private_channel_needs_a_valid_subscription_token() -> None:
             with pytest.raises(CallNacked) as nacked:
                 await client.sub("private.a", token=bad)
             assert nacked.value.code == 403, bad
+        assert server.stats.rejections["forbidden"] == 6
         with pytest.raises(CallNacked) as nacked:
             await client.sub("private.*", pattern=True)  # a pattern may cover private channels
         assert nacked.value.code == 403
@@ -465,6 +494,22 @@ async def test_a_subscription_not_renewed_is_ended_and_the_connection_stays() ->
                 await client.request(SUB_REFRESH, {"channel": "private.room", "token": sub_token("private.room")},
                                      timeout=5)
             assert nacked.value.code == 400
+
+
+async def test_a_pattern_subscription_is_renewed_as_a_pattern() -> None:
+    async with serving(warning=0.3) as server:
+        async def sub_tokens(channel: str) -> str | None:
+            return sub_token(channel, lifetime=1.0)
+
+        async with connect(server.url, headers={"Authorization": "Bearer " + token()},
+                           get_subscription_token=sub_tokens) as client, \
+                connect(server.url, headers={"Authorization": "Bearer " + token(sub="bob")}) as publisher:
+            await client.sub("private.*", pattern=True)
+            await _until(lambda: client.tokens.renewals >= 2)
+            await publisher.pub("private.x", 1)
+            event = await client.next_event(timeout=5)
+            assert (event.channel, event.pattern, event.args) == ("private.x", "private.*", 1)
+            assert client.tokens.ended == []
 
 
 async def test_sub_refresh_refusals() -> None:
