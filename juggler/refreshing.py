@@ -13,7 +13,8 @@ only while a refresher is asked or a subscription is being ended.
 
 - **REFRESH** ``{"token": T}``: T is verified as the handshake's token (the
   same verifier, audience, issuer, leeway) and must name the connection's
-  ``sub``. REPLY ``{"expires_at": unix seconds or null}``: the connection's
+  ``sub``; a token with a ``channel`` claim (a subscription token) is
+  refused. REPLY ``{"expires_at": unix seconds or null}``: the connection's
   identity (its expiry and its grants) is now T's. NACK 400 without auth
   on the server or without a token in the payload, 401 for an anonymous
   connection or an invalid token (the connection stays until its old
@@ -199,6 +200,10 @@ class TokenRefresh:
             conn.nack(msg, 401, f"invalid token: {exc}")  # type: ignore[arg-type]
             return
         if conn.closed:
+            return
+        if "channel" in claims:
+            # a subscription token: its grants (none named: everything) are not the connection's to take
+            conn.nack(msg, 401, "invalid token: a subscription token is not a connection token")  # type: ignore[arg-type]
             return
         if _subject(claims) != _subject(identity.claims):
             conn.nack(msg, 403, "the token names another subject")  # type: ignore[arg-type]

@@ -311,6 +311,9 @@ async def test_refresh_refusals() -> None:
         with pytest.raises(CallNacked) as nacked:
             await client.request(REFRESH, {"token": 7}, timeout=5)
         assert nacked.value.code == 400
+        with pytest.raises(CallNacked) as nacked:  # a subscription token
+            await client.request(REFRESH, {"token": sub_token("private.a", 600)}, timeout=5)
+        assert nacked.value.code == 401
         # the connection stays, as it was
         await client.pub("public", 1)
         assert (await client.request(REFRESH, {"token": token(120)}, timeout=5))["expires_at"] > time.time() + 100
