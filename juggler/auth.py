@@ -123,6 +123,13 @@ class AuthConfig:
     require_origin: bool = False
     #: per-identity grants (see Rule)
     rules: tuple[Rule, ...] = ()
+    #: seconds before a token's exp that its connection is warned (EXPIRING) or the refresher
+    #: asked; at most half of what is left of the token's life (juggler.refresh)
+    refresh_warning: float = 30.0
+    #: seconds after a token's exp that a REFRESH (or SUB_REFRESH) is still waited for
+    expiry_grace: float = 0.0
+    #: close a connection whose token expired (code 4001); off: it stays, its messages get NACK 401
+    close_expired: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allowed_origins", tuple(self.allowed_origins))
@@ -130,6 +137,8 @@ class AuthConfig:
         object.__setattr__(self, "rules", rules)
         if self.leeway < 0:
             raise ValueError("leeway must be >= 0")
+        if self.refresh_warning < 0 or self.expiry_grace < 0:
+            raise ValueError("refresh_warning and expiry_grace must be >= 0")
         if self.verifier and ":" not in self.verifier:
             raise ValueError("verifier must be 'module:function'")
         self.tokens()  # validates the JWT options

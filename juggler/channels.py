@@ -11,6 +11,7 @@ pattern, as in PSUBSCRIBE); the first table that matches wins::
     history_ttl = 600       # seconds history is kept after the last publication
     presence = true         # who is subscribed (the server API, presence in SUB ACKs)
     join_leave = true       # join/leave notices to subscribers that ask for them
+    private = true          # a SUB needs a subscription token (juggler.refreshing)
 
 Every server publishing to, or serving subscribers of, such a channel must
 have the same rules: history is written by the publishing server, presence
@@ -49,6 +50,8 @@ class ChannelOptions:
     presence_ttl: float = 60.0
     #: send join/leave notices to the subscribers that ask for them
     join_leave: bool = False
+    #: a SUB needs a subscription token naming the channel (juggler.refreshing)
+    private: bool = False
 
     def __post_init__(self) -> None:
         if not self.match:

@@ -49,8 +49,9 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.exceptions import InvalidMessage
 
+from juggler.client_tokens import REFRESH_HEADER, ClientTokens, SubscriptionTokenSource, TokenSource
 from juggler.errors import CallExpired, CallNacked, ConnectionClosed, ProtocolError
-from juggler.extensions import EXTENSION_MIN, REPLY
+from juggler.extensions import EXPIRING, EXTENSION_MIN, REPLY
 from juggler.keepalive import HEADER as KEEPALIVE_HEADER
 from juggler.keepalive import KEEPALIVE, ServerWatch
 
@@ -140,8 +141,12 @@ class Client:
         max_queued_events: int = 10_000,
         on_message: Callable[[dict[str, Any], str], None] | None = None,
         keepalive_grace: float = 10.0,
+        get_token: TokenSource | None = None,
+        get_subscription_token: SubscriptionTokenSource | None = None,
     ) -> None:
         self.ws = ws
+        #: renews the connection's token when the server says it expires (juggler.client_tokens)
+        self.tokens = ClientTokens(self, get_token, get_subscription_token)
         self.default_timeout = default_timeout
         self.max_queued_events = max_queued_events
         self.on_message = on_message
@@ -254,19 +259,26 @@ class Client:
 
     async def sub(self, channel: str, pattern: bool = False, *, timeout: float | None = None,
                   msg_uuid: str | None = None, since: tuple[int, str] | None = None,
-                  join_leave: bool = False) -> dict[str, Any]:
+                  join_leave: bool = False, token: str | None = None) -> dict[str, Any]:
         """Subscribe (``pattern=True``: `channel` is a Redis glob pattern); returns the ACK's payload.
 
         On a channel with history the ACK carries its ``offset`` and ``epoch``;
         ``since=(offset, epoch)`` asks for the events after that position (the
         ACK says ``recovered``; the missed events follow it). ``since=(0, "")``
         asks for no recovery but for notices of unrecoverable gaps.
+
+        ``token``: the subscription token of a private channel; without one,
+        ``get_subscription_token(channel)`` is asked, when given (None: no token).
         """
         payload: dict[str, Any] = {"channel": channel, "pattern": bool(pattern)}
         if since is not None:
             payload["since"] = {"offset": int(since[0]), "epoch": str(since[1])}
         if join_leave:
             payload["join_leave"] = True
+        if token is None:
+            token = await self.tokens.for_subscription(channel)
+        if token is not None:
+            payload["token"] = token
         uuid = msg_uuid or new_uuid()
         pending = _Pending(self._loop, SUB, False)
         self._pending[uuid] = pending
@@ -344,6 +356,8 @@ class Client:
         if isinstance(meta, dict) and meta.get("type") == KEEPALIVE:
             self._keepalive(msg.get("payload"))
             return
+        if isinstance(meta, dict) and meta.get("type") == EXPIRING:
+            self.tokens.expiring(msg.get("payload"))
         if self.on_message is not None:
             try:
                 self.on_message(msg, frame)
@@ -439,6 +453,7 @@ class Client:
             if self._watch_timer is not None:
                 self._watch_timer.cancel()
                 self._watch_timer = None
+            self.tokens.stop()
             rcvd = exc.rcvd if isinstance(exc, WsConnectionClosed) else self.ws.protocol.close_rcvd
             if self._silent is not None:
                 detail = f": {self._silent}"
@@ -499,6 +514,11 @@ class _Connect:
             headers["Juggler-Allowed-Messages"] = ", ".join(allowed)
         if kw.pop("keepalive"):
             headers[KEEPALIVE_HEADER] = "1"
+        get_token = kw.get("get_token")
+        if get_token is not None:
+            headers["Authorization"] = "Bearer " + await get_token()
+        if get_token is not None or kw.get("get_subscription_token") is not None:
+            headers[REFRESH_HEADER] = "1"  # EXPIRING messages: the tokens are renewed before they expire
         open_timeout = kw.pop("open_timeout")
         max_size = kw.pop("max_size")
         tls: ClientTls | ssl.SSLContext | None = kw.pop("tls")
@@ -577,6 +597,8 @@ def connect(
     tls: ClientTls | ssl.SSLContext | None = None,
     keepalive: bool = True,
     keepalive_grace: float = 10.0,
+    get_token: TokenSource | None = None,
+    get_subscription_token: SubscriptionTokenSource | None = None,
 ) -> _Connect:
     """Open a juggler connection; use ``async with`` (or ``await`` then ``aclose()``).
 
@@ -591,6 +613,14 @@ def connect(
     (the original, or pings off) is waited for as long as it takes.
     ``on_message`` does not see KEEPALIVE messages.
 
+    ``get_token`` (an async callable returning a token) gives the token sent
+    in the ``Authorization`` header at connect (and at every reconnection of
+    :mod:`juggler.reconnecting`); the client then asks for EXPIRING messages
+    (``Juggler-Refresh: 1``) and, when the server says the token expires,
+    sends it a new one from ``get_token`` (REFRESH). ``get_subscription_token``
+    (``async (channel) -> token or None``) gives the subscription token of
+    each SUB to a private channel, and renews it (SUB_REFRESH) the same way.
+
     Raises :class:`ConnectionClosed` when the handshake fails and
     :class:`ProtocolError` when the server does not negotiate ``juggler.0``.
     """
@@ -601,4 +631,5 @@ def connect(
         "default_timeout": default_timeout, "open_timeout": open_timeout, "max_size": max_size,
         "max_queued_events": max_queued_events, "on_message": on_message, "tls": tls,
         "keepalive": keepalive, "keepalive_grace": keepalive_grace,
+        "get_token": get_token, "get_subscription_token": get_subscription_token,
     })

@@ -61,6 +61,8 @@ from juggler.keepalive import READ_TIMEOUT, Keepalive, keepalive_frame, opted_in
 from juggler.metrics import ServerStats
 from juggler.pending import PendingCalls
 from juggler.protocol import SUBPROTOCOL, ClientMessage, Outgoing, allowed_mask
+from juggler.refresh import HEADER as _REFRESH_HEADER
+from juggler.refresh import QUERY as _REFRESH_QUERY
 from juggler.session import CloseAfter, Refused, Session
 from juggler.wsproto import OPEN, WsServerProtocol
 
@@ -148,6 +150,8 @@ class ConnContext:
     extensions: Mapping[int, ExtensionHandler] = field(default_factory=dict)
     #: the application's backend: connect, subscribe, publish and rpc proxies (juggler.proxy.ProxySet)
     proxies: Any = None
+    #: times tokens on live connections, checks subscription tokens (juggler.refreshing.TokenRefresh)
+    refresh: Any = None
 
 
 _CLOSED = ConnState.CLOSED
@@ -215,6 +219,8 @@ class Conn(asyncio.Protocol):
         self._auth_task: asyncio.Task[None] | None = None  # a handshake waiting for keys
         #: CALLs ACKed and waiting for their RES (kept by the pending-call table)
         self.inflight = 0
+        #: this connection's expiring tokens (juggler.refreshing.ConnExpiry), when the server times them
+        self.expiry: Any = None
 
     def __repr__(self) -> str:
         return f"<Conn {self.id} {self.remote} {self.state.value}>"
@@ -298,6 +304,8 @@ class Conn(asyncio.Protocol):
             if t is not None:
                 t.cancel()
         self._timer = self._write_timer = None
+        if self.expiry is not None:
+            self.expiry.stop()
         self._detach()
         self.ws.discard_output()
         was_connected = self.state is ConnState.CONNECTED
@@ -406,6 +414,11 @@ class Conn(asyncio.Protocol):
             self._refuse(ws.reject(400, f"Invalid {_KEEPALIVE_HEADER} header: {exc}\n"))
             return
         try:
+            refresh_messages = opted_in(_handshake_option(request, _REFRESH_HEADER, _REFRESH_QUERY))
+        except ValueError as exc:
+            self._refuse(ws.reject(400, f"Invalid {_REFRESH_HEADER} header: {exc}\n"))
+            return
+        try:
             listener.conn_accepting(self)
         except Exception as exc:
             log.info("connection %s refused by on_conn_state: %s", self.remote, exc)
@@ -425,6 +438,8 @@ class Conn(asyncio.Protocol):
             self.hub_id = subs.add_conn(self, self._native_fd())
         listener.conn_connected(self)
         self._start_keepalive(keepalive_messages)
+        if self.context.refresh is not None and self.state is ConnState.CONNECTED:
+            self.expiry = self.context.refresh.attach(self, refresh_messages)
 
     def _native_fd(self) -> int:
         """The socket the fan-out may write EVNTs to directly, or -1 (TLS, outgoing middleware)."""
@@ -573,6 +588,8 @@ class Conn(asyncio.Protocol):
     def _on_text(self, data: bytes) -> None:
         session = self.session
         self._last_message = now = self.loop.time()
+        if self.expiry is not None and self.expiry.private and b'"token"' in data:
+            self.expiry.frame_in(data)  # a subscription token (the codec does not read it)
         end = session.receive_text(data, now)
         if end is not None:
             self._end(end)
@@ -741,15 +758,25 @@ class Conn(asyncio.Protocol):
                 return
             self.reply(msg, session.ack(msg))
         elif t == SUB:
+            expiry = self.expiry
+            if expiry is not None and expiry.private:
+                refusal = await expiry.admit_sub(msg)  # private channels need a subscription token
+                if refusal is not None:
+                    self.nack(msg, *refusal)
+                    return
             try:
                 joined = await subs.subscribe(self, msg.channel, msg.pattern, msg.since, msg.join_leave)
             except Exception as exc:
                 self.nack(msg, 500, str(exc) or type(exc).__name__)
                 return
+            if expiry is not None:
+                expiry.subscribed(msg)
             for frame in session.subscribed(msg, joined):
                 self.reply(msg, frame)
         elif t == UNSB:
             session.unsubscribed(msg.channel, msg.pattern)  # counts as gone even if Redis fails
+            if self.expiry is not None:
+                self.expiry.unsubscribed(msg.channel, msg.pattern)
             try:
                 await subs.unsubscribe(self, msg.channel, msg.pattern)
             except Exception as exc:
@@ -777,6 +804,8 @@ class Conn(asyncio.Protocol):
     async def drop_subscription(self, channel: str, pattern: bool = False) -> bool:
         """End a subscription from the server side (the server API); False when there was none."""
         self.session.unsubscribed(channel, pattern)
+        if self.expiry is not None:
+            self.expiry.unsubscribed(channel, pattern)
         return await self.context.subscriptions.unsubscribe(self, channel, pattern)
 
     def send(self, msg_type: int, for_uuid: str, frame: bytes) -> None:

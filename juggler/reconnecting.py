@@ -23,7 +23,11 @@ live ones, each once. When that is impossible the event stream carries a
 reloaded). Calls, publishes and subscribes made while disconnected wait for
 the next connection (within their timeout); one in flight when the
 connection drops fails with :class:`~juggler.errors.ConnectionClosed` (it
-may or may not have run).
+may or may not have run). With ``get_token`` (see
+:func:`juggler.client.connect`) every new connection asks it for a token,
+so a connection the server closed because its token expired (code 4001)
+comes back with a fresh one; ``get_subscription_token`` gives the tokens of
+private channels when their subscriptions are made again.
 """
 
 from __future__ import annotations

@@ -187,6 +187,16 @@ async def start_app(config: AppConfig, *, test_callees: bool = False, callee_wor
         server = Server(broker, config.server, stats=stats, pubsub=pubsub, auth=auth, channels=config.channels,
                         presence=presence, middleware=middleware, proxies=proxies)
         server.http = StaticSite(demo=demo, stats=functools.partial(stats_snapshot, server))
+        from juggler.refreshing import TokenRefresh
+
+        refresher = None
+        if proxies is not None and proxies.pick("refresh") is not None:
+            from juggler.proxy.refresher import ProxyRefresher
+
+            refresher = ProxyRefresher(proxies)  # the application renews expiring connections
+        # REFRESH, SUB_REFRESH, tokens (and the connect proxy's expiries) timed
+        TokenRefresh(auth, config.channels, refresher=refresher,
+                     proxied=proxies is not None and proxies.pick("connect") is not None).install(server)
         started.append(server)
         await server.start()
         control, api = await _start_api(config, server, started)

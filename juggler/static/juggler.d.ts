@@ -10,6 +10,14 @@ export declare const MessageType: Readonly<{
   CALL: 1; PUB: 2; SUB: 3; UNSB: 4; NACK: 7; ACK: 8; RES: 9; EVNT: 10;
   /** This server's extension, sent only to clients that ask (`keepalive`): `{interval_ms}`. */
   KEEPALIVE: 256;
+  /** Extensions of token refresh: a new connection token (`{token}`), sent by the client. */
+  REFRESH: 257;
+  /** Sent to clients that ask (`getToken`/`getSubscriptionToken`): `{expires_in_ms[, channel, pattern, unsubscribed]}`. */
+  EXPIRING: 258;
+  /** A new subscription token (`{channel, token[, pattern]}`), sent by the client. */
+  SUB_REFRESH: 259;
+  /** The server's answer to an extension request: `{for, for_type, result}`. */
+  REPLY: 262;
 }>;
 
 export type State = "connecting" | "open" | "reconnecting" | "closed";
@@ -83,6 +91,23 @@ export interface ConnectOptions {
   keepalive?: boolean;
   /** Milliseconds past the server's announced interval before its silence counts as death. Default 10000. */
   keepaliveGrace?: number;
+  /**
+   * The connection's token: asked before every connection (sent as the
+   * `tokenParam` query parameter, or the Authorization header when the
+   * WebSocket can send headers) and whenever the server says it expires
+   * (EXPIRING): the new one renews the live connection (REFRESH). Asking
+   * for it adds `juggler-refresh=1` to `url`. Default none.
+   */
+  getToken?: (() => Promise<string>) | null;
+  /**
+   * A channel's subscription token (private channels), or null when it needs
+   * none: asked before each SUB and when the server says it expires
+   * (SUB_REFRESH renews it). A subscription the server ended because its token
+   * was not renewed is dropped with a "subscriptionend" event. Default none.
+   */
+  getSubscriptionToken?: ((channel: string) => Promise<string | null>) | null;
+  /** The query parameter carrying the token when headers cannot be sent. Default "token". */
+  tokenParam?: string;
 }
 
 export interface CallOptions {
@@ -188,8 +213,10 @@ export interface StateChangeDetail {
  * A juggler.0 connection that reconnects by itself (backoff with jitter) and
  * restores its subscriptions; on channels with history it recovers what was
  * published while it was away. Events: "statechange" (CustomEvent<StateChangeDetail>),
- * "open", "close", "error" (CustomEvent<{error: unknown}>) and "unrecovered"
- * (CustomEvent<{channel: string}>: events of that channel were lost; reload its state).
+ * "open", "close", "error" (CustomEvent<{error: unknown}>), "unrecovered"
+ * (CustomEvent<{channel: string}>: events of that channel were lost; reload its state)
+ * and "subscriptionend" (CustomEvent<{channel: string, pattern: boolean}>: the server
+ * ended a private subscription whose token was not renewed in time).
  */
 export declare class Juggler extends EventTarget {
   /** Resolves once connected; rejects with ConnectionClosedError if the first attempt fails. */

@@ -28,13 +28,27 @@
 //   the client asks the server for KEEPALIVE messages; once one said the
 //   interval, nothing received for interval + `keepaliveGrace` ms means the
 //   server is gone: the connection is dropped and reconnected like any other.
+// - Tokens (`getToken: async () => token`): asked before every connection
+//   (sent as `?token=`, or the Authorization header when headers can be sent)
+//   and whenever the server says the connection's token expires (EXPIRING=258,
+//   asked for with juggler-refresh=1): the new one goes out as REFRESH=257.
+//   `getSubscriptionToken: async (channel) => token | null` gives each SUB's
+//   subscription token (private channels) and renews it (SUB_REFRESH=259).
+//   A subscription the server ended (its token expired) is dropped with a
+//   "subscriptionend" event (detail: {channel, pattern}).
 // Types: juggler.d.ts next to this file.
 
 const CALL = 1, PUB = 2, SUB = 3, UNSB = 4, NACK = 7, ACK = 8, RES = 9, EVNT = 10, KEEPALIVE = 256;
 // the server's answer to an extension request (types 256 and above): {for, for_type, result}
 const REPLY = 262;
+// token refresh: a new connection token (c→s), "your token expires" (s→c), a new subscription token (c→s)
+const REFRESH = 257, EXPIRING = 258, SUB_REFRESH = 259;
 export const SUBPROTOCOL = "juggler.0";
-export const MessageType = Object.freeze({ CALL, PUB, SUB, UNSB, NACK, ACK, RES, EVNT, KEEPALIVE, REPLY });
+export const MessageType = Object.freeze({
+  CALL, PUB, SUB, UNSB, NACK, ACK, RES, EVNT, KEEPALIVE, REFRESH, EXPIRING, SUB_REFRESH, REPLY,
+});
+// the query parameter that asks the server for EXPIRING messages
+const REFRESH_QUERY = "juggler-refresh";
 // the query parameter that asks the server for KEEPALIVE messages (browsers cannot send headers)
 const KEEPALIVE_QUERY = "juggler-keepalive";
 
@@ -149,6 +163,9 @@ const DEFAULTS = Object.freeze({
   maxQueue: 1000, // messages queued while disconnected
   keepalive: true, // ask the server for KEEPALIVE messages and drop a connection that goes silent
   keepaliveGrace: 10000, // ms past the server's announced interval before its silence means it is gone
+  getToken: null, // async () => the connection's token: at every connection and when it expires
+  getSubscriptionToken: null, // async (channel) => a private channel's subscription token, or null
+  tokenParam: "token", // the query parameter carrying the token when headers cannot be sent
 });
 
 // the client --------------------------------------------------------------------
@@ -217,11 +234,13 @@ export class Juggler extends EventTarget {
           "(e.g. the `ws` package) or set headersAsQuery: true (the server must read them from the URL)",
       );
     }
-    if (!inQuery && !this.options.keepalive) return url;
+    const refresh = Boolean(this.options.getToken || this.options.getSubscriptionToken);
+    if (!inQuery && !this.options.keepalive && !refresh) return url;
     const u = new URL(url);
     if (inQuery) for (const n of names) u.searchParams.set(n.toLowerCase(), this._headers[n]);
     // in the query whatever the WebSocket: every runtime can send it, and the server reads it there
     if (this.options.keepalive) u.searchParams.set(KEEPALIVE_QUERY, "1");
+    if (refresh) u.searchParams.set(REFRESH_QUERY, "1");
     return u.toString();
   }
 
@@ -234,11 +253,25 @@ export class Juggler extends EventTarget {
   // connection -------------------------------------------------------------------
 
   _open() {
+    if (this.options.getToken && this._token === undefined) {
+      // a fresh token for every connection, asked first
+      Promise.resolve()
+        .then(() => this.options.getToken())
+        .then(
+          (token) => {
+            this._token = String(token);
+            if (!this._closedByUser) this._open();
+          },
+          (err) => this._failed(new JugglerError(`getToken failed: ${err && err.message}`, { cause: err })),
+        );
+      return;
+    }
+    const [url, headers] = this._withToken();
     let ws;
     try {
       ws = this._canSendHeaders
-        ? new this._WebSocket(this.url, this._protocols, { headers: this._headers })
-        : new this._WebSocket(this.url, this._protocols);
+        ? new this._WebSocket(url, this._protocols, { headers })
+        : new this._WebSocket(url, this._protocols);
     } catch (err) {
       this._failed(err);
       return;
@@ -303,6 +336,30 @@ export class Juggler extends EventTarget {
     ws.onclose = (ev) => {
       onGone(new ConnectionLostError(`connection closed (${ev.code}${ev.reason ? " " + ev.reason : ""})`));
     };
+  }
+
+  _withToken() {
+    // the URL and headers of one connection: with the token getToken gave for it
+    const token = this._token;
+    this._token = undefined;
+    if (token === undefined) return [this.url, this._headers];
+    if (this._canSendHeaders) return [this.url, { ...this._headers, Authorization: `Bearer ${token}` }];
+    const u = new URL(this.url);
+    u.searchParams.set(this.options.tokenParam, token);
+    return [u.toString(), this._headers];
+  }
+
+  _renew(get, type, payload, what) {
+    // a token is expiring: a new one from the application, sent to the server
+    Promise.resolve()
+      .then(get)
+      .then((token) => {
+        if (token === null || token === undefined || this._closedByUser) return undefined;
+        return this._request(type, { ...payload, token: String(token) }, what, this.options.timeout, {
+          ms: Math.floor(this.options.timeout),
+        });
+      })
+      .catch((err) => this.dispatchEvent(new CustomEvent("error", { detail: { error: err } })));
   }
 
   _opened() {
@@ -539,8 +596,28 @@ export class Juggler extends EventTarget {
     return unsubscribe;
   }
 
-  _sendSub(sub) {
+  _sendSub(sub, token) {
+    const get = this.options.getSubscriptionToken;
+    if (get && token === undefined) {
+      // the subscription token first (null: the channel needs none)
+      Promise.resolve()
+        .then(() => get(sub.channel))
+        .then(
+          (t) => {
+            if (this._subs.get(sub.key) === sub && this._state === "open" && this._ws) this._sendSub(sub, t ?? null);
+          },
+          (err) => {
+            if (this._subs.get(sub.key) === sub && !sub.everAcked) {
+              this._subs.delete(sub.key);
+              sub.rejectReady(err);
+            }
+            this.dispatchEvent(new CustomEvent("error", { detail: { error: err } }));
+          },
+        );
+      return;
+    }
     const payload = { channel: sub.channel, pattern: sub.pattern };
+    if (token !== undefined && token !== null) payload.token = String(token);
     // a channel with history: ask for what was missed since the last event seen
     if (sub.position) payload.since = { offset: sub.position.offset, epoch: sub.position.epoch };
     if (sub.joinLeave) payload.join_leave = true;
@@ -656,6 +733,29 @@ export class Juggler extends EventTarget {
         // the answer to an extension request (sent with _request, type 256 and above)
         const p = this._pending.get(pl.for);
         if (p && p.type >= 256) this._settle(pl.for, p, null, pl.result === undefined ? null : pl.result);
+        return;
+      }
+      case EXPIRING: {
+        // a token expires in pl.expires_in_ms: the connection's, or a subscription's (pl.channel)
+        const o = this.options;
+        if (typeof pl.channel !== "string") {
+          if (o.getToken) this._renew(() => o.getToken(), REFRESH, {}, "refresh");
+          return;
+        }
+        const key = subKey(pl.channel, pl.pattern === true);
+        if (pl.unsubscribed === true) {
+          // the server ended the subscription: its token was not renewed in time
+          if (this._subs.has(key)) this._subs.delete(key);
+          this.dispatchEvent(new CustomEvent("subscriptionend", {
+            detail: { channel: pl.channel, pattern: pl.pattern === true },
+          }));
+          return;
+        }
+        if (o.getSubscriptionToken && this._subs.has(key)) {
+          const payload = { channel: pl.channel };
+          if (pl.pattern === true) payload.pattern = true;
+          this._renew(() => o.getSubscriptionToken(pl.channel), SUB_REFRESH, payload, `refresh ${pl.channel}`);
+        }
         return;
       }
       case KEEPALIVE: {
