@@ -22,7 +22,7 @@ from websockets.exceptions import InvalidStatus
 
 from juggler.auth import Identity
 from juggler.client import connect
-from juggler.errors import CallNacked
+from juggler.errors import CallNacked, ConnectionClosed
 from juggler.proxy import (
     ProxyCollector,
     ProxyConfig,
@@ -448,3 +448,55 @@ def test_juggler_server_config_mistake(tmp_path: Any) -> None:
                          cwd=ROOT, capture_output=True, text=True, timeout=30, check=False)
     assert out.returncode == 2, out.stderr
     assert "juggler.toml:1: [[proxy]] #1: kind = \"rpc\" needs match" in out.stderr
+
+
+async def _configured(tmp_path: Any, tables: str) -> Any:
+    from juggler.config import load_config
+    from juggler.runner import start_app
+
+    path = tmp_path / "juggler.toml"
+    path.write_text('[server]\nlisten = "127.0.0.1:0"\n' + tables)
+    return await start_app(load_config(str(path)))
+
+
+@pytest.mark.parametrize("with_refresh", [True, False])
+async def test_expiring_connect_answers_are_renewed_by_the_refresh_proxy_or_closed(
+        backends: Backends, tmp_path: Any, with_refresh: bool) -> None:
+    """A connect answer's expire_at is kept: the refresh proxy, when there is
+    one, is asked before it and its new expiry keeps the connection; without
+    one, or when the backend says expired, the connection is closed with 4001."""
+    http = backends.ports["http"]
+    tables = f"""
+[[proxy]]
+kind = "connect"
+endpoint = "http://127.0.0.1:{http}/juggler/connect"
+"""
+    if with_refresh:
+        tables += f"""
+[[proxy]]
+kind = "refresh"
+endpoint = "http://127.0.0.1:{http}/juggler/refresh"
+"""
+    running = await _configured(tmp_path, tables)
+    try:
+        url = running.server.url
+        async with connect(url, headers=bearer("alice.short")) as kept, \
+                connect(url, headers=bearer("gone.short")) as gone:
+            with pytest.raises(ConnectionClosed, match="4001: token expired"):
+                async with asyncio.timeout(10):
+                    await gone.wait_closed()
+                    await gone.pub("x", 1)
+            if with_refresh:
+                assert stats(running.proxies, "refresh").calls >= 2  # both were asked
+                await kept.pub("still", 1)  # renewed: past its first expiry, it stays
+                identity = next(c for c in running.server.conns if not c.closed).identity
+                assert identity.exp == 2_000_000_000
+                assert identity.data["refreshed"] == "alice.short"
+            else:
+                with pytest.raises(ConnectionClosed, match="4001: token expired"):
+                    async with asyncio.timeout(10):
+                        await kept.wait_closed()
+                        await kept.pub("x", 1)
+        assert running.server.stats.closed["token_expired"] == (1 if with_refresh else 2)
+    finally:
+        await running.drain(2.0)
