@@ -163,7 +163,7 @@ def _rule(data: Any) -> Rule:
 class Identity:
     """Who a connection is, and what it may do (checked per message)."""
 
-    __slots__ = ("claims", "exp", "grants", "name")
+    __slots__ = ("channels", "claims", "exp", "grants", "name")
 
     def __init__(self, claims: Mapping[str, Any] | None, grants: dict[str, tuple[str, ...]] | None) -> None:
         self.claims = dict(claims) if claims is not None else None
@@ -171,6 +171,9 @@ class Identity:
         exp = self.claims.get("exp") if self.claims else None
         self.exp = float(exp) if isinstance(exp, int | float) else None
         self.name = str(self.claims.get("sub", "?")) if self.claims is not None else "anonymous"
+        #: channels the server subscribes this connection to (juggler.serversubs): the token's
+        #: ``channels`` claim; whoever authenticates (a connect proxy) may set it instead
+        self.channels: tuple[str, ...] = _channels_claim(self.claims)
 
     @property
     def anonymous(self) -> bool:
@@ -188,6 +191,17 @@ class Identity:
             if glob_match(pattern, target):
                 return None
         return 403, "forbidden"
+
+
+def _channels_claim(claims: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The ``channels`` claim (a list of channel names) as a tuple; AuthError
+    (the handshake is refused) when it is there and not such a list."""
+    value = claims.get("channels") if claims else None
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
+        raise AuthError("invalid channels claim: expected a list of non-empty channel names")
+    return tuple(dict.fromkeys(value))
 
 
 def _load_verifier(spec: str) -> Callable[[str, Any], Any]:

@@ -11,6 +11,8 @@ pattern, as in PSUBSCRIBE); the first table that matches wins::
     history_ttl = 600       # seconds history is kept after the last publication
     presence = true         # who is subscribed (the server API, presence in SUB ACKs)
     join_leave = true       # join/leave notices to subscribers that ask for them
+    client_history = true   # clients may read the history (HISTORY requests, juggler.client_requests)
+    client_presence = true  # clients may ask who is subscribed (PRESENCE requests)
 
 Every server publishing to, or serving subscribers of, such a channel must
 have the same rules: history is written by the publishing server, presence
@@ -49,6 +51,10 @@ class ChannelOptions:
     presence_ttl: float = 60.0
     #: send join/leave notices to the subscribers that ask for them
     join_leave: bool = False
+    #: subscribers may read the channel's history themselves (HISTORY requests); needs history_size
+    client_history: bool = False
+    #: subscribers may ask who is subscribed (PRESENCE requests); needs presence
+    client_presence: bool = False
 
     def __post_init__(self) -> None:
         if not self.match:
@@ -63,6 +69,10 @@ class ChannelOptions:
             raise ValueError("presence_ttl must be > 0")
         if self.join_leave and not self.presence:
             raise ValueError("join_leave needs presence = true")
+        if self.client_history and not self.history:
+            raise ValueError("client_history needs history_size > 0")
+        if self.client_presence and not self.presence:
+            raise ValueError("client_presence needs presence = true")
 
     @property
     def history(self) -> bool:
