@@ -32,7 +32,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import rustext
-
 from juggler.extensions import HISTORY, PRESENCE, REPLY, ExtensionMessage
 
 if TYPE_CHECKING:

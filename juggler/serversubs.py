@@ -33,7 +33,7 @@ import rustext
 if TYPE_CHECKING:
     from juggler.conn import Conn
 
-__all__ = ["SUBSCRIBED", "ALREADY", "OVER_LIMIT", "node_subscribe", "subscribe", "subscribe_at_connect"]
+__all__ = ["ALREADY", "OVER_LIMIT", "SUBSCRIBED", "node_subscribe", "subscribe", "subscribe_at_connect"]
 
 log = logging.getLogger("juggler.serversubs")
 

@@ -10,6 +10,10 @@ export declare const MessageType: Readonly<{
   CALL: 1; PUB: 2; SUB: 3; UNSB: 4; NACK: 7; ACK: 8; RES: 9; EVNT: 10;
   /** This server's extension, sent only to clients that ask (`keepalive`): `{interval_ms}`. */
   KEEPALIVE: 256;
+  /** Client requests for a channel's history and presence (see history(), presence()). */
+  HISTORY: 260; PRESENCE: 261;
+  /** The server's answer to such a request: `{for, for_type, result}`. */
+  REPLY: 262;
 }>;
 
 export type State = "connecting" | "open" | "reconnecting" | "closed";
@@ -83,6 +87,40 @@ export interface ConnectOptions {
   keepalive?: boolean;
   /** Milliseconds past the server's announced interval before its silence counts as death. Default 10000. */
   keepaliveGrace?: number;
+  /**
+   * Called with the events of server-side subscriptions: channels the server
+   * subscribed this connection to (the token's `channels` claim, the server
+   * API's `subscribe`), never subscribe()d here. They are also dispatched as
+   * the "publication" event (CustomEvent<JugglerEvent>).
+   */
+  onServerPublication?: EventHandler;
+}
+
+export interface HistoryOptions {
+  /** At most this many publications, oldest first; 0: none (the position only). Default: every one kept. */
+  limit?: number;
+  /** Only the publications after this position (say, the last event seen). */
+  since?: { offset: number; epoch: string };
+  /** Milliseconds to wait for the answer. Default: the client's `timeout`. */
+  timeout?: number;
+}
+
+export interface HistoryEvent {
+  /** The uuid of the PUB. */
+  for: string;
+  channel: string;
+  args: Json;
+  offset: number;
+  epoch: string;
+}
+
+export interface HistoryResult {
+  events: HistoryEvent[];
+  /** The channel's current position. */
+  offset: number;
+  epoch: string;
+  /** With `since`: whether every publication after it is there (false: none is given; reload). */
+  recovered?: boolean;
 }
 
 export interface CallOptions {
@@ -188,7 +226,8 @@ export interface StateChangeDetail {
  * A juggler.0 connection that reconnects by itself (backoff with jitter) and
  * restores its subscriptions; on channels with history it recovers what was
  * published while it was away. Events: "statechange" (CustomEvent<StateChangeDetail>),
- * "open", "close", "error" (CustomEvent<{error: unknown}>) and "unrecovered"
+ * "open", "close", "error" (CustomEvent<{error: unknown}>), "publication"
+ * (CustomEvent<JugglerEvent>: an event of a server-side subscription) and "unrecovered"
  * (CustomEvent<{channel: string}>: events of that channel were lost; reload its state).
  */
 export declare class Juggler extends EventTarget {
@@ -209,6 +248,14 @@ export declare class Juggler extends EventTarget {
   publish(channel: string, args?: Json, options?: CallOptions): Promise<void>;
   /** Subscribe a handler; returns its unsubscribe function (see Unsubscribe). */
   subscribe(channel: string, handler: EventHandler, options?: SubscribeOptions): Unsubscribe;
+  /**
+   * A channel's kept publications (HISTORY request). Rejects with NackError
+   * where the server does not let clients read it (400: no history; 403: not
+   * allowed on that channel, or for this connection).
+   */
+  history(channel: string, options?: HistoryOptions): Promise<HistoryResult>;
+  /** Who is subscribed to `channel`, by client id (PRESENCE request); rejects as history(). */
+  presence(channel: string, options?: { timeout?: number }): Promise<Record<string, ClientInfo>>;
   /** Close for good (idempotent); everything pending rejects with ConnectionClosedError. */
   close(): void;
 }

@@ -28,13 +28,21 @@
 //   the client asks the server for KEEPALIVE messages; once one said the
 //   interval, nothing received for interval + `keepaliveGrace` ms means the
 //   server is gone: the connection is dropped and reconnected like any other.
+// - Server-side subscriptions (channels the server subscribed this connection
+//   to: the token's `channels` claim, the server API's subscribe) bring EVNTs
+//   of channels never subscribe()d: they go to `options.onServerPublication(args,
+//   event)` and to the "publication" event (detail: the event).
+// - history(channel, {limit, since}) and presence(channel): the HISTORY and
+//   PRESENCE requests, where the server lets clients make them.
 // Types: juggler.d.ts next to this file.
 
 const CALL = 1, PUB = 2, SUB = 3, UNSB = 4, NACK = 7, ACK = 8, RES = 9, EVNT = 10, KEEPALIVE = 256;
 // the server's answer to an extension request (types 256 and above): {for, for_type, result}
 const REPLY = 262;
+// client requests for a channel's history and presence (answered with REPLY where the server allows them)
+const HISTORY = 260, PRESENCE = 261;
 export const SUBPROTOCOL = "juggler.0";
-export const MessageType = Object.freeze({ CALL, PUB, SUB, UNSB, NACK, ACK, RES, EVNT, KEEPALIVE, REPLY });
+export const MessageType = Object.freeze({ CALL, PUB, SUB, UNSB, NACK, ACK, RES, EVNT, KEEPALIVE, HISTORY, PRESENCE, REPLY });
 // the query parameter that asks the server for KEEPALIVE messages (browsers cannot send headers)
 const KEEPALIVE_QUERY = "juggler-keepalive";
 
@@ -570,6 +578,43 @@ export class Juggler extends EventTarget {
     );
   }
 
+  /**
+   * A channel's kept publications (a HISTORY request): resolves with
+   * {events, offset, epoch[, recovered]}, each event shaped as an EVNT payload
+   * ({for, channel, args, offset, epoch}). `limit`: at most that many (0: the
+   * position only); `since` {offset, epoch}: only those after it, `recovered`
+   * saying whether none is missing. Rejects with NackError where not allowed.
+   */
+  history(channel, { limit, since, timeout = this.options.timeout } = {}) {
+    const payload = { channel: String(channel) };
+    if (limit !== undefined) payload.limit = limit;
+    if (since !== undefined) payload.since = { offset: since.offset, epoch: since.epoch };
+    return this._request(HISTORY, payload, `history ${channel}`, timeout, { ms: Math.floor(timeout) });
+  }
+
+  /** Who is subscribed to `channel` (a PRESENCE request): {clientId: {client, user[, conn_info]}}. */
+  async presence(channel, { timeout = this.options.timeout } = {}) {
+    const result = await this._request(PRESENCE, { channel: String(channel) }, `presence ${channel}`, timeout, {
+      ms: Math.floor(timeout),
+    });
+    return (result && result.presence) || {};
+  }
+
+  _serverPublication(pl) {
+    // an EVNT of a channel this client never subscribed to: a server-side subscription
+    if (pl.pattern !== undefined || pl.join !== undefined || pl.leave !== undefined || pl.recovered === false) return;
+    const ev = { channel: pl.channel, uuid: pl.for, args: pl.args ?? null, offset: pl.offset, epoch: pl.epoch };
+    const cb = this.options.onServerPublication;
+    if (typeof cb === "function") {
+      try {
+        cb(ev.args, ev);
+      } catch (err) {
+        this.dispatchEvent(new CustomEvent("error", { detail: { error: err } }));
+      }
+    }
+    this.dispatchEvent(new CustomEvent("publication", { detail: ev }));
+  }
+
   _unrecovered(sub) {
     // the application reloads its state: what it missed is gone
     this.dispatchEvent(new CustomEvent("unrecovered", { detail: { channel: sub.channel } }));
@@ -613,7 +658,10 @@ export class Juggler extends EventTarget {
       case EVNT: {
         const key = pl.pattern !== undefined ? subKey(pl.pattern, true) : subKey(pl.channel, false);
         const sub = this._subs.get(key);
-        if (!sub) return;
+        if (!sub) {
+          this._serverPublication(pl);
+          return;
+        }
         if (pl.join !== undefined || pl.leave !== undefined) {
           // a join/leave notice: to the handlers that asked for them
           const join = pl.join !== undefined;
