@@ -26,6 +26,7 @@ from juggler.config import AppConfig, ServerConfig
 from juggler.errors import CallNacked
 from juggler.extensions import HISTORY, PRESENCE
 from juggler.runner import Running, start_app
+from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -165,3 +166,20 @@ async def test_history_and_presence_on_the_memory_broker() -> None:
         assert [(e["args"], e["offset"]) for e in page["events"]] == [("x", 1)]
         await alice.sub("p.m")
         assert [m["user"] for m in (await alice.presence("p.m")).values()] == ["alice"]
+
+
+async def test_a_redis_failure_is_a_nack_and_the_connection_goes_on(redis_url: str) -> None:
+    """Redis' replies held back past the command timeout: the HISTORY
+    request is NACKed with the broker's code, the connection serves on."""
+    port = int(redis_url.split(":")[2].split("/")[0])
+    async with FaultProxy(port) as proxy:
+        redis = RedisBrokerConfig(url=f"redis://127.0.0.1:{proxy.port}/{redis_url.rsplit('/', 1)[1]}",
+                                  command_timeout=0.5)
+        async with app(redis) as running, client_of(running, "alice") as alice:
+            await alice.pub("h.room", 1)
+            proxy.hold_replies()
+            code, text = await nacked(alice.history("h.room", timeout=10))
+            assert code == 504 and "outcome unknown" in text, (code, text)
+            proxy.release_replies()
+            assert [e["args"] for e in (await alice.history("h.room", timeout=10))["events"]] == [1]
+            assert not alice.closed

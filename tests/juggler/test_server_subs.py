@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timeout(60)
 
 KEY = "k3y-for-the-tests_0123456789"
 SECRET = "a-test-secret-of-at-least-32-bytes-for-hs256"
-RULES = ChannelRules([ChannelOptions(match="h.*", history_size=10, history_ttl=60)])
+RULES = ChannelRules([ChannelOptions(match="h.*", history_size=10, history_ttl=60, client_history=True)])
 
 
 def token(sub: str, channels: Any = None, **claims: Any) -> str:
@@ -131,6 +131,29 @@ async def test_token_channels_bring_events_without_a_sub(broker: str, redis_url:
             await alice.unsb("news")
             await bob.pub("news", 3)
             await no_event(alice)
+
+
+async def test_at_reconnect_the_token_subscribes_again_and_history_fills_the_gap(redis_url: str) -> None:
+    """Nothing is recovered by itself for a server-side subscription; the
+    client that kept its last position reads what it missed (HISTORY since)."""
+    async with app(RedisBrokerConfig(url=redis_url)) as running:
+        tok = token("alice", ["h.feed"])
+        async with connect(url(running, tok)) as first:
+            await no_event(first)
+            await running.server.publish("h.feed", b'"one"')
+            ev = await first.next_event(timeout=5)
+            last = (ev.offset, ev.epoch)
+            assert last[0] == 1
+        for text in ("two", "three"):  # while away
+            await running.server.publish("h.feed", json.dumps(text).encode())
+        async with connect(url(running, tok)) as again:
+            assert last[1] is not None
+            missed = await again.history("h.feed", since=(last[0], last[1]))
+            assert missed["recovered"] is True
+            assert [(e["args"], e["offset"]) for e in missed["events"]] == [("two", 2), ("three", 3)]
+            await running.server.publish("h.feed", b'"four"')
+            ev = await again.next_event(timeout=5)
+            assert (ev.args, ev.offset) == ("four", 4)
 
 
 async def test_max_subscriptions_counts_them_and_a_token_over_it_is_closed() -> None:
