@@ -138,17 +138,16 @@ def _history_reply(for_uuid: str, channel: str, events: list[Any], offset: int, 
     """The REPLY of a HISTORY request, each event's ``args`` spliced in as it
     was published (numbers as written), not decoded and encoded again."""
     ch = json.dumps(channel, ensure_ascii=False)
-    ep = json.dumps(epoch, ensure_ascii=False)
-    items = [
-        '{"for":%s,"channel":%s,"args":%s,"offset":%d,"epoch":%s}' % (
-            json.dumps(e.msg_uuid), ch, e.args.decode() if e.args is not None else "null", e.offset,
-            json.dumps(e.epoch or epoch, ensure_ascii=False))
+    items = ",".join(
+        f'{{"for":{json.dumps(e.msg_uuid)},"channel":{ch},'
+        f'"args":{e.args.decode() if e.args is not None else "null"},"offset":{int(e.offset)},'
+        f'"epoch":{json.dumps(e.epoch or epoch, ensure_ascii=False)}}}'
         for e in events
-    ]
-    result = '{"events":[%s],"offset":%d,"epoch":%s%s}' % (
-        ",".join(items), offset, ep, "" if recovered is None else ',"recovered":%s' % json.dumps(recovered))
-    frame = '{"meta":{"type":%d,"uuid":"%s"},"payload":{"for":"%s","for_type":%d,"result":%s}}\n' % (
-        REPLY, rustext.new_uuid(), for_uuid, HISTORY, result)
+    )
+    tail = "" if recovered is None else f',"recovered":{json.dumps(recovered)}'
+    result = f'{{"events":[{items}],"offset":{int(offset)},"epoch":{json.dumps(epoch, ensure_ascii=False)}{tail}}}'
+    meta = f'{{"type":{REPLY},"uuid":"{rustext.new_uuid()}"}}'
+    frame = f'{{"meta":{meta},"payload":{{"for":"{for_uuid}","for_type":{HISTORY},"result":{result}}}}}\n'
     return frame.encode()
 
 

@@ -91,10 +91,15 @@ async def test_history_allowed_with_limit_and_since(redis_url: str) -> None:
         for stale in ((1, "another-epoch"), (7, epoch)):  # the epoch changed; a position never reached
             assert await alice.history("h.room", since=stale) == {"events": [], "offset": 3, "epoch": epoch,
                                                                   "recovered": False}
+        # a name that JSON must escape, args as published (numbers as written)
+        odd = 'h.ü"\\\n'
+        await alice.pub(odd, raw_args='{"x":1.50,"y":[1e3]}')
+        (ev,) = (await alice.history(odd))["events"]
+        assert (ev["channel"], ev["args"]) == (odd, {"x": 1.5, "y": [1000.0]})
         # a channel with nothing published yet
         empty = await alice.history("h.empty")
         assert empty["events"] == [] and empty["offset"] == 0
-        assert running.server.stats.extensions_read[HISTORY] == 8
+        assert running.server.stats.extensions_read[HISTORY] == 9
 
 
 async def test_history_refused(redis_url: str) -> None:

@@ -25,7 +25,10 @@ from juggler.channels import ChannelOptions, ChannelRules
 from juggler.client import Client, connect
 from juggler.config import ApiConfig, AppConfig, ServerConfig
 from juggler.errors import CallNacked, ConnectionClosed
+from juggler.metrics import ServerStats
 from juggler.runner import Running, start_app
+from juggler.session import Session
+from tests.faultproxy import FaultProxy
 from tests.netutil import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -102,6 +105,17 @@ def test_the_channels_claim_and_its_errors() -> None:
     assert identity.channels == ("set.by.a.proxy",)
 
 
+def test_the_session_counts_them_against_max_subscriptions() -> None:
+    rejected: list[str] = []
+    session = Session(ServerConfig(max_subscriptions=2), ServerStats(), rejected.append, now=0.0)
+    assert session.subscribed_by_server("a") is True
+    assert session.subscribed_by_server("a") is None  # there already
+    assert session.subscribed_by_server("b") is True
+    assert session.subscribed_by_server("c") is False and rejected == ["subscription_limit"]
+    session.unsubscribed("a", False)  # an UNSB (or the API) ends one: room for another
+    assert session.subscribed_by_server("c") is True
+
+
 @pytest.mark.parametrize("broker", ["memory", "redis"])
 async def test_token_channels_bring_events_without_a_sub(broker: str, redis_url: str) -> None:
     redis = RedisBrokerConfig(url=redis_url) if broker == "redis" else None
@@ -170,6 +184,37 @@ async def test_max_subscriptions_counts_them_and_a_token_over_it_is_closed() -> 
             # the server API cannot take it over the limit either
             assert await ok(running, "subscribe", {"channel": "c5", "user": "b"}) == {"subscribed": 0,
                                                                                       "over_limit": 1}
+
+
+async def test_a_subscription_redis_does_not_make_closes_the_connection(redis_url: str) -> None:
+    """Redis' replies held back past the command timeout: the connection is
+    closed (1011) rather than left without a channel the server decided; the
+    server serves on."""
+    async with FaultProxy(int(redis_url.split(":")[2].split("/")[0])) as proxy:
+        redis = RedisBrokerConfig(url=f"redis://127.0.0.1:{proxy.port}/{redis_url.rsplit('/', 1)[1]}",
+                                  command_timeout=0.5)
+        async with app(redis) as running:
+            proxy.hold_replies()
+            async with connect(url(running, token("a", ["held"]))) as client:
+                async with asyncio.timeout(10):
+                    await client.wait_closed()
+                assert (client.ws.close_code, client.ws.close_reason) == (1011, "server-side subscription failed")
+            proxy.release_replies()
+            assert running.server.stats.closed.get("subscription_failed") == 1
+            async with connect(url(running, token("b", ["fine"]))) as client:
+                await no_event(client)
+                assert (False, "fine") in running.server.subscriptions.of(conn_of(running, client))
+
+
+async def test_a_connection_gone_while_subscribing_leaves_nothing_behind(redis_url: str) -> None:
+    async with app(RedisBrokerConfig(url=redis_url)) as running:
+        for _ in range(5):
+            client = await connect(url(running, token("a", [f"gone.{i}" for i in range(20)])))
+            await client.aclose()  # as soon as the handshake is done: while the server subscribes
+        await wait_until(lambda: not running.server.conns and not running.server.subscriptions.channels(),
+                         timeout=10, what="every subscription to end")
+        broker = running.server.pubsub
+        await wait_until(lambda: not broker._fanout._subs, timeout=10, what="the broker to unsubscribe")
 
 
 async def test_an_invalid_channels_claim_refuses_the_handshake() -> None:
