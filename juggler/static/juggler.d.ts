@@ -256,6 +256,12 @@ export declare class Juggler extends EventTarget {
   history(channel: string, options?: HistoryOptions): Promise<HistoryResult>;
   /** Who is subscribed to `channel`, by client id (PRESENCE request); rejects as history(). */
   presence(channel: string, options?: { timeout?: number }): Promise<Record<string, ClientInfo>>;
+  /**
+   * The last event seen of each server-side subscription with history, by
+   * channel: after a reconnection, `history(channel, {since})` from there
+   * reads what was missed (nothing is recovered by itself for them).
+   */
+  readonly serverPositions: ReadonlyMap<string, { offset: number; epoch: string }>;
   /** Close for good (idempotent); everything pending rejects with ConnectionClosedError. */
   close(): void;
 }

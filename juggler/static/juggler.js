@@ -202,6 +202,8 @@ export class Juggler extends EventTarget {
     this._pending = new Map(); // uuid -> {type, resolve, reject, timer, uri|channel, sent, frame}
     this._queue = []; // uuids waiting for a connection, in order
     this._subs = new Map(); // key -> {channel, pattern, handlers:Set, acked, ready}
+    // channel -> {offset, epoch}: the last event of each server-side subscription with history
+    this.serverPositions = new Map();
     this._closedByUser = false;
     this._firstOpen = new Promise((resolve, reject) => {
       this._resolveFirst = resolve;
@@ -604,6 +606,10 @@ export class Juggler extends EventTarget {
     // an EVNT of a channel this client never subscribed to: a server-side subscription
     if (pl.pattern !== undefined || pl.join !== undefined || pl.leave !== undefined || pl.recovered === false) return;
     const ev = { channel: pl.channel, uuid: pl.for, args: pl.args ?? null, offset: pl.offset, epoch: pl.epoch };
+    if (typeof pl.offset === "number" && typeof pl.epoch === "string") {
+      // where to ask history(channel, {since}) from after a reconnection
+      this.serverPositions.set(pl.channel, { offset: pl.offset, epoch: pl.epoch });
+    }
     const cb = this.options.onServerPublication;
     if (typeof cb === "function") {
       try {

@@ -62,6 +62,13 @@ describe("server-side subscriptions", () => {
     await until(() => got.length === 2, { what: "the server-side events" });
     assert.deepEqual(got, [["news", { n: 1 }, undefined], ["h.feed", "kept", 1]]);
     assert.deepEqual(dispatched, ["news", "h.feed"]);
+    const since = alice.serverPositions.get("h.feed");
+    assert.equal(since.offset, 1);
+    assert.equal(alice.serverPositions.get("news"), undefined); // no history there
+    await bob.publish("h.feed", "missed");
+    await until(() => got.length === 3, { what: "the third event" });
+    const page = await alice.history("h.feed", { since });
+    assert.deepEqual([page.events.map((e) => e.args), page.recovered], [["missed"], true]);
   });
 });
 
