@@ -23,6 +23,8 @@ from juggler.auth import AuthConfig, AuthError, Identity
 from juggler.broker.redis import RedisBrokerConfig
 from juggler.channels import ChannelOptions, ChannelRules
 from juggler.client import Client, connect
+from juggler.reconnecting import reconnecting
+from rustext.backoff import BackoffPolicy
 from juggler.config import ApiConfig, AppConfig, ServerConfig
 from juggler.errors import CallNacked, ConnectionClosed
 from juggler.metrics import ServerStats
@@ -168,6 +170,27 @@ async def test_at_reconnect_the_token_subscribes_again_and_history_fills_the_gap
             await running.server.publish("h.feed", b'"four"')
             ev = await again.next_event(timeout=5)
             assert (ev.args, ev.offset) == ("four", 4)
+
+
+async def test_the_reconnecting_client_gets_them_again_and_reads_the_gap(redis_url: str) -> None:
+    states: list[str] = []
+    async with app(RedisBrokerConfig(url=redis_url)) as running, \
+            reconnecting(url(running, token("alice", ["h.inbox"])), backoff=BackoffPolicy(initial=0.05, maximum=0.2),
+                         keepalive=False, on_state=states.append) as client:
+        await client.pub("probe.start", 0)  # answered once the token's subscription is in effect
+        await running.server.publish("h.inbox", b'"one"')
+        assert (await client.next_event(timeout=5)).args == "one"
+        seen = client.positions["h.inbox"]
+        assert await ok(running, "disconnect", {"user": "alice"}) == {"disconnected": 1}
+        await wait_until(lambda: "reconnecting" in states, timeout=5, what="the drop")
+        await running.server.publish("h.inbox", b'"two"')  # while away (or once subscribed again: then live too)
+        missed = await client.history("h.inbox", since=seen, timeout=10)
+        assert missed["recovered"] is True and [e["args"] for e in missed["events"]] == ["two"]
+        await running.server.publish("h.inbox", b'"three"')
+        live = [await client.next_event(timeout=5)]
+        while live[-1].args != "three":
+            live.append(await client.next_event(timeout=5))
+        assert [(e.args, e.offset) for e in live] in ([("three", 3)], [("two", 2), ("three", 3)])
 
 
 async def test_max_subscriptions_counts_them_and_a_token_over_it_is_closed() -> None:
