@@ -14,7 +14,8 @@ is answered with ``{"events": [...], "offset": O, "epoch": E}``: the kept
 publications, oldest first, each shaped as an EVNT's payload (``for``,
 ``channel``, ``args``, ``offset``, ``epoch``), and the channel's current
 position. Without ``limit`` every publication kept; ``limit`` 0 none (the
-position only); N at most the N oldest. With ``since``, only the publications
+position only, and with ``since`` whether it is still recoverable); N at
+most the N oldest. With ``since``, only the publications
 after that position, and ``"recovered"`` says whether they are all of them:
 false (no events) when the epoch changed or the history no longer reaches
 back to it.
@@ -115,10 +116,12 @@ async def history_request(conn: Conn, msg: ExtensionMessage) -> None:
         conn.nack(msg, 403, f"channel {channel[:80]!r} does not let clients read its history (client_history)")
         return
     after = since[0] if since is not None else 0
+    read = limit or 0
     if limit == 0:
-        after = _POSITION_ONLY
+        # the position only; with since, one publication tells whether the history reaches back to it
+        after, read = (after, 1) if since is not None else (_POSITION_ONLY, 0)
     try:
-        page = await recovery.pubsub.read_history(channel, after, limit or 0, opts)
+        page = await recovery.pubsub.read_history(channel, after, read, opts)
     except Exception as exc:
         conn.nack(msg, getattr(exc, "code", 500), str(exc) or type(exc).__name__)
         return
@@ -128,7 +131,7 @@ async def history_request(conn: Conn, msg: ExtensionMessage) -> None:
         offset, epoch = since
         recovered = page.epoch == epoch and offset <= page.offset and (
             offset == page.offset or (bool(events) and events[0].offset == offset + 1))
-        if not recovered:
+        if not recovered or limit == 0:
             events = []
     conn.reply(msg, (REPLY, msg.uuid, _history_reply(msg.uuid, channel, events, page.offset, page.epoch, recovered)))
 

@@ -86,6 +86,8 @@ async def test_history_allowed_with_limit_and_since(redis_url: str) -> None:
         assert await alice.history("h.room", limit=0) == {"events": [], "offset": 3, "epoch": epoch}
         since = await alice.history("h.room", since=(1, epoch))
         assert ([e["offset"] for e in since["events"]], since["recovered"]) == ([2, 3], True)
+        assert await alice.history("h.room", since=(1, epoch), limit=0) == {"events": [], "offset": 3, "epoch": epoch,
+                                                                             "recovered": True}
         assert await alice.history("h.room", since=(3, epoch)) == {"events": [], "offset": 3, "epoch": epoch,
                                                                    "recovered": True}
         for stale in ((1, "another-epoch"), (7, epoch)):  # the epoch changed; a position never reached
@@ -99,7 +101,7 @@ async def test_history_allowed_with_limit_and_since(redis_url: str) -> None:
         # a channel with nothing published yet
         empty = await alice.history("h.empty")
         assert empty["events"] == [] and empty["offset"] == 0
-        assert running.server.stats.extensions_read[HISTORY] == 9
+        assert running.server.stats.extensions_read[HISTORY] == 10
 
 
 async def test_history_refused(redis_url: str) -> None:
