@@ -591,6 +591,11 @@ export class Juggler extends EventTarget {
     const payload = { channel: String(channel) };
     if (limit !== undefined) payload.limit = limit;
     if (since !== undefined) payload.since = { offset: since.offset, epoch: since.epoch };
+    try {
+      checkTimeout(timeout);
+    } catch (err) {
+      return Promise.reject(err);
+    }
     return this._request(HISTORY, payload, `history ${channel}`, timeout, { ms: Math.floor(timeout) });
   }
 
