@@ -20,7 +20,7 @@ dataclass whose fields are checked against their types and then by its
 the table:
 
 - ``publish``, ``broadcast``: through ``Server.publish``;
-- ``disconnect``, ``unsubscribe``, ``channels``, ``info``: on every server
+- ``disconnect``, ``unsubscribe``, ``subscribe``, ``channels``, ``info``: on every server
   sharing the broker, through the control plane (:mod:`juggler.control`);
 - ``history``: a channel's kept publications (:mod:`juggler.recovery`);
 - ``presence``, ``presence_stats``: from the presence entries every server
@@ -331,6 +331,24 @@ class UnsubscribeParams:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class SubscribeParams:
+    #: the channel to subscribe the connections to (server-side: juggler.serversubs)
+    channel: str
+    #: this connection
+    client: str | None = None
+    #: this user's connections
+    user: str | None = None
+
+    def __post_init__(self) -> None:
+        _channel("channel", self.channel)
+        if self.client is None and self.user is None:
+            raise ValueError("client or user is required (a connection id, a user, or both)")
+        object.__setattr__(self, "client", _uuid("client", self.client))
+        if self.user is not None and not self.user:
+            raise ValueError("user must not be empty")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ChannelsParams:
     #: only the channels and patterns whose names match this Redis glob pattern
     pattern: str | None = None
@@ -426,6 +444,17 @@ async def unsubscribe(api: ApiServer, p: UnsubscribeParams) -> dict[str, Any]:
     return {"unsubscribed": sum(int(r.result.get("unsubscribed", 0)) for r in ok if r.result), **extra}
 
 
+async def subscribe(api: ApiServer, p: SubscribeParams) -> dict[str, Any]:
+    params = {"channel": p.channel, "client": p.client, "user": p.user}
+    ok, extra = _answers(await api.survey("subscribe", params), "subscribe")
+    out: dict[str, Any] = {"subscribed": sum(int(r.result.get("subscribed", 0)) for r in ok if r.result)}
+    for name in ("over_limit", "failed"):
+        n = sum(int(r.result.get(name, 0)) for r in ok if r.result)
+        if n:
+            out[name] = n
+    return {**out, **extra}
+
+
 async def channels(api: ApiServer, p: ChannelsParams) -> dict[str, Any]:
     ok, extra = _answers(await api.survey("channels", {"pattern": p.pattern}), "channels")
     out: dict[str, dict[str, dict[str, int]]] = {"channels": {}, "patterns": {}}
@@ -491,6 +520,7 @@ METHODS: dict[str, Method] = {
     "broadcast": Method(BroadcastParams, broadcast),
     "disconnect": Method(DisconnectParams, disconnect),
     "unsubscribe": Method(UnsubscribeParams, unsubscribe),
+    "subscribe": Method(SubscribeParams, subscribe),
     "channels": Method(ChannelsParams, channels),
     "info": Method(InfoParams, info),
     "history": Method(HistoryParams, history),

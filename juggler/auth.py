@@ -185,8 +185,9 @@ class Identity:
         self.user = user
         #: what the connect proxy said about the connection (any JSON value)
         self.data = data
-        #: channels the connect proxy subscribes the connection to (server-side subscriptions)
-        self.channels = tuple(channels)
+        #: channels the server subscribes this connection to (juggler.serversubs): those the
+        #: connect proxy named, else the token's ``channels`` claim
+        self.channels: tuple[str, ...] = tuple(channels) if channels else _channels_claim(self.claims)
 
     @property
     def anonymous(self) -> bool:
@@ -204,6 +205,17 @@ class Identity:
             if glob_match(pattern, target):
                 return None
         return 403, "forbidden"
+
+
+def _channels_claim(claims: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The ``channels`` claim (a list of channel names) as a tuple; AuthError
+    (the handshake is refused) when it is there and not such a list."""
+    value = claims.get("channels") if claims else None
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
+        raise AuthError("invalid channels claim: expected a list of non-empty channel names")
+    return tuple(dict.fromkeys(value))
 
 
 def _load_verifier(spec: str) -> Callable[[str, Any], Any]:

@@ -12,6 +12,8 @@ pattern, as in PSUBSCRIBE); the first table that matches wins::
     presence = true         # who is subscribed (the server API, presence in SUB ACKs)
     join_leave = true       # join/leave notices to subscribers that ask for them
     private = true          # a SUB needs a subscription token (juggler.refreshing)
+    client_history = true   # clients may read the history (HISTORY requests, juggler.client_requests)
+    client_presence = true  # clients may ask who is subscribed (PRESENCE requests)
 
 Every server publishing to, or serving subscribers of, such a channel must
 have the same rules: history is written by the publishing server, presence
@@ -52,6 +54,10 @@ class ChannelOptions:
     join_leave: bool = False
     #: a SUB needs a subscription token naming the channel (juggler.refreshing)
     private: bool = False
+    #: subscribers may read the channel's history themselves (HISTORY requests); needs history_size
+    client_history: bool = False
+    #: subscribers may ask who is subscribed (PRESENCE requests); needs presence
+    client_presence: bool = False
 
     def __post_init__(self) -> None:
         if not self.match:
@@ -66,6 +72,10 @@ class ChannelOptions:
             raise ValueError("presence_ttl must be > 0")
         if self.join_leave and not self.presence:
             raise ValueError("join_leave needs presence = true")
+        if self.client_history and not self.history:
+            raise ValueError("client_history needs history_size > 0")
+        if self.client_presence and not self.presence:
+            raise ValueError("client_presence needs presence = true")
 
     @property
     def history(self) -> bool:

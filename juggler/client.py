@@ -18,7 +18,11 @@ Contract:
   A callee error is a *result*: ``{"error": {"message": ...}}`` is returned.
 - ``sub``/``unsb``/``pub`` return when the server ACKs, raise CallNacked on NACK.
 - Events (EVNT) queue up for :meth:`events` (at most ``max_queued_events``;
-  beyond that the oldest are dropped and counted in ``dropped_events``).
+  beyond that the oldest are dropped and counted in ``dropped_events``),
+  those of the server-side subscriptions (channels the server subscribed
+  this connection to, never SUBed by it) among them.
+- ``history``/``presence`` read a channel's history or presence (where the
+  server lets clients: HISTORY/PRESENCE requests), raise CallNacked if not.
 - Cancelling a call is safe: it only forgets its pending entry.
 - When the connection closes, every waiter fails with
   :class:`~juggler.errors.ConnectionClosed` and the event iterator ends.
@@ -51,7 +55,7 @@ from websockets.exceptions import InvalidMessage
 
 from juggler.client_tokens import REFRESH_HEADER, ClientTokens, SubscriptionTokenSource, TokenSource
 from juggler.errors import CallExpired, CallNacked, ConnectionClosed, ProtocolError
-from juggler.extensions import EXPIRING, EXTENSION_MIN, REPLY
+from juggler.extensions import EXPIRING, EXTENSION_MIN, HISTORY, PRESENCE, REPLY
 from juggler.keepalive import HEADER as KEEPALIVE_HEADER
 from juggler.keepalive import KEEPALIVE, ServerWatch
 
@@ -243,6 +247,27 @@ class Client:
                 return await pending.res
         finally:
             self._pending.pop(msg_uuid, None)
+
+    async def history(self, channel: str, *, limit: int | None = None, since: tuple[int, str] | None = None,
+                      timeout: float | None = None) -> dict[str, Any]:
+        """A channel's kept publications (a HISTORY request): ``{"events": [...],
+        "offset", "epoch"}``, each event shaped as an EVNT's payload. `limit`: at
+        most that many (0: the position only); `since` (offset, epoch): only those
+        after it, with ``"recovered"`` saying whether none is missing."""
+        payload: dict[str, Any] = {"channel": channel}
+        if limit is not None:
+            payload["limit"] = limit
+        if since is not None:
+            payload["since"] = {"offset": since[0], "epoch": since[1]}
+        result: dict[str, Any] = await self.request(HISTORY, payload, timeout=timeout)
+        return result
+
+    async def presence(self, channel: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """Who is subscribed to `channel` (a PRESENCE request): client id ->
+        ``{"client", "user"[, "conn_info"]}``."""
+        result = await self.request(PRESENCE, {"channel": channel}, timeout=timeout)
+        members: dict[str, Any] = result["presence"]
+        return members
 
     async def _acked(self, msg_type: int, payload: dict[str, Any], raw_args: str | None, timeout: float | None,
                      msg_uuid: str | None = None) -> str:

@@ -217,6 +217,9 @@ class Conn(asyncio.Protocol):
         self._slow = cfg.slow_threshold
         self._chained = context.chain_in is not None
         self._auth_task: asyncio.Task[None] | None = None  # a handshake waiting for keys
+        #: bytes received while the server-side subscriptions are made (juggler.serversubs), else None
+        self._early: bytes | None = None
+        self._subscribing: asyncio.Task[None] | None = None  # the task making them
         #: CALLs ACKed and waiting for their RES (kept by the pending-call table)
         self.inflight = 0
         #: this connection's expiring tokens (juggler.refreshing.ConnExpiry), when the server times them
@@ -440,6 +443,9 @@ class Conn(asyncio.Protocol):
         self._start_keepalive(keepalive_messages)
         if self.context.refresh is not None and self.state is ConnState.CONNECTED:
             self.expiry = self.context.refresh.attach(self, refresh_messages)
+        channels = getattr(self.identity, "channels", None)
+        if channels and subs is not None and self.state is ConnState.CONNECTED:
+            self._subscribe_server_side(channels)
 
     def _native_fd(self) -> int:
         """The socket the fan-out may write EVNTs to directly, or -1 (TLS, outgoing middleware)."""
@@ -471,6 +477,29 @@ class Conn(asyncio.Protocol):
             log.info("connection %s: handshake timed out", self.remote)
             self._set_reason("handshake_timeout")
             self.abort()
+
+    # server-side subscriptions (the rules: juggler.serversubs) ---------------------------
+
+    def _subscribe_server_side(self, channels: tuple[str, ...]) -> None:
+        """Subscribe to the identity's channels before reading the client's
+        messages: the answer to its first one comes after they are in effect."""
+        from juggler.serversubs import subscribe_at_connect
+
+        self._early = b""
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self._subscribing = self.loop.create_task(subscribe_at_connect(self, channels))
+
+    def server_subscribed(self) -> None:
+        """The identity's subscriptions are made (or failed): read the client's messages."""
+        early, self._early = self._early, None
+        self._subscribing = None
+        if early is None or self.closed:
+            return
+        if self.transport is not None and not self._paused:
+            self.transport.resume_reading()
+        self._frames_in(early)
+        self._flush()
 
     # keepalive (the rules: juggler.keepalive) ---------------------------------------
 
@@ -548,6 +577,9 @@ class Conn(asyncio.Protocol):
     def _frames_in(self, data: bytes) -> None:
         """The events of the client frames in `data`, handled in order: what
         one message decides (closing, say) applies to the frames after it."""
+        if self._early is not None:  # server-side subscriptions being made: read once they are
+            self._early += data
+            return
         ws = self.ws
         for ev in ws.receive_data(data):
             if ev.__class__ is bytes:

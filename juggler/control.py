@@ -10,7 +10,7 @@ to any server reaches the connections of all of them:
   when it leaves cleanly. A server that starts says hello and the others
   answer it straight away, so it knows them without waiting a period;
 - :meth:`Control.request` runs one operation (``info``, ``channels``,
-  ``disconnect``, ``unsubscribe``: :class:`NodeOps`) on every server: it is
+  ``disconnect``, ``unsubscribe``, ``subscribe``: :class:`NodeOps`) on every server: it is
   broadcast, each server runs it on its own connections and replies to the
   requester's inbox, and the requester waits for every server its registry
   knows, for up to ``timeout`` s. Servers that did not answer in time are
@@ -286,6 +286,7 @@ class NodeOps:
             "channels": self.channels,
             "disconnect": self.disconnect,
             "unsubscribe": self.unsubscribe,
+            "subscribe": self.subscribe,
         }
 
     def node_name(self) -> str:
@@ -350,6 +351,12 @@ class NodeOps:
             log.info("unsubscribed %d connection(s) from %s%s (client=%s user=%s)", done, channel,
                      " (pattern)" if pattern else "", client or "-", user or "-")
         return {"unsubscribed": done}
+
+    async def subscribe(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side subscriptions (:mod:`juggler.serversubs`)."""
+        from juggler.serversubs import node_subscribe
+
+        return await node_subscribe(self.server, params)
 
 
 # the control plane -------------------------------------------------------------------

@@ -189,6 +189,19 @@ class ReconnectingClient:
         client = await self._current(timeout)
         return await client.call(uri, args, timeout=timeout)
 
+    async def history(self, channel: str, *, limit: int | None = None, since: tuple[int, str] | None = None,
+                      timeout: float | None = 60.0) -> dict[str, Any]:
+        """A channel's kept publications (see :meth:`juggler.client.Client.history`): after a
+        reconnection, ``since=client.positions[channel]`` reads what a server-side
+        subscription missed (nothing is recovered by itself for those)."""
+        client = await self._current(timeout)
+        return await client.history(channel, limit=limit, since=since, timeout=timeout)
+
+    async def presence(self, channel: str, *, timeout: float | None = 60.0) -> dict[str, Any]:
+        """Who is subscribed to `channel` (see :meth:`juggler.client.Client.presence`)."""
+        client = await self._current(timeout)
+        return await client.presence(channel, timeout=timeout)
+
     async def next_event(self, timeout: float | None = None) -> ClientEvent:
         """The next event (across reconnections); TimeoutError, or ConnectionClosed once closed."""
         async with asyncio.timeout(timeout):

@@ -69,6 +69,7 @@ from juggler.metrics import ServerStats
 from juggler.pending import PendingCalls
 from juggler.static_files import StaticSite
 from juggler.channels import ChannelRules
+from juggler.client_requests import install as install_client_requests
 from juggler.recovery import PublishResult, Recovery
 from juggler.subscriptions import Subscriptions
 
@@ -148,6 +149,7 @@ class Server(ServiceBase):
         #: the extension requests (types 256 and above) this server answers, by type: a handler
         #: registered here makes connections accept that type (juggler.extensions)
         self.extensions: dict[int, ExtensionHandler] = {}
+        install_client_requests(self)  # HISTORY/PRESENCE, where a [[channels]] rule allows them
         #: what each connection is handed: all it knows of this server
         self.conn_context = ConnContext(
             config=self.config, stats=self.stats, broker=self.broker, pubsub=self.pubsub,

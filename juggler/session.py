@@ -400,6 +400,20 @@ class Session:
                                                           ev.epoch)))
         return frames
 
+    def subscribed_by_server(self, channel: str) -> bool | None:
+        """A subscription the server makes without a SUB (juggler.serversubs): counted
+        against ``max_subscriptions`` as a SUB's. None: there is one already; False:
+        over the limit (counted as a refusal)."""
+        key = (False, channel)
+        if key in self._subs:
+            return None
+        cap = self.config.max_subscriptions
+        if cap and len(self._subs) >= cap:
+            self._reject("subscription_limit")
+            return False
+        self._subs.add(key)
+        return True
+
     def unsubscribed(self, channel: str, pattern: bool) -> None:
         """A subscription ended from the server's side."""
         self._subs.discard((bool(pattern), channel))

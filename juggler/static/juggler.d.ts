@@ -16,7 +16,9 @@ export declare const MessageType: Readonly<{
   EXPIRING: 258;
   /** A new subscription token (`{channel, token[, pattern]}`), sent by the client. */
   SUB_REFRESH: 259;
-  /** The server's answer to an extension request: `{for, for_type, result}`. */
+  /** Client requests for a channel's history and presence (see history(), presence()). */
+  HISTORY: 260; PRESENCE: 261;
+  /** The server's answer to an extension request (REFRESH, SUB_REFRESH, HISTORY, PRESENCE): `{for, for_type, result}`. */
   REPLY: 262;
 }>;
 
@@ -108,6 +110,40 @@ export interface ConnectOptions {
   getSubscriptionToken?: ((channel: string) => Promise<string | null>) | null;
   /** The query parameter carrying the token when headers cannot be sent. Default "token". */
   tokenParam?: string;
+  /**
+   * Called with the events of server-side subscriptions: channels the server
+   * subscribed this connection to (the token's `channels` claim, the server
+   * API's `subscribe`), never subscribe()d here. They are also dispatched as
+   * the "publication" event (CustomEvent<JugglerEvent>).
+   */
+  onServerPublication?: EventHandler;
+}
+
+export interface HistoryOptions {
+  /** At most this many publications, oldest first; 0: none (the position only). Default: every one kept. */
+  limit?: number;
+  /** Only the publications after this position (say, the last event seen). */
+  since?: { offset: number; epoch: string };
+  /** Milliseconds to wait for the answer. Default: the client's `timeout`. */
+  timeout?: number;
+}
+
+export interface HistoryEvent {
+  /** The uuid of the PUB. */
+  for: string;
+  channel: string;
+  args: Json;
+  offset: number;
+  epoch: string;
+}
+
+export interface HistoryResult {
+  events: HistoryEvent[];
+  /** The channel's current position. */
+  offset: number;
+  epoch: string;
+  /** With `since`: whether every publication after it is there (false: none is given; reload). */
+  recovered?: boolean;
 }
 
 export interface CallOptions {
@@ -213,7 +249,8 @@ export interface StateChangeDetail {
  * A juggler.0 connection that reconnects by itself (backoff with jitter) and
  * restores its subscriptions; on channels with history it recovers what was
  * published while it was away. Events: "statechange" (CustomEvent<StateChangeDetail>),
- * "open", "close", "error" (CustomEvent<{error: unknown}>), "unrecovered"
+ * "open", "close", "error" (CustomEvent<{error: unknown}>), "publication"
+ * (CustomEvent<JugglerEvent>: an event of a server-side subscription), "unrecovered"
  * (CustomEvent<{channel: string}>: events of that channel were lost; reload its state)
  * and "subscriptionend" (CustomEvent<{channel: string, pattern: boolean}>: the server
  * ended a private subscription whose token was not renewed in time).
@@ -236,6 +273,20 @@ export declare class Juggler extends EventTarget {
   publish(channel: string, args?: Json, options?: CallOptions): Promise<void>;
   /** Subscribe a handler; returns its unsubscribe function (see Unsubscribe). */
   subscribe(channel: string, handler: EventHandler, options?: SubscribeOptions): Unsubscribe;
+  /**
+   * A channel's kept publications (HISTORY request). Rejects with NackError
+   * where the server does not let clients read it (400: no history; 403: not
+   * allowed on that channel, or for this connection).
+   */
+  history(channel: string, options?: HistoryOptions): Promise<HistoryResult>;
+  /** Who is subscribed to `channel`, by client id (PRESENCE request); rejects as history(). */
+  presence(channel: string, options?: { timeout?: number }): Promise<Record<string, ClientInfo>>;
+  /**
+   * The last event seen of each server-side subscription with history, by
+   * channel: after a reconnection, `history(channel, {since})` from there
+   * reads what was missed (nothing is recovered by itself for them).
+   */
+  readonly serverPositions: ReadonlyMap<string, { offset: number; epoch: string }>;
   /** Close for good (idempotent); everything pending rejects with ConnectionClosedError. */
   close(): void;
 }

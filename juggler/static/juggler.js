@@ -36,6 +36,12 @@
 //   subscription token (private channels) and renews it (SUB_REFRESH=259).
 //   A subscription the server ended (its token expired) is dropped with a
 //   "subscriptionend" event (detail: {channel, pattern}).
+// - Server-side subscriptions (channels the server subscribed this connection
+//   to: the token's `channels` claim, the server API's subscribe) bring EVNTs
+//   of channels never subscribe()d: they go to `options.onServerPublication(args,
+//   event)` and to the "publication" event (detail: the event).
+// - history(channel, {limit, since}) and presence(channel): the HISTORY and
+//   PRESENCE requests, where the server lets clients make them.
 // Types: juggler.d.ts next to this file.
 
 const CALL = 1, PUB = 2, SUB = 3, UNSB = 4, NACK = 7, ACK = 8, RES = 9, EVNT = 10, KEEPALIVE = 256;
@@ -43,9 +49,11 @@ const CALL = 1, PUB = 2, SUB = 3, UNSB = 4, NACK = 7, ACK = 8, RES = 9, EVNT = 1
 const REPLY = 262;
 // token refresh: a new connection token (c→s), "your token expires" (s→c), a new subscription token (c→s)
 const REFRESH = 257, EXPIRING = 258, SUB_REFRESH = 259;
+// client requests for a channel's history and presence (answered with REPLY where the server allows them)
+const HISTORY = 260, PRESENCE = 261;
 export const SUBPROTOCOL = "juggler.0";
 export const MessageType = Object.freeze({
-  CALL, PUB, SUB, UNSB, NACK, ACK, RES, EVNT, KEEPALIVE, REFRESH, EXPIRING, SUB_REFRESH, REPLY,
+  CALL, PUB, SUB, UNSB, NACK, ACK, RES, EVNT, KEEPALIVE, REFRESH, EXPIRING, SUB_REFRESH, HISTORY, PRESENCE, REPLY,
 });
 // the query parameter that asks the server for EXPIRING messages
 const REFRESH_QUERY = "juggler-refresh";
@@ -211,6 +219,8 @@ export class Juggler extends EventTarget {
     this._pending = new Map(); // uuid -> {type, resolve, reject, timer, uri|channel, sent, frame}
     this._queue = []; // uuids waiting for a connection, in order
     this._subs = new Map(); // key -> {channel, pattern, handlers:Set, acked, ready}
+    // channel -> {offset, epoch}: the last event of each server-side subscription with history
+    this.serverPositions = new Map();
     this._closedByUser = false;
     this._firstOpen = new Promise((resolve, reject) => {
       this._resolveFirst = resolve;
@@ -647,6 +657,52 @@ export class Juggler extends EventTarget {
     );
   }
 
+  /**
+   * A channel's kept publications (a HISTORY request): resolves with
+   * {events, offset, epoch[, recovered]}, each event shaped as an EVNT payload
+   * ({for, channel, args, offset, epoch}). `limit`: at most that many (0: the
+   * position only); `since` {offset, epoch}: only those after it, `recovered`
+   * saying whether none is missing. Rejects with NackError where not allowed.
+   */
+  history(channel, { limit, since, timeout = this.options.timeout } = {}) {
+    const payload = { channel: String(channel) };
+    if (limit !== undefined) payload.limit = limit;
+    if (since !== undefined) payload.since = { offset: since.offset, epoch: since.epoch };
+    try {
+      checkTimeout(timeout);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    return this._request(HISTORY, payload, `history ${channel}`, timeout, { ms: Math.floor(timeout) });
+  }
+
+  /** Who is subscribed to `channel` (a PRESENCE request): {clientId: {client, user[, conn_info]}}. */
+  async presence(channel, { timeout = this.options.timeout } = {}) {
+    const result = await this._request(PRESENCE, { channel: String(channel) }, `presence ${channel}`, timeout, {
+      ms: Math.floor(timeout),
+    });
+    return (result && result.presence) || {};
+  }
+
+  _serverPublication(pl) {
+    // an EVNT of a channel this client never subscribed to: a server-side subscription
+    if (pl.pattern !== undefined || pl.join !== undefined || pl.leave !== undefined || pl.recovered === false) return;
+    const ev = { channel: pl.channel, uuid: pl.for, args: pl.args ?? null, offset: pl.offset, epoch: pl.epoch };
+    if (typeof pl.offset === "number" && typeof pl.epoch === "string") {
+      // where to ask history(channel, {since}) from after a reconnection
+      this.serverPositions.set(pl.channel, { offset: pl.offset, epoch: pl.epoch });
+    }
+    const cb = this.options.onServerPublication;
+    if (typeof cb === "function") {
+      try {
+        cb(ev.args, ev);
+      } catch (err) {
+        this.dispatchEvent(new CustomEvent("error", { detail: { error: err } }));
+      }
+    }
+    this.dispatchEvent(new CustomEvent("publication", { detail: ev }));
+  }
+
   _unrecovered(sub) {
     // the application reloads its state: what it missed is gone
     this.dispatchEvent(new CustomEvent("unrecovered", { detail: { channel: sub.channel } }));
@@ -690,7 +746,10 @@ export class Juggler extends EventTarget {
       case EVNT: {
         const key = pl.pattern !== undefined ? subKey(pl.pattern, true) : subKey(pl.channel, false);
         const sub = this._subs.get(key);
-        if (!sub) return;
+        if (!sub) {
+          this._serverPublication(pl);
+          return;
+        }
         if (pl.join !== undefined || pl.leave !== undefined) {
           // a join/leave notice: to the handlers that asked for them
           const join = pl.join !== undefined;
