@@ -47,6 +47,7 @@ __all__ = [
     "AuthError",
     "Identity",
     "Rule",
+    "user_of",
 ]
 
 KINDS = ("call", "pub", "sub")
@@ -340,3 +341,11 @@ class Auth:
         if not any_grant:
             return None
         return {k: tuple(grants.get(k, ())) for k in KINDS}
+
+
+def user_of(conn: Any) -> str | None:
+    """The user of a connection: its identity's name (none without auth, nor for an anonymous one)."""
+    identity = conn.identity
+    if identity is None or getattr(identity, "anonymous", False):
+        return None
+    return str(identity.name)

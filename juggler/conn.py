@@ -37,29 +37,28 @@ Contract (the session's rules are in :mod:`juggler.session`):
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import enum
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-import rustext
 from websockets.http11 import Request
 
-from juggler.broker.base import CallerBroker, PubSubBroker
-from juggler.config import ServerConfig
-from juggler.extensions import EXTENSION_MIN as _EXTENSION_MIN
+import rustext
+from juggler.context import (
+    ConnContext,
+    ConnListener,
+    ConnState,
+    Handler,
+    Middleware,
+)
 from juggler.extensions import KEEPALIVE as _KEEPALIVE
-from juggler.extensions import ExtensionHandler
+from juggler.handling import call_trace, handle
 from juggler.keepalive import HEADER as _KEEPALIVE_HEADER
 from juggler.keepalive import PING as _PING
 from juggler.keepalive import QUERY as _KEEPALIVE_QUERY
 from juggler.keepalive import READ_TIMEOUT, Keepalive, keepalive_frame, opted_in
-from juggler.metrics import ServerStats
-from juggler.pending import PendingCalls
 from juggler.protocol import SUBPROTOCOL, ClientMessage, Outgoing, allowed_mask
 from juggler.refresh import HEADER as _REFRESH_HEADER
 from juggler.refresh import QUERY as _REFRESH_QUERY
@@ -67,7 +66,7 @@ from juggler.session import CloseAfter, Refused, Session
 from juggler.wsproto import OPEN, WsServerProtocol
 
 if TYPE_CHECKING:
-    from juggler.auth import Auth, AuthError, Identity
+    from juggler.auth import AuthError, Identity
 
 __all__ = ["Conn", "ConnContext", "ConnListener", "ConnState", "Handler", "Middleware", "call_trace"]
 
@@ -81,77 +80,6 @@ NACK, ACK, RES, EVNT = rustext.NACK, rustext.ACK, rustext.RES, rustext.EVNT
 _build_res = rustext.build_res
 _new_uuid = rustext.new_uuid
 _WS_PING, _WS_CLOSE, _WS_BINARY = rustext.WS_PING, rustext.WS_CLOSE, rustext.WS_BINARY
-
-
-class ConnState(enum.Enum):
-    """Passed to the server's ``on_conn_state`` callback."""
-
-    ACCEPTING = "accepting"  # handshake request received; raise to refuse (403)
-    CONNECTED = "connected"  # juggler.0 negotiated, messages flow
-    CLOSED = "closed"  # gone (called once, also for refused handshakes)
-
-
-Message = ClientMessage | Outgoing
-Handler = Callable[["Conn", Message], Awaitable[None]]
-Middleware = Callable[["Conn", Message, Handler], Awaitable[None]]
-
-#: the trace context (raw JSON object) that a middleware (``juggler.tracing.CallTracing``)
-#: gives the CALL being processed: it goes into the call payload as ``"trace"``
-call_trace: contextvars.ContextVar[bytes | None] = contextvars.ContextVar("juggler_call_trace", default=None)
-
-
-class ConnListener(Protocol):
-    """The server's side of a connection's lifecycle (:class:`juggler.server.Server`
-    provides one). Each ``conn_*`` method is called once per connection at
-    most, in this order; ``conn_closed`` always comes last."""
-
-    #: True while the server drains: new connections get 503, new CALLs NACK 503
-    draining: bool
-
-    def reject(self, reason: str) -> None:
-        """Count one refusal by reason (``juggler_rejections_total{reason}``)."""
-
-    def conn_opened(self, conn: Conn) -> bool:
-        """A TCP connection was accepted; False refuses it at once (the server is closing)."""
-
-    def conn_accepting(self, conn: Conn) -> None:
-        """The handshake request is valid; raising refuses it with 403."""
-
-    def conn_connected(self, conn: Conn) -> None:
-        """juggler.0 was negotiated: messages flow."""
-
-    def conn_closed(self, conn: Conn, was_connected: bool) -> None:
-        """The TCP connection is gone (after a handshake or not)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConnContext:
-    """What a server hands every connection it accepts: all a connection
-    knows of the server."""
-
-    config: ServerConfig
-    stats: ServerStats
-    broker: CallerBroker
-    pubsub: PubSubBroker
-    #: calls ACKed and waiting for their RES, shared by every connection
-    pending: PendingCalls[Conn]
-    listener: ConnListener
-    #: the middleware chains (incoming, outgoing), or None without middleware
-    chain_in: Handler | None = None
-    chain_out: Handler | None = None
-    #: answers plain HTTP requests to other paths than the websocket one (/healthz, the
-    #: static site): ``http(request, head=..., draining=...)`` returns the response, or None for 404
-    http: Callable[..., Any] | None = None
-    #: authenticates handshakes and authorizes CALL/PUB/SUB
-    auth: Auth | None = None
-    #: the server's subscriptions and their fan-out (juggler.subscriptions.Subscriptions)
-    subscriptions: Any = None
-    #: handlers of the extension requests the server answers, by type (juggler.extensions)
-    extensions: Mapping[int, ExtensionHandler] = field(default_factory=dict)
-    #: the application's backend: connect, subscribe, publish and rpc proxies (juggler.proxy.ProxySet)
-    proxies: Any = None
-    #: times tokens on live connections, checks subscription tokens (juggler.refreshing.TokenRefresh)
-    refresh: Any = None
 
 
 _CLOSED = ConnState.CLOSED
@@ -739,82 +667,9 @@ class Conn(asyncio.Protocol):
         self._outbox.clear()
         self.close(1011, "internal error")
 
-    async def process(self, msg: ClientMessage) -> None:
-        """The final handler of incoming messages: what the session admits goes
-        to the broker (or the subscriptions), then the ACK or NACK."""
-        session = self.session
-        subs = self.context.subscriptions
-        t = msg.type
-        if t >= _EXTENSION_MIN:
-            await self.context.extensions[t](self, msg)  # type: ignore[arg-type]
-            return
-        verdict = session.admit(msg, self._listener.draining, self.inflight, subs)
-        if verdict.__class__ is tuple:
-            self.nack(msg, *verdict)  # type: ignore[misc]
-            return
-        args = msg.args
-        proxies = self.context.proxies
-        if proxies is not None and t != UNSB:
-            # the application's backend first (juggler.proxy): it may refuse, replace a PUB's
-            # args, or answer a CALL itself
-            args = await proxies.vet(self, msg, verdict)
-            if args is proxies.HANDLED:
-                return
-        if t == CALL:
-            pending = self._pending
-            if not pending.add(msg.uuid, self, verdict, self.loop.time(), msg.uri):  # type: ignore[arg-type]
-                # results route by msg_uuid: another connection's live call keeps it
-                self.nack(msg, 500, "duplicate message uuid")
-                return
-            try:
-                trace = call_trace.get()
-                if trace is None:
-                    await self.broker.call(msg.uuid, msg.uri, msg.args, verdict)  # type: ignore[arg-type]
-                else:
-                    await self.broker.call(msg.uuid, msg.uri, msg.args, verdict, trace=trace)  # type: ignore[arg-type]
-            except Exception as exc:
-                code = getattr(exc, "code", 500)
-                if code != 504:
-                    pending.pop(msg.uuid)
-                # 504: the call may have been queued (Redis lost after the push was sent); its
-                # entry stays, so a RES that comes is still delivered, as the error RES of its expiry
-                self.nack(msg, code, str(exc) or type(exc).__name__)
-                return
-            self.reply(msg, session.ack(msg))
-        elif t == PUB:
-            try:
-                await subs.publish(msg.channel, msg.uuid, args)
-            except Exception as exc:
-                # 504: it may have been published (Redis lost after the PUBLISH was sent)
-                self.nack(msg, getattr(exc, "code", 500), str(exc) or type(exc).__name__)
-                return
-            self.reply(msg, session.ack(msg))
-        elif t == SUB:
-            expiry = self.expiry
-            if expiry is not None and expiry.private:
-                refusal = await expiry.admit_sub(msg)  # private channels need a subscription token
-                if refusal is not None:
-                    self.nack(msg, *refusal)
-                    return
-            try:
-                joined = await subs.subscribe(self, msg.channel, msg.pattern, msg.since, msg.join_leave)
-            except Exception as exc:
-                self.nack(msg, 500, str(exc) or type(exc).__name__)
-                return
-            if expiry is not None:
-                expiry.subscribed(msg)
-            for frame in session.subscribed(msg, joined):
-                self.reply(msg, frame)
-        elif t == UNSB:
-            session.unsubscribed(msg.channel, msg.pattern)  # counts as gone even if Redis fails
-            if self.expiry is not None:
-                self.expiry.unsubscribed(msg.channel, msg.pattern)
-            try:
-                await subs.unsubscribe(self, msg.channel, msg.pattern)
-            except Exception as exc:
-                self.nack(msg, 500, str(exc) or type(exc).__name__)
-                return
-            self.reply(msg, session.ack(msg))
+    #: the final handler of incoming messages: what the session admits goes to the
+    #: broker, the subscriptions or the application's proxies (juggler.handling)
+    process = handle
 
     # outgoing -------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import rustext
+from juggler.auth import user_of
 from juggler.broker.base import BrokerError
 
 __all__ = [
@@ -246,22 +247,14 @@ def glob_filter(pattern: str) -> Callable[[str], bool]:
 
 
 def _connected(server: Any) -> list[Any]:
-    from juggler.conn import ConnState
+    from juggler.context import ConnState
 
     return [c for c in list(server.conns) if c.state is ConnState.CONNECTED]
 
 
-def _user(conn: Any) -> str | None:
-    """The user of a connection: its identity's name (none without auth, nor for an anonymous one)."""
-    identity = conn.identity
-    if identity is None or getattr(identity, "anonymous", False):
-        return None
-    return identity.name
-
-
 def _matching(server: Any, client: str | None, user: str | None) -> list[Any]:
     return [c for c in _connected(server)
-            if (client is None or c.id == client) and (user is None or _user(c) == user)]
+            if (client is None or c.id == client) and (user is None or user_of(c) == user)]
 
 
 def _opt_str(params: Mapping[str, Any], name: str) -> str | None:
@@ -307,7 +300,7 @@ class NodeOps:
         return {
             "uptime": round(time.monotonic() - self.started, 3),
             "connections": len(conns),
-            "users": len({u for u in map(_user, conns) if u is not None}),
+            "users": len({u for u in map(user_of, conns) if u is not None}),
             "subscriptions": sum(subs.values()),
             "channels": len(subs),
         }
@@ -345,7 +338,7 @@ class NodeOps:
             raise ValueError("channel must be a string and pattern true or false")
         done = 0
         for conn in self.server.subscriptions.subscribers(channel, pattern):
-            if (client is None or conn.id == client) and (user is None or _user(conn) == user):
+            if (client is None or conn.id == client) and (user is None or user_of(conn) == user):
                 done += await conn.drop_subscription(channel, pattern)
         if done:
             log.info("unsubscribed %d connection(s) from %s%s (client=%s user=%s)", done, channel,

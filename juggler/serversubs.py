@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import rustext
 
-if TYPE_CHECKING:
-    from juggler.conn import Conn
+from juggler.auth import user_of
 
 __all__ = ["ALREADY", "OVER_LIMIT", "SUBSCRIBED", "node_subscribe", "subscribe", "subscribe_at_connect"]
 
@@ -44,7 +43,7 @@ _build_evnt = rustext.build_evnt
 SUBSCRIBED, ALREADY, OVER_LIMIT = "subscribed", "already", "over_limit"
 
 
-async def subscribe(conn: Conn, channel: str) -> str:
+async def subscribe(conn: Any, channel: str) -> str:
     """Subscribe `conn` to `channel` on the server's behalf: :data:`SUBSCRIBED`,
     :data:`ALREADY` (it was, by a SUB or the server) or :data:`OVER_LIMIT`
     (``max_subscriptions``). Raises the broker's error when the subscription
@@ -71,7 +70,7 @@ async def subscribe(conn: Conn, channel: str) -> str:
     return SUBSCRIBED
 
 
-async def subscribe_at_connect(conn: Conn, channels: Sequence[str]) -> None:
+async def subscribe_at_connect(conn: Any, channels: Sequence[str]) -> None:
     """The subscriptions of the connection's identity, made as it opens (see
     the module doc). More channels than ``max_subscriptions`` or a broker that
     refuses one closes the connection (1008 or 1011): a client left without
@@ -109,8 +108,7 @@ async def node_subscribe(server: Any, params: Mapping[str, Any]) -> dict[str, An
     matching ``client`` and/or ``user`` are subscribed to ``channel``.
     ``{"subscribed": n}``, with ``"over_limit": m`` when some were at
     ``max_subscriptions`` and ``"failed": k`` when the broker refused some."""
-    from juggler.conn import ConnState
-    from juggler.control import _user
+    from juggler.context import ConnState
 
     channel = _opt_str(params, "channel")
     client, user = _opt_str(params, "client"), _opt_str(params, "user")
@@ -122,7 +120,7 @@ async def node_subscribe(server: Any, params: Mapping[str, Any]) -> dict[str, An
     for conn in list(server.conns):
         if conn.state is not ConnState.CONNECTED:
             continue
-        if (client is not None and conn.id != client) or (user is not None and _user(conn) != user):
+        if (client is not None and conn.id != client) or (user is not None and user_of(conn) != user):
             continue
         try:
             outcome = await subscribe(conn, channel)
