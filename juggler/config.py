@@ -135,6 +135,15 @@ class ServerConfig:
     #: write events to subscribers natively (one frame built per event, one write per connection);
     #: false writes each through Python (slower; for comparison)
     native_fanout: bool = True
+    #: serve the HTTP fallback transport (``<path>/sse`` down, ``<path>/send`` up) for clients
+    #: whose websockets a proxy refuses
+    fallback: bool = True
+    #: seconds a fallback session outlives its dropped event stream (a reopened one resumes it); 0 = none
+    fallback_grace: float = 10.0
+    #: events a fallback session keeps for a reopened stream (fewer missed than this: replayed)
+    fallback_replay: int = 1024
+    #: max bytes of one fallback POST body (larger: 413)
+    fallback_max_body: int = 1 << 20
     #: PEM certificate chain: serve wss:// (and the HTTP pages over https) instead of ws://
     tls_cert: str | None = None
     #: PEM private key of ``tls_cert``
@@ -186,6 +195,12 @@ class ServerConfig:
             raise ValueError("max_pending must be >= 1")
         if self.max_concurrent_messages < 1:
             raise ValueError("max_concurrent_messages must be >= 1")
+        if not (math.isfinite(self.fallback_grace) and self.fallback_grace >= 0):
+            raise ValueError("fallback_grace must be a number of seconds >= 0")
+        if self.fallback_replay < 0:
+            raise ValueError("fallback_replay must be >= 0")
+        if self.fallback_max_body < 1:
+            raise ValueError("fallback_max_body must be >= 1")
 
     @property
     def listen(self) -> str:

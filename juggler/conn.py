@@ -141,6 +141,9 @@ class ConnContext:
     auth: Auth | None = None
     #: the server's subscriptions and their fan-out (juggler.subscriptions.Subscriptions)
     subscriptions: Any = None
+    #: the HTTP fallback transport (juggler.fallback.Fallback): takes the connections whose
+    #: first request is for ``<path>/sse`` or ``<path>/send``; None: not served
+    fallback: Any = None
 
 
 _CLOSED = ConnState.CLOSED
@@ -207,6 +210,8 @@ class Conn(asyncio.Protocol):
         self._auth_task: asyncio.Task[None] | None = None  # a handshake waiting for keys
         #: CALLs ACKed and waiting for their RES (kept by the pending-call table)
         self.inflight = 0
+        #: the first bytes, until the fallback (context.fallback) says whether the request is its own
+        self._sniffing: bytes | None = b"" if context.fallback is not None else None
 
     def __repr__(self) -> str:
         return f"<Conn {self.id} {self.remote} {self.state.value}>"
@@ -264,6 +269,12 @@ class Conn(asyncio.Protocol):
             return
         if self.state is ConnState.CLOSED:
             return
+        if self._sniffing is not None:  # an HTTP fallback request (juggler.fallback) is not ours
+            data = self._sniffing + data
+            taken = self.context.fallback.sniff(self, data)
+            self._sniffing = data if taken is None else None
+            if taken is not False:
+                return
         self._last_read = self.loop.time()
         ws = self.ws
         for ev in ws.receive_data(data):

@@ -64,6 +64,7 @@ from juggler.broker.base import Result
 from juggler.http import http_response
 from juggler.config import ServerConfig
 from juggler.conn import Conn, ConnContext, ConnState, Handler, Middleware
+from juggler.fallback import Fallback
 from juggler.metrics import ServerStats
 from juggler.pending import PendingCalls
 from juggler.static_files import StaticSite
@@ -143,11 +144,13 @@ class Server(ServiceBase):
         #: who is subscribed where (juggler.presence.Presence; the caller starts and closes it)
         self.presence = presence
         self.subscriptions.presence = presence
+        #: the HTTP fallback transport (SSE down, POST up), unless ``fallback = false``
+        self.fallback = Fallback(lambda: self.conn_context) if self.config.fallback else None
         #: what each connection is handed: all it knows of this server
         self.conn_context = ConnContext(
             config=self.config, stats=self.stats, broker=self.broker, pubsub=self.pubsub,
             pending=self._pending, listener=_Listener(self), chain_in=chain_in, chain_out=chain_out,
-            http=self._answer_http, auth=auth, subscriptions=self.subscriptions,
+            http=self._answer_http, auth=auth, subscriptions=self.subscriptions, fallback=self.fallback,
         )
         self._server: asyncio.AbstractServer | None = None
         self._closed: asyncio.Event | None = None
