@@ -28,6 +28,13 @@
 //   the client asks the server for KEEPALIVE messages; once one said the
 //   interval, nothing received for interval + `keepaliveGrace` ms means the
 //   server is gone: the connection is dropped and reconnected like any other.
+// - Transports (`transports: ["websocket", "sse"]`, in order of preference):
+//   where a proxy refuses or swallows the websocket (no open within
+//   `websocketTimeout` ms), the client falls back at once to the server's
+//   HTTP fallback (an SSE stream down, POSTs up: same messages, same server,
+//   same URL with /sse and /send), keeps its calls and subscriptions working
+//   there, tries the websocket again every `websocketRetry` ms and goes back
+//   to it when it opens (re-subscribing, with recovery, as on a reconnect).
 // Types: juggler.d.ts next to this file.
 
 const CALL = 1, PUB = 2, SUB = 3, UNSB = 4, NACK = 7, ACK = 8, RES = 9, EVNT = 10, KEEPALIVE = 256;
@@ -147,7 +154,210 @@ const DEFAULTS = Object.freeze({
   maxQueue: 1000, // messages queued while disconnected
   keepalive: true, // ask the server for KEEPALIVE messages and drop a connection that goes silent
   keepaliveGrace: 10000, // ms past the server's announced interval before its silence means it is gone
+  transports: ["websocket", "sse"], // in order of preference: the next one is tried when one fails
+  websocketTimeout: 5000, // ms a websocket attempt may take when a fallback follows it (a proxy that swallows it)
+  websocketRetry: 30000, // ms between attempts to go back to the websocket while on the fallback; 0: never
 });
+
+const TRANSPORTS = ["websocket", "sse"];
+
+// the HTTP fallback ---------------------------------------------------------------
+
+/**
+ * The server's HTTP fallback as a WebSocket-like object (onopen, onmessage,
+ * onclose, send, close): one SSE stream read with fetch (each event one
+ * server message; the first one says the session id) and POSTs of the
+ * messages sent, one POST in flight at a time so they stay in order. A
+ * stream that drops is reopened with the session id and Last-Event-ID
+ * within the server's grace period, and what was missed is replayed;
+ * events seen twice are skipped by their id.
+ */
+class FallbackSocket {
+  constructor(url, { headers = {}, fetch } = {}) {
+    const u = new URL(url);
+    u.protocol = u.protocol === "wss:" ? "https:" : "http:";
+    this._base = u.origin + u.pathname.replace(/\/+$/, "");
+    this._params = u.searchParams;
+    this._headers = headers;
+    this._fetch = fetch || globalThis.fetch.bind(globalThis);
+    this.protocol = SUBPROTOCOL;
+    this.readyState = 0; // CONNECTING, OPEN = 1, CLOSED = 3 (as a WebSocket)
+    this.onopen = this.onmessage = this.onclose = this.onerror = null;
+    this._session = "";
+    this._lastId = 0;
+    this._graceMs = 0;
+    this._lostAt = 0;
+    this._out = [];
+    this._posting = false;
+    this._done = false;
+    this._abort = new AbortController();
+    setTimeout(() => this._stream(false), 0);
+  }
+
+  _url(kind, extra) {
+    const q = new URLSearchParams(this._params);
+    for (const [k, v] of Object.entries(extra)) q.set(k, v);
+    const qs = q.toString();
+    return `${this._base}/${kind}${qs ? "?" + qs : ""}`;
+  }
+
+  _request(init) {
+    return { credentials: "include", cache: "no-store", signal: this._abort.signal, ...init };
+  }
+
+  async _stream(resume) {
+    if (this._done) return;
+    const headers = { ...this._headers };
+    if (resume) headers["Last-Event-ID"] = String(this._lastId);
+    let res;
+    try {
+      res = await this._fetch(this._url("sse", resume ? { session: this._session } : {}), this._request({ headers }));
+    } catch (err) {
+      this._dropped(err);
+      return;
+    }
+    if (!res.ok || !res.body) {
+      // refused (401, 403, 404 …) or the session is gone (404, 410): no retrying this stream
+      this._end(1006, `fallback stream refused: HTTP ${res.status}`);
+      return;
+    }
+    this._lostAt = 0;
+    const reader = res.body.getReader();
+    const decoder = new TextDecoder();
+    let buf = "";
+    let name = "message", id = null, data = [];
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += decoder.decode(value, { stream: true });
+        const lines = buf.split(/\r\n|\r|\n/);
+        buf = lines.pop();
+        for (const line of lines) {
+          if (line === "") {
+            if (data.length) this._dispatch(name, id, data.join("\n"));
+            name = "message";
+            id = null;
+            data = [];
+            if (this._done) return;
+          } else if (line[0] !== ":") {
+            const i = line.indexOf(":");
+            const field = i < 0 ? line : line.slice(0, i);
+            let v = i < 0 ? "" : line.slice(i + 1);
+            if (v[0] === " ") v = v.slice(1);
+            if (field === "data") data.push(v);
+            else if (field === "event") name = v;
+            else if (field === "id") id = v;
+          }
+        }
+      }
+      this._dropped(new Error("the stream ended"));
+    } catch (err) {
+      this._dropped(err);
+    }
+  }
+
+  _dispatch(name, id, data) {
+    if (name === "session") {
+      let info = {};
+      try {
+        info = JSON.parse(data);
+      } catch {
+        /* ignored: the session stays unknown, POSTs fail */
+      }
+      this._session = String(info.session || "");
+      this._graceMs = Number(info.grace_ms) || 0;
+      if (this.readyState === 0) {
+        this.readyState = 1;
+        if (this.onopen) this.onopen({});
+      }
+      return;
+    }
+    if (name === "close") {
+      let info = {};
+      try {
+        info = JSON.parse(data);
+      } catch {
+        /* a close all the same */
+      }
+      this._end(Number(info.code) || 1006, String(info.reason || ""));
+      return;
+    }
+    if (name !== "message") return;
+    if (id !== null) {
+      const n = Number(id);
+      if (n <= this._lastId) return; // replayed after a reopened stream: seen already
+      this._lastId = n;
+    }
+    if (this.onmessage) this.onmessage({ data });
+  }
+
+  _dropped(err) {
+    if (this._done) return;
+    if (this.readyState !== 1 || !this._session) {
+      this._end(1006, `fallback stream failed: ${(err && err.message) || err}`);
+      return;
+    }
+    // reopen it within the server's grace: the session and its subscriptions live on
+    if (!this._lostAt) this._lostAt = clock();
+    if (clock() - this._lostAt >= this._graceMs) {
+      this._end(1006, "fallback stream lost");
+      return;
+    }
+    setTimeout(() => this._stream(true), Math.min(250, this._graceMs / 4));
+  }
+
+  send(text) {
+    if (this.readyState !== 1) throw new Error("the fallback session is not open");
+    this._out.push(text);
+    this._pump();
+  }
+
+  async _pump() {
+    if (this._posting || !this._out.length || this._done) return;
+    this._posting = true;
+    const lines = this._out;
+    this._out = [];
+    let res;
+    try {
+      res = await this._fetch(this._url("send", { session: this._session }), this._request({
+        method: "POST", body: lines.join("\n"), headers: { "Content-Type": "text/plain", ...this._headers },
+      }));
+    } catch (err) {
+      this._end(1006, `fallback POST failed: ${(err && err.message) || err}`);
+      return;
+    } finally {
+      this._posting = false;
+    }
+    if (res.status === 429) {
+      // the session has too much queued: the same messages again, in order, a little later
+      this._out = lines.concat(this._out);
+      this._posting = true;
+      setTimeout(() => {
+        this._posting = false;
+        this._pump();
+      }, 1000);
+      return;
+    }
+    if (!res.ok) {
+      this._end(1006, `fallback POST refused: HTTP ${res.status}`);
+      return;
+    }
+    this._pump();
+  }
+
+  close() {
+    this._done = true;
+    this.readyState = 3;
+    this._abort.abort();
+  }
+
+  _end(code, reason) {
+    if (this._done) return;
+    this.close();
+    if (this.onclose) this.onclose({ code, reason });
+  }
+}
 
 // the client --------------------------------------------------------------------
 
@@ -169,7 +379,13 @@ export class Juggler extends EventTarget {
     this.options = { ...DEFAULTS, ...options };
     const o = this.options;
     this._WebSocket = o.WebSocket || globalThis.WebSocket;
-    if (typeof this._WebSocket !== "function") {
+    const transports = [].concat(o.transports);
+    if (!transports.length || transports.some((t) => !TRANSPORTS.includes(t))) {
+      throw new RangeError(`transports must be a non-empty list of ${TRANSPORTS.join(", ")}, got ${o.transports}`);
+    }
+    this._transports = transports;
+    this._ti = 0; // the transport in use (or being tried): an index into _transports
+    if (transports.includes("websocket") && typeof this._WebSocket !== "function") {
       throw new TypeError("no WebSocket in this runtime: pass options.WebSocket (e.g. the `ws` package)");
     }
     if (!(Number.isFinite(o.keepaliveGrace) && o.keepaliveGrace > 0)) {
@@ -199,6 +415,11 @@ export class Juggler extends EventTarget {
     });
     this._firstOpen.catch(() => {});
     this._open();
+  }
+
+  /** The transport in use, or being tried: "websocket" | "sse". */
+  get transport() {
+    return this._transports[this._ti];
   }
 
   /** "connecting" | "open" | "reconnecting" | "closed". */
@@ -231,12 +452,25 @@ export class Juggler extends EventTarget {
 
   // connection -------------------------------------------------------------------
 
+  _newWebSocket() {
+    return this._canSendHeaders
+      ? new this._WebSocket(this.url, this._protocols, { headers: this._headers })
+      : new this._WebSocket(this.url, this._protocols);
+  }
+
+  // the timeout of one attempt: a websocket with a fallback after it gets websocketTimeout
+  _attemptTimeout() {
+    const o = this.options;
+    const fallbackNext = this.transport === "websocket" && this._ti + 1 < this._transports.length;
+    return fallbackNext ? Math.min(o.connectTimeout, o.websocketTimeout) : o.connectTimeout;
+  }
+
   _open() {
     let ws;
     try {
-      ws = this._canSendHeaders
-        ? new this._WebSocket(this.url, this._protocols, { headers: this._headers })
-        : new this._WebSocket(this.url, this._protocols);
+      ws = this.transport === "sse"
+        ? new FallbackSocket(this.url, { headers: this._canSendHeaders ? this._headers : {}, fetch: this.options.fetch })
+        : this._newWebSocket();
     } catch (err) {
       this._failed(err);
       return;
@@ -246,6 +480,7 @@ export class Juggler extends EventTarget {
     // this socket's keepalive: armed by the first KEEPALIVE, which says the server's interval
     const watch = { limit: 0, last: clock(), timer: null, check: null };
     this._watch = watch;
+    const timeout = this._attemptTimeout();
     const guard = setTimeout(() => {
       if (!opened) {
         try {
@@ -253,9 +488,9 @@ export class Juggler extends EventTarget {
         } catch {
           /* ignore */
         }
-        onGone(new JugglerError(`connect timeout after ${this.options.connectTimeout} ms`));
+        onGone(new JugglerError(`connect timeout after ${timeout} ms`));
       }
-    }, this.options.connectTimeout);
+    }, timeout);
     let gone = false;
     const onGone = (err) => {
       clearTimeout(guard);
@@ -305,6 +540,7 @@ export class Juggler extends EventTarget {
 
   _opened() {
     this._attempt = 0;
+    if (this._ti > 0) this._scheduleProbe();
     this._setState("open");
     this.dispatchEvent(new Event("open"));
     // restore subscriptions first, then whatever waited for the connection
@@ -322,7 +558,14 @@ export class Juggler extends EventTarget {
   }
 
   _failed(err) {
-    // a connection attempt failed
+    // a connection attempt failed: the next transport at once, if there is one
+    if (this._ti + 1 < this._transports.length && !this._closedByUser) {
+      this._ti += 1;
+      this.dispatchEvent(new CustomEvent("fallback", { detail: { transport: this.transport, error: err } }));
+      this._open();
+      return;
+    }
+    this._ti = 0; // every transport failed: the next attempt starts again from the first
     if (this._rejectFirst) {
       // the first connection: report it to connect() rather than retrying blindly
       const reject = this._rejectFirst;
@@ -365,10 +608,75 @@ export class Juggler extends EventTarget {
     }, delay);
   }
 
+  // back to the websocket -------------------------------------------------------------
+
+  _scheduleProbe() {
+    clearTimeout(this._probeTimer);
+    this._probeTimer = null;
+    const every = this.options.websocketRetry;
+    if (every > 0 && this._transports[0] === "websocket") this._probeTimer = setTimeout(() => this._probe(), every);
+  }
+
+  // on the fallback: does a websocket open now? (its own short-lived socket, closed at once)
+  _probe() {
+    this._probeTimer = null;
+    if (this._closedByUser || this._ti === 0 || this._state !== "open") return;
+    let ws;
+    try {
+      ws = this._newWebSocket();
+    } catch {
+      this._scheduleProbe();
+      return;
+    }
+    let settled = false;
+    const done = (ok) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(t);
+      detach(ws);
+      try {
+        ws.close(1000);
+      } catch {
+        /* ignore */
+      }
+      if (ok) this._upgrade();
+      else this._scheduleProbe();
+    };
+    const t = setTimeout(() => done(false), this.options.websocketTimeout);
+    ws.onopen = () => done(ws.protocol === SUBPROTOCOL || !this._protocols.includes(SUBPROTOCOL));
+    ws.onclose = () => done(false);
+  }
+
+  // the websocket opens again: switch to it once nothing waits for an answer on the fallback
+  _upgrade() {
+    this._upgradeTimer = null;
+    if (this._closedByUser || this._ti === 0 || this._state !== "open" || !this._ws) return;
+    for (const p of this._pending.values()) {
+      if (p.sent) {
+        this._upgradeTimer = setTimeout(() => this._upgrade(), 50);
+        return;
+      }
+    }
+    const old = this._ws;
+    this._ws = null;
+    if (this._watch) clearTimeout(this._watch.timer);
+    detach(old);
+    try {
+      old.close(1000);
+    } catch {
+      /* ignore */
+    }
+    for (const sub of this._subs.values()) sub.acked = false;
+    this._ti = 0;
+    this._open(); // messages made meanwhile are queued; subscriptions are restored with recovery
+  }
+
   /** Close for good: pending calls reject with ConnectionClosedError. Idempotent. */
   close() {
     if (this._closedByUser) return;
     this._closedByUser = true;
+    clearTimeout(this._probeTimer);
+    clearTimeout(this._upgradeTimer);
     const ws = this._ws;
     this._ws = null;
     if (this._watch) clearTimeout(this._watch.timer);
