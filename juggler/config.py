@@ -23,6 +23,8 @@ section; unknown keys are errors (a typo must not be silently ignored)::
     max_subscriptions = 1000    # channels + patterns per connection (more: NACK 500), 0 = none
     max_write_buffer = 16777216 # bytes buffered per connection before it is closed
     close_timeout = 5           # seconds to drain connections at shutdown
+    fallback = true             # the HTTP fallback (path + "/sse", path + "/send") for blocked websockets
+    fallback_grace = 10         # seconds a fallback session waits for its dropped event stream to reopen
 
     [redis]                      # present = use Redis instead of the in-memory broker
     url = "redis://127.0.0.1:6379/0"

@@ -83,7 +83,29 @@ export interface ConnectOptions {
   keepalive?: boolean;
   /** Milliseconds past the server's announced interval before its silence counts as death. Default 10000. */
   keepaliveGrace?: number;
+  /**
+   * The transports to use, in order of preference. Default `["websocket", "sse"]`:
+   * when the websocket is refused (a proxy's 403) or swallowed (no open within
+   * `websocketTimeout`), the client goes on at once over the server's HTTP
+   * fallback (an SSE stream down, POSTs up, at `<url>/sse` and `<url>/send` over
+   * http(s)), and goes back to the websocket when it can. `["sse"]`: the
+   * fallback only; `["websocket"]`: never the fallback.
+   */
+  transports?: Transport[];
+  /** Max ms of a websocket attempt when a fallback follows it (else `connectTimeout`). Default 5000. */
+  websocketTimeout?: number;
+  /**
+   * On the fallback, try the websocket again this often (ms), and switch back to
+   * it once it opens and no answer is outstanding (subscriptions are restored,
+   * with recovery, as on a reconnect). 0: never. Default 30000.
+   */
+  websocketRetry?: number;
+  /** The fetch of the fallback. Default `globalThis.fetch` (with credentials: the balancer's sticky cookie). */
+  fetch?: typeof fetch;
 }
+
+/** "websocket", or "sse": the server's HTTP fallback (SSE down, POST up). */
+export type Transport = "websocket" | "sse";
 
 export interface CallOptions {
   /** Milliseconds to wait for the result (sent to the server in ns). Default: the client's `timeout`. */
@@ -188,8 +210,10 @@ export interface StateChangeDetail {
  * A juggler.0 connection that reconnects by itself (backoff with jitter) and
  * restores its subscriptions; on channels with history it recovers what was
  * published while it was away. Events: "statechange" (CustomEvent<StateChangeDetail>),
- * "open", "close", "error" (CustomEvent<{error: unknown}>) and "unrecovered"
- * (CustomEvent<{channel: string}>: events of that channel were lost; reload its state).
+ * "open", "close", "error" (CustomEvent<{error: unknown}>), "unrecovered"
+ * (CustomEvent<{channel: string}>: events of that channel were lost; reload its state)
+ * and "fallback" (CustomEvent<{transport: Transport, error: unknown}>: a transport failed,
+ * the next one is tried).
  */
 export declare class Juggler extends EventTarget {
   /** Resolves once connected; rejects with ConnectionClosedError if the first attempt fails. */
@@ -198,6 +222,8 @@ export declare class Juggler extends EventTarget {
   /** The URL dialled: the one given, with the query parameters of `keepalive` and `headersAsQuery`. */
   readonly url: string;
   readonly state: State;
+  /** The transport in use (or being tried). */
+  readonly transport: Transport;
   /**
    * Call `uri`. Resolves with the result — a callee error is a result too:
    * `{error: {message}}`. Rejects with NackError, ExpiredError,
