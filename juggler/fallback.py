@@ -9,6 +9,8 @@ same port and under the same path (the wire: :mod:`juggler.sse` and
   message per event, each with an increasing ``id``.
 - ``POST <path>/send?session=ID`` carries client messages, one per line;
   ``204`` once they are queued (their replies come on the stream).
+- ``POST <path>/send?session=ID&close=1`` ends the session (its body is
+  not read): the client leaves.
 - ``GET <path>/sse?session=ID`` with ``Last-Event-ID`` reopens a dropped
   stream within ``fallback_grace`` seconds and replays what was missed (up
   to ``fallback_replay`` events; more missed: ``410`` and the session ends).
@@ -175,6 +177,11 @@ class Fallback:
                 raise BadRequest(400, "invalid Last-Event-ID") from None
             if not conn.reattach(wire, last_id, cors):
                 raise BadRequest(410, "events were missed and are gone: the session has ended")
+            return
+        if req.query("close") == "1":
+            # the client leaves (back to a websocket, or closed): no grace to wait out
+            conn.leave()
+            wire.respond(204, "", cors)
             return
         status, text = conn.receive_body(req.body)
         extra = [("Retry-After", "1")] if status == 429 else []
@@ -482,6 +489,12 @@ class SessionConn(Conn):
         if not self.closed and self._stream is None:
             log.info("fallback session %s: no stream within %.1fs; closing it", self.remote, self.config.fallback_grace)
             self._set_reason("peer_gone")
+            self._finish()
+
+    def leave(self) -> None:
+        """The client ends the session (``close=1``): as a websocket client's close frame."""
+        if not self.closed and not self._ending:
+            self._set_reason("peer_close")
             self._finish()
 
     def slow_consumer(self, reason: str) -> None:

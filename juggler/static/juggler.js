@@ -347,14 +347,26 @@ class FallbackSocket {
   }
 
   close() {
+    if (this._done) return;
+    const leaving = this.readyState === 1 && this._session;
     this._done = true;
     this.readyState = 3;
     this._abort.abort();
+    if (leaving) {
+      // tell the server, so that it does not keep the session for its grace period
+      // (keepalive: the request outlives a page being closed)
+      this._fetch(this._url("send", { session: this._session, close: "1" }), {
+        method: "POST", body: "", headers: { "Content-Type": "text/plain", ...this._headers },
+        credentials: "include", cache: "no-store", keepalive: true,
+      }).catch(noop);
+    }
   }
 
   _end(code, reason) {
     if (this._done) return;
-    this.close();
+    this._done = true;
+    this.readyState = 3;
+    this._abort.abort(); // the server ended the session (or it is lost): nothing to tell it
     if (this.onclose) this.onclose({ code, reason });
   }
 }

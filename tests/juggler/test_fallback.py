@@ -346,6 +346,42 @@ async def test_grace_expiry_and_replay_gaps_end_the_session(redis_url: str) -> N
         assert not fallback.sessions and server.stats.closed["replay_gap"] == 1
 
 
+async def test_a_client_that_leaves_ends_its_session_at_once(redis_url: str) -> None:
+    async with stack(redis_url, fallback_grace=30.0) as (server, http):
+        s = Sse(server, http)
+        await s.open()
+        _, subm = msg(SUB, channel="bye")
+        assert (await s.post(subm))[0] == 204
+        assert (await s.message())["meta"]["type"] == ACK
+        assert server.subscriptions.subscribers("bye")
+        s.drop()
+        assert await s.post(query="close=1") == (204, "")
+        assert not server.fallback.sessions  # type: ignore[union-attr]
+        assert server.stats.closed["peer_close"] == 1 and server.stats.connections_active == 0
+        await wait_until(lambda: not server.subscriptions.subscribers("bye"), what="its subscription dropped")
+        assert (await s.post(subm))[0] == 404
+
+
+async def test_new_sessions_are_refused_as_handshakes_are(redis_url: str) -> None:
+    async with stack(redis_url, max_connections=1) as (server, http):
+        s = Sse(server, http)
+        await s.open()
+        async with http.get(f"{base(server)}/sse") as r:
+            assert r.status == 503 and "too many connections" in await r.text()
+        assert server.stats.rejections["max_connections"] == 1
+        s.drop()
+        server.draining = True  # as during a drain: new sessions 503, a known one may still POST
+        async with http.get(f"{base(server)}/sse") as r:
+            assert r.status == 503
+        c, m = msg(CALL, uri="test.echo", args="late")
+        assert (await s.post(m))[0] == 204
+        await s.open(resume=True)  # a known session reopens its stream; the CALL got what a draining server says
+        m = await s.message()
+        assert (m["meta"]["type"], m["payload"]["for"], m["payload"]["code"]) == (NACK, c, 503)
+        server.draining = False
+        s.drop()
+
+
 async def test_keepalive_over_sse_and_drain(redis_url: str) -> None:
     async with stack(redis_url, ping_interval=0.2, read_timeout=0) as (server, http):
         s = Sse(server, http, query="juggler-keepalive=1")

@@ -7,7 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from juggler.sse import MAX_HEAD, BadRequest, RequestReader, event, named_event, sniff
+from juggler.sse import (
+    MAX_HEAD,
+    BadRequest,
+    RequestReader,
+    comment,
+    event,
+    named_event,
+    sniff,
+)
 
 POST = b"POST /ws/send?session=abc HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
 
@@ -117,3 +125,32 @@ def test_events() -> None:
     # raw client JSON may span lines: each becomes a data field (no event is cut short)
     assert event(1, b'{"a":\r\n1,\r"b":\n2}') == b'id: 1\ndata: {"a":\ndata: 1,\ndata: "b":\ndata: 2}\n\n'
     assert named_event("close", b"{}") == b"event: close\ndata: {}\n\n"
+
+
+def _parse_sse(stream: bytes) -> list[tuple[str | None, str]]:
+    """The events of an SSE stream as the HTML spec reads them: (id, data)."""
+    out: list[tuple[str | None, str]] = []
+    eid, data = None, []
+    for line in stream.decode().replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        if line == "":
+            if data:
+                out.append((eid, "\n".join(data)))
+            eid, data = None, []
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            data.append(value)
+        elif name == "id":
+            eid = value
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1), min_size=1, max_size=5))
+def test_events_read_back_as_the_frames_sent(frames: list[str]) -> None:
+    """Whatever the frame holds (line breaks of any kind in raw args), a reader
+    gets it back whole, one event per frame, line breaks as ``\\n``."""
+    raw = [f.encode() for f in frames]
+    stream = b"".join(event(i + 1, f) for i, f in enumerate(raw)) + comment()
+    assert _parse_sse(stream) == [(str(i + 1), b"\n".join(f.splitlines()).decode()) for i, f in enumerate(raw)]
