@@ -85,6 +85,14 @@ class Fallback:
         self.context = context
         #: open sessions by id (a session leaves when it ends)
         self.sessions: dict[str, SessionConn] = {}
+        #: the TCP connections of the fallback (requests being read or answered, streams)
+        self.wires: set[HttpWire] = set()
+
+    def abort(self) -> None:
+        """Drop every fallback connection now (the server stops): a request
+        still being read would otherwise hold the listener open."""
+        for wire in list(self.wires):
+            wire.abort()
 
     # taking a connection over ---------------------------------------------------------
 
@@ -296,6 +304,7 @@ class HttpWire(asyncio.Protocol):
         #: a request waiting for auth keys
         self.task: asyncio.Task[None] | None = None
         self.closed = False
+        fallback.wires.add(self)
 
     # asyncio.Protocol ---------------------------------------------------------------
 
@@ -318,6 +327,7 @@ class HttpWire(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.fallback.wires.discard(self)
         self._cancel_timer()
         if self._write_timer is not None:
             self._write_timer.cancel()

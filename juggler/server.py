@@ -251,6 +251,8 @@ class Server(ServiceBase):
         conns = list(self.conns)
         for c in conns:
             c.close(1001, "server shutting down")
+        if self.fallback is not None:
+            self.fallback.abort()  # fallback requests still being read (sessions are in conns)
         if conns:
             waits = [asyncio.ensure_future(c.wait_closed()) for c in conns]
             await self._until(asyncio.gather(*waits), self.config.close_timeout)
@@ -278,6 +280,8 @@ class Server(ServiceBase):
             self._server.close()
         for c in list(self.conns):
             c.abort()
+        if self.fallback is not None:
+            self.fallback.abort()
 
     async def _until(self, aw: Any, timeout: float) -> None:
         """Wait for `aw` for up to `timeout` s, or until :meth:`abort`."""

@@ -402,3 +402,18 @@ async def test_keepalive_over_sse_and_drain(redis_url: str) -> None:
                 assert json.loads(data)["code"] == 1001
                 break
         assert server.stats.closed["shutdown"] == 1 and not server.fallback.sessions  # type: ignore[union-attr]
+
+
+async def test_a_request_half_read_does_not_hold_the_shutdown(redis_url: str) -> None:
+    async with stack(redis_url, handshake_timeout=30.0) as (server, _http):
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(f"POST {server.config.path}/send?session={'A' * 32} HTTP/1.1\r\nContent-Length: 10\r\n\r\nab".encode())
+        await writer.drain()
+        fallback = server.fallback
+        assert fallback is not None
+        await wait_until(lambda: len(fallback.wires) == 1, what="the request taken by the fallback")
+        async with asyncio.timeout(T):
+            await server.drain(timeout=0)
+            assert await reader.read() == b""  # dropped, not left until handshake_timeout
+        writer.close()
+        assert not fallback.wires
