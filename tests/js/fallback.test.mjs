@@ -27,6 +27,8 @@ const T = 15000; // ms: every wait of this file
 
 let a, b, lb, lbPort, lbFile, browser;
 const lbOutput = [];
+const clients = []; // closed in after(), also when a test fails midway (their timers would keep Node alive)
+const LIMIT = { timeout: 60000 }; // a test that fails by waiting for ever fails in time instead
 
 function balancerToml(denyUpgrades) {
   const deny = denyUpgrades
@@ -71,6 +73,7 @@ before(async () => {
 });
 
 after(async () => {
+  for (const c of clients) c.close();
   if (browser) await browser.close();
   if (lb && lb.exitCode === null) {
     const gone = new Promise((r) => lb.once("exit", r));
@@ -113,7 +116,7 @@ function cookieFetch() {
   };
 }
 
-test("Chromium falls back to SSE behind a proxy refusing websockets, then goes back to the websocket", async () => {
+test("Chromium falls back to SSE behind a proxy refusing websockets, then goes back to the websocket", LIMIT, async () => {
   const page = await browser.newPage();
   page.setDefaultTimeout(T);
   const problems = [];
@@ -170,10 +173,12 @@ test("Chromium falls back to SSE behind a proxy refusing websockets, then goes b
   }
 });
 
-test("in Node, a refused websocket falls back too; only the fallback when asked", async () => {
+test("in Node, a refused websocket falls back too; only the fallback when asked", LIMIT, async () => {
   const url = `ws://127.0.0.1:${lbPort}/ws`;
+  // without the cookie, the POSTs would go round robin and half of them find no session (404)
   const fetchWithCookies = cookieFetch();
   const c = await Juggler.connect(url, { WebSocket, fetch: fetchWithCookies, websocketRetry: 0, initialDelay: 50 });
+  clients.push(c);
   try {
     assert.equal(c.transport, "sse");
     const got = [];
@@ -191,6 +196,7 @@ test("in Node, a refused websocket falls back too; only the fallback when asked"
   }
   // straight to a server, the fallback alone
   const only = await Juggler.connect(a.wsUrl, { transports: ["sse"] });
+  clients.push(only);
   try {
     assert.equal(only.transport, "sse");
     assert.equal(await only.call("test.echo", "sse only", { timeout: 5000 }), "sse only");
