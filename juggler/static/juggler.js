@@ -456,6 +456,12 @@ export class Juggler extends EventTarget {
     return u.toString();
   }
 
+  // a message goes out now (else it is queued): open, and not switching transports
+  // (while the websocket that replaces the fallback opens, the state stays "open")
+  _canSend() {
+    return this._state === "open" && this._ws !== null && this._ws.readyState === 1;
+  }
+
   _setState(state, extra = {}) {
     if (this._state === state) return;
     this._state = state;
@@ -737,7 +743,7 @@ export class Juggler extends EventTarget {
       const p = { type, payload, frame, what, resolve, reject, sent: false, timer: null, ...extra };
       p.timer = setTimeout(() => this._expire(id), ms);
       this._pending.set(id, p);
-      if (this._state === "open" && this._ws) {
+      if (this._canSend()) {
         this._transmit(id, p);
       } else if (this._queue.length >= this.options.maxQueue) {
         this._settle(id, p, new JugglerError(`send queue full (${this.options.maxQueue} messages)`));
@@ -827,14 +833,14 @@ export class Juggler extends EventTarget {
       });
       sub.ready.catch(() => {});
       this._subs.set(key, sub);
-      if (this._state === "open" && this._ws) this._sendSub(sub);
+      if (this._canSend()) this._sendSub(sub);
     }
     const entry = { handler, onJoin, onLeave };
     sub.handlers.add(entry);
     if (notices && !sub.joinLeave) {
       // a subscription made without asking for the notices: ask now
       sub.joinLeave = true;
-      if (this._state === "open" && this._ws) this._sendSub(sub);
+      if (this._canSend()) this._sendSub(sub);
     }
     let done = false;
     const unsubscribe = async () => {

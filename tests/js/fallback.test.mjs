@@ -5,10 +5,12 @@
 // in Node falls back to the fallback by itself, subscribes and calls there
 // (every POST reaching the server that holds its stream: the sticky cookie),
 // then, once the balancer is reloaded without the rule, goes back to the
-// websocket and keeps its subscriptions.
+// websocket and keeps its subscriptions. And an event stream cut on the way
+// is reopened within the server's grace, without losing an event.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { mkdtempSync, writeFileSync } from "node:fs";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
@@ -205,3 +207,59 @@ test("in Node, a refused websocket falls back too; only the fallback when asked"
   }
   assert.throws(() => new Juggler(a.wsUrl, { transports: ["carrier-pigeon"] }), RangeError);
 });
+
+/** A TCP proxy to 127.0.0.1:port whose connections can be cut (a proxy dropping long responses). */
+async function cuttableProxy(port) {
+  const socks = new Set();
+  const srv = net.createServer((client) => {
+    const upstream = net.connect(port, "127.0.0.1");
+    for (const [x, y] of [[client, upstream], [upstream, client]]) {
+      socks.add(x);
+      x.pipe(y);
+      const gone = () => {
+        x.destroy();
+        y.destroy();
+        socks.delete(x);
+      };
+      x.on("error", gone);
+      x.on("close", gone);
+    }
+  });
+  const listenPort = await freePort();
+  await new Promise((resolve) => srv.listen(listenPort, "127.0.0.1", resolve));
+  return {
+    port: listenPort,
+    cut() {
+      for (const x of socks) x.destroy();
+    },
+    close() {
+      this.cut();
+      srv.close();
+    },
+  };
+}
+
+test("an event stream cut on the way is reopened within the grace: the session goes on, nothing is missed", LIMIT,
+  async () => {
+    const proxy = await cuttableProxy(a.port);
+    try {
+      const c = await Juggler.connect(`ws://127.0.0.1:${proxy.port}/ws`, { transports: ["sse"] });
+      clients.push(c);
+      const got = [];
+      const unsub = c.subscribe("fb.cut", (args) => got.push(args));
+      await unsub.ready;
+      let lost = 0;
+      c.addEventListener("close", () => (lost += 1));
+      const other = await Juggler.connect(a.wsUrl, { WebSocket });
+      clients.push(other);
+      proxy.cut();
+      for (let i = 0; i < 3; i++) await other.publish("fb.cut", i); // while the stream is down
+      await until(() => got.length === 3, { timeout: T, what: "the events published while the stream was cut" });
+      assert.deepEqual(got, [0, 1, 2]);
+      assert.equal(lost, 0); // the same session: no reconnection, no re-subscription
+      assert.equal(c.state, "open");
+      assert.equal(await c.call("test.echo", "after the cut", { timeout: 5000 }), "after the cut");
+    } finally {
+      proxy.close();
+    }
+  });
