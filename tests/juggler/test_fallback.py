@@ -21,6 +21,7 @@ from juggler.auth import Auth, AuthConfig
 from juggler.client import connect
 from juggler.keepalive import KEEPALIVE
 from juggler.server import Server
+from tests.jwks import JwksServer, SigningKey
 from tests.netutil import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -417,3 +418,29 @@ async def test_a_request_half_read_does_not_hold_the_shutdown(redis_url: str) ->
             assert await reader.read() == b""  # dropped, not left until handshake_timeout
         writer.close()
         assert not fallback.wires
+
+
+async def test_a_token_of_a_key_not_fetched_yet_waits_for_it(redis_url: str) -> None:
+    """JWKS rotated: the request waits for the refetch, as a handshake does, then goes on."""
+    old, new = SigningKey("RS256", kid="k1"), SigningKey("ES256", kid="k2")
+    async with JwksServer([old]) as idp, stack(redis_url) as (server, http):
+        auth = Auth(AuthConfig(jwks_url=idp.url, audience="juggler", issuer="https://idp.test", jwks_refresh=3600,
+                               jwks_min_interval=0))
+        await auth.start()
+        try:
+            server.auth = auth
+            claims = {"sub": "carol", "aud": "juggler", "iss": "https://idp.test", "exp": time.time() + 600}
+            idp.keys = [old, new]
+            fetches = idp.fetches
+            s = Sse(server, http, headers={"Authorization": "Bearer " + new.sign(claims)})
+            await s.open()
+            assert idp.fetches == fetches + 1
+            _, m = msg(CALL, uri="test.echo", args="jwks")
+            assert (await s.post(m))[0] == 204
+            assert (await s.message())["meta"]["type"] == ACK
+            assert (await s.message())["payload"]["args"] == "jwks"
+            wrong = {"Authorization": "Bearer " + new.sign({**claims, "sub": "mallory"})}
+            assert (await s.post(m, headers=wrong))[0] == 403
+            s.drop()
+        finally:
+            await auth.aclose()
