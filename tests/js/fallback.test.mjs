@@ -169,6 +169,17 @@ test("Chromium falls back to SSE behind a proxy refusing websockets, then goes b
     assert.deepEqual(await page.evaluate(() => window.got), [{ n: 1 }, { n: 2 }]);
     assert.deepEqual(problems, []);
     await page.evaluate(() => window.c.close());
+
+    // the demo page, through the same balancer, says which transport it is on
+    await page.goto(`http://127.0.0.1:${lbPort}/`);
+    await page.locator("#state.open").waitFor();
+    assert.equal(await page.locator("#state").textContent(), "open");
+    await setUpgrades(false);
+    await page.reload();
+    await page.locator("#state.open", { hasText: "open (sse)" }).waitFor();
+    // leave the session (close=1): the balancer would otherwise hold the stream of a closed page
+    // until its next write (a keepalive comment, every ping_interval) and its stop would wait for it
+    await page.evaluate(() => window.juggler.close());
   } finally {
     await setUpgrades(false);
     await page.close();
