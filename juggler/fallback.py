@@ -528,13 +528,15 @@ class SessionConn(Conn):
         if self.closed or self._ending:
             return 404, "unknown or expired session\n"
         cfg = self.config
-        if self.session.queued >= cfg.max_pending:
+        lines = [line for line in body.split(b"\n") if line.strip()]
+        if len(lines) > cfg.max_pending:
+            # as a websocket reader pauses at max_pending queued messages, a POST holds no more
+            return 413, f"more than max_pending ({cfg.max_pending}) messages in one POST\n"
+        if self.session.queued + len(lines) > cfg.max_pending:
             self._listener.reject("backpressure")
             return 429, "too many messages queued: retry\n"
         limit = cfg.read_limit
-        for line in body.split(b"\n"):
-            if not line.strip():
-                continue
+        for line in lines:
             if limit and len(line) > limit:
                 self._set_reason("too_big")
                 self.stats.protocol_errors += 1

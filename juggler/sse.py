@@ -67,7 +67,7 @@ def sniff(data: bytes, path: str) -> bool | None:
     if len(parts) < 2:
         return False
     target = parts[1].split(b"?", 1)[0]
-    prefix = path.encode()
+    prefix = path.rstrip("/").encode()  # path "/": "/sse" and "/send"
     return target == prefix + b"/sse" or target == prefix + b"/send"
 
 

@@ -160,6 +160,7 @@ const DEFAULTS = Object.freeze({
 });
 
 const TRANSPORTS = ["websocket", "sse"];
+const FALLBACK_BATCH = 100; // messages in one POST of the fallback, at most
 
 // the HTTP fallback ---------------------------------------------------------------
 
@@ -316,8 +317,8 @@ class FallbackSocket {
   async _pump() {
     if (this._posting || !this._out.length || this._done) return;
     this._posting = true;
-    const lines = this._out;
-    this._out = [];
+    // at most FALLBACK_BATCH messages a POST (the server takes up to its max_pending, 1024 by default)
+    const lines = this._out.splice(0, FALLBACK_BATCH);
     let res;
     try {
       res = await this._fetch(this._url("send", { session: this._session }), this._request({

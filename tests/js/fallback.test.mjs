@@ -197,8 +197,8 @@ test("in Node, a refused websocket falls back too; only the fallback when asked"
     const got = [];
     const unsub = c.subscribe("fb.node", (args) => got.push(args));
     await unsub.ready;
-    const words = Array.from({ length: 20 }, (_, i) => `w${i}`);
-    // concurrent calls: the client keeps one POST in flight and batches the rest
+    const words = Array.from({ length: 250 }, (_, i) => `w${i}`);
+    // concurrent calls: the client keeps one POST in flight and batches the rest, 100 a POST at most
     const results = await Promise.all(words.map((w) => c.call("test.reverse", w, { timeout: 5000 })));
     assert.deepEqual(results, words.map((w) => [...w].reverse().join("")));
     await c.publish("fb.node", "hi");

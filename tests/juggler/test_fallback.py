@@ -204,7 +204,7 @@ async def test_sessions_are_unguessable_and_checked(redis_url: str) -> None:
 
 
 async def test_hostile_input_ends_only_its_session(redis_url: str) -> None:
-    async with stack(redis_url, read_limit=1000, fallback_max_body=4000) as (server, http):
+    async with stack(redis_url, read_limit=1000, fallback_max_body=4000, max_pending=8) as (server, http):
         # a body over fallback_max_body: 413, the session goes on
         s = Sse(server, http)
         await s.open()
@@ -214,6 +214,9 @@ async def test_hostile_input_ends_only_its_session(redis_url: str) -> None:
         assert (await s.post(m))[0] == 204
         assert (await s.message())["meta"]["type"] == ACK
         assert (await s.message())["payload"]["args"] == "still here"
+        # more messages in one POST than max_pending: 413, the session goes on
+        status, text = await s.post(*[m] * 9)
+        assert status == 413 and "max_pending" in text
         # one message over read_limit: 413 and the session closes with 1009, as a websocket would
         status, text = await s.post('{"meta":' + " " * 1200 + "}")
         assert status == 413 and "read_limit" in text

@@ -118,6 +118,8 @@ def test_sniff() -> None:
     assert sniff(b"GARBAGE\n", "/ws") is False
     assert sniff(b"GET /ws/s", "/ws") is None
     assert sniff(b"A" * MAX_HEAD, "/ws") is False
+    assert sniff(b"GET /sse HTTP/1.1\r\n", "/") is True  # websocket path "/": no "//sse"
+    assert sniff(b"GET /ws/sse HTTP/1.1\r\n", "/ws/") is True
 
 
 def test_events() -> None:
