@@ -23,6 +23,8 @@ section; unknown keys are errors (a typo must not be silently ignored)::
     max_subscriptions = 1000    # channels + patterns per connection (more: NACK 500), 0 = none
     max_write_buffer = 16777216 # bytes buffered per connection before it is closed
     close_timeout = 5           # seconds to drain connections at shutdown
+    fallback = true             # the HTTP fallback (path + "/sse", path + "/send") for blocked websockets
+    fallback_grace = 10         # seconds a fallback session waits for its dropped event stream to reopen
 
     [redis]                      # present = use Redis instead of the in-memory broker
     url = "redis://127.0.0.1:6379/0"
@@ -139,6 +141,15 @@ class ServerConfig:
     #: write events to subscribers natively (one frame built per event, one write per connection);
     #: false writes each through Python (slower; for comparison)
     native_fanout: bool = True
+    #: serve the HTTP fallback transport (``<path>/sse`` down, ``<path>/send`` up) for clients
+    #: whose websockets a proxy refuses
+    fallback: bool = True
+    #: seconds a fallback session outlives its dropped event stream (a reopened one resumes it); 0 = none
+    fallback_grace: float = 10.0
+    #: events a fallback session keeps for a reopened stream (fewer missed than this: replayed)
+    fallback_replay: int = 1024
+    #: max bytes of one fallback POST body (larger: 413)
+    fallback_max_body: int = 1 << 20
     #: PEM certificate chain: serve wss:// (and the HTTP pages over https) instead of ws://
     tls_cert: str | None = None
     #: PEM private key of ``tls_cert``
@@ -190,6 +201,12 @@ class ServerConfig:
             raise ValueError("max_pending must be >= 1")
         if self.max_concurrent_messages < 1:
             raise ValueError("max_concurrent_messages must be >= 1")
+        if not (math.isfinite(self.fallback_grace) and self.fallback_grace >= 0):
+            raise ValueError("fallback_grace must be a number of seconds >= 0")
+        if self.fallback_replay < 0:
+            raise ValueError("fallback_replay must be >= 0")
+        if self.fallback_max_body < 1:
+            raise ValueError("fallback_max_body must be >= 1")
 
     @property
     def listen(self) -> str:

@@ -152,6 +152,8 @@ class Conn(asyncio.Protocol):
         self.inflight = 0
         #: this connection's expiring tokens (juggler.refreshing.ConnExpiry), when the server times them
         self.expiry: Any = None
+        #: the first bytes, until the fallback (context.fallback) says whether the request is its own
+        self._sniffing: bytes | None = b"" if context.fallback is not None else None
 
     def __repr__(self) -> str:
         return f"<Conn {self.id} {self.remote} {self.state.value}>"
@@ -209,6 +211,12 @@ class Conn(asyncio.Protocol):
             return
         if self.state is ConnState.CLOSED:
             return
+        if self._sniffing is not None:  # an HTTP fallback request (juggler.fallback) is not ours
+            data = self._sniffing + data
+            taken = self.context.fallback.sniff(self, data)
+            self._sniffing = data if taken is None else None
+            if taken is not False:
+                return
         self._last_read = self.loop.time()
         ws = self.ws
         for ev in ws.receive_data(data):
@@ -448,8 +456,7 @@ class Conn(asyncio.Protocol):
         self._keepalive_at(ka.next_tick(self._last_message))
 
     def _count_keepalive(self) -> None:
-        ext = self.stats.extensions_written
-        ext[_KEEPALIVE] = ext.get(_KEEPALIVE, 0) + 1
+        self.stats.wrote(_KEEPALIVE)
 
     def _keepalive_at(self, when: float | None) -> None:
         self._timer = None if when is None else self.loop.call_at(when, self._keepalive_tick)
@@ -729,10 +736,9 @@ class Conn(asyncio.Protocol):
             return False
         ws.send_text(frame)
         try:
-            self.stats.written[msg_type] += 1
+            self.stats.written[msg_type] += 1  # inline: the hot path
         except IndexError:  # an extension message (juggler.extensions)
-            ext = self.stats.extensions_written
-            ext[msg_type] = ext.get(msg_type, 0) + 1
+            self.stats.wrote(msg_type)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)

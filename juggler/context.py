@@ -93,3 +93,6 @@ class ConnContext:
     proxies: Any = None
     #: times tokens on live connections, checks subscription tokens (juggler.refreshing.TokenRefresh)
     refresh: Any = None
+    #: the HTTP fallback transport (juggler.fallback.Fallback): takes the connections whose
+    #: first request is for ``<path>/sse`` or ``<path>/send``; None: not served
+    fallback: Any = None

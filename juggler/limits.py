@@ -23,6 +23,9 @@ __all__ = ["REASONS", "TokenBucket"]
 REASONS = (
     "max_connections", "draining", "unauthenticated", "origin", "unauthorized", "forbidden",
     "rate_limited", "inflight_limit", "subscription_limit", "slow_consumer", "write_timeout",
+    # the HTTP fallback (juggler.fallback): a POST or reopened stream for no live session, a POST
+    # to a session with max_pending messages queued (429)
+    "unknown_session", "backpressure",
 )
 
 

@@ -69,6 +69,14 @@ class ServerStats:
     recoveries: dict[str, int] = field(default_factory=dict)  # SUBs with since, by outcome
     history_gaps: dict[str, int] = field(default_factory=dict)  # live gaps, by outcome (filled / lost)
 
+    def wrote(self, msg_type: int) -> None:
+        """One server message written: juggler.0's by type, extension messages apart."""
+        try:
+            self.written[msg_type] += 1
+        except IndexError:
+            ext = self.extensions_written
+            ext[msg_type] = ext.get(msg_type, 0) + 1
+
 
 class StatsCollector(Collector):
     """Exposes a ServerStats plus the broker's (and callee's) expiry counters."""

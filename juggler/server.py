@@ -65,6 +65,7 @@ from juggler.http import http_response
 from juggler.config import ServerConfig
 from juggler.conn import Conn, ConnContext, ConnState, Handler, Middleware
 from juggler.extensions import ExtensionHandler
+from juggler.fallback import Fallback
 from juggler.metrics import ServerStats
 from juggler.pending import PendingCalls
 from juggler.static_files import StaticSite
@@ -150,12 +151,15 @@ class Server(ServiceBase):
         #: registered here makes connections accept that type (juggler.extensions)
         self.extensions: dict[int, ExtensionHandler] = {}
         install_client_requests(self)  # HISTORY/PRESENCE, where a [[channels]] rule allows them
+        #: the HTTP fallback transport (SSE down, POST up), unless ``fallback = false``
+        self.fallback = Fallback(lambda: self.conn_context) if self.config.fallback else None
         #: what each connection is handed: all it knows of this server
         self.conn_context = ConnContext(
             config=self.config, stats=self.stats, broker=self.broker, pubsub=self.pubsub,
             pending=self._pending, listener=_Listener(self), chain_in=chain_in, chain_out=chain_out,
             http=self._answer_http, auth=auth, subscriptions=self.subscriptions, extensions=self.extensions,
             proxies=proxies,  # the application's backend (juggler.proxy.ProxySet; the caller starts it)
+            fallback=self.fallback,
         )
         self._server: asyncio.AbstractServer | None = None
         self._closed: asyncio.Event | None = None
@@ -256,6 +260,8 @@ class Server(ServiceBase):
         conns = list(self.conns)
         for c in conns:
             c.close(1001, "server shutting down")
+        if self.fallback is not None:
+            self.fallback.abort()  # fallback requests still being read (sessions are in conns)
         if conns:
             waits = [asyncio.ensure_future(c.wait_closed()) for c in conns]
             await self._until(asyncio.gather(*waits), self.config.close_timeout)
@@ -283,6 +289,8 @@ class Server(ServiceBase):
             self._server.close()
         for c in list(self.conns):
             c.abort()
+        if self.fallback is not None:
+            self.fallback.abort()
 
     async def _until(self, aw: Any, timeout: float) -> None:
         """Wait for `aw` for up to `timeout` s, or until :meth:`abort`."""

@@ -13,7 +13,8 @@ has an exact ``Content-Type`` with ``X-Content-Type-Options: nosniff``, an
 revalidate, so an upgraded server is picked up at once). HEAD gets the GET
 headers without the body.
 
-Routes: ``/juggler.js`` and ``/juggler.d.ts`` always; with ``demo=True`` also
+Routes: ``/juggler.js`` (with ``/protocol.js`` and ``/fallback.js``, which it
+imports) and ``/juggler.d.ts`` always; with ``demo=True`` also
 ``/`` (``index.html``), the page's assets and ``/stats.json`` (a snapshot of the
 server counters for the page's live chart).
 """
@@ -37,7 +38,8 @@ __all__ = ["STATIC_DIR", "StaticSite", "content_type", "stats_snapshot"]
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 #: always served (the client library)
-LIBRARY = ("juggler.js", "juggler.d.ts")
+#: the browser client: juggler.js imports the other two modules (relative URLs)
+LIBRARY = ("juggler.js", "protocol.js", "fallback.js", "juggler.d.ts")
 
 _TYPES = {
     ".js": "text/javascript; charset=utf-8",

@@ -53,11 +53,13 @@ for (;;) {
 }
 window.juggler = client; // for the console (and the page's tests)
 const setState = (s) => {
-  $("state").textContent = s;
+  // over the HTTP fallback (a proxy refused the websocket), the pill says so
+  $("state").textContent = s === "open" && client.transport !== "websocket" ? `open (${client.transport})` : s;
   $("state").className = "pill " + s;
 };
 setState(client.state);
 client.addEventListener("statechange", (ev) => setState(ev.detail.state));
+client.addEventListener("open", () => setState(client.state)); // also after switching transports
 
 // calls -------------------------------------------------------------------------------
 

@@ -117,6 +117,25 @@ export interface ConnectOptions {
    * the "publication" event (CustomEvent<JugglerEvent>).
    */
   onServerPublication?: EventHandler;
+  /**
+   * The transports to use, in order of preference. Default `["websocket", "sse"]`:
+   * when the websocket is refused (a proxy's 403) or swallowed (no open within
+   * `websocketTimeout`), the client goes on at once over the server's HTTP
+   * fallback (an SSE stream down, POSTs up, at `<url>/sse` and `<url>/send` over
+   * http(s)), and goes back to the websocket when it can. `["sse"]`: the
+   * fallback only; `["websocket"]`: never the fallback.
+   */
+  transports?: Transport[];
+  /** Max ms of a websocket attempt when a fallback follows it (else `connectTimeout`). Default 5000. */
+  websocketTimeout?: number;
+  /**
+   * On the fallback, try the websocket again this often (ms), and switch back to
+   * it once it opens and no answer is outstanding (subscriptions are restored,
+   * with recovery, as on a reconnect). 0: never. Default 30000.
+   */
+  websocketRetry?: number;
+  /** The fetch of the fallback. Default `globalThis.fetch` (with credentials: the balancer's sticky cookie). */
+  fetch?: typeof fetch;
 }
 
 export interface HistoryOptions {
@@ -145,6 +164,9 @@ export interface HistoryResult {
   /** With `since`: whether every publication after it is there (false: none is given; reload). */
   recovered?: boolean;
 }
+
+/** "websocket", or "sse": the server's HTTP fallback (SSE down, POST up). */
+export type Transport = "websocket" | "sse";
 
 export interface CallOptions {
   /** Milliseconds to wait for the result (sent to the server in ns). Default: the client's `timeout`. */
@@ -251,9 +273,10 @@ export interface StateChangeDetail {
  * published while it was away. Events: "statechange" (CustomEvent<StateChangeDetail>),
  * "open", "close", "error" (CustomEvent<{error: unknown}>), "publication"
  * (CustomEvent<JugglerEvent>: an event of a server-side subscription), "unrecovered"
- * (CustomEvent<{channel: string}>: events of that channel were lost; reload its state)
- * and "subscriptionend" (CustomEvent<{channel: string, pattern: boolean}>: the server
- * ended a private subscription whose token was not renewed in time).
+ * (CustomEvent<{channel: string}>: events of that channel were lost; reload its state),
+ * "subscriptionend" (CustomEvent<{channel: string, pattern: boolean}>: the server
+ * ended a private subscription whose token was not renewed in time) and "fallback"
+ * (CustomEvent<{transport: Transport, error: unknown}>: a transport failed, the next one is tried).
  */
 export declare class Juggler extends EventTarget {
   /** Resolves once connected; rejects with ConnectionClosedError if the first attempt fails. */
@@ -262,6 +285,8 @@ export declare class Juggler extends EventTarget {
   /** The URL dialled: the one given, with the query parameters of `keepalive` and `headersAsQuery`. */
   readonly url: string;
   readonly state: State;
+  /** The transport in use (or being tried). */
+  readonly transport: Transport;
   /**
    * Call `uri`. Resolves with the result — a callee error is a result too:
    * `{error: {message}}`. Rejects with NackError, ExpiredError,

@@ -28,93 +28,23 @@
 //   the client asks the server for KEEPALIVE messages; once one said the
 //   interval, nothing received for interval + `keepaliveGrace` ms means the
 //   server is gone: the connection is dropped and reconnected like any other.
-// - Tokens (`getToken: async () => token`): asked before every connection
-//   (sent as `?token=`, or the Authorization header when headers can be sent)
-//   and whenever the server says the connection's token expires (EXPIRING=258,
-//   asked for with juggler-refresh=1): the new one goes out as REFRESH=257.
-//   `getSubscriptionToken: async (channel) => token | null` gives each SUB's
-//   subscription token (private channels) and renews it (SUB_REFRESH=259).
-//   A subscription the server ended (its token expired) is dropped with a
-//   "subscriptionend" event (detail: {channel, pattern}).
-// - Server-side subscriptions (channels the server subscribed this connection
-//   to: the token's `channels` claim, the server API's subscribe) bring EVNTs
-//   of channels never subscribe()d: they go to `options.onServerPublication(args,
-//   event)` and to the "publication" event (detail: the event).
-// - history(channel, {limit, since}) and presence(channel): the HISTORY and
-//   PRESENCE requests, where the server lets clients make them.
+// - Tokens (getToken, getSubscriptionToken), server-side subscriptions
+//   (onServerPublication), history() and presence(), and the HTTP fallback
+//   (transports, in fallback.js): the manual's "Browser client" page.
 // Types: juggler.d.ts next to this file.
 
-const CALL = 1, PUB = 2, SUB = 3, UNSB = 4, NACK = 7, ACK = 8, RES = 9, EVNT = 10, KEEPALIVE = 256;
-// the server's answer to an extension request (types 256 and above): {for, for_type, result}
-const REPLY = 262;
-// token refresh: a new connection token (c→s), "your token expires" (s→c), a new subscription token (c→s)
-const REFRESH = 257, EXPIRING = 258, SUB_REFRESH = 259;
-// client requests for a channel's history and presence (answered with REPLY where the server allows them)
-const HISTORY = 260, PRESENCE = 261;
-export const SUBPROTOCOL = "juggler.0";
-export const MessageType = Object.freeze({
-  CALL, PUB, SUB, UNSB, NACK, ACK, RES, EVNT, KEEPALIVE, REFRESH, EXPIRING, SUB_REFRESH, HISTORY, PRESENCE, REPLY,
-});
-// the query parameter that asks the server for EXPIRING messages
-const REFRESH_QUERY = "juggler-refresh";
-// the query parameter that asks the server for KEEPALIVE messages (browsers cannot send headers)
-const KEEPALIVE_QUERY = "juggler-keepalive";
+import { FallbackSocket } from "./fallback.js";
+import {
+  ACK, CALL, EVNT, EXPIRING, HISTORY, KEEPALIVE, KEEPALIVE_QUERY, NACK, PRESENCE, PUB, REFRESH, REFRESH_QUERY,
+  REPLY, RES, SUB, SUB_REFRESH, SUBPROTOCOL, UNSB, keepaliveInterval, uuid4,
+  ConnectionClosedError, ConnectionLostError, ExpiredError, JugglerError, NackError,
+} from "./protocol.js";
 
-// errors ----------------------------------------------------------------------
-
-/** Root of every error this module raises. */
-export class JugglerError extends Error {
-  constructor(message, options) {
-    super(message, options);
-    this.name = new.target.name;
-  }
-}
-
-/** The server refused a message (NACK): `code` (500 = broker error, 401/403 …), `message`. */
-export class NackError extends JugglerError {
-  constructor(payload) {
-    super(`NACK ${payload.code}: ${payload.message}`);
-    this.code = payload.code;
-    this.serverMessage = payload.message;
-    this.forType = payload.for_type;
-    this.for = payload.for;
-    this.uri = payload.uri;
-    this.channel = payload.channel;
-  }
-}
-
-/**
- * No answer within the timeout (the original client's local "EXP"): a call got
- * no RES, or a publish/subscribe/unsubscribe no ACK. A late answer is ignored.
- */
-export class ExpiredError extends JugglerError {
-  constructor(what, timeout, uuid) {
-    super(`${what}: no answer after ${timeout} ms`);
-    this.timeout = timeout;
-    this.uuid = uuid;
-  }
-}
-
-/** The connection dropped while a message was in flight (it may or may not have run). */
-export class ConnectionLostError extends JugglerError {}
-
-/** The client was closed (close()), or could not connect at all. */
-export class ConnectionClosedError extends JugglerError {}
+export {
+  ConnectionClosedError, ConnectionLostError, ExpiredError, JugglerError, MessageType, NackError, SUBPROTOCOL,
+} from "./protocol.js";
 
 // helpers ---------------------------------------------------------------------
-
-function uuid4() {
-  const c = globalThis.crypto;
-  // randomUUID only exists in secure contexts; getRandomValues everywhere
-  if (c && typeof c.randomUUID === "function") return c.randomUUID();
-  const b = new Uint8Array(16);
-  if (c && typeof c.getRandomValues === "function") c.getRandomValues(b);
-  else for (let i = 0; i < 16; i++) b[i] = Math.floor(Math.random() * 256); // ids need uniqueness, not secrecy
-  b[6] = (b[6] & 0x0f) | 0x40;
-  b[8] = (b[8] & 0x3f) | 0x80;
-  const h = Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
-  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
-}
 
 // CustomEvent is global in browsers and Node >= 19
 const CustomEvent =
@@ -133,12 +63,6 @@ const clock =
   globalThis.performance && typeof globalThis.performance.now === "function"
     ? () => globalThis.performance.now()
     : () => Date.now();
-
-// the interval (ms) a KEEPALIVE's payload announces, or 0 when it has no usable one
-function keepaliveInterval(pl) {
-  const ms = pl && pl.interval_ms;
-  return Number.isSafeInteger(ms) && ms > 0 ? ms : 0;
-}
 
 // Forget a socket. Its error handler stays: with the `ws` package an 'error'
 // without a listener (e.g. closing a socket that is still connecting) would
@@ -174,15 +98,12 @@ const DEFAULTS = Object.freeze({
   getToken: null, // async () => the connection's token: at every connection and when it expires
   getSubscriptionToken: null, // async (channel) => a private channel's subscription token, or null
   tokenParam: "token", // the query parameter carrying the token when headers cannot be sent
+  transports: ["websocket", "sse"], // in order of preference: the next one is tried when one fails
+  websocketTimeout: 5000, // ms a websocket attempt may take when a fallback follows it (a proxy that swallows it)
+  websocketRetry: 30000, // ms between attempts to go back to the websocket while on the fallback; 0: never
 });
 
-// the client --------------------------------------------------------------------
-
-/**
- * A juggler.0 connection that reconnects by itself. Create it with
- * `await Juggler.connect(url, options)`. It is an EventTarget: "statechange"
- * (detail: {state, attempt, delay}), "open", "close", "error" (detail: {error}).
- */
+const TRANSPORTS = ["websocket", "sse"];
 export class Juggler extends EventTarget {
   /** Connect; resolves once the first connection is open (rejects if it fails). */
   static async connect(url, options = {}) {
@@ -196,7 +117,13 @@ export class Juggler extends EventTarget {
     this.options = { ...DEFAULTS, ...options };
     const o = this.options;
     this._WebSocket = o.WebSocket || globalThis.WebSocket;
-    if (typeof this._WebSocket !== "function") {
+    const transports = [].concat(o.transports);
+    if (!transports.length || transports.some((t) => !TRANSPORTS.includes(t))) {
+      throw new RangeError(`transports must be a non-empty list of ${TRANSPORTS.join(", ")}, got ${o.transports}`);
+    }
+    this._transports = transports;
+    this._ti = 0; // the transport in use (or being tried): an index into _transports
+    if (transports.includes("websocket") && typeof this._WebSocket !== "function") {
       throw new TypeError("no WebSocket in this runtime: pass options.WebSocket (e.g. the `ws` package)");
     }
     if (!(Number.isFinite(o.keepaliveGrace) && o.keepaliveGrace > 0)) {
@@ -230,6 +157,11 @@ export class Juggler extends EventTarget {
     this._open();
   }
 
+  /** The transport in use, or being tried: "websocket" | "sse". */
+  get transport() {
+    return this._transports[this._ti];
+  }
+
   /** "connecting" | "open" | "reconnecting" | "closed". */
   get state() {
     return this._state;
@@ -254,6 +186,12 @@ export class Juggler extends EventTarget {
     return u.toString();
   }
 
+  // a message goes out now (else it is queued): open, and not switching transports
+  // (while the websocket that replaces the fallback opens, the state stays "open")
+  _canSend() {
+    return this._state === "open" && this._ws !== null && this._ws.readyState === 1;
+  }
+
   _setState(state, extra = {}) {
     if (this._state === state) return;
     this._state = state;
@@ -261,6 +199,19 @@ export class Juggler extends EventTarget {
   }
 
   // connection -------------------------------------------------------------------
+
+  _newWebSocket(url = this.url, headers = this._headers) {
+    return this._canSendHeaders
+      ? new this._WebSocket(url, this._protocols, { headers })
+      : new this._WebSocket(url, this._protocols);
+  }
+
+  // the timeout of one attempt: a websocket with a fallback after it gets websocketTimeout
+  _attemptTimeout() {
+    const o = this.options;
+    const fallbackNext = this.transport === "websocket" && this._ti + 1 < this._transports.length;
+    return fallbackNext ? Math.min(o.connectTimeout, o.websocketTimeout) : o.connectTimeout;
+  }
 
   _open() {
     if (this.options.getToken && this._token === undefined) {
@@ -279,9 +230,9 @@ export class Juggler extends EventTarget {
     const [url, headers] = this._withToken();
     let ws;
     try {
-      ws = this._canSendHeaders
-        ? new this._WebSocket(url, this._protocols, { headers })
-        : new this._WebSocket(url, this._protocols);
+      ws = this.transport === "sse"
+        ? new FallbackSocket(url, { headers: this._canSendHeaders ? headers : {}, fetch: this.options.fetch, protocol: SUBPROTOCOL })
+        : this._newWebSocket(url, headers);
     } catch (err) {
       this._failed(err);
       return;
@@ -291,6 +242,7 @@ export class Juggler extends EventTarget {
     // this socket's keepalive: armed by the first KEEPALIVE, which says the server's interval
     const watch = { limit: 0, last: clock(), timer: null, check: null };
     this._watch = watch;
+    const timeout = this._attemptTimeout();
     const guard = setTimeout(() => {
       if (!opened) {
         try {
@@ -298,9 +250,9 @@ export class Juggler extends EventTarget {
         } catch {
           /* ignore */
         }
-        onGone(new JugglerError(`connect timeout after ${this.options.connectTimeout} ms`));
+        onGone(new JugglerError(`connect timeout after ${timeout} ms`));
       }
-    }, this.options.connectTimeout);
+    }, timeout);
     let gone = false;
     const onGone = (err) => {
       clearTimeout(guard);
@@ -352,6 +304,11 @@ export class Juggler extends EventTarget {
     // the URL and headers of one connection: with the token getToken gave for it
     const token = this._token;
     this._token = undefined;
+    return this._tokenized(token);
+  }
+
+  _tokenized(token) {
+    // the URL and headers carrying `token` (none: as given)
     if (token === undefined) return [this.url, this._headers];
     if (this._canSendHeaders) return [this.url, { ...this._headers, Authorization: `Bearer ${token}` }];
     const u = new URL(this.url);
@@ -374,6 +331,7 @@ export class Juggler extends EventTarget {
 
   _opened() {
     this._attempt = 0;
+    if (this._ti > 0) this._scheduleProbe();
     this._setState("open");
     this.dispatchEvent(new Event("open"));
     // restore subscriptions first, then whatever waited for the connection
@@ -391,7 +349,14 @@ export class Juggler extends EventTarget {
   }
 
   _failed(err) {
-    // a connection attempt failed
+    // a connection attempt failed: the next transport at once, if there is one
+    if (this._ti + 1 < this._transports.length && !this._closedByUser) {
+      this._ti += 1;
+      this.dispatchEvent(new CustomEvent("fallback", { detail: { transport: this.transport, error: err } }));
+      this._open();
+      return;
+    }
+    this._ti = 0; // every transport failed: the next attempt starts again from the first
     if (this._rejectFirst) {
       // the first connection: report it to connect() rather than retrying blindly
       const reject = this._rejectFirst;
@@ -434,10 +399,87 @@ export class Juggler extends EventTarget {
     }, delay);
   }
 
+  // back to the websocket -------------------------------------------------------------
+
+  _scheduleProbe() {
+    clearTimeout(this._probeTimer);
+    this._probeTimer = null;
+    const every = this.options.websocketRetry;
+    if (every > 0 && this._transports[0] === "websocket") this._probeTimer = setTimeout(() => this._probe(), every);
+  }
+
+  // on the fallback: does a websocket open now? (its own short-lived socket, closed at once)
+  _probe() {
+    this._probeTimer = null;
+    if (this._closedByUser || this._ti === 0 || this._state !== "open") return;
+    if (this.options.getToken) {
+      // the probe needs a token as much as a connection does (else the server's 401 looks like a refusal)
+      Promise.resolve()
+        .then(() => this.options.getToken())
+        .then((token) => this._probeWith(...this._tokenized(String(token))), () => this._scheduleProbe());
+      return;
+    }
+    this._probeWith(this.url, this._headers);
+  }
+
+  _probeWith(url, headers) {
+    if (this._closedByUser || this._ti === 0 || this._state !== "open") return;
+    let ws;
+    try {
+      ws = this._newWebSocket(url, headers);
+    } catch {
+      this._scheduleProbe();
+      return;
+    }
+    let settled = false;
+    const done = (ok) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(t);
+      detach(ws);
+      try {
+        ws.close(1000);
+      } catch {
+        /* ignore */
+      }
+      if (ok) this._upgrade();
+      else this._scheduleProbe();
+    };
+    const t = setTimeout(() => done(false), this.options.websocketTimeout);
+    ws.onopen = () => done(ws.protocol === SUBPROTOCOL || !this._protocols.includes(SUBPROTOCOL));
+    ws.onclose = () => done(false);
+  }
+
+  // the websocket opens again: switch to it once nothing waits for an answer on the fallback
+  _upgrade() {
+    this._upgradeTimer = null;
+    if (this._closedByUser || this._ti === 0 || this._state !== "open" || !this._ws) return;
+    for (const p of this._pending.values()) {
+      if (p.sent) {
+        this._upgradeTimer = setTimeout(() => this._upgrade(), 50);
+        return;
+      }
+    }
+    const old = this._ws;
+    this._ws = null;
+    if (this._watch) clearTimeout(this._watch.timer);
+    detach(old);
+    try {
+      old.close(1000);
+    } catch {
+      /* ignore */
+    }
+    for (const sub of this._subs.values()) sub.acked = false;
+    this._ti = 0;
+    this._open(); // messages made meanwhile are queued; subscriptions are restored with recovery
+  }
+
   /** Close for good: pending calls reject with ConnectionClosedError. Idempotent. */
   close() {
     if (this._closedByUser) return;
     this._closedByUser = true;
+    clearTimeout(this._probeTimer);
+    clearTimeout(this._upgradeTimer);
     const ws = this._ws;
     this._ws = null;
     if (this._watch) clearTimeout(this._watch.timer);
@@ -486,7 +528,7 @@ export class Juggler extends EventTarget {
       const p = { type, payload, frame, what, resolve, reject, sent: false, timer: null, ...extra };
       p.timer = setTimeout(() => this._expire(id), ms);
       this._pending.set(id, p);
-      if (this._state === "open" && this._ws) {
+      if (this._canSend()) {
         this._transmit(id, p);
       } else if (this._queue.length >= this.options.maxQueue) {
         this._settle(id, p, new JugglerError(`send queue full (${this.options.maxQueue} messages)`));
@@ -576,14 +618,14 @@ export class Juggler extends EventTarget {
       });
       sub.ready.catch(() => {});
       this._subs.set(key, sub);
-      if (this._state === "open" && this._ws) this._sendSub(sub);
+      if (this._canSend()) this._sendSub(sub);
     }
     const entry = { handler, onJoin, onLeave };
     sub.handlers.add(entry);
     if (notices && !sub.joinLeave) {
       // a subscription made without asking for the notices: ask now
       sub.joinLeave = true;
-      if (this._state === "open" && this._ws) this._sendSub(sub);
+      if (this._canSend()) this._sendSub(sub);
     }
     let done = false;
     const unsubscribe = async () => {

@@ -58,6 +58,25 @@ async def test_wss_calls_and_https_pages(pki: TestPKI) -> None:
         assert b"juggler" in body
 
 
+async def test_the_http_fallback_over_https(pki: TestPKI) -> None:
+    """The fallback takes its connections over from the TLS transport as from a plain one."""
+    import aiohttp
+
+    async with tls_stack(pki.leaf()) as server:
+        base = local(server.url).replace("wss://", "https://")
+        ctx = ClientTls(ca=str(pki.ca)).context()
+        async with aiohttp.ClientSession() as http, http.get(f"{base}/sse", ssl=ctx) as stream:
+            assert stream.status == 200
+            assert (await stream.content.readline()) == b"event: session\n"
+            sid = (await stream.content.readline()).decode().split('"session":"')[1].split('"')[0]
+            body = '{"meta":{"type":1,"uuid":"9a1c1e9e-8a52-4f0e-9d64-8a3d7e1b2c4f"},"payload":{"uri":"test.echo","args":"tls"}}'
+            async with http.post(f"{base}/send?session={sid}", data=body, ssl=ctx) as r:
+                assert r.status == 204
+            seen = b""
+            while b'"args":"tls"' not in seen:
+                seen += await asyncio.wait_for(stream.content.readline(), 5)
+
+
 @pytest.mark.parametrize("case", ["system store", "wrong host", "plain ws://"])
 async def test_clients_that_cannot_verify_are_refused_clearly(pki: TestPKI, case: str) -> None:
     leaf = pki.leaf("other.test") if case == "wrong host" else pki.leaf()

@@ -53,7 +53,8 @@ def test_content_types() -> None:
 
 def test_library_only_without_demo() -> None:
     site = StaticSite()
-    assert set(site.files) == {"/juggler.js", "/juggler.d.ts"}
+    # the client and the two modules it imports by relative URL
+    assert set(site.files) == {"/juggler.js", "/protocol.js", "/fallback.js", "/juggler.d.ts"}
     assert site.respond(req("/")).status_code == 404
     assert site.respond(req("/stats.json")).status_code == 404
     r = site.respond(req("/juggler.js"))
