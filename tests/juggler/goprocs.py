@@ -91,13 +91,18 @@ def go_callee(redis_url: str) -> Iterator[_Logged]:
 
 
 def go_load(url: str, *args: str, timeout: float = 60) -> str:
-    """Run the original ``juggler-load`` against ``url`` (no server debug
-    vars: ours has none) and return its report."""
+    """Run the original ``juggler-load`` against ``url`` and return its report
+    (pass ``-V`` where the server has no ``/debug/vars`` page)."""
     assert GO_LOAD is not None
-    out = subprocess.run([GO_LOAD, "-addr", url, "-V", *args], check=False, capture_output=True, text=True,
+    out = subprocess.run([GO_LOAD, "-addr", url, *args], check=False, capture_output=True, text=True,
                          timeout=timeout)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout + out.stderr
+
+
+def load_server_diffs(report: str) -> dict[str, int]:
+    """The server counters' differences (after - before) of a report read from /debug/vars."""
+    return {k: int(v) for k, v in re.findall(r"^(\w+):\s+\d+\s+\d+\s+(-?\d+)$", report, re.MULTILINE)}
 
 
 def load_counts(report: str) -> dict[str, int]:

@@ -34,6 +34,7 @@ from goprocs import (
     go_load,
     go_server,
     load_counts,
+    load_server_diffs,
 )
 from jugglerprocs import ROOT, Proc, juggler, juggler_server
 
@@ -103,10 +104,22 @@ def test_go_load_through_our_server_to_the_go_callee_with_pings_and_auth(redis_u
     with go_callee(redis_url), juggler_server(redis_url, "--jwt-secret", SECRET,
                                               "--set", "server.ping_interval=0.2",
                                               "--set", "server.pong_timeout=1") as url:
-        report = go_load(f"{url}?token={_token('load')}", "-c", "4", "-d", "2s", "-r", "50ms", "-p", "5", "-w", "10s")
+        report = go_load(f"{url}?token={_token('load')}", "-V", "-c", "4", "-d", "2s", "-r", "50ms", "-p", "5", "-w", "10s")
     counts = load_counts(report)
     assert counts["Calls"] > 20, report
     assert counts["Results"] == counts["Calls"] == counts["Acks"] and counts["Nacks"] == counts["Expired"] == 0, report
+
+
+@_needs(JUGGLER_GO_LOAD=GO_LOAD, JUGGLER_GO_CALLEE=GO_CALLEE)
+def test_go_load_reads_our_debug_vars_page(redis_url: str) -> None:
+    """Without -V the tool reads the server's /debug/vars before and after
+    its run: with ``debug_vars = true`` ours answers, in the original's names."""
+    with go_callee(redis_url), juggler_server(redis_url, "--set", "server.debug_vars=true") as url:
+        report = go_load(url, "-c", "2", "-d", "1s", "-r", "50ms", "-p", "1")
+    counts, diffs = load_counts(report), load_server_diffs(report)
+    assert counts["Calls"] > 5 and counts["Results"] == counts["Calls"], report
+    assert diffs["MsgsCALL"] == diffs["MsgsACK"] == diffs["MsgsRES"] == counts["Calls"], report
+    assert diffs["TotalConns"] == 2, report
 
 
 @_needs(JUGGLER_GO_LOAD=GO_LOAD)
