@@ -270,3 +270,34 @@ async def test_both_servers_side_by_side(redis_url: str, repls: list[GoRepl]) ->
                 await repl.expect(r'<<< RES  message: \S+ for CALL \S+ \("ours-to-ours"\)')
     finally:
         callee.stop()
+
+
+# What the original client's handshake gets from our server, frame by frame ---------------
+
+
+async def test_a_plain_juggler0_client_sees_only_juggler0_messages(redis_url: str, tmp_path: Path) -> None:
+    """The Go client drops message types it does not know without a word, so
+    its silence proves nothing: this client makes the original's handshake
+    (the subprotocol, no extension header or query, no deflate offer) and
+    checks every frame it gets, through pings, a history channel, server-side
+    subscriptions and token expiry: only NACK/ACK/RES/EVNT, then close 4001."""
+    config = tmp_path / "h.toml"
+    config.write_text('[[channels]]\nmatch = "h.*"\nhistory_size = 10\n')
+    with juggler_server(redis_url, "--jwt-secret", SECRET, "--config", str(config),
+                        "--set", "server.ping_interval=0.2", "--set", "server.pong_timeout=1") as url:
+        token = _token("plain", ttl=3, channels=["h.news"])
+        async with websockets.connect(f"{url}?token={token}", subprotocols=[websockets.Subprotocol("juggler.0")],
+                                      compression=None, open_timeout=5) as ws:
+            assert ws.response is not None and "Sec-WebSocket-Extensions" not in ws.response.headers
+            sub = str(uuid.uuid4())
+            await ws.send(json.dumps({"meta": {"type": 3, "uuid": sub}, "payload": {"channel": "h.own", "pattern": False}}))
+            frames = [json.loads(await asyncio.wait_for(ws.recv(), 5))]  # the ACK: server-side subscriptions in effect
+            async with connect(f"{url}?token={_token('pub')}") as ours:
+                await ours.pub("h.news", "a")
+                await ours.pub("h.own", "b")
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                while True:
+                    frames.append(json.loads(await asyncio.wait_for(ws.recv(), 10)))
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4001
+        assert {f["meta"]["type"] for f in frames} == {8, 10}, frames
+        assert sorted(f["payload"]["args"] for f in frames if f["meta"]["type"] == 10) == ["a", "b"]
