@@ -225,6 +225,25 @@ async def test_our_client_with_its_extension_headers_against_the_go_server(redis
 
 
 @_needs(JUGGLER_GO_SERVER=GO_SERVER)
+async def test_extension_requests_and_sub_options_on_the_go_server(redis_url: str) -> None:
+    """SUB's extension fields (since, join_leave) are ignored by the original
+    (a plain ACK); a HISTORY request, a type it does not know, gets that
+    connection closed at once, a ConnectionClosed rather than a wait, and the
+    server goes on serving the others."""
+    from juggler.errors import ConnectionClosed
+
+    with go_server(redis_url) as url:
+        async with connect(url) as c, connect(url) as other:
+            ack = await c.sub("h.x", since=(0, "some-epoch"), join_leave=True)
+            assert ack["channel"] == "h.x" and "recovered" not in ack and "offset" not in ack
+            started = time.monotonic()
+            with pytest.raises(ConnectionClosed):
+                await c.history("h.x", timeout=10)
+            assert time.monotonic() - started < 5
+            assert await other.sub("still") is not None
+
+
+@_needs(JUGGLER_GO_SERVER=GO_SERVER)
 async def test_the_go_server_declines_a_permessage_deflate_offer(redis_url: str) -> None:
     """A client offering permessage-deflate (as the websockets library does by
     default) gets juggler.0 without compression, and is served."""
