@@ -10,7 +10,7 @@ import { spawn } from "node:child_process";
 import { after, before, describe, test } from "node:test";
 import WebSocket from "ws";
 
-import { Juggler } from "../../juggler/static/juggler.js";
+import { ConnectionLostError, Juggler } from "../../juggler/static/juggler.js";
 import { PYTHON, ROOT, freePort, until, waitForPort } from "./helpers.mjs";
 
 const GO_SERVER = process.env.JUGGLER_GO_SERVER;
@@ -85,5 +85,16 @@ describe("juggler.js against the original Go server", { skip: !GO_SERVER && "JUG
     assert.deepEqual(got.sort(), [["r.x", [1, 2]], ["room", { n: 1 }]]);
     assert.equal(tokens, 1);
     assert.equal(c.state, "open");
+  });
+
+  test("a history request, a type the original does not know, costs a reconnection, not a wait", async () => {
+    const c = await connect();
+    const states = [];
+    c.addEventListener("statechange", (e) => states.push(e.detail.state));
+    const started = Date.now();
+    await assert.rejects(c.history("h.x", { timeout: 10000 }), ConnectionLostError);
+    assert.ok(Date.now() - started < 5000);
+    await until(() => c.state === "open" && states.includes("reconnecting"), { what: "the reconnection" });
+    assert.equal(await c.call("test.echo", "after", { timeout: 5000 }), "after");
   });
 });
