@@ -131,6 +131,17 @@ def test_go_load_is_refused_without_a_token(redis_url: str) -> None:
     assert out.returncode != 0 and "bad handshake" in out.stdout + out.stderr
 
 
+@_needs(JUGGLER_GO_LOAD=GO_LOAD)
+def test_go_load_stops_when_its_token_expires(redis_url: str) -> None:
+    """Closed with 4001 mid-run, the tool stops at its next call and says why
+    (as it stops at any close): its tokens must outlive the run."""
+    with juggler_server(redis_url, "--jwt-secret", SECRET) as url:
+        out = subprocess.run([str(GO_LOAD), "-addr", f"{url}?token={_token('load', ttl=2)}", "-V", "-c", "1",
+                              "-d", "10s", "-r", "50ms", "-u", "no.callee"],
+                             check=False, capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "Call failed: websocket: close 4001: token expired" in out.stdout + out.stderr
+
+
 @_needs(JUGGLER_GO_CLIENT=GO_CLIENT, JUGGLER_GO_CALLEE=GO_CALLEE)
 async def test_go_client_with_a_jwt_channels_claim_and_a_short_token(redis_url: str, repls: list[GoRepl]) -> None:
     """The Go client gets plain EVNTs of the channels its token names (it
