@@ -12,6 +12,7 @@
 - pending.py      calls waiting for their result, expiring on rustext's deadline heap
 - http.py         plain HTTP on the websocket port: /healthz
 - static_files.py plain HTTP on the websocket port: /juggler.js, the demo page, /stats.json
+- debugvars.py    plain HTTP on the websocket port: /debug/vars, the original's counters page
 - auth.py         JWT authentication at the handshake, per-message authorization rules
 - limits.py       per-connection limits (the message-rate token bucket, refusal reasons)
 - config.py       typed options (ServerConfig, AppConfig) and the TOML loader

@@ -25,6 +25,7 @@ section; unknown keys are errors (a typo must not be silently ignored)::
     close_timeout = 5           # seconds to drain connections at shutdown
     fallback = true             # the HTTP fallback (path + "/sse", path + "/send") for blocked websockets
     fallback_grace = 10         # seconds a fallback session waits for its dropped event stream to reopen
+    debug_vars = false          # GET /debug/vars: the original's counters page (for its load tool)
 
     [redis]                      # present = use Redis instead of the in-memory broker
     url = "redis://127.0.0.1:6379/0"
@@ -138,6 +139,9 @@ class ServerConfig:
     drain_timeout: float = 10.0
     #: log one line per connection open and close (with the reason)
     log_connections: bool = True
+    #: answer ``GET /debug/vars`` on the websocket port with the original's counters page
+    #: (juggler.debugvars), which the original load tool reads unless run with ``-V``
+    debug_vars: bool = False
     #: write events to subscribers natively (one frame built per event, one write per connection);
     #: false writes each through Python (slower; for comparison)
     native_fanout: bool = True

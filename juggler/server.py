@@ -68,6 +68,7 @@ from juggler.extensions import ExtensionHandler
 from juggler.fallback import Fallback
 from juggler.metrics import ServerStats
 from juggler.pending import PendingCalls
+from juggler.debugvars import debug_vars_response
 from juggler.static_files import StaticSite
 from juggler.channels import ChannelRules
 from juggler.client_requests import install as install_client_requests
@@ -178,6 +179,8 @@ class Server(ServiceBase):
         """The response to a plain HTTP request on the websocket port: /healthz,
         then the static site; None (404) for anything else."""
         response = http_response(request, draining=self.draining)
+        if response is None and self.config.debug_vars:
+            response = debug_vars_response(request, self.stats, head=head)
         if response is None and self._http is not None:
             response = self._http.respond(request, head=head)
         return response
