@@ -5,10 +5,12 @@ reads :class:`Compression` and decides per response (``encode.rs``)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from balancer.errors import BalancerConfigError
+from rustext.fields import check_fields
 
 #: the codings the balancer produces, in its default order of preference
 CODINGS = ("zstd", "br", "gzip")
@@ -77,14 +79,18 @@ class Compression:
 
 def compression(value: Any, where: str) -> Compression | None:
     """A ``compress`` key's value: ``true`` (the defaults), ``false`` (off), or a table."""
-    from balancer.routing import section
-
     if value is None or isinstance(value, Compression):
         return value
     if value is True:
         return Compression(where=where)
     if value is False:
         return Compression(enabled=False, where=where)
-    if isinstance(value, dict):
-        return section(Compression, value, where)
+    if isinstance(value, Mapping):
+        known = {f.name for f in fields(Compression) if not f.metadata.get("internal")}
+        if unknown := set(value) - known:
+            raise BalancerConfigError(f"unknown key(s) in {where}: {', '.join(sorted(unknown))}")
+        try:
+            return Compression(**check_fields(Compression, value, where), where=where)
+        except ValueError as exc:  # check_fields names the key already
+            raise BalancerConfigError(str(exc)) from exc
     raise BalancerConfigError(f"{where} must be true, false or a table, got {value!r}")

@@ -71,7 +71,6 @@ from typing import Any
 
 from balancer.accesslog import AccessLog
 from balancer.auth import AdminAuth
-from balancer.compression import Compression, compression
 from balancer.checks import (  # noqa: F401  (re-exported: the configuration's own checks)
     PROTOS,
     check_count,
@@ -83,6 +82,7 @@ from balancer.checks import (  # noqa: F401  (re-exported: the configuration's o
     parse_hostport,
     unix_path,
 )
+from balancer.compression import Compression, compression
 from balancer.config_sections import HEALTH_TYPES as HEALTH_TYPES  # noqa: PLC0414  (re-exported, as are the sections)
 from balancer.config_sections import (
     Certificate,

@@ -39,9 +39,8 @@ import dns.exception
 import dns.nameserver
 import dns.resolver
 
-from rustext.net import join_hostport
-
 from balancer.errors import BalancerConfigError
+from rustext.net import join_hostport
 
 log = logging.getLogger("balancer.dns")
 
