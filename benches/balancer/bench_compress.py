@@ -10,6 +10,9 @@ with one worker each:
 - ``nginx-gzip``: a reverse proxy with ``gzip on; gzip_comp_level 6;
   gzip_types text/html …; gzip_proxied any``;
 - ``ours-zstd``: ``[compress] algorithms = ["zstd"]`` (level 3), for scale;
+- ``ours-hyper``: ``[compress]`` for a type the page is not: nothing is
+  compressed, but requests with ``Accept-Encoding`` leave the fast path for
+  hyper's (what the hand-over itself costs);
 - ``ours-plain`` and ``nginx-plain``: the same proxies, no compression.
 
 ``wrk -c10`` (keep-alive) with ``Accept-Encoding: gzip, zstd`` runs against
@@ -42,7 +45,7 @@ from tests.netutil import free_port
 
 SIZE = 32 * 1024
 CONCURRENCY = 10
-SETUPS = ("ours-gzip", "nginx-gzip", "ours-zstd", "ours-plain", "nginx-plain")
+SETUPS = ("ours-gzip", "nginx-gzip", "ours-zstd", "ours-hyper", "ours-plain", "nginx-plain")
 ACCEPT = "Accept-Encoding: gzip, zstd"
 
 
@@ -83,6 +86,8 @@ def start(bench: Bench, setup: str, port: int, backend: int):
             text += '[compress]\nalgorithms = ["gzip"]\ngzip_level = 6\n'
         elif setup == "ours-zstd":
             text += '[compress]\nalgorithms = ["zstd"]\nzstd_level = 3\n'
+        elif setup == "ours-hyper":
+            text += '[compress]\ntypes = ["application/x-not-this"]\n'
         path = os.path.join(bench.dir, f"{setup}.toml")
         with open(path, "w") as f:
             f.write(text)
