@@ -136,6 +136,27 @@ def test_header_edits(lb: Any) -> None:
     assert weak["etag"] == 'W/"v2"' and weak["vary"] == "accept-encoding"
 
 
+def test_http10_client_gets_a_close_delimited_coded_body(lb: Any) -> None:
+    raw = raw_exchange(lb.address[1], b"GET /text?n=9000 HTTP/1.0\r\nAccept-Encoding: gzip\r\n\r\n")
+    status, h, body = split_response(raw)
+    assert status.startswith("HTTP/1.0 200") and h["content-encoding"] == "gzip"
+    assert "transfer-encoding" not in h and "content-length" not in h
+    assert gzip.decompress(body) == text(9000)
+
+
+async def test_aiohttp_client(lb: Any) -> None:
+    aiohttp = pytest.importorskip("aiohttp")
+    url = f"http://127.0.0.1:{lb.address[1]}/text?n=50000&chunked=1"
+    async with aiohttp.ClientSession() as s:
+        for accept in ("gzip", "br"):
+            async with s.get(url, headers={"Accept-Encoding": accept}) as r:
+                assert r.headers["Content-Encoding"] == accept
+                assert await r.read() == text(50000)  # decoded by aiohttp
+        async with s.get(url, headers={"Accept-Encoding": "zstd"}, auto_decompress=False) as r:
+            assert r.headers["Content-Encoding"] == "zstd"
+            assert decode("zstd", await r.read()) == text(50000)
+
+
 def test_curl_decodes_every_coding(lb: Any) -> None:
     assert CURL is not None, "curl is not installed"
     url = f"http://127.0.0.1:{lb.address[1]}/text?n=20000&type=application/json"
