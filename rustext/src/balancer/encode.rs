@@ -242,7 +242,7 @@ pub fn plan(policy: &Policy, asked: Asked, status: StatusCode, headers: &HeaderM
         .get(header::CONTENT_LENGTH)
         .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    if length.is_some_and(|n| n < policy.min_length) {
+    if length.is_some_and(|n| n == 0 || n < policy.min_length) {
         return Plan::Vary; // another (longer) response of the same resource may be compressed
     }
     match asked.coding {

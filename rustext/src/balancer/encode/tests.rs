@@ -113,6 +113,9 @@ fn what_is_never_compressed() {
     assert_eq!(plan(&p, gz, StatusCode::OK, &resp(&[])), Plan::AsIs);
     let small = resp(&[("content-type", "application/json"), ("content-length", "99")]);
     assert_eq!(plan(&p, gz, StatusCode::OK, &small), Plan::Vary);
+    let empty = resp(&[("content-type", "application/json"), ("content-length", "0")]);
+    let no_minimum = Policy { min_length: 0, ..policy() };
+    assert_eq!(plan(&no_minimum, gz, StatusCode::OK, &empty), Plan::Vary);
     let streamed = resp(&[("content-type", "APPLICATION/JSON")]);
     assert_eq!(plan(&p, gz, StatusCode::OK, &streamed), Plan::Compress(Coding::Gzip, 6));
     let none = asked_with("GET", &[]);
