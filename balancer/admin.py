@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from rustext.net import listen_error
+
 from balancer.auth import MAX_HEADER as MAX_AUTH_HEADER
 from balancer.auth import AdminAuth, Authenticator
 from balancer.errors import BalancerConfigError, BalancerError
 from balancer.metrics import CONTENT_TYPE_LATEST, exposition, registry_for
-from rustext.net import listen_error
 
 if TYPE_CHECKING:
     from balancer.service import LoadBalancer

@@ -39,8 +39,9 @@ import dns.exception
 import dns.nameserver
 import dns.resolver
 
-from balancer.errors import BalancerConfigError
 from rustext.net import join_hostport
+
+from balancer.errors import BalancerConfigError
 
 log = logging.getLogger("balancer.dns")
 

@@ -10,11 +10,12 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from rustext.service import ServiceBase
+
 from balancer.checks import parse_hostport
 from balancer.config import BalancerConfig
 from balancer.errors import BalancerError
 from balancer.service import LoadBalancer
-from rustext.service import ServiceBase
 
 if TYPE_CHECKING:
     from balancer.admin import AdminServer
@@ -85,10 +86,9 @@ class BalancerProcess(ServiceBase):
         admin = self.lb.config.admin
         if admin is None:
             return
-        from balancer.admin import (
-            AdminServer,  # aiohttp: loaded only when an admin endpoint is asked for
-        )
         from rustext.net import ListenError
+
+        from balancer.admin import AdminServer  # aiohttp: loaded only when an admin endpoint is asked for
 
         host, port = parse_hostport(admin, "admin")
         deadline = asyncio.get_running_loop().time() + wait

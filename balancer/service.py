@@ -21,12 +21,13 @@ from collections.abc import Callable
 from typing import Any
 
 import rustext
+from rustext.service import ServiceBase
+
 from balancer import config as config_mod
 from balancer.config import BackendConfig, BalancerConfig
 from balancer.discovery import Discovery, DnsConfig, Target
 from balancer.errors import BalancerConfigError
 from balancer.health import HealthChecker
-from rustext.service import ServiceBase
 
 log = logging.getLogger("balancer.service")
 
