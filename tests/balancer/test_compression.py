@@ -24,6 +24,7 @@ import zstandard
 from balancer_helpers import dechunk, raw_exchange, split_response
 
 from balancer.errors import BalancerConfigError
+from balancer.metrics import exposition, registry_for
 from tests.netutil import free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -206,6 +207,9 @@ def test_counters(lb: Any) -> None:
     assert after["compressed"] == before["compressed"] + 1
     assert after["compress_bytes_in"] - before["compress_bytes_in"] == 100000
     assert after["compress_bytes_out"] - before["compress_bytes_out"] == len(body) < 100000
+    exported = exposition(registry_for(lb.stats)).decode()
+    assert f"balancer_compressed_responses_total {float(after['compressed'])}" in exported
+    assert "balancer_compress_out_bytes_total" in exported
 
 
 def rss() -> int:
