@@ -188,9 +188,13 @@ fn media_type(v: &[u8]) -> Vec<u8> {
 /// Whether `types` allows this media type: `type/subtype` exactly, or a
 /// pattern with one `*` (`text/*`, `application/*+json`). An event stream
 /// (`text/event-stream`) only when named by itself: `text/*` does not
-/// take it (long-lived, its events must arrive as they are sent).
+/// take it (long-lived, its events must arrive as they are sent). gRPC
+/// never, whatever the list says.
 pub fn type_allowed(types: &[String], content_type: &[u8]) -> bool {
     let m = media_type(content_type);
+    if m.starts_with(b"application/grpc") {
+        return false; // gRPC frames its messages (and compresses them) itself
+    }
     if m == b"text/event-stream" {
         return types.iter().any(|t| t == "text/event-stream");
     }

@@ -137,6 +137,9 @@ fn types_match_exactly_or_by_prefix() {
     assert!(type_allowed(&sse, b"application/ld+json"));
     assert!(!type_allowed(&sse, b"application/json"));
     assert!(!type_allowed(&sse, b"application/+json"));
+    let everything = vec!["application/*".to_string()];
+    assert!(!type_allowed(&everything, b"application/grpc"));
+    assert!(!type_allowed(&everything, b"application/grpc+proto"));
 }
 
 #[test]
