@@ -15,7 +15,7 @@ from rustext.fields import check_fields
 #: the codings the balancer produces, in its default order of preference
 CODINGS = ("zstd", "br", "gzip")
 #: compressed by default: nginx's ``gzip_types`` and Caddy's ``encode`` defaults (text, JSON,
-#: JavaScript, XML, SVG, WebAssembly, fonts); ``text/event-stream`` is left out, as Caddy does
+#: JavaScript, XML, SVG, WebAssembly, fonts); ``text/event-stream`` is left out unless named
 DEFAULT_TYPES = (
     "text/*",
     "application/json", "application/*+json", "application/javascript", "application/x-javascript",
