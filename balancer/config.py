@@ -82,6 +82,7 @@ from balancer.checks import (  # noqa: F401  (re-exported: the configuration's o
     parse_hostport,
     unix_path,
 )
+from balancer.compression import Compression, compression
 from balancer.config_sections import HEALTH_TYPES as HEALTH_TYPES  # noqa: PLC0414  (re-exported, as are the sections)
 from balancer.config_sections import (
     Certificate,
@@ -232,6 +233,9 @@ class BalancerConfig:
     request_headers: HeaderRules = field(default_factory=HeaderRules)
     #: header rules on every backend response sent from ``listen`` (``[response_headers]``)
     response_headers: HeaderRules = field(default_factory=HeaderRules)
+    #: response compression on ``listen`` (``compress = true``, or a ``[compress]`` table: see
+    #: :class:`balancer.compression.Compression`); unset: none
+    compress: Compression | bool | None = None
     #: several listeners (``[[listeners]]``), each with its routes, instead of ``listen``
     listeners: tuple[Listener, ...] = ()
     #: the ``[dns]`` table: backends given by name are resolved again every ``interval``; unset = once,
@@ -278,6 +282,7 @@ class BalancerConfig:
     h2_connections: int = 8
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "compress", compression(self.compress, "compress"))
         if self.listeners:
             if self.listen:
                 raise BalancerConfigError("give listen or [[listeners]], not both")
@@ -285,7 +290,7 @@ class BalancerConfig:
                 x if isinstance(x, Listener) else section(Listener, x, f"listeners[{i}]")
                 for i, x in enumerate(self.listeners)))
             for name in ("routes", "default_backend", "request_id", "hsts", "request_headers", "response_headers",
-                         "accept_proxy"):
+                         "accept_proxy", "compress"):
                 if getattr(self, name) != getattr(_DEFAULTS, name, None):
                     raise BalancerConfigError(f"{name} belongs in each [[listeners]] table when there are listeners")
             seen_addr: set[str] = set()
@@ -416,7 +421,7 @@ class BalancerConfig:
         return (Listener(address=self.listen, tls=bool(self.tls.certificates), routes=self.routes,
                          default_backend=default, request_id=self.request_id, hsts=self.hsts,
                          request_headers=self.request_headers, response_headers=self.response_headers,
-                         where="", accept_proxy=self.accept_proxy),)
+                         where="", accept_proxy=self.accept_proxy, compress=self.compress),)
 
     def pools(self) -> dict[str, BalancerConfig]:
         """Each backend pool as a configuration of its own (servers, policy,

@@ -43,6 +43,12 @@ class BalancerCollector(Collector):
                                   value=s.get("rate_limited", 0))
         yield CounterMetricFamily("balancer_rate_delayed", "Requests held back by a rate limit in delay mode, "
                                   "then sent on.", value=s.get("rate_delayed", 0))
+        yield CounterMetricFamily("balancer_compressed_responses", "Responses compressed (gzip, br or zstd).",
+                                  value=s.get("compressed", 0))
+        yield CounterMetricFamily("balancer_compress_in_bytes", "Body bytes of compressed responses, before.",
+                                  value=s.get("compress_bytes_in", 0))
+        yield CounterMetricFamily("balancer_compress_out_bytes", "Body bytes of compressed responses, after.",
+                                  value=s.get("compress_bytes_out", 0))
         yield CounterMetricFamily("balancer_access_log_lines", "Access log lines written.",
                                   value=s.get("access_log_lines", 0))
         yield CounterMetricFamily("balancer_access_log_dropped",

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from balancer.checks import U64_MAX
+from balancer.compression import Compression, compression
 from balancer.errorpages import MAX_PAGE, ErrorPage, content_type_of, read_page
 from balancer.errors import BalancerConfigError
 from balancer.ratelimit import RateLimit
@@ -236,6 +237,9 @@ class Route:
     #: a rate limit of this route's own (nginx's ``limit_req`` in a ``location``): the requests it
     #: takes count there, in a table of their own, besides the top-level and the pool's limits
     rate_limit: RateLimit | None = None
+    #: response compression of this route (``true``, ``false`` or a table as the listener's);
+    #: unset: the listener's
+    compress: Compression | bool | None = None
     where: str = field(default="route", repr=False, compare=False, metadata={"internal": True})
 
     def __post_init__(self) -> None:
@@ -276,6 +280,7 @@ class Route:
             object.__setattr__(self, "rate_limit", limit)
         _tables(self, w, redirect=Redirect, respond=Respond, rate_limit=RateLimit, request_headers=HeaderRules,
                 response_headers=HeaderRules)
+        object.__setattr__(self, "compress", compression(self.compress, f"{w}.compress"))
         if sum(x is not None for x in (self.backend, self.redirect, self.respond)) != 1:
             raise BalancerConfigError(f"{w}: a route needs a backend, a redirect or respond (one of them)")
 
@@ -340,6 +345,9 @@ class Listener:
     accept_proxy: bool = False
     #: permissions of a unix socket listener's file (``"0660"``); unset: as the umask leaves them
     mode: str | None = None
+    #: response compression (``true`` for the defaults, or a ``[listeners.compress]`` table); routes
+    #: may override it; unset: none
+    compress: Compression | bool | None = None
 
     def __post_init__(self) -> None:
         from balancer.checks import parse_hostport
@@ -372,6 +380,7 @@ class Listener:
             if isinstance(v, Mapping):
                 object.__setattr__(self, name, section(HeaderRules, v, f"{w}.{name}"))
         _tables(self, w, request_id=RequestId, hsts=Hsts, request_headers=HeaderRules, response_headers=HeaderRules)
+        object.__setattr__(self, "compress", compression(self.compress, f"{w}.compress"))
         from balancer.accesslog import AccessLog
 
         if isinstance(self.access_log, Mapping):

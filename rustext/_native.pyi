@@ -484,7 +484,8 @@ class Balancer:
         """Totals over workers: connections_total/active, requests, responses,
         bytes_in/out, retries, no_backend, backend_errors, timeouts,
         rate_limited (requests refused by ``rate_limit``), rate_delayed (held back
-        by one in delay mode), latency_bounds (s), latency_buckets (last is +Inf), latency_sum (s);
+        by one in delay mode), compressed, compress_bytes_in, compress_bytes_out (responses
+        compressed and their body bytes before and after), latency_bounds (s), latency_buckets (last is +Inf), latency_sum (s);
         plus "workers" (per worker), "backends", "algorithm", "hash_key",
         access_log_lines, access_log_dropped."""
     def drain(self, timeout: float = 30.0) -> None:

@@ -137,3 +137,7 @@ def test_the_balancers_modules_have_no_cycle() -> None:
     assert not graph["decide"] & {"worker", "fast", "proxy", "serve", "fastio", "h2pool"}, graph["decide"]
     code = re.sub(r"//[^\n]*", "", (BALANCER / "decide.rs").read_text())
     assert not re.search(r"\b(tokio|hyper)::", code), "decide.rs does I/O"
+    # so is the compression decision: it imports no module of the balancer at all
+    assert graph["encode"] == set(), f"encode imports {graph['encode']}"
+    code = re.sub(r"//[^\n]*", "", (BALANCER / "encode.rs").read_text())
+    assert not re.search(r"\b(tokio|hyper)::", code), "encode.rs does I/O"

@@ -230,6 +230,10 @@ def config_groups() -> list[ConfigGroup]:
                 Section("balancer.ratelimit.RateLimit", "[rate_limit]",
                         "Requests per client address or header value, over every listener; see "
                         "[rate limiting](../balancer.md#rate-limiting)."),
+                Section("balancer.compression.Compression", "[compress]",
+                        "Response compression (gzip, brotli, zstd) on `listen`, a listener "
+                        "(`[listeners.compress]`) or a route (`compress = ...`); see "
+                        "[compression](../balancer.md#compression)."),
                 Section("balancer.policies.Sticky", "[sticky]",
                         "Cookie persistence (every pool; `[backends.NAME.sticky]` for one); see "
                         "[sticky sessions](../balancer.md#sticky-sessions)."),

@@ -197,7 +197,7 @@ def test_bad_magic_fails_on_first_byte() -> None:
 def test_decompression_bomb_limited() -> None:
     m = RpcxMessage(compress_type=rustext.RPCX_COMPRESS_GZIP, payload=b"\0" * 1_000_000)
     frame = m.encode()
-    assert len(frame) < 5000
+    assert len(frame) < 12_000  # zlib-rs's level 1 (deflate_quick) codes long runs less tightly than zlib's
     assert decode_rpcx(frame).payload == m.payload
     with pytest.raises(rustext.RpcxDecodeError):
         decode_rpcx(frame, max_decompressed=999_999)

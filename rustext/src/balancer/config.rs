@@ -468,6 +468,8 @@ pub struct RouteSpec {
     pub rules: RulesSpec,
     /// A request rate limit of this route's own (nginx's `limit_req` in a `location`).
     pub rate_limit: Option<super::ratelimit::Spec>,
+    /// Response compression of this route (the listener's when the route says nothing); None: off.
+    pub compress: Option<Arc<super::encode::Policy>>,
 }
 
 impl RouteSpec {
@@ -500,6 +502,8 @@ pub struct ListenerSpec {
     pub request_id: Option<String>,
     pub hsts: Option<HstsSpec>,
     pub rules: RulesSpec,
+    /// Response compression of requests no route takes; None: off.
+    pub compress: Option<Arc<super::encode::Policy>>,
 }
 
 /// One backend pool.

@@ -526,6 +526,10 @@ fn log_line(
 pub(crate) fn plan<'t>(t: &'t Table, listener: &'t Listener, raw: &RawHead<'_, '_>) -> Option<Routed<'t>> {
     let action_index = decide::route(listener, raw);
     let action = listener.action(action_index);
+    if action.compress.is_some() && raw.header_any(b"accept-encoding", &mut |_| true) {
+        // a response that may be compressed: hyper's path streams it through the encoder
+        return None;
+    }
     let forward = match (&action.redirect, &action.respond, action.pool) {
         (None, None, Some(p)) => {
             let up = &t.pools[p];

@@ -10,6 +10,9 @@
 //! - [`accesslog`] access logs: destinations, per-worker buffers, the writer thread (`accesslog/`: formats, syslog)
 //! - [`decide`]   the one decision on a request for both paths (sans-I/O): route, pool, header edits,
 //!   rate-limit verdict, the balancer's own answers and termination codes
+//! - [`encode`]   response compression, the decision (sans-I/O): the coding a client accepts, whether a
+//!   response is compressed, its header edits
+//! - [`compress`] the streaming encoder of a compressed response (gzip, brotli, zstd)
 //! - [`attempts`] the attempt policy of a request (retries, replays, timeouts), both paths
 //! - [`h1`]       sans-I/O HTTP/1 heads for the fast path (httparse; `h1/`: request, response, chunks,
 //!   edits); below everything else: it knows no route, pool or configuration
@@ -55,8 +58,10 @@ pub mod accesslog;
 pub mod attempts;
 pub mod backend_tls;
 pub mod config;
+pub mod compress;
 pub mod connctl;
 pub mod decide;
+pub mod encode;
 pub mod fast;
 pub mod fastio;
 pub mod h1;

@@ -34,7 +34,9 @@ use super::h1::valid_host;
 use super::worker::{Peer, Worker};
 use super::outcome::{Held, Outcome};
 use super::reqbody::{Prebuffered, Progress, ReqBody, prebuffer};
-use super::respbody::{RespBody, Streaming};
+use super::respbody::{Compressing, RespBody, Streaming};
+use super::compress::Encoder;
+use super::encode;
 use super::hyperlog::HyperLog;
 
 
@@ -520,6 +522,8 @@ async fn forward(
         l.pool = decision.pool_name(t).to_owned();
     }
     let s = &up.settings;
+    // compression: what the request says, read before its headers go on
+    let asked = action.compress.as_deref().map(|p| encode::asked(p, method.as_str().as_bytes(), &headers));
     // the one TE an HTTP/2 request may carry, which gRPC requires (RFC 9113 §8.2.2)
     let te_trailers = s.proto == Proto::H2
         && headers.get_all(header::TE).iter().any(|v| {
@@ -727,6 +731,10 @@ async fn forward(
                 }
                 // Our side speaks 1.1 (hyper answers 1.0 clients as 1.0 itself), or 2.
                 *resp.version_mut() = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
+                let enc = match (action.compress.as_deref(), asked) {
+                    (Some(p), Some(a)) => compressing(w, p, a, &mut resp),
+                    _ => None,
+                };
                 let (parts, inner) = resp.into_parts();
                 let streaming = Streaming {
                     inner,
@@ -738,6 +746,7 @@ async fn forward(
                     bytes: 0,
                     eject: (s.eject_after, s.ejection()),
                     log: None,
+                    enc,
                 };
                 return Response::from_parts(parts, RespBody::Stream(streaming));
             }
@@ -771,6 +780,25 @@ async fn forward(
         }
     }
     own_answer(w, lg, decide::gave_up(failed))
+}
+
+/// The encoder of a response [`encode::plan`] says to compress, its headers
+/// edited; None to send it as it is (with `Vary` when another client's
+/// would have been compressed).
+fn compressing(w: &Worker, p: &encode::Policy, asked: encode::Asked, resp: &mut Response<Incoming>) -> Option<Box<Compressing>> {
+    match encode::plan(p, asked, resp.status(), resp.headers()) {
+        encode::Plan::AsIs => None,
+        encode::Plan::Vary => {
+            encode::add_vary(resp.headers_mut());
+            None
+        }
+        encode::Plan::Compress(coding, level) => {
+            let e = Encoder::new(coding, level).ok()?;
+            encode::edit(resp.headers_mut(), coding);
+            bump(&w.stats.compressed, 1);
+            Some(Compressing::new(e))
+        }
+    }
 }
 
 /// An answer of the balancer's own ([`decide`] says which), counted and

@@ -68,6 +68,9 @@ fn totals_dict<'py>(py: Python<'py>, t: &Totals) -> PyResult<Bound<'py, PyDict>>
     d.set_item("clients_refused", t.clients_refused)?;
     d.set_item("rate_limited", t.rate_limited)?;
     d.set_item("rate_delayed", t.rate_delayed)?;
+    d.set_item("compressed", t.compressed)?;
+    d.set_item("compress_bytes_in", t.compress_in)?;
+    d.set_item("compress_bytes_out", t.compress_out)?;
     let bounds: Vec<f64> = LATENCY_BOUNDS_US.iter().map(|&u| u as f64 / 1e6).collect();
     d.set_item("latency_bounds", bounds)?;
     d.set_item("latency_buckets", t.latency.to_vec())?;

@@ -1,7 +1,9 @@
 //! The response body hyper's path sends to the client: its own answer, or
 //! the backend's streamed back, with the backend slot and connection held
-//! until it ends and its log line written then. Above the worker state,
-//! the attempt policy and the access log, all of which it finishes with.
+//! until it ends and its log line written then; compressed on the way when
+//! [`super::encode`] said so ([`super::compress`]'s encoder). Above the
+//! worker state, the attempt policy and the access log, all of which it
+//! finishes with.
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -16,6 +18,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::time::Sleep;
 
 use super::attempts::Lease;
+use super::compress::Encoder;
 use super::hyperlog::HyperLog;
 use super::outcome::Held;
 use super::stats::bump;
@@ -41,7 +44,28 @@ pub struct Streaming {
     pub(super) eject: (u32, Duration),
     /// The access log line, written when the body ends.
     pub(super) log: Option<Box<HyperLog>>,
+    /// The encoder of a compressed response.
+    pub(super) enc: Option<Box<Compressing>>,
 }
+
+/// A compressed response's state between frames.
+pub struct Compressing {
+    pub(super) encoder: Encoder,
+    /// The coded stream is complete (its end sent, or about to be).
+    done: bool,
+    /// The backend's trailers, sent after the coded stream's end.
+    trailers: Option<Frame<Bytes>>,
+}
+
+impl Compressing {
+    pub(super) fn new(encoder: Encoder) -> Box<Self> {
+        Box::new(Compressing { encoder, done: false, trailers: None })
+    }
+}
+
+/// Input compressed before a flush even while the backend keeps sending:
+/// a bound on the output held and on the time the client waits.
+const FLUSH_AFTER: u64 = 64 * 1024;
 
 impl Streaming {
     fn finish(&mut self, clean: bool) {
@@ -53,6 +77,10 @@ impl Streaming {
                 l.emit(&self.worker, self.bytes, 0);
             }
             self.peer.ctl.end();
+            if let Some(c) = &self.enc {
+                bump(&self.worker.stats.compress_in, c.encoder.bytes_in);
+                bump(&self.worker.stats.compress_out, c.encoder.bytes_out);
+            }
             lease.backend.stats.bytes_out.fetch_add(self.bytes, Relaxed);
             bump(&self.worker.stats.bytes_out, self.bytes);
             self.bytes = 0;
@@ -66,6 +94,100 @@ impl Streaming {
                 }
             }
         }
+    }
+}
+
+impl Streaming {
+    /// The backend broke mid-body; the client connection is cut.
+    fn broken(&mut self, e: hyper::Error) -> BoxError {
+        if let Some(l) = &self.lease {
+            l.backend.record_failure(self.eject.0, self.eject.1);
+        }
+        if let Some(l) = self.log.as_mut() {
+            l.term = "SD";
+        }
+        self.finish(false);
+        Box::new(e)
+    }
+}
+
+fn coder_failed(s: &mut Streaming, e: std::io::Error) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    if let Some(l) = s.log.as_mut() {
+        l.term = "PD"; // the balancer's own failure in the data phase (HAProxy's P)
+    }
+    s.finish(false);
+    Poll::Ready(Some(Err(Box::new(e))))
+}
+
+/// A compressed response's next frame: what the backend has sent so far,
+/// compressed, flushed when it pauses (it answers Pending) or after
+/// [`FLUSH_AFTER`] bytes, then the end of the coded stream, then the
+/// backend's trailers if it sent any.
+fn poll_compressed(s: &mut Streaming, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    let mut taken: u64 = 0;
+    loop {
+        let c = s.enc.as_mut().expect("called for a compressed response");
+        if c.done {
+            if let Some(t) = c.trailers.take() {
+                return Poll::Ready(Some(Ok(t)));
+            }
+            s.finish(true);
+            return Poll::Ready(None);
+        }
+        if taken >= FLUSH_AFTER {
+            return match c.encoder.flush() {
+                Ok(out) => {
+                    s.bytes += out.len() as u64;
+                    Poll::Ready(Some(Ok(Frame::data(out))))
+                }
+                Err(e) => coder_failed(s, e),
+            };
+        }
+        match Pin::new(&mut s.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(f))) => match f.into_data() {
+                Ok(d) => {
+                    taken += d.len() as u64;
+                    if let Err(e) = c.encoder.write(&d) {
+                        return coder_failed(s, e);
+                    }
+                }
+                Err(f) => {
+                    if let (Some(t), Some(l)) = (f.trailers_ref(), s.log.as_mut()) {
+                        l.keep_response(&s.worker, t);
+                    }
+                    let c = s.enc.as_mut().expect("checked above");
+                    c.trailers = f.into_trailers().ok().map(Frame::trailers);
+                    return end_coded(s);
+                }
+            },
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(s.broken(e)))),
+            Poll::Ready(None) => return end_coded(s),
+            Poll::Pending if taken > 0 => {
+                // the backend pauses: what it sent goes out now, decodable
+                return match c.encoder.flush() {
+                    Ok(out) if out.is_empty() => Poll::Pending,
+                    Ok(out) => {
+                        s.bytes += out.len() as u64;
+                        Poll::Ready(Some(Ok(Frame::data(out))))
+                    }
+                    Err(e) => coder_failed(s, e),
+                };
+            }
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+}
+
+/// The backend's body ended: the coded stream's end goes out.
+fn end_coded(s: &mut Streaming) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    let c = s.enc.as_mut().expect("called for a compressed response");
+    c.done = true;
+    match c.encoder.finish() {
+        Ok(out) => {
+            s.bytes += out.len() as u64;
+            Poll::Ready(Some(Ok(Frame::data(out))))
+        }
+        Err(e) => coder_failed(s, e),
     }
 }
 
@@ -107,6 +229,9 @@ impl Body for RespBody {
                         return Poll::Ready(Some(Err(Box::new(TotalTimeout))));
                     }
                 }
+                if s.enc.is_some() {
+                    return poll_compressed(s, cx);
+                }
                 match Pin::new(&mut s.inner).poll_frame(cx) {
                     Poll::Ready(Some(Ok(f))) => {
                         if let Some(d) = f.data_ref() {
@@ -117,17 +242,7 @@ impl Body for RespBody {
                         }
                         Poll::Ready(Some(Ok(f)))
                     }
-                    Poll::Ready(Some(Err(e))) => {
-                        // The backend broke mid-body; the client connection is cut.
-                        if let Some(l) = &s.lease {
-                            l.backend.record_failure(s.eject.0, s.eject.1);
-                        }
-                        if let Some(l) = s.log.as_mut() {
-                            l.term = "SD";
-                        }
-                        s.finish(false);
-                        Poll::Ready(Some(Err(Box::new(e))))
-                    }
+                    Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(s.broken(e)))),
                     Poll::Ready(None) => {
                         s.finish(true);
                         Poll::Ready(None)
@@ -140,12 +255,17 @@ impl Body for RespBody {
     fn is_end_stream(&self) -> bool {
         match self {
             RespBody::Full(b) => b.is_none(),
-            RespBody::Stream(s) => s.inner.is_end_stream(),
+            RespBody::Stream(s) => match &s.enc {
+                Some(c) => c.done && c.trailers.is_none() && s.inner.is_end_stream(),
+                None => s.inner.is_end_stream(),
+            },
         }
     }
     fn size_hint(&self) -> SizeHint {
         match self {
             RespBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            // the coded length is known at its end only
+            RespBody::Stream(s) if s.enc.is_some() => SizeHint::default(),
             RespBody::Stream(s) => s.inner.size_hint(),
         }
     }

@@ -236,6 +236,8 @@ pub struct Action {
     pub response: Rules,
     /// The route's own rate limit, checked on every request it takes.
     pub rate_limit: Option<Arc<super::ratelimit::Table>>,
+    /// Response compression ([`super::encode`]); None: off.
+    pub compress: Option<Arc<super::encode::Policy>>,
 }
 
 #[derive(Debug, Default)]
@@ -481,6 +483,7 @@ fn compile_action(
         request,
         response,
         rate_limit: None,
+        compress: None,
     })
 }
 
@@ -509,10 +512,11 @@ impl Listener {
                 a.rate_limit = Some(table.clone());
                 limits.push((id, table));
             }
+            a.compress = r.compress.clone();
             conds.push(c);
             actions.push(a);
         }
-        actions.push(compile_action(
+        let mut default = compile_action(
             spec.default_backend.as_deref(),
             None,
             &format!("{where_}default_backend"),
@@ -520,7 +524,9 @@ impl Listener {
             &spec.rules,
             pool_rules,
             &RulesSpec::default(),
-        )?);
+        )?;
+        default.compress = spec.compress.clone();
+        actions.push(default);
         let request_id = match &spec.request_id {
             Some(n) => {
                 let name = header_name(n, &format!("{where_}request_id.header"))?;

@@ -70,6 +70,10 @@ pub struct WorkerStats {
     pub rate_limited: AtomicU64,
     /// Requests held back by a rate limit in delay mode (then sent on).
     pub rate_delayed: AtomicU64,
+    /// Responses compressed, and their body bytes before and after (counted as they stream).
+    pub compressed: AtomicU64,
+    pub compress_in: AtomicU64,
+    pub compress_out: AtomicU64,
 }
 
 impl WorkerStats {
@@ -103,6 +107,9 @@ pub struct Totals {
     pub proxy_refused: u64,
     pub rate_limited: u64,
     pub rate_delayed: u64,
+    pub compressed: u64,
+    pub compress_in: u64,
+    pub compress_out: u64,
 }
 
 impl Totals {
@@ -127,6 +134,9 @@ impl Totals {
         self.proxy_refused += w.proxy_refused.load(Relaxed);
         self.rate_limited += w.rate_limited.load(Relaxed);
         self.rate_delayed += w.rate_delayed.load(Relaxed);
+        self.compressed += w.compressed.load(Relaxed);
+        self.compress_in += w.compress_in.load(Relaxed);
+        self.compress_out += w.compress_out.load(Relaxed);
     }
 }
 

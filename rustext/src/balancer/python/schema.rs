@@ -24,6 +24,7 @@ use super::super::config::{
     ListenTls, ListenerSpec, PolicySpec, PoolSpec, Proto, RedirectSpec, RouteSpec, RoutingSpec, RuleSpec, RulesSpec,
     Settings, StickySpec,
 };
+use super::super::encode::{Coding, Policy as Compress};
 use super::super::proxyproto::Version;
 use super::super::ratelimit::{LimitKey, Spec as RateSpec};
 use crate::errors::ErrorKind;
@@ -265,6 +266,29 @@ struct Route {
     response_headers: HeaderRules,
     #[pyo3(attribute)]
     rate_limit: Option<RateLimit>,
+    #[pyo3(attribute)]
+    compress: Option<Compression>,
+    #[pyo3(attribute("where"))]
+    at: String,
+}
+
+/// `balancer.compression.Compression`
+#[derive(FromPyObject)]
+struct Compression {
+    #[pyo3(attribute)]
+    enabled: bool,
+    #[pyo3(attribute)]
+    algorithms: Vec<String>,
+    #[pyo3(attribute)]
+    gzip_level: u32,
+    #[pyo3(attribute)]
+    br_level: u32,
+    #[pyo3(attribute)]
+    zstd_level: u32,
+    #[pyo3(attribute)]
+    types: Vec<String>,
+    #[pyo3(attribute)]
+    min_length: u64,
     #[pyo3(attribute("where"))]
     at: String,
 }
@@ -312,6 +336,8 @@ struct Listener {
     mode: Option<String>,
     #[pyo3(attribute)]
     access_log: Option<ListenerAccessLog>,
+    #[pyo3(attribute)]
+    compress: Option<Compression>,
     #[pyo3(attribute("where"))]
     at: String,
 }
@@ -588,7 +614,24 @@ fn rules(r: HeaderRules) -> Vec<RuleSpec> {
     deletes.chain(sets).chain(r.add.into_iter().map(|(n, v)| RuleSpec::Add(n, v))).collect()
 }
 
-fn route(r: Route) -> PyResult<RouteSpec> {
+/// A `compress` value as the data plane's policy; None: off.
+fn compression(c: Option<Compression>) -> PyResult<Option<Arc<Compress>>> {
+    let Some(c) = c.filter(|c| c.enabled) else { return Ok(None) };
+    let mut codings = Vec::with_capacity(c.algorithms.len());
+    for a in &c.algorithms {
+        let coding = Coding::parse(a).ok_or_else(|| cfg_err(format!("{}.algorithms: unknown coding {a:?}", c.at)))?;
+        let level = match coding {
+            Coding::Gzip => c.gzip_level,
+            Coding::Br => c.br_level,
+            Coding::Zstd => c.zstd_level,
+        };
+        codings.push((coding, level));
+    }
+    Ok(Some(Arc::new(Compress { codings, types: c.types, min_length: c.min_length })))
+}
+
+/// A route's compression: its own, else its listener's.
+fn route(r: Route, listener_compress: &Option<Arc<Compress>>) -> PyResult<RouteSpec> {
     let headers = r
         .header
         .into_iter()
@@ -620,6 +663,10 @@ fn route(r: Route) -> PyResult<RouteSpec> {
         respond,
         rules: RulesSpec { request: rules(r.request_headers), response: rules(r.response_headers) },
         rate_limit: r.rate_limit.map(|l| rate_limit(l, &r.at)).transpose()?,
+        compress: match r.compress {
+            Some(own) => compression(Some(own))?,
+            None => listener_compress.clone(),
+        },
     })
 }
 
@@ -642,8 +689,9 @@ fn listener(l: Listener) -> PyResult<(ListenAddr, ListenerSpec, ListenerLog)> {
         Some(ListenerAccessLog::Flag(false)) => ListenerLog::Off,
         Some(ListenerAccessLog::Own(a)) => ListenerLog::Own(access_log(a)?),
     };
+    let compress = compression(l.compress)?;
     let spec = ListenerSpec {
-        routes: l.routes.into_iter().map(route).collect::<PyResult<_>>()?,
+        routes: l.routes.into_iter().map(|r| route(r, &compress)).collect::<PyResult<_>>()?,
         default_backend: l.default_backend.filter(|s| !s.is_empty()),
         request_id: l.request_id.map(|r| r.header),
         hsts: l.hsts.map(|h| HstsSpec {
@@ -652,6 +700,7 @@ fn listener(l: Listener) -> PyResult<(ListenAddr, ListenerSpec, ListenerLog)> {
             preload: h.preload,
         }),
         rules: RulesSpec { request: rules(l.request_headers), response: rules(l.response_headers) },
+        compress,
     };
     Ok((ListenAddr { addr, tls: l.tls, accept_proxy: l.accept_proxy, unix }, spec, log))
 }
