@@ -23,6 +23,7 @@ section; unknown keys are errors (a typo must not be silently ignored)::
     max_subscriptions = 1000    # channels + patterns per connection (more: NACK 500), 0 = none
     max_write_buffer = 16777216 # bytes buffered per connection before it is closed
     close_timeout = 5           # seconds to drain connections at shutdown
+    compression = false         # permessage-deflate with clients that offer it
 
     [redis]                      # present = use Redis instead of the in-memory broker
     url = "redis://127.0.0.1:6379/0"
@@ -135,6 +136,16 @@ class ServerConfig:
     #: write events to subscribers natively (one frame built per event, one write per connection);
     #: false writes each through Python (slower; for comparison)
     native_fanout: bool = True
+    #: agree to permessage-deflate (RFC 7692) with clients that offer it (browsers do); off by
+    #: default, as in Centrifugo: it costs CPU per message (see docs/juggler/compression.md)
+    compression: bool = False
+    #: messages shorter than this many bytes go out uncompressed
+    compression_threshold: int = 256
+    #: deflate level: 1 fastest .. 9 smallest (0 stores)
+    compression_level: int = 1
+    #: let clients compress with context takeover (their 32 KiB window is then held per
+    #: connection); false asks them for client_no_context_takeover
+    compression_client_context_takeover: bool = False
     #: PEM certificate chain: serve wss:// (and the HTTP pages over https) instead of ws://
     tls_cert: str | None = None
     #: PEM private key of ``tls_cert``
@@ -186,6 +197,8 @@ class ServerConfig:
             raise ValueError("max_pending must be >= 1")
         if self.max_concurrent_messages < 1:
             raise ValueError("max_concurrent_messages must be >= 1")
+        if not 0 <= self.compression_level <= 9 or self.compression_threshold < 0:
+            raise ValueError("compression_level must be in 0..9 and compression_threshold >= 0")
 
     @property
     def listen(self) -> str:

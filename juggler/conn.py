@@ -141,6 +141,8 @@ class ConnContext:
     auth: Auth | None = None
     #: the server's subscriptions and their fan-out (juggler.subscriptions.Subscriptions)
     subscriptions: Any = None
+    #: permessage-deflate (juggler.deflate.Deflate), None when compression is off
+    deflate: Any = None
 
 
 _CLOSED = ConnState.CLOSED
@@ -183,6 +185,7 @@ class Conn(asyncio.Protocol):
             read_limit=cfg.read_limit,
             allow_empty_subprotocol=cfg.allow_empty_subprotocol,
             logger=_ws_log,
+            deflate=context.deflate,
         )
         self._flush_scheduled = False
         #: this connection in the native fan-out (juggler.subscriptions), once connected
@@ -404,7 +407,7 @@ class Conn(asyncio.Protocol):
         self.state = ConnState.CONNECTED
         subs = self.context.subscriptions
         if subs is not None:
-            self.hub_id = subs.add_conn(self, self._native_fd())
+            self.hub_id = subs.add_conn(self, self._native_fd(), deflate=ws.compression is not None)
         listener.conn_connected(self)
         self._start_keepalive(keepalive_messages)
 

@@ -64,6 +64,7 @@ from juggler.broker.base import Result
 from juggler.http import http_response
 from juggler.config import ServerConfig
 from juggler.conn import Conn, ConnContext, ConnState, Handler, Middleware
+from juggler.deflate import deflate_of
 from juggler.metrics import ServerStats
 from juggler.pending import PendingCalls
 from juggler.static_files import StaticSite
@@ -131,9 +132,11 @@ class Server(ServiceBase):
         if self.config.answer_expired_calls:
             self._pending.on_expire = self._call_expired
         #: who subscribes to what on this server, and the native fan-out of events
+        #: permessage-deflate: the policy and the one compressor of this server (None: off)
+        self.deflate = deflate_of(self.config)
         self.subscriptions = Subscriptions(self.pubsub, self.stats,
                                            native=self.config.native_fanout if native_fanout is None else native_fanout,
-                                           write_limit=self.config.write_limit)
+                                           write_limit=self.config.write_limit, deflate=self.deflate)
         #: per-channel options (history, presence)
         self.channels = channels or ChannelRules()
         #: history and recovery of the channels that keep history
@@ -148,6 +151,7 @@ class Server(ServiceBase):
             config=self.config, stats=self.stats, broker=self.broker, pubsub=self.pubsub,
             pending=self._pending, listener=_Listener(self), chain_in=chain_in, chain_out=chain_out,
             http=self._answer_http, auth=auth, subscriptions=self.subscriptions,
+            deflate=self.deflate,
         )
         self._server: asyncio.AbstractServer | None = None
         self._closed: asyncio.Event | None = None
