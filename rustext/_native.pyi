@@ -329,7 +329,10 @@ class FanoutSubscribers:
     lost/duplicate/reordered counts. They start connecting at once, on
     `threads` runtime threads."""
 
-    def __init__(self, host: str, port: int, path: str, channel: str, n: int, threads: int = 1) -> None: ...
+    def __init__(
+        self, host: str, port: int, path: str, channel: str, n: int, threads: int = 1, deflate: bool = False
+    ) -> None:
+        """`deflate`: offer permessage-deflate (as browsers do) and inflate compressed events."""
     def wait_subscribed(self, timeout: float) -> tuple[int, int]:
         """Block until all are subscribed or failed, or `timeout` s: (subscribed, failed)."""
     def finish(self) -> tuple[bytes, int, int, int, int, list[str]]:

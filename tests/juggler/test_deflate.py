@@ -18,12 +18,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jugglerprocs import juggler_listening
 from websockets.asyncio.client import connect as ws_connect
 
 from juggler.broker.memory import MemoryBroker
 from juggler.client import connect
 from juggler.config import ServerConfig
 from juggler.deflate import Agreement, negotiate
+from juggler.fanout import FanoutConfig, run_fanout
 from juggler.reconnecting import reconnecting
 from juggler.server import Server
 
@@ -356,3 +358,15 @@ async def test_native_fan_out_to_compressed_and_plain_subscribers() -> None:
             r.close()
     finally:
         await stop(server)
+
+
+def test_the_load_tools_native_subscribers_inflate_a_compressing_server() -> None:
+    """`juggler server --set server.compression=true` (a real process) and the
+    load tool's native subscribers offering deflate: every event arrives, once, in order."""
+    with juggler_listening("up", "--set", "server.compression=true", "--set", "server.compression_threshold=0") as url:
+        report = run_fanout(FanoutConfig(url=url, subscribers=50, rate=20, duration=1.0, payload_bytes=400,
+                                         settle=2.0, compression=True))
+    assert not report.error_messages, report.error_messages[:3]
+    assert report.published >= 10
+    assert report.delivered == report.expected == report.published * 50
+    assert report.duplicates == 0 and report.out_of_order == 0
