@@ -134,8 +134,9 @@ async fn subscriber(
     }
     s.write_all(sub_frame).await.map_err(|e| format!("SUB: {e}"))?;
     let mut last: i64 = -1;
-    // the server agrees to no context takeover on its side: one message at a time
-    let mut inflater = crate::wsdeflate::Inflater::new(false);
+    // the server compresses each message on its own (no context takeover on its side), so
+    // one inflater kept for the connection reads them all: no window allocated per event
+    let mut inflater = crate::wsdeflate::Inflater::new(true);
     let mut inflated: Vec<u8> = Vec::new();
     loop {
         // whole frames in buf
