@@ -137,7 +137,7 @@ class ServerConfig:
     #: false writes each through Python (slower; for comparison)
     native_fanout: bool = True
     #: agree to permessage-deflate (RFC 7692) with clients that offer it (browsers do); off by
-    #: default, as in Centrifugo: it costs CPU per message (see docs/juggler/compression.md)
+    #: default, as in Centrifugo: it costs CPU per message (see the manual's Compression page)
     compression: bool = False
     #: messages shorter than this many bytes go out uncompressed
     compression_threshold: int = 256
