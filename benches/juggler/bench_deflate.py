@@ -3,7 +3,7 @@ compression on and off, in one run.
 
 Frames: a typical EVNT of about 200 bytes and of 2 KiB (JSON with repeated
 keys and varied values), built plain (``rustext.ws_text_frames``) and
-compressed (``rustext.WsDeflate``, levels 1 and 6), interleaved rounds, best
+compressed (``rustext.WsDeflate``, levels 1, 2 and 6), interleaved rounds, best
 per-frame time of each, with the compressed size.
 
 Fan-out: a fresh ``juggler server`` per run, ``server.compression`` true and
@@ -15,7 +15,7 @@ far better than real events, so this is the cost of compressing, once per
 event, not of typical ratios (the frame figures give those)::
 
     python benches/juggler/bench_deflate.py --subscribers 1000 --rate 50 -d 5 --rounds 2
-    python benches/juggler/bench_deflate.py --frames-only
+    python benches/juggler/bench_deflate.py --frames-only --out benches/juggler/results/deflate-frames.json
 
 Writes benches/juggler/results/deflate.json (or --out).
 """
@@ -66,7 +66,7 @@ def frames(rounds: int) -> list[dict]:
     for size in (200, 2048):
         payload = evnt(size)
         builders = {"plain": rustext.ws_text_frames, "deflate-1": rustext.WsDeflate(1).text_frames,
-                    "deflate-6": rustext.WsDeflate(6).text_frames}
+                    "deflate-2": rustext.WsDeflate(2).text_frames, "deflate-6": rustext.WsDeflate(6).text_frames}
         best = {name: float("inf") for name in builders}
         n = 20_000 if size < 1000 else 5_000
         for _ in range(rounds):
