@@ -131,9 +131,9 @@ class Server(ServiceBase):
         self._pending: PendingCalls[Conn] = PendingCalls()
         if self.config.answer_expired_calls:
             self._pending.on_expire = self._call_expired
-        #: who subscribes to what on this server, and the native fan-out of events
         #: permessage-deflate: the policy and the one compressor of this server (None: off)
         self.deflate = deflate_of(self.config)
+        #: who subscribes to what on this server, and the native fan-out of events
         self.subscriptions = Subscriptions(self.pubsub, self.stats,
                                            native=self.config.native_fanout if native_fanout is None else native_fanout,
                                            write_limit=self.config.write_limit, deflate=self.deflate)
