@@ -34,6 +34,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--channel", default="bench.fanout", help="fanout: the channel [%(default)s]")
     p.add_argument("--server-pid", type=int, metavar="PID",
                    help="fanout: the server's process id (same machine): report its CPU time per delivery")
+    p.add_argument("--compression", action="store_true",
+                   help="fanout: the subscribers offer permessage-deflate, as browsers do")
     p.add_argument("--url", default="ws://127.0.0.1:9000/ws", help="[%(default)s]")
     p.add_argument("-c", "--connections", type=int, default=20, metavar="N", help="connections [%(default)s]")
     p.add_argument("-d", "--duration", default="10s", metavar="DURATION", help="how long, e.g. 10s, 1m [%(default)s]")
@@ -104,7 +106,8 @@ def run_fanout_cli(args: argparse.Namespace, seconds: Any) -> int:
     try:
         cfg = FanoutConfig(url=args.url, subscribers=args.subscribers, rate=args.rate or 50.0,
                            duration=seconds(args.duration), payload_bytes=args.payload_bytes,
-                           channel=args.channel, procs=args.procs, server_pid=args.server_pid)
+                           channel=args.channel, procs=args.procs, server_pid=args.server_pid,
+                           compression=args.compression)
     except (ValueError, ReplError) as exc:
         print(f"juggler load: {exc}", file=sys.stderr)
         return 2

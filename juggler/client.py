@@ -31,6 +31,9 @@ Contract:
   interval, a connection on which nothing arrives for that interval plus
   ``keepalive_grace`` is dropped as dead (and closes as above). The
   websockets library answers the server's pings; nothing else is sent.
+- Compression: the client offers permessage-deflate (``compression="deflate"``,
+  websockets' offer); a server that agrees compresses messages both ways.
+  ``compression=None`` offers nothing.
 - ``aclose()`` is idempotent.
 """
 
@@ -558,7 +561,7 @@ class _Connect:
                 ssl=ssl_ctx,
                 subprotocols=list(subprotocols) if subprotocols else None,  # type: ignore[arg-type]
                 additional_headers=headers or None,
-                compression=None,
+                compression=kw.pop("compression"),
                 open_timeout=open_timeout,
                 max_size=max_size,
                 ping_interval=None,
@@ -624,6 +627,7 @@ def connect(
     keepalive_grace: float = 10.0,
     get_token: TokenSource | None = None,
     get_subscription_token: SubscriptionTokenSource | None = None,
+    compression: str | None = "deflate",
 ) -> _Connect:
     """Open a juggler connection; use ``async with`` (or ``await`` then ``aclose()``).
 
@@ -645,16 +649,21 @@ def connect(
     sends it a new one from ``get_token`` (REFRESH). ``get_subscription_token``
     (``async (channel) -> token or None``) gives the subscription token of
     each SUB to a private channel, and renews it (SUB_REFRESH) the same way.
+    ``compression``: ``"deflate"`` offers permessage-deflate (used when the
+    server agrees), None offers nothing.
 
     Raises :class:`ConnectionClosed` when the handshake fails and
     :class:`ProtocolError` when the server does not negotiate ``juggler.0``.
     """
     if not keepalive_grace > 0:
         raise ValueError("keepalive_grace must be > 0")
+    if compression not in ("deflate", None):
+        raise ValueError(f'compression must be "deflate" or None, got {compression!r}')
     return _Connect(url, {
         "subprotocols": subprotocols, "headers": headers, "allowed_messages": allowed_messages,
         "default_timeout": default_timeout, "open_timeout": open_timeout, "max_size": max_size,
         "max_queued_events": max_queued_events, "on_message": on_message, "tls": tls,
         "keepalive": keepalive, "keepalive_grace": keepalive_grace,
         "get_token": get_token, "get_subscription_token": get_subscription_token,
+        "compression": compression,
     })

@@ -26,6 +26,7 @@ section; unknown keys are errors (a typo must not be silently ignored)::
     fallback = true             # the HTTP fallback (path + "/sse", path + "/send") for blocked websockets
     fallback_grace = 10         # seconds a fallback session waits for its dropped event stream to reopen
     debug_vars = false          # GET /debug/vars: the original's counters page (for its load tool)
+    compression = false         # permessage-deflate with clients that offer it
 
     [redis]                      # present = use Redis instead of the in-memory broker
     url = "redis://127.0.0.1:6379/0"
@@ -154,6 +155,16 @@ class ServerConfig:
     fallback_replay: int = 1024
     #: max bytes of one fallback POST body (larger: 413)
     fallback_max_body: int = 1 << 20
+    #: agree to permessage-deflate (RFC 7692) with clients that offer it (browsers do); off by
+    #: default, as in Centrifugo: it costs CPU per message (see the manual's Compression page)
+    compression: bool = False
+    #: messages shorter than this many bytes go out uncompressed
+    compression_threshold: int = 256
+    #: deflate level: 1 fastest .. 9 smallest (0 stores)
+    compression_level: int = 1
+    #: let clients compress with context takeover (their 32 KiB window is then held per
+    #: connection); false asks them for client_no_context_takeover
+    compression_client_context_takeover: bool = False
     #: PEM certificate chain: serve wss:// (and the HTTP pages over https) instead of ws://
     tls_cert: str | None = None
     #: PEM private key of ``tls_cert``
@@ -211,6 +222,8 @@ class ServerConfig:
             raise ValueError("fallback_replay must be >= 0")
         if self.fallback_max_body < 1:
             raise ValueError("fallback_max_body must be >= 1")
+        if not 0 <= self.compression_level <= 9 or self.compression_threshold < 0:
+            raise ValueError("compression_level must be in 0..9 and compression_threshold >= 0")
 
     @property
     def listen(self) -> str:

@@ -123,6 +123,7 @@ class Conn(asyncio.Protocol):
             read_limit=cfg.read_limit,
             allow_empty_subprotocol=cfg.allow_empty_subprotocol,
             logger=_ws_log,
+            deflate=context.deflate,
         )
         self._flush_scheduled = False
         #: this connection in the native fan-out (juggler.subscriptions), once connected
@@ -374,7 +375,7 @@ class Conn(asyncio.Protocol):
         self.state = ConnState.CONNECTED
         subs = self.context.subscriptions
         if subs is not None:
-            self.hub_id = subs.add_conn(self, self._native_fd())
+            self.hub_id = subs.add_conn(self, self._native_fd(), deflate=ws.compression is not None)
         listener.conn_connected(self)
         self._start_keepalive(keepalive_messages)
         if self.context.refresh is not None and self.state is ConnState.CONNECTED:

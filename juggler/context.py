@@ -96,3 +96,5 @@ class ConnContext:
     #: the HTTP fallback transport (juggler.fallback.Fallback): takes the connections whose
     #: first request is for ``<path>/sse`` or ``<path>/send``; None: not served
     fallback: Any = None
+    #: permessage-deflate (juggler.deflate.Deflate), None when compression is off
+    deflate: Any = None

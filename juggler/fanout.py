@@ -49,6 +49,8 @@ class FanoutConfig:
     settle: float = 2.0
     #: the server's process id (on this machine): report its CPU time per delivery
     server_pid: int | None = None
+    #: the subscribers offer permessage-deflate (as browsers do); the publisher never compresses
+    compression: bool = False
 
     def __post_init__(self) -> None:
         if self.subscribers < 1:
@@ -108,7 +110,7 @@ async def _worker(cfg: FanoutConfig, n: int, publish: bool, pipe: Any) -> dict[s
     errors: list[str] = []
     u = urlparse(cfg.url)
     subs = rustext.FanoutSubscribers(u.hostname or "127.0.0.1", u.port or 80, u.path or "/", cfg.channel, n,
-                                     threads=1)
+                                     threads=1, deflate=cfg.compression)
     subscribed, failed = await asyncio.to_thread(subs.wait_subscribed, cfg.open_timeout + n / 1000)
     if failed or subscribed < n:
         errors.append(f"{failed} of {n} subscribers failed, {n - subscribed - failed} not subscribed in time")

@@ -66,6 +66,7 @@ from juggler.config import ServerConfig
 from juggler.conn import Conn, ConnContext, ConnState, Handler, Middleware
 from juggler.extensions import ExtensionHandler
 from juggler.fallback import Fallback
+from juggler.deflate import deflate_of
 from juggler.metrics import ServerStats
 from juggler.pending import PendingCalls
 from juggler.debugvars import debug_vars_response
@@ -135,10 +136,12 @@ class Server(ServiceBase):
         self._pending: PendingCalls[Conn] = PendingCalls()
         if self.config.answer_expired_calls:
             self._pending.on_expire = self._call_expired
+        #: permessage-deflate: the policy and the one compressor of this server (None: off)
+        self.deflate = deflate_of(self.config)
         #: who subscribes to what on this server, and the native fan-out of events
         self.subscriptions = Subscriptions(self.pubsub, self.stats,
                                            native=self.config.native_fanout if native_fanout is None else native_fanout,
-                                           write_limit=self.config.write_limit)
+                                           write_limit=self.config.write_limit, deflate=self.deflate)
         #: per-channel options (history, presence)
         self.channels = channels or ChannelRules()
         #: history and recovery of the channels that keep history
@@ -161,6 +164,7 @@ class Server(ServiceBase):
             http=self._answer_http, auth=auth, subscriptions=self.subscriptions, extensions=self.extensions,
             proxies=proxies,  # the application's backend (juggler.proxy.ProxySet; the caller starts it)
             fallback=self.fallback,
+            deflate=self.deflate,
         )
         self._server: asyncio.AbstractServer | None = None
         self._closed: asyncio.Event | None = None

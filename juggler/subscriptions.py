@@ -6,7 +6,10 @@ many connections want it; the connections of each key are held natively by a
 ``rustext.FanoutHub``. An event's EVNT frame is built once per key and handed
 to the hub with the other frames of the same event-loop turn; the hub writes
 each connection's frames with one ``sendmsg``, without a Python call per
-subscriber. Connections the hub cannot write itself (TLS, outgoing
+subscriber. A connection that negotiated permessage-deflate is written the
+event's compressed frame, built once per event too (``juggler.deflate``: no
+context takeover, so one compressed frame fits every such connection), the
+others the plain one. Connections the hub cannot write itself (TLS, outgoing
 middleware, or Python output queued for them) are handed back and written
 through :meth:`juggler.conn.Conn.send`, behind what is already queued, so
 each connection gets its frames in order.
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import rustext
 
 from juggler.broker.base import Event, PubSubBroker
+from juggler.deflate import Deflate
 from juggler.metrics import ServerStats
 from juggler.recovery import JoinResult, PublishResult
 
@@ -73,7 +77,7 @@ class Subscriptions:
     """
 
     def __init__(self, pubsub: PubSubBroker, stats: ServerStats, *, native: bool = True,
-                 write_limit: int = 0) -> None:
+                 write_limit: int = 0, deflate: Deflate | None = None) -> None:
         self.pubsub = pubsub
         self.write_limit = write_limit
         self.stats = stats
@@ -82,7 +86,9 @@ class Subscriptions:
         self._by_conn: dict[Conn, set[Key]] = {}
         self._conns: dict[int, Conn] = {}  # hub id -> connection
         self._ids = itertools.count(1)
-        self._batch: list[tuple[int, bytes]] = []  # (key id, ws frame) of this turn
+        self._batch: list[tuple[int, bytes, bytes | None]] = []  # (key id, ws frame, compressed) of this turn
+        self._deflate = deflate
+        self._deflating: set[int] = set()  # hub ids of the connections that negotiated deflate
         self._batch_json: list[tuple[bytes, str]] = []  # (EVNT json, for uuid), same order
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -114,16 +120,19 @@ class Subscriptions:
         opts = self.presence.rules.lookup(channel)
         return opts is not None and bool(opts.join_leave)
 
-    def add_conn(self, conn: Conn, fd: int) -> int:
-        """Register a connection that may subscribe; `fd` is its socket (-1: written by Python)."""
+    def add_conn(self, conn: Conn, fd: int, deflate: bool = False) -> int:
+        """Register a connection that may subscribe; `fd` is its socket (-1: written by Python);
+        `deflate`: it negotiated permessage-deflate."""
         hub_id = next(self._ids)
         self._conns[hub_id] = conn
+        if deflate:
+            self._deflating.add(hub_id)
         if self.hub is not None:
             try:
-                self.hub.add_conn(hub_id, fd)
+                self.hub.add_conn(hub_id, fd, deflate)
             except OSError as exc:  # out of descriptors: Python writes this one
                 log.warning("connection %s: no native fan-out (%s)", conn.remote, exc)
-                self.hub.add_conn(hub_id, -1)
+                self.hub.add_conn(hub_id, -1, deflate)
         return hub_id
 
     def hold(self, hub_id: int, held: bool) -> None:
@@ -133,6 +142,7 @@ class Subscriptions:
 
     def detach(self, hub_id: int) -> None:
         """The connection is closing: nothing more is written to it natively."""
+        self._deflating.discard(hub_id)
         if self.hub is not None:
             self.hub.remove_conn(hub_id)
 
@@ -328,7 +338,11 @@ class Subscriptions:
                     self.stats.events += 1
                     conn.send(EVNT, event.msg_uuid, json)
             return
-        self._batch.append((sub.id, _ws_text_frames([json])))
+        deflate = self._deflate
+        compressed = None
+        if deflate is not None and self._deflating and len(json) >= deflate.threshold:
+            compressed = deflate.frames.text_frames([json])  # once per event, for every deflate subscriber
+        self._batch.append((sub.id, _ws_text_frames([json]), compressed))
         self._batch_json.append((json, event.msg_uuid))
         if not self._flush_scheduled:
             self._flush_scheduled = True

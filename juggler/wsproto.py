@@ -14,6 +14,10 @@ tested by feeding bytes. :class:`juggler.conn.Conn` is the asyncio driver.
   (buffering, ``read_limit``, unmasking, reassembly, protocol checks), and
   server frames are built by ``rustext.ws_text_frames``: the text frames of
   one event-loop turn become one buffer, so one ``write``.
+- permessage-deflate (RFC 7692), when the server offers it (``deflate``)
+  and the client asks: :mod:`juggler.deflate` picks the agreement, the
+  reader inflates RSV1 messages, and text frames are built by the server's
+  shared ``rustext.WsDeflate`` (compressed above its threshold).
 
 States (:class:`State`)::
 
@@ -49,6 +53,8 @@ import rustext
 from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 
+from juggler.deflate import Agreement, Deflate
+
 __all__ = ["State", "WsServerProtocol"]
 
 _ws_text_frames = rustext.ws_text_frames
@@ -75,12 +81,13 @@ class WsServerProtocol:
     ``subprotocol`` is the one subprotocol this server speaks; a client that
     offers others but not it, or offers none while ``allow_empty_subprotocol``
     is false, is upgraded and then dropped at once, as the upstream server
-    does. ``read_limit`` bounds one message (0 = none).
+    does. ``read_limit`` bounds one message (0 = none), inflated if compressed.
+    ``deflate``: the server's compression (None: permessage-deflate is never agreed).
     """
 
     __slots__ = (
-        "_early", "_eof", "_head_tail", "_hs", "_out", "_reader", "_sniff", "_texts",
-        "allow_empty_subprotocol", "head", "offered", "reading", "request", "state", "subprotocol",
+        "_deflate", "_early", "_eof", "_frames", "_head_tail", "_hs", "_out", "_reader", "_sniff", "_texts",
+        "allow_empty_subprotocol", "compression", "head", "offered", "reading", "request", "state", "subprotocol",
     )
 
     def __init__(
@@ -90,6 +97,7 @@ class WsServerProtocol:
         read_limit: int = 0,
         allow_empty_subprotocol: bool = True,
         logger: logging.Logger | None = None,
+        deflate: Deflate | None = None,
     ) -> None:
         self.state = CONNECTING
         #: the handshake request, once read
@@ -115,6 +123,10 @@ class WsServerProtocol:
         self._texts: list[bytes] = []  # text payloads not yet encoded
         self._out: list[bytes] = []  # encoded bytes to send, in order
         self._eof = False
+        self._deflate = deflate
+        #: the permessage-deflate agreement, once accepted (None: no compression)
+        self.compression: Agreement | None = None
+        self._frames = _ws_text_frames  # builds the text frames (compressed ones once agreed)
 
     def __repr__(self) -> str:
         return f"<WsServerProtocol {self.state.name}>"
@@ -225,6 +237,14 @@ class WsServerProtocol:
         OPEN, False when it was refused or juggler.0 was not negotiated (CLOSED)."""
         hs = self._hs
         response = hs.accept(request)
+        deflate = self._deflate
+        if deflate is not None and response.status_code == 101:
+            agreement = deflate.negotiate(request.headers.get_all("Sec-WebSocket-Extensions"))
+            if agreement is not None:
+                response.headers["Sec-WebSocket-Extensions"] = agreement.header()
+                self._reader.enable_deflate(agreement.client_context_takeover)
+                self._frames = deflate.frames.text_frames
+                self.compression = agreement
         hs.send_response(response)
         self._pull_handshake()
         if response.status_code != 101:
@@ -289,7 +309,7 @@ class WsServerProtocol:
 
     def _encode_texts(self) -> None:
         if self._texts:
-            self._out.append(_ws_text_frames(self._texts))
+            self._out.append(self._frames(self._texts))
             self._texts = []
 
     def data_to_send(self) -> list[bytes]:
@@ -298,8 +318,8 @@ class WsServerProtocol:
         if texts:
             self._texts = []
             if not self._out:
-                return [_ws_text_frames(texts)]
-            self._out.append(_ws_text_frames(texts))
+                return [self._frames(texts)]
+            self._out.append(self._frames(texts))
         out = self._out
         self._out = []
         return out

@@ -156,13 +156,15 @@ from rustext._native import (  # noqa: E402
     WS_CLOSE,
     WS_FAIL,
     WS_PING,
+    WsDeflate,
     WsFrameReader,
     ws_close_frame,
     ws_control_frame,
     ws_text_frames,
 )
 
-__all__ += ["WS_BINARY", "WS_CLOSE", "WS_FAIL", "WS_PING", "WsFrameReader", "ws_close_frame", "ws_control_frame",
+__all__ += ["WS_BINARY", "WS_CLOSE", "WS_FAIL", "WS_PING", "WsDeflate", "WsFrameReader", "ws_close_frame",
+            "ws_control_frame",
             "ws_text_frames"]
 
 # --- timer ---

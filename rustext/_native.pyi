@@ -307,8 +307,9 @@ class FanoutHub:
     of one turn with one ``sendmsg``."""
 
     def __init__(self) -> None: ...
-    def add_conn(self, conn: int, fd: int) -> None:
-        """Register `conn` writing to `fd`; -1: Python writes everything for it."""
+    def add_conn(self, conn: int, fd: int, deflate: bool = False) -> None:
+        """Register `conn` writing to `fd`; -1: Python writes everything for it.
+        `deflate`: it negotiated permessage-deflate (written the compressed frames)."""
     def remove_conn(self, conn: int) -> bool: ...
     def hold(self, conn: int, held: bool) -> None:
         """Held: Python has output queued for `conn`; its frames are handed back."""
@@ -316,9 +317,10 @@ class FanoutHub:
     def unsubscribe(self, conn: int, key: int) -> bool: ...
     def subscribers(self, key: int) -> int: ...
     def publish(
-        self, frames: list[tuple[int, bytes]]
+        self, frames: list[tuple[int, bytes]] | list[tuple[int, bytes, bytes | None]]
     ) -> tuple[int, list[tuple[int, int]] | None, list[tuple[int, bytes]] | None, list[int] | None]:
-        """(frames written, held (conn, frame index), partial (conn, rest), failed conns)."""
+        """(frames written, held (conn, frame index), partial (conn, rest), failed conns).
+        A frame's optional third item is its compressed form, for deflate connections."""
 
 class FanoutSubscribers:
     """`n` native websocket subscribers of `channel` for the fan-out load
@@ -327,7 +329,10 @@ class FanoutSubscribers:
     lost/duplicate/reordered counts. They start connecting at once, on
     `threads` runtime threads."""
 
-    def __init__(self, host: str, port: int, path: str, channel: str, n: int, threads: int = 1) -> None: ...
+    def __init__(
+        self, host: str, port: int, path: str, channel: str, n: int, threads: int = 1, deflate: bool = False
+    ) -> None:
+        """`deflate`: offer permessage-deflate (as browsers do) and inflate compressed events."""
     def wait_subscribed(self, timeout: float) -> tuple[int, int]:
         """Block until all are subscribed or failed, or `timeout` s: (subscribed, failed)."""
     def finish(self) -> tuple[bytes, int, int, int, int, list[str]]:
@@ -365,6 +370,11 @@ class WsFrameReader:
 
     def __init__(self, read_limit: int = 0) -> None: ...
     def feed(self, data: bytes) -> list[bytes | tuple[int, bytes] | tuple[int, int, str]]: ...
+    def enable_deflate(self, context_takeover: bool) -> None:
+        """permessage-deflate was agreed: RSV1 marks compressed messages (first
+        frame of a message only), inflated in bounded steps; their inflated size
+        counts against `read_limit` (1009). `context_takeover`: the agreement
+        lacks client_no_context_takeover."""
     @property
     def done(self) -> bool:
         """True after a failure, a binary or a close frame."""
@@ -377,6 +387,21 @@ class WsFrameReader:
 def ws_text_frames(payloads: list[bytes]) -> bytes:
     """One text frame per payload, back to back in one buffer (the frames of
     one event-loop turn, written with one ``transport.write``)."""
+class WsDeflate:
+    """Server text frames with permessage-deflate (RFC 7692), compressed
+    without context takeover, so one instance serves every connection.
+    Raises RustextError for a level outside 0-9 or a negative threshold."""
+
+    def __init__(self, level: int = 1, threshold: int = 0) -> None: ...
+    def text_frames(self, payloads: list[bytes]) -> bytes:
+        """One text frame per payload, back to back: compressed (RSV1) when the
+        payload has at least `threshold` bytes and compressing shrinks it."""
+    def compress(self, payload: bytes) -> bytes:
+        """The compressed payload of one message (trailing 00 00 FF FF removed)."""
+    @property
+    def threshold(self) -> int:
+        """Payloads shorter than this go uncompressed."""
+
 def ws_control_frame(opcode: int, payload: bytes) -> bytes:
     """One control frame (opcode 8 close, 9 ping or 10 pong) with a raw
     payload of at most 125 bytes; raises RustextError otherwise."""

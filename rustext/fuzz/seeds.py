@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import zlib
 from pathlib import Path
 
 import rustext
@@ -27,9 +28,15 @@ def write(target: str, blobs: list[bytes]) -> None:
         (out / hashlib.sha1(blob).hexdigest()[:16]).write_bytes(blob)
 
 
-def ws_frame(fin: bool, op: int, payload: bytes, key: bytes = b"\x11\x22\x33\x44") -> bytes:
+def deflated(payload: bytes) -> bytes:
+    """A permessage-deflate payload (RFC 7692 §7.2.1: sync flush, its 4-byte tail removed)."""
+    z = zlib.compressobj(6, zlib.DEFLATED, -15)
+    return (z.compress(payload) + z.flush(zlib.Z_SYNC_FLUSH))[:-4]
+
+
+def ws_frame(fin: bool, op: int, payload: bytes, key: bytes = b"\x11\x22\x33\x44", rsv: int = 0) -> bytes:
     n = len(payload)
-    head = bytes(((0x80 if fin else 0) | op,))
+    head = bytes(((0x80 if fin else 0) | rsv | op,))
     if n < 126:
         head += bytes((0x80 | n,))
     elif n < 65536:
@@ -68,6 +75,16 @@ def main() -> None:
         ws_frame(True, 1, b"x" * 300) + ws_frame(True, 10, b""),
     ]
     write("wsframe", [bytes((limit, cut)) + f for f in frames for limit, cut in ((0, 0), (2, 3))])
+    # permessage-deflate on (the cut byte's high bit): compressed messages, whole and
+    # fragmented, beside plain ones; a small frame that inflates past the limit
+    z = deflated(text)
+    bomb = deflated(b"a" * 100_000)
+    compressed = [
+        ws_frame(True, 1, z, rsv=0x40) + ws_frame(True, 1, text),
+        ws_frame(False, 1, z[:5], rsv=0x40) + ws_frame(True, 9, b"p") + ws_frame(True, 0, z[5:]),
+        ws_frame(True, 1, bomb, rsv=0x40),
+    ]
+    write("wsframe", [bytes((limit, cut)) + f for f in compressed for limit, cut in ((0, 0x80), (2, 0x83))])
 
     rpcx = [
         rustext.encode_rpcx_request(1, b'{"A":10,"B":20}', service_path="Arith", service_method="Mul", serialize_type=1),

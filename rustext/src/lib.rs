@@ -5,6 +5,7 @@
 //! - [`rpcx`]     rpcx message codec (`rpcx/`: `decode`, `encode`, `stream`, `python` bindings).
 //! - [`juggler`]  juggler.0 envelope codec; `args` stay raw JSON bytes
 //!   (`juggler/`: `scan` JSON scanner, `parse`, `build`, `python` bindings).
+//! - [`wsdeflate`] permessage-deflate (RFC 7692): the shared compressor, the bounded inflater.
 //! - [`wsframe`]  websocket frames (RFC 6455 §5), server side: the client-frame
 //!   reader (bytes in, events out) and the server-frame writer.
 //! - [`timer`]    min-heap of deadlines: add / cancel / pop_expired(now).
@@ -27,6 +28,7 @@ pub mod juggler;
 pub mod rpcx;
 pub mod timer;
 pub mod tls;
+pub mod wsdeflate;
 pub mod wsframe;
 
 #[cfg(feature = "python")]
@@ -46,6 +48,7 @@ mod python {
         crate::balancer::python::register(m)?;
         crate::grpc::python::register(m)?;
         crate::wsframe::python::register(m)?;
+        crate::wsdeflate::python::register(m)?;
         Ok(())
     }
 }

@@ -6,6 +6,13 @@
 //!
 //! - buffers a partial frame across `feed` calls; decodes 7/16/64-bit lengths;
 //! - RSV bits set, or an unmasked frame: failure 1002 "protocol error";
+//!   once permessage-deflate is agreed ([`FrameReader::enable_deflate`]),
+//!   RSV1 marks a compressed message on its first frame (text or binary)
+//!   only: on a continuation or control frame it is still 1002. A compressed
+//!   message is inflated fragment by fragment ([`crate::wsdeflate`]); its
+//!   inflated size counts against `read_limit` (1009, checked while inflating,
+//!   never allocated past the limit); invalid deflate data is 1007
+//!   "invalid compressed data";
 //! - `read_limit` (0 = none): as soon as a frame's length is readable, its
 //!   length plus the bytes of the fragments already held must not exceed the
 //!   limit, else failure 1009 "message too big" (before its payload is buffered);
@@ -35,6 +42,8 @@
 //! `read_limit` when it is set).
 
 use std::mem;
+
+use crate::wsdeflate::{InflateError, Inflater};
 
 /// Opcode-like kinds of events, as crossed into Python.
 pub const EV_BINARY: u8 = 2;
@@ -67,6 +76,10 @@ pub struct FrameReader {
     /// bytes at the start of `frag` known to be complete, valid UTF-8
     checked: usize,
     done: bool,
+    /// permessage-deflate agreed: the client's compressed messages are inflated here
+    inflater: Option<Inflater>,
+    /// the fragmented message held in `frag` came compressed
+    compressed: bool,
 }
 
 /// Close codes a peer may send (RFC 6455 §7.4.1 and the IANA registry):
@@ -79,6 +92,13 @@ impl FrameReader {
     /// `read_limit`: largest message in bytes (0 = no limit).
     pub fn new(read_limit: u64) -> Self {
         FrameReader { limit: read_limit, ..Default::default() }
+    }
+
+    /// permessage-deflate was agreed: RSV1 marks compressed messages from now
+    /// on. `context_takeover`: the client may refer to its earlier messages
+    /// (the agreement has no `client_no_context_takeover`).
+    pub fn enable_deflate(&mut self, context_takeover: bool) {
+        self.inflater = Some(Inflater::new(context_takeover));
     }
 
     /// True after a failure, a binary or a close frame: nothing more comes out.
@@ -123,6 +143,7 @@ impl FrameReader {
         self.done = true;
         self.buf = Vec::new();
         self.frag = None;
+        self.inflater = None;
     }
 
     fn fail(&mut self, code: u16, reason: impl Into<String>, out: &mut Vec<WsEvent>) {
@@ -156,14 +177,19 @@ impl FrameReader {
                 ln = u64::from_be_bytes(a);
                 hdr = 10;
             }
-            if b0 & 0x70 != 0 || b1 & 0x80 == 0 || ln >> 63 != 0 {
-                // RSV bits (no extension is negotiated), an unmasked client frame,
+            let op = b0 & 0x0F;
+            // RSV1 on the first frame of a text or binary message once deflate is agreed (RFC 7692 §6)
+            let rsv1 = b0 & 0x70 == 0x40 && self.inflater.is_some() && (op == 1 || op == 2);
+            if (b0 & 0x70 != 0 && !rsv1) || b1 & 0x80 == 0 || ln >> 63 != 0 {
+                // RSV bits no extension gave a meaning, an unmasked client frame,
                 // or a 64-bit length with its most significant bit set (§5.2)
                 self.fail(1002, "protocol error", out);
                 return n;
             }
             let held = self.frag.as_ref().map_or(0, Vec::len) as u64;
-            if self.limit != 0 && ln.saturating_add(held) > self.limit {
+            // compressed bytes may exceed what they inflate to by a little (stored blocks)
+            let slack = if rsv1 || (op == 0 && self.compressed) { 64 + (self.limit >> 10) } else { 0 };
+            if self.limit != 0 && ln.saturating_add(held) > self.limit + slack {
                 self.fail(1009, "message too big", out);
                 return n;
             }
@@ -175,16 +201,31 @@ impl FrameReader {
             let end = start + ln as usize; // ≤ n, checked above
             let key = [view[pos + hdr], view[pos + hdr + 1], view[pos + hdr + 2], view[pos + hdr + 3]];
             pos = end;
-            self.frame(b0 & 0x80 != 0, b0 & 0x0F, key, &view[start..end], out);
+            self.frame(b0 & 0x80 != 0, rsv1, op, key, &view[start..end], out);
         }
         pos
     }
 
-    fn frame(&mut self, fin: bool, op: u8, key: [u8; 4], masked: &[u8], out: &mut Vec<WsEvent>) {
+    fn frame(&mut self, fin: bool, rsv1: bool, op: u8, key: [u8; 4], masked: &[u8], out: &mut Vec<WsEvent>) {
         match op {
             1 => {
                 if self.frag.is_some() {
                     self.fail(1002, "expected a continuation frame", out);
+                } else if rsv1 {
+                    let mut text = Vec::new();
+                    if !self.inflate(&unmasked(masked, key), fin, &mut text, out) {
+                        return;
+                    }
+                    if !fin {
+                        self.frag = Some(text);
+                        self.compressed = true;
+                        self.checked = 0;
+                        self.check_fragments(false, out);
+                    } else if std::str::from_utf8(&text).is_ok() {
+                        out.push(WsEvent::Text(text));
+                    } else {
+                        self.fail(1007, INVALID_TEXT, out);
+                    }
                 } else if fin {
                     let text = unmasked(masked, key);
                     if std::str::from_utf8(&text).is_ok() {
@@ -196,6 +237,19 @@ impl FrameReader {
                     self.frag = Some(unmasked(masked, key));
                     self.checked = 0;
                     self.check_fragments(false, out);
+                }
+            }
+            0 if self.compressed => {
+                let mut frag = self.frag.take().unwrap_or_default();
+                if !self.inflate(&unmasked(masked, key), fin, &mut frag, out) {
+                    return;
+                }
+                self.frag = Some(frag);
+                if self.check_fragments(fin, out) && fin {
+                    self.compressed = false;
+                    if let Some(text) = self.frag.take() {
+                        out.push(WsEvent::Text(text));
+                    }
                 }
             }
             0 => match self.frag.as_mut() {
@@ -238,6 +292,22 @@ impl FrameReader {
 const INVALID_TEXT: &str = "invalid UTF-8 in a text message";
 
 impl FrameReader {
+    /// Inflate one compressed fragment into `text`; false (and a failure event) when it cannot be.
+    fn inflate(&mut self, data: &[u8], fin: bool, text: &mut Vec<u8>, out: &mut Vec<WsEvent>) -> bool {
+        let Some(inflater) = self.inflater.as_mut() else { return false };
+        match inflater.inflate(data, fin, text, self.limit) {
+            Ok(()) => true,
+            Err(InflateError::TooBig) => {
+                self.fail(1009, "message too big", out);
+                false
+            }
+            Err(InflateError::Invalid) => {
+                self.fail(1007, "invalid compressed data", out);
+                false
+            }
+        }
+    }
+
     /// Validate the fragments held past `checked`; an incomplete character at
     /// the end is fine until the last fragment (`fin`). False (and failure
     /// 1007) on invalid UTF-8.
@@ -563,6 +633,84 @@ mod tests {
         assert_eq!(pong, [0x8A, 2, b'h', b'i']);
     }
 
+    fn zframe(fin: bool, op: u8, p: &[u8]) -> Vec<u8> {
+        let mut f = frame(fin, op, p);
+        f[0] |= 0x40;
+        f
+    }
+
+    fn deflating(limit: u64, takeover: bool) -> FrameReader {
+        let mut r = FrameReader::new(limit);
+        r.enable_deflate(takeover);
+        r
+    }
+
+    #[test]
+    fn rsv1_only_where_deflate_allows_it() {
+        let z = crate::wsdeflate::Deflater::new(1).compress(b"hello");
+        // not agreed: any RSV bit is a protocol error
+        assert_eq!(FrameReader::new(0).feed(&zframe(true, 1, &z)), vec![fail(1002, "protocol error")]);
+        // agreed: RSV1 on a text frame is a compressed message
+        assert_eq!(deflating(0, false).feed(&zframe(true, 1, &z)), vec![WsEvent::Text(b"hello".to_vec())]);
+        // never on a continuation frame, a control frame, nor RSV2/RSV3
+        let mut r = deflating(0, false);
+        let mut data = frame(false, 1, b"he");
+        data.extend(zframe(true, 0, b"llo"));
+        assert_eq!(r.feed(&data), vec![fail(1002, "protocol error")]);
+        for op in [8u8, 9, 10] {
+            assert_eq!(deflating(0, false).feed(&zframe(true, op, b"")), vec![fail(1002, "protocol error")], "{op}");
+        }
+        for bits in [0x20u8, 0x10, 0x60, 0x50] {
+            let mut f = frame(true, 1, b"x");
+            f[0] |= bits;
+            assert_eq!(deflating(0, false).feed(&f), vec![fail(1002, "protocol error")], "{bits:#x}");
+        }
+        // a binary message, compressed or not, is reported and ends the stream
+        assert_eq!(deflating(0, false).feed(&zframe(true, 2, &z)), vec![WsEvent::Binary]);
+    }
+
+    #[test]
+    fn fragmented_compressed_messages_and_plain_ones_mix() {
+        let text = "ünïcödé ".repeat(200);
+        let z = crate::wsdeflate::Deflater::new(6).compress(text.as_bytes());
+        let mut data = zframe(false, 1, &z[..1]);
+        data.extend(frame(true, 9, b"ping in between"));
+        data.extend(frame(false, 0, &z[1..z.len() / 2]));
+        data.extend(frame(true, 0, &z[z.len() / 2..]));
+        data.extend(frame(true, 1, b"plain"));
+        data.extend(zframe(true, 1, &crate::wsdeflate::Deflater::new(1).compress(b"")));
+        let want = vec![
+            WsEvent::Ping(b"ping in between".to_vec()),
+            WsEvent::Text(text.clone().into_bytes()),
+            WsEvent::Text(b"plain".to_vec()),
+            WsEvent::Text(Vec::new()),
+        ];
+        assert_eq!(deflating(0, false).feed(&data), want);
+        // byte by byte, the same
+        let mut r = deflating(0, true);
+        let got: Vec<WsEvent> = data.chunks(1).flat_map(|c| r.feed(c)).collect();
+        assert_eq!(got, want);
+        assert_eq!(r.buffered(), 0);
+    }
+
+    #[test]
+    fn a_deflate_bomb_is_too_big_and_bad_data_invalid() {
+        let bomb = crate::wsdeflate::Deflater::new(9).compress(&vec![b'a'; 4 << 20]);
+        assert!(bomb.len() < 10_000);
+        assert_eq!(deflating(1 << 16, false).feed(&zframe(true, 1, &bomb)), vec![fail(1009, "message too big")]);
+        // fragmented: the inflated fragments held count too
+        let mut r = deflating(1 << 16, false);
+        let mut data = zframe(false, 1, &bomb[..bomb.len() / 2]);
+        data.extend(frame(true, 0, &bomb[bomb.len() / 2..]));
+        assert_eq!(r.feed(&data), vec![fail(1009, "message too big")]);
+        assert!(r.is_done());
+        assert_eq!(r.buffered(), 0);
+        assert_eq!(deflating(0, false).feed(&zframe(true, 1, b"\xff\xff\xff\xff")), vec![fail(1007, "invalid compressed data")]);
+        // inflated text is still checked as UTF-8
+        let z = crate::wsdeflate::Deflater::new(1).compress(b"\xc0\xaf");
+        assert_eq!(deflating(0, false).feed(&zframe(true, 1, &z)), vec![fail(1007, INVALID_TEXT)]);
+    }
+
     #[test]
     fn mask_alignment() {
         for n in 0..100 {
@@ -658,6 +806,65 @@ mod tests {
         }
 
         #[test]
+        fn compressed_streams_give_the_same_events_at_any_split(
+            frames in proptest::collection::vec(arb_frame(), 0..8),
+            key in any::<[u8; 4]>(),
+            cut in 1usize..40,
+            takeover in any::<bool>(),
+        ) {
+            // the same messages, compressed (each text message's first frame RSV1)
+            let mut z = crate::wsdeflate::Deflater::new(6);
+            let mut data = Vec::new();
+            let mut want = Vec::new();
+            for f in &frames {
+                match f {
+                    F::Text(p, k) => {
+                        let c = z.compress(p);
+                        let step = c.len().div_ceil(k + 1).max(1);
+                        let chunks: Vec<&[u8]> = c.chunks(step).collect();
+                        for (i, ch) in chunks.iter().enumerate() {
+                            let mut fr = encode_client_frame(i + 1 == chunks.len(), if i == 0 { 1 } else { 0 }, ch, key);
+                            if i == 0 {
+                                fr[0] |= 0x40;
+                            }
+                            data.extend(fr);
+                        }
+                        want.push(WsEvent::Text(p.clone()));
+                    }
+                    F::Ping(p) => {
+                        data.extend(encode_client_frame(true, 9, p, key));
+                        want.push(WsEvent::Ping(p.clone()));
+                    }
+                    F::Pong(p) => data.extend(encode_client_frame(true, 10, p, key)),
+                }
+            }
+            let mut r = FrameReader::new(0);
+            r.enable_deflate(takeover);
+            let got: Vec<WsEvent> = data.chunks(cut).flat_map(|c| r.feed(c)).collect();
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(r.buffered(), 0);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_with_deflate(
+            chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..8),
+            limit in prop_oneof![Just(0u64), 1u64..2000],
+        ) {
+            let mut r = FrameReader::new(limit);
+            r.enable_deflate(true);
+            for c in &chunks {
+                for ev in r.feed(c) {
+                    if let WsEvent::Text(t) = &ev {
+                        prop_assert!(limit == 0 || t.len() as u64 <= limit);
+                    }
+                    if let WsEvent::Fail { code, .. } = ev {
+                        prop_assert!(code == 1002 || code == 1007 || code == 1009);
+                    }
+                }
+            }
+        }
+
+        #[test]
         fn mask_round_trips(p in proptest::collection::vec(any::<u8>(), 0..100), key in any::<[u8; 4]>()) {
             let mut m = p.clone();
             apply_mask(&mut m, key);
@@ -723,6 +930,12 @@ pub mod python {
             }
             self.events = events;
             Ok(list)
+        }
+
+        /// permessage-deflate was agreed: RSV1 marks compressed messages from
+        /// now on; `context_takeover` when the agreement lacks `client_no_context_takeover`.
+        fn enable_deflate(&mut self, context_takeover: bool) {
+            self.inner.enable_deflate(context_takeover);
         }
 
         /// True after a failure, a binary or a close frame.

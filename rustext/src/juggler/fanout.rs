@@ -18,6 +18,12 @@
 //! A short write (the socket buffer is full) hands the rest back too; the
 //! Python side then holds the connection until its transport has drained.
 //!
+//! A connection that negotiated permessage-deflate gets the compressed frame
+//! of an event, the others its plain frame: the caller builds each at most
+//! once per event (the server compresses without context takeover, so one
+//! compressed frame is valid on every such connection),
+//! [`Hub::publish_deflated`].
+//!
 //! The descriptor stays the event loop's: the hub never closes it, and the
 //! Python side removes a connection from the hub BEFORE its transport can
 //! close the descriptor (every close path of the connection goes through
@@ -46,6 +52,8 @@ struct Conn {
     fd: RawFd, // the event loop's socket (never closed here); -1: always written by Python
     held: bool,
     keys: Vec<u64>,
+    /// negotiated permessage-deflate: written the compressed frames
+    deflate: bool,
 }
 
 /// Subscribers per key and the connections' sockets (see module doc).
@@ -134,6 +142,11 @@ impl Hub {
     /// Register a connection writing to `fd` (-1: Python writes everything for it).
     /// The caller removes it before `fd` can be closed. Re-adding an id replaces the entry.
     pub fn add_conn(&mut self, conn: u64, fd: RawFd) -> std::io::Result<()> {
+        self.add_conn_deflate(conn, fd, false)
+    }
+
+    /// [`Hub::add_conn`] for a connection that negotiated permessage-deflate (`deflate`) or not.
+    pub fn add_conn_deflate(&mut self, conn: u64, fd: RawFd, deflate: bool) -> std::io::Result<()> {
         if fd >= 0 {
             // SAFETY: F_GETFD only reads the descriptor's flags: is it open at all?
             if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
@@ -141,7 +154,7 @@ impl Hub {
             }
         }
         self.remove_conn(conn);
-        self.conns.insert(conn, Conn { fd, held: false, keys: Vec::new() });
+        self.conns.insert(conn, Conn { fd, held: false, keys: Vec::new(), deflate });
         Ok(())
     }
 
@@ -203,28 +216,37 @@ impl Hub {
     /// Write `frames` (key, bytes), in order, to the subscribers of each key;
     /// one gathered write per connection (see module doc).
     pub fn publish(&mut self, frames: &[(u64, &[u8])]) -> Leftovers {
+        let both: Vec<(u64, &[u8], &[u8])> = frames.iter().map(|&(k, f)| (k, f, f)).collect();
+        self.publish_deflated(&both)
+    }
+
+    /// [`Hub::publish`] with two frames per event (key, plain frame, compressed
+    /// frame): connections that negotiated deflate are written the compressed one.
+    pub fn publish_deflated(&mut self, frames: &[(u64, &[u8], &[u8])]) -> Leftovers {
         let out = if frames.len() == 1 {
-            let (key, frame) = frames[0];
+            let (key, plain, deflated) = frames[0];
             let Some(subs) = self.keys.get(&key) else { return Leftovers::default() };
-            let one: &[&[u8]] = &[frame];
-            self.write_all(subs, |_| (one, &[0usize][..]))
+            let one: &[&[u8]] = &[plain];
+            let onez: &[&[u8]] = &[deflated];
+            self.write_all(subs, |_, deflate| (if deflate { onez } else { one }, &[0usize][..]))
         } else {
             // several frames in this turn: gather each connection's frames, in order
             let mut per_conn: HashMap<u64, (Vec<&[u8]>, Vec<usize>)> = HashMap::new();
             let mut order: Vec<u64> = Vec::new();
-            for (i, (key, frame)) in frames.iter().enumerate() {
+            for (i, (key, plain, deflated)) in frames.iter().enumerate() {
                 if let Some(subs) = self.keys.get(key) {
                     for &id in subs {
+                        let deflate = self.conns.get(&id).is_some_and(|c| c.deflate);
                         let e = per_conn.entry(id).or_insert_with(|| {
                             order.push(id);
                             (Vec::new(), Vec::new())
                         });
-                        e.0.push(frame);
+                        e.0.push(if deflate { deflated } else { plain });
                         e.1.push(i);
                     }
                 }
             }
-            self.write_all(&order, |id| {
+            self.write_all(&order, |id, _| {
                 let (parts, idx) = &per_conn[&id];
                 (&parts[..], &idx[..])
             })
@@ -238,14 +260,14 @@ impl Hub {
     /// writes are the cost, and the last subscriber waits for all before it.
     fn write_all<'f, F>(&self, ids: &[u64], frames_of: F) -> Leftovers
     where
-        F: Fn(u64) -> (&'f [&'f [u8]], &'f [usize]) + Sync,
+        F: Fn(u64, bool) -> (&'f [&'f [u8]], &'f [usize]) + Sync,
     {
         let threads = if ids.len() >= PARALLEL_MIN { parallelism() } else { 1 };
         if threads <= 1 {
             let mut out = Leftovers::default();
             for &id in ids {
                 if let Some(c) = self.conns.get(&id) {
-                    let (parts, idx) = frames_of(id);
+                    let (parts, idx) = frames_of(id, c.deflate);
                     self.write_one(id, c, parts, idx, &mut out);
                 }
             }
@@ -261,7 +283,7 @@ impl Hub {
                         let mut out = Leftovers::default();
                         for &id in part {
                             if let Some(c) = self.conns.get(&id) {
-                                let (parts, idx) = frames_of(id);
+                                let (parts, idx) = frames_of(id, c.deflate);
                                 self.write_one(id, c, parts, idx, &mut out);
                             }
                         }
@@ -352,6 +374,27 @@ mod tests {
         assert_eq!(out.written, 5);
         assert_eq!(read_n(&mut ra, 8), b"onethree");
         assert_eq!(read_n(&mut rb, 11), b"onetwothree");
+    }
+
+    #[test]
+    fn deflate_connections_get_the_compressed_frames() {
+        let mut hub = Hub::new();
+        let (a, mut ra) = pair();
+        let (b, mut rb) = pair();
+        hub.add_conn(1, a.as_raw_fd()).unwrap();
+        hub.add_conn_deflate(2, b.as_raw_fd(), true).unwrap();
+        hub.subscribe(1, 7);
+        hub.subscribe(2, 7);
+        let out = hub.publish_deflated(&[(7, b"plain", b"zz")]);
+        assert_eq!(out.written, 2);
+        assert_eq!(read_n(&mut ra, 5), b"plain");
+        assert_eq!(read_n(&mut rb, 2), b"zz");
+        // several frames in one turn: each connection its kind, in order
+        hub.subscribe(2, 8);
+        let out = hub.publish_deflated(&[(7, b"p1", b"z1"), (8, b"p2", b"z2"), (7, b"p3", b"z3")]);
+        assert_eq!(out.written, 5);
+        assert_eq!(read_n(&mut ra, 4), b"p1p3");
+        assert_eq!(read_n(&mut rb, 6), b"z1z2z3");
     }
 
     #[test]
@@ -463,8 +506,10 @@ pub mod python {
 
         /// Register connection `conn`; `fd` is its socket (remove the connection
         /// before it can close), or -1 when Python writes everything for it.
-        fn add_conn(&mut self, conn: u64, fd: i32) -> PyResult<()> {
-            self.hub.add_conn(conn, fd).map_err(PyErr::from)
+        /// `deflate`: it negotiated permessage-deflate, and is written the compressed frames.
+        #[pyo3(signature = (conn, fd, deflate = false))]
+        fn add_conn(&mut self, conn: u64, fd: i32, deflate: bool) -> PyResult<()> {
+            self.hub.add_conn_deflate(conn, fd, deflate).map_err(PyErr::from)
         }
 
         /// Forget `conn` and its subscriptions. False when unknown.
@@ -489,19 +534,29 @@ pub mod python {
             self.hub.subscribers(key)
         }
 
-        /// Write `frames` (a list of (key, bytes)) to the keys' subscribers.
+        /// Write `frames` (a list of (key, bytes), or (key, bytes, compressed
+        /// bytes or None) for connections that negotiated deflate) to the keys' subscribers.
         /// Returns (frames written, held, partial, failed): held is a list of
         /// (conn, frame index) for Python to write, partial a list of (conn,
         /// bytes the kernel did not take), failed a list of conns whose socket
         /// failed; each of the three is None when empty.
         fn publish<'py>(&mut self, py: Python<'py>, frames: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyTuple>> {
-            let mut owned: Vec<(u64, Bound<'py, PyBytes>)> = Vec::with_capacity(frames.len());
+            let mut owned: Vec<(u64, Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>)> = Vec::with_capacity(frames.len());
             for item in frames.iter() {
-                let (key, frame): (u64, Bound<'py, PyBytes>) = item.extract()?;
-                owned.push((key, frame));
+                let t = item.cast_into::<PyTuple>()?;
+                if t.len() == 3 {
+                    let (key, frame, deflated): (u64, Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>) = t.extract()?;
+                    owned.push((key, frame, deflated));
+                } else {
+                    let (key, frame): (u64, Bound<'py, PyBytes>) = t.extract()?;
+                    owned.push((key, frame, None));
+                }
             }
-            let views: Vec<(u64, &[u8])> = owned.iter().map(|(k, b)| (*k, b.as_bytes())).collect();
-            let out = self.hub.publish(&views);
+            let views: Vec<(u64, &[u8], &[u8])> = owned
+                .iter()
+                .map(|(k, b, z)| (*k, b.as_bytes(), z.as_ref().map_or(b.as_bytes(), |z| z.as_bytes())))
+                .collect();
+            let out = self.hub.publish_deflated(&views);
             let none = || py.None().into_bound(py);
             let held = if out.held.is_empty() { none() } else { out.held.into_pyobject(py)?.into_any() };
             let partial = if out.partial.is_empty() {

@@ -8,8 +8,11 @@
 //! (publish time, ns since the epoch) and `"seq"` from its `args` without
 //! decoding the JSON, recording latency and counting lost, duplicated and
 //! reordered events. It answers the server's keepalive pings (a server
-//! closes a connection that answers nothing, however long the run). Nothing
-//! here is a general websocket client.
+//! closes a connection that answers nothing, however long the run). With
+//! `deflate` a subscriber offers permessage-deflate (RFC 7692) as browsers
+//! do and inflates the compressed events (without context takeover, as the
+//! server agrees), so the fan-out can be measured with compression on and
+//! off. Nothing here is a general websocket client.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,10 +70,18 @@ pub fn event_fields(text: &[u8]) -> Option<(i64, i64)> {
 }
 
 /// One subscriber, until `shared.stop`.
-pub async fn run_one(addr: SocketAddr, host: String, path: String, sub_frame: Vec<u8>, shared: Arc<Shared>) -> SubStats {
+pub async fn run_one(
+    addr: SocketAddr,
+    host: String,
+    path: String,
+    sub_frame: Vec<u8>,
+    shared: Arc<Shared>,
+    deflate: bool,
+) -> SubStats {
     let mut st = SubStats::default();
     let mut counted = false;
-    if let Err(e) = subscriber(addr, &host, &path, &sub_frame, &shared, &mut st, &mut counted).await {
+    let target = Target { addr, host: &host, path: &path, deflate };
+    if let Err(e) = subscriber(&target, &sub_frame, &shared, &mut st, &mut counted).await {
         st.error = Some(e);
         if !counted {
             shared.failed.fetch_add(1, Ordering::SeqCst);
@@ -79,21 +90,29 @@ pub async fn run_one(addr: SocketAddr, host: String, path: String, sub_frame: Ve
     st
 }
 
-async fn subscriber(
+/// Where a subscriber connects, and whether it offers permessage-deflate.
+struct Target<'a> {
     addr: SocketAddr,
-    host: &str,
-    path: &str,
+    host: &'a str,
+    path: &'a str,
+    deflate: bool,
+}
+
+async fn subscriber(
+    target: &Target<'_>,
     sub_frame: &[u8],
     shared: &Shared,
     st: &mut SubStats,
     counted: &mut bool,
 ) -> Result<(), String> {
+    let Target { addr, host, path, deflate } = *target;
     let mut s = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
     s.set_nodelay(true).ok();
+    let offer = if deflate { "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n" } else { "" };
     let req = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
-         Sec-WebSocket-Protocol: juggler.0\r\n\r\n"
+         Sec-WebSocket-Protocol: juggler.0\r\n{offer}\r\n"
     );
     s.write_all(req.as_bytes()).await.map_err(|e| format!("handshake: {e}"))?;
     let mut buf: Vec<u8> = Vec::with_capacity(8192);
@@ -115,6 +134,10 @@ async fn subscriber(
     }
     s.write_all(sub_frame).await.map_err(|e| format!("SUB: {e}"))?;
     let mut last: i64 = -1;
+    // the server compresses each message on its own (no context takeover on its side), so
+    // one inflater kept for the connection reads them all: no window allocated per event
+    let mut inflater = crate::wsdeflate::Inflater::new(true);
+    let mut inflated: Vec<u8> = Vec::new();
     loop {
         // whole frames in buf
         loop {
@@ -140,7 +163,12 @@ async fn subscriber(
             if buf.len() < h + len {
                 break;
             }
-            let payload = &buf[h..h + len];
+            let mut payload = &buf[h..h + len];
+            if buf[0] & 0x40 != 0 && op == 1 {
+                inflated.clear();
+                inflater.inflate(payload, true, &mut inflated, 0).map_err(|e| format!("inflate: {e:?}"))?;
+                payload = &inflated;
+            }
             match op {
                 1 => {
                     if payload.starts_with(b"{\"meta\":{\"type\":10,") {
@@ -207,6 +235,7 @@ pub fn pong_frame(payload: &[u8]) -> Vec<u8> {
 }
 
 /// Start `n` subscribers on `rt`; they run until `shared.stop` is set and the owner notifies.
+#[allow(clippy::too_many_arguments)]
 pub fn spawn_all(
     rt: &tokio::runtime::Runtime,
     addr: SocketAddr,
@@ -215,12 +244,13 @@ pub fn spawn_all(
     channel: &str,
     n: usize,
     shared: &Arc<Shared>,
+    deflate: bool,
 ) -> Vec<tokio::task::JoinHandle<SubStats>> {
     (0..n)
         .map(|_| {
             let frame = sub_frame(channel, &super::new_uuid());
             let (host, path, shared) = (host.to_string(), path.to_string(), shared.clone());
-            rt.spawn(run_one(addr, host, path, frame, shared))
+            rt.spawn(run_one(addr, host, path, frame, shared, deflate))
         })
         .collect()
 }
@@ -284,10 +314,10 @@ pub mod python {
     #[pymethods]
     impl FanoutSubscribers {
         /// Connect `n` subscribers to ws://`host`:`port``path` and subscribe them to `channel`
-        /// on `threads` runtime threads.
+        /// on `threads` runtime threads; `deflate`: offer permessage-deflate.
         #[new]
-        #[pyo3(signature = (host, port, path, channel, n, threads = 1))]
-        fn new(host: &str, port: u16, path: &str, channel: &str, n: usize, threads: usize) -> PyResult<Self> {
+        #[pyo3(signature = (host, port, path, channel, n, threads = 1, deflate = false))]
+        fn new(host: &str, port: u16, path: &str, channel: &str, n: usize, threads: usize, deflate: bool) -> PyResult<Self> {
             let addr: SocketAddr = format!("{host}:{port}")
                 .parse()
                 .or_else(|_| {
@@ -306,7 +336,7 @@ pub mod python {
                 subscribed: Default::default(),
                 failed: Default::default(),
             });
-            let handles = spawn_all(&rt, addr, &format!("{host}:{port}"), path, channel, n, &shared);
+            let handles = spawn_all(&rt, addr, &format!("{host}:{port}"), path, channel, n, &shared, deflate);
             Ok(Self { rt: Some(rt), shared, handles, n })
         }
 
