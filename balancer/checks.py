@@ -36,10 +36,14 @@ def check_count(value: Any, where: str, top: int = U64_MAX) -> None:
 
 
 def check_seconds(value: Any, where: str) -> None:
-    """A duration the data plane takes: a finite number of seconds, 0 to one year."""
+    """A duration the data plane takes: a finite number of seconds, 0 to one year,
+    and not a positive one shorter than the nanosecond the data plane counts in
+    (it would be 0 there, whose meaning is often "none")."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= ONE_YEAR:
         raise BalancerConfigError(
             f"{where} must be a number of seconds between 0 and one year ({ONE_YEAR}), got {value!r}")
+    if 0 < value < 1e-9:
+        raise BalancerConfigError(f"{where} must be 0 or at least a nanosecond (1e-9 seconds), got {value!r}")
 
 
 def unix_path(value: object) -> str | None:

@@ -60,23 +60,32 @@ def lb_config(bks: Sequence[Any] = (), **settings: Any) -> BalancerConfig:
 def start_backend(name: str, port: int | None = None, tls: tuple[str, str] | None = None,
                   host: str = "127.0.0.1") -> BackendProc:
     """A backend process on ``host`` (any 127.x address on Linux); ``tls`` =
-    (certificate, key) serves HTTPS."""
-    port = port or free_port()
-    proc = subprocess.Popen([sys.executable, BACKEND, f"{host}:{port}", name, *(tls or ())], stdout=subprocess.PIPE)
+    (certificate, key) serves HTTPS. Without a ``port``, a free one: tried
+    again on another when another process took it first (a busy machine)."""
+    for _ in range(3 if port is None else 1):
+        chosen = port or free_port()
+        proc = subprocess.Popen([sys.executable, BACKEND, f"{host}:{chosen}", name, *(tls or ())],
+                                stdout=subprocess.PIPE)
+        if _ready(proc):
+            return BackendProc(name, chosen, proc, host)
+    raise RuntimeError(f"backend {name} did not start")
+
+
+def _ready(proc: subprocess.Popen) -> bool:
+    """Whether a backend process said it is ready; one that did not is reaped."""
     assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if line.strip() != b"ready":
-        proc.kill()
-        raise RuntimeError(f"backend {name} did not start")
-    return BackendProc(name, port, proc, host)
+    if proc.stdout.readline().strip() == b"ready":
+        return True
+    proc.kill()
+    proc.wait(timeout=10)
+    proc.stdout.close()
+    return False
 
 
 def start_unix_backend(name: str, path: str) -> subprocess.Popen:
     """A backend process serving HTTP on the Unix socket at ``path``."""
     proc = subprocess.Popen([sys.executable, BACKEND, f"unix:{path}", name], stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != b"ready":
-        proc.kill()
+    if not _ready(proc):
         raise RuntimeError(f"backend {name} did not start")
     return proc
 

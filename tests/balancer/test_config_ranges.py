@@ -101,3 +101,12 @@ def test_the_largest_values_are_taken_by_the_data_plane() -> None:
         "request_headers": {"set": {"X-A": "tab\there, é and %[src]"}},
     })
     rustext.Balancer(cfg)  # checked, not started
+
+
+def test_a_positive_duration_under_a_nanosecond_is_refused_not_made_zero() -> None:
+    """The data plane counts nanoseconds: 1e-38 s would become 0 there, which
+    for a connect timeout is refused and for others means "none"."""
+    with pytest.raises(BalancerConfigError, match="at least a nanosecond"):
+        from_dict({"listen": "127.0.0.1:0", "backends": ["127.0.0.1:1"], "timeouts": {"connect": 1.175494351e-38}})
+    cfg = from_dict({"listen": "127.0.0.1:0", "backends": ["127.0.0.1:1"], "timeouts": {"connect": 1e-9}})
+    rustext.Balancer(cfg)  # taken as it is: checked, not started
