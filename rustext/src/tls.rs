@@ -117,6 +117,21 @@ fn provider() -> Arc<CryptoProvider> {
     CryptoProvider::get_default().cloned().unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
 }
 
+/// SHA-256 of `data` by the TLS provider (a client certificate's
+/// fingerprint); empty if the provider has no SHA-256 suite.
+pub fn sha256(data: &[u8]) -> Vec<u8> {
+    provider()
+        .cipher_suites
+        .iter()
+        .map(|s| match s {
+            rustls::SupportedCipherSuite::Tls13(t) => t.common.hash_provider,
+            rustls::SupportedCipherSuite::Tls12(t) => t.common.hash_provider,
+        })
+        .find(|h| h.algorithm() == rustls::crypto::hash::HashAlgorithm::SHA256)
+        .map(|h| h.hash(data).as_ref().to_vec())
+        .unwrap_or_default()
+}
+
 /// Every certificate of a PEM file, in order (a chain: the leaf first).
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem_err = |detail: String| TlsError::Pem { path: path.to_path_buf(), what: "certificate", detail };
@@ -264,13 +279,26 @@ pub fn server_config(
     alpn: &[&[u8]],
     client_ca: Option<&Path>,
 ) -> Result<ServerConfig, TlsError> {
+    server_config_verifying(resolver, alpn, client_ca, false)
+}
+
+/// [`server_config`], and with `optional` a client may also present no
+/// certificate (one it presents is still verified: an invalid one is refused).
+pub fn server_config_verifying(
+    resolver: Arc<CertResolver>,
+    alpn: &[&[u8]],
+    client_ca: Option<&Path>,
+    optional: bool,
+) -> Result<ServerConfig, TlsError> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(rustls::ALL_VERSIONS)
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let builder = match client_ca {
         Some(path) => {
             let roots = Arc::new(load_roots(path)?);
-            let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider())
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider());
+            let verifier = if optional { verifier.allow_unauthenticated() } else { verifier };
+            let verifier = verifier
                 .build()
                 .map_err(|e| TlsError::Ca { path: path.to_path_buf(), detail: e.to_string() })?;
             builder.with_client_cert_verifier(verifier)
@@ -471,5 +499,11 @@ mod tests {
         assert_eq!(client.alpn_protocols, vec![b"h2".to_vec()]);
         client_config(&ServerTrust::System, None, &[]).unwrap();
         client_config(&ServerTrust::Insecure, None, &[]).unwrap();
+    }
+
+    #[test]
+    fn sha256_is_the_providers() {
+        let h: String = sha256(b"abc").iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 }

@@ -17,6 +17,8 @@ use crate::tls::CertResolver;
 pub struct ListenTls {
     pub certs: Arc<CertResolver>,
     pub config: Arc<rustls::ServerConfig>,
+    /// The request headers a verified client certificate fills in.
+    pub cert_headers: Arc<super::clientcert::CertHeaders>,
 }
 
 impl std::fmt::Debug for ListenTls {
@@ -424,6 +426,15 @@ pub enum HeaderTest {
     Prefix(String),
 }
 
+/// A route's condition on the connection's client certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CertTest {
+    /// The client presented none (or the connection is not TLS).
+    Absent,
+    /// A verified certificate whose RFC 4514 subject passes this test.
+    Subject(HeaderTest),
+}
+
 /// Where a redirect goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RedirectSpec {
@@ -458,6 +469,8 @@ pub struct RouteSpec {
     pub methods: Vec<String>,
     /// All must hold.
     pub headers: Vec<(String, HeaderTest)>,
+    /// On the verified client certificate (None: no condition).
+    pub client_cert: Option<CertTest>,
     /// The backend pool (by name), or
     pub backend: Option<String>,
     /// a redirect answered by the balancer, or
@@ -478,8 +491,8 @@ impl RouteSpec {
     /// wherever it moved in the list.
     pub(super) fn identity(&self) -> String {
         format!(
-            "{:?}|{:?}|{:?}|{:?}|{:?}",
-            self.hosts, self.paths, self.path_prefixes, self.methods, self.headers
+            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+            self.hosts, self.paths, self.path_prefixes, self.methods, self.headers, self.client_cert
         )
     }
 }
