@@ -86,7 +86,6 @@ from balancer.compression import Compression, compression
 from balancer.config_sections import HEALTH_TYPES as HEALTH_TYPES  # noqa: PLC0414  (re-exported, as are the sections)
 from balancer.config_sections import (
     Certificate,
-    ClientCertHeaders,
     HealthCheck,
     Limits,
     Passive,

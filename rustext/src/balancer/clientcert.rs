@@ -200,7 +200,7 @@ fn text(tag: u8, v: &[u8]) -> Option<String> {
     match tag {
         0x0c | 0x13 | 0x16 => String::from_utf8(v.to_vec()).ok(),
         0x14 => Some(v.iter().map(|&b| b as char).collect()),
-        0x1e if v.len() % 2 == 0 => {
+        0x1e if v.len().is_multiple_of(2) => {
             String::from_utf16(&v.chunks(2).map(|c| u16::from_be_bytes([c[0], c[1]])).collect::<Vec<_>>()).ok()
         }
         _ => None,
