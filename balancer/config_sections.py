@@ -282,6 +282,9 @@ class Tls:
     #: with ``client_ca``: ``"required"`` (a client without a valid certificate is refused at the
     #: handshake) or ``"optional"`` (a client may present none; one it presents must be valid)
     client_verify: str = "required"
+    #: with ``client_ca``: PEM certificate revocation lists, one for each CA of a client's chain
+    #: (HAProxy's ``crl-file``); a revoked certificate, or one from a CA without a list here, is refused
+    client_crl: str | None = None
     #: request headers passing the verified client certificate to backends (HAProxy's ``ssl_c_*``)
     client_cert_headers: ClientCertHeaders = field(default_factory=ClientCertHeaders)
     #: ``host:port`` of a plain-HTTP listener answering every request with a 308 redirect to HTTPS
@@ -302,6 +305,8 @@ class Tls:
                 raise BalancerConfigError("tls.redirect needs certificates: the listener must serve HTTPS")
         if self.client_ca is not None and not self.certificates:
             raise BalancerConfigError("tls.client_ca needs certificates on the listener")
+        if self.client_crl is not None and self.client_ca is None:
+            raise BalancerConfigError("tls.client_crl needs tls.client_ca (client certificates)")
         if self.client_verify not in ("required", "optional"):
             raise BalancerConfigError(
                 f"tls.client_verify: expected \"required\" or \"optional\", got {self.client_verify!r}")
@@ -315,6 +320,6 @@ class Tls:
         if (self.backend_ca is not None or self.backend_insecure) and not self.backend:
             raise BalancerConfigError("tls.backend_ca and tls.backend_insecure need tls.backend = true")
         for path in [p for c in self.certificates for p in (c.cert, c.key)] + [
-                p for p in (self.client_ca, self.backend_ca) if p]:
+                p for p in (self.client_ca, self.client_crl, self.backend_ca) if p]:
             if not os.path.isfile(path):
                 raise BalancerConfigError(f"TLS file {path}: no such file")

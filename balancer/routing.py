@@ -381,6 +381,9 @@ class Listener:
     #: response compression (``true`` for the defaults, or a ``[listeners.compress]`` table); routes
     #: may override it; unset: none
     compress: Compression | bool | None = None
+    #: client certificates on this HTTPS listener (with ``tls.client_ca``): ``"required"``,
+    #: ``"optional"`` or ``"off"`` (none asked); unset: ``tls.client_verify``
+    client_verify: str | None = None
 
     def __post_init__(self) -> None:
         from balancer.checks import parse_hostport
@@ -408,6 +411,12 @@ class Listener:
             object.__setattr__(self, "hsts", section(Hsts, self.hsts, f"{w}.hsts"))
         if self.hsts is not None and not self.tls:
             raise BalancerConfigError(f"{w}.hsts needs an HTTPS listener (tls = true)")
+        if self.client_verify is not None:
+            if self.client_verify not in ("required", "optional", "off"):
+                raise BalancerConfigError(
+                    f"{w}.client_verify: expected \"required\", \"optional\" or \"off\", got {self.client_verify!r}")
+            if not self.tls:
+                raise BalancerConfigError(f"{w}.client_verify needs an HTTPS listener (tls = true)")
         for name in ("request_headers", "response_headers"):
             v = getattr(self, name)
             if isinstance(v, Mapping):

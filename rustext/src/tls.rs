@@ -23,7 +23,7 @@ use std::sync::{Arc, RwLock};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
@@ -143,6 +143,19 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
         return Err(pem_err("no CERTIFICATE section found".into()));
     }
     Ok(certs)
+}
+
+/// Every certificate revocation list of a PEM file (`X509 CRL` sections).
+pub fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
+    let pem_err = |detail: String| TlsError::Pem { path: path.to_path_buf(), what: "CRL", detail };
+    let crls = CertificateRevocationListDer::pem_file_iter(path)
+        .map_err(|e| pem_err(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem_err(e.to_string()))?;
+    if crls.is_empty() {
+        return Err(pem_err("no X509 CRL section found".into()));
+    }
+    Ok(crls)
 }
 
 /// The first private key of a PEM file (PKCS#8, PKCS#1 RSA or SEC1 EC).
@@ -279,16 +292,19 @@ pub fn server_config(
     alpn: &[&[u8]],
     client_ca: Option<&Path>,
 ) -> Result<ServerConfig, TlsError> {
-    server_config_verifying(resolver, alpn, client_ca, false)
+    server_config_verifying(resolver, alpn, client_ca, false, None)
 }
 
 /// [`server_config`], and with `optional` a client may also present no
-/// certificate (one it presents is still verified: an invalid one is refused).
+/// certificate (one it presents is still verified: an invalid one is
+/// refused); with `crl`, a certificate any of its revocation lists names is
+/// refused, and so is one whose chain has a CA without a list there.
 pub fn server_config_verifying(
     resolver: Arc<CertResolver>,
     alpn: &[&[u8]],
     client_ca: Option<&Path>,
     optional: bool,
+    crl: Option<&Path>,
 ) -> Result<ServerConfig, TlsError> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(rustls::ALL_VERSIONS)
@@ -298,6 +314,10 @@ pub fn server_config_verifying(
             let roots = Arc::new(load_roots(path)?);
             let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider());
             let verifier = if optional { verifier.allow_unauthenticated() } else { verifier };
+            let verifier = match crl {
+                Some(crl) => verifier.with_crls(load_crls(crl)?),
+                None => verifier,
+            };
             let verifier = verifier
                 .build()
                 .map_err(|e| TlsError::Ca { path: path.to_path_buf(), detail: e.to_string() })?;

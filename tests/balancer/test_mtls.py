@@ -3,9 +3,10 @@ rustext.Balancer, a real backend echoing the headers it got, and real
 clients (Python's ssl, aiohttp, curl over HTTP/1.1 and HTTP/2, openssl
 s_client) with certificates made here with ``cryptography``: a CA the
 balancer trusts, another CA, a valid client, one of the other CA, an
-expired one.
+expired one, a revoked one.
 
-``tls.client_verify = "required"`` and ``"optional"``; refusals at the
+``tls.client_verify = "required"`` and ``"optional"``, a listener's own
+``client_verify`` (``"off"`` too); a revocation list; refusals at the
 handshake (a TLS alert, never an HTTP answer); the identity headers and
 their formats; spoofed identity headers removed on TLS and cleartext
 listeners, on the fast path and on hyper's; routes by the certificate's
@@ -83,6 +84,20 @@ class Pki:
                 .sign(key, hashes.SHA256()))
         return cert, key
 
+    def crl(self, *revoked: x509.Certificate) -> Path:
+        """A revocation list of the CA naming ``revoked``."""
+        b = (x509.CertificateRevocationListBuilder().issuer_name(self.ca.subject)
+             .last_update(self.now - datetime.timedelta(hours=1)).next_update(self.now + datetime.timedelta(days=1))
+             .add_extension(x509.CRLNumber(1), critical=False)  # RFC 5280 requires it, as the verifier does
+             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._ca_key.public_key()),
+                            critical=False))
+        for c in revoked:
+            b = b.add_revoked_certificate(x509.RevokedCertificateBuilder().serial_number(c.serial_number)
+                                          .revocation_date(self.now - datetime.timedelta(hours=1)).build())
+        path = self.dir / "crl.pem"
+        path.write_bytes(b.sign(self._ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+        return path
+
     def _write_ca(self, cert: x509.Certificate, name: str) -> Path:
         path = self.dir / f"{name}.pem"
         path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -124,6 +139,8 @@ class Certs:
     bob: Cert
     stranger: Cert
     expired: Cert
+    revoked: Cert
+    crl: Path
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +156,8 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     bob = pki.issue("bob", dn(O="Example", CN="bob"))
     stranger = pki.issue("stranger", dn(CN="admin"), other_ca=True)
     expired = pki.issue("expired", dn(CN="admin"), expired=True)
-    return Certs(pki, server, admin, bob, stranger, expired)
+    revoked = pki.issue("revoked", dn(CN="admin"))
+    return Certs(pki, server, admin, bob, stranger, expired, revoked, pki.crl(revoked.x509))
 
 
 @pytest.fixture(scope="module")
@@ -150,31 +168,40 @@ def backend() -> Iterator[Any]:
 
 
 def start_lb(certs: Certs, backend: Any, verify: str) -> rustext.Balancer:
-    """A balancer with an HTTPS listener (client certificates ``verify``)
-    and a cleartext one, both with ``ROUTES``."""
+    """A balancer with an HTTPS listener (client certificates ``verify``),
+    a cleartext one, and HTTPS listeners of their own ``client_verify``
+    (``"off"``, ``"optional"``), all with ``ROUTES``; ``certs.crl`` revokes
+    ``certs.revoked``."""
+    listener = {"address": "127.0.0.1:0", "default_backend": "default", "routes": ROUTES}
     lb = rustext.Balancer(lb_config(
         [backend], workers=1,
         tls={"certificates": [{"cert": str(certs.server.cert), "key": str(certs.server.key)}],
-             "client_ca": str(certs.pki.ca_file), "client_verify": verify, "client_cert_headers": HEADERS},
-        listeners=[{"address": "127.0.0.1:0", "tls": True, "default_backend": "default", "routes": ROUTES},
-                   {"address": "127.0.0.1:0", "default_backend": "default", "routes": ROUTES}]))
+             "client_ca": str(certs.pki.ca_file), "client_verify": verify, "client_crl": str(certs.crl),
+             "client_cert_headers": HEADERS},
+        listeners=[{**listener, "tls": True}, listener, {**listener, "tls": True, "client_verify": "off"},
+                   {**listener, "tls": True, "client_verify": "optional"}]))
     lb.start()
     return lb
 
 
 @pytest.fixture(scope="module")
-def required(certs: Certs, backend: Any) -> Iterator[tuple[int, int]]:
-    """(HTTPS port, cleartext port) of a balancer requiring certificates."""
+def required_lb(certs: Certs, backend: Any) -> Iterator[rustext.Balancer]:
     lb = start_lb(certs, backend, "required")
-    (_, tls_port), (_, plain_port) = lb.addresses
-    yield tls_port, plain_port
+    yield lb
     lb.close()
+
+
+@pytest.fixture(scope="module")
+def required(required_lb: rustext.Balancer) -> tuple[int, int]:
+    """(HTTPS port, cleartext port) of a balancer requiring certificates."""
+    (_, tls_port), (_, plain_port), *_ = required_lb.addresses
+    return tls_port, plain_port
 
 
 @pytest.fixture(scope="module")
 def optional(certs: Certs, backend: Any) -> Iterator[tuple[int, int]]:
     lb = start_lb(certs, backend, "optional")
-    (_, tls_port), (_, plain_port) = lb.addresses
+    (_, tls_port), (_, plain_port), *_ = lb.addresses
     yield tls_port, plain_port
     lb.close()
 
@@ -275,17 +302,17 @@ def refused_at_handshake(port: int, context: ssl.SSLContext) -> str:
     return "closed"
 
 
-@pytest.mark.parametrize("who", ["none", "stranger", "expired"])
+@pytest.mark.parametrize("who", ["none", "stranger", "expired", "revoked"])
 def test_required_refuses_at_the_handshake(certs: Certs, required: tuple[int, int], who: str) -> None:
-    client = {"none": None, "stranger": certs.stranger, "expired": certs.expired}[who]
+    client = {"none": None, "stranger": certs.stranger, "expired": certs.expired, "revoked": certs.revoked}[who]
     for version in (ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3):
         err = refused_at_handshake(required[0], ctx(certs, client, version=version))
         assert "ALERT" in err.upper() or err == "closed", err
 
 
-@pytest.mark.parametrize("who", ["stranger", "expired"])
+@pytest.mark.parametrize("who", ["stranger", "expired", "revoked"])
 def test_optional_still_refuses_an_invalid_certificate(certs: Certs, optional: tuple[int, int], who: str) -> None:
-    client = certs.stranger if who == "stranger" else certs.expired
+    client = {"stranger": certs.stranger, "expired": certs.expired, "revoked": certs.revoked}[who]
     err = refused_at_handshake(optional[0], ctx(certs, client))
     assert "ALERT" in err.upper() or err == "closed", err
 
@@ -297,6 +324,23 @@ def test_optional_lets_a_client_without_certificate_in_without_identity(certs: C
     assert identity_of(seen(body)) == {}
     status, body = get(optional[0], ctx(certs, certs.bob), headers=SPOOF)
     assert status == 200 and identity_of(seen(body)) == identity(certs.bob)
+
+
+def test_a_listener_of_its_own_client_verify(certs: Certs, required_lb: rustext.Balancer) -> None:
+    """On a balancer requiring certificates, a listener with
+    ``client_verify = "off"`` asks for none (a client's certificate is not
+    even sent), one with ``"optional"`` lets clients without one in."""
+    _, _, (_, off), (_, opt) = required_lb.addresses
+    for client in (None, certs.bob):
+        status, body = get(off, ctx(certs, client), headers=SPOOF)
+        assert status == 200 and identity_of(seen(body)) == {}
+    status, body = get(opt, ctx(certs, None), headers=SPOOF)
+    assert status == 200 and identity_of(seen(body)) == {}
+    status, body = get(opt, ctx(certs, certs.bob), headers=SPOOF)
+    assert status == 200 and identity_of(seen(body)) == identity(certs.bob)
+    for bad in (certs.stranger, certs.revoked):
+        err = refused_at_handshake(opt, ctx(certs, bad))
+        assert "ALERT" in err.upper() or err == "closed", err
 
 
 def s_client(port: int, certs: Certs, client: Cert | None) -> subprocess.CompletedProcess[str]:
@@ -314,7 +358,7 @@ def test_openssl_s_client_sees_the_alerts(certs: Certs, required: tuple[int, int
     out = s_client(required[0], certs, None)
     assert out.returncode != 0 and "alert" in out.stderr.lower(), out.stderr
     assert "HTTP/1.1" not in out.stdout
-    for bad in (certs.stranger, certs.expired):
+    for bad in (certs.stranger, certs.expired, certs.revoked):
         out = s_client(required[0], certs, bad)
         assert out.returncode != 0 and "alert" in out.stderr.lower(), out.stderr
         assert "HTTP/1.1" not in out.stdout
@@ -387,10 +431,21 @@ def test_configuration_errors(certs: Certs) -> None:
         ({**tls, "client_cert_headers": {"subject": "X-A", "serial": "x-a"}}, "named twice"),
         ({**tls, "client_cert_headers": {"bogus": "X-A"}}, "bogus"),
         ({"certificates": tls["certificates"], "client_cert_headers": {"subject": "X-A"}}, "needs tls.client_ca"),
+        ({"certificates": tls["certificates"], "client_crl": str(certs.crl)}, "needs tls.client_ca"),
+        ({**tls, "client_crl": str(certs.pki.dir / "missing.pem")}, "no such file"),
     ]
     for t, message in cases:
         with pytest.raises(BalancerConfigError, match=message):
             from_dict({**base, "tls": t})
+    listener = {"address": "127.0.0.1:0", "default_backend": "default"}
+    for listeners, t, message in [
+        ([{**listener, "tls": True, "client_verify": "maybe"}], tls, "client_verify"),
+        ([{**listener, "client_verify": "optional"}], tls, "needs an HTTPS listener"),
+        ([{**listener, "tls": True, "client_verify": "optional"}], {"certificates": tls["certificates"]},
+         "needs tls.client_ca"),
+    ]:
+        with pytest.raises(BalancerConfigError, match=message):
+            from_dict({"backends": ["127.0.0.1:1"], "listeners": listeners, "tls": t})
     for cond, message in [({"verified": False, "subject": "CN=x"}, "needs verified"),
                           ({"subject": "CN=x", "subject_prefix": "CN="}, "not both"),
                           ({"subject_prefix": ""}, "non-empty"), ({"verified": "yes"}, "true or false")]:

@@ -16,9 +16,31 @@ use crate::tls::CertResolver;
 #[derive(Clone)]
 pub struct ListenTls {
     pub certs: Arc<CertResolver>,
+    /// As `tls.client_verify` says.
     pub config: Arc<rustls::ServerConfig>,
+    /// With `tls.client_ca`: the configurations of a listener's own
+    /// `client_verify`, by [`ClientVerify`] (off, optional, required).
+    pub by_verify: Option<[Arc<rustls::ServerConfig>; 3]>,
     /// The request headers a verified client certificate fills in.
     pub cert_headers: Arc<super::clientcert::CertHeaders>,
+}
+
+impl ListenTls {
+    /// The configuration of a listener whose `client_verify` is `v` (None: the `[tls]` one).
+    pub fn config_for(&self, v: Option<ClientVerify>) -> &Arc<rustls::ServerConfig> {
+        match (v, &self.by_verify) {
+            (Some(v), Some(by)) => &by[v as usize],
+            _ => &self.config,
+        }
+    }
+}
+
+/// Whether an HTTPS listener asks clients for a certificate (with `tls.client_ca`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientVerify {
+    Off = 0,
+    Optional = 1,
+    Required = 2,
 }
 
 impl std::fmt::Debug for ListenTls {
@@ -517,6 +539,8 @@ pub struct ListenerSpec {
     pub rules: RulesSpec,
     /// Response compression of requests no route takes; None: off.
     pub compress: Option<Arc<super::encode::Policy>>,
+    /// Client certificates on this HTTPS listener; None: as `[tls]` says.
+    pub client_verify: Option<ClientVerify>,
 }
 
 /// One backend pool.

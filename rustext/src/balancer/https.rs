@@ -72,7 +72,9 @@ pub(super) async fn serve(
     local: Option<SocketAddr>,
 ) {
     let Ok(sock) = TcpStream::from_std(sock) else { return };
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
+    // the listener's client_verify, as the routing snapshot has it now (a reload changes it for new connections)
+    let verify = w.shared.table().listener(listener).client_verify;
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config_for(verify).clone());
     // The handshake counts as reading the request head: a client that
     // stalls in it is dropped by the head timeout or by this bound.
     ctl.reading(w.clock.now());

@@ -340,6 +340,8 @@ pub struct Listener {
     pub request_id: Option<HeaderName>,
     /// `strict-transport-security` value (HTTPS listeners).
     pub hsts: Option<HeaderValue>,
+    /// Client certificates asked at the handshake; None: as `[tls]` says.
+    pub client_verify: Option<super::config::ClientVerify>,
     /// The routes' rate-limit tables by route identity, for the next reload to keep.
     limits: Vec<(String, Arc<super::ratelimit::Table>)>,
 }
@@ -580,6 +582,7 @@ impl Listener {
             request_id,
             hsts,
             limits,
+            client_verify: spec.client_verify,
         })
     }
 }

@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 
 use super::super::accesslog::{AccessLogSpec, ListenerLog, SyslogSpec};
 use super::super::config::{
-    Algorithm, BackendSpec, CertTest, Config, ErrorPage as PageSpec, H2Limits, HashKey, HeaderTest, HstsSpec, ListenAddr,
+    Algorithm, BackendSpec, CertTest, ClientVerify, Config, ErrorPage as PageSpec, H2Limits, HashKey, HeaderTest, HstsSpec, ListenAddr,
     ListenTls, ListenerSpec, PolicySpec, PoolSpec, Proto, RedirectSpec, RouteSpec, RoutingSpec, RuleSpec, RulesSpec,
     Settings, StickySpec,
 };
@@ -130,6 +130,8 @@ struct Tls {
     client_ca: Option<String>,
     #[pyo3(attribute)]
     client_verify: String,
+    #[pyo3(attribute)]
+    client_crl: Option<String>,
     #[pyo3(attribute)]
     client_cert_headers: ClientCertHeaders,
     #[pyo3(attribute)]
@@ -371,6 +373,8 @@ struct Listener {
     access_log: Option<ListenerAccessLog>,
     #[pyo3(attribute)]
     compress: Option<Compression>,
+    #[pyo3(attribute)]
+    client_verify: Option<String>,
     #[pyo3(attribute("where"))]
     at: String,
 }
@@ -586,10 +590,24 @@ fn listen_tls(t: &Tls) -> PyResult<Option<ListenTls>> {
     let certs = Arc::new(CertResolver::new(pairs).map_err(|e| cfg_err(format!("tls.certificates: {e}")))?);
     let at = if t.client_ca.is_some() { "tls.client_ca" } else { "tls.certificates" };
     let optional = t.client_verify == "optional";
-    let config = server_config_verifying(certs.clone(), &[b"h2", b"http/1.1"], t.client_ca.as_deref().map(Path::new), optional)
+    let at = if t.client_crl.is_some() { "tls.client_ca or tls.client_crl" } else { at };
+    let (ca, crl) = (t.client_ca.as_deref().map(Path::new), t.client_crl.as_deref().map(Path::new));
+    let config = server_config_verifying(certs.clone(), &[b"h2", b"http/1.1"], ca, optional, crl)
         .map_err(|e| cfg_err(format!("{at}: {e}")))?;
     let cert_headers = cert_headers(&t.client_cert_headers)?;
-    Ok(Some(ListenTls { certs, config: Arc::new(config), cert_headers: Arc::new(cert_headers) }))
+    // a listener's own client_verify: the three configurations, built once
+    let by_verify = match ca {
+        Some(_) => {
+            let build = |ca, optional| {
+                server_config_verifying(certs.clone(), &[b"h2", b"http/1.1"], ca, optional, crl)
+                    .map(Arc::new)
+                    .map_err(|e| cfg_err(format!("{at}: {e}")))
+            };
+            Some([build(None, false)?, build(ca, true)?, build(ca, false)?])
+        }
+        None => None,
+    };
+    Ok(Some(ListenTls { certs, config: Arc::new(config), by_verify, cert_headers: Arc::new(cert_headers) }))
 }
 
 /// `tls.client_cert_headers` as header names.
@@ -766,6 +784,13 @@ fn listener(l: Listener) -> PyResult<(ListenAddr, ListenerSpec, ListenerLog)> {
         }),
         rules: RulesSpec { request: rules(l.request_headers), response: rules(l.response_headers) },
         compress,
+        client_verify: match l.client_verify.as_deref() {
+            None => None,
+            Some("off") => Some(ClientVerify::Off),
+            Some("optional") => Some(ClientVerify::Optional),
+            Some("required") => Some(ClientVerify::Required),
+            Some(other) => return Err(not_canonical(&format!("{}.client_verify", l.at), other)),
+        },
     };
     Ok((ListenAddr { addr, tls: l.tls, accept_proxy: l.accept_proxy, unix }, spec, log))
 }
