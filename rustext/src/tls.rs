@@ -522,6 +522,19 @@ mod tests {
     }
 
     #[test]
+    fn a_file_without_a_crl_is_refused_by_name() {
+        let dir = certs("crl", &[("a", "DNS:a.test")]);
+        let resolver = Arc::new(CertResolver::new(vec![pair(&dir, "a")]).unwrap());
+        let ca = dir.0.join("a.crt");
+        // a certificate is no revocation list
+        let err = server_config_verifying(resolver.clone(), &[], Some(&ca), true, Some(&ca)).unwrap_err();
+        assert!(err.to_string().contains("no X509 CRL section"), "{err}");
+        let missing = dir.0.join("missing.pem");
+        assert!(load_crls(&missing).unwrap_err().to_string().contains("missing.pem"));
+        server_config_verifying(resolver, &[], Some(&ca), true, None).unwrap();
+    }
+
+    #[test]
     fn sha256_is_the_providers() {
         let h: String = sha256(b"abc").iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");

@@ -421,6 +421,27 @@ def test_cleartext_listeners_remove_spoofed_identity_on_both_paths(required: tup
             assert payload == b"anonymous\n"
 
 
+def test_a_reload_naming_other_headers_keeps_the_running_ones_removed(certs: Certs, backend: Any) -> None:
+    """The headers the running TLS fills in are fixed until a restart: a
+    reload naming others must not let clients send the running names."""
+    def config(names: dict[str, str]) -> Any:
+        return lb_config([backend], workers=1, listeners=[
+            {"address": "127.0.0.1:0", "tls": True, "default_backend": "default"}],
+            tls={"certificates": [{"cert": str(certs.server.cert), "key": str(certs.server.key)}],
+                 "client_ca": str(certs.pki.ca_file), "client_verify": "optional", "client_cert_headers": names})
+
+    lb = rustext.Balancer(config(HEADERS))
+    lb.start()
+    try:
+        lb.update(config({**HEADERS, "subject": "X-Client-Subject"}))
+        status, body = get(lb.addresses[0][1], ctx(certs, None), headers=[*SPOOF, ("X-Client-Subject", "spoofed")])
+        assert status == 200
+        echo = seen(body)
+        assert identity_of(echo) == {} and "x-client-subject" not in echo
+    finally:
+        lb.close()
+
+
 def test_configuration_errors(certs: Certs) -> None:
     tls = {"certificates": [{"cert": str(certs.server.cert), "key": str(certs.server.key)}],
            "client_ca": str(certs.pki.ca_file)}
