@@ -300,6 +300,8 @@ class BalancerConfig:
                 seen_addr.add(x.address)
                 if x.tls and not self.tls.certificates:
                     raise BalancerConfigError(f"listeners[{i}].tls needs certificates in [tls]")
+                if x.client_verify is not None and self.tls.client_ca is None:
+                    raise BalancerConfigError(f"listeners[{i}].client_verify needs tls.client_ca")
         else:
             if not self.listen:
                 raise BalancerConfigError("'listen' is required (\"host:port\"), or [[listeners]] tables")

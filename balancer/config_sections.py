@@ -9,11 +9,16 @@ nothing of it.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from balancer.checks import U32_MAX, U64_MAX, check_count, check_seconds, parse_hostport
 from balancer.errors import BalancerConfigError
 from balancer.policies import LAYER7_ERRORS
+from balancer.routing import section
+
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
 
 def _non_negative(obj: object, *names: str) -> None:
@@ -232,6 +237,40 @@ class Certificate:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ClientCertHeaders:
+    """Request headers that pass the client certificate verified at the
+    handshake to backends; each unset is not sent. Fields of these names
+    coming from clients are always removed first, on every listener."""
+
+    #: the subject DN as an RFC 4514 string, most specific first (``CN=alice,O=Example,C=DE``)
+    subject: str | None = None
+    #: the lower-case hex SHA-256 of the certificate (DER)
+    fingerprint: str | None = None
+    #: ``SUCCESS`` when a verified certificate was presented (absent otherwise)
+    verified: str | None = None
+    #: the serial number, upper-case hex of its bytes as encoded
+    serial: str | None = None
+    #: the subjectAltName entries, ``DNS:a.example, email:a@example.com, URI:..., IP:192.0.2.1``
+    san: str | None = None
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for f in ("subject", "fingerprint", "verified", "serial", "san"):
+            v = getattr(self, f)
+            if v is None:
+                continue
+            if not isinstance(v, str) or not _TOKEN.fullmatch(v):
+                raise BalancerConfigError(f"tls.client_cert_headers.{f}: invalid header name {v!r}")
+            if v.lower() in seen:
+                raise BalancerConfigError(f"tls.client_cert_headers.{f}: {v} is named twice")
+            seen.add(v.lower())
+
+    def names(self) -> tuple[str, ...]:
+        """The header names configured."""
+        return tuple(v for v in (self.subject, self.fingerprint, self.verified, self.serial, self.san) if v)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Tls:
     """HTTPS termination (the ``[tls]`` table): TLS 1.2 and 1.3, ALPN h2 and
     http/1.1, certificates by SNI, reloaded on SIGHUP; TLS to backends."""
@@ -240,6 +279,14 @@ class Tls:
     certificates: tuple[Certificate, ...] = ()
     #: require client certificates signed by this PEM CA (mutual TLS); unset = none asked
     client_ca: str | None = None
+    #: with ``client_ca``: ``"required"`` (a client without a valid certificate is refused at the
+    #: handshake) or ``"optional"`` (a client may present none; one it presents must be valid)
+    client_verify: str = "required"
+    #: with ``client_ca``: PEM certificate revocation lists, one for each CA of a client's chain
+    #: (HAProxy's ``crl-file``); a revoked certificate, or one from a CA without a list here, is refused
+    client_crl: str | None = None
+    #: request headers passing the verified client certificate to backends (HAProxy's ``ssl_c_*``)
+    client_cert_headers: ClientCertHeaders = field(default_factory=ClientCertHeaders)
     #: ``host:port`` of a plain-HTTP listener answering every request with a 308 redirect to HTTPS
     redirect: str | None = None
     #: speak TLS to the backends (verified against ``backend_ca`` or the system's trust store)
@@ -258,9 +305,21 @@ class Tls:
                 raise BalancerConfigError("tls.redirect needs certificates: the listener must serve HTTPS")
         if self.client_ca is not None and not self.certificates:
             raise BalancerConfigError("tls.client_ca needs certificates on the listener")
+        if self.client_crl is not None and self.client_ca is None:
+            raise BalancerConfigError("tls.client_crl needs tls.client_ca (client certificates)")
+        if self.client_verify not in ("required", "optional"):
+            raise BalancerConfigError(
+                f"tls.client_verify: expected \"required\" or \"optional\", got {self.client_verify!r}")
+        if isinstance(self.client_cert_headers, Mapping):
+            object.__setattr__(self, "client_cert_headers", section(
+                ClientCertHeaders, self.client_cert_headers, "tls.client_cert_headers"))
+        if not isinstance(self.client_cert_headers, ClientCertHeaders):
+            raise BalancerConfigError("tls.client_cert_headers: expected a table")
+        if self.client_cert_headers.names() and self.client_ca is None:
+            raise BalancerConfigError("tls.client_cert_headers needs tls.client_ca (client certificates)")
         if (self.backend_ca is not None or self.backend_insecure) and not self.backend:
             raise BalancerConfigError("tls.backend_ca and tls.backend_insecure need tls.backend = true")
         for path in [p for c in self.certificates for p in (c.cert, c.key)] + [
-                p for p in (self.client_ca, self.backend_ca) if p]:
+                p for p in (self.client_ca, self.client_crl, self.backend_ca) if p]:
             if not os.path.isfile(path):
                 raise BalancerConfigError(f"TLS file {path}: no such file")

@@ -134,6 +134,34 @@ class HeaderMatch:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ClientCertMatch:
+    """A condition on the client certificate verified at the TLS handshake
+    (``tls.client_ca``), as HAProxy's ``ssl_c_used`` and ``ssl_c_s_dn``:
+    ``verified = false`` holds when the client presented none (or the
+    connection is not TLS); a subject test implies a verified certificate.
+    The subject is its RFC 4514 string, ``CN=admin,O=Example,C=DE``."""
+
+    #: whether a verified certificate must be present (``true``) or absent (``false``)
+    verified: bool = True
+    #: the subject DN it must have (RFC 4514, case-sensitive)
+    subject: str | None = None
+    #: what its subject DN must start with (``CN=admin,``)
+    subject_prefix: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.verified, bool):
+            raise BalancerConfigError(f"client_cert.verified: expected true or false, got {self.verified!r}")
+        for name in ("subject", "subject_prefix"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise BalancerConfigError(f"client_cert.{name}: expected a non-empty string, got {v!r}")
+        if self.subject is not None and self.subject_prefix is not None:
+            raise BalancerConfigError("client_cert: give subject or subject_prefix, not both")
+        if not self.verified and (self.subject is not None or self.subject_prefix is not None):
+            raise BalancerConfigError("client_cert: a subject test needs verified = true")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Redirect:
     """Answer with a redirect instead of forwarding: to ``location``, or to
     the same host and target over HTTPS (``scheme = "https"``)."""
@@ -224,6 +252,9 @@ class Route:
     method: str | tuple[str, ...] = ()
     #: header conditions (``{ name = "X-Canary", equals = "1" }``), all must hold
     header: HeaderMatch | tuple[HeaderMatch, ...] = ()
+    #: a condition on the verified client certificate (``{ subject_prefix = "CN=admin," }``,
+    #: ``{ verified = false }``)
+    client_cert: ClientCertMatch | None = None
     #: the backend pool (a ``[backends.NAME]`` name, or ``default`` with a ``[[backends]]`` list)
     backend: str | None = None
     #: answer with a redirect instead (``{ code = 301, location = "..." }`` or ``{ scheme = "https" }``)
@@ -264,6 +295,8 @@ class Route:
         object.__setattr__(self, "header", tuple(
             h if isinstance(h, HeaderMatch) else section(HeaderMatch, h, f"{w}.header[{i}]")
             for i, h in enumerate(header)))
+        if isinstance(self.client_cert, Mapping):
+            object.__setattr__(self, "client_cert", section(ClientCertMatch, self.client_cert, f"{w}.client_cert"))
         if isinstance(self.redirect, Mapping):
             object.__setattr__(self, "redirect", section(Redirect, self.redirect, f"{w}.redirect"))
         if isinstance(self.respond, Mapping):
@@ -278,7 +311,7 @@ class Route:
             except BalancerConfigError as exc:  # its messages start with "rate_limit."
                 raise BalancerConfigError(f"{w}.{exc}" if str(exc).startswith("rate_limit.") else str(exc)) from exc
             object.__setattr__(self, "rate_limit", limit)
-        _tables(self, w, redirect=Redirect, respond=Respond, rate_limit=RateLimit, request_headers=HeaderRules,
+        _tables(self, w, client_cert=ClientCertMatch, redirect=Redirect, respond=Respond, rate_limit=RateLimit, request_headers=HeaderRules,
                 response_headers=HeaderRules)
         object.__setattr__(self, "compress", compression(self.compress, f"{w}.compress"))
         if sum(x is not None for x in (self.backend, self.redirect, self.respond)) != 1:
@@ -348,6 +381,9 @@ class Listener:
     #: response compression (``true`` for the defaults, or a ``[listeners.compress]`` table); routes
     #: may override it; unset: none
     compress: Compression | bool | None = None
+    #: client certificates on this HTTPS listener (with ``tls.client_ca``): ``"required"``,
+    #: ``"optional"`` or ``"off"`` (none asked); unset: ``tls.client_verify``
+    client_verify: str | None = None
 
     def __post_init__(self) -> None:
         from balancer.checks import parse_hostport
@@ -375,6 +411,12 @@ class Listener:
             object.__setattr__(self, "hsts", section(Hsts, self.hsts, f"{w}.hsts"))
         if self.hsts is not None and not self.tls:
             raise BalancerConfigError(f"{w}.hsts needs an HTTPS listener (tls = true)")
+        if self.client_verify is not None:
+            if self.client_verify not in ("required", "optional", "off"):
+                raise BalancerConfigError(
+                    f"{w}.client_verify: expected \"required\", \"optional\" or \"off\", got {self.client_verify!r}")
+            if not self.tls:
+                raise BalancerConfigError(f"{w}.client_verify needs an HTTPS listener (tls = true)")
         for name in ("request_headers", "response_headers"):
             v = getattr(self, name)
             if isinstance(v, Mapping):

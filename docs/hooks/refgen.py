@@ -219,6 +219,9 @@ def config_groups() -> list[ConfigGroup]:
                 Section("balancer.config.Certificate", "[[tls.certificates]]",
                         "One table per certificate of the listener; the first is the default, others are "
                         "picked by SNI."),
+                Section("balancer.config_sections.ClientCertHeaders", "[tls.client_cert_headers]",
+                        "Request headers passing the verified client certificate to backends; see "
+                        "[client certificates](../balancer.md#client-certificates)."),
                 Section("balancer.accesslog.AccessLog", "[access_log]",
                         "One line per request; see [access logs](../balancer.md#access-logs)."),
                 Section("balancer.auth.AdminAuth", "[admin_auth]",
@@ -246,6 +249,8 @@ def config_groups() -> list[ConfigGroup]:
                         "A route of `listen` (or `[[listeners.routes]]` of a listener)."),
                 Section("balancer.routing.HeaderMatch", "header",
                         "A route's header condition, `{ name = \"X-Canary\", equals = \"1\" }`."),
+                Section("balancer.routing.ClientCertMatch", "client_cert",
+                        "A route's condition on the client certificate, `{ subject_prefix = \"CN=admin,\" }`."),
                 Section("balancer.routing.Redirect", "redirect",
                         "A route's redirect, `{ code = 301, location = \"...\" }` or `{ scheme = \"https\" }`."),
                 Section("balancer.routing.Respond", "respond",

@@ -23,7 +23,7 @@ use std::sync::{Arc, RwLock};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
@@ -117,6 +117,21 @@ fn provider() -> Arc<CryptoProvider> {
     CryptoProvider::get_default().cloned().unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
 }
 
+/// SHA-256 of `data` by the TLS provider (a client certificate's
+/// fingerprint); empty if the provider has no SHA-256 suite.
+pub fn sha256(data: &[u8]) -> Vec<u8> {
+    provider()
+        .cipher_suites
+        .iter()
+        .map(|s| match s {
+            rustls::SupportedCipherSuite::Tls13(t) => t.common.hash_provider,
+            rustls::SupportedCipherSuite::Tls12(t) => t.common.hash_provider,
+        })
+        .find(|h| h.algorithm() == rustls::crypto::hash::HashAlgorithm::SHA256)
+        .map(|h| h.hash(data).as_ref().to_vec())
+        .unwrap_or_default()
+}
+
 /// Every certificate of a PEM file, in order (a chain: the leaf first).
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem_err = |detail: String| TlsError::Pem { path: path.to_path_buf(), what: "certificate", detail };
@@ -128,6 +143,19 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
         return Err(pem_err("no CERTIFICATE section found".into()));
     }
     Ok(certs)
+}
+
+/// Every certificate revocation list of a PEM file (`X509 CRL` sections).
+pub fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
+    let pem_err = |detail: String| TlsError::Pem { path: path.to_path_buf(), what: "CRL", detail };
+    let crls = CertificateRevocationListDer::pem_file_iter(path)
+        .map_err(|e| pem_err(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem_err(e.to_string()))?;
+    if crls.is_empty() {
+        return Err(pem_err("no X509 CRL section found".into()));
+    }
+    Ok(crls)
 }
 
 /// The first private key of a PEM file (PKCS#8, PKCS#1 RSA or SEC1 EC).
@@ -264,13 +292,33 @@ pub fn server_config(
     alpn: &[&[u8]],
     client_ca: Option<&Path>,
 ) -> Result<ServerConfig, TlsError> {
+    server_config_verifying(resolver, alpn, client_ca, false, None)
+}
+
+/// [`server_config`], and with `optional` a client may also present no
+/// certificate (one it presents is still verified: an invalid one is
+/// refused); with `crl`, a certificate any of its revocation lists names is
+/// refused, and so is one whose chain has a CA without a list there.
+pub fn server_config_verifying(
+    resolver: Arc<CertResolver>,
+    alpn: &[&[u8]],
+    client_ca: Option<&Path>,
+    optional: bool,
+    crl: Option<&Path>,
+) -> Result<ServerConfig, TlsError> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(rustls::ALL_VERSIONS)
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let builder = match client_ca {
         Some(path) => {
             let roots = Arc::new(load_roots(path)?);
-            let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider())
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider());
+            let verifier = if optional { verifier.allow_unauthenticated() } else { verifier };
+            let verifier = match crl {
+                Some(crl) => verifier.with_crls(load_crls(crl)?),
+                None => verifier,
+            };
+            let verifier = verifier
                 .build()
                 .map_err(|e| TlsError::Ca { path: path.to_path_buf(), detail: e.to_string() })?;
             builder.with_client_cert_verifier(verifier)
@@ -471,5 +519,24 @@ mod tests {
         assert_eq!(client.alpn_protocols, vec![b"h2".to_vec()]);
         client_config(&ServerTrust::System, None, &[]).unwrap();
         client_config(&ServerTrust::Insecure, None, &[]).unwrap();
+    }
+
+    #[test]
+    fn a_file_without_a_crl_is_refused_by_name() {
+        let dir = certs("crl", &[("a", "DNS:a.test")]);
+        let resolver = Arc::new(CertResolver::new(vec![pair(&dir, "a")]).unwrap());
+        let ca = dir.0.join("a.crt");
+        // a certificate is no revocation list
+        let err = server_config_verifying(resolver.clone(), &[], Some(&ca), true, Some(&ca)).unwrap_err();
+        assert!(err.to_string().contains("no X509 CRL section"), "{err}");
+        let missing = dir.0.join("missing.pem");
+        assert!(load_crls(&missing).unwrap_err().to_string().contains("missing.pem"));
+        server_config_verifying(resolver, &[], Some(&ca), true, None).unwrap();
+    }
+
+    #[test]
+    fn sha256_is_the_providers() {
+        let h: String = sha256(b"abc").iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 }

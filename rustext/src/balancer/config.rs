@@ -16,7 +16,31 @@ use crate::tls::CertResolver;
 #[derive(Clone)]
 pub struct ListenTls {
     pub certs: Arc<CertResolver>,
+    /// As `tls.client_verify` says.
     pub config: Arc<rustls::ServerConfig>,
+    /// With `tls.client_ca`: the configurations of a listener's own
+    /// `client_verify`, by [`ClientVerify`] (off, optional, required).
+    pub by_verify: Option<[Arc<rustls::ServerConfig>; 3]>,
+    /// The request headers a verified client certificate fills in.
+    pub cert_headers: Arc<super::clientcert::CertHeaders>,
+}
+
+impl ListenTls {
+    /// The configuration of a listener whose `client_verify` is `v` (None: the `[tls]` one).
+    pub fn config_for(&self, v: Option<ClientVerify>) -> &Arc<rustls::ServerConfig> {
+        match (v, &self.by_verify) {
+            (Some(v), Some(by)) => &by[v as usize],
+            _ => &self.config,
+        }
+    }
+}
+
+/// Whether an HTTPS listener asks clients for a certificate (with `tls.client_ca`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientVerify {
+    Off = 0,
+    Optional = 1,
+    Required = 2,
 }
 
 impl std::fmt::Debug for ListenTls {
@@ -424,6 +448,15 @@ pub enum HeaderTest {
     Prefix(String),
 }
 
+/// A route's condition on the connection's client certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CertTest {
+    /// The client presented none (or the connection is not TLS).
+    Absent,
+    /// A verified certificate whose RFC 4514 subject passes this test.
+    Subject(HeaderTest),
+}
+
 /// Where a redirect goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RedirectSpec {
@@ -458,6 +491,8 @@ pub struct RouteSpec {
     pub methods: Vec<String>,
     /// All must hold.
     pub headers: Vec<(String, HeaderTest)>,
+    /// On the verified client certificate (None: no condition).
+    pub client_cert: Option<CertTest>,
     /// The backend pool (by name), or
     pub backend: Option<String>,
     /// a redirect answered by the balancer, or
@@ -478,8 +513,8 @@ impl RouteSpec {
     /// wherever it moved in the list.
     pub(super) fn identity(&self) -> String {
         format!(
-            "{:?}|{:?}|{:?}|{:?}|{:?}",
-            self.hosts, self.paths, self.path_prefixes, self.methods, self.headers
+            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+            self.hosts, self.paths, self.path_prefixes, self.methods, self.headers, self.client_cert
         )
     }
 }
@@ -504,6 +539,8 @@ pub struct ListenerSpec {
     pub rules: RulesSpec,
     /// Response compression of requests no route takes; None: off.
     pub compress: Option<Arc<super::encode::Policy>>,
+    /// Client certificates on this HTTPS listener; None: as `[tls]` says.
+    pub client_verify: Option<ClientVerify>,
 }
 
 /// One backend pool.

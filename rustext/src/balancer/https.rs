@@ -72,7 +72,9 @@ pub(super) async fn serve(
     local: Option<SocketAddr>,
 ) {
     let Ok(sock) = TcpStream::from_std(sock) else { return };
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
+    // the listener's client_verify, as the routing snapshot has it now (a reload changes it for new connections)
+    let verify = w.shared.table().listener(listener).client_verify;
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config_for(verify).clone());
     // The handshake counts as reading the request head: a client that
     // stalls in it is dropped by the head timeout or by this bound.
     ctl.reading(w.clock.now());
@@ -88,6 +90,7 @@ pub(super) async fn serve(
     let mut peer = Peer::with_proto(addr, ctl.clone(), true);
     peer.listener = listener;
     peer.local = local;
+    peer.client_cert = client_cert(stream.get_ref().1, &tls.cert_headers);
     if local.is_none() && super::worker::is_unix(&w, listener) {
         peer.set_unix();
     }
@@ -128,6 +131,16 @@ pub(super) async fn serve(
         conn.poll(cx, &w, &peer)
     })
     .await;
+}
+
+/// The identity of the client's verified certificate (mutual TLS), once
+/// per connection; None when it presented none.
+fn client_cert(
+    tls: &rustls::ServerConnection,
+    names: &super::clientcert::CertHeaders,
+) -> Option<Arc<super::clientcert::ClientCert>> {
+    let leaf = tls.peer_certificates()?.first()?;
+    Some(Arc::new(super::clientcert::ClientCert::new(leaf, crate::tls::sha256, names)))
 }
 
 /// Resolves once the housekeeping asks this connection to abort.

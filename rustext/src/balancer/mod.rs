@@ -57,6 +57,7 @@
 pub mod accesslog;
 pub mod attempts;
 pub mod backend_tls;
+pub mod clientcert;
 pub mod config;
 pub mod compress;
 pub mod connctl;

@@ -375,6 +375,7 @@ struct MapView<'a> {
     headers: &'a HeaderMap,
     path: &'a str,
     method: &'a str,
+    cert: Option<&'a str>,
 }
 
 impl View for MapView<'_> {
@@ -391,6 +392,9 @@ impl View for MapView<'_> {
         // names are lower case already: a lookup without allocating
         let Ok(name) = std::str::from_utf8(name) else { return false };
         self.headers.get_all(name).iter().any(|v| test(v.as_bytes()))
+    }
+    fn client_cert(&self) -> Option<&str> {
+        self.cert
     }
 }
 
@@ -490,6 +494,7 @@ async fn forward(
         headers: &headers,
         path: parts.uri.path(),
         method: method.as_str(),
+        cert: peer.client_cert.as_deref().map(|c| c.subject.as_str()),
     });
     let decision = decide::decide(t, peer.listener, routed, peer.ip, |n| headers.get(n).map(HeaderValue::as_bytes));
     if !decision.delay.is_zero() {
@@ -537,6 +542,10 @@ async fn forward(
         apply_rules(&mut headers, &action.request, rid, peer.xff.as_bytes());
     }
     if let Some((name, value)) = rid {
+        headers.insert(name.clone(), value.clone());
+    }
+    // the client certificate's identity (the listener's rules removed any the client sent)
+    for (name, value) in peer.client_cert.iter().flat_map(|c| c.headers.iter()) {
         headers.insert(name.clone(), value.clone());
     }
     if let Some(v) = upgrade_value {

@@ -13,7 +13,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::config::Config;
+use super::config::{Config, RuleSpec};
 use super::server::Balancer;
 use super::stats::{Totals, LATENCY_BOUNDS_US};
 use crate::errors::ErrorKind;
@@ -202,7 +202,15 @@ impl PyBalancer {
     /// TLS) is not read again. On error the running configuration is kept.
     fn update(&self, py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<()> {
         let b = self.running()?;
-        let r = read_reloadable(config_of(config)?)?;
+        let mut r = read_reloadable(config_of(config)?)?;
+        // The identity headers the running TLS adds stay removed from clients'
+        // requests even if the new file names others (those need a restart).
+        if let Some(tls) = &self.config.tls {
+            let names: Vec<_> = tls.cert_headers.names().map(|n| RuleSpec::Delete(n.as_str().to_owned())).collect();
+            for l in &mut r.routing.listeners {
+                l.rules.request.extend(names.iter().cloned());
+            }
+        }
         // new log destinations are opened first: one that cannot be changes nothing
         let prepared = b.prepare_access_log(r.access_log.as_ref(), &r.listener_logs).map_err(cfg_err)?;
         // Resolving new backend names may block: not with the GIL held.

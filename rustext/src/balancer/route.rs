@@ -40,6 +40,11 @@ pub trait View {
     fn method(&self) -> &[u8];
     /// Whether some field named `name` (lower case) has a value passing `test`.
     fn header_any(&self, name: &[u8], test: &mut dyn FnMut(&[u8]) -> bool) -> bool;
+    /// The RFC 4514 subject of the connection's verified client
+    /// certificate; None without one (always on a connection without TLS).
+    fn client_cert(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl View for super::h1::RawHead<'_, '_> {
@@ -84,7 +89,7 @@ pub fn normalize_host<'b>(raw: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b
 
 pub use super::h1::{valid_request_id, Added, Piece, Rules};
 pub use super::config::{
-    ErrorPage, HeaderTest, HstsSpec, ListenerSpec, PoolSpec, RedirectSpec, RouteSpec, RoutingSpec, RuleSpec, RulesSpec,
+    CertTest, ErrorPage, HeaderTest, HstsSpec, ListenerSpec, PoolSpec, RedirectSpec, RouteSpec, RoutingSpec, RuleSpec, RulesSpec,
     DEFAULT_POOL,
 };
 
@@ -264,6 +269,24 @@ enum Test {
     Prefix(Box<[u8]>),
 }
 
+impl Test {
+    fn passes(&self, v: &[u8]) -> bool {
+        match self {
+            Test::Present => true,
+            Test::Equals(x) => v == &**x,
+            Test::Prefix(x) => v.starts_with(x),
+        }
+    }
+
+    fn of(t: &HeaderTest) -> Self {
+        match t {
+            HeaderTest::Present => Test::Present,
+            HeaderTest::Equals(v) => Test::Equals(v.as_bytes().into()),
+            HeaderTest::Prefix(v) => Test::Prefix(v.as_bytes().into()),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Cond {
     hosts: Option<Hosts>,
@@ -271,6 +294,9 @@ struct Cond {
     prefixes: Box<[Box<[u8]>]>,
     methods: Box<[Box<[u8]>]>,
     headers: Box<[(Box<[u8]>, Test)]>,
+    /// On the client certificate: None, no condition; `Some(None)`, none
+    /// presented; `Some(Some(test))`, its subject passes `test`.
+    cert: Option<Option<Test>>,
 }
 
 impl Cond {
@@ -292,13 +318,14 @@ impl Cond {
                 return false;
             }
         }
-        self.headers.iter().all(|(name, test)| {
-            req.header_any(name, &mut |v: &[u8]| match test {
-                Test::Present => true,
-                Test::Equals(x) => v == &**x,
-                Test::Prefix(x) => v.starts_with(x),
-            })
-        })
+        if let Some(want) = &self.cert {
+            match (want, req.client_cert()) {
+                (None, None) => {}
+                (Some(test), Some(subject)) if test.passes(subject.as_bytes()) => {}
+                _ => return false,
+            }
+        }
+        self.headers.iter().all(|(name, test)| req.header_any(name, &mut |v: &[u8]| test.passes(v)))
     }
 }
 
@@ -313,6 +340,8 @@ pub struct Listener {
     pub request_id: Option<HeaderName>,
     /// `strict-transport-security` value (HTTPS listeners).
     pub hsts: Option<HeaderValue>,
+    /// Client certificates asked at the handshake; None: as `[tls]` says.
+    pub client_verify: Option<super::config::ClientVerify>,
     /// The routes' rate-limit tables by route identity, for the next reload to keep.
     limits: Vec<(String, Arc<super::ratelimit::Table>)>,
 }
@@ -393,12 +422,7 @@ fn compile_route(
     let mut headers = Vec::new();
     for (n, t) in &r.headers {
         let name = header_name(n, &format!("{where_}.header"))?;
-        let test = match t {
-            HeaderTest::Present => Test::Present,
-            HeaderTest::Equals(v) => Test::Equals(v.as_bytes().into()),
-            HeaderTest::Prefix(v) => Test::Prefix(v.as_bytes().into()),
-        };
-        headers.push((name.as_str().as_bytes().into(), test));
+        headers.push((name.as_str().as_bytes().into(), Test::of(t)));
     }
     let cond = Cond {
         hosts: (!r.hosts.is_empty()).then_some(hosts),
@@ -407,6 +431,10 @@ fn compile_route(
         // methods are case-sensitive (RFC 9110 §9.1); configured names are upper-cased
         methods: r.methods.iter().map(|m| m.to_ascii_uppercase().into_bytes().into()).collect(),
         headers: headers.into(),
+        cert: r.client_cert.as_ref().map(|c| match c {
+            CertTest::Absent => None,
+            CertTest::Subject(t) => Some(Test::of(t)),
+        }),
     };
     let mut action = compile_action(
         r.backend.as_deref(),
@@ -554,6 +582,7 @@ impl Listener {
             request_id,
             hsts,
             limits,
+            client_verify: spec.client_verify,
         })
     }
 }

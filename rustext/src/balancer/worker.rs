@@ -179,6 +179,9 @@ pub struct Peer {
     /// header (`send_proxy`), kept for its next requests to that backend
     /// (by id); closed with the client connection, never shared.
     pub private: Mutex<Option<(u64, super::pool::BackendConn)>>,
+    /// The verified client certificate of a TLS connection (mutual TLS),
+    /// read once after the handshake.
+    pub client_cert: Option<Arc<super::clientcert::ClientCert>>,
 }
 
 impl Peer {
@@ -213,6 +216,7 @@ impl Peer {
             local: None,
             unix: false,
             private: Mutex::new(None),
+            client_cert: None,
         }
     }
 
@@ -240,6 +244,7 @@ impl Peer {
                     listener: 0,
                     local: None,
                     unix: false,
+                    client_cert: None,
                     private: Mutex::new(None),
                 };
             }

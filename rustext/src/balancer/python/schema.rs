@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 
 use super::super::accesslog::{AccessLogSpec, ListenerLog, SyslogSpec};
 use super::super::config::{
-    Algorithm, BackendSpec, Config, ErrorPage as PageSpec, H2Limits, HashKey, HeaderTest, HstsSpec, ListenAddr,
+    Algorithm, BackendSpec, CertTest, ClientVerify, Config, ErrorPage as PageSpec, H2Limits, HashKey, HeaderTest, HstsSpec, ListenAddr,
     ListenTls, ListenerSpec, PolicySpec, PoolSpec, Proto, RedirectSpec, RouteSpec, RoutingSpec, RuleSpec, RulesSpec,
     Settings, StickySpec,
 };
@@ -28,7 +28,8 @@ use super::super::encode::{Coding, Policy as Compress};
 use super::super::proxyproto::Version;
 use super::super::ratelimit::{LimitKey, Spec as RateSpec};
 use crate::errors::ErrorKind;
-use crate::tls::{client_config, server_config, CertPair, CertResolver, ServerTrust};
+use super::super::clientcert::CertHeaders;
+use crate::tls::{client_config, server_config_verifying, CertPair, CertResolver, ServerTrust};
 
 pub(super) fn cfg_err(msg: impl Into<String>) -> PyErr {
     ErrorKind::BalancerConfig.err(msg)
@@ -128,6 +129,12 @@ struct Tls {
     #[pyo3(attribute)]
     client_ca: Option<String>,
     #[pyo3(attribute)]
+    client_verify: String,
+    #[pyo3(attribute)]
+    client_crl: Option<String>,
+    #[pyo3(attribute)]
+    client_cert_headers: ClientCertHeaders,
+    #[pyo3(attribute)]
     redirect: Option<String>,
     #[pyo3(attribute)]
     backend: bool,
@@ -135,6 +142,21 @@ struct Tls {
     backend_ca: Option<String>,
     #[pyo3(attribute)]
     backend_insecure: bool,
+}
+
+/// `balancer.config_sections.ClientCertHeaders`
+#[derive(FromPyObject)]
+struct ClientCertHeaders {
+    #[pyo3(attribute)]
+    subject: Option<String>,
+    #[pyo3(attribute)]
+    fingerprint: Option<String>,
+    #[pyo3(attribute)]
+    verified: Option<String>,
+    #[pyo3(attribute)]
+    serial: Option<String>,
+    #[pyo3(attribute)]
+    san: Option<String>,
 }
 
 /// `balancer.accesslog.AccessLog`
@@ -223,6 +245,17 @@ struct HeaderMatch {
     prefix: Option<String>,
 }
 
+/// `balancer.routing.ClientCertMatch`
+#[derive(FromPyObject)]
+struct ClientCertMatch {
+    #[pyo3(attribute)]
+    verified: bool,
+    #[pyo3(attribute)]
+    subject: Option<String>,
+    #[pyo3(attribute)]
+    subject_prefix: Option<String>,
+}
+
 /// `balancer.routing.Redirect` (`location`, or else `scheme = "https"`)
 #[derive(FromPyObject)]
 struct Redirect {
@@ -254,6 +287,8 @@ struct Route {
     method: Vec<String>,
     #[pyo3(attribute)]
     header: Vec<HeaderMatch>,
+    #[pyo3(attribute)]
+    client_cert: Option<ClientCertMatch>,
     #[pyo3(attribute)]
     backend: Option<String>,
     #[pyo3(attribute)]
@@ -338,6 +373,8 @@ struct Listener {
     access_log: Option<ListenerAccessLog>,
     #[pyo3(attribute)]
     compress: Option<Compression>,
+    #[pyo3(attribute)]
+    client_verify: Option<String>,
     #[pyo3(attribute("where"))]
     at: String,
 }
@@ -466,6 +503,8 @@ struct Reloaded {
     rate_limit: Option<RateLimit>,
     #[pyo3(attribute)]
     error_pages: Vec<ErrorPage>,
+    #[pyo3(attribute)]
+    tls: Tls,
 }
 
 // --- into the data plane's types --------------------------------------------
@@ -509,8 +548,11 @@ pub(super) fn read_reloadable(cfg: &Bound<'_, PyAny>) -> PyResult<Reloadable> {
     let mut addrs = Vec::with_capacity(listeners.len());
     let mut specs = Vec::with_capacity(listeners.len());
     let mut listener_logs = Vec::with_capacity(listeners.len());
+    let cert_headers = cert_headers(&top.tls.client_cert_headers)?;
     for l in listeners {
-        let (addr, spec, log) = listener(l)?;
+        let (addr, mut spec, log) = listener(l)?;
+        // a client never sends the identity headers itself (on any listener)
+        spec.rules.request.extend(cert_headers.names().map(|n| RuleSpec::Delete(n.as_str().to_owned())));
         addrs.push(addr);
         specs.push(spec);
         listener_logs.push(log);
@@ -547,9 +589,44 @@ fn listen_tls(t: &Tls) -> PyResult<Option<ListenTls>> {
     let pairs = t.certificates.iter().map(|c| CertPair::new(&c.cert, &c.key)).collect();
     let certs = Arc::new(CertResolver::new(pairs).map_err(|e| cfg_err(format!("tls.certificates: {e}")))?);
     let at = if t.client_ca.is_some() { "tls.client_ca" } else { "tls.certificates" };
-    let config = server_config(certs.clone(), &[b"h2", b"http/1.1"], t.client_ca.as_deref().map(Path::new))
+    let optional = t.client_verify == "optional";
+    let at = if t.client_crl.is_some() { "tls.client_ca or tls.client_crl" } else { at };
+    let (ca, crl) = (t.client_ca.as_deref().map(Path::new), t.client_crl.as_deref().map(Path::new));
+    let config = server_config_verifying(certs.clone(), &[b"h2", b"http/1.1"], ca, optional, crl)
         .map_err(|e| cfg_err(format!("{at}: {e}")))?;
-    Ok(Some(ListenTls { certs, config: Arc::new(config) }))
+    let cert_headers = cert_headers(&t.client_cert_headers)?;
+    // a listener's own client_verify: the three configurations, built once
+    let by_verify = match ca {
+        Some(_) => {
+            let build = |ca, optional| {
+                server_config_verifying(certs.clone(), &[b"h2", b"http/1.1"], ca, optional, crl)
+                    .map(Arc::new)
+                    .map_err(|e| cfg_err(format!("{at}: {e}")))
+            };
+            Some([build(None, false)?, build(ca, true)?, build(ca, false)?])
+        }
+        None => None,
+    };
+    Ok(Some(ListenTls { certs, config: Arc::new(config), by_verify, cert_headers: Arc::new(cert_headers) }))
+}
+
+/// `tls.client_cert_headers` as header names.
+fn cert_headers(h: &ClientCertHeaders) -> PyResult<CertHeaders> {
+    let name = |v: &Option<String>, field: &str| {
+        v.as_deref()
+            .map(|n| {
+                http::HeaderName::from_bytes(n.as_bytes())
+                    .map_err(|_| cfg_err(format!("tls.client_cert_headers.{field}: invalid header name {n:?}")))
+            })
+            .transpose()
+    };
+    Ok(CertHeaders {
+        subject: name(&h.subject, "subject")?,
+        fingerprint: name(&h.fingerprint, "fingerprint")?,
+        verified: name(&h.verified, "verified")?,
+        serial: name(&h.serial, "serial")?,
+        san: name(&h.san, "san")?,
+    })
 }
 
 fn backend_tls(t: &Tls) -> PyResult<Option<Arc<rustls::ClientConfig>>> {
@@ -658,6 +735,12 @@ fn route(r: Route, listener_compress: &Option<Arc<Compress>>) -> PyResult<RouteS
         path_prefixes: r.path_prefix,
         methods: r.method,
         headers,
+        client_cert: r.client_cert.map(|c| match (c.verified, c.subject, c.subject_prefix) {
+            (false, ..) => CertTest::Absent,
+            (true, Some(v), _) => CertTest::Subject(HeaderTest::Equals(v)),
+            (true, None, Some(v)) => CertTest::Subject(HeaderTest::Prefix(v)),
+            (true, None, None) => CertTest::Subject(HeaderTest::Present),
+        }),
         backend: r.backend,
         redirect,
         respond,
@@ -701,6 +784,13 @@ fn listener(l: Listener) -> PyResult<(ListenAddr, ListenerSpec, ListenerLog)> {
         }),
         rules: RulesSpec { request: rules(l.request_headers), response: rules(l.response_headers) },
         compress,
+        client_verify: match l.client_verify.as_deref() {
+            None => None,
+            Some("off") => Some(ClientVerify::Off),
+            Some("optional") => Some(ClientVerify::Optional),
+            Some("required") => Some(ClientVerify::Required),
+            Some(other) => return Err(not_canonical(&format!("{}.client_verify", l.at), other)),
+        },
     };
     Ok((ListenAddr { addr, tls: l.tls, accept_proxy: l.accept_proxy, unix }, spec, log))
 }

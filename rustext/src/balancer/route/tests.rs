@@ -12,6 +12,7 @@ struct Req<'a> {
     path: &'a str,
     method: &'a str,
     headers: Vec<(&'a str, &'a str)>,
+    cert: Option<&'a str>,
 }
 
 impl View for Req<'_> {
@@ -29,10 +30,13 @@ impl View for Req<'_> {
             .iter()
             .any(|(n, v)| n.as_bytes().eq_ignore_ascii_case(name) && test(v.as_bytes()))
     }
+    fn client_cert(&self) -> Option<&str> {
+        self.cert
+    }
 }
 
 fn req<'a>(host: Option<&'a str>, path: &'a str) -> Req<'a> {
-    Req { host, path, method: "GET", headers: Vec::new() }
+    Req { host, path, method: "GET", headers: Vec::new(), cert: None }
 }
 
 fn pool(name: &str, port: u16) -> PoolSpec {
@@ -112,6 +116,30 @@ fn paths_methods_headers_and_order() {
     assert_eq!(pool_of(&t, &Req { headers: vec![("x-canary", "2")], ..req(None, "/") }), Some("a"));
     assert_eq!(pool_of(&t, &Req { headers: vec![("X-User", "admin")], ..req(None, "/") }), Some("a"));
     assert_eq!(pool_of(&t, &Req { headers: vec![("X-Any", "")], ..req(None, "/") }), Some("c"));
+}
+
+#[test]
+fn client_certificate_conditions() {
+    let t = table(
+        vec![
+            RouteSpec { client_cert: Some(CertTest::Subject(HeaderTest::Equals("CN=a,O=X".into()))), ..route("a") },
+            RouteSpec { client_cert: Some(CertTest::Subject(HeaderTest::Prefix("CN=admin,".into()))), ..route("b") },
+            RouteSpec { client_cert: Some(CertTest::Absent), paths: vec!["/anon".into()], ..route("c") },
+            RouteSpec { client_cert: Some(CertTest::Subject(HeaderTest::Present)), paths: vec!["/anon".into()], ..route("a") },
+        ],
+        None,
+    );
+    let with = |cert: Option<&'static str>, path: &'static str| Req { cert, ..req(None, path) };
+    assert_eq!(pool_of(&t, &with(Some("CN=a,O=X"), "/")), Some("a"));
+    assert_eq!(pool_of(&t, &with(Some("CN=a,O=XY"), "/")), None);
+    assert_eq!(pool_of(&t, &with(Some("CN=admin,O=X"), "/")), Some("b"));
+    assert_eq!(pool_of(&t, &with(Some("CN=administrator"), "/")), None);
+    assert_eq!(pool_of(&t, &with(None, "/")), None, "a subject test needs a certificate");
+    assert_eq!(pool_of(&t, &with(None, "/anon")), Some("c"));
+    assert_eq!(pool_of(&t, &with(Some("CN=z"), "/anon")), Some("a"));
+    // a header of the same name is no certificate
+    let spoofed = Req { headers: vec![("x-ssl-client-dn", "CN=a,O=X")], ..req(None, "/") };
+    assert_eq!(pool_of(&t, &spoofed), None);
 }
 
 #[test]
