@@ -141,3 +141,10 @@ def test_the_balancers_modules_have_no_cycle() -> None:
     assert graph["encode"] == set(), f"encode imports {graph['encode']}"
     code = re.sub(r"//[^\n]*", "", (BALANCER / "encode.rs").read_text())
     assert not re.search(r"\b(tokio|hyper)::", code), "encode.rs does I/O"
+
+
+def test_every_browser_client_test_file_runs_in_the_test_command() -> None:
+    """A tests/js/*.test.mjs that scripts/test does not name would never run."""
+    listed = set(re.findall(r"tests/js/([\w.-]+\.test\.mjs)", (ROOT / "scripts" / "test").read_text()))
+    present = {p.name for p in (ROOT / "tests" / "js").glob("*.test.mjs")}
+    assert listed == present, f"in tests/js but not run: {present - listed}; run but missing: {listed - present}"
