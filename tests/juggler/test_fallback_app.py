@@ -5,7 +5,6 @@ token expires, as a websocket connection is. aiohttp speaks the fallback."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -26,6 +25,7 @@ from juggler.config import ServerConfig
 from juggler.proxy import ProxySet
 from juggler.refreshing import CLOSE_CODE, TokenRefresh
 from juggler.server import Server
+from tests.netutil import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,8 +100,6 @@ async def test_the_connect_proxy_decides_new_sessions(backends: Any) -> None:  #
             # a refusal is the backend's, as at a websocket handshake
             async with http.get(f"{sse.url}/sse", headers={"Authorization": "Bearer banned"}) as refused:
                 assert refused.status == 403
-            async with asyncio.timeout(10):
-                while server.stats.rejections.get("proxy_refused", 0) < 1:
-                    await asyncio.sleep(0.01)
+            await wait_until(lambda: server.stats.rejections.get("proxy_refused", 0) >= 1)
     finally:
         await proxies.aclose()

@@ -45,6 +45,7 @@ from juggler.refresh import (
 from juggler.refresh import sub_token as token_of_frame
 from juggler.refreshing import RefreshOutcome, TokenRefresh
 from juggler.server import Server
+from tests.netutil import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -235,7 +236,7 @@ async def test_a_client_with_get_token_stays_connected_across_several_expiries()
     async with serving() as server:
         tokens = Tokens(1.5)
         async with connect(server.url, get_token=tokens) as client:
-            await _until(lambda: client.tokens.renewals >= 3)  # past two lifetimes of the first token
+            await wait_until(lambda: client.tokens.renewals >= 3)  # past two lifetimes of the first token
             assert await client.request(REFRESH, {"token": token(60)}, timeout=5) is not None
             assert not client.closed
             assert client.tokens.renewals >= 3 and client.tokens.failures == 0
@@ -258,8 +259,8 @@ async def test_a_client_that_never_refreshes_is_closed_with_4001_at_expiry() -> 
             elapsed = time.monotonic() - started
         exc = await closed
         assert exc.rcvd is not None and (exc.rcvd.code, exc.rcvd.reason) == (CLOSE_CODE, "token expired")
-        assert 1.0 < elapsed < 4.0
-        await _until(lambda: server.stats.connections_active == 0)
+        assert elapsed > 1.0  # not before the token's expiry (each recv above is bounded: a missing close fails)
+        await wait_until(lambda: server.stats.connections_active == 0)
         assert server.stats.closed["token_expired"] == 1
         assert EXPIRING not in server.stats.extensions_written  # it did not opt in
 
@@ -282,7 +283,7 @@ async def test_with_close_expired_off_an_expired_connection_stays_and_gets_nack_
         async with connect(server.url, headers={"Authorization": "Bearer " + token(1.5), "Juggler-Refresh": "1"},
                            on_message=on_message) as client:
             await asyncio.wait_for(warned.wait(), 5)  # warned, and not renewed
-            await _until(lambda: time.time() > client_exp(server) + 0.2)
+            await wait_until(lambda: time.time() > client_exp(server) + 0.2)
             with pytest.raises(CallNacked) as nacked:
                 await client.pub("public", 1)
             assert nacked.value.code == 401
@@ -370,7 +371,7 @@ async def test_the_reconnecting_client_takes_a_new_token_at_reconnect() -> None:
         tokens = Tokens(1.5)
         async with reconnecting(server.url, get_token=tokens) as client:
             await asyncio.wait_for(refresher.called.wait(), 5)
-            await _until(lambda: client.reconnects >= 1)
+            await wait_until(lambda: client.reconnects >= 1)
             await client.pub("public", 1)
         assert tokens.given >= 2
 
@@ -381,7 +382,7 @@ async def test_the_refresh_hook_renews_from_the_server_side() -> None:
         msgs: list[dict[str, Any]] = []
         async with connect(server.url, headers={"Authorization": "Bearer " + token(1.5)},
                            on_message=lambda m, _f: msgs.append(m)) as client:
-            await _until(lambda: len(refresher.asked) >= 3)  # past the first token's end, twice renewed
+            await wait_until(lambda: len(refresher.asked) >= 3)  # past the first token's end, twice renewed
             assert not client.closed
             await client.pub("public", 1)
             conn = next(iter(server.conns))
@@ -399,7 +400,7 @@ async def test_a_refresher_that_fails_leaves_it_to_the_client() -> None:
     async with serving(refresher=Failing(), warning=0.5) as server:
         tokens = Tokens(1.5)
         async with connect(server.url, get_token=tokens) as client:
-            await _until(lambda: client.tokens.renewals >= 1)
+            await wait_until(lambda: client.tokens.renewals >= 1)
             assert not client.closed
 
 
@@ -453,7 +454,7 @@ async def test_sub_refresh_keeps_a_private_subscription_receiving(redis_url: str
                                get_subscription_token=sub_tokens) as client, \
                     connect(server.url, headers={"Authorization": "Bearer " + token(sub="bob")}) as publisher:
                 await client.sub("private.room")
-                await _until(lambda: client.tokens.renewals >= 2)  # past the first token's end
+                await wait_until(lambda: client.tokens.renewals >= 2)  # past the first token's end
                 await publisher.pub("private.room", {"n": 1})
                 event = await client.next_event(timeout=5)
                 assert (event.channel, event.args) == ("private.room", {"n": 1})
@@ -508,7 +509,7 @@ async def test_a_pattern_subscription_is_renewed_as_a_pattern() -> None:
                            get_subscription_token=sub_tokens) as client, \
                 connect(server.url, headers={"Authorization": "Bearer " + token(sub="bob")}) as publisher:
             await client.sub("private.*", pattern=True)
-            await _until(lambda: client.tokens.renewals >= 2)
+            await wait_until(lambda: client.tokens.renewals >= 2)
             await publisher.pub("private.x", 1)
             event = await client.next_event(timeout=5)
             assert (event.channel, event.pattern, event.args) == ("private.x", "private.*", 1)
@@ -532,10 +533,3 @@ async def test_sub_refresh_refusals() -> None:
         await client.unsb("private.a")
         with pytest.raises(CallNacked):
             await client.request(SUB_REFRESH, {"channel": "private.a", "token": sub_token("private.a")}, timeout=5)
-
-
-async def _until(cond: Any, timeout: float = 5.0) -> None:
-    """Polls a condition the server changes without telling (its counters)."""
-    async with asyncio.timeout(timeout):
-        while not cond():
-            await asyncio.sleep(0.02)
