@@ -24,13 +24,14 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16seq/_proto/rrseq.proto\x12\x02pb\"1\n\rNextIDRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nrange_size\x18\x02 \x01(\x03\"-\n\x0bNextIDReply\x12\x0f\n\x07\x66rom_id\x18\x01 \x01(\x04\x12\r\n\x05to_id\x18\x02 \x01(\x04\"\x1c\n\x0c\x43urIDRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1c\n\nCurIDReply\x12\x0e\n\x06\x63ur_id\x18\x01 \x01(\x04\",\n\x0cSetIDRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06new_id\x18\x02 \x01(\x04\"\x1d\n\nSetIDReply\x12\x0f\n\x07success\x18\x01 \x01(\x08\x32\x9d\x01\n\x05RRAPI\x12\x32\n\nGRPCNextID\x12\x11.pb.NextIDRequest\x1a\x0f.pb.NextIDReply\"\x00\x12/\n\tGRPCCurID\x12\x10.pb.CurIDRequest\x1a\x0e.pb.CurIDReply\"\x00\x12/\n\tGRPCSetID\x12\x10.pb.SetIDRequest\x1a\x0e.pb.SetIDReply\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16seq/_proto/rrseq.proto\x12\x02pb\"1\n\rNextIDRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nrange_size\x18\x02 \x01(\x03\"-\n\x0bNextIDReply\x12\x0f\n\x07\x66rom_id\x18\x01 \x01(\x04\x12\r\n\x05to_id\x18\x02 \x01(\x04\"\x1c\n\x0c\x43urIDRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1c\n\nCurIDReply\x12\x0e\n\x06\x63ur_id\x18\x01 \x01(\x04\",\n\x0cSetIDRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06new_id\x18\x02 \x01(\x04\"\x1d\n\nSetIDReply\x12\x0f\n\x07success\x18\x01 \x01(\x08\x32\x9d\x01\n\x05RRAPI\x12\x32\n\nGRPCNextID\x12\x11.pb.NextIDRequest\x1a\x0f.pb.NextIDReply\"\x00\x12/\n\tGRPCCurID\x12\x10.pb.CurIDRequest\x1a\x0e.pb.CurIDReply\"\x00\x12/\n\tGRPCSetID\x12\x10.pb.SetIDRequest\x1a\x0e.pb.SetIDReply\"\x00\x42\x34\n\x0ejuggler.seq.pbB\nRRSeqProtoP\x01Z\x14juggler-suite/seq/pbb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'seq._proto.rrseq_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\016juggler.seq.pbB\nRRSeqProtoP\001Z\024juggler-suite/seq/pb'
   _globals['_NEXTIDREQUEST']._serialized_start=30
   _globals['_NEXTIDREQUEST']._serialized_end=79
   _globals['_NEXTIDREPLY']._serialized_start=81

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -64,3 +65,22 @@ async def _draw_after(cluster: LocalCluster) -> None:
         first = await s.next()
     # the Go test drew 6 × 400 + 2 × 50 IDs of "go-kill" with buffers of 20: at least that many were taken
     assert first > 2500, f"the cluster handed out {first} after the Go client's draws"
+
+
+def test_java_client(tmp_path_factory: pytest.TempPathFactory) -> None:
+    mvn = _tool("mvn")
+    cluster = start_cluster(tmp_path_factory)
+    java = ROOT / "clients" / "java"
+    try:
+        res = _run([mvn, "-B", "-q", "-Dstyle.color=never", "test"], java, cluster, timeout=900)
+        assert res.returncode == 0, f"mvn test failed:\n{res.stdout[-6000:]}\n{res.stderr[-3000:]}"
+        reports = "".join(p.read_text() for p in (java / "target" / "surefire-reports").glob("*.txt"))
+        assert "Tests run: 7, Failures: 0, Errors: 0, Skipped: 0" in reports, reports
+        assert not cluster.members[2].alive, "the Java test was to kill the third member"
+        ex = _run([mvn, "-B", "-q", "-Dstyle.color=never", "exec:java",
+                   f"-Dexec.args={','.join(cluster.addrs[:2])} java-example 3"], java, cluster, timeout=300)
+        assert ex.returncode == 0, ex.stdout + ex.stderr
+        ids = [int(n) for n in re.findall(r"^(?:\x1b\[[0-9;]*m)*(\d+)\s*$", ex.stdout, re.M)]  # Maven colours some lines
+        assert len(ids) == 3 and ids == sorted(set(ids)), ex.stdout
+    finally:
+        cluster.close()

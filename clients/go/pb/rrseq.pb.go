@@ -339,7 +339,9 @@ const file_rrseq_proto_rawDesc = "" +
 	"\n" +
 	"GRPCNextID\x12\x11.pb.NextIDRequest\x1a\x0f.pb.NextIDReply\"\x00\x12/\n" +
 	"\tGRPCCurID\x12\x10.pb.CurIDRequest\x1a\x0e.pb.CurIDReply\"\x00\x12/\n" +
-	"\tGRPCSetID\x12\x10.pb.SetIDRequest\x1a\x0e.pb.SetIDReply\"\x00b\x06proto3"
+	"\tGRPCSetID\x12\x10.pb.SetIDRequest\x1a\x0e.pb.SetIDReply\"\x00B4\n" +
+	"\x0ejuggler.seq.pbB\n" +
+	"RRSeqProtoP\x01Z\x14juggler-suite/seq/pbb\x06proto3"
 
 var (
 	file_rrseq_proto_rawDescOnce sync.Once
