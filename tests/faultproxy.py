@@ -206,6 +206,10 @@ class FaultProxy:
         else:
             self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
 
+    def held_bytes(self) -> int:
+        """Bytes of replies held back now (see :meth:`hold_replies`)."""
+        return sum(len(d) for link in self._links for d in link.held)
+
     def _forward(self, link: _Link, to: asyncio.StreamWriter, data: bytes, direction: str) -> None:
         delay = self._delay[direction]
         key = (id(link), direction)
