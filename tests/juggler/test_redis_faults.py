@@ -286,3 +286,29 @@ async def test_calls_put_back_while_redis_is_unreachable_are_not_dropped(redis_u
             assert all([await direct.pttl(call_ttl_key(uri, u)) > 0 for u in ids[1:]])
         finally:
             await direct.aclose()
+
+
+async def test_the_error_res_says_when_redis_was_lost(redis_url: str) -> None:
+    """A call ACKed, then the server's connections to Redis reset: the error
+    RES at its timeout says Redis was lost meanwhile (its result may have been)."""
+    async with FaultProxy(int(redis_url.split(":")[2].split("/")[0])) as proxy:
+        broker = RedisBroker(RedisBrokerConfig(url=proxied(redis_url, proxy), block_timeout=0.5))
+        await broker.start()
+        server = Server(broker, ServerConfig(port=0))
+        await server.start()
+        try:
+            seen: list[dict[str, Any]] = []
+            async with connect(server.url, on_message=lambda m, _raw: seen.append(m)) as c:
+                calling = asyncio.ensure_future(c.call("nobody.home", "x", timeout=1.0))
+                await wait_until(lambda: any(m["meta"]["type"] == ACK for m in seen), timeout=10, what="the ACK")
+                proxy.reset_all()
+                await wait_until(lambda: any(m["meta"]["type"] == RES for m in seen), timeout=10,
+                                 what="the error RES")
+                res = next(m for m in seen if m["meta"]["type"] == RES)
+                assert res["payload"]["args"] == {"error": {"message": "call timed out: no result within 1000 ms; "
+                                                            "the connection to Redis was lost meanwhile"}}
+                with contextlib.suppress(Exception):
+                    await calling
+        finally:
+            await server.aclose()
+            await broker.aclose()

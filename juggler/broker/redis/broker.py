@@ -140,6 +140,13 @@ class RedisBroker(BrokerBase):
             raise
         self.stats.calls += 1
 
+    def lost_since(self, t: float) -> bool:
+        """Whether a listener of this broker (the results listener, in a server)
+        lost Redis at or after loop time `t`: a result may have been lost with
+        it. The server names it in the error RES of a call that got no result."""
+        lost = self._pops.lost_at
+        return lost is not None and lost >= t
+
     def on_result(self, handler: ResultHandler) -> None:
         self._results.handler = handler
         if self._started and not self._closed:

@@ -62,6 +62,8 @@ class BlockingPops:
         self._orphans: set[asyncio.Future[Any]] = set()
         self._requeues: set[asyncio.Task[None]] = set()
         self._warn = ThrottledLog(log)
+        #: when (loop time) a stream last lost its connection or failed to open one (None: never)
+        self.lost_at: float | None = None
 
     async def aclose(self) -> None:
         """Let the pops and requeues in flight finish (calls they hold go back), then close."""
@@ -128,6 +130,7 @@ class BlockingPops:
                             self.connections.discard(conn)
                             conn.close()
                             conn = None
+                        self.lost_at = loop.time()
                         self.router.request_refresh()
                         delay = backoff.next_delay()
                         self._warn.warning("%s listener: %s; retrying in %.2fs", what, exc, delay,
@@ -154,6 +157,7 @@ class BlockingPops:
                     continue
                 except BrokerError as exc:
                     fut = None
+                    self.lost_at = loop.time()
                     self.router.request_refresh()
                     # afresh only after a connection that stayed up a while (see Backoff.after_loss)
                     delay = backoff.after_loss(loop.time() - opened_at)
