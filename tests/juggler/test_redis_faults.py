@@ -312,3 +312,24 @@ async def test_the_error_res_says_when_redis_was_lost(redis_url: str) -> None:
         finally:
             await server.aclose()
             await broker.aclose()
+
+
+async def test_pubs_to_different_channels_overlap_through_latency(redis_url: str) -> None:
+    """200 ms added each way between the server and Redis: a connection's PUBs
+    to eight channels all reach Redis before the first of them is answered
+    (one at a time, a publisher got 2.5 PUBs a second)."""
+    async with FaultProxy(int(redis_url.split(":")[2].split("/")[0])) as proxy:
+        async with stack(proxied(redis_url, proxy), redis_url) as server:
+            frames: list[tuple[int, dict[str, Any]]] = []
+            def note(m: dict[str, Any], _raw: str) -> None:
+                frames.append((proxy.seen(b"PUBLISH"), m))  # how many had reached Redis when it came
+
+            async with connect(server.url, on_message=note) as c:
+                await c.pub("warm", 0)
+                proxy.watch(b"PUBLISH")
+                proxy.latency(0.2, 0.2)
+                await asyncio.gather(*(c.pub(f"ch{i}", i, timeout=10) for i in range(8)))
+                proxy.latency(0.0, 0.0)
+            acks = [seen for seen, m in frames[1:] if m["meta"]["type"] == ACK]
+            assert len(acks) == 8
+            assert acks[0] == 8, f"only {acks[0]} PUBLISH sent when the first ACK came"
