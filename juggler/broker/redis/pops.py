@@ -336,8 +336,8 @@ class BlockingPops:
         for item in reversed(items):  # RPUSH one by one: the first item ends up next to be popped
             by_key.setdefault(call_key(item[0].uri), []).append(item)
         if not self.router.cluster:
-            await self._until_sent(len(items), lambda: self._requeue_now(None, [c for cs in by_key.values()
-                                                                                 for c in cs]))
+            flat = [c for cs in by_key.values() for c in cs]
+            await self._until_sent(len(flat), lambda: self._requeue_now(None, flat))
             return
         for list_key, group in by_key.items():  # one node per list: each goes back (or not) on its own
             await self._until_sent(len(group), lambda k=list_key, g=group: self._requeue_now(k, g))
