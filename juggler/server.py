@@ -359,7 +359,11 @@ class Server(ServiceBase):
         if conn.closed:
             return
         self.stats.calls_timed_out += 1
-        conn.send_res(msg_uuid, uri, _timed_out(timeout_ms))
+        lost_since = getattr(self.broker, "lost_since", None)
+        # the window the call lived in (its timeout, and the grace after it)
+        since = asyncio.get_running_loop().time() - timeout_ms / 1000 - self._pending.grace
+        lost = lost_since is not None and lost_since(since)
+        conn.send_res(msg_uuid, uri, _timed_out(timeout_ms, lost))
 
     async def publish(self, channel: str, args: bytes | None, msg_uuid: str | None = None) -> PublishResult:
         """Publish to `channel` as a PUB would (with history where the channel keeps it):
@@ -454,8 +458,13 @@ class _Listener:
         return True
 
 
-def _timed_out(timeout_ms: int) -> bytes:
-    """The args of the error RES of a call that got no result in time (a callee error's shape)."""
+def _timed_out(timeout_ms: int, broker_lost: bool = False) -> bytes:
+    """The args of the error RES of a call that got no result in time (a callee
+    error's shape); it says when the server lost Redis meanwhile (the result may
+    have been lost with it, or the callee could not store it)."""
+    if broker_lost:
+        return (b'{"error":{"message":"call timed out: no result within %d ms; the connection to Redis '
+                b'was lost meanwhile"}}' % timeout_ms)
     return b'{"error":{"message":"call timed out: no result within %d ms"}}' % timeout_ms
 
 

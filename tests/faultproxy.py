@@ -14,6 +14,11 @@ forwarded to the upstream, and the test decides what goes wrong:
 - :meth:`FaultProxy.reset_all` -- reset every connection now.
 - :meth:`FaultProxy.refuse` -- accept and drop every new connection at once
   (a server at its connection limit, a proxy without its backend).
+- :meth:`FaultProxy.latency` -- delay what goes each way (a slow link).
+- :meth:`FaultProxy.resetting` -- reset every connection, and each new one
+  as soon as it sends something (toxiproxy's ``reset_peer``).
+- :meth:`FaultProxy.unreachable` -- reset every connection and stop
+  listening: a new one is refused (a server down, a proxy disabled).
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ class FaultProxy:
         self._seen: dict[bytes, int] = {}
         self._seen_changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._delay = {"up": 0.0, "down": 0.0}  # seconds added client -> server ("up") and back
+        self._last_at: dict[tuple[int, str], float] = {}  # (link, direction): when its last delayed write goes
+        self._resetting = False
 
     async def __aenter__(self) -> FaultProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -138,7 +146,9 @@ class FaultProxy:
                     if p in data:
                         self._cut.remove(p)
                         cut.set()
-                link.server.write(data)
+                if self._resetting:
+                    break
+                self._forward(link, link.server, data, "up")
         except (OSError, asyncio.CancelledError):
             pass
         finally:
@@ -151,20 +161,73 @@ class FaultProxy:
                     # the server answered the command: drop the connection, the answer lost
                     self.cut_done.set()
                     break
+                if self._resetting:
+                    break
                 if self._holding:
                     link.held.append(data)
                 else:
-                    link.client.write(data)
+                    self._forward(link, link.client, data, "down")
         except (OSError, asyncio.CancelledError):
             pass
         finally:
             self._drop(link)
 
     def _drop(self, link: _Link) -> None:
+        self._last_at.pop((id(link), "up"), None)
+        self._last_at.pop((id(link), "down"), None)
         if link in self._links:
             self._links.discard(link)
             _reset(link.client)
             _reset(link.server)
+
+    # faults added after the forwarding above ----------------------------------------------
+
+    def latency(self, up: float = 0.0, down: float = 0.0) -> None:
+        """Delay what the client sends by `up` seconds and what the server
+        answers by `down` (0 = none). The bytes keep their order; a
+        connection is not slowed down beyond the delay (writes overlap)."""
+        self._delay = {"up": up, "down": down}
+
+    def resetting(self, on: bool = True) -> None:
+        """While on, reset every connection now and every new one as soon as
+        either side sends something: connections are accepted, then lost."""
+        self._resetting = on
+        if on:
+            self.reset_all()
+
+    async def unreachable(self, on: bool = True) -> None:
+        """While on, nothing listens on :attr:`port` (connecting is refused) and
+        every connection is reset; off, the same port listens again."""
+        assert self._server is not None
+        if on:
+            self._server.close()
+            self.reset_all()
+            await self._server.wait_closed()
+        else:
+            self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+
+    def held_bytes(self) -> int:
+        """Bytes of replies held back now (see :meth:`hold_replies`)."""
+        return sum(len(d) for link in self._links for d in link.held)
+
+    def _forward(self, link: _Link, to: asyncio.StreamWriter, data: bytes, direction: str) -> None:
+        delay = self._delay[direction]
+        key = (id(link), direction)
+        loop = asyncio.get_running_loop()
+        if delay <= 0 and key not in self._last_at:
+            to.write(data)
+            return
+        # after the writes already delayed on this link, whatever the delay is now
+        at = max(loop.time() + delay, self._last_at.get(key, 0.0) + 1e-6)
+        self._last_at[key] = at
+        loop.call_at(at, self._write_delayed, link, to, data, key, at)
+
+    def _write_delayed(self, link: _Link, to: asyncio.StreamWriter, data: bytes, key: tuple[int, str],
+                       at: float) -> None:
+        if self._last_at.get(key) == at:
+            del self._last_at[key]  # nothing more delayed behind it
+        if link in self._links and not to.is_closing():
+            to.write(data)
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:

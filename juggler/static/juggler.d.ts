@@ -237,7 +237,8 @@ export declare class JugglerError extends Error {}
 
 /** The server refused the message. */
 export declare class NackError extends JugglerError {
-  /** 500 for broker errors; 401/403 … from middleware. */
+  /** 500 for broker errors (not done); 504 when the outcome is unknown (a CALL may have been queued, a PUB
+   * published); 401/403 … from middleware. */
   readonly code: number;
   readonly serverMessage: string;
   readonly forType: number;

@@ -28,7 +28,8 @@ export class JugglerError extends Error {
   }
 }
 
-/** The server refused a message (NACK): `code` (500 = broker error, 401/403 …), `message`. */
+/** The server refused a message (NACK): `code` (500 = broker error: not done; 504 = outcome unknown: a CALL
+ * may have been queued, a PUB published, so do not blindly retry; 401/403 …), `message`. */
 export class NackError extends JugglerError {
   constructor(payload) {
     super(`NACK ${payload.code}: ${payload.message}`);

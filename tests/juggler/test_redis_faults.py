@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from juggler.broker.redis import RedisBroker, RedisBrokerConfig
+from juggler.broker.redis import RedisBroker, RedisBrokerConfig, call_key, call_ttl_key
 from juggler.broker.redis.keys import POP_CHECK_SCRIPT, PUSH_SCRIPT
 from juggler.client import ACK, NACK, RES, connect
 from juggler.config import ServerConfig
@@ -214,3 +214,122 @@ def test_error_res_is_json() -> None:
     from juggler.server import _timed_out
 
     assert json.loads(_timed_out(5000)) == {"error": {"message": "call timed out: no result within 5000 ms"}}
+
+
+async def test_calls_of_a_closed_stream_whose_check_reply_is_lost_are_put_back(redis_url: str) -> None:
+    """A callee's stream closes while the pop check of calls it popped is in
+    flight, and the check's reply is lost (Redis ran it: the TTL key is
+    gone): the call is not dropped, it goes back to its list with a deadline."""
+    port = int(redis_url.split(":")[2].split("/")[0])
+    direct = aioredis.Redis(port=port)
+    uri = "t.putback"
+    async with FaultProxy(port) as proxy, \
+            RedisBroker(RedisBrokerConfig(url=redis_url)) as caller, \
+            RedisBroker(RedisBrokerConfig(url=proxied(redis_url, proxy), block_timeout=5.0)) as callee:
+        got: list[Any] = []
+
+        async def consume() -> None:
+            async for call in callee.calls([uri]):
+                got.append(call)
+
+        proxy.watch(b"BLMPOP", POP_CHECK_SCRIPT.sha)
+        consumer = asyncio.ensure_future(consume())
+        try:
+            await proxy.wait_seen(b"BLMPOP", 1)
+            proxy.hold_replies()  # the pop's reply, then the check's, are held
+            msg_uuid = "0b0c4a36-5d1e-4f7a-9a55-3c1f2b6d7e80"
+            await caller.call(msg_uuid, uri, b'"x"', 30_000)
+            await wait_until(lambda: proxy.held_bytes() > 0, timeout=10, what="the pop's reply held")
+            proxy.release_replies()  # the pop's reply goes through; the check's will be held
+            proxy.hold_replies()
+            await proxy.wait_seen(POP_CHECK_SCRIPT.sha, 1)
+            consumer.cancel()  # the stream closes with the check in flight
+            proxy.reset_all()  # and the check's reply is lost
+            proxy.release_replies()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(consumer, 10)
+            assert got == []
+
+            async def back() -> bool:
+                return await direct.llen(call_key(uri)) == 1 and await direct.pttl(call_ttl_key(uri, msg_uuid)) > 0
+
+            await wait_until(back, timeout=10, interval=0.05, what="the popped call back in its list")
+        finally:
+            consumer.cancel()
+            await direct.aclose()
+
+
+async def test_calls_put_back_while_redis_is_unreachable_are_not_dropped(redis_url: str) -> None:
+    """A callee's stream closes holding calls it popped, while Redis cannot be
+    reached: putting them back is tried again until Redis is back."""
+    port = int(redis_url.split(":")[2].split("/")[0])
+    direct = aioredis.Redis(port=port)
+    uri = "t.putback.later"
+    ids = [f"00000000-0000-4000-8000-{i:012d}" for i in range(5)]
+    async with FaultProxy(port) as proxy, RedisBroker(RedisBrokerConfig(url=redis_url)) as caller, \
+            RedisBroker(RedisBrokerConfig(url=proxied(redis_url, proxy), block_timeout=0.3, call_batch=10,
+                                          connect_timeout=0.5)) as callee:
+        try:
+            for u in ids:
+                await caller.call(u, uri, b'"x"', 30_000)
+            stream = callee.calls([uri])
+            first = await asyncio.wait_for(stream.__anext__(), 5)
+            assert first.msg_uuid == ids[0]
+            await proxy.unreachable(True)
+            closing = asyncio.ensure_future(stream.aclose())  # puts the 4 others back: refused for now
+            await asyncio.sleep(0.5)  # the window of the fault
+            assert not closing.done()
+            await proxy.unreachable(False)
+            await asyncio.wait_for(closing, 15)
+            left = [json.loads(x)["msg_uuid"] for x in await direct.lrange(call_key(uri), 0, -1)]
+            assert left[::-1] == ids[1:]
+            assert all([await direct.pttl(call_ttl_key(uri, u)) > 0 for u in ids[1:]])
+        finally:
+            await direct.aclose()
+
+
+async def test_the_error_res_says_when_redis_was_lost(redis_url: str) -> None:
+    """A call ACKed, then the server's connections to Redis reset: the error
+    RES at its timeout says Redis was lost meanwhile (its result may have been)."""
+    async with FaultProxy(int(redis_url.split(":")[2].split("/")[0])) as proxy:
+        broker = RedisBroker(RedisBrokerConfig(url=proxied(redis_url, proxy), block_timeout=0.5))
+        await broker.start()
+        server = Server(broker, ServerConfig(port=0))
+        await server.start()
+        try:
+            seen: list[dict[str, Any]] = []
+            async with connect(server.url, on_message=lambda m, _raw: seen.append(m)) as c:
+                calling = asyncio.ensure_future(c.call("nobody.home", "x", timeout=1.0))
+                await wait_until(lambda: any(m["meta"]["type"] == ACK for m in seen), timeout=10, what="the ACK")
+                proxy.reset_all()
+                await wait_until(lambda: any(m["meta"]["type"] == RES for m in seen), timeout=10,
+                                 what="the error RES")
+                res = next(m for m in seen if m["meta"]["type"] == RES)
+                assert res["payload"]["args"] == {"error": {"message": "call timed out: no result within 1000 ms; "
+                                                            "the connection to Redis was lost meanwhile"}}
+                with contextlib.suppress(Exception):
+                    await calling
+        finally:
+            await server.aclose()
+            await broker.aclose()
+
+
+async def test_pubs_to_different_channels_overlap_through_latency(redis_url: str) -> None:
+    """200 ms added each way between the server and Redis: a connection's PUBs
+    to eight channels all reach Redis before the first of them is answered
+    (one at a time, a publisher got 2.5 PUBs a second)."""
+    async with FaultProxy(int(redis_url.split(":")[2].split("/")[0])) as proxy:
+        async with stack(proxied(redis_url, proxy), redis_url) as server:
+            frames: list[tuple[int, dict[str, Any]]] = []
+            def note(m: dict[str, Any], _raw: str) -> None:
+                frames.append((proxy.seen(b"PUBLISH"), m))  # how many had reached Redis when it came
+
+            async with connect(server.url, on_message=note) as c:
+                await c.pub("warm", 0)
+                proxy.watch(b"PUBLISH")
+                proxy.latency(0.2, 0.2)
+                await asyncio.gather(*(c.pub(f"ch{i}", i, timeout=10) for i in range(8)))
+                proxy.latency(0.0, 0.0)
+            acks = [seen for seen, m in frames[1:] if m["meta"]["type"] == ACK]
+            assert len(acks) == 8
+            assert acks[0] == 8, f"only {acks[0]} PUBLISH sent when the first ACK came"

@@ -140,6 +140,13 @@ class RedisBroker(BrokerBase):
             raise
         self.stats.calls += 1
 
+    def lost_since(self, t: float) -> bool:
+        """Whether a listener of this broker (the results listener, in a server)
+        lost Redis at or after loop time `t`: a result may have been lost with
+        it. The server names it in the error RES of a call that got no result."""
+        lost = self._pops.lost_at
+        return lost is not None and lost >= t
+
     def on_result(self, handler: ResultHandler) -> None:
         self._results.handler = handler
         if self._started and not self._closed:
@@ -181,7 +188,7 @@ class RedisBroker(BrokerBase):
             async for parsed, pttls in pops:
                 now = time.monotonic()
                 if None in pttls:
-                    pttls = await self._recheck(parsed, pttls)
+                    pttls = await self._pops.recheck(parsed, pttls)
                 for p, pttl in zip(parsed, pttls, strict=True):
                     if isinstance(pttl, Exception) or pttl <= 0:
                         self.stats.expired_calls += 1
@@ -207,30 +214,6 @@ class RedisBroker(BrokerBase):
                 items = list(buffered)
                 buffered.clear()
                 await self._pops.requeue(items)
-
-    async def _recheck(self, parsed: list[Any], pttls: list[Any]) -> list[Any]:
-        """Calls popped whose pop check's reply was lost (None): asked again.
-        A TTL key still there means the check never ran: its PTTL is right
-        (and the key is deleted now). A key gone is ambiguous: expired, or
-        deleted by the check whose reply was lost. Such a call is run with the
-        longest deadline a call gets by default (``unknown_deadline_ms``):
-        dropping a live call is worse than running one that expired, whose
-        result the server drops (it knows the call's deadline)."""
-        unknown = [i for i, t in enumerate(pttls) if t is None]
-        keys = [call_ttl_key(parsed[i].uri, parsed[i].msg_uuid) for i in unknown]
-        again: list[Any] = [-2] * len(keys)
-        try:
-            async with asyncio.timeout(self.config.command_timeout):
-                script = POP_CHECK_MANY_SCRIPT if len(keys) > 1 else POP_CHECK_SCRIPT
-                reply = await self.router.pool_for(keys[0]).evalsha(script, keys, ())
-                again = reply if isinstance(reply, list) else [reply]
-        except (BrokerError, TimeoutError) as exc:
-            log.warning("asking again for %d calls whose pop check was lost failed (%s): running them with an "
-                        "unknown deadline", len(keys), exc)
-        out = list(pttls)
-        for i, t in zip(unknown, again, strict=True):
-            out[i] = t if isinstance(t, int) and t > 0 else self.config.unknown_deadline_ms
-        return out
 
     async def send_result(self, result: Result, ttl_ms: int) -> None:
         if ttl_ms <= 0:

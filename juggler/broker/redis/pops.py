@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import rustext
@@ -34,7 +34,7 @@ from juggler.broker.redis.keys import (
     call_key,
     call_ttl_key,
 )
-from juggler.broker.resp import RedisReplyError, RespConnection
+from juggler.broker.resp import RedisOutcomeUnknown, RedisReplyError, RespConnection
 from rustext.backoff import Backoff, BackoffPolicy
 from rustext.throttledlog import ThrottledLog
 
@@ -62,6 +62,8 @@ class BlockingPops:
         self._orphans: set[asyncio.Future[Any]] = set()
         self._requeues: set[asyncio.Task[None]] = set()
         self._warn = ThrottledLog(log)
+        #: when (loop time) a stream last lost its connection or failed to open one (None: never)
+        self.lost_at: float | None = None
 
     async def aclose(self) -> None:
         """Let the pops and requeues in flight finish (calls they hold go back), then close."""
@@ -128,6 +130,7 @@ class BlockingPops:
                             self.connections.discard(conn)
                             conn.close()
                             conn = None
+                        self.lost_at = loop.time()
                         self.router.request_refresh()
                         delay = backoff.next_delay()
                         self._warn.warning("%s listener: %s; retrying in %.2fs", what, exc, delay,
@@ -154,6 +157,7 @@ class BlockingPops:
                     continue
                 except BrokerError as exc:
                     fut = None
+                    self.lost_at = loop.time()
                     self.router.request_refresh()
                     # afresh only after a connection that stayed up a while (see Backoff.after_loss)
                     delay = backoff.after_loss(loop.time() - opened_at)
@@ -238,16 +242,54 @@ class BlockingPops:
                     conn.close()
 
     def _requeue_checked(self, parsed: list[Any], check: asyncio.Future[Any]) -> None:
-        if self.router.closed or check.cancelled() or check.exception() is not None:
+        """Calls popped by a stream closed while their pop check was in flight: back to their lists."""
+        if self.router.closed or check.cancelled():
             return
-        pttls = check.result()
-        pttls = pttls if isinstance(pttls, list) else [pttls]
+        loop = asyncio.get_running_loop()
+        if check.exception() is not None:
+            # the check's reply was lost: it may have run (TTL keys gone); ask again, then requeue
+            task = loop.create_task(self._recheck_requeue(parsed))
+        else:
+            pttls = check.result()
+            pttls = pttls if isinstance(pttls, list) else [pttls]
+            now = time.monotonic()
+            items = [(p, t, now) for p, t in zip(parsed, pttls, strict=True) if isinstance(t, int) and t > 0]
+            if not items:
+                return
+            task = loop.create_task(self.requeue(items))
+        self._requeues.add(task)
+        task.add_done_callback(self._requeues.discard)
+
+    async def _recheck_requeue(self, parsed: list[Any]) -> None:
         now = time.monotonic()
-        items = [(p, t, now) for p, t in zip(parsed, pttls, strict=True) if isinstance(t, int) and t > 0]
-        if items:
-            task = asyncio.get_running_loop().create_task(self.requeue(items))
-            self._requeues.add(task)
-            task.add_done_callback(self._requeues.discard)
+        pttls = await self.recheck(parsed, [None] * len(parsed))
+        await self.requeue([(p, t, now) for p, t in zip(parsed, pttls, strict=True)])
+
+    async def recheck(self, parsed: list[Any], pttls: list[Any]) -> list[Any]:
+        """Calls popped whose pop check's reply was lost (None): asked again.
+        A TTL key still there means the check never ran: its PTTL is right
+        (and the key is deleted now). A key gone is ambiguous: expired, or
+        deleted by the check whose reply was lost. Such a call gets the
+        longest deadline a call gets by default (``unknown_deadline_ms``):
+        dropping a live call is worse than running one that expired, whose
+        result the server drops (it knows the call's deadline)."""
+        unknown = [i for i, t in enumerate(pttls) if t is None]
+        if not unknown:
+            return pttls
+        keys = [call_ttl_key(parsed[i].uri, parsed[i].msg_uuid) for i in unknown]
+        again: list[Any] = [-2] * len(keys)
+        try:
+            async with asyncio.timeout(self.config.command_timeout):
+                script = POP_CHECK_MANY_SCRIPT if len(keys) > 1 else POP_CHECK_SCRIPT
+                reply = await self.router.pool_for(keys[0]).evalsha(script, keys, ())
+                again = reply if isinstance(reply, list) else [reply]
+        except (BrokerError, TimeoutError) as exc:
+            self._warn.warning("asking again for %d calls whose pop check was lost failed (%s): keeping them with "
+                               "an unknown deadline", len(keys), exc, key="recheck")
+        out = list(pttls)
+        for i, t in zip(unknown, again, strict=True):
+            out[i] = t if isinstance(t, int) and t > 0 else self.config.unknown_deadline_ms
+        return out
 
     def _orphaned(self, fut: asyncio.Future[Any], conn: RespConnection) -> None:
         """The reply of a cancelled blocking pop: put calls back, drop results."""
@@ -279,40 +321,64 @@ class BlockingPops:
 
     async def _requeue_raw(self, list_key: str, payloads: list[bytes]) -> None:
         """Calls popped without a pop check yet: their TTL keys are intact, so
-        they go back as they were (RPUSH: next to be popped)."""
+        they go back as they were (one RPUSH: next to be popped)."""
         async def push(conn: RespConnection) -> None:
-            await asyncio.gather(*[conn.execute("RPUSH", list_key, p) for p in reversed(payloads)])
+            await conn.execute("RPUSH", list_key, *reversed(payloads))
 
-        try:
-            await self.router.run(list_key, push)
-        except BrokerError as exc:
-            log.warning("could not requeue %d calls on %s: %s", len(payloads), list_key, exc)
+        await self._until_sent(len(payloads), lambda: self.router.run(list_key, push))
 
     # CalleeBroker --------------------------------------------------------------
 
     async def requeue(self, items: list[tuple[Any, int, float]]) -> None:
-        codec = rustext
+        """Calls taken out of Redis and not run, back at the head of their
+        lists with the time they have left (items: call, PTTL in ms, when it was read)."""
+        by_key: dict[str, list[tuple[Any, int, float]]] = {}
+        for item in reversed(items):  # RPUSH one by one: the first item ends up next to be popped
+            by_key.setdefault(call_key(item[0].uri), []).append(item)
+        if not self.router.cluster:
+            flat = [c for cs in by_key.values() for c in cs]
+            await self._until_sent(len(flat), lambda: self._requeue_now(None, flat))
+            return
+        for list_key, group in by_key.items():  # one node per list: each goes back (or not) on its own
+            await self._until_sent(len(group), lambda k=list_key, g=group: self._requeue_now(k, g))
+
+    async def _requeue_now(self, list_key: str | None, items: list[tuple[Any, int, float]]) -> None:
         calls = []
-        for p, pttl, at in reversed(items):
-            left = pttl - int((time.monotonic() - at) * 1000)
-            if left <= 0:
+        live = []
+        now = time.monotonic()
+        for p, pttl, at in items:
+            left = pttl - int((now - at) * 1000)
+            if left <= 0:  # not put back (a callee would drop it), and counted once
                 self.stats.expired_calls += 1
                 continue
-            payload = codec.build_call_payload(p.conn_uuid, p.msg_uuid, p.uri, p.args, p.trace)
+            live.append((p, pttl, at))
+            payload = rustext.build_call_payload(p.conn_uuid, p.msg_uuid, p.uri, p.args, p.trace)
             calls.append(((call_ttl_key(p.uri, p.msg_uuid), call_key(p.uri)), (left, payload)))
+        items[:] = live  # a second attempt takes only these
         if not calls:
             return
-        try:
-            if self.router.cluster:
-                by_key: dict[str, list[Any]] = {}
-                for c in calls:
-                    by_key.setdefault(c[0][1], []).append(c)
-                for list_key, cs in by_key.items():
-                    await asyncio.shield(self.router.pool_for(list_key).evalsha_many(REQUEUE_SCRIPT, cs))
-            else:
-                await asyncio.shield(self.router.pool.evalsha_many(REQUEUE_SCRIPT, calls))  # type: ignore[union-attr]
-        except BrokerError as exc:
-            log.warning("could not requeue %d calls: %s", len(calls), exc)
+        pool = self.router.pool if list_key is None else self.router.pool_for(list_key)
+        await asyncio.shield(pool.evalsha_many(REQUEUE_SCRIPT, calls))  # type: ignore[union-attr]
+
+    async def _until_sent(self, count: int, attempt: Callable[[], Awaitable[Any]]) -> None:
+        """Put `count` calls back with `attempt`, tried again with a backoff while
+        Redis cannot be reached (for up to ``command_timeout`` s): a call taken out
+        of Redis is not dropped on a first failure. Not tried again when it may
+        have run (outcome unknown): the calls would be queued twice."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.command_timeout
+        backoff = Backoff(RECONNECT_BACKOFF)
+        while True:
+            try:
+                await attempt()
+                return
+            except BrokerError as exc:
+                delay = backoff.next_delay()
+                if (isinstance(exc, RedisOutcomeUnknown | RedisReplyError) or self.router.closed
+                        or loop.time() + delay > deadline):
+                    self._warn.warning("could not put back %d calls: %s", count, exc, key="requeue")
+                    return
+            await asyncio.sleep(delay)
 
 
 def parse_payloads(payloads: list[bytes], what: str) -> list[Any]:
