@@ -229,8 +229,12 @@ async def start_balancer(tmp: Path) -> Product:
     backends = [spawn([sys.executable, str(tmp / "backend.py"), str(p)], tmp / f"backend{p}.log") for p in (b1, b2)]
     for p, proc in zip((b1, b2), backends):
         wait_port(p, [proc])
-    lb = spawn([*juggler_cmd(), "balancer", "--listen", f"127.0.0.1:{lport}", "--backends",
-                f"127.0.0.1:{b1},127.0.0.1:{b2}", "--workers", "1"], tmp / "balancer.log")
+    # idle upstream connections are closed after 2 s (default 60 s), so that descriptors held once the
+    # load is gone are leaks, not the connection pool
+    (tmp / "balancer.toml").write_text(
+        f'listen = "127.0.0.1:{lport}"\nworkers = 1\n'
+        f'backends = ["127.0.0.1:{b1}", "127.0.0.1:{b2}"]\n[limits]\npool_idle_timeout = 2.0\n')
+    lb = spawn([*juggler_cmd(), "balancer", "--config", str(tmp / "balancer.toml")], tmp / "balancer.log")
     wait_port(lport, [lb])
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
     base = f"http://127.0.0.1:{lport}"
