@@ -82,12 +82,13 @@ class Toxiproxy:
             raise RuntimeError(f"toxiproxy {method} {path}: {exc.code} {exc.read()[:300]!r}") from exc
         return json.loads(raw) if raw.strip() else None
 
-    def link(self, name: str, upstream: str, port: int | None = None) -> Link:
-        """A new proxy ``name`` listening on 127.0.0.1:``port`` (a free one by default) to ``upstream``."""
+    def link(self, name: str, upstream: str, port: int | None = None, host: str = "127.0.0.1") -> Link:
+        """A new proxy ``name`` listening on ``host``:``port`` (a free one by default) to
+        ``upstream``; ``host`` may be any 127.x address (Linux routes all of 127/8 to loopback)."""
         port = port or free_port()
-        self.request("POST", "/proxies", {"name": name, "listen": f"127.0.0.1:{port}",
+        self.request("POST", "/proxies", {"name": name, "listen": f"{host}:{port}",
                                           "upstream": upstream, "enabled": True})
-        link = Link(self, name, port, upstream)
+        link = Link(self, name, port, upstream, host)
         self._links.append(link)
         return link
 
@@ -96,6 +97,7 @@ class Toxiproxy:
         self.request("POST", "/reset")
 
     def delete_all(self) -> None:
+        """Delete every link made through this object."""
         for link in self._links:
             try:
                 self.request("DELETE", f"/proxies/{link.name}")
@@ -112,10 +114,11 @@ class Link:
     name: str
     port: int
     upstream: str
+    host: str = "127.0.0.1"
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def toxic(self, kind: str, stream: str = "downstream", *, name: str | None = None,
               toxicity: float = 1.0, **attributes: int) -> str:
