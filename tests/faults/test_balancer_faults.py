@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from tests.balancer.balancer_helpers import BackendProc, start_backend
 from tests.faults.conftest import fd_count, rss_kib
 from tests.faults.toxiproxy import Toxiproxy

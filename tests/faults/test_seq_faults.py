@@ -8,7 +8,7 @@ toxic slows every answer it gives. Clients reach members directly (on
 127.0.0.1), so that they can stay on one side of a partition.
 
 Promises checked (docs/seq.md, "Under faults"): every draw returns or fails
-with SeqError within its deadline (no hang); no ID is handed out twice, across
+with SeqUnavailable within its deadline (no hang); no ID is handed out twice, across
 the fault and its healing; service goes on while a majority can talk, and is
 back within a bound once the partition heals; no member crashes.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from seq import RRSeq, SeqError
+from seq import RRSeq, SeqError, SeqUnavailable
 from seq.localcluster import LocalCluster
 from tests.faults.toxiproxy import Link, Toxiproxy
 
@@ -110,6 +110,7 @@ class Drawers:
         self.failures = 0
         self.last_ok = 0.0
         self.slow: list[float] = []
+        self.unexpected: list[str] = []
         self.stop = asyncio.Event()
         self.tasks = [asyncio.ensure_future(self.draw(s)) for s in self.seqs]
 
@@ -119,11 +120,13 @@ class Drawers:
             try:
                 self.ids.append(await asyncio.wait_for(s.next(), DEADLINE + SLACK))
                 self.last_ok = time.monotonic()
-            except SeqError:
+            except SeqUnavailable:
                 self.failures += 1
                 await asyncio.sleep(0.05)  # a failed draw is answered at once: do not spin
             except TimeoutError:
                 self.slow.append(time.monotonic() - t0)
+            except SeqError as exc:  # anything but "unavailable" under a partition is a broken promise
+                self.unexpected.append(repr(exc))
             took = time.monotonic() - t0
             if took > DEADLINE + SLACK:
                 self.slow.append(took)
@@ -142,6 +145,7 @@ class Drawers:
         for s in self.seqs:
             await s.aclose()
         assert not self.slow, f"draws that outlived their deadline: {self.slow}"
+        assert not self.unexpected, self.unexpected
 
 
 async def test_latency_between_members_slows_draws_but_none_fails_or_repeats(healed: Faulty) -> None:
