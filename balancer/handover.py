@@ -126,7 +126,8 @@ class HandoverServer:
                             uid, os.getuid())
                 # its request read first: closing on unread data would reset the
                 # connection, and the peer would never see why
-                await asyncio.wait_for(loop.sock_recv(conn, MAX_MESSAGE), STEP_TIMEOUT)
+                async with asyncio.timeout(STEP_TIMEOUT):
+                    await loop.sock_recv(conn, MAX_MESSAGE)
                 _send(conn, {"error": "permission denied: only the balancer's own user may take over"})
                 return
             await self._exchange(loop, conn)
@@ -140,7 +141,8 @@ class HandoverServer:
         its end (a connection that asks nothing holds nothing)."""
         try:
             while True:
-                data = await asyncio.wait_for(loop.sock_recv(conn, MAX_MESSAGE), STEP_TIMEOUT)
+                async with asyncio.timeout(STEP_TIMEOUT):
+                    data = await loop.sock_recv(conn, MAX_MESSAGE)
                 if not data:
                     return  # the new process gave up (or failed to start): keep serving
                 try:

@@ -175,7 +175,8 @@ async def serve(
             say(prog, "stopping now")
             service.abort()
             try:
-                await asyncio.wait_for(asyncio.shield(drain), ABORT_GRACE)
+                async with asyncio.timeout(ABORT_GRACE):
+                    await asyncio.shield(drain)
             except TimeoutError:
                 say(prog, f"still stopping after {ABORT_GRACE:g} s; giving up")
                 drain.cancel()

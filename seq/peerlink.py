@@ -176,7 +176,8 @@ class PeerLink:
             self._connecting = asyncio.ensure_future(self._connect(max(timeout, 0.2)))
             self._connecting.add_done_callback(_consume)
         try:
-            return await asyncio.wait_for(asyncio.shield(self._connecting), timeout)
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(self._connecting)
         except (TimeoutError, OSError, TransportLayerError, grpc.aio.AioRpcError) as exc:
             raise PeerUnavailable(f"{self.addr}: {type(exc).__name__}: {exc}") from exc
 
@@ -193,11 +194,9 @@ class PeerLink:
             if self._scheduler is None:
                 self._scheduler = DeadlineScheduler(loop, expire)
             self.connects += 1
-            conn = await asyncio.wait_for(
-                connect(f"tcp://{self._host}:{rep.peer_port}", PROTOCOL, CONNECTION_CONFIG, self._scheduler,
-                        tls=self._tls),
-                timeout,
-            )
+            async with asyncio.timeout(timeout):
+                conn = await connect(f"tcp://{self._host}:{rep.peer_port}", PROTOCOL, CONNECTION_CONFIG,
+                                     self._scheduler, tls=self._tls)
         except BaseException:
             self._failures += 1
             self._retry_at = loop.time() + self._backoff.delay(self._failures, self._rng)

@@ -255,7 +255,8 @@ class RRServer(ServiceBase):
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Until this member votes (bootstrap or catch-up done)."""
-        await asyncio.wait_for(self._ready.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await self._ready.wait()
 
     async def serve_forever(self) -> None:
         """Until aclose(); raises StoreError/UnsafeStart if the member had to stop."""

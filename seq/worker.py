@@ -283,7 +283,8 @@ class SnowflakeWorker(ServiceBase):
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Until the first lease is held."""
-        await asyncio.wait_for(self._ready.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await self._ready.wait()
 
     def draining(self) -> str:
         """What a drain waits for, in words (empty: nothing in flight)."""

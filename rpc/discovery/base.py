@@ -148,8 +148,13 @@ async def heartbeat_loop(
         if wake is None:
             await asyncio.sleep(period)
         else:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), period)
+            # asyncio.wait, not wait_for: on Python 3.11 wait_for returns the result of an inner
+            # wait that ends in the same loop turn as a cancel, and the cancel is lost
+            woken = asyncio.ensure_future(wake.wait())
+            try:
+                await asyncio.wait((woken,), timeout=period)
+            finally:
+                woken.cancel()
             wake.clear()
         try:
             await beat()

@@ -462,7 +462,8 @@ class Connection(asyncio.BufferedProtocol):
             f: asyncio.Future[None] = self._loop.create_future()
             self._room_waiters.append(f)
             try:
-                await asyncio.wait_for(f, timeout)
+                async with asyncio.timeout(timeout):
+                    await f
             except TimeoutError:
                 raise RequestTimeout("deadline passed while waiting for room in the send queue") from None
 
@@ -677,7 +678,8 @@ class Connection(asyncio.BufferedProtocol):
             self._check_idle()
         wait = self.config.drain_timeout if timeout is None else timeout
         try:
-            await asyncio.wait_for(asyncio.shield(self._idle), wait)
+            async with asyncio.timeout(wait):
+                await asyncio.shield(self._idle)
         except TimeoutError:
             log.info("%s: drain deadline passed with %d in flight, %d handlers", self.name, len(self._pending), self._active)
         self.close()

@@ -99,7 +99,8 @@ class TransportPool:
         entry = self._entries.get(ep)
         if entry is None:
             return await self.get(ep)
-        await asyncio.wait_for(entry.working.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await entry.working.wait()
         return await self.get(ep)
 
     async def get(self, endpoint: str | Endpoint) -> Connection:
@@ -143,8 +144,8 @@ class TransportPool:
         if self._scheduler is None:
             self._scheduler = DeadlineScheduler(asyncio.get_running_loop(), expire)
         self.connects += 1
-        conn = await asyncio.wait_for(
-            connect(
+        async with asyncio.timeout(self.config.connect_timeout):
+            conn = await connect(
                 ep,
                 self.protocol,
                 self.config.connection,
@@ -153,9 +154,7 @@ class TransportPool:
                 inproc=self._inproc,
                 on_close=lambda c, exc: self._lost(ep, c),
                 tls=self.tls,
-            ),
-            self.config.connect_timeout,
-        )
+            )
         if self._closed:
             conn.close()
             raise TransportClosed("pool is closed")

@@ -160,7 +160,8 @@ class TransportServer:
                 await asyncio.gather(*(c.aclose(timeout) for c in conns), return_exceptions=True)
             if self._listener is not None:
                 try:
-                    await asyncio.wait_for(self._listener.wait_closed(), 5)
+                    async with asyncio.timeout(5):
+                        await self._listener.wait_closed()
                 except TimeoutError:
                     log.warning("listener on %s did not close in time", self.endpoint)
             if self._scheduler is not None:
