@@ -100,6 +100,9 @@ def register(subparsers: Any) -> None:
     s.add_argument("--no-forward", action="store_const", const=True,
                    help="coordinate every request here instead of forwarding to the name's preferred member")
     s.add_argument("--max-inflight", type=int, help="concurrent quorum rounds per name [1]")
+    s.add_argument("--max-pending", type=int,
+                   help="NextID calls waiting for an answer at most; beyond, calls are refused at once with "
+                        "RESOURCE_EXHAUSTED (clients back off and try another member) [10000]")
     s.add_argument("--linger-ms", type=float,
                    help="under load (the previous round of a name served >= 4 requests) the next round waits this long to batch more (ms; 0: off) [1]")
     s.add_argument("--peer-port", type=int,
@@ -365,6 +368,7 @@ def member_config(args: argparse.Namespace) -> tuple[Any, int | None, str]:
         "peers": tuple(_addrs(args.peers)) if args.peers is not None else None,
         "default_timeout": args.timeout, "peer_timeout": args.peer_timeout,
         "forward": False if args.no_forward else None, "max_inflight": args.max_inflight,
+        "max_pending": args.max_pending,
         "linger": args.linger_ms / 1000 if args.linger_ms is not None else None,
         "peer_port": args.peer_port, "http": args.http, "metrics_max_names": args.metrics_max_names,
         "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,

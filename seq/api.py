@@ -19,7 +19,9 @@ sequence would pass 2**63-1), INTERNAL (the store failed; malformed request),
 UNAVAILABLE (draining or closed; a member started with ``--join`` and not
 added yet; a snowflake worker without a lease or whose clock moved
 backwards), FAILED_PRECONDITION (the member was removed from the cluster),
-DEADLINE_EXCEEDED (the caller's ``grpc-timeout`` passed), UNIMPLEMENTED
+DEADLINE_EXCEEDED (the caller's ``grpc-timeout`` passed), RESOURCE_EXHAUSTED
+(``max_pending`` NextID calls already wait: refused at once, so an overloaded
+member answers the excess instead of letting it time out), UNIMPLEMENTED
 (unknown method).
 """
 
@@ -48,7 +50,7 @@ SNAPSHOT_PATH = f"/{PEER_SERVICE}/Snapshot"
 NEXT_ID, CUR_ID, SET_ID, RAW_SNAPSHOT = 0, 1, 2, 3
 
 # grpc status codes
-INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, INTERNAL, UNAVAILABLE = 3, 9, 11, 13, 14
+INVALID_ARGUMENT, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, OUT_OF_RANGE, INTERNAL, UNAVAILABLE = 3, 8, 9, 11, 13, 14
 
 
 class Acquirer(Protocol):
@@ -149,8 +151,10 @@ class ApiServer:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         names: NameStats | None = None,
+        max_pending: int = 10000,
     ) -> None:
         self._names = names
+        self._max_pending = max_pending
         try:
             self._native = GrpcServer(host.strip("[]"), port, raw_methods=[SNAPSHOT_PATH],
                                       max_wait=max(60.0, 2 * default_timeout), tls_cert=tls_cert, tls_key=tls_key)
@@ -205,6 +209,8 @@ class ApiServer:
         self._drain_aborted = True
 
     _drain_aborted = False
+    #: NextID calls refused with RESOURCE_EXHAUSTED (max_pending)
+    refused = 0
 
     async def wait_drained(self, grace: float) -> None:
         """Until every received call is answered, or `grace` seconds, or
@@ -239,8 +245,18 @@ class ApiServer:
         now = loop.time()
         submit = self._coordinator.submit
         native = self._native
+        # admission: the calls taken now are pending too; those beyond max_pending are refused at once
+        room = self._max_pending - (int(native.pending()) - len(calls))
         for call in calls:
             try:
+                if call[1] == NEXT_ID:
+                    if room <= 0:
+                        self.refused += 1
+                        native.fail(call[0], RESOURCE_EXHAUSTED,
+                                    f"overloaded: {self._max_pending} calls already wait here (max_pending); "
+                                    "retry after a backoff or on another member")
+                        continue
+                    room -= 1
                 self._one(call, now, submit, native, out)
             except Exception as exc:  # a bug must cost one call, not the endpoint
                 log.exception("RRAPI call failed")

@@ -81,6 +81,7 @@ STATUS = {
     "clock_moved_backwards": 503,
     "not_ready": 503,
     "unavailable": 503,
+    "overloaded": 503,
     "deadline_exceeded": 504,
 }
 
@@ -150,8 +151,11 @@ class HttpApi:
         grace: float = 2.0,
         routes: Iterable[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = (),
         not_ready: Callable[[str], str] | None = None,
+        max_pending: int = 10000,
     ) -> None:
         self.host = host.strip("[]")
+        self.max_pending = max_pending  # NextID requests waiting at most; beyond, 503 "overloaded" at once
+        self._waiting = 0
         self._routes = tuple(routes)  # (method, path, handler) added by the embedding process
         self._not_ready = not_ready  # state -> the /readyz message (default: a member's)
         self._port = port
@@ -308,6 +312,10 @@ class HttpApi:
         # The coordinator gives up a little before the deadline, so the caller sees "no quorum"
         # (503) rather than the safety net's 504 (a round in flight when the deadline passes).
         deadline = loop.time() + t - min(0.05, t * 0.1)
+        if self._waiting >= self.max_pending:
+            raise _Refused("overloaded", f"{self.max_pending} requests already wait here (max_pending): "
+                                         "retry after a backoff or on another member")
+        self._waiting += 1
         try:
             async with asyncio.timeout(t):  # no task of its own, unlike wait_for
                 r = await self._acquire(name, n, deadline)
@@ -322,6 +330,8 @@ class HttpApi:
         except StoreError as exc:
             self._on_store_failure(exc)
             raise _Refused("unavailable", "this member's store failed; it is stopping") from None
+        finally:
+            self._waiting -= 1
         if r is None:
             if self._closing:
                 raise _Refused("unavailable", "this member is shutting down")

@@ -40,6 +40,9 @@ class Member(Protocol):
     @property
     def state(self) -> str: ...
 
+    @property
+    def refused(self) -> int: ...
+
 
 class _Collector(Collector):
     def __init__(self, server: Member) -> None:
@@ -55,6 +58,8 @@ class _Collector(Collector):
         yield rounds
         yield CounterMetricFamily("seq_requests", "NextID requests coordinated here", value=s.requests)
         yield CounterMetricFamily("seq_requests_expired", "Requests that hit their deadline", value=s.requests_expired)
+        yield CounterMetricFamily("seq_requests_refused", "NextID calls refused at once with RESOURCE_EXHAUSTED "
+                                  "(more than max_pending waiting)", value=self._server.refused)
         yield CounterMetricFamily("seq_ids_issued", "IDs in ranges won here", value=s.ids_issued)
         yield CounterMetricFamily("seq_forwarded", "Batches served by the preferred member", value=s.forwarded)
         yield CounterMetricFamily("seq_forward_failures", "Forwards that failed", value=s.forward_failures)

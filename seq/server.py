@@ -182,6 +182,7 @@ class RRServer(ServiceBase):
             tls_cert=cfg.tls_cert,
             tls_key=cfg.tls_key,
             names=self.names,
+            max_pending=cfg.max_pending,
         )
         # The fixed --listen port is claimed before the peer port is chosen:
         # an any-port (0) peer listener bound first could be given the very
@@ -250,6 +251,7 @@ class RRServer(ServiceBase):
             member=cfg.self_address,
             metrics=lambda: render(registry),
             ssl_context=context,
+            max_pending=cfg.max_pending,
         )
         self.http_port = await self._http.start()
 
@@ -281,6 +283,11 @@ class RRServer(ServiceBase):
     def pending(self) -> int:
         """gRPC calls received and not answered yet."""
         return self._api.pending() if self._api is not None else 0
+
+    @property
+    def refused(self) -> int:
+        """NextID calls refused with RESOURCE_EXHAUSTED (more than max_pending waiting)."""
+        return self._api.refused if self._api is not None else 0
 
     def abort(self) -> None:
         """Make a drain in progress skip what is left of its grace period."""

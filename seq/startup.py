@@ -58,6 +58,9 @@ class ServerConfig:
     join_poll: float = 0.2  # how often a joining member polls the others
     forward: bool = True  # forward NextID batches to the name's preferred coordinator
     max_inflight: int = 1  # concurrent rounds per name (1: bigger batches, best when CPU-bound)
+    #: NextID calls received and not answered yet, at most; beyond, a call is refused at once with
+    #: RESOURCE_EXHAUSTED (the client tries another member after a backoff) instead of waiting for its deadline
+    max_pending: int = 10000
     linger: float = 0.001  # back-to-back rounds of a name wait this long to batch more requests
     peer_port: int = 0  # rpc.transport port for member-to-member calls, on the --listen host (0: any)
     tls_cert: str | None = None  # PEM chain: RRAPI over TLS, and this member's identity to the others
@@ -82,6 +85,8 @@ class ServerConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
+        if self.max_pending < 1:
+            raise ValueError("max_pending must be >= 1")
         if not 1 <= self.max_range <= MAX_VALUE:
             raise ValueError("max_range out of range")
         if not 0 <= self.linger <= 1.0:
