@@ -308,8 +308,8 @@ class ThriftCodec:
         return buf.getvalue()
 
     def decoder_for(self, type_: Any) -> Decoder:
-        if type_ is bytes:
-            return bytes
+        if type_ is bytes or type_ is None or type_ is Any:
+            return bytes  # no struct named: the payload as it came (a reply read without reply_type)
         if not _is_thrift_type(type_):
             raise CodecError(f"thrift payloads need a Thrift struct type (thrift --gen py), got {type_!r}")
         from thrift.protocol.TBinaryProtocol import TBinaryProtocolAccelerated

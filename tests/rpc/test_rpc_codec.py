@@ -154,7 +154,7 @@ def test_thrift() -> None:
     assert data == bytes.fromhex("0a00010000000000000006" "0a00020000000000000007" "0b000300000002c3a9"
                                  "0f0004080000000200000001" "00000002" "00")
     assert c.decode(data, MulArgs) == MulArgs(a=6, b=7, note="é", tags=[1, 2])
-    assert c.decode(data, bytes) == data
+    assert c.decode(data, bytes) == data and c.decode(data) == data
     assert c.decode(b"", MulArgs) is None and c.encode(None) == b""
     assert c.decode(b"\x00", MulReply) == MulReply()  # every field unset
     with pytest.raises(CodecError, match="needs a Thrift struct"):
