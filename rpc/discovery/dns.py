@@ -25,22 +25,17 @@ unreachable: logged once until the name resolves again, retried every
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
-
-import dns.asyncresolver
-import dns.exception
-import dns.nameserver
-import dns.resolver
 
 from rpc.discovery.base import WatchingDiscovery
 from rpc.discovery.cache import FileCache
 from rpc.errors import RegistryError, RegistryUnavailable
-from rustext.net import join_hostport, parse_hostport
+from rustext.dns import ResolutionError, Resolver, SrvRecord, min_ttl, parse_nameserver
+from rustext.net import join_hostport
 
 log = logging.getLogger("rpc.discovery.dns")
 
@@ -64,23 +59,11 @@ def _seconds(url: str, key: str, value: str) -> float:
 
 def _nameserver(url: str, spec: str) -> str:
     """``IP`` or ``IP:PORT`` (``[v6]:PORT``), checked; returned as given."""
-    host, port = spec, 53
-    if spec.startswith("[") or spec.count(":") == 1:
-        host, port = parse_hostport(spec, what="nameserver")
     try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        raise ValueError(f"DNS URL {url!r}: nameserver must be an IP address with an optional :PORT, "
-                         f"got {spec!r}") from None
-    if not 0 < port <= 65535:
-        raise ValueError(f"DNS URL {url!r}: nameserver port out of range in {spec!r}")
+        parse_nameserver(spec)
+    except ValueError as exc:
+        raise ValueError(f"DNS URL {url!r}: nameserver {exc}") from None
     return spec
-
-
-def _split_nameserver(spec: str) -> tuple[str, int]:
-    if spec.startswith("[") or spec.count(":") == 1:
-        return parse_hostport(spec, what="nameserver")
-    return spec, 53
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,14 +134,6 @@ class DnsName:
         return f"dns+srv://{self.name}" if self.srv else f"dns://{join_hostport(self.name, self.port)}"
 
 
-@dataclass(frozen=True)
-class SrvRecord:
-    priority: int
-    weight: int
-    port: int
-    target: str
-
-
 def srv_choice(records: Iterable[SrvRecord]) -> list[list[SrvRecord]]:
     """The records worth resolving, by priority group, lowest first (RFC 2782:
     a higher priority is used only when no server of the lower one is
@@ -194,16 +169,9 @@ class DnsDiscovery(WatchingDiscovery):
         self.target = target
         self.last_error = ""
         try:
-            resolver = dns.asyncresolver.Resolver(configure=not target.nameservers)
-        except (dns.resolver.NoResolverConfiguration, OSError) as exc:
-            raise ValueError(f"{target.display}: /etc/resolv.conf names no nameserver; "
-                             "give one with ?nameserver=IP[:PORT]") from exc
-        if target.nameservers:
-            resolver.nameservers = [dns.nameserver.Do53Nameserver(*_split_nameserver(ns)) for ns in target.nameservers]
-        resolver.timeout = target.timeout
-        resolver.lifetime = target.timeout
-        resolver.cache = None  # each round asks again: the point is to see changes
-        self._resolver = resolver
+            self._resolver = Resolver(target.nameservers, timeout=target.timeout)
+        except ValueError as exc:
+            raise ValueError(f"{target.display}: {exc}; give one with ?nameserver=IP[:PORT]") from exc
 
     async def _watch(self, changed: asyncio.Event) -> None:
         await asyncio.Event().wait()  # DNS pushes nothing: the refresh loop's timer is the watch
@@ -241,80 +209,29 @@ class DnsDiscovery(WatchingDiscovery):
     async def _resolve(self) -> tuple[dict[str, str], float | None]:
         """(servers, the smallest TTL of the records used); RegistryUnavailable
         when there is no server to give."""
+        try:
+            return await self._lookup()
+        except ResolutionError as exc:
+            raise RegistryUnavailable(str(exc)) from None
+
+    async def _lookup(self) -> tuple[dict[str, str], float | None]:
         if not self.target.srv:
-            ips, ttl = await self._addresses(self.target.name)
+            ips, ttl = await self._resolver.addresses(self.target.name)
             return {f"tcp@{join_hostport(ip, self.target.port)}": "" for ip in ips}, ttl
-        records, ttl = await self._srv(self.target.name)
+        records, ttl = await self._resolver.srv(self.target.name)
         for group in srv_choice(records):
-            found = await asyncio.gather(*(self._addresses(r.target) for r in group), return_exceptions=True)
+            found = await asyncio.gather(*(self._resolver.addresses(r.target) for r in group), return_exceptions=True)
             servers: dict[str, str] = {}
             for r, result in zip(group, found):
-                if isinstance(result, RegistryError):
+                if isinstance(result, ResolutionError):
                     log.debug("%s: SRV target %s: %s", self.target.display, r.target, result)
                     continue
                 if isinstance(result, BaseException):
                     raise result
                 ips, target_ttl = result
-                ttl = _min_ttl(ttl, target_ttl)
+                ttl = min_ttl(ttl, target_ttl)
                 for ip in ips:
                     servers.setdefault(f"tcp@{join_hostport(ip, r.port)}", f"weight={max(r.weight, 1)}")
             if servers:
                 return servers, ttl
-        raise RegistryUnavailable(f"{self.target.name}: no SRV target resolves")
-
-    async def _srv(self, name: str) -> tuple[list[SrvRecord], float | None]:
-        answer = await self._query(name, "SRV")
-        if answer is None:
-            raise RegistryUnavailable(f"{name} has no SRV record")
-        records = [SrvRecord(r.priority, r.weight, r.port, str(r.target).rstrip(".")) for r in answer]
-        return records, _ttl_of(answer)
-
-    async def _addresses(self, name: str) -> tuple[list[str], float | None]:
-        answers = await asyncio.gather(self._query(name, "A"), self._query(name, "AAAA"), return_exceptions=True)
-        ips: list[str] = []
-        ttl: float | None = None
-        errors: list[str] = []
-        for answer in answers:
-            if isinstance(answer, RegistryError):
-                errors.append(str(answer))
-            elif isinstance(answer, BaseException):
-                raise answer
-            elif answer is not None:
-                ips.extend(r.to_text() for r in answer if r.to_text() not in ips)
-                ttl = _min_ttl(ttl, _ttl_of(answer))
-        if not ips:
-            raise RegistryUnavailable(errors[0] if errors else f"{name} has no address")
-        return ips, ttl
-
-    async def _query(self, name: str, rdtype: str) -> Sequence[object] | None:
-        """The answer, or None for no record of that type (NOERROR, nothing)."""
-        try:
-            return await self._resolver.resolve(name, rdtype, search=False)
-        except dns.resolver.NoAnswer:
-            return None
-        except dns.resolver.NXDOMAIN:
-            raise RegistryUnavailable(f"{name}: no such name (NXDOMAIN)") from None
-        except dns.resolver.LifetimeTimeout:
-            raise RegistryUnavailable(f"{name}: no answer within {self.target.timeout:g} s") from None
-        except dns.resolver.NoNameservers as exc:
-            raise RegistryUnavailable(f"{name}: every nameserver failed ({_first_error(exc)})") from None
-        except dns.exception.DNSException as exc:
-            raise RegistryUnavailable(f"{name}: {exc}") from None
-
-
-def _ttl_of(answer: object) -> float | None:
-    rrset = getattr(answer, "rrset", None)
-    return None if rrset is None else float(rrset.ttl)
-
-
-def _min_ttl(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    return a if b is None else min(a, b)
-
-
-def _first_error(exc: dns.resolver.NoNameservers) -> str:
-    for error in exc.kwargs.get("errors") or []:
-        if isinstance(error, tuple) and len(error) >= 4:
-            return str(error[3])
-    return "no usable answer"
+        raise ResolutionError(f"{self.target.name}: no SRV target resolves")

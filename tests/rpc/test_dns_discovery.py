@@ -46,7 +46,7 @@ def test_urls() -> None:
     for url, error in [
         ("dns://app.test", "needs a port"),
         ("dns+srv://_rpcx._tcp.app.test:80", "SRV records carry the ports"),
-        ("dns://app.test:80?nameserver=dns.example", "nameserver must be an IP address"),
+        ("dns://app.test:80?nameserver=dns.example", "nameserver 'dns.example' must be an IP address"),
         ("dns://app.test:80?interval=0", "interval must be a number of seconds > 0"),
         ("dns://app.test:80?ttl=3", "unknown query parameter 'ttl'"),
         ("dns://app.test:80/rpcx", "takes a name, a port and a query only"),
