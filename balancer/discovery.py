@@ -34,21 +34,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import dns.asyncresolver
-import dns.exception
-import dns.nameserver
-import dns.resolver
-
-from rustext.net import join_hostport
-
 from balancer.errors import BalancerConfigError
+from rustext.dns import ResolutionError, Resolver, parse_nameserver
+from rustext.net import join_hostport
 
 log = logging.getLogger("balancer.dns")
 
 __all__ = ["Discovery", "DnsConfig", "Target", "is_ip"]
-
-FAMILIES = {"any": ("A", "AAAA"), "ipv4": ("A",), "ipv6": ("AAAA",)}
-
 
 def is_ip(host: str) -> bool:
     try:
@@ -60,21 +52,10 @@ def is_ip(host: str) -> bool:
 
 def _nameserver(spec: str) -> tuple[str, int]:
     """``ip``, ``ip:port`` or ``[v6]:port`` → (ip, port)."""
-    host, port = spec, 53
-    if spec.startswith("["):
-        host, _, rest = spec[1:].partition("]")
-        if rest:
-            if not rest.startswith(":") or not rest[1:].isdigit():
-                raise BalancerConfigError(f"dns.nameservers: {spec!r} must be an IP address with an optional :port")
-            port = int(rest[1:])
-    elif spec.count(":") == 1:
-        host, _, p = spec.partition(":")
-        if not p.isdigit():
-            raise BalancerConfigError(f"dns.nameservers: {spec!r} must be an IP address with an optional :port")
-        port = int(p)
-    if not is_ip(host) or not 0 < port <= 65535:
-        raise BalancerConfigError(f"dns.nameservers: {spec!r} must be an IP address with an optional :port")
-    return host, port
+    try:
+        return parse_nameserver(spec)
+    except ValueError as exc:
+        raise BalancerConfigError(f"dns.nameservers: {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,10 +120,6 @@ class _State:
     last_error: str = ""
 
 
-class ResolutionError(Exception):
-    """One name could not be resolved (the reason, for the log and /backends)."""
-
-
 def _hostport(ip: str, port: int) -> str:
     return join_hostport(ip, port)
 
@@ -161,18 +138,12 @@ class Discovery:
         self._resolver = self._make_resolver(config)
 
     @staticmethod
-    def _make_resolver(config: DnsConfig) -> dns.asyncresolver.Resolver:
+    def _make_resolver(config: DnsConfig) -> Resolver:
         try:
-            resolver = dns.asyncresolver.Resolver(configure=not config.nameservers)
-        except (dns.resolver.NoResolverConfiguration, OSError) as exc:
+            return Resolver(config.nameservers, timeout=config.timeout)
+        except ValueError as exc:
             raise BalancerConfigError(
                 "backends given by name need dns.nameservers: /etc/resolv.conf names none") from exc
-        if config.nameservers:
-            resolver.nameservers = [dns.nameserver.Do53Nameserver(*_nameserver(ns)) for ns in config.nameservers]
-        resolver.timeout = config.timeout
-        resolver.lifetime = config.timeout
-        resolver.cache = None  # each round asks again: the point is to see changes
-        return resolver
 
     def configure(self, config: DnsConfig, targets: Iterable[Target]) -> list[Target]:
         """Use ``config`` and follow ``targets`` from now on; the answers of
@@ -270,77 +241,28 @@ class Discovery:
     async def _lookup(self, target: Target) -> list[tuple[str, int | None]]:
         if target.kind == "srv":
             return await self._lookup_srv(target)
-        return [(_hostport(ip, target.port), None) for ip in await self._ips(target.name, target.resolve)]
-
-    async def _ips(self, name: str, resolve: str) -> list[str]:
-        answers = await asyncio.gather(*(self._query(name, rdtype) for rdtype in FAMILIES[resolve]),
-                                       return_exceptions=True)
-        ips: list[str] = []
-        errors = []
-        for answer in answers:
-            if isinstance(answer, ResolutionError):
-                errors.append(str(answer))
-            elif isinstance(answer, BaseException):
-                raise answer
-            else:
-                ips.extend(ip for ip in answer if ip not in ips)
-        if not ips:
-            raise ResolutionError(errors[0] if errors else f"{name} has no address")
-        return ips
-
-    async def _query(self, name: str, rdtype: str) -> list[str]:
-        """The records of one type; no record of that type (NOERROR) is an empty list."""
-        try:
-            answer = await self._resolver.resolve(name, rdtype, search=False)
-        except dns.resolver.NoAnswer:
-            return []
-        except dns.resolver.NXDOMAIN:
-            raise ResolutionError(f"{name}: no such name (NXDOMAIN)") from None
-        except dns.resolver.LifetimeTimeout:
-            raise ResolutionError(f"{name}: no answer within {self.config.timeout:g} s") from None
-        except dns.resolver.NoNameservers as exc:
-            raise ResolutionError(f"{name}: every nameserver failed ({_first_error(exc)})") from None
-        except dns.exception.DNSException as exc:
-            raise ResolutionError(f"{name}: {exc}") from None
-        return [r.to_text() for r in answer]
+        ips, _ = await self._resolver.addresses(target.name, target.resolve)
+        return [(_hostport(ip, target.port), None) for ip in ips]
 
     async def _lookup_srv(self, target: Target) -> list[tuple[str, int | None]]:
-        try:
-            answer = await self._resolver.resolve(target.name, "SRV", search=False)
-        except dns.resolver.NoAnswer:
-            raise ResolutionError(f"{target.name} has no SRV record") from None
-        except dns.resolver.NXDOMAIN:
-            raise ResolutionError(f"{target.name}: no such name (NXDOMAIN)") from None
-        except dns.resolver.LifetimeTimeout:
-            raise ResolutionError(f"{target.name}: no answer within {self.config.timeout:g} s") from None
-        except dns.resolver.NoNameservers as exc:
-            raise ResolutionError(f"{target.name}: every nameserver failed ({_first_error(exc)})") from None
-        except dns.exception.DNSException as exc:
-            raise ResolutionError(f"{target.name}: {exc}") from None
-        records = [r for r in answer if r.port and str(r.target) != "."]
+        answer, _ = await self._resolver.srv(target.name)
+        records = [r for r in answer if r.port and r.target != "."]
         if not records:
             raise ResolutionError(f"{target.name} has no SRV record with a target")
         best = min(r.priority for r in records)  # the others are fallbacks, used when this group is gone
         records = [r for r in records if r.priority == best]
         resolved = await asyncio.gather(
-            *(self._ips(str(r.target).rstrip("."), target.resolve) for r in records), return_exceptions=True)
+            *(self._resolver.addresses(r.target, target.resolve) for r in records), return_exceptions=True)
         out: dict[str, int | None] = {}
-        for r, ips in zip(records, resolved):
-            if isinstance(ips, ResolutionError):
-                log.warning("dns: %s: SRV target %s: %s", target.key, r.target, ips)
+        for r, result in zip(records, resolved):
+            if isinstance(result, ResolutionError):
+                log.warning("dns: %s: SRV target %s: %s", target.key, r.target, result)
                 continue
-            if isinstance(ips, BaseException):
-                raise ips
-            for ip in ips:
+            if isinstance(result, BaseException):
+                raise result
+            for ip in result[0]:
                 # SRV weight 0 means "rarely", not "never"; the data plane's weights stop at 10000
                 out.setdefault(_hostport(ip, r.port), min(max(r.weight, 1), 10_000))
         if not out:
             raise ResolutionError(f"{target.name}: no SRV target resolves")
         return list(out.items())
-
-
-def _first_error(exc: dns.resolver.NoNameservers) -> str:
-    for error in exc.kwargs.get("errors") or []:
-        if isinstance(error, tuple) and len(error) >= 4:
-            return str(error[3])
-    return "no usable answer"

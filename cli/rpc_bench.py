@@ -24,6 +24,7 @@ EPILOG = """examples:
   juggler rpc bench inproc:bench -n 200000                                     # client + service layer, no network
   juggler rpc bench etcd://127.0.0.1:2379/rpcx -c 50 -n 100000 --selector roundrobin   # the servers registered there
   juggler rpc bench redis://127.0.0.1:6379/rpcx --example arith --fail-mode failover --group canary
+  juggler rpc bench dns+srv://_rpcx._tcp.arith.default.svc.cluster.local --example arith --selector weighted
 """
 
 

@@ -3,7 +3,7 @@
 Wired by ``cli/rpc.py`` (``rpc_call.register(rpc_subparsers)``); also runs
 alone: ``python -m cli.rpc_call http://127.0.0.1:8080 Arith.Mul '{"A":6,"B":7}'``.
 The target is a server's address, or a registry (``etcd://host:2379/rpcx``,
-``redis://host:6379/rpcx``): then an XClient calls one of the servers
+``redis://host:6379/rpcx``, ``dns://name:8972``, ``dns+srv://name``): then an XClient calls one of the servers
 registered there for the service, with ``--selector``, ``--fail-mode`` and
 ``--group`` as rpcx's XClient takes them.
 Exit code 0 on a reply, 1 when the call failed (``(error) ...`` on stderr) or
@@ -39,6 +39,8 @@ EPILOG = """examples:
   juggler rpc call zookeeper://127.0.0.1:2181/rpcx Arith.Mul '{"A":6,"B":7}'   # registered in ZooKeeper (Go too)
   juggler rpc call consul://127.0.0.1:8500/rpcx Arith.Mul '{"A":6,"B":7}'   # registered in Consul (Go too)
   juggler rpc call etcds://10.0.0.2:2379/rpcx Arith.Mul '{"A":6,"B":7}' --registry-tls-ca certs/ca.pem
+  juggler rpc call dns://arith.default.svc.cluster.local:8972 Arith.Mul '{"A":6,"B":7}'   # a headless service
+  juggler rpc call dns+srv://_rpcx._tcp.arith.default.svc.cluster.local Arith.Mul '{"A":6,"B":7}' --selector weighted
 """
 
 
@@ -82,9 +84,9 @@ def _jsonable(value: Any) -> Any:
 
 async def call(args: argparse.Namespace) -> int:
     from rpc.callers import open_caller
-    from rpc.transport.codec import CodecRegistry, serialize_type_from_name
     from rpc.errors import RpcError
     from rpc.message import META_AUTH, META_SERVER_TIMEOUT, Message
+    from rpc.transport.codec import CodecRegistry, serialize_type_from_name
 
     service, dot, method = args.target.rpartition(".")
     if not dot or not service or not method:

@@ -22,7 +22,9 @@ FAIL_MODES = ("failfast", "failover", "failtry", "failbackup")
 
 TARGET_HELP = "etcd://HOST:2379/BASE or redis://HOST:6379/BASE[?db=N&layout=juggler] (etcds://, rediss:// over TLS) " \
               "or zookeeper://HOST:2181/BASE or consul://HOST:8500/BASE: call " \
-              "through the servers registered there by `juggler rpc serve --etcd/--redis/--zookeeper/--consul --base BASE`"
+              "through the servers registered there by `juggler rpc serve --etcd/--redis/--zookeeper/--consul --base BASE`; " \
+              "or dns://NAME:PORT (A/AAAA records) or dns+srv://NAME (SRV records) [?nameserver=IP[:PORT]&interval=S]: " \
+              "call the servers that name resolves to"
 
 
 def _selector(value: str) -> str:
@@ -34,7 +36,8 @@ def _selector(value: str) -> str:
 
 
 def add_route_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("through a registry (etcd://, redis://, zookeeper://, consul://), as rpcx's XClient")
+    g = p.add_argument_group("through a registry (etcd://, redis://, zookeeper://, consul://, dns://, dns+srv://), "
+                             "as rpcx's XClient")
     g.add_argument("--selector", type=_selector, default="random", metavar="NAME",
                    help=f"which server takes each call: {', '.join(SELECTORS)} "
                         "(weighted and hash are accepted too; default random, as rpcx)")

@@ -21,6 +21,8 @@ re-exports its public names (see ``_native.pyi`` for the typed API).
 - net       ListenError: "cannot listen on HOST:PORT: reason", for every server
 - tokens    JWT verification on PyJWT (secrets, PEM keys, JWKS with rotation),
             shared by juggler's handshake and rpc's auth plugin (pure Python)
+- dns       A/AAAA and SRV lookups with their TTL on dnspython, shared by the
+            balancer's and rpc's DNS discovery (pure Python)
 """
 
 # Inside a source checkout, ``python -m …`` and ``python -c`` put the

@@ -12,6 +12,8 @@
              watch; Go rpcx-zookeeper's layout, over kazoo)
 - ``consul`` ConsulRegistrar / ConsulDiscovery (KV entries held by sessions, blocking-query
              watch; Go rpcx-consul's layout, over Consul's HTTP API)
+- ``dns``    DnsDiscovery: the servers a DNS name resolves to (A/AAAA, or SRV with ports
+             and weights), refreshed on the records' TTL; nothing registers
 - ``url``    RegistryURL (``etcd://host:2379/rpcx``, ``redis://…``) and RegistryRoute
              (an XClient through it: selector, fail mode, group), as the CLI takes them
 """

@@ -10,6 +10,9 @@
   (rpcx-zookeeper's layout; no TLS, no query)
 - ``consul://host:8500/BASE``                           → ``ConsulDiscovery``
   (rpcx-consul's layout; HTTP, no TLS, no query)
+- ``dns://NAME:PORT`` / ``dns+srv://NAME``              → ``DnsDiscovery``
+  (A/AAAA or SRV records; nothing registers; ``?nameserver=``, ``interval=``,
+  ``timeout=``: ``rpc.discovery.dns``)
 
 The path is the base path, as ``juggler rpc serve --base`` registers under
 it; no path means ``/rpcx`` (serve's default and rpcx's). ``RegistryRoute``
@@ -40,6 +43,8 @@ SCHEMES: dict[str, tuple[str, bool, int]] = {
     "rediss": ("redis", True, 6379),
     "zookeeper": ("zookeeper", False, 2181),
     "consul": ("consul", False, 8500),
+    "dns": ("dns", False, 0),
+    "dns+srv": ("dns", False, 0),
 }
 
 DEFAULT_BASE = "/rpcx"
@@ -65,17 +70,26 @@ class RegistryURL:
     tls: Any = None
     #: Redis only: the key layout (``rpc.discovery.redis.Layout``: libkv, Go rpcx's; juggler, the earlier one)
     layout: str = "libkv"
+    #: DNS only: the name resolved and how (``rpc.discovery.dns.DnsName``)
+    dns: Any = None
 
     @classmethod
     def parse(cls, url: str, *, tls: Any = None) -> RegistryURL:
         """Raises ValueError with a one-line reason for a URL that is not a registry's."""
         expected = "expected etcd://HOST:PORT/BASE or redis://HOST:PORT/BASE (etcds://, rediss:// over TLS)" \
-                   " or zookeeper://HOST:PORT/BASE or consul://HOST:PORT/BASE"
+                   " or zookeeper://HOST:PORT/BASE or consul://HOST:PORT/BASE or dns://NAME:PORT or dns+srv://NAME"
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in SCHEMES or "://" not in url:
             raise ValueError(f"not a registry URL: {url!r}; {expected}")
         kind, secure, default_port = SCHEMES[scheme]
+        if kind == "dns":
+            from rpc.discovery.dns import DnsName
+
+            if tls is not None:
+                raise ValueError(f"registry TLS options need an etcds:// or rediss:// URL, got {url!r}")
+            name = DnsName.parse(url)
+            return cls(kind=kind, endpoint=name.name, base="", display=name.display, dns=name)
         try:
             port = parts.port or default_port
         except ValueError:
@@ -138,6 +152,10 @@ class RegistryURL:
 
     def discovery(self, service: str, *, refresh_interval: float = 0.5) -> WatchingDiscovery:
         """A (not yet started) discovery of ``service``'s servers in this registry."""
+        if self.kind == "dns":
+            from rpc.discovery.dns import DnsDiscovery
+
+            return DnsDiscovery(self.dns)
         if self.kind == "etcd":
             from rpc.discovery.etcd import EtcdDiscovery
 
@@ -209,6 +227,8 @@ class RegistryRoute:
 
     def _why_none(self, service: str, registered: dict[str, str]) -> str:
         where = f"for service {service} under {self.registry.base} in {self.registry.display}"
+        if self.registry.kind == "dns":
+            where = f"for service {service} at {self.registry.display}"
         if not registered:
             return f"no server registered {where}"
         n = f"{len(registered)} registered"

@@ -1,5 +1,5 @@
 """Payload codecs selected by the rpcx serialize type: raw, JSON, protobuf,
-msgpack: the one codec module of the suite, in the transport (the layer
+msgpack, Thrift: the one codec module of the suite, in the transport (the layer
 under rpc) so that both rpc and the transport's own protocols use it.
 
 A codec turns a Python object into payload bytes and back. Decoding is driven
@@ -12,6 +12,10 @@ by a *type* (a handler's argument annotation, a client's ``reply_type``):
   ``int``/``float``/``str``/``bool``/``list``/``dict`` are checked.
 - protobuf (2): the type must be a protobuf ``Message`` class
   (``FromString``/``SerializeToString``), like rpcx's PBCodec.
+- Thrift (4): the type must be a Thrift struct class (what ``thrift --gen py``
+  makes: ``thrift_spec``, ``read``, ``write``), encoded with Apache Thrift's
+  binary protocol, like rpcx's ThriftCodec (``TSerializer`` over
+  ``TBinaryProtocol``).
 
 ``decoder_for(type)`` resolves the conversion once (the service layer does it
 at registration), so the per-call cost is one function call.
@@ -41,6 +45,7 @@ __all__ = [
     "ProtobufCodec",
     "RawCodec",
     "SerializeType",
+    "ThriftCodec",
     "serialize_type_from_name",
 ]
 
@@ -276,12 +281,65 @@ class ProtobufCodec:
         return self.decoder_for(type_)(data)
 
 
+def _is_thrift_type(type_: Any) -> bool:
+    return isinstance(type_, type) and hasattr(type_, "thrift_spec") and hasattr(type_, "read")
+
+
+class ThriftCodec:
+    """Serialize type 4: Thrift structs in Apache Thrift's binary protocol,
+    typed by annotation, as rpcx's ThriftCodec writes them (a struct's bytes,
+    no message header). The ``thrift`` package is imported at the first use."""
+
+    serialize_type = SerializeType.THRIFT
+
+    def encode(self, obj: Any) -> bytes:
+        if obj is None:
+            return b""
+        if not _is_thrift_type(type(obj)):
+            raise CodecError(f"thrift codec needs a Thrift struct (thrift --gen py), got {type(obj).__name__}")
+        from thrift.protocol.TBinaryProtocol import TBinaryProtocolAccelerated
+        from thrift.transport.TTransport import TMemoryBuffer
+
+        buf = TMemoryBuffer()
+        try:
+            obj.write(TBinaryProtocolAccelerated(buf, fallback=True))
+        except Exception as exc:  # struct.error, TypeError: a field of the wrong type
+            raise CodecError(f"cannot encode Thrift {type(obj).__name__}: {exc}") from exc
+        return buf.getvalue()
+
+    def decoder_for(self, type_: Any) -> Decoder:
+        if type_ is bytes or type_ is None or type_ is Any:
+            return bytes  # no struct named: the payload as it came (a reply read without reply_type)
+        if not _is_thrift_type(type_):
+            raise CodecError(f"thrift payloads need a Thrift struct type (thrift --gen py), got {type_!r}")
+        from thrift.protocol.TBinaryProtocol import TBinaryProtocolAccelerated
+        from thrift.transport.TTransport import TMemoryBuffer
+
+        def decode(data: bytes) -> Any:
+            if not data:
+                return None
+            obj = type_()
+            n = len(data)  # no string or container can be longer than the payload holding it
+            try:
+                obj.read(TBinaryProtocolAccelerated(TMemoryBuffer(bytes(data)), fallback=True,
+                                                    string_length_limit=n, container_length_limit=n))
+            except Exception as exc:  # TProtocolException, EOFError, UnicodeDecodeError, ...
+                raise CodecError(f"invalid Thrift payload for {type_.__name__}: {exc}") from exc
+            return obj
+
+        return decode
+
+    def decode(self, data: bytes, type_: Any = None) -> Any:
+        return self.decoder_for(type_)(data)
+
+
 class CodecRegistry:
     """Codecs by serialize type (one per registry; no global state)."""
 
     def __init__(self, codecs: list[PayloadCodec] | None = None) -> None:
         self._codecs: dict[int, PayloadCodec] = {}
-        for codec in codecs if codecs is not None else [RawCodec(), JSONCodec(), ProtobufCodec(), MsgpackCodec()]:
+        for codec in codecs if codecs is not None else [RawCodec(), JSONCodec(), ProtobufCodec(), MsgpackCodec(),
+                                                                   ThriftCodec()]:
             self.add(codec)
 
     def add(self, codec: PayloadCodec) -> None:
@@ -299,10 +357,10 @@ class CodecRegistry:
 
 
 def serialize_type_from_name(name: str) -> SerializeType:
-    """``"json"`` / ``"msgpack"`` / ``"protobuf"`` / ``"raw"`` → SerializeType."""
+    """``"json"`` / ``"msgpack"`` / ``"protobuf"`` / ``"thrift"`` / ``"raw"`` → SerializeType."""
     aliases = {"pb": "protobuf", "proto": "protobuf", "bytes": "raw"}
     key = aliases.get(name.lower(), name.lower())
     try:
         return SerializeType[key.upper()]
     except KeyError:
-        raise ValueError(f"unknown codec {name!r} (raw, json, protobuf, msgpack)") from None
+        raise ValueError(f"unknown codec {name!r} (raw, json, protobuf, msgpack, thrift)") from None

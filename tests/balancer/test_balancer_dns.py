@@ -11,11 +11,11 @@ import sys
 
 import pytest
 from balancer_helpers import start_backend
-from dnsmasq import Dnsmasq
 
 from balancer import BalancerConfig, BalancerConfigError, LoadBalancer, load
 from balancer.config import BackendConfig, from_dict
 from balancer.discovery import Discovery, DnsConfig, Target
+from tests.dnsmasq import Dnsmasq
 from tests.netutil import free_port, wait_for_port, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))

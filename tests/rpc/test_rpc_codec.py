@@ -11,11 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpc.transport.codec import CodecRegistry, JSONCodec, MsgpackCodec, ProtobufCodec, RawCodec, serialize_type_from_name
 from rpc.errors import CodecError
 from rpc.examples import benchmark_request
 from rpc.message import SerializeType
 from rpc.proto.benchmark_pb2 import BenchmarkMessage
+from rpc.transport.codec import (
+    CodecRegistry,
+    JSONCodec,
+    MsgpackCodec,
+    ProtobufCodec,
+    RawCodec,
+    ThriftCodec,
+    serialize_type_from_name,
+)
 
 
 @dataclass
@@ -30,8 +38,10 @@ def test_registry_selects_by_serialize_type() -> None:
     assert isinstance(reg.get(SerializeType.JSON), JSONCodec)
     assert isinstance(reg.get(SerializeType.PROTOBUF), ProtobufCodec)
     assert isinstance(reg.get(SerializeType.MSGPACK), MsgpackCodec)
-    with pytest.raises(CodecError, match="can not find codec for 4"):
-        reg.get(SerializeType.THRIFT)
+    assert isinstance(reg.get(SerializeType.THRIFT), ThriftCodec)
+    with pytest.raises(CodecError, match="can not find codec for 9"):
+        reg.get(9)
+    assert serialize_type_from_name("thrift") == SerializeType.THRIFT
     assert serialize_type_from_name("msgpack") == SerializeType.MSGPACK
     assert serialize_type_from_name("pb") == SerializeType.PROTOBUF
     with pytest.raises(ValueError):
@@ -133,3 +143,27 @@ def test_protobuf_messages_through_json_and_msgpack() -> None:
             codec.decode(codec.encode({"field2": "not a number"}), BenchmarkMessage)
         with pytest.raises(CodecError):
             codec.decode(codec.encode([1]), BenchmarkMessage)
+
+
+def test_thrift() -> None:
+    from tests.rpc.arith_thrift.ttypes import MulArgs, MulReply
+
+    c = ThriftCodec()
+    data = c.encode(MulArgs(a=6, b=7, note="é", tags=[1, 2]))
+    # Thrift's binary protocol, a struct without a message header, as rpcx's ThriftCodec writes it
+    assert data == bytes.fromhex("0a00010000000000000006" "0a00020000000000000007" "0b000300000002c3a9"
+                                 "0f0004080000000200000001" "00000002" "00")
+    assert c.decode(data, MulArgs) == MulArgs(a=6, b=7, note="é", tags=[1, 2])
+    assert c.decode(data, bytes) == data and c.decode(data) == data
+    assert c.decode(b"", MulArgs) is None and c.encode(None) == b""
+    assert c.decode(b"\x00", MulReply) == MulReply()  # every field unset
+    with pytest.raises(CodecError, match="needs a Thrift struct"):
+        c.encode({"a": 1})
+    with pytest.raises(CodecError, match="need a Thrift struct type"):
+        c.decoder_for(dict)
+    with pytest.raises(CodecError, match="invalid Thrift payload for MulArgs"):
+        c.decode(data[:-6], MulArgs)  # truncated
+    with pytest.raises(CodecError, match="invalid Thrift payload for MulArgs"):
+        c.decode(bytes.fromhex("0b0003" "7fffffff" "41"), MulArgs)  # a string longer than the payload
+    with pytest.raises(CodecError, match="invalid Thrift payload for MulArgs"):
+        c.decode(bytes.fromhex("0f0004" "08" "7fffffff" "00"), MulArgs)  # a list longer than the payload

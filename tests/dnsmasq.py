@@ -1,4 +1,4 @@
-"""A real DNS server for the balancer's discovery tests: dnsmasq on a free
+"""A real DNS server for the discovery tests (balancer, rpc): dnsmasq on a free
 loopback port, answering only from a hosts file (A/AAAA, reread on SIGHUP)
 and from ``--srv-host`` records (fixed for the life of the process).
 
@@ -23,11 +23,11 @@ from tests.netutil import free_port
 
 
 class Dnsmasq:
-    """``Dnsmasq(hosts_file, srv=[...])``; ``set_hosts({name: [ip, ...]})``
+    """``Dnsmasq(hosts_file, srv=[...])`` (records with a TTL of ``ttl`` seconds); ``set_hosts({name: [ip, ...]})``
     rewrites the file and waits until dnsmasq has reread it; ``stop()``."""
 
     def __init__(self, hosts_file: str, hosts: dict[str, list[str]] | None = None, *, srv: list[str] = (),
-                 port: int | None = None) -> None:
+                 port: int | None = None, ttl: int = 0) -> None:
         exe = shutil.which("dnsmasq") or ("/usr/sbin/dnsmasq" if os.path.exists("/usr/sbin/dnsmasq") else None)
         if exe is None:
             if os.environ.get("CI"):
@@ -41,7 +41,7 @@ class Dnsmasq:
         self.proc = subprocess.Popen(
             [exe, "--no-daemon", "--conf-file=/dev/null", f"--port={self.port}", "--listen-address=127.0.0.1",
              "--bind-interfaces", "--no-resolv", "--no-hosts", "--no-negcache", f"--addn-hosts={hosts_file}",
-             "--pid-file=", "--log-facility=-", f"--user={getpass.getuser()}", "--local-ttl=0",
+             "--pid-file=", "--log-facility=-", f"--user={getpass.getuser()}", f"--local-ttl={ttl}",
              *(f"--srv-host={s}" for s in srv)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
