@@ -3,7 +3,7 @@ for comparing two trees.
 
 CPU time per request swings by tens of percent on a shared machine; callgrind's
 instruction counts do not. For each tree, the echo server of ``juggler rpc
-transport-bench`` (``python -m rpc.transport.bench serve transport``) and a
+transport-bench`` (``python -m rpc.transport.bench transport ENDPOINT``) and a
 client making ``-n`` requests of ``--payload`` bytes, one at a time on one
 connection (nothing batched, so the count does not depend on timing), both run
 under callgrind; each once idle (the client connects and makes no request) and
@@ -55,7 +55,7 @@ def run(tree: str, n: int, payload: int) -> tuple[int, int]:
     # the echo server runs until its stdin closes (instructions() closes it)
     server = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-         py, "-m", "rpc.transport.bench", "serve", "transport", f"tcp://127.0.0.1:{port}"],
+         py, "-m", "rpc.transport.bench", "transport", f"tcp://127.0.0.1:{port}"],
         cwd=tree, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     try:
