@@ -25,12 +25,20 @@ class Hello:
 
 
 class Arith:
+    # Plain ints take the short way (this is the benchmark's handler, and
+    # Go's does no more); anything else is checked by _int.
     @fast
     def Mul(self, ctx: Context, args: dict[str, Any]) -> dict[str, int]:
+        a, b = args.get("A", 0), args.get("B", 0)
+        if type(a) is int and type(b) is int:
+            return {"C": a * b}
         return {"C": _int(args, "A") * _int(args, "B")}
 
     @fast
     def Add(self, ctx: Context, args: dict[str, Any]) -> dict[str, int]:
+        a, b = args.get("A", 0), args.get("B", 0)
+        if type(a) is int and type(b) is int:
+            return {"C": a + b}
         return {"C": _int(args, "A") + _int(args, "B")}
 
 

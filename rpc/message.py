@@ -73,18 +73,19 @@ class Message:
     def reply(self, payload: bytes = b"", metadata: dict[str, str] | None = None) -> Message:
         """A normal response to this request: same seq, path, method, serialize and
         compress types (rpcx answers in the request's formats)."""
+        # positional, in field order: one reply per call, and keywords cost more
         return Message(
-            message_type=MessageType.RESPONSE,
-            heartbeat=self.heartbeat,
-            oneway=False,
-            compress_type=self.compress_type,
-            status=MessageStatus.NORMAL,
-            serialize_type=self.serialize_type,
-            seq=self.seq,
-            service_path=self.service_path,
-            service_method=self.service_method,
-            metadata={} if metadata is None else metadata,
-            payload=payload,
+            MessageType.RESPONSE,
+            self.heartbeat,
+            False,
+            self.compress_type,
+            MessageStatus.NORMAL,
+            self.serialize_type,
+            self.seq,
+            self.service_path,
+            self.service_method,
+            {} if metadata is None else metadata,
+            payload,
         )
 
     def error_reply(self, text: str, metadata: dict[str, str] | None = None) -> Message:

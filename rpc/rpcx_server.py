@@ -189,7 +189,7 @@ class RpcxServerConnection(Connection):
                 else:
                     self._spawn(self._plugins.run_logged("on_heartbeat", self.peer, from_wire(msg)))
             return None if msg.oneway else (msg, msg.payload, None)
-        return super()._on_request(msg)
+        return _base_on_request(self, msg)  # not super(): no proxy object per request
 
     # --- the request path --------------------------------------------------------------
     def _run(self, raw: Any) -> tuple[Any, Any, str | None] | None:
@@ -269,6 +269,9 @@ class RpcxServerConnection(Connection):
             serialize_type=int(msg.serialize_type),
             compress_type=int(msg.compress_type),
         )
+
+
+_base_on_request = Connection._on_request
 
 
 def _unused_handler(conn: Connection, msg: Any) -> None:  # pragma: no cover - never called

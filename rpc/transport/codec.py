@@ -194,12 +194,23 @@ def _self_describing_decoder(
 
 
 _JSON = json.JSONDecoder()
+_SCAN = _JSON.scan_once  # the C scanner under JSONDecoder.decode
 
 
 def _json_loads(data: bytes) -> Any:
-    # JSON payloads are UTF-8 (RFC 8259); the decoder json.loads would use,
-    # without json.loads' own frame (this runs once per message)
-    return _JSON.decode(bytes(data).decode("utf-8"))
+    """What ``json.loads`` returns for a UTF-8 payload (RFC 8259), at the cost
+    of one scanner call: ``JSONDecoder.decode`` adds two Python frames and
+    two regex matches (for whitespace around the value) per message. Anything
+    but a bare, valid value (whitespace, extra data, bad input) goes to
+    ``decode``, so results and errors stay ``json.loads``'."""
+    s = bytes(data).decode("utf-8")
+    try:
+        obj, end = _SCAN(s, 0)
+    except Exception:  # StopIteration (no value at 0), JSONDecodeError, RecursionError
+        return _JSON.decode(s)
+    if end == len(s):
+        return obj
+    return _JSON.decode(s)
 
 
 def _unpackb(data: bytes) -> Any:
@@ -214,9 +225,23 @@ class JSONCodec:
     def __init__(self) -> None:
         # one encoder, not one per call (json.dumps with options builds a new one)
         self._encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_to_plain).encode
+        # JSONEncoder.encode builds a C encoder per call (with a fresh dict of
+        # the containers on the way, to detect cycles); this one is built once,
+        # without that dict, so it holds no state and threads may share it. A
+        # cycle then ends in RecursionError, and the reference encoder above
+        # says what it says for it (ValueError) or for a too-deep value.
+        make = getattr(json.encoder, "c_make_encoder", None)
+        self._fast: Callable[[Any, int], Any] | None = None
+        if make is not None:
+            self._fast = make(None, _to_plain, json.encoder.encode_basestring, None, ":", ",", False, False, True)
 
     def encode(self, obj: Any) -> bytes:
         try:
+            if self._fast is not None:
+                try:
+                    return "".join(self._fast(obj, 0)).encode()
+                except RecursionError:
+                    pass
             return self._encode(obj).encode()
         except (TypeError, ValueError) as exc:
             raise CodecError(f"cannot encode JSON: {exc}") from exc

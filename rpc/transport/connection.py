@@ -353,7 +353,10 @@ class Connection(asyncio.BufferedProtocol):
             self._release()
             log.debug("%s: handler failed", self.name, exc_info=True)
             return None if msg.oneway else (msg, None, f"{type(exc).__name__}: {exc}")
-        if inspect.isawaitable(result):
+        # bytes and None first: inspect.isawaitable ends in an ABC check,
+        # the dearest step of a sync handler's reply
+        plain = result is None or type(result) in _BYTES
+        if not plain and inspect.isawaitable(result):
             task = self._loop.create_task(self._finish(msg, result))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -361,6 +364,8 @@ class Connection(asyncio.BufferedProtocol):
         self._release()
         if msg.oneway:
             return None
+        if plain:
+            return (msg, result, None)
         try:
             return (msg, self._encode_result(result), None)
         except Exception as exc:
@@ -549,13 +554,33 @@ class Connection(asyncio.BufferedProtocol):
         the bytes). Raises RequestTimeout, RemoteError, ConnectionLost,
         TransportClosed, QueueFull (fail policy). ``timeout`` in seconds,
         None = no deadline, default from the config. Cancel-safe."""
-        self._check_open()
-        timeout = self._timeout(timeout)
-        if not self._has_room():
+        # _check_open, _timeout, _has_room and _submit written out: this runs
+        # once per request, and each Python call costs as much as its check
+        if self._closing or self._lost or self.transport is None:
+            self._check_open()
+        if timeout is DEFAULT:
+            timeout = self.config.default_timeout
+        if self._write_paused or self._out_bytes >= self.config.send_queue_bytes:
             await self._wait_room(timeout)
             self._check_open()
-        fut = self._submit(payload, service_path, service_method, metadata, timeout, None, serialize_type, compress_type)
-        assert fut is not None
+        pending = self._pending
+        seq = self._next_seq
+        if seq < _MAX_SEQ and seq not in pending:
+            self._next_seq = seq + 1
+        else:
+            seq = self._alloc_seq()
+        data = self._wire.encode_request(
+            seq,
+            payload,
+            service_path=service_path,
+            service_method=service_method,
+            metadata=metadata,
+            serialize_type=self._payload.serialize_type if serialize_type is None else serialize_type,
+            compress_type=compress_type,
+        )
+        fut = self._loop.create_future()
+        pending[seq] = (fut, self._scheduler.add(timeout, (self, seq)) if timeout is not None else None)
+        self._send(data)
         try:
             return await fut
         except asyncio.CancelledError:

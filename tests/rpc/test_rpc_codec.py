@@ -167,3 +167,44 @@ def test_thrift() -> None:
         c.decode(bytes.fromhex("0b0003" "7fffffff" "41"), MulArgs)  # a string longer than the payload
     with pytest.raises(CodecError, match="invalid Thrift payload for MulArgs"):
         c.decode(bytes.fromhex("0f0004" "08" "7fffffff" "00"), MulArgs)  # a list longer than the payload
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON_VALUES, st.sampled_from(["", " ", "\n", " x", "]"]), st.sampled_from(["", " ", "\t"]))
+def test_json_matches_the_standard_library(value: Any, tail: str, head: str) -> None:
+    """The codec's JSON is json.dumps' (compact, UTF-8) and its decoding is
+    json.loads', whitespace, extra data and errors included."""
+    codec = JSONCodec()
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    assert codec.encode(value) == text.encode()
+    data = (head + text + tail).encode()
+    try:
+        expected: Any = json.loads(data.decode())
+    except ValueError as exc:
+        with pytest.raises(CodecError, match="invalid JSON payload") as caught:
+            codec.decode(data)
+        assert str(exc) in str(caught.value)
+        return
+    got = codec.decode(data)
+    assert json.dumps(got) == json.dumps(expected)  # NaN != NaN; their texts are equal
+
+
+def test_json_cycles_and_depth_fail_as_before() -> None:
+    codec = JSONCodec()
+    loop: list[Any] = []
+    loop.append(loop)
+    with pytest.raises(CodecError, match="Circular reference detected"):
+        codec.encode(loop)
+    assert codec.encode({"after": [1, 2]}) == b'{"after":[1,2]}'  # nothing left behind
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(RecursionError):
+        codec.encode(deep)

@@ -6,6 +6,8 @@
 //	                             CONNECT /_rpcx_, then rpcx on that connection)
 //	go run . push ADDR N         with heartbeats every 50 ms, call Probe.Push({"n": N}) on a
 //	                             bidirectional client; print the reply, then each pushed message
+//	go run . bench ADDR C N      C goroutines share one client and make N Arith.Mul calls in all;
+//	                             print "calls N seconds S" (the load of benches/rpc/bench_goclient.py)
 //
 // TLS: with TLS_CERT and TLS_KEY (PEM files) the server serves rpcx over TLS; with TLS_CA
 // the clients connect over TLS and verify the server against that CA (and TLS_SERVER_NAME,
@@ -22,6 +24,8 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/smallnest/rpcx/client"
@@ -186,7 +190,53 @@ func main() {
 			os.Exit(1)
 		}
 		fmt.Println("ok")
+	case "bench":
+		bench(os.Args[2], os.Args[3], os.Args[4])
 	default:
 		os.Exit(2)
 	}
+}
+
+// bench is rpcx's own client under load: C goroutines calling Arith.Mul on one
+// XClient (one connection, calls multiplexed as rpcx-benchmark's client does).
+func bench(addr, cs, ns string) {
+	c, _ := strconv.Atoi(cs)
+	n, _ := strconv.Atoi(ns)
+	opt := client.DefaultOption
+	opt.SerializeType = protocol.JSON
+	d, err := client.NewPeer2PeerDiscovery("tcp@"+addr, "")
+	if err != nil {
+		panic(err)
+	}
+	xc := client.NewXClient("Arith", client.Failfast, client.RandomSelect, d, opt)
+	defer xc.Close()
+	reply := &Reply{}
+	if err := xc.Call(context.Background(), "Mul", &Args{A: 6, B: 7}, reply); err != nil || reply.C != 42 {
+		fmt.Fprintln(os.Stderr, "warm-up call failed:", err, reply.C)
+		os.Exit(1)
+	}
+	var left atomic.Int64
+	left.Store(int64(n))
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := 0; i < c; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := &Reply{}
+			for left.Add(-1) >= 0 {
+				if err := xc.Call(context.Background(), "Mul", &Args{A: 6, B: 7}, r); err != nil || r.C != 42 {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start).Seconds()
+	if failed.Load() > 0 {
+		fmt.Fprintln(os.Stderr, "failed calls:", failed.Load())
+		os.Exit(1)
+	}
+	fmt.Printf("calls %d seconds %.6f\n", n, elapsed)
 }
