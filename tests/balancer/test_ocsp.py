@@ -112,12 +112,14 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     url = f"http://127.0.0.1:{p.port}/"
     p.issue("responder", responder=True)
     good, revoked = p.issue("good.test", url=url), p.issue("revoked.test", url=url)
+    renewed = p.issue("renewed.test", url=url)
     p.issue("plain.test")
     p.issue("down.test", url=f"http://127.0.0.1:{free_port()}/")  # nothing listens there
     expiry = (NOW + datetime.timedelta(days=2)).strftime("%y%m%d%H%M%SZ")
     when = (NOW - datetime.timedelta(minutes=30)).strftime("%y%m%d%H%M%SZ")
     (d / "index.txt").write_text(
         f"V\t{expiry}\t\t{good.serial_number:X}\tunknown\t/CN=good.test\n"
+        f"V\t{expiry}\t\t{renewed.serial_number:X}\tunknown\t/CN=renewed.test\n"
         f"R\t{expiry}\t{when}\t{revoked.serial_number:X}\tunknown\t/CN=revoked.test\n")
     return p
 
@@ -212,6 +214,26 @@ async def test_the_balancer_staples_good_not_revoked_not_without_url(
         assert f'balancer_ocsp_stapled{{certificate="{pki.pair("good.test")["cert"]}"}} 1.0' in metrics
         assert f'balancer_ocsp_stapled{{certificate="{pki.pair("revoked.test")["cert"]}"}} 0.0' in metrics
     assert any("REVOKED" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+
+
+async def test_a_reloaded_certificate_gets_its_own_staple(pki: Pki, responder: Any, tmp_path: Path) -> None:
+    served = {"cert": str(tmp_path / "served.pem"), "key": str(tmp_path / "served.key")}
+
+    def install(cn: str) -> None:
+        for kind in ("cert", "key"):
+            Path(served[kind]).write_bytes(Path(pki.pair(cn)[kind]).read_bytes())
+
+    install("good.test")
+    async with LoadBalancer(lb_config(["127.0.0.1:9"], workers=1, tls={"certificates": [served]})) as lb:
+        native = lb._native
+        await wait_until(lambda: native.ocsp_staple(leaf(pki, "good.test")), timeout=20, what="the first staple")
+        install("renewed.test")  # the renewed certificate, in place
+        await lb.reload()
+        staple = await wait_until(lambda: native.ocsp_staple(leaf(pki, "renewed.test")), timeout=20,
+                                  what="a staple for the renewed certificate")
+        single = ocsp.load_der_ocsp_response(staple)
+        assert single.serial_number == _cert(pki, "renewed.test").serial_number
+        assert list(lb.stats()["ocsp"]) == [served["cert"]]
 
 
 async def test_off_asks_no_responder(pki: Pki, responder: Any) -> None:
