@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import aiohttp
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
 from cryptography.x509 import ocsp
@@ -336,7 +336,7 @@ class OcspStapler:
         while True:
             try:
                 staple = check_response(await self._fetch(c), c.cert, c.issuer, self._now())
-            except OcspError as exc:
+            except (OcspError, ValueError, UnsupportedAlgorithm) as exc:  # cryptography's refusals too
                 c.failures += 1
                 c.last_error = str(exc)
                 now = self._now()
