@@ -27,9 +27,8 @@ import dataclasses
 import datetime
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import aiohttp
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
@@ -38,6 +37,9 @@ from cryptography.x509 import ocsp
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID
 
 from balancer.errors import BalancerError
+
+if TYPE_CHECKING:
+    import aiohttp
 from rustext.backoff import Backoff, BackoffPolicy
 
 __all__ = ["OcspError", "OcspStapler", "Staple", "build_request", "check_response", "ocsp_url", "refresh_delay"]
@@ -313,6 +315,8 @@ class OcspStapler:
         return out
 
     async def _fetch(self, c: _Cert) -> bytes:
+        import aiohttp  # only when a certificate names a responder: a second of start-up otherwise
+
         if self._session is None:
             self._session = aiohttp.ClientSession()
         try:
