@@ -295,6 +295,9 @@ class Tls:
     backend_ca: str | None = None
     #: do not verify backends at all (only for trying things out)
     backend_insecure: bool = False
+    #: ``"auto"``: staple the OCSP status of each certificate naming a responder (refreshed
+    #: half-way through each response's validity); ``"off"``: never ask
+    ocsp_stapling: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "certificates", tuple(
@@ -317,6 +320,9 @@ class Tls:
             raise BalancerConfigError("tls.client_cert_headers: expected a table")
         if self.client_cert_headers.names() and self.client_ca is None:
             raise BalancerConfigError("tls.client_cert_headers needs tls.client_ca (client certificates)")
+        if self.ocsp_stapling not in ("auto", "off"):
+            raise BalancerConfigError(
+                f"tls.ocsp_stapling: expected \"auto\" or \"off\", got {self.ocsp_stapling!r}")
         if (self.backend_ca is not None or self.backend_insecure) and not self.backend:
             raise BalancerConfigError("tls.backend_ca and tls.backend_insecure need tls.backend = true")
         for path in [p for c in self.certificates for p in (c.cert, c.key)] + [

@@ -106,6 +106,23 @@ class BalancerCollector(Collector):
                 m.add_metric([n], d[key])
             yield m
 
+        ocsp = s.get("ocsp", {})  # OCSP stapling per certificate file (balancer.ocsp)
+        stapled = GaugeMetricFamily("balancer_ocsp_stapled", "1 when an OCSP response is stapled to the certificate.",
+                                    labels=["certificate"])
+        next_update = GaugeMetricFamily("balancer_ocsp_next_update_seconds",
+                                        "Unix time the stapled OCSP response expires.", labels=["certificate"])
+        failures = CounterMetricFamily("balancer_ocsp_fetch_failures",
+                                       "OCSP responses that could not be fetched or were refused.",
+                                       labels=["certificate"])
+        for path, o in ocsp.items():
+            stapled.add_metric([path], int(o["stapled"]))
+            if o["stapled"] and o["next_update"] is not None:
+                next_update.add_metric([path], o["next_update"])
+            failures.add_metric([path], o["failures"])
+        yield stapled
+        yield next_update
+        yield failures
+
 
 def registry_for(stats: Callable[[], dict[str, Any]]) -> CollectorRegistry:
     """A registry of its own (no global state) holding a :class:`BalancerCollector`."""

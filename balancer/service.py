@@ -28,6 +28,7 @@ from balancer.config import BackendConfig, BalancerConfig
 from balancer.discovery import Discovery, DnsConfig, Target
 from balancer.errors import BalancerConfigError
 from balancer.health import HealthChecker
+from balancer.ocsp import OcspStapler
 
 log = logging.getLogger("balancer.service")
 
@@ -52,6 +53,7 @@ class LoadBalancer(ServiceBase):
         self._closed = asyncio.Event()
         self._started = False
         self._aborting: asyncio.Task[None] | None = None
+        self._ocsp: OcspStapler | None = None
 
     # --- lifecycle -------------------------------------------------------
     async def start(self, inherited: dict[str, list[int]] | None = None) -> None:
@@ -67,6 +69,9 @@ class LoadBalancer(ServiceBase):
             self._dns_task = asyncio.create_task(self._follow_dns(), name="balancer dns")
         self._native.start(inherited)
         await self._sync_health(self._effective(self.config))
+        if self.config.tls.certificates and self.config.tls.ocsp_stapling == "auto":
+            self._ocsp = OcspStapler(lambda: self._native)
+            self._ocsp.sync([c.cert for c in self.config.tls.certificates])
         scheme = "https" if self._native.tls else "http"
         redirect = self._native.redirect_address
         extra = f", http://{redirect[0]}:{redirect[1]} redirects to https" if redirect else ""
@@ -166,6 +171,8 @@ class LoadBalancer(ServiceBase):
         self._aborting = asyncio.get_running_loop().create_task(asyncio.to_thread(self._native.close))
 
     async def _stop_control(self) -> None:
+        if self._ocsp is not None:
+            await self._ocsp.aclose()
         if self._dns_task is not None:
             self._dns_task.cancel()
             try:
@@ -263,6 +270,8 @@ class LoadBalancer(ServiceBase):
         except BalancerConfigError as exc:
             raise BalancerConfigError(f"TLS certificates not reloaded: {exc}") from exc
         log.info("TLS certificates reloaded")
+        if self._ocsp is not None:  # a renewed certificate needs its own status
+            self._ocsp.sync([c.cert for c in self.config.tls.certificates])
 
     async def reload(self, new: BalancerConfig | None = None) -> None:
         """Apply ``new`` (or re-read the config file) without dropping connections."""
@@ -321,9 +330,11 @@ class LoadBalancer(ServiceBase):
     # --- observation -----------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """The data plane's statistics, and ``dns``: per backend name,
-        resolutions, failures, addresses in use and the last error."""
+        resolutions, failures, addresses in use and the last error;
+        ``ocsp``: per certificate file, its stapling (balancer.ocsp)."""
         out = self._native.stats()
         out["dns"] = self._discovery.stats() if self._discovery is not None else {}
+        out["ocsp"] = self._ocsp.stats() if self._ocsp is not None else {}
         return out
 
     def backends(self) -> list[dict[str, Any]]:

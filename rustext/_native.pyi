@@ -478,6 +478,12 @@ class Balancer:
         """Read the certificate files again: new handshakes get them,
         established connections keep theirs; BalancerConfigError (naming the
         file) keeps the current ones."""
+    def set_ocsp_staple(self, certificate: bytes, response: bytes | None) -> bool:
+        """Staple ``response`` (DER OCSP response) to the served certificate whose
+        leaf is ``certificate`` (DER); None removes it; new handshakes get it.
+        False when no served certificate is that one."""
+    def ocsp_staple(self, certificate: bytes) -> bytes | None:
+        """The staple served with the certificate whose leaf is ``certificate`` (DER)."""
     @property
     def workers(self) -> int: ...
     @property

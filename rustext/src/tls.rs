@@ -13,6 +13,8 @@
 //!   1.2 and 1.3, ALPN, optional client certificates verified against a CA,
 //!   servers verified against a CA file or the system's trust store.
 //!
+//! - [`ocsp`]: OCSP responses stapled to the served certificates.
+//!
 //! The crypto provider is aws-lc-rs, rustls' default.
 
 use std::collections::HashMap;
@@ -27,6 +29,8 @@ use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKey
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
+
+mod ocsp;
 
 /// A certificate chain file and its private key file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -253,13 +257,14 @@ fn dns_names(key: &CertifiedKey) -> Vec<String> {
 pub struct CertResolver {
     store: RwLock<Arc<CertStore>>,
     pairs: RwLock<Vec<CertPair>>,
+    staples: RwLock<ocsp::Staples>,
 }
 
 impl CertResolver {
     /// Loads every pair; the first is the default for clients without a matching SNI.
     pub fn new(pairs: Vec<CertPair>) -> Result<Self, TlsError> {
         let store = CertStore::load(&pairs)?;
-        Ok(Self { store: RwLock::new(Arc::new(store)), pairs: RwLock::new(pairs) })
+        Ok(Self { store: RwLock::new(Arc::new(store)), pairs: RwLock::new(pairs), staples: Default::default() })
     }
 
     /// Reads the files again (new `pairs` when given); on error the current
@@ -267,7 +272,7 @@ impl CertResolver {
     pub fn reload(&self, pairs: Option<Vec<CertPair>>) -> Result<(), TlsError> {
         let pairs = pairs.unwrap_or_else(|| self.pairs.read().expect("cert pairs lock").clone());
         let store = CertStore::load(&pairs)?;
-        *self.store.write().expect("cert store lock") = Arc::new(store);
+        self.install(store);
         *self.pairs.write().expect("cert pairs lock") = pairs;
         Ok(())
     }
@@ -429,7 +434,7 @@ mod tests {
     }
 
     /// A throwaway directory with certificates made by openssl(1).
-    struct Dir(PathBuf);
+    pub(super) struct Dir(PathBuf);
 
     impl Drop for Dir {
         fn drop(&mut self) {
@@ -443,7 +448,7 @@ mod tests {
     }
 
     /// Self-signed certificates `NAME.crt`/`NAME.key` for each (name, SAN) given.
-    fn certs(tag: &str, names: &[(&str, &str)]) -> Dir {
+    pub(super) fn certs(tag: &str, names: &[(&str, &str)]) -> Dir {
         let dir = std::env::temp_dir().join(format!("rustext-tls-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         for (name, san) in names {
@@ -459,7 +464,7 @@ mod tests {
         Dir(dir)
     }
 
-    fn pair(dir: &Dir, name: &str) -> CertPair {
+    pub(super) fn pair(dir: &Dir, name: &str) -> CertPair {
         CertPair::new(dir.0.join(format!("{name}.crt")), dir.0.join(format!("{name}.key")))
     }
 

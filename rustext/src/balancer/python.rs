@@ -184,6 +184,23 @@ impl PyBalancer {
         b.reload_tls().map_err(cfg_err)
     }
 
+    /// Staple `response` (a DER OCSP response) to the served certificate
+    /// whose leaf is `certificate` (DER); None removes it. New handshakes get
+    /// it, connections are not touched. False when no served certificate is
+    /// that one.
+    #[pyo3(signature = (certificate, response))]
+    fn set_ocsp_staple(&self, certificate: &[u8], response: Option<Vec<u8>>) -> PyResult<bool> {
+        match &self.config.tls {
+            Some(tls) => Ok(tls.certs.set_ocsp(certificate, response)),
+            None => Err(ErrorKind::Balancer.err("this balancer does not serve TLS")),
+        }
+    }
+
+    /// The staple served with the certificate whose leaf is `certificate` (DER).
+    fn ocsp_staple(&self, certificate: &[u8]) -> Option<Vec<u8>> {
+        self.config.tls.as_ref().and_then(|tls| tls.certs.ocsp(certificate))
+    }
+
     #[getter]
     fn workers(&self) -> usize {
         self.config.workers
