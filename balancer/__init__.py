@@ -9,6 +9,7 @@ on threads of its own; this package configures and watches it.
             ``[health]``, ``[tls]`` (re-exported by config)
 - routing   typed routing config: named pools, listeners, routes, header rules,
             redirects, request ids (compiled by the data plane's route table)
+- rewrite   typed route rewrites (path and query) and the check of route regular expressions
 - ratelimit typed ``[rate_limit]``: requests per client address or header (counted by the data plane)
 - policies  typed pool policies: cookie persistence (``sticky``), backups, slow start, ``retry_on``,
             layer-7 passive health

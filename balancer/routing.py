@@ -21,6 +21,7 @@ from balancer.compression import Compression, compression
 from balancer.errorpages import MAX_PAGE, ErrorPage, content_type_of, read_page
 from balancer.errors import BalancerConfigError
 from balancer.ratelimit import RateLimit
+from balancer.rewrite import Rewrite, check_regex
 from rustext.fields import check_fields
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -255,6 +256,12 @@ class Route:
     #: a condition on the verified client certificate (``{ subject_prefix = "CN=admin," }``,
     #: ``{ verified = false }``)
     client_cert: ClientCertMatch | None = None
+    #: a regular expression the path (before ``?``, not decoded) must match; searched
+    #: anywhere unless anchored (``'^/api/v\d+/'``), as HAProxy's ``path_reg``
+    path_regex: str | None = None
+    #: a regular expression the host must match, case-insensitive, against the host
+    #: without its port or a trailing dot (``'^(www|api)\.example\.com$'``)
+    host_regex: str | None = None
     #: the backend pool (a ``[backends.NAME]`` name, or ``default`` with a ``[[backends]]`` list)
     backend: str | None = None
     #: answer with a redirect instead (``{ code = 301, location = "..." }`` or ``{ scheme = "https" }``)
@@ -265,6 +272,9 @@ class Route:
     request_headers: HeaderRules = field(default_factory=HeaderRules)
     #: header rules on the response sent to the client
     response_headers: HeaderRules = field(default_factory=HeaderRules)
+    #: how the forwarded target changes (``{ strip_prefix = "/api" }``,
+    #: ``{ replace_path = { regex = '^/u/(\d+)$', replacement = '/users/$1' } }``, ``{ set_query = "v=2" }``)
+    rewrite: Rewrite | None = None
     #: a rate limit of this route's own (nginx's ``limit_req`` in a ``location``): the requests it
     #: takes count there, in a table of their own, besides the top-level and the pool's limits
     rate_limit: RateLimit | None = None
@@ -305,6 +315,11 @@ class Route:
             v = getattr(self, name)
             if isinstance(v, Mapping):
                 object.__setattr__(self, name, section(HeaderRules, v, f"{w}.{name}"))
+        for name in ("path_regex", "host_regex"):
+            if getattr(self, name) is not None:
+                check_regex(getattr(self, name), f"{w}.{name}")
+        if isinstance(self.rewrite, Mapping):
+            object.__setattr__(self, "rewrite", section(Rewrite, self.rewrite, f"{w}.rewrite"))
         if isinstance(self.rate_limit, Mapping):
             try:
                 limit = section(RateLimit, self.rate_limit, f"{w}.rate_limit")
@@ -312,10 +327,12 @@ class Route:
                 raise BalancerConfigError(f"{w}.{exc}" if str(exc).startswith("rate_limit.") else str(exc)) from exc
             object.__setattr__(self, "rate_limit", limit)
         _tables(self, w, client_cert=ClientCertMatch, redirect=Redirect, respond=Respond, rate_limit=RateLimit, request_headers=HeaderRules,
-                response_headers=HeaderRules)
+                response_headers=HeaderRules, rewrite=Rewrite)
         object.__setattr__(self, "compress", compression(self.compress, f"{w}.compress"))
         if sum(x is not None for x in (self.backend, self.redirect, self.respond)) != 1:
             raise BalancerConfigError(f"{w}: a route needs a backend, a redirect or respond (one of them)")
+        if self.rewrite and self.backend is None:
+            raise BalancerConfigError(f"{w}.rewrite: a rewrite needs a backend (it changes what is forwarded)")
 
 
 @dataclass(frozen=True, kw_only=True)

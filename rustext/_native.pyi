@@ -500,6 +500,10 @@ class Balancer:
     @staticmethod
     def check_log_format(format: str) -> None:
         """Raise ValueError naming what is wrong with an access log format."""
+    @staticmethod
+    def check_regex(pattern: str, replacement: str | None = None) -> None:
+        """Raise ValueError naming what is wrong with a route's regular expression
+        (and with a replacement's groups, when given)."""
     def set_backend_state(self, name: str, state: str) -> None:
         """Admin state: "up", "drain" (no new requests, in-flight finish) or "down"."""
     def backend_ejected(self, name: str, pool: str | None = None) -> bool:

@@ -26,6 +26,13 @@ same on both sides: three named pools (each with every backend), ten routes
 over to reach the default pool, one request header set and one response
 header deleted (``--balancers ours,haproxy``; nginx is not configured for it).
 
+``--routing --rewrite``: the requests go to ``/app/v1/SIZE`` and one more
+route, last, takes them by a regular expression and rewrites the path back
+to ``/SIZE`` with a capture: ours with ``path_regex`` and
+``rewrite.replace_path``, HAProxy with ``path_reg`` and ``http-request
+replace-path``. Against a ``--routing`` run, the cost of a regex route and a
+rewrite over the default route.
+
 ``--routing --access-log``: the same, both logging every request to a file
 in the same format (HAProxy's httplog fields, ``ACCESS_FORMAT``): ours with
 ``[access_log]``, HAProxy with ``log stdout format raw`` and its standard
@@ -241,6 +248,9 @@ http {{
                          for i in range(8))
         routes += '[[routes]]\npath_prefix = "/api/"\nbackend = "api"\n'
         routes += '[[routes]]\npath_prefix = "/static/"\nbackend = "static"\n'
+        if getattr(self, "rewrite", False):
+            routes += ("[[routes]]\npath_regex = '^/app/v\\d+/'\nbackend = \"web\"\n"
+                       "rewrite = { replace_path = { regex = '^/app/v\\d+/(.*)$', replacement = '/$1' } }\n")
         text = (f'listen = "127.0.0.1:{port}"\nworkers = 1\ndefault_backend = "web"\n'
                 f'[request_headers]\nset = {{ "X-Env" = "prod" }}\n[response_headers]\ndelete = ["Server"]\n'
                 + "".join(f"[backends.{n}]\nservers = [{servers}]\n" for n in ("web", "api", "static")) + routes)
@@ -254,13 +264,17 @@ http {{
         return path
 
     @staticmethod
-    def routing_haproxy(addrs: list[str]) -> tuple[str, str]:
+    def routing_haproxy(addrs: list[str], rewrite: bool = False) -> tuple[str, str]:
         """(frontend lines, backends) of HAProxy, routed as :meth:`routing_toml`."""
         front = "".join(f"  acl h{i} hdr(host) -i h{i}.example.com\n" for i in range(8))
         front += "  acl api path_beg /api/\n  acl static path_beg /static/\n"
         front += "  http-request set-header X-Env prod\n  http-response del-header Server\n"
         front += "".join(f"  use_backend {'api' if i % 2 else 'static'} if h{i}\n" for i in range(8))
-        front += "  use_backend api if api\n  use_backend static if static\n  default_backend web\n"
+        front += "  use_backend api if api\n  use_backend static if static\n"
+        if rewrite:
+            front += ("  acl app path_reg ^/app/v[0-9]+/\n  http-request replace-path ^/app/v[0-9]+/(.*)$ /\\1 if app\n"
+                      "  use_backend web if app\n")
+        front += "  default_backend web\n"
         back = "".join(f"backend {n}\n  balance roundrobin\n  http-reuse always\n"
                        + "".join(f"  server s{i} {a}\n" for i, a in enumerate(addrs)) for n in ("web", "api", "static"))
         return front, back
@@ -277,7 +291,7 @@ http {{
                             "--log-level", "WARNING"], cwd=tree)
         elif kind == "haproxy" and getattr(self, "routing", False):
             cfg = os.path.join(self.dir, f"haproxy-{port}.cfg")
-            front, back = self.routing_haproxy(addrs)
+            front, back = self.routing_haproxy(addrs, getattr(self, "rewrite", False))
             logging = getattr(self, "access_log", False)
             log_global = "  log stdout format raw local0\n" if logging else ""
             log_defaults = "  log global\n" if logging else ""
@@ -328,9 +342,9 @@ http {{
 
 
 def measure(kind: str, proc: subprocess.Popen, port: int, scenario: tuple, tool: str, rnd: int, duration: float,
-            tls: bool = False) -> Run:
+            tls: bool = False, prefix: str = "") -> Run:
     name, _, size, conc, ab_n = scenario
-    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}/{size}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}{prefix}/{size}"
     # warm the backend pools
     subprocess.run(["wrk", "-t1", f"-c{conc}", "-d1s", url], capture_output=True, timeout=60)
     pids = descendants(proc.pid)
@@ -422,11 +436,16 @@ def main() -> int:
                          "to compare two versions in the same run")
     ap.add_argument("--routing", action="store_true",
                     help="ours and HAProxy with ten routes and two header rules (see the module doc)")
+    ap.add_argument("--rewrite", action="store_true",
+                    help="with --routing: one more route, by a regular expression, rewriting the path")
     ap.add_argument("--access-log", action="store_true",
                     help="with --routing: both log every request to a file in the same format")
     args = ap.parse_args()
     if args.routing and ("nginx" in args.balancers.split(",") or args.tls):
         print("--routing compares ours and HAProxy over HTTP: add --balancers ours,haproxy", file=sys.stderr)
+        return 2
+    if args.rewrite and not args.routing:
+        print("--rewrite goes with --routing", file=sys.stderr)
         return 2
     if args.access_log and not args.routing:
         print("--access-log goes with --routing", file=sys.stderr)
@@ -448,6 +467,7 @@ def main() -> int:
             bench.make_certificate()
         bench.routing = args.routing
         bench.access_log = args.access_log
+        bench.rewrite = args.rewrite
         try:
             for sc in SCENARIOS:
                 if sc[0] not in wanted:
@@ -460,7 +480,8 @@ def main() -> int:
                     order = balancers[shift:] + balancers[:shift]
                     for tool in ("wrk", "ab"):
                         for k in order:
-                            r = measure(k, procs[k], lbs[k][0], sc, tool, rnd, args.duration, tls=args.tls)
+                            r = measure(k, procs[k], lbs[k][0], sc, tool, rnd, args.duration, tls=args.tls,
+                                        prefix="/app/v1" if args.rewrite else "")
                             runs.append(r)
                             print(f"{sc[0]:15} {tool:3} {k:8} r{rnd} {r.rps:9.0f} req/s p99 {r.p99_ms:7.2f} ms "
                                   f"cpu {r.cpu_us_per_req:6.1f} us/req fail {r.failures} rss {r.rss_mib:.1f} MiB",

@@ -255,6 +255,11 @@ def config_groups() -> list[ConfigGroup]:
                         "A route's redirect, `{ code = 301, location = \"...\" }` or `{ scheme = \"https\" }`."),
                 Section("balancer.routing.Respond", "respond",
                         "A route's own answer; see [routing](../balancer.md#routing)."),
+                Section("balancer.rewrite.Rewrite", "rewrite",
+                        "A route's rewrite of the forwarded target; see "
+                        "[rewrites](../balancer.md#rewrites)."),
+                Section("balancer.rewrite.ReplacePath", "rewrite.replace_path",
+                        "`{ regex = '^/old/(.*)$', replacement = '/new/$1' }`."),
                 Section("balancer.routing.HeaderRules", "[request_headers], [response_headers]",
                         "Header rules of a listener, a backend pool or a route."),
                 Section("balancer.routing.RequestId", "request_id",

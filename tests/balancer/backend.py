@@ -8,7 +8,8 @@ GET  /size/N[?chunked=1|close=1]  N bytes of a fixed pattern (Content-Length,
 POST /echo                         the request body back (chunked in → chunked out)
 GET  /headers                      JSON: request line and headers as received
 GET  /whoami                       this backend's NAME
-GET  /r/...                        JSON: NAME, path and headers, with X-Backend: NAME and X-Internal headers
+GET  /r/...                        JSON: NAME, path, target (with its query) and headers, with X-Backend: NAME
+                                   and X-Internal headers
 GET  /slow?ms=N                    NAME after N ms
 GET  /slow-begun                   how many /slow requests have arrived (as text)
 GET  /health                       200 (503 after POST /sick)
@@ -74,7 +75,7 @@ class Backend:
                 url = urlsplit(target)
                 q = parse_qs(url.query)
                 keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-                if not await self.respond(method, url.path, q, version, headers, raw, body, writer, reader):
+                if not await self.respond(method, url.path, q, version, headers, raw, body, writer, reader, target):
                     return
                 if not keep:
                     return
@@ -87,7 +88,7 @@ class Backend:
         lines = [f"{version} {status}", f"X-Backend: {self.name}", *(f"{k}: {v}" for k, v in extra)]
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
-    async def respond(self, method, path, q, version, headers, raw, body, writer, reader) -> bool:
+    async def respond(self, method, path, q, version, headers, raw, body, writer, reader, target="") -> bool:
         def simple(data: bytes, status: str = "200 OK", ctype: str = "text/plain") -> None:
             writer.write(self.head(status, [("Content-Type", ctype), ("Content-Length", str(len(data)))]) + data)
 
@@ -135,7 +136,7 @@ class Backend:
         elif path == "/whoami":
             simple(self.name.encode())
         elif path.startswith("/r/"):
-            data = json.dumps({"name": self.name, "path": path, "headers": raw}).encode()
+            data = json.dumps({"name": self.name, "path": path, "target": target, "headers": raw}).encode()
             writer.write(self.head("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
                                               ("X-Backend", self.name), ("X-Internal", "secret")]) + data)
         elif path == "/slow-begun":

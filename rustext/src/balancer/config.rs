@@ -493,6 +493,10 @@ pub struct RouteSpec {
     pub headers: Vec<(String, HeaderTest)>,
     /// On the verified client certificate (None: no condition).
     pub client_cert: Option<CertTest>,
+    /// A regular expression the path must match (unanchored, as HAProxy's `path_reg`).
+    pub path_regex: Option<String>,
+    /// A regular expression the normalised host must match (case-insensitive).
+    pub host_regex: Option<String>,
     /// The backend pool (by name), or
     pub backend: Option<String>,
     /// a redirect answered by the balancer, or
@@ -501,6 +505,8 @@ pub struct RouteSpec {
     /// `deny`, nginx's `return`).
     pub respond: Option<Arc<ErrorPage>>,
     pub rules: RulesSpec,
+    /// The target's rewrite when forwarded.
+    pub rewrite: super::route::RewriteSpec,
     /// A request rate limit of this route's own (nginx's `limit_req` in a `location`).
     pub rate_limit: Option<super::ratelimit::Spec>,
     /// Response compression of this route (the listener's when the route says nothing); None: off.
@@ -513,8 +519,8 @@ impl RouteSpec {
     /// wherever it moved in the list.
     pub(super) fn identity(&self) -> String {
         format!(
-            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
-            self.hosts, self.paths, self.path_prefixes, self.methods, self.headers, self.client_cert
+            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+            self.hosts, self.paths, self.path_prefixes, self.methods, self.headers, self.client_cert, self.path_regex, self.host_regex
         )
     }
 }

@@ -66,6 +66,10 @@ pub const NO_ROUTE: Answer = answer(503, "Service Unavailable", "no backend for 
 pub const NO_BACKEND: Answer = answer(503, "Service Unavailable", "no backend available\n", "SC", Counter::NoBackend);
 /// The pool's queue (`max_queue`) is full.
 pub const QUEUE_FULL: Answer = answer(503, "Service Unavailable", "backend queue full\n", "sQ", Counter::None);
+/// A route's rewrite made a target that is not a valid origin-form path
+/// (HAProxy answers 500 when a rule fails too).
+pub const BAD_REWRITE: Answer =
+    answer(500, "Internal Server Error", "the rewritten request target is invalid\n", "PR", Counter::None);
 /// A request that reached a backend timed out and may not be replayed.
 pub const TIMED_OUT: Answer = answer(504, "Gateway Timeout", "backend timeout\n", "sH", Counter::Timeouts);
 

@@ -551,7 +551,11 @@ pub(crate) fn plan<'t>(t: &'t Table, listener: &'t Listener, raw: &RawHead<'_, '
                 HashKey::Header(k) => Some(k.as_str()),
                 _ => None,
             };
-            Some(Forward { hash_header, rules: Some(&action.request) })
+            Some(Forward {
+                hash_header,
+                rules: Some(&action.request),
+                rewrite: action.rewrite.as_ref().map(|r| r as &dyn super::h1::TargetRewrite),
+            })
         }
         _ => None,
     };

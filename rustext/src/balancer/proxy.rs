@@ -566,11 +566,22 @@ async fn forward(
             headers.append(X_FORWARDED_PROTO, v);
         }
     }
-    let pq = parts
+    let client_pq = parts
         .uri
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let pq = match &action.rewrite {
+        None => client_pq.clone(),
+        Some(rw) => {
+            let mut target = Vec::with_capacity(client_pq.as_str().len() + 16);
+            let rewritten = rw.apply(client_pq.as_str().as_bytes(), &mut target).ok();
+            match rewritten.and_then(|()| PathAndQuery::from_maybe_shared(bytes::Bytes::from(target)).ok()) {
+                Some(pq) => pq,
+                None => return own_answer(w, lg, decide::BAD_REWRITE),
+            }
+        }
+    };
     let uri = match parts.uri.authority() {
         // HTTP/2 on both sides: the client's :authority goes on as it came (no Host)
         Some(a) if host_from_authority && s.proto == Proto::H2 => {
@@ -617,7 +628,8 @@ async fn forward(
     };
     let key = Key {
         client_ip: peer.ip,
-        path: pq.path(),
+        // the client's path, as on the fast path
+        path: client_pq.path(),
         header: key_header.as_deref(),
     };
     let mut failed: Option<Fail> = None;

@@ -251,6 +251,24 @@ impl PyBalancer {
             .map_err(pyo3::exceptions::PyValueError::new_err)
     }
 
+    /// Check a route's regular expression (and a replacement's groups, when
+    /// given) as the routing table compiles them; raises ValueError naming
+    /// what is wrong.
+    #[staticmethod]
+    #[pyo3(signature = (pattern, replacement = None))]
+    fn check_regex(pattern: &str, replacement: Option<&str>) -> PyResult<()> {
+        use crate::balancer::route::{PathRewrite, Rewrite, RewriteSpec};
+        let checked = match replacement {
+            None => crate::balancer::route::rewrite::compile(pattern, false).map(|_| ()),
+            Some(r) => Rewrite::new(&RewriteSpec {
+                path: PathRewrite::Replace { regex: pattern.into(), replacement: r.into() },
+                ..Default::default()
+            })
+            .map(|_| ()),
+        };
+        checked.map_err(pyo3::exceptions::PyValueError::new_err)
+    }
+
     /// Admin state of a backend: "up", "drain" (no new requests) or "down".
     fn set_backend_state(&self, name: &str, state: &str) -> PyResult<()> {
         self.running()?

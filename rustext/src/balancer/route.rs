@@ -16,6 +16,9 @@
 //!   exact names and prefixes as byte slices;
 //! - header names are lower-case `HeaderName`s, compared against the parsed
 //!   request's header slice (fast path) or looked up in its `HeaderMap`;
+//! - path and host regular expressions ([`rewrite`]) are compiled at load
+//!   and run in time linear in the input; the host's is matched against the
+//!   normalised host;
 //! - header rules of the listener, the backend and the route are folded at
 //!   load into one list of names to delete and one of headers to add.
 //!
@@ -27,6 +30,9 @@ use std::sync::Arc;
 use http::{HeaderName, HeaderValue};
 
 use super::upstream::Upstream;
+
+pub mod rewrite;
+pub use rewrite::{PathRewrite, QueryRewrite, Rewrite, RewriteSpec};
 
 /// Longest host name considered (RFC 1035); longer matches no host condition.
 pub const MAX_HOST: usize = 255;
@@ -243,6 +249,8 @@ pub struct Action {
     pub rate_limit: Option<Arc<super::ratelimit::Table>>,
     /// Response compression ([`super::encode`]); None: off.
     pub compress: Option<Arc<super::encode::Policy>>,
+    /// The target's rewrite when forwarded; None: as the client sent it.
+    pub rewrite: Option<Rewrite>,
 }
 
 #[derive(Debug, Default)]
@@ -297,12 +305,20 @@ struct Cond {
     /// On the client certificate: None, no condition; `Some(None)`, none
     /// presented; `Some(Some(test))`, its subject passes `test`.
     cert: Option<Option<Test>>,
+    path_regex: Option<regex::bytes::Regex>,
+    /// Against the normalised host (lower case, no port).
+    host_regex: Option<regex::bytes::Regex>,
 }
 
 impl Cond {
     fn holds<V: View + ?Sized>(&self, req: &V, host: Option<&[u8]>) -> bool {
         if let Some(h) = &self.hosts {
             if !host.is_some_and(|host| h.matches(host)) {
+                return false;
+            }
+        }
+        if let Some(re) = &self.host_regex {
+            if !host.is_some_and(|host| re.is_match(host)) {
                 return false;
             }
         }
@@ -315,6 +331,11 @@ impl Cond {
         if !self.paths.is_empty() || !self.prefixes.is_empty() {
             let p = req.path();
             if !self.paths.iter().any(|x| &**x == p) && !self.prefixes.iter().any(|x| p.starts_with(x)) {
+                return false;
+            }
+        }
+        if let Some(re) = &self.path_regex {
+            if !re.is_match(req.path()) {
                 return false;
             }
         }
@@ -424,7 +445,15 @@ fn compile_route(
         let name = header_name(n, &format!("{where_}.header"))?;
         headers.push((name.as_str().as_bytes().into(), Test::of(t)));
     }
+    let regex = |p: &Option<String>, key: &str, ci: bool| {
+        p.as_deref().map(|p| rewrite::compile(p, ci).map_err(|e| format!("{where_}.{key}: {e}"))).transpose()
+    };
+    let path_regex = regex(&r.path_regex, "path_regex", false)?;
+    let host_regex = regex(&r.host_regex, "host_regex", true)?;
+    let rewrite = Rewrite::new(&r.rewrite).map_err(|e| format!("{where_}.rewrite.{e}"))?;
     let cond = Cond {
+        path_regex,
+        host_regex,
         hosts: (!r.hosts.is_empty()).then_some(hosts),
         paths: r.paths.iter().map(|p| p.as_bytes().into()).collect(),
         prefixes: r.path_prefixes.iter().map(|p| p.as_bytes().into()).collect(),
@@ -449,6 +478,10 @@ fn compile_route(
         return Err(format!("{where_}: a route has one of a backend, a redirect or respond"));
     }
     action.respond = r.respond.clone();
+    if rewrite.is_some() && action.pool.is_none() {
+        return Err(format!("{where_}.rewrite: a rewrite needs a backend (it changes what is forwarded)"));
+    }
+    action.rewrite = rewrite;
     Ok((cond, action))
 }
 
@@ -512,6 +545,7 @@ fn compile_action(
         response,
         rate_limit: None,
         compress: None,
+        rewrite: None,
     })
 }
 
@@ -576,7 +610,7 @@ impl Listener {
             HeaderValue::from_str(&v).expect("digits and ASCII words")
         });
         Ok(Listener {
-            uses_host: conds.iter().any(|c: &Cond| c.hosts.is_some()),
+            uses_host: conds.iter().any(|c: &Cond| c.hosts.is_some() || c.host_regex.is_some()),
             conds: conds.into(),
             actions: actions.into(),
             request_id,

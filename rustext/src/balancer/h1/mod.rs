@@ -31,6 +31,7 @@ pub use chunks::{chunk_header, ChunkError, Chunks};
 pub use edits::{valid_request_id, Added, Edits, Piece, Rules};
 pub use request::{
     finish_request, finish_request_with, parse_request, parse_request_with, Forward, MethodKind, RawHead, Routed, ReqHead, ReqParse,
+    TargetRewrite,
 };
 pub use response::{
     page_response_with, parse_response, parse_response_with, redirect_response, simple_response, simple_response_with, BodyMode, Page,

@@ -63,7 +63,7 @@ fn uri_byte(c: u8) -> bool {
 }
 
 pub fn parse_request(buf: &[u8], hash_header: Option<&str>, out: &mut Vec<u8>) -> ReqParse {
-    parse_request_with(buf, out, |_| Some(Routed { action: 0, request_id: None, forward: Some(Forward { hash_header, rules: None }) }))
+    parse_request_with(buf, out, |_| Some(Routed { action: 0, request_id: None, forward: Some(Forward { hash_header, rules: None, rewrite: None }) }))
 }
 
 /// A parsed request head as the caller sees it to decide on it, while its
@@ -114,6 +114,15 @@ pub struct Forward<'r> {
     /// Fields deleted from the incoming head (their additions are the
     /// caller's [`Edits`] at [`finish_request_with`]).
     pub rules: Option<&'r Rules>,
+    /// The target's rewrite, if the route has one.
+    pub rewrite: Option<&'r dyn TargetRewrite>,
+}
+
+/// A change of the request target, decided elsewhere (routing).
+pub trait TargetRewrite: Sync {
+    /// Write the new target for `target` to `out`; false: the result is
+    /// invalid (this path does not forward it: [`ReqParse::Fallback`]).
+    fn rewrite(&self, target: &[u8], out: &mut Vec<u8>) -> bool;
 }
 
 /// Parse a request head from `buf`; `decide` sees it parsed (None: not for
@@ -283,7 +292,15 @@ fn parse<'r>(
     out.reserve(head_len + 128);
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
-    out.extend_from_slice(target.as_bytes());
+    match forward.rewrite {
+        // an invalid result: hyper's path answers it (the same check, the same answer)
+        Some(rw) => {
+            if !rw.rewrite(target.as_bytes(), out) {
+                return ReqParse::Fallback;
+            }
+        }
+        None => out.extend_from_slice(target.as_bytes()),
+    }
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for h in headers {
         let n = h.name.as_bytes();

@@ -377,3 +377,29 @@ fn error_pages_replace_own_texts() {
     assert!(crate::balancer::route::ErrorPage::new(503, vec![("Bad Name".into(), "x".into())], vec![]).is_err());
     assert!(crate::balancer::route::ErrorPage::new(503, vec![], vec![0; 65 * 1024]).is_err());
 }
+
+#[test]
+fn a_rewrite_changes_the_request_line_only() {
+    // a rewrite as routing gives it: strip "/api", or fail for a target holding "bad"
+    struct Strip;
+    impl TargetRewrite for Strip {
+        fn rewrite(&self, target: &[u8], out: &mut Vec<u8>) -> bool {
+            out.extend_from_slice(target.strip_prefix(b"/api").unwrap_or(target));
+            !target.windows(3).any(|w| w == b"bad")
+        }
+    }
+    let parse = |buf: &[u8], out: &mut Vec<u8>| {
+        parse_request_with(buf, out, |_| {
+            Some(Routed { action: 0, request_id: None, forward: Some(Forward { hash_header: None, rules: None, rewrite: Some(&Strip) }) })
+        })
+    };
+    let raw = b"GET /api/x?q=1 HTTP/1.1\r\nHost: h\r\n\r\n";
+    let mut out = Vec::new();
+    let ReqParse::Ready(head) = parse(raw, &mut out) else { panic!("not ready") };
+    assert!(out.starts_with(b"GET /x?q=1 HTTP/1.1\r\nHost: h\r\n"), "{}", String::from_utf8_lossy(&out));
+    // the head keeps the client's target (the access log's) and path (the hash key's)
+    assert_eq!(slice(raw, head.target), b"/api/x?q=1");
+    assert_eq!(slice(raw, head.path), b"/api/x");
+    // an invalid result: hyper's path takes the request and answers it
+    assert!(matches!(parse(b"GET /api/bad HTTP/1.1\r\nHost: h\r\n\r\n", &mut out), ReqParse::Fallback));
+}

@@ -65,6 +65,8 @@ fn under(prefix: &str, at: &str) -> String {
 
 // --- the dataclasses --------------------------------------------------------
 
+mod rewrite;
+
 /// `balancer.config.Timeouts`
 #[derive(FromPyObject)]
 struct Timeouts {
@@ -289,6 +291,12 @@ struct Route {
     header: Vec<HeaderMatch>,
     #[pyo3(attribute)]
     client_cert: Option<ClientCertMatch>,
+    #[pyo3(attribute)]
+    path_regex: Option<String>,
+    #[pyo3(attribute)]
+    host_regex: Option<String>,
+    #[pyo3(attribute)]
+    rewrite: Option<rewrite::Rewrite>,
     #[pyo3(attribute)]
     backend: Option<String>,
     #[pyo3(attribute)]
@@ -741,6 +749,9 @@ fn route(r: Route, listener_compress: &Option<Arc<Compress>>) -> PyResult<RouteS
             (true, None, Some(v)) => CertTest::Subject(HeaderTest::Prefix(v)),
             (true, None, None) => CertTest::Subject(HeaderTest::Present),
         }),
+        path_regex: r.path_regex,
+        host_regex: r.host_regex,
+        rewrite: rewrite::spec(r.rewrite),
         backend: r.backend,
         redirect,
         respond,

@@ -278,3 +278,46 @@ proptest! {
         let _ = normalize_host(&raw, &mut buf);
     }
 }
+
+#[test]
+fn path_and_host_regular_expressions() {
+    let t = table(
+        vec![
+            // unanchored unless the pattern says so, as HAProxy's path_reg
+            RouteSpec { path_regex: Some(r"\.(png|jpg)$".into()), ..route("a") },
+            // both a prefix and a pattern: both must hold
+            RouteSpec { path_prefixes: vec!["/api/".into()], path_regex: Some(r"^/api/v\d+/".into()), ..route("b") },
+            // against the normalised host: lower case, no port, case-insensitive pattern
+            RouteSpec { host_regex: Some(r"^(www|API)\.example\.(com|org)$".into()), ..route("c") },
+        ],
+        None,
+    );
+    assert_eq!(pool_of(&t, &req(None, "/img/a.png")), Some("a"));
+    assert_eq!(pool_of(&t, &req(None, "/img/a.png.txt")), None);
+    assert_eq!(pool_of(&t, &req(None, "/api/v2/users")), Some("b"));
+    assert_eq!(pool_of(&t, &req(None, "/api/vx/users")), None);
+    assert_eq!(pool_of(&t, &req(None, "/v2/api/v2/")), None);
+    assert_eq!(pool_of(&t, &req(Some("API.Example.org:8443"), "/")), Some("c"));
+    assert_eq!(pool_of(&t, &req(Some("www.example.com."), "/")), Some("c"));
+    assert_eq!(pool_of(&t, &req(Some("evil-www.example.com"), "/")), None);
+    assert_eq!(pool_of(&t, &req(None, "/")), None);
+}
+
+#[test]
+fn invalid_patterns_and_rewrites_name_their_key() {
+    let spec = |r: RouteSpec| RoutingSpec {
+        rate_limit: None,
+        error_pages: Vec::new(),
+        pools: vec![pool("a", 1)],
+        listeners: vec![ListenerSpec { routes: vec![r], ..Default::default() }],
+    };
+    let err = |r: RouteSpec| Table::new(&spec(r), None, Instant::now(), &AtomicU64::new(0)).err().unwrap();
+    assert!(err(RouteSpec { path_regex: Some("(".into()), ..route("a") }).starts_with("routes[0].path_regex: invalid regular expression"));
+    assert!(err(RouteSpec { host_regex: Some("[z-a]".into()), ..route("a") }).starts_with("routes[0].host_regex: "));
+    let rewrite = RewriteSpec { path: PathRewrite::Set("/x".into()), query: QueryRewrite::Keep };
+    let redirect = Some(RedirectSpec::Https { code: 301, port: None });
+    let e = err(RouteSpec { rewrite: rewrite.clone(), backend: None, redirect, ..Default::default() });
+    assert!(e.contains("a rewrite needs a backend"), "{e}");
+    let bad = RewriteSpec { path: PathRewrite::Replace { regex: "^/(a)".into(), replacement: "/$2".into() }, ..rewrite };
+    assert!(err(RouteSpec { rewrite: bad, ..route("a") }).starts_with("routes[0].rewrite.replace_path.replacement: "));
+}
