@@ -478,6 +478,12 @@ class Balancer:
         """Read the certificate files again: new handshakes get them,
         established connections keep theirs; BalancerConfigError (naming the
         file) keeps the current ones."""
+    def acme_http01_set(self, token: str, key_authorization: str) -> None:
+        """Answer the ACME HTTP-01 challenge ``token`` on the plain-HTTP listeners (before routing)."""
+    def acme_http01_remove(self, token: str) -> None: ...
+    def acme_tls_alpn_set(self, name: str, cert_pem: bytes, key_pem: bytes) -> None:
+        """Serve this certificate to ``acme-tls/1`` handshakes for ``name`` (TLS-ALPN-01)."""
+    def acme_tls_alpn_remove(self, name: str) -> None: ...
     @property
     def workers(self) -> int: ...
     @property
