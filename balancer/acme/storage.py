@@ -185,6 +185,11 @@ class Storage:
         self._lock_fd = fd
         return True
 
+    @property
+    def locked(self) -> bool:
+        """Whether this object holds the ordering lock."""
+        return self._lock_fd is not None
+
     def unlock(self) -> None:
         if self._lock_fd is not None:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
