@@ -133,7 +133,7 @@ class Renewer:
         self.last_error = str(exc) or type(exc).__name__
         wait = self._backoff.delay(self.failures, self._rng)
         self.next_attempt = self._clock() + wait
-        log.error("ACME: no certificate for %s: %s; the current one stays, retrying in %.0f s",
+        log.error("ACME: no certificate for %s: %s; the current one stays, retrying in %.1f s",
                   ", ".join(self.settings.names), self.last_error, wait)
 
     async def _order(self) -> None:
