@@ -70,6 +70,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from balancer.accesslog import AccessLog
+from balancer.acme.settings import Acme
 from balancer.auth import AdminAuth
 from balancer.checks import (  # noqa: F401  (re-exported: the configuration's own checks)
     PROTOS,
@@ -82,7 +83,6 @@ from balancer.checks import (  # noqa: F401  (re-exported: the configuration's o
     parse_hostport,
     unix_path,
 )
-from balancer.acme.settings import Acme
 from balancer.compression import Compression, compression
 from balancer.config_sections import HEALTH_TYPES as HEALTH_TYPES  # noqa: PLC0414  (re-exported, as are the sections)
 from balancer.config_sections import (

@@ -10,4 +10,4 @@
 
 from balancer.acme.settings import LETS_ENCRYPT, LETS_ENCRYPT_STAGING, Acme
 
-__all__ = ["Acme", "LETS_ENCRYPT", "LETS_ENCRYPT_STAGING"]
+__all__ = ["LETS_ENCRYPT", "LETS_ENCRYPT_STAGING", "Acme"]

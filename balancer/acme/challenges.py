@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-from typing import Protocol
+from typing import Protocol, Self
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -43,7 +43,7 @@ def tls_alpn_certificate(name: str, key_auth: str) -> tuple[bytes, bytes]:
     digest = hashlib.sha256(key_auth.encode()).digest()
     # the extension's value is the DER OCTET STRING of the digest
     value = b"\x04\x20" + digest
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     cert = (
         x509.CertificateBuilder()
@@ -68,7 +68,7 @@ class Answering:
     def __init__(self, plane: DataPlane, kind: str, name: str, token: str, key_auth: str) -> None:
         self.plane, self.kind, self.name, self.token, self.key_auth = plane, kind, name, token, key_auth
 
-    def __enter__(self) -> Answering:
+    def __enter__(self) -> Self:
         if self.kind == "http-01":
             self.plane.acme_http01_set(self.token, self.key_auth)
         else:

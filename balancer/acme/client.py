@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import ssl
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 from cryptography import x509
@@ -53,7 +53,7 @@ class AcmeClient:
         self._dir: dict[str, Any] | None = None
         self._nonce: str | None = None
 
-    async def __aenter__(self) -> AcmeClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -185,7 +185,7 @@ class AcmeClient:
             if current is not None:
                 await asyncio.sleep(delay)  # the CA's own pace: there is no event to await
                 delay = min(delay * 2, 2.0)
-            headers, current = await self._get_json(url)
+            _, current = await self._get_json(url)
 
 
 def _problem(obj: dict[str, Any]) -> str:

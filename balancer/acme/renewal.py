@@ -20,12 +20,11 @@ import random
 import time
 from collections.abc import Callable
 
-from rustext.backoff import BackoffPolicy
-
 from balancer.acme.challenges import DataPlane
 from balancer.acme.client import AcmeClient, AcmeError
 from balancer.acme.settings import Acme
 from balancer.acme.storage import CertInfo, Storage
+from rustext.backoff import BackoffPolicy
 
 log = logging.getLogger("balancer.acme")
 
@@ -95,7 +94,7 @@ class Renewer:
             return
         try:
             self._reload()
-        except Exception as exc:  # a pair being written right now: the next look retries
+        except Exception as exc:  # noqa: BLE001  # a pair being written right now: the next look retries
             log.warning("ACME: the stored certificate is not loaded yet: %s", exc)
             return
         self._loaded_mtime = mtime
@@ -121,9 +120,9 @@ class Renewer:
                 if due_at(self.storage.certificate(), self.settings.names, self.settings.renewal()) > self._clock():
                     continue
                 await self._order()
-            except (AcmeError, OSError, ValueError, KeyError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, AcmeError, OSError, ValueError, KeyError) as exc:
                 self._failed(exc)
-            except Exception as exc:  # aiohttp's errors and the like: the same backoff
+            except Exception as exc:  # noqa: BLE001  # aiohttp's errors and the like: the same backoff
                 self._failed(exc)
             finally:
                 self.storage.unlock()

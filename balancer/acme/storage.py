@@ -154,7 +154,7 @@ class Storage:
         if self.read("cert.pem") is not None and self.read("key.pem") is not None:
             return
         key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, PLACEHOLDER_CN)])
         cert = (
             x509.CertificateBuilder()

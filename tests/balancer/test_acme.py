@@ -65,9 +65,9 @@ class Site:
     def served(self, port: int | None = None) -> dict[str, Any]:
         """The certificate a client trusting Pebble's root is served for NAME."""
         ctx = ssl.create_default_context(cafile=self.root)
-        with socket.create_connection(("127.0.0.1", port or self.tls_port), timeout=10) as raw:
-            with ctx.wrap_socket(raw, server_hostname=NAME) as s:
-                return s.getpeercert()
+        with (socket.create_connection(("127.0.0.1", port or self.tls_port), timeout=10) as raw,
+              ctx.wrap_socket(raw, server_hostname=NAME) as s):
+            return s.getpeercert()
 
 
 @pytest.fixture
@@ -148,8 +148,9 @@ async def test_tls_alpn01_obtains_a_certificate(site, caplog):
 async def test_http01_tokens_are_answered_before_routing_on_plain_listeners(tmp_path, backend):
     """The token table itself: the plain listener (the fast path hands the
     request to hyper's path) answers a pending token, then routes again."""
-    import rustext
     from balancer_helpers import lb_config
+
+    import rustext
 
     native = rustext.Balancer(lb_config([backend], workers=1))
     native.start()
@@ -243,7 +244,7 @@ async def test_a_short_lived_certificate_is_renewed_under_load_without_a_failed_
                     if r.status != 200:
                         failed.append(f"status {r.status}")
                     done.append(1)
-                except Exception as exc:  # every failure counts
+                except Exception as exc:  # noqa: BLE001  # every failure counts
                     failed.append(repr(exc))
                     conn = None
                 if not keep_alive and conn is not None:

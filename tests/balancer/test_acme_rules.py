@@ -52,9 +52,9 @@ def test_one_process_at_a_time_holds_the_ordering_lock(tmp_path):
     a, b = Storage(tmp_path), Storage(tmp_path)
     assert a.try_lock()
     assert not b.try_lock() and not a.try_lock()
-    holder = [sys.executable, "-c", "import fcntl,os,sys; fd=os.open(sys.argv[1], os.O_RDWR);"
-              "print(0 if fcntl.flock(fd, fcntl.LOCK_EX|fcntl.LOCK_NB) else 1)", str(tmp_path / "lock")]
-    other = subprocess.run(holder, capture_output=True, text=True, timeout=20)
+    code = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
+            "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)")
+    other = subprocess.run([sys.executable, "-c", code, str(tmp_path / "lock")], check=False, capture_output=True, text=True, timeout=20)
     assert other.returncode != 0 and "BlockingIOError" in other.stderr  # another process is refused
     a.unlock()
     assert b.try_lock()
