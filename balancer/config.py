@@ -70,6 +70,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from balancer.accesslog import AccessLog
+from balancer.acme.settings import Acme
 from balancer.auth import AdminAuth
 from balancer.checks import (  # noqa: F401  (re-exported: the configuration's own checks)
     PROTOS,
@@ -218,6 +219,9 @@ class BalancerConfig:
     health: HealthCheck | None = None
     #: the ``[tls]`` table: HTTPS on ``listen``, the HTTP redirect, TLS to backends
     tls: Tls = field(default_factory=Tls)
+    #: the ``[acme]`` table: a certificate for the listener obtained and renewed from an ACME CA
+    #: (Let's Encrypt); unset = the ``[tls]`` certificates only (a change needs a restart)
+    acme: Acme | None = None
     #: named backend pools: the ``[backends.NAME]`` tables (instead of a ``[[backends]]`` list)
     named_backends: Mapping[str, NamedBackend] = field(default_factory=dict)
     #: the routes of ``listen`` (``[[routes]]``), tried in order; the first that holds wins
@@ -511,7 +515,7 @@ class BalancerConfig:
     def fixed_changes(self, other: BalancerConfig) -> list[str]:
         """Settings that a reload cannot change in place (they need a restart)."""
         out = []
-        for name in ("workers", "admin", "handover_socket"):
+        for name in ("workers", "admin", "handover_socket", "acme"):
             if getattr(self, name) != getattr(other, name):
                 out.append(name)
         # listeners come and go on reload; one that stays keeps its socket, and so its settings
@@ -608,13 +612,17 @@ def from_dict(data: dict[str, Any]) -> BalancerConfig:
     for key, cls in (("timeouts", Timeouts), ("passive", Passive), ("limits", Limits)):
         if key in data:
             data[key] = _section(cls, data[key], key)
+    if "acme" in data:
+        acme = data["acme"] = _section(Acme, data["acme"], "acme")
+        data.setdefault("tls", {})
     if "tls" in data:
         raw = data["tls"]
-        if isinstance(raw, dict) and "certificates" in raw:
-            certs = raw["certificates"]
+        if isinstance(raw, dict) and ("certificates" in raw or "acme" in data):
+            certs = raw.get("certificates", [])
             if not isinstance(certs, list):
                 raise BalancerConfigError("tls.certificates must be an array of {cert, key} tables")
-            raw = {**raw, "certificates": tuple(
+            managed = (acme_certificate(acme),) if "acme" in data else ()
+            raw = {**raw, "certificates": managed + tuple(
                 _section(Certificate, c, f"tls.certificates[{i}]") for i, c in enumerate(certs))}
         data["tls"] = _section(Tls, raw, "tls")
     if "dns" in data:
@@ -651,6 +659,12 @@ def from_dict(data: dict[str, Any]) -> BalancerConfig:
         raise BalancerConfigError(str(exc)) from exc
     except TypeError as exc:
         raise BalancerConfigError(str(exc)) from exc
+
+
+def acme_certificate(acme: Acme) -> Certificate:
+    """The listener's certificate kept by ACME in ``acme.storage`` (the default: listed first)."""
+    return Certificate(cert=os.path.join(acme.storage, "cert.pem"), key=os.path.join(acme.storage, "key.pem"),
+                       managed=True)
 
 
 def load(path: str | os.PathLike[str]) -> BalancerConfig:
@@ -698,7 +712,8 @@ def _path_in_message(data: dict[str, Any], message: str) -> tuple[str | int, ...
     if len(path) > 1 and path[0] == "listen" and "listen" in data and not isinstance(data["listen"], dict):
         path = path[1:]  # the routing keys of the one listener are top-level keys
     routing = ("routes", "listeners", "default_backend", "request_id", "hsts", "request_headers", "response_headers")
-    if not path or not (path[0] in routing or (path[0] == "backends" and isinstance(data.get("backends"), dict))):
+    if not path or not (path[0] in routing or path[0] == "acme"
+                        or (path[0] == "backends" and isinstance(data.get("backends"), dict))):
         return None  # other messages: the part-by-part search
     node: Any = data
     for n, k in enumerate(path):

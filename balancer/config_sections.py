@@ -234,6 +234,8 @@ class Certificate:
     cert: str
     #: PEM private key (ECDSA or RSA) of ``cert``
     key: str
+    #: obtained by ACME (``[acme]``): the files may not exist until the balancer starts
+    managed: bool = field(default=False, repr=False, metadata={"internal": True})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -325,7 +327,7 @@ class Tls:
                 f"tls.ocsp_stapling: expected \"auto\" or \"off\", got {self.ocsp_stapling!r}")
         if (self.backend_ca is not None or self.backend_insecure) and not self.backend:
             raise BalancerConfigError("tls.backend_ca and tls.backend_insecure need tls.backend = true")
-        for path in [p for c in self.certificates for p in (c.cert, c.key)] + [
+        for path in [p for c in self.certificates if not c.managed for p in (c.cert, c.key)] + [
                 p for p in (self.client_ca, self.client_crl, self.backend_ca) if p]:
             if not os.path.isfile(path):
                 raise BalancerConfigError(f"TLS file {path}: no such file")

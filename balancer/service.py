@@ -24,6 +24,8 @@ import rustext
 from rustext.service import ServiceBase
 
 from balancer import config as config_mod
+from balancer.acme.renewal import Renewer
+from balancer.acme.storage import Storage
 from balancer.config import BackendConfig, BalancerConfig
 from balancer.discovery import Discovery, DnsConfig, Target
 from balancer.errors import BalancerConfigError
@@ -45,6 +47,9 @@ class LoadBalancer(ServiceBase):
         self._overrides = overrides
         self._discovery: Discovery | None = None
         self._dns_task: asyncio.Task[None] | None = None
+        self._renewer: Renewer | None = None
+        if config.acme is not None:  # the HTTPS listener starts with what the folder has (a placeholder at first)
+            Storage(config.acme.storage).ensure_placeholder(config.acme.names)
         self._native = rustext.Balancer(self._effective(config))
         self._health: dict[str, HealthChecker] = {}  # per backend pool with checks
         # TLS to backends as the data plane has it: a reload keeps it (see fixed_changes), and so do the checks
@@ -72,6 +77,9 @@ class LoadBalancer(ServiceBase):
         if self.config.tls.certificates and self.config.tls.ocsp_stapling == "auto":
             self._ocsp = OcspStapler(lambda: self._native)
             self._ocsp.sync([c.cert for c in self.config.tls.certificates])
+        if self.config.acme is not None:
+            self._renewer = Renewer(self.config.acme, self._native, self._native.reload_tls)
+            self._renewer.start()
         scheme = "https" if self._native.tls else "http"
         redirect = self._native.redirect_address
         extra = f", http://{redirect[0]}:{redirect[1]} redirects to https" if redirect else ""
@@ -168,11 +176,15 @@ class LoadBalancer(ServiceBase):
     def abort(self) -> None:
         """Stop now: a :meth:`drain` under way is cut short, in-flight
         exchanges end (the data plane's threads stop in the background)."""
+        if self._renewer is not None:
+            self._renewer.stop()
         self._aborting = asyncio.get_running_loop().create_task(asyncio.to_thread(self._native.close))
 
     async def _stop_control(self) -> None:
         if self._ocsp is not None:
             await self._ocsp.aclose()
+        if self._renewer is not None:
+            await self._renewer.aclose()
         if self._dns_task is not None:
             self._dns_task.cancel()
             try:
@@ -328,6 +340,11 @@ class LoadBalancer(ServiceBase):
         )
 
     # --- observation -----------------------------------------------------
+    @property
+    def acme(self) -> Renewer | None:
+        """The ACME renewal of this process (None without ``[acme]``): orders, failures, next attempt."""
+        return self._renewer
+
     def stats(self) -> dict[str, Any]:
         """The data plane's statistics, and ``dns``: per backend name,
         resolutions, failures, addresses in use and the last error;

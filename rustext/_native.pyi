@@ -484,6 +484,12 @@ class Balancer:
         False when no served certificate is that one."""
     def ocsp_staple(self, certificate: bytes) -> bytes | None:
         """The staple served with the certificate whose leaf is ``certificate`` (DER)."""
+    def acme_http01_set(self, token: str, key_authorization: str) -> None:
+        """Answer the ACME HTTP-01 challenge ``token`` on the plain-HTTP listeners (before routing)."""
+    def acme_http01_remove(self, token: str) -> None: ...
+    def acme_tls_alpn_set(self, name: str, cert_pem: bytes, key_pem: bytes) -> None:
+        """Serve this certificate to ``acme-tls/1`` handshakes for ``name`` (TLS-ALPN-01)."""
+    def acme_tls_alpn_remove(self, name: str) -> None: ...
     @property
     def workers(self) -> int: ...
     @property

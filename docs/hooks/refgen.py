@@ -222,6 +222,9 @@ def config_groups() -> list[ConfigGroup]:
                 Section("balancer.config_sections.ClientCertHeaders", "[tls.client_cert_headers]",
                         "Request headers passing the verified client certificate to backends; see "
                         "[client certificates](../balancer.md#client-certificates)."),
+                Section("balancer.acme.settings.Acme", "[acme]",
+                        "The listener's certificate from an ACME CA (Let's Encrypt), obtained and renewed by "
+                        "the balancer; see [certificates (ACME)](../balancer-acme.md)."),
                 Section("balancer.accesslog.AccessLog", "[access_log]",
                         "One line per request; see [access logs](../balancer.md#access-logs)."),
                 Section("balancer.auth.AdminAuth", "[admin_auth]",

@@ -10,6 +10,7 @@
 //!   reader (bytes in, events out) and the server-frame writer.
 //! - [`timer`]    min-heap of deadlines: add / cancel / pop_expired(now).
 //! - [`tls`]      PEM certificates and keys, SNI certificate choice with reload, rustls configs.
+//! - [`tls_alpn`] ACME TLS-ALPN-01 challenge certificates picked for `acme-tls/1` handshakes.
 //! - [`grpc`]     gRPC (HTTP/2) server and client for seq's `pb.RRAPI`, batched to Python
 //!   (`grpc/`: `frame`, `proto`, `server`, `client`, `python`).
 //! - [`balancer`] the HTTP load balancer's data plane (tokio + hyper, own threads;
@@ -28,6 +29,7 @@ pub mod juggler;
 pub mod rpcx;
 pub mod timer;
 pub mod tls;
+pub mod tls_alpn;
 pub mod wsdeflate;
 pub mod wsframe;
 

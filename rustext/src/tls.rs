@@ -258,13 +258,20 @@ pub struct CertResolver {
     store: RwLock<Arc<CertStore>>,
     pairs: RwLock<Vec<CertPair>>,
     staples: RwLock<ocsp::Staples>,
+    /// ACME TLS-ALPN-01 challenge certificates, served before `store`.
+    pub acme: crate::tls_alpn::AlpnChallenges,
 }
 
 impl CertResolver {
     /// Loads every pair; the first is the default for clients without a matching SNI.
     pub fn new(pairs: Vec<CertPair>) -> Result<Self, TlsError> {
         let store = CertStore::load(&pairs)?;
-        Ok(Self { store: RwLock::new(Arc::new(store)), pairs: RwLock::new(pairs), staples: Default::default() })
+        Ok(Self {
+            store: RwLock::new(Arc::new(store)),
+            pairs: RwLock::new(pairs),
+            staples: Default::default(),
+            acme: Default::default(),
+        })
     }
 
     /// Reads the files again (new `pairs` when given); on error the current
@@ -285,6 +292,9 @@ impl CertResolver {
 
 impl ResolvesServerCert for CertResolver {
     fn resolve(&self, client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        if let Some(challenge) = self.acme.pick(&client_hello) {
+            return Some(challenge);
+        }
         Some(self.pick(client_hello.server_name()))
     }
 }

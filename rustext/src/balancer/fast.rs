@@ -71,7 +71,13 @@ pub async fn serve(
                 // The snapshot current when the head is complete (reloads
                 // apply to the next request of a keep-alive connection).
                 let t = w.shared.table();
-                match h1::parse_request_with(&inb, &mut out, |raw| plan(&t, t.listener(peer.listener), raw)) {
+                match h1::parse_request_with(&inb, &mut out, |raw| {
+                    // an ACME challenge is answered on hyper's path (before routing)
+                    if w.shared.acme.claims(super::route::View::path(raw)) {
+                        return None;
+                    }
+                    plan(&t, t.listener(peer.listener), raw)
+                }) {
                     // a head over the limit that arrived whole in the last read: hyper's
                     // path answers 431, as for one still partial at the limit
                     ReqParse::Ready(h) if h.head_len > max_head => break (t, None),

@@ -86,6 +86,12 @@ pub(super) async fn serve(
         },
         _ = aborted(&ctl) => return,
     };
+    if stream.get_ref().1.alpn_protocol() == Some(crate::tls_alpn::ACME_TLS_1) {
+        // a TLS-ALPN-01 validation: the handshake was the answer (RFC 8737 §3)
+        let mut stream = stream;
+        let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, tokio::io::AsyncWriteExt::shutdown(&mut stream)).await;
+        return;
+    }
     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
     let mut peer = Peer::with_proto(addr, ctl.clone(), true);
     peer.listener = listener;
@@ -188,6 +194,14 @@ pub fn redirect_response<B>(req: &Request<B>, https_port: u16) -> Response<http_
     r
 }
 
+/// The key authorization of a pending ACME HTTP-01 challenge, answered by
+/// the redirect listener before it redirects anything.
+fn acme_response(key_authorization: String) -> Response<http_body_util::Full<bytes::Bytes>> {
+    let mut r = Response::new(http_body_util::Full::new(bytes::Bytes::from(key_authorization)));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    r
+}
+
 /// `example.com:80` → `example.com`, `[::1]:80` → `[::1]`; None for an
 /// empty or malformed host (nothing to redirect to).
 fn host_without_port(h: &str) -> Option<&str> {
@@ -230,7 +244,7 @@ fn log_redirect<B>(shared: &super::worker::Shared, buf: &super::accesslog::LogBu
         request_id: b"",
         req_headers: Headers::Map(req.headers()),
         res_headers: Headers::Map(resp.headers()),
-        termination: if resp.status() == StatusCode::PERMANENT_REDIRECT { "LR" } else { "PR" },
+        termination: if resp.status().is_success() || resp.status() == StatusCode::PERMANENT_REDIRECT { "LR" } else { "PR" },
     };
     log.log(buf, &r);
     log.flush(buf);
@@ -253,7 +267,11 @@ pub async fn redirect_loop(listener: std::net::TcpListener, https_port: u16, sha
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                         let start = std::time::Instant::now();
-                        let resp = redirect_response(&req, https_port);
+                        let acme = shared.acme.answer(req.method().as_str().as_bytes(), req.uri().path().as_bytes());
+                        let resp = match acme {
+                            Some(body) => acme_response(body),
+                            None => redirect_response(&req, https_port),
+                        };
                         log_redirect(&shared, &buf, &frontend, client, &req, &resp, start);
                         async move { Ok::<_, std::convert::Infallible>(resp) }
                     });

@@ -34,6 +34,7 @@
 //! - `serve`      one worker thread: accept loops, housekeeping, a connection from accept to close
 //! - `svc`        hyper's service for a client connection (serve, h2c and https serve with it)
 //! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect
+//! - [`acme`]     ACME HTTP-01 challenges answered before routing (the tokens the control plane sets)
 //! - [`backend_tls`] TLS to backends (both pools)
 //! - [`stats`]    per-worker counters and the latency histogram
 //! - [`unix`]     Unix stream sockets (backends)
@@ -55,6 +56,7 @@
 //! bottom up, are listed in the contributing guide.
 
 pub mod accesslog;
+pub mod acme;
 pub mod attempts;
 pub mod backend_tls;
 pub mod clientcert;

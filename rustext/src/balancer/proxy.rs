@@ -175,6 +175,14 @@ fn error_response(status: StatusCode, msg: &'static str) -> Response<RespBody> {
     r
 }
 
+/// The key authorization of a pending ACME HTTP-01 challenge (RFC 8555 §8.3).
+fn acme_response(key_authorization: String) -> Response<RespBody> {
+    let mut r = Response::new(RespBody::Full(Some(Bytes::from(key_authorization))));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    r.extensions_mut().insert(OwnAnswer);
+    r
+}
+
 /// An own answer with its configured page instead of its one-line text:
 /// the page's fields replace the text's type and caching; the others
 /// (`Retry-After`, the request id) stay.
@@ -447,6 +455,11 @@ async fn forward(
     } else {
         None
     };
+    if !peer.https {
+        if let Some(body) = w.shared.acme.answer(req.method().as_str().as_bytes(), req.uri().path().as_bytes()) {
+            return acme_response(body);
+        }
+    }
     let (parts, body) = req.into_parts();
     if let Some(reason) = refuse_reason(parts.version, &parts.headers) {
         return refused(reason, parts.version == Version::HTTP_2);

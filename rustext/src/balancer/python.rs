@@ -201,6 +201,34 @@ impl PyBalancer {
         self.config.tls.as_ref().and_then(|tls| tls.certs.ocsp(certificate))
     }
 
+    /// Answer the ACME HTTP-01 challenge `token` with `key_authorization`
+    /// on the plain-HTTP listeners (before routing) until removed.
+    fn acme_http01_set(&self, token: &str, key_authorization: &str) -> PyResult<()> {
+        self.running()?.acme_http01().set(token, key_authorization);
+        Ok(())
+    }
+
+    /// Stop answering the HTTP-01 challenge `token`.
+    fn acme_http01_remove(&self, token: &str) -> PyResult<()> {
+        self.running()?.acme_http01().remove(token);
+        Ok(())
+    }
+
+    /// Serve `cert_pem`/`key_pem` to TLS-ALPN-01 validations (`acme-tls/1`
+    /// handshakes) for host `name` until removed. Raises BalancerConfigError
+    /// for unusable PEM or without TLS on the listener.
+    fn acme_tls_alpn_set(&self, name: &str, cert_pem: &[u8], key_pem: &[u8]) -> PyResult<()> {
+        let tls = self.config.tls.as_ref().ok_or_else(|| cfg_err("this balancer does not serve TLS".to_string()))?;
+        tls.certs.acme.set(name, cert_pem, key_pem).map_err(cfg_err)
+    }
+
+    /// Stop answering TLS-ALPN-01 validations for `name`.
+    fn acme_tls_alpn_remove(&self, name: &str) {
+        if let Some(tls) = &self.config.tls {
+            tls.certs.acme.remove(name);
+        }
+    }
+
     #[getter]
     fn workers(&self) -> usize {
         self.config.workers

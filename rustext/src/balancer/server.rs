@@ -301,6 +301,7 @@ impl Balancer {
             ids,
             per_client: Mutex::new(std::collections::HashMap::new()),
             open,
+            acme: Default::default(),
         });
         let (stop, stop_rx) = watch::channel(None);
         let mut threads = Vec::new();
@@ -532,6 +533,11 @@ impl Balancer {
 
     pub fn config(&self) -> &Config {
         &self.shared.config
+    }
+
+    /// The pending ACME HTTP-01 challenges (see [`super::acme`]).
+    pub fn acme_http01(&self) -> &super::acme::Http01 {
+        &self.shared.acme
     }
 
     pub fn running(&self) -> bool {

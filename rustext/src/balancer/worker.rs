@@ -37,6 +37,8 @@ pub struct Shared {
     /// Each listener's bound address (the destination a PROXY header sent
     /// to a backend names, unless the client's own header gave one), by slot.
     pub bound: super::listeners::Slots<SocketAddr>,
+    /// Pending ACME HTTP-01 challenges, answered before routing.
+    pub acme: super::acme::Http01,
 }
 
 /// A client address already at `max_client_connections`.

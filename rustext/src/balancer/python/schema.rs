@@ -600,14 +600,14 @@ fn listen_tls(t: &Tls) -> PyResult<Option<ListenTls>> {
     let optional = t.client_verify == "optional";
     let at = if t.client_crl.is_some() { "tls.client_ca or tls.client_crl" } else { at };
     let (ca, crl) = (t.client_ca.as_deref().map(Path::new), t.client_crl.as_deref().map(Path::new));
-    let config = server_config_verifying(certs.clone(), &[b"h2", b"http/1.1"], ca, optional, crl)
+    let config = server_config_verifying(certs.clone(), &[b"h2", b"http/1.1", crate::tls_alpn::ACME_TLS_1], ca, optional, crl)
         .map_err(|e| cfg_err(format!("{at}: {e}")))?;
     let cert_headers = cert_headers(&t.client_cert_headers)?;
     // a listener's own client_verify: the three configurations, built once
     let by_verify = match ca {
         Some(_) => {
             let build = |ca, optional| {
-                server_config_verifying(certs.clone(), &[b"h2", b"http/1.1"], ca, optional, crl)
+                server_config_verifying(certs.clone(), &[b"h2", b"http/1.1", crate::tls_alpn::ACME_TLS_1], ca, optional, crl)
                     .map(Arc::new)
                     .map_err(|e| cfg_err(format!("{at}: {e}")))
             };
