@@ -37,6 +37,8 @@ pub struct Shared {
     /// Each listener's bound address (the destination a PROXY header sent
     /// to a backend names, unless the client's own header gave one), by slot.
     pub bound: super::listeners::Slots<SocketAddr>,
+    /// The `Alt-Svc` value of each TLS listener that serves HTTP/3 too, by slot.
+    pub alt_svc: super::listeners::Slots<HeaderValue>,
 }
 
 /// A client address already at `max_client_connections`.
