@@ -226,9 +226,13 @@ async def test_the_endpoint_closes_with_the_balancer(backends: Any, pki: TestPKI
     lb = rustext.Balancer(lb_config(backends(1), tls=tls_table, workers=1))
     lb.start()
     port = lb.address[1]
-    (status, _, _), = await h3(port, pki.ca, ("GET", "/whoami", f"localhost:{port}"))
-    assert status == 200
-    lb.close()
+    async with connect("127.0.0.1", port, configuration=h3_config(pki.ca), create_protocol=H3Client) as client:
+        assert isinstance(client, H3Client)
+        status, _, _ = await client.request("GET", "/whoami", f"localhost:{port}")
+        assert status == 200
+        # the drain closes the open connection (GOAWAY, then the QUIC close), not its idle timeout
+        await asyncio.get_running_loop().run_in_executor(None, lb.close)
+        await asyncio.wait_for(client.wait_closed(), 10)
     with pytest.raises((ConnectionError, asyncio.TimeoutError, OSError)):
         await asyncio.wait_for(h3(port, pki.ca, ("GET", "/whoami", f"localhost:{port}")), 3)
     # the port is free again

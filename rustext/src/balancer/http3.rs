@@ -21,7 +21,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, Response};
@@ -46,21 +46,27 @@ pub(super) fn endpoint(
     verify: Option<ClientVerify>,
     cfg: &Config,
 ) -> io::Result<quinn::Endpoint> {
-    let mut rustls_config = (**tls.config_for(verify)).clone();
-    rustls_config.alpn_protocols = vec![b"h3".to_vec()];
+    let server = server_config((**tls.config_for(verify)).clone(), cfg.idle_timeout)?;
+    quinn::Endpoint::new(quinn::EndpointConfig::default(), Some(server), sock, Arc::new(quinn::TokioRuntime))
+}
+
+/// The QUIC server configuration of a listener whose TLS configuration is
+/// `tls` (public for the fuzz target, which feeds datagrams to an endpoint
+/// configured so).
+pub fn server_config(mut tls: rustls::ServerConfig, idle: Duration) -> io::Result<quinn::ServerConfig> {
+    tls.alpn_protocols = vec![b"h3".to_vec()];
     // no 0-RTT: early data could be replayed to a backend
-    rustls_config.max_early_data_size = 0;
-    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(rustls_config)
-        .map_err(|e| io::Error::other(e.to_string()))?;
+    tls.max_early_data_size = 0;
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| io::Error::other(e.to_string()))?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
     transport.max_concurrent_bidi_streams(MAX_STREAMS.into());
-    if !cfg.idle_timeout.is_zero() {
+    if !idle.is_zero() {
         // the housekeeping closes an idle connection gracefully; this bound is for a silent peer
-        transport.max_idle_timeout((cfg.idle_timeout * 2).try_into().ok());
+        transport.max_idle_timeout((idle * 2).try_into().ok());
     }
     server.transport_config(Arc::new(transport));
-    quinn::Endpoint::new(quinn::EndpointConfig::default(), Some(server), sock, Arc::new(quinn::TokioRuntime))
+    Ok(server)
 }
 
 /// Refuses new connections once the accept loop ends (a drain, the
@@ -169,20 +175,30 @@ async fn serve_conn(w: &Arc<Worker>, ctl: &Arc<ConnCtl>, incoming: quinn::Incomi
         .build::<_, Bytes>(h3_quinn::Connection::new(conn))
         .await;
     let Ok(mut h3c) = built else { return };
+    let no_error = || h3::error::Code::H3_NO_ERROR.value().try_into().unwrap_or_default();
+    let inflight = Arc::new(InFlight::default());
     let mut closing = false;
     loop {
+        if closing && inflight.count.load(Relaxed) == 0 {
+            // after GOAWAY, nothing left in flight: closed now, not at the idle timeout
+            quic.close(no_error(), b"");
+            return;
+        }
         tokio::select! {
             r = h3c.accept() => match r {
                 Ok(Some(resolver)) => {
                     ctl.active.store(true, Relaxed);
-                    tokio::spawn(request(w.clone(), peer.clone(), resolver));
+                    inflight.count.fetch_add(1, Relaxed);
+                    let guard = Request(inflight.clone());
+                    tokio::spawn(request(w.clone(), peer.clone(), resolver, guard));
                 }
                 // the client closed, a protocol error, or the last request after GOAWAY ended
                 _ => return,
             },
+            _ = inflight.ended.notified(), if closing => {}
             abort = asked(ctl, closing) => {
                 if abort {
-                    quic.close(h3::error::Code::H3_NO_ERROR.value().try_into().unwrap_or_default(), b"");
+                    quic.close(no_error(), b"");
                     return;
                 }
                 closing = true;
@@ -192,6 +208,23 @@ async fn serve_conn(w: &Arc<Worker>, ctl: &Arc<ConnCtl>, incoming: quinn::Incomi
                 }
             }
         }
+    }
+}
+
+/// The requests of a connection in flight, and a wake-up when one ends.
+#[derive(Default)]
+struct InFlight {
+    count: std::sync::atomic::AtomicUsize,
+    ended: tokio::sync::Notify,
+}
+
+/// One request in flight, counted until it ends (dropped).
+struct Request(Arc<InFlight>);
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, Relaxed);
+        self.0.ended.notify_one();
     }
 }
 
@@ -209,7 +242,7 @@ fn client_cert(
 }
 
 /// One request: read its head, hand it to the shared handler, send what it answers.
-async fn request(w: Arc<Worker>, peer: Arc<Peer>, resolver: Resolver) {
+async fn request(w: Arc<Worker>, peer: Arc<Peer>, resolver: Resolver, _counted: Request) {
     let Ok((req, stream)) = resolver.resolve_request().await else { return };
     let (mut send, recv) = stream.split();
     let body = ClientBody::h3_started(recv).await;

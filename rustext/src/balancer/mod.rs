@@ -34,7 +34,7 @@
 //! - `serve`      one worker thread: accept loops, housekeeping, a connection from accept to close
 //! - `svc`        hyper's service for a client connection (serve, h2c and https serve with it)
 //! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect
-//! - `http3`      HTTP/3 on the TLS listeners: the QUIC endpoint, each request to hyper's path's handler
+//! - [`http3`]    HTTP/3 on the TLS listeners: the QUIC endpoint, each request to hyper's path's handler
 //! - [`backend_tls`] TLS to backends (both pools)
 //! - [`stats`]    per-worker counters and the latency histogram
 //! - [`unix`]     Unix stream sockets (backends)
@@ -68,7 +68,7 @@ pub mod fast;
 pub mod fastio;
 pub mod h1;
 pub mod https;
-mod http3;
+pub mod http3;
 pub mod l4;
 pub mod listeners;
 pub mod net;

@@ -42,7 +42,8 @@ pub type H3Recv = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
 /// and HTTP/2) or an HTTP/3 stream's DATA frames, then its trailers.
 pub enum ClientBody {
     Hyper(Incoming),
-    H3 { recv: H3Recv, first: Option<Bytes>, data_done: bool, done: bool },
+    // boxed: an HTTP/3 stream is several times the size of hyper's body, which every other request carries
+    H3 { recv: Box<H3Recv>, first: Option<Bytes>, data_done: bool, done: bool },
 }
 
 impl ClientBody {
@@ -50,7 +51,7 @@ impl ClientBody {
     /// a request whose stream ended with its head is known to have none
     /// (as HTTP/2's END_STREAM says), so that it stays replayable.
     pub async fn h3_started(recv: H3Recv) -> Self {
-        let mut body = ClientBody::H3 { recv, first: None, data_done: false, done: false };
+        let mut body = ClientBody::H3 { recv: Box::new(recv), first: None, data_done: false, done: false };
         std::future::poll_fn(|cx| {
             if let ClientBody::H3 { recv, first, data_done, done } = &mut body {
                 match recv.poll_recv_data(cx) {
