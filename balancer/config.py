@@ -252,6 +252,9 @@ class BalancerConfig:
     #: connections to ``listen`` start with a PROXY protocol header (v1 or v2, as HAProxy's
     #: ``accept-proxy``) giving the client's address (a change needs a restart)
     accept_proxy: bool = False
+    #: with certificates in ``[tls]``: HTTP/3 over QUIC on ``listen`` as well (the same port, over UDP),
+    #: advertised by ``Alt-Svc``; ``false``: HTTPS over TCP only
+    http3: bool = True
     #: new connections to the backends start with a PROXY protocol header carrying the client's address:
     #: ``"v1"`` (HAProxy's ``send-proxy``), ``"v2"`` (``send-proxy-v2``) or ``"none"``; such connections
     #: serve one client connection only (never shared through the keep-alive pool)
@@ -294,7 +297,7 @@ class BalancerConfig:
                 x if isinstance(x, Listener) else section(Listener, x, f"listeners[{i}]")
                 for i, x in enumerate(self.listeners)))
             for name in ("routes", "default_backend", "request_id", "hsts", "request_headers", "response_headers",
-                         "accept_proxy", "compress"):
+                         "accept_proxy", "compress", "http3"):
                 if getattr(self, name) != getattr(_DEFAULTS, name, None):
                     raise BalancerConfigError(f"{name} belongs in each [[listeners]] table when there are listeners")
             seen_addr: set[str] = set()
@@ -427,7 +430,8 @@ class BalancerConfig:
         return (Listener(address=self.listen, tls=bool(self.tls.certificates), routes=self.routes,
                          default_backend=default, request_id=self.request_id, hsts=self.hsts,
                          request_headers=self.request_headers, response_headers=self.response_headers,
-                         where="", accept_proxy=self.accept_proxy, compress=self.compress),)
+                         where="", accept_proxy=self.accept_proxy, compress=self.compress,
+                         http3=self.http3),)
 
     def pools(self) -> dict[str, BalancerConfig]:
         """Each backend pool as a configuration of its own (servers, policy,
@@ -519,10 +523,10 @@ class BalancerConfig:
             if getattr(self, name) != getattr(other, name):
                 out.append(name)
         # listeners come and go on reload; one that stays keeps its socket, and so its settings
-        mine = {x.address: (x.tls, x.accept_proxy, x.mode) for x in self.effective_listeners()}
+        mine = {x.address: (x.tls, x.accept_proxy, x.mode, x.http3) for x in self.effective_listeners()}
         for x in other.effective_listeners():
-            if x.address in mine and mine[x.address] != (x.tls, x.accept_proxy, x.mode):
-                out.append(f"the tls, accept_proxy and mode of listener {x.address} (it stays open as it was)")
+            if x.address in mine and mine[x.address] != (x.tls, x.accept_proxy, x.mode, x.http3):
+                out.append(f"the tls, accept_proxy, mode and http3 of listener {x.address} (it stays open as it was)")
         if self.tls != other.tls:
             out.append("tls (the same files are reloaded in place; other TLS changes need a restart)")
         for name in ("header", "idle"):

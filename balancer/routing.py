@@ -401,6 +401,9 @@ class Listener:
     #: client certificates on this HTTPS listener (with ``tls.client_ca``): ``"required"``,
     #: ``"optional"`` or ``"off"`` (none asked); unset: ``tls.client_verify``
     client_verify: str | None = None
+    #: with ``tls``: HTTP/3 over QUIC as well, on the same port over UDP, advertised to HTTP/1.1 and
+    #: HTTP/2 clients by ``Alt-Svc``; ``false``: HTTPS over TCP only (a listener that stays keeps it)
+    http3: bool = True
 
     def __post_init__(self) -> None:
         from balancer.checks import parse_hostport
@@ -418,6 +421,8 @@ class Listener:
             raise BalancerConfigError(f"{w}.mode must be octal permissions such as \"0660\", got {self.mode!r}")
         if not isinstance(self.accept_proxy, bool):
             raise BalancerConfigError(f"{w}.accept_proxy must be true or false, got {self.accept_proxy!r}")
+        if not isinstance(self.http3, bool):
+            raise BalancerConfigError(f"{w}.http3 must be true or false, got {self.http3!r}")
         object.__setattr__(self, "routes", tuple(
             r if isinstance(r, Route) else section(Route, r, f"{w}.routes[{i}]")
             if isinstance(r, Mapping) else _bad(f"{w}.routes[{i}]")

@@ -114,6 +114,22 @@ def main() -> None:
     protos = [b"\x0a\x03seq\x10\x64", b"\x08\x01\x10\x64", b"\x0a\x01a", b"\x08\xff\xff\x03", b"\x08\x01", b""]
     write("grpc_codec", protos + [grpc_frame(p) for p in protos] + [b"5S", b"100m", b"abc%20def"])
 
+    # a QUIC client's first datagrams (aioquic, HTTP/3), each behind its 2-byte length
+    write("quic_datagram", [b"".join(len(d).to_bytes(2, "big") + d for d in grams) for grams in quic_hellos()])
+
+
+def quic_hellos() -> list[list[bytes]]:
+    """The first flight of an HTTP/3 client, whole and with its Initial cut short."""
+    from aioquic.h3.connection import H3_ALPN
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import QuicConnection
+
+    conn = QuicConnection(configuration=QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
+                                                          server_name="localhost"))
+    conn.connect(("127.0.0.1", 4433), now=0.0)
+    first = [d for d, _ in conn.datagrams_to_send(now=0.0)]
+    return [first, [first[0][:100]], [first[0], first[0]]]
+
 
 if __name__ == "__main__":
     main()

@@ -200,6 +200,8 @@ impl Proto {
 pub struct ListenAddr {
     pub addr: SocketAddr,
     pub tls: bool,
+    /// With `tls`: HTTP/3 over QUIC on the same port (UDP) as well.
+    pub http3: bool,
     /// Connections start with a PROXY protocol header (v1 or v2), which
     /// gives the client's address (HAProxy's `accept-proxy`).
     pub accept_proxy: bool,
@@ -274,7 +276,7 @@ impl Config {
     #[cfg(test)]
     pub fn new(listen: SocketAddr, settings: Settings) -> Self {
         Config {
-            listeners: vec![ListenAddr { addr: listen, tls: false, accept_proxy: false, unix: None }],
+            listeners: vec![ListenAddr { addr: listen, tls: false, http3: false, accept_proxy: false, unix: None }],
             routing: RoutingSpec::single(settings, 1),
             workers: 1,
             header_timeout: Duration::from_secs(10),

@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::stats::{IdMap, WorkerStats};
+
 /// Client connections open over every listener, counted when
 /// `max_open_connections` is set; the accept loops wait on `closed` at the limit.
 pub struct OpenConns {
@@ -142,5 +144,41 @@ impl ConnCtl {
     pub fn ask_abort(&self) {
         self.abort.store(true, Relaxed);
         self.wake();
+    }
+}
+
+/// The live client connections of one worker: the housekeeping task closes
+/// idle ones and, on drain, all of them (so a connection's own task polls
+/// nothing but its connection).
+#[derive(Default)]
+pub struct Conns {
+    pub next: AtomicU64,
+    pub map: Mutex<IdMap<Arc<ConnCtl>>>,
+}
+
+impl Conns {
+    /// Register a connection: the housekeeping sees it from now on.
+    pub fn add(&self, ctl: Arc<ConnCtl>) -> u64 {
+        let id = self.next.fetch_add(1, Relaxed);
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl);
+        id
+    }
+    pub fn forget(&self, id: u64) {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    }
+}
+
+/// Counts a client connection for as long as it lives.
+pub struct ConnCount(Arc<WorkerStats>);
+impl ConnCount {
+    pub fn new(stats: &Arc<WorkerStats>) -> Self {
+        stats.connections_total.fetch_add(1, Relaxed);
+        stats.connections_active.fetch_add(1, Relaxed);
+        ConnCount(stats.clone())
+    }
+}
+impl Drop for ConnCount {
+    fn drop(&mut self) {
+        self.0.connections_active.fetch_sub(1, Relaxed);
     }
 }

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::{HeaderMap, HeaderName, Request, Version};
-use hyper::body::Incoming;
 
 use super::reqbody::Progress;
 use super::worker::{Peer, Worker};
@@ -37,7 +36,7 @@ pub struct HyperLog {
 }
 
 impl HyperLog {
-    pub(super) fn new(w: &Worker, peer: &Peer, req: &Request<Incoming>, start: Instant) -> Option<Box<HyperLog>> {
+    pub(super) fn new<B>(w: &Worker, peer: &Peer, req: &Request<B>, start: Instant) -> Option<Box<HyperLog>> {
         let f = w.shared.access_log.format_of(peer.listener)?;
         let mut req_headers = HeaderMap::new();
         for n in &f.req_headers {
@@ -57,6 +56,7 @@ impl HyperLog {
             version: match req.version() {
                 Version::HTTP_10 => "HTTP/1.0",
                 Version::HTTP_2 => "HTTP/2.0",
+                Version::HTTP_3 => "HTTP/3.0",
                 _ => "HTTP/1.1",
             },
             req_headers,

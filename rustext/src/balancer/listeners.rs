@@ -50,6 +50,8 @@ pub enum Cmd {
         tls: bool,
         accept_proxy: bool,
     },
+    /// Serve HTTP/3 on this UDP socket for slot `idx` (a TLS listener's).
+    Quic { sock: std::net::UdpSocket, idx: usize },
     /// Stop accepting for slot `idx` (its socket closes); its connections
     /// finish the request in flight, then close. `done` is told once the
     /// socket is closed.
@@ -122,7 +124,7 @@ mod tests {
     use super::*;
 
     fn la(s: &str) -> ListenAddr {
-        ListenAddr { addr: s.parse().unwrap(), tls: false, accept_proxy: false, unix: None }
+        ListenAddr { addr: s.parse().unwrap(), tls: false, http3: false, accept_proxy: false, unix: None }
     }
 
     #[test]

@@ -35,6 +35,7 @@
 //! - `svc`        hyper's service for a client connection (serve, h2c and https serve with it)
 //! - [`https`]    TLS termination (HTTP/1.1 and HTTP/2), the HTTPS redirect
 //! - [`acme`]     ACME HTTP-01 challenges answered before routing (the tokens the control plane sets)
+//! - [`http3`]    HTTP/3 on the TLS listeners: the QUIC endpoint, each request to hyper's path's handler
 //! - [`backend_tls`] TLS to backends (both pools)
 //! - [`stats`]    per-worker counters and the latency histogram
 //! - [`unix`]     Unix stream sockets (backends)
@@ -69,6 +70,7 @@ pub mod fast;
 pub mod fastio;
 pub mod h1;
 pub mod https;
+pub mod http3;
 pub mod l4;
 pub mod listeners;
 pub mod net;

@@ -33,7 +33,7 @@ use super::upstream::{Backend, Key};
 use super::h1::valid_host;
 use super::worker::{Peer, Worker};
 use super::outcome::{Held, Outcome};
-use super::reqbody::{Prebuffered, Progress, ReqBody, prebuffer};
+use super::reqbody::{ClientBody, Prebuffered, Progress, ReqBody, prebuffer};
 use super::respbody::{Compressing, RespBody, Streaming};
 use super::compress::Encoder;
 use super::encode;
@@ -239,10 +239,11 @@ fn refused(reason: &'static str, h2: bool) -> Response<RespBody> {
 }
 
 /// hyper's service: every outcome is a response (errors become 502/503/504).
+/// HTTP/3 requests come here too ([`super::http3`]), their body adapted.
 pub async fn handle(
     w: Arc<Worker>,
     peer: Arc<Peer>,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
 ) -> Result<Response<RespBody>, Infallible> {
     let start = Instant::now();
     peer.ctl.begin();
@@ -276,6 +277,9 @@ pub async fn handle(
     if peer.https {
         if let Some(v) = &listener.hsts {
             resp.headers_mut().insert(header::STRICT_TRANSPORT_SECURITY, v.clone());
+        }
+        if let Some(v) = w.shared.alt_svc.get(peer.listener) {
+            resp.headers_mut().insert(header::ALT_SVC, v.clone());
         }
     }
     if let RespBody::Full(_) = resp.body() {
@@ -437,7 +441,7 @@ async fn forward(
     w: &Arc<Worker>,
     t: &Table,
     peer: &Arc<Peer>,
-    mut req: Request<Incoming>,
+    mut req: Request<ClientBody>,
     start: Instant,
     rid: Option<&(HeaderName, HeaderValue)>,
     lg: &mut Option<Box<HyperLog>>,
@@ -462,20 +466,22 @@ async fn forward(
     }
     let (parts, body) = req.into_parts();
     if let Some(reason) = refuse_reason(parts.version, &parts.headers) {
-        return refused(reason, parts.version == Version::HTTP_2);
+        return refused(reason, parts.version >= Version::HTTP_2);
     }
     let head_bytes: usize = parts.headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
     if head_bytes > w.shared.config.max_header_bytes {
         // hyper's read buffer bounds the head only roughly: the same limit as the fast path's
         let mut r = error_response(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "request header fields too large\n");
-        if parts.version != Version::HTTP_2 {
+        if parts.version < Version::HTTP_2 {
             r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         return r;
     }
     let method = parts.method;
     let mut headers = parts.headers;
-    let h2 = parts.version == Version::HTTP_2;
+    // HTTP/3 is framed and names its host as HTTP/2 does: the same rules apply
+    let version = parts.version;
+    let h2 = version == Version::HTTP_2 || version == Version::HTTP_3;
     if let Some(authority) = parts.uri.authority().filter(|_| !h2) {
         // absolute-form (RFC 9112 §3.2.2): the target's authority is the host. A Host that
         // says otherwise is refused, as HAProxy does: routing (here) and a backend reading
@@ -764,7 +770,7 @@ async fn forward(
                     apply_rules(resp.headers_mut(), &action.response, rid, peer.xff.as_bytes());
                 }
                 // Our side speaks 1.1 (hyper answers 1.0 clients as 1.0 itself), or 2.
-                *resp.version_mut() = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
+                *resp.version_mut() = if h2 { version } else { Version::HTTP_11 };
                 let enc = match (action.compress.as_deref(), asked) {
                     (Some(p), Some(a)) => compressing(w, p, a, &mut resp),
                     _ => None,

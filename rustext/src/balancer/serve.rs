@@ -7,7 +7,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -21,20 +21,12 @@ use tokio::sync::watch;
 use super::config::Config;
 use super::fast::{self, Client, FastPool};
 use super::pool::Pool;
-use super::connctl::{ConnCtl, OpenSlot};
+use super::connctl::{ConnCount, ConnCtl, Conns, OpenSlot};
 use super::svc::Svc;
 use super::worker::{is_unix, ClientSlot, Clock, Peer, Shared, Worker};
-use super::stats::{IdMap, WorkerStats};
+use super::stats::WorkerStats;
 use super::watched::Watched;
 
-/// The live client connections of one worker: the housekeeping task closes
-/// idle ones and, on drain, all of them (so a connection's own task polls
-/// nothing but its connection).
-#[derive(Default)]
-struct Conns {
-    next: std::sync::atomic::AtomicU64,
-    map: Mutex<IdMap<Arc<ConnCtl>>>,
-}
 
 /// Housekeeping period: fine enough for the header timeout, at most 1 s.
 fn tick_period(cfg: &Config) -> Duration {
@@ -124,6 +116,10 @@ pub(super) async fn worker_main(
             Some(cmd) = cmds.recv() => match cmd {
                 super::listeners::Cmd::Add { sock, idx, tls, accept_proxy } => {
                     accepting.extend(listen(sock, idx, tls, accept_proxy));
+                }
+                super::listeners::Cmd::Quic { sock, idx } => {
+                    let quic = super::http3::accept_loop(worker.clone(), conns.clone(), sock, idx, stop_accepting.clone());
+                    accepting.push((idx, tokio::spawn(quic)));
                 }
                 super::listeners::Cmd::Remove { idx, done } => {
                     // The accept loop goes with its socket (nothing else
@@ -335,20 +331,6 @@ fn accept(l: &std::net::TcpListener) -> io::Result<(std::net::TcpStream, SocketA
 }
 
 
-/// Counts a client connection for as long as it lives.
-struct ConnCount(Arc<WorkerStats>);
-impl ConnCount {
-    fn new(stats: &Arc<WorkerStats>) -> Self {
-        stats.connections_total.fetch_add(1, Relaxed);
-        stats.connections_active.fetch_add(1, Relaxed);
-        ConnCount(stats.clone())
-    }
-}
-impl Drop for ConnCount {
-    fn drop(&mut self) {
-        self.0.connections_active.fetch_sub(1, Relaxed);
-    }
-}
 
 #[allow(clippy::too_many_arguments)]
 async fn serve_tls_conn(

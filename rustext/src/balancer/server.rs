@@ -118,6 +118,41 @@ fn listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     Ok(sock.into())
 }
 
+/// The UDP socket of a TLS listener's HTTP/3, at the port its TCP socket
+/// got (`SO_REUSEPORT`: a binary upgrade's new process binds it while the
+/// old one drains).
+fn quic_socket(la: &super::config::ListenAddr, bound: SocketAddr) -> Result<Option<std::net::UdpSocket>, String> {
+    if !(la.tls && la.http3) || la.unix.is_some() {
+        return Ok(None);
+    }
+    let open = || -> io::Result<std::net::UdpSocket> {
+        let sock = Socket::new(Domain::for_address(bound), Type::DGRAM, Some(Protocol::UDP))?;
+        sock.set_reuse_address(true)?;
+        sock.set_reuse_port(true)?;
+        if bound.is_ipv6() {
+            sock.set_only_v6(true)?;
+        }
+        sock.set_nonblocking(true)?;
+        sock.bind(&bound.into())?;
+        Ok(sock.into())
+    };
+    open().map(Some).map_err(|e| format!("cannot listen on UDP {bound} for HTTP/3: {} (http3 = false serves \
+                                           this listener without it)", os_reason(&e)))
+}
+
+/// Hand a listener's HTTP/3 socket to the first worker, which runs its QUIC
+/// endpoint (one socket: QUIC routes a connection's datagrams by its ids,
+/// which a `SO_REUSEPORT` group spread over workers would not keep together).
+fn start_quic(shared: &Shared, cmds: &[tokio::sync::mpsc::UnboundedSender<super::listeners::Cmd>], idx: usize,
+              sock: std::net::UdpSocket, bound: SocketAddr) {
+    if let Ok(v) = http::HeaderValue::from_str(&format!("h3=\":{}\"; ma=86400", bound.port())) {
+        shared.alt_svc.set(idx, v);
+    }
+    if let Some(tx) = cmds.first() {
+        let _ = tx.send(super::listeners::Cmd::Quic { sock, idx });
+    }
+}
+
 /// Open one listener: one socket per worker (`SO_REUSEPORT`), or for a
 /// Unix socket one socket shared by all; or, when `given` (a binary
 /// upgrade), accept on the sockets handed over by the previous process.
@@ -243,8 +278,12 @@ impl Balancer {
         let mut local_addrs = Vec::new();
         let mut unix_paths = Vec::new();
         let mut sockets = std::collections::HashMap::new();
+        let mut quic = Vec::new();
         for (idx, la) in config.listen_addrs().into_iter().enumerate() {
             let opened = bind_listener(&la, config.workers, inherited.get(&super::listeners::key(&la)).map(Vec::as_slice))?;
+            if let Some(u) = quic_socket(&la, opened.bound)? {
+                quic.push((idx, u, opened.bound));
+            }
             if let Some(u) = &la.unix {
                 unix_paths.push((idx, u.path.clone()));
             }
@@ -263,7 +302,7 @@ impl Balancer {
             .map_or(local_addr.port(), |(_, a)| a.port());
         let redirect = match config.redirect_listen {
             Some(addr) if inherited.contains_key(&redirect_key(addr)) => {
-                let la = super::config::ListenAddr { addr, tls: false, accept_proxy: false, unix: None };
+                let la = super::config::ListenAddr { addr, tls: false, http3: false, accept_proxy: false, unix: None };
                 let mut o = adopt(&la, 1, &inherited[&redirect_key(addr)])?;
                 let l = o.distinct.swap_remove(0);
                 Some((l, o.bound))
@@ -294,6 +333,7 @@ impl Balancer {
             access_log,
             frontends,
             bound,
+            alt_svc: super::listeners::Slots::new(Vec::new()),
             config,
             table: RwLock::new(Arc::new(table)),
             workers: workers.clone(),
@@ -338,6 +378,9 @@ impl Balancer {
                 })
                 .map_err(|e| format!("cannot start the redirect thread: {e}"))?;
             threads.push(t);
+        }
+        for (idx, sock, bound) in quic {
+            start_quic(&shared, &cmds, idx, sock, bound);
         }
         let n = local_addrs.len();
         Ok(Balancer {
@@ -403,7 +446,9 @@ impl Balancer {
         }
         for (la, slot) in addrs.iter().zip(&plan.slots) {
             if slot.is_none() {
-                opened.push((la.clone(), bind_listener(la, workers, None)?));
+                let o = bind_listener(la, workers, None)?;
+                let udp = quic_socket(la, o.bound)?;
+                opened.push((la.clone(), o, udp));
             }
         }
         // The route tables by slot: kept and new listeners get theirs from
@@ -433,7 +478,7 @@ impl Balancer {
             if slot.is_some() {
                 continue;
             }
-            let (la, o) = opened.next().expect("one opened per new listener");
+            let (la, o, udp) = opened.next().expect("one opened per new listener");
             let bound = o.bound;
             let idx = slots.len();
             self.shared.bound.set(idx, bound);
@@ -447,6 +492,9 @@ impl Balancer {
                 }
             }
             self.sockets.lock().unwrap_or_else(|e| e.into_inner()).insert(idx, o.distinct);
+            if let Some(u) = udp {
+                start_quic(&self.shared, &self.cmds, idx, u, bound);
+            }
             slots.push(Some(la));
         }
         for &idx in &plan.remove {

@@ -35,6 +35,6 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Svc {
     type Error = std::convert::Infallible;
     type Future = HandleFuture;
     fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> HandleFuture {
-        Box::pin(handle(self.worker.clone(), self.peer.clone(), req))
+        Box::pin(handle(self.worker.clone(), self.peer.clone(), req.map(super::reqbody::ClientBody::Hyper)))
     }
 }

@@ -39,6 +39,8 @@ pub struct Shared {
     pub bound: super::listeners::Slots<SocketAddr>,
     /// Pending ACME HTTP-01 challenges, answered before routing.
     pub acme: super::acme::Http01,
+    /// The `Alt-Svc` value of each TLS listener that serves HTTP/3 too, by slot.
+    pub alt_svc: super::listeners::Slots<HeaderValue>,
 }
 
 /// A client address already at `max_client_connections`.

@@ -376,6 +376,8 @@ struct Listener {
     #[pyo3(attribute)]
     accept_proxy: bool,
     #[pyo3(attribute)]
+    http3: bool,
+    #[pyo3(attribute)]
     mode: Option<String>,
     #[pyo3(attribute)]
     access_log: Option<ListenerAccessLog>,
@@ -803,7 +805,7 @@ fn listener(l: Listener) -> PyResult<(ListenAddr, ListenerSpec, ListenerLog)> {
             Some(other) => return Err(not_canonical(&format!("{}.client_verify", l.at), other)),
         },
     };
-    Ok((ListenAddr { addr, tls: l.tls, accept_proxy: l.accept_proxy, unix }, spec, log))
+    Ok((ListenAddr { addr, tls: l.tls, http3: l.http3, accept_proxy: l.accept_proxy, unix }, spec, log))
 }
 
 /// `send_proxy`: `"v1"`, `"v2"` or `"none"` (off).
