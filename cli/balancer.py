@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", metavar="FILE", help="TOML configuration (reloaded on SIGHUP)")
+    p.add_argument("--check", action="store_true",
+                   help="read the configuration (file and flags) as a start would, report the first mistake with "
+                        "its file and line, and exit (0: valid) without serving, as `haproxy -c` and `nginx -t`")
     p.add_argument("--listen", metavar="HOST:PORT", help="where clients connect")
     p.add_argument("--backends", metavar="HOST:PORT[=W],...", help="backend servers (optional =weight)")
     p.add_argument("--algorithm", help="balancing algorithm (default round_robin)")
@@ -185,9 +188,35 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         cfg = build_config(args)
+        if args.check:
+            import dataclasses
+            import tempfile
+
+            from rustext import Balancer
+
+            if cfg.acme is not None and cfg.tls is not None:
+                # the certificate ACME keeps may not be obtained yet: check with a placeholder in its
+                # place, and leave the folder as it is
+                from balancer.acme.storage import Storage
+                from balancer.config import acme_certificate
+
+                with tempfile.TemporaryDirectory() as tmp:
+                    Storage(tmp).ensure_placeholder(cfg.acme.names)
+                    managed = acme_certificate(cfg.acme)
+                    stand_in = acme_certificate(dataclasses.replace(cfg.acme, storage=tmp))
+                    certs = tuple(stand_in if c == managed else c for c in cfg.tls.certificates)
+                    Balancer(dataclasses.replace(cfg, tls=dataclasses.replace(cfg.tls, certificates=certs)))
+            else:
+                Balancer(cfg)  # what the data plane checks: certificates and keys readable and matching
     except BalancerConfigError as exc:
         print(f"juggler balancer: {exc}", file=sys.stderr)
         return 2
+    except (OSError, ValueError) as exc:
+        print(f"juggler balancer: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"juggler balancer: the configuration{' in ' + args.config if args.config else ''} is valid")
+        return 0
     try:
         import uvloop
 
