@@ -111,7 +111,7 @@ async def _worker(cfg: FanoutConfig, n: int, publish: bool, pipe: Any) -> dict[s
     u = urlparse(cfg.url)
     subs = rustext.FanoutSubscribers(u.hostname or "127.0.0.1", u.port or 80, u.path or "/", cfg.channel, n,
                                      threads=1, deflate=cfg.compression)
-    subscribed, failed = await asyncio.to_thread(subs.wait_subscribed, cfg.open_timeout + n / 1000)
+    subscribed, failed = await asyncio.to_thread(subs.wait_subscribed, cfg.open_timeout + n / 250)
     if failed or subscribed < n:
         errors.append(f"{failed} of {n} subscribers failed, {n - subscribed - failed} not subscribed in time")
 
@@ -129,7 +129,7 @@ async def _worker(cfg: FanoutConfig, n: int, publish: bool, pipe: Any) -> dict[s
             errors.append(f"publisher: {exc!r}")
     # everyone subscribed (in every process) before the first PUB: the parent says when
     pipe.send(("ready", subscribed))
-    if not await asyncio.to_thread(pipe.poll, cfg.open_timeout + cfg.subscribers / 500):
+    if not await asyncio.to_thread(pipe.poll, cfg.open_timeout + cfg.subscribers / 250):
         errors.append("no start signal from the parent")
     else:
         pipe.recv()
@@ -205,7 +205,7 @@ def run_fanout(cfg: FanoutConfig) -> FanoutReport:
         child.close()
         pipes.append(parent)
         workers.append(p)
-    deadline = time.time() + cfg.duration + cfg.settle + cfg.open_timeout + cfg.subscribers / 500 + 60
+    deadline = time.time() + cfg.duration + cfg.settle + cfg.open_timeout + cfg.subscribers / 250 + 60
     cpu0 = cpu1 = None
     results: list[dict[str, Any]] = []
     try:

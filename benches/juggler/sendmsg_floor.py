@@ -7,7 +7,9 @@ for D seconds through ``rustext.FanoutHub`` (the same sendmsg loop the
 server uses, without the server), and reports this process's user and
 system CPU per write. On loopback the kernel runs the receiving side's TCP
 work in the sender's context, so this is what any server pays per delivery
-on one machine::
+on one machine. It also reports how long one event's writes take from first
+to last (wall time): the wait of each event's last connection, before any
+reading, with nothing else in the process::
 
     python benches/juggler/sendmsg_floor.py --connections 1000 --rate 50 -d 10
 """
@@ -70,8 +72,11 @@ def main() -> None:
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     sent = written = 0
+    walls: list[float] = []
     while time.perf_counter() - t0 < args.duration:
+        w0 = time.perf_counter()
         w, held, partial, failed = hub.publish([(1, frame)])
+        walls.append(time.perf_counter() - w0)
         written += w
         sent += 1
         time.sleep(max(0.0, t0 + sent / args.rate - time.perf_counter()))
@@ -80,6 +85,11 @@ def main() -> None:
     system = (r1.ru_stime - r0.ru_stime) * 1e6 / max(1, written)
     print(f"{written} writes of {len(frame)} bytes to {args.connections} loopback connections: "
           f"user {user:.2f} µs + system {system:.2f} µs = {user + system:.2f} µs per write")
+    # the wall time of one event's writes: the last connection of an event waits at least this long
+    walls.sort()
+    n = len(walls)
+    print(f"one event to all {args.connections} (ms): p50 {walls[n // 2] * 1e3:.1f}  "
+          f"p99 {walls[min(n - 1, n * 99 // 100)] * 1e3:.1f}  max {walls[-1] * 1e3:.1f}")
     for c in conns:
         c.close()
     proc.join(10)

@@ -6,9 +6,10 @@
 //! its socket's file descriptor. [`Hub::publish`] takes the
 //! frames of one event-loop turn and, per connection, writes all of its
 //! frames with ONE `sendmsg` (coalescing), straight from the frames' memory.
-//! A fan-out to many connections is split over a few threads (one per core,
-//! at most 4): the writes are the cost, and the last subscriber of a large
-//! channel would otherwise wait for all the others.
+//! A fan-out to many connections is shared by a few threads (one per core,
+//! at most 4), which take batches of connections from a shared cursor: the
+//! writes are the cost, and the last subscriber of a large channel would
+//! otherwise wait for all the others, or for a thread the scheduler paused.
 //!
 //! A connection is written here only while Python has nothing queued for it:
 //! the Python driver marks it *held* while its own output (ACK, RES, close
@@ -34,6 +35,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// What [`Hub::publish`] could not write itself.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -65,6 +67,11 @@ pub struct Hub {
 
 /// Fan-outs of at least this many connections are written by several threads.
 const PARALLEL_MIN: usize = 512;
+
+/// Connections a fan-out thread takes from the shared cursor at a time: a
+/// few hundred µs of writes, small enough to balance, large enough that the
+/// cursor is not contended.
+const BATCH: usize = 64;
 
 /// Threads for a large fan-out: the machine's cores, at most 4.
 fn parallelism() -> usize {
@@ -256,51 +263,48 @@ impl Hub {
     }
 
     /// Write each connection of `ids` its frames (`frames_of(id)`: the frames and
-    /// their indexes). A large fan-out is split over a few threads: the socket
-    /// writes are the cost, and the last subscriber waits for all before it.
+    /// their indexes). A large fan-out is shared by a few threads, the calling
+    /// one among them, which take the next [`BATCH`] connections from a common
+    /// cursor: the socket writes are the cost, and a thread the scheduler
+    /// pauses (a busy machine) delays only the batch it holds, not a fixed
+    /// share of the list, so the last subscriber waits about the fan-out's CPU
+    /// time divided by the cores it gets.
     fn write_all<'f, F>(&self, ids: &[u64], frames_of: F) -> Leftovers
     where
         F: Fn(u64, bool) -> (&'f [&'f [u8]], &'f [usize]) + Sync,
     {
         let threads = if ids.len() >= PARALLEL_MIN { parallelism() } else { 1 };
-        if threads <= 1 {
+        let cursor = AtomicUsize::new(0);
+        let work = || {
             let mut out = Leftovers::default();
-            for &id in ids {
-                if let Some(c) = self.conns.get(&id) {
-                    let (parts, idx) = frames_of(id, c.deflate);
-                    self.write_one(id, c, parts, idx, &mut out);
+            loop {
+                let start = cursor.fetch_add(BATCH, Ordering::Relaxed);
+                if start >= ids.len() {
+                    return out;
+                }
+                for &id in &ids[start..(start + BATCH).min(ids.len())] {
+                    if let Some(c) = self.conns.get(&id) {
+                        let (parts, idx) = frames_of(id, c.deflate);
+                        self.write_one(id, c, parts, idx, &mut out);
+                    }
                 }
             }
-            return out;
+        };
+        if threads <= 1 {
+            return work();
         }
-        let chunk = ids.len().div_ceil(threads);
-        let results: Vec<Leftovers> = std::thread::scope(|scope| {
-            let handles: Vec<_> = ids
-                .chunks(chunk)
-                .map(|part| {
-                    let frames_of = &frames_of;
-                    scope.spawn(move || {
-                        let mut out = Leftovers::default();
-                        for &id in part {
-                            if let Some(c) = self.conns.get(&id) {
-                                let (parts, idx) = frames_of(id, c.deflate);
-                                self.write_one(id, c, parts, idx, &mut out);
-                            }
-                        }
-                        out
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_default()).collect()
-        });
-        let mut out = Leftovers::default();
-        for r in results {
-            out.held.extend(r.held);
-            out.partial.extend(r.partial);
-            out.failed.extend(r.failed);
-            out.written += r.written;
-        }
-        out
+        std::thread::scope(|scope| {
+            let work = &work;
+            let helpers: Vec<_> = (1..threads).map(|_| scope.spawn(work)).collect();
+            let mut out = work();
+            for r in helpers.into_iter().map(|h| h.join().unwrap_or_default()) {
+                out.held.extend(r.held);
+                out.partial.extend(r.partial);
+                out.failed.extend(r.failed);
+                out.written += r.written;
+            }
+            out
+        })
     }
 
     fn write_one(&self, id: u64, c: &Conn, parts: &[&[u8]], idx: &[usize], out: &mut Leftovers) {
@@ -442,12 +446,20 @@ mod tests {
             writers.push(a);
             readers.push(r);
         }
+        // held and failed connections in batches far apart: every thread's leftovers are merged
+        let late = PARALLEL_MIN as u64 + 5;
         hub.hold(3, true);
+        hub.hold(late, true);
+        let (dead, _) = pair();
+        drop(std::mem::replace(&mut readers[200], dead));
         let out = hub.publish(&[(9, b"ab"), (9, b"cd")]);
-        assert_eq!(out.written, 2 * (readers.len() as u64 - 1));
-        assert_eq!(out.held, vec![(3, 0), (3, 1)]);
+        assert_eq!(out.written, 2 * (readers.len() as u64 - 3));
+        let mut held = out.held.clone();
+        held.sort_unstable();
+        assert_eq!(held, vec![(3, 0), (3, 1), (late, 0), (late, 1)]);
+        assert_eq!(out.failed, vec![200]);
         for (id, r) in readers.iter_mut().enumerate() {
-            if id != 3 {
+            if ![3, 200, late as usize].contains(&id) {
                 assert_eq!(read_n(r, 4), b"abcd");
             }
         }
