@@ -182,6 +182,8 @@ async def serve(args: argparse.Namespace) -> int:
             raise ValueError("TLS is for TCP listeners; --listen is a Unix socket")
         if tls is None and args.listen and args.listen.startswith(("quic@", "quic://")):
             raise ValueError("QUIC always encrypts: give --tls-cert and --tls-key with a quic@ listener")
+        if args.tls_client_ca and args.listen and args.listen.startswith(("quic@", "quic://")):
+            raise ValueError("--tls-client-ca: mutual TLS is not available over QUIC (serve it over TCP)")
         gateway_at = _hostport(args.gateway, "--gateway") if args.gateway else None
         grpc_at = _hostport(args.grpc, "--grpc") if args.grpc else None
         config = None

@@ -15,6 +15,7 @@ by the calls' deadlines and the pool's heartbeats, or by QUIC's idle timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import ssl
@@ -42,6 +43,9 @@ LINGER = 2.0
 IDLE_TIMEOUT = 30.0
 #: seconds the QUIC handshake may take
 HANDSHAKE_TIMEOUT = 10.0
+#: bytes asked for the listener's UDP buffers (the kernel caps it at net.core.rmem_max / wmem_max):
+#: every connection shares one socket, and a full receive buffer drops datagrams (quic-go asks for 7 MiB)
+UDP_BUFFER = 4 << 20
 
 
 def client_configuration(tls: ClientTls | ssl.SSLContext | None) -> QuicConfiguration:
@@ -71,7 +75,11 @@ def client_configuration(tls: ClientTls | ssl.SSLContext | None) -> QuicConfigur
 
 def server_configuration(tls: ServerTls) -> QuicConfiguration:
     """A server configuration with the certificate files of ``tls`` loaded
-    (raises ``TlsConfigError`` naming a bad file)."""
+    (raises ``TlsConfigError`` naming a bad file). Client certificates
+    cannot be required: aioquic's server never asks for one, and accepting
+    ``client_ca`` without enforcing it would let anyone in."""
+    if tls.client_ca:
+        raise TlsConfigError("mutual TLS (a client CA) is not available over QUIC: serve it over TCP")
     tls.context()  # checks the files with the same messages as TLS over TCP
     conf = QuicConfiguration(is_client=False, alpn_protocols=[ALPN], idle_timeout=IDLE_TIMEOUT)
     _load_server_files(conf, tls)
@@ -81,9 +89,6 @@ def server_configuration(tls: ServerTls) -> QuicConfiguration:
 def _load_server_files(conf: QuicConfiguration, tls: ServerTls) -> None:
     try:
         conf.load_cert_chain(tls.cert, tls.key)
-        if tls.client_ca:
-            conf.load_verify_locations(cafile=tls.client_ca)
-            conf.verify_mode = ssl.CERT_REQUIRED
     except (OSError, ValueError) as exc:
         raise TlsConfigError(f"cannot load {tls.cert} / {tls.key} for QUIC: {exc}") from exc
 
@@ -189,6 +194,12 @@ class QuicStreamTransport(asyncio.Transport):
         self._closing = True
         self._conn.abort()
 
+    async def wait_closed(self) -> None:
+        """Until the QUIC connection is closed (after ``close()``, that is once
+        the peer has everything or ``LINGER`` has passed) and, for a client,
+        its UDP socket with it."""
+        await self._conn.wait_closed()
+
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         if name == "peername":
             return self._conn.peer
@@ -225,6 +236,9 @@ class _QuicConnection(QuicConnectionProtocol):
         self._linger: asyncio.TimerHandle | None = None
         self._finishing = False
         self._is_client = quic.configuration.is_client
+        #: set at the end of the handshake (aioquic's wait_connected misses a handshake that
+        #: completes before it is awaited, which wait_for's task start allows)
+        self.handshake: asyncio.Future[None] = self._loop.create_future()
 
     def open_stream(self) -> QuicStreamTransport:
         """Client: the stream (rpcx's ``OpenStreamSync``); the peer sees it with our first write."""
@@ -243,7 +257,10 @@ class _QuicConnection(QuicConnectionProtocol):
         super().datagram_received(data, addr)
 
     def quic_event_received(self, event: events.QuicEvent) -> None:
-        if isinstance(event, events.StreamDataReceived):
+        if isinstance(event, events.HandshakeCompleted):
+            if not self.handshake.done():
+                self.handshake.set_result(None)
+        elif isinstance(event, events.StreamDataReceived):
             if self.stream is None and not self._is_client and event.stream_id % 4 == 0 and not self.lost:
                 self._attach(event.stream_id)
             if self.stream is not None and event.stream_id == self.stream.stream_id:
@@ -253,6 +270,9 @@ class _QuicConnection(QuicConnectionProtocol):
             if self.stream is not None and event.stream_id == self.stream.stream_id:
                 self._lose(ConnectionResetError("the peer reset the QUIC stream"))
         elif isinstance(event, events.ConnectionTerminated):
+            if not self.handshake.done():
+                self.handshake.set_exception(ConnectionError(f"QUIC handshake refused: {event.reason_phrase}"))
+                self.handshake.exception()  # retrieved: nobody may be waiting any more
             self.terminated = True
             exc = None if event.error_code == QuicErrorCode.NO_ERROR else ConnectionResetError(
                 f"QUIC connection closed by the peer: error {event.error_code:#x} {event.reason_phrase}".rstrip())
@@ -301,12 +321,6 @@ class _QuicConnection(QuicConnectionProtocol):
 
     def abort(self) -> None:
         self._close_quic(QuicErrorCode.INTERNAL_ERROR)
-
-    def error_received(self, exc: Exception) -> None:
-        """A client's connected UDP socket got an ICMP error: nobody listens there any more."""
-        if self._is_client and isinstance(exc, ConnectionRefusedError) and not self.lost:
-            self.terminated = True
-            self._lose(ConnectionResetError(f"QUIC peer {self.peer} is unreachable: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The UDP socket is gone (a client's own, or the listener's)."""
@@ -403,14 +417,14 @@ class QuicChannel(Channel):
         infos = await loop.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_DGRAM)
         family, _, _, _, addr = infos[0]
         quic = QuicConnection(configuration=conf)
-        # a connected UDP socket: the kernel reports an ICMP "port unreachable"
-        # (a server that died) to us, and the connection fails at once
+        # an unconnected socket: with a connected one uvloop stalls handshakes made side by side
         udp, conn = await loop.create_datagram_endpoint(
-            lambda: _QuicConnection(quic, factory=factory, peer=addr[:2]), remote_addr=addr, family=family)
+            lambda: _QuicConnection(quic, factory=factory, peer=addr[:2]),
+            local_addr=("::" if family == socket.AF_INET6 else "0.0.0.0", 0), family=family)
         assert isinstance(conn, _QuicConnection)
         try:
             conn.connect(addr)
-            await asyncio.wait_for(conn.wait_connected(), HANDSHAKE_TIMEOUT)
+            await asyncio.wait_for(asyncio.shield(conn.handshake), HANDSHAKE_TIMEOUT)
         except BaseException as exc:
             conn._close_quic(QuicErrorCode.NO_ERROR)
             udp.close()
@@ -432,6 +446,10 @@ class QuicChannel(Channel):
         except OSError as exc:
             raise listen_error(endpoint.host, endpoint.port, exc) from exc
         assert listener.server._transport is not None
+        sock = listener.server._transport.get_extra_info("socket")
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, opt, UDP_BUFFER)
         port = listener.server._transport.get_extra_info("sockname")[1]
         listener.endpoint = Endpoint("quic", host=endpoint.host, port=port)
         return listener

@@ -24,7 +24,7 @@ from rpc.rpcx_client import RpcxCaller
 from rpc.rpcx_server import RpcxServer, address_of, endpoint_of
 from rpc.server import Server
 from rpc.transport.endpoint import Endpoint
-from rustext.tls import ClientTls, ServerTls
+from rustext.tls import ClientTls, ServerTls, TlsConfigError
 from tests.netutil import wait_until
 from tests.rpc.test_rpcx_e2e import Served, serve
 from tests.tlsutil import TestPKI
@@ -115,7 +115,9 @@ async def test_a_server_killed_mid_call_fails_the_call_within_its_deadline(pki: 
     ours: Served = serve("--app", "tests.rpc.rpcx_app:setup", "--tls-cert", str(leaf.cert), "--tls-key", str(leaf.key),
                          listen="quic@127.0.0.1:0")
     try:
-        async with Client(ours.address, RpcxCaller(tls=ClientTls(ca=str(pki.ca))), close_caller=True) as client:
+        caller = RpcxCaller(tls=ClientTls(ca=str(pki.ca)))
+        async with Client(ours.address, caller, close_caller=True) as client:
+            conn = await caller.connection(ours.address)
             call = asyncio.ensure_future(client.call("Probe", "Sleep", {"ms": 30_000}, timeout=3))
             await wait_until(lambda: client.call("Probe", "Stats", {}, timeout=5), timeout=10)
 
@@ -129,5 +131,22 @@ async def test_a_server_killed_mid_call_fails_the_call_within_its_deadline(pki: 
             with pytest.raises((CallTimeout, TransportError)):
                 await asyncio.wait_for(call, 10)
             assert time.monotonic() - started < 3.5  # the call's own deadline, not QUIC's idle timeout
+        # closed, the connection waits a little for the dead server to acknowledge the request, then gives up
+        assert conn.transport is not None
+        await asyncio.wait_for(conn.transport.wait_closed(), 5)  # type: ignore[attr-defined]
     finally:
         ours.stop()
+
+
+async def test_mutual_tls_over_quic_is_refused_not_ignored(pki: TestPKI) -> None:
+    """aioquic's server cannot ask for a client certificate: a listener told
+    to require one refuses to start rather than let everyone in."""
+    leaf = pki.leaf()
+    rpcx = RpcxServer(arith_server(), "quic@127.0.0.1:0",
+                      tls=ServerTls(cert=str(leaf.cert), key=str(leaf.key), client_ca=str(pki.ca)))
+    with pytest.raises(TlsConfigError, match="mutual TLS"):
+        await rpcx.start()
+    res = subprocess.run([sys.executable, "-m", "cli", "rpc", "serve", "--listen", "quic@127.0.0.1:0", "--example",
+                          "arith", "--tls-cert", str(leaf.cert), "--tls-key", str(leaf.key),
+                          "--tls-client-ca", str(pki.ca)], capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2 and "mutual TLS is not available over QUIC" in res.stderr, res.stderr

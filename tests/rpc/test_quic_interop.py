@@ -8,6 +8,7 @@ CI (``CI=true``)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import selectors
 import subprocess
@@ -91,11 +92,16 @@ async def test_our_client_calls_a_go_quic_server(go_quic_server: tuple[str, subp
 async def test_a_go_quic_server_killed_fails_the_next_call_within_its_deadline(
         go_quic_server: tuple[str, subprocess.Popen[str]], pki: TestPKI) -> None:
     address, proc = go_quic_server
-    async with Client(address, RpcxCaller(tls=ClientTls(ca=str(pki.ca))), close_caller=True) as client:
+    caller = RpcxCaller(tls=ClientTls(ca=str(pki.ca)))
+    async with Client(address, caller, close_caller=True) as client:
         assert await client.call("Arith", "Mul", {"A": 6, "B": 7}, timeout=5) == {"C": 42}
+        conn = await caller.connection(address)
         proc.kill()
         proc.wait(timeout=10)
         started = time.monotonic()
         with pytest.raises((CallTimeout, TransportError)):
             await client.call("Arith", "Mul", {"A": 6, "B": 7}, timeout=2)
         assert time.monotonic() - started < 2.5
+    # closed, the connection waits a little for the dead server to acknowledge the request, then gives up
+    assert conn.transport is not None
+    await asyncio.wait_for(conn.transport.wait_closed(), 5)  # type: ignore[attr-defined]
