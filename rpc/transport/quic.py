@@ -97,9 +97,14 @@ class QuicStreamTransport(asyncio.Transport):
     """One bidirectional QUIC stream as an ``asyncio.Transport``.
 
     Writes are queued in the QUIC connection and sent on the next loop turn
-    (one batch of datagrams per turn). ``pause_reading`` holds received data
-    here until ``resume_reading``; QUIC's flow control is aioquic's.
+    (one batch of datagrams per turn). The protocol's ``pause_writing`` is
+    called when more than the high-water mark is written but not yet
+    acknowledged, ``resume_writing`` when it is down to the low-water mark.
+    ``pause_reading`` holds received data here until ``resume_reading``;
+    QUIC's flow control is aioquic's.
     """
+
+    HIGH = 1 << 20
 
     def __init__(self, conn: _QuicConnection, stream_id: int, protocol: asyncio.Protocol) -> None:
         super().__init__()
@@ -111,6 +116,9 @@ class QuicStreamTransport(asyncio.Transport):
         self._reading = True
         self._held: list[bytes] = []
         self._held_eof = False
+        self._high = self.HIGH
+        self._low = self.HIGH // 4
+        self._writing_paused = False
 
     # --- write side
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -118,6 +126,16 @@ class QuicStreamTransport(asyncio.Transport):
             return
         self._conn._quic.send_stream_data(self.stream_id, bytes(data))
         self._conn._transmit_soon()
+        if not self._writing_paused and self.get_write_buffer_size() > self._high:
+            self._writing_paused = True
+            self._protocol.pause_writing()
+
+    def _check_resume(self) -> None:
+        """After acknowledgements: let writers go on once the backlog is down to the low-water mark."""
+        if self._writing_paused and self.get_write_buffer_size() <= self._low:
+            self._writing_paused = False
+            if not self._conn.lost:
+                self._protocol.resume_writing()
 
     def writelines(self, list_of_data: Any) -> None:
         self.write(b"".join(list_of_data))
@@ -133,13 +151,19 @@ class QuicStreamTransport(asyncio.Transport):
         self._conn._transmit_soon()
 
     def get_write_buffer_size(self) -> int:
-        return 0
+        """Bytes written and not yet acknowledged by the peer (read from
+        aioquic's stream sender: it has no public call for it)."""
+        stream = getattr(self._conn._quic, "_streams", {}).get(self.stream_id)
+        sender = getattr(stream, "sender", None)
+        start, stop = getattr(sender, "_buffer_start", 0), getattr(sender, "_buffer_stop", 0)
+        return max(0, stop - start)
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
+        self._high = high if high is not None else self.HIGH
+        self._low = low if low is not None else self._high // 4
 
     def get_write_buffer_limits(self) -> tuple[int, int]:
-        return (0, 0)
+        return (self._low, self._high)
 
     # --- read side
     def _feed(self, data: bytes, end: bool) -> None:
@@ -280,6 +304,8 @@ class _QuicConnection(QuicConnectionProtocol):
 
     def transmit(self) -> None:
         super().transmit()
+        if self.stream is not None and self.stream._writing_paused:
+            self.stream._check_resume()
         if self._finishing and not self.terminated and self._flushed():
             self._close_quic()
 

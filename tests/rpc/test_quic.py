@@ -150,3 +150,27 @@ async def test_mutual_tls_over_quic_is_refused_not_ignored(pki: TestPKI) -> None
                           "arith", "--tls-cert", str(leaf.cert), "--tls-key", str(leaf.key),
                           "--tls-client-ca", str(pki.ca)], capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 2 and "mutual TLS is not available over QUIC" in res.stderr, res.stderr
+
+
+async def test_writes_past_the_send_queue_wait_for_acknowledgements(pki: TestPKI) -> None:
+    """A 3 MiB payload with a 256 KiB send queue: the writer is paused until
+    the peer acknowledges, then resumes; the call completes intact."""
+    from rpc.transport.config import ConnectionConfig, PoolConfig
+
+    leaf = pki.leaf()
+    server = arith_server()
+    async with RpcxServer(server, "quic@127.0.0.1:0", tls=ServerTls(cert=str(leaf.cert), key=str(leaf.key))) as rpcx:
+        config = PoolConfig(connection=ConnectionConfig(default_timeout=None, send_queue_bytes=256 << 10))
+        caller = RpcxCaller(config=config, tls=ClientTls(ca=str(pki.ca)))
+        async with Client(rpcx.address, caller, close_caller=True) as client:
+            conn = await caller.connection(rpcx.address)
+            assert conn.transport is not None
+            assert conn.transport.get_write_buffer_limits()[1] == 256 << 10
+            pad = "y" * (3 << 20)
+            call = asyncio.ensure_future(client.call("Arith", "Mul", {"A": 2, "B": 3, "pad": pad}, timeout=30))
+            # 3 MiB take aioquic thousands of datagrams: the backlog is seen before the reply
+            await wait_until(lambda: conn.transport.get_write_buffer_size() > 256 << 10, timeout=10, interval=0)
+            assert conn._write_paused  # the connection was told to stop writing
+            assert await call == {"C": 6}
+            assert conn.transport.get_write_buffer_size() < 256 << 10
+    await server.dispatcher.aclose()
