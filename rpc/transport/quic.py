@@ -245,7 +245,7 @@ class _QuicConnection(QuicConnectionProtocol):
     """One QUIC connection carrying one stream, handed to ``factory``'s protocol.
 
     A client opens its stream once the handshake is done; a server takes the
-    first bidirectional stream the client opens and resets any other.
+    first bidirectional stream the client opens and ignores any other.
     """
 
     def __init__(self, quic: QuicConnection, stream_handler: Any = None, *, factory: ProtocolFactory,
@@ -412,6 +412,9 @@ class QuicListener(Listener):
 
     def close(self) -> None:
         self._accepting = False
+        for conn in list(self.connections):
+            if conn.stream is None:  # a handshake, or a client that never wrote: nothing to drain
+                conn._close_quic()
         if not self.connections:
             self._shut()
 
@@ -455,8 +458,8 @@ class QuicChannel(Channel):
             conn._close_quic(QuicErrorCode.NO_ERROR)
             udp.close()
             if isinstance(exc, (ConnectionError, TimeoutError)):
-                raise ConnectionRefusedError(f"QUIC handshake with {endpoint} failed"
-                                             f"{' (timed out)' if isinstance(exc, TimeoutError) else ''}") from exc
+                why = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+                raise ConnectionRefusedError(f"QUIC handshake with {endpoint} failed: {why}") from exc
             raise
         stream = conn.open_stream()
         return stream, stream.get_protocol()  # type: ignore[return-value]
