@@ -1,5 +1,5 @@
 """rpcx over QUIC with Go rpcx v1.9.1 built with its ``quic`` tag
-(``tests/rpc/interop/go-transports``, quic-go through smallnest/quick):
+(``tests/rpc/interop/go-quic``, quic-go through smallnest/quick):
 a Go client → our server and our client → a Go server, both directions
 verified against the test CA, plus the Go client's default (no TLS
 configuration: it skips verification) and a Go server killed mid-call.
@@ -30,7 +30,7 @@ from tests.tlsutil import TestPKI
 
 @pytest.fixture(scope="module")
 def go_peer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_go_peer(tmp_path_factory, "go-transports", "the rpcx QUIC/KCP interop peer", tags="quic kcp")
+    return build_go_peer(tmp_path_factory, "go-quic", "the rpcx QUIC interop peer", tags="quic")
 
 
 @pytest.fixture

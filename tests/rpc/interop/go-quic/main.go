@@ -1,21 +1,18 @@
-// Interop peer for tests/rpc/test_quic_interop.py and test_kcp_interop.py: a Go rpcx
-// server or client over rpcx's "quic" and "kcp" networks (built with -tags "quic kcp").
+// Interop peer for tests/rpc/test_quic_interop.py: a Go rpcx server or client over rpcx's
+// "quic" network (built with -tags quic).
 //
-//	go run -tags "quic kcp" . server NETWORK ADDR        serve Arith.Mul / Arith.Add on NETWORK@ADDR
-//	                                                      until killed; prints "ready"
-//	go run -tags "quic kcp" . client NETWORK ADDR A B [N] call Arith.Mul(A, B) N times (default 1) over
-//	                                                      one connection, print the last reply as JSON
+//	go run -tags quic . server NETWORK ADDR        serve Arith.Mul / Arith.Add on NETWORK@ADDR
+//	                                                until killed; prints "ready"
+//	go run -tags quic . client NETWORK ADDR A B [N] call Arith.Mul(A, B) N times (default 1) over
+//	                                                one connection, print the last reply as JSON
 //
 // QUIC: the server needs TLS_CERT and TLS_KEY (PEM); with TLS_CA the client verifies the server
 // against that CA (and TLS_SERVER_NAME, default the host of ADDR), without it the client does as
 // rpcx does when given no TLS configuration: it skips verification.
-// KCP: the block crypt is AES with the key pbkdf2(KCP_KEY, KCP_SALT, 4096, 32, sha1) as in rpcx's
-// examples (defaults "rpcx-key" / "rpcx-salt"); KCP_CRYPT=none uses kcp-go's "none" block crypt.
 package main
 
 import (
 	"context"
-	"crypto/sha1"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -28,8 +25,6 @@ import (
 	"github.com/smallnest/rpcx/client"
 	"github.com/smallnest/rpcx/protocol"
 	"github.com/smallnest/rpcx/server"
-	kcp "github.com/xtaci/kcp-go"
-	"golang.org/x/crypto/pbkdf2"
 )
 
 type Args struct {
@@ -51,26 +46,6 @@ func (t *Arith) Mul(ctx context.Context, args *Args, reply *Reply) error {
 func (t *Arith) Add(ctx context.Context, args *Args, reply *Reply) error {
 	reply.C = args.A + args.B
 	return nil
-}
-
-func getenv(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-func blockCrypt() kcp.BlockCrypt {
-	if os.Getenv("KCP_CRYPT") == "none" {
-		bc, _ := kcp.NewNoneBlockCrypt(nil)
-		return bc
-	}
-	key := pbkdf2.Key([]byte(getenv("KCP_KEY", "rpcx-key")), []byte(getenv("KCP_SALT", "rpcx-salt")), 4096, 32, sha1.New)
-	bc, err := kcp.NewAESBlockCrypt(key)
-	if err != nil {
-		panic(err)
-	}
-	return bc
 }
 
 func serverTLS() *tls.Config {
@@ -117,9 +92,6 @@ func main() {
 		if conf := serverTLS(); conf != nil {
 			opts = append(opts, server.WithTLSConfig(conf))
 		}
-		if network == "kcp" {
-			opts = append(opts, server.WithBlockCrypt(blockCrypt()))
-		}
 		s := server.NewServer(opts...)
 		if err := s.RegisterName("Arith", new(Arith), ""); err != nil {
 			panic(err)
@@ -144,9 +116,6 @@ func main() {
 		opt := client.DefaultOption
 		opt.SerializeType = protocol.JSON
 		opt.TLSConfig = clientTLS(addr)
-		if network == "kcp" {
-			opt.Block = blockCrypt()
-		}
 		d, err := client.NewPeer2PeerDiscovery(network+"@"+addr, "")
 		if err != nil {
 			panic(err)

@@ -1,12 +1,8 @@
-module juggler/rpcx-transports-interop
+module juggler/rpcx-quic-interop
 
 go 1.23.0
 
-require (
-	github.com/smallnest/rpcx v1.9.1
-	github.com/xtaci/kcp-go v5.4.20+incompatible
-	golang.org/x/crypto v0.32.0
-)
+require github.com/smallnest/rpcx v1.9.1
 
 require (
 	github.com/akutz/memconn v0.1.0 // indirect
@@ -54,7 +50,9 @@ require (
 	github.com/valyala/fastrand v1.1.0 // indirect
 	github.com/vmihailenco/msgpack/v5 v5.4.1 // indirect
 	github.com/vmihailenco/tagparser/v2 v2.0.0 // indirect
+	github.com/xtaci/kcp-go v5.4.20+incompatible // indirect
 	go.uber.org/mock v0.5.0 // indirect
+	golang.org/x/crypto v0.32.0 // indirect
 	golang.org/x/exp v0.0.0-20250128144449-3edf0e91c1ae // indirect
 	golang.org/x/mod v0.22.0 // indirect
 	golang.org/x/net v0.34.0 // indirect
