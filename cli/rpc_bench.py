@@ -30,7 +30,7 @@ EPILOG = """examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("address", metavar="ADDR|REGISTRY",
-                   help=f"host:port (rpcx), http://host:port (gateway), inproc:NAME, or {TARGET_HELP}")
+                   help=f"host:port or quic@host:port (rpcx), http://host:port (gateway), inproc:NAME, or {TARGET_HELP}")
     p.add_argument("-c", "--concurrency", type=int, default=100, help="concurrent callers (default 100)")
     p.add_argument("-n", "--total", type=int, default=100_000, help="total calls (default 100000)")
     p.add_argument("--pool", type=int, default=10, help="connections per client process (default 10)")

@@ -32,6 +32,7 @@ EPILOG = """examples:
   juggler rpc call http://127.0.0.1:8080 Arith.Mul '{"A":6,"B":7}'         # HTTP gateway (ours or Go rpcx's)
   juggler rpc call http://127.0.0.1:8080 Arith.Add '{"A":1,"B":2}' --codec msgpack --timeout 2
   juggler rpc call 127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem   # rpcx over TLS
+  juggler rpc call quic@127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem   # rpcx over QUIC
   juggler rpc call https://127.0.0.1:8080 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem
   juggler rpc call etcd://127.0.0.1:2379/rpcx Arith.Mul '{"A":6,"B":7}'   # a server registered in etcd
   juggler rpc call redis://127.0.0.1:6379/rpcx Arith.Mul '{"A":6,"B":7}' --selector roundrobin --fail-mode failover
@@ -46,7 +47,7 @@ EPILOG = """examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("address", metavar="ADDR|REGISTRY",
-                   help=f"host:port or tcp@host:port (rpcx), http://host:port (gateway), or {TARGET_HELP}")
+                   help=f"host:port, tcp@host:port or quic@host:port (rpcx), http://host:port (gateway), or {TARGET_HELP}")
     p.add_argument("target", metavar="Service.Method")
     p.add_argument("args", metavar="JSON", nargs="?", default="null", help="the argument as JSON (default null)")
     p.add_argument("--codec", choices=("json", "msgpack"), default="json", help="payload codec (default json)")

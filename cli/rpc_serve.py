@@ -34,6 +34,8 @@ EPILOG = """examples:
       # the same HTTP API answered on the rpcx port (unless --no-http)
   juggler rpc serve --listen 127.0.0.1:8972 --example arith --tls-cert certs/cert.pem --tls-key certs/key.pem
   juggler rpc call 127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem
+  juggler rpc serve --listen quic@127.0.0.1:8972 --example arith --tls-cert certs/cert.pem --tls-key certs/key.pem
+  juggler rpc call quic@127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem   # rpcx over QUIC
   juggler rpc serve --listen 0.0.0.0:8972 --example arith --file-transfer /srv/files --file-transfer-listen 0.0.0.0:8973
       # rpcx's _filetransfer service (Go: XClient.SendFile / DownloadFile), files kept in /srv/files
       # rpcx over TLS (and https:// on the same port); certificates: juggler tls dev-cert --out certs
@@ -42,8 +44,8 @@ EPILOG = """examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", metavar="HOST:PORT",
-                   help="rpcx protocol listener: HOST:PORT, tcp@HOST:PORT or unix@/path "
-                        "(HTTP gateway requests on the same port are answered too)")
+                   help="rpcx protocol listener: HOST:PORT, tcp@HOST:PORT, quic@HOST:PORT (needs --tls-cert) "
+                        "or unix@/path (HTTP gateway requests on a TCP port are answered too)")
     p.add_argument("--no-http", action="store_true", help="do not answer HTTP on the --listen port")
     p.add_argument("--max-message", type=int, default=64 << 20, metavar="BYTES",
                    help="largest rpcx message and largest inflated gzip payload accepted (default 64 MiB)")
@@ -121,7 +123,7 @@ def _hostport(value: str, flag: str) -> tuple[str, int]:
     return parse_hostport(value, what=flag, default_host="127.0.0.1")
 
 
-def _reload_tls(tls: Any, context: Any) -> None:
+def _reload_tls(tls: Any, context: Any, process: Any = None) -> None:
     """SIGHUP: read the certificate files again; new handshakes get the
     new certificate, established connections keep theirs (logged; the
     current certificate stays when the new files are unusable)."""
@@ -135,6 +137,9 @@ def _reload_tls(tls: Any, context: Any) -> None:
         return
     try:
         tls.reload(context)
+        listener = getattr(process, "listener", None)
+        if listener is not None and listener.endpoint.kind == "quic":
+            listener.reload_tls()  # QUIC holds the certificate outside the ssl context
         log.info("TLS certificate reloaded from %s", tls.cert)
     except TlsConfigError as exc:
         log.error("TLS certificate not reloaded: %s", exc)
@@ -175,6 +180,10 @@ async def serve(args: argparse.Namespace) -> int:
         tls_context = tls.context() if tls is not None else None
         if tls is not None and args.listen and args.listen.startswith("unix@"):
             raise ValueError("TLS is for TCP listeners; --listen is a Unix socket")
+        if tls is None and args.listen and args.listen.startswith(("quic@", "quic://")):
+            raise ValueError("QUIC always encrypts: give --tls-cert and --tls-key with a quic@ listener")
+        if args.tls_client_ca and args.listen and args.listen.startswith(("quic@", "quic://")):
+            raise ValueError("--tls-client-ca: mutual TLS is not available over QUIC (serve it over TCP)")
         gateway_at = _hostport(args.gateway, "--gateway") if args.gateway else None
         grpc_at = _hostport(args.grpc, "--grpc") if args.grpc else None
         config = None
@@ -303,7 +312,7 @@ async def serve(args: argparse.Namespace) -> int:
 
     options = RpcOptions(
         listen=args.listen, http=not args.no_http, transport=config, idle_timeout=args.idle_timeout,
-        tls_context=tls_context, gateway=gateway_at, grpc=grpc_at,
+        tls_context=tls_context, tls_files=tls, gateway=gateway_at, grpc=grpc_at,
         metrics=(metrics, args.metrics_host, args.metrics_port) if metrics is not None else None,
         advertise=args.advertise, drain_timeout=args.shutdown_timeout,
         started_plugins=(jwt_plugin,) if jwt_plugin is not None else (),
@@ -320,7 +329,8 @@ async def serve(args: argparse.Namespace) -> int:
     def ready(r: RpcProcess) -> None:
         where = ", ".join(
             x for x in (
-                f"rpcx{' over TLS' if tls else ''} on {r.listener.address}" if r.listener is not None else "",
+                f"rpcx{' over TLS' if tls and r.listener.endpoint.kind == 'tcp' else ''} on {r.listener.address}"
+                if r.listener is not None else "",
                 f"{'https' if tls else 'http'} gateway on {r.gateway.host}:{r.gateway.port}" if r.gateway else "",
                 f"grpc.aio Hello.Say on {r.grpc_address}" if r.grpc_server is not None else "",
                 f"metrics on :{args.metrics_port}" if metrics is not None else "",
@@ -351,7 +361,7 @@ async def serve(args: argparse.Namespace) -> int:
 
     try:
         status = await serve_until_signalled(prog, start_kept, ready=ready,
-                                             reload=lambda _r: _reload_tls(tls, tls_context))
+                                             reload=lambda r: _reload_tls(tls, tls_context, r))
     finally:
         if tracing is not None:
             tracing.shutdown()  # exports the spans still batched

@@ -84,6 +84,7 @@ class RpcxCaller:
         self.plugins = as_container(plugins)
         self._pools = [
             TransportPool("rpcx", config=config, handler=self._on_request, tls=ctx,
+                          quic_tls=tls if hasattr(tls, "context") else None,
                           on_connect=self._conn_open, on_disconnect=self._conn_close)
             for _ in range(pool)
         ]

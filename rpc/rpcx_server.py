@@ -279,16 +279,16 @@ def _unused_handler(conn: Connection, msg: Any) -> None:  # pragma: no cover - n
 
 
 def address_of(endpoint: Endpoint) -> str:
-    """The rpcx address of an endpoint: ``tcp@host:port`` / ``unix@/path``."""
-    if endpoint.kind == "tcp":
+    """The rpcx address of an endpoint: ``tcp@host:port`` / ``quic@host:port`` / ``unix@/path``."""
+    if endpoint.kind in ("tcp", "quic"):
         host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
-        return f"tcp@{host}:{endpoint.port}"
+        return f"{endpoint.kind}@{host}:{endpoint.port}"
     return f"{endpoint.kind}@{endpoint.path}"
 
 
 def endpoint_of(address: str) -> Endpoint:
-    """``host:port``, ``tcp@host:port``, ``unix@/path``, or a transport
-    endpoint (``tcp://``, ``unix://``) → Endpoint."""
+    """``host:port``, ``tcp@host:port``, ``quic@host:port``, ``unix@/path``,
+    or a transport endpoint (``tcp://``, ``quic://``, ``unix://``) → Endpoint."""
     if "://" in address:
         return Endpoint.parse(address)
     scheme, at, rest = address.partition("@")
@@ -296,9 +296,11 @@ def endpoint_of(address: str) -> Endpoint:
         scheme, rest = "tcp", address
     if scheme in ("tcp", "tcp4", "tcp6"):
         return Endpoint.parse(f"tcp://{rest}")
+    if scheme == "quic":
+        return Endpoint.parse(f"quic://{rest}")
     if scheme == "unix":
         return Endpoint.parse(f"unix://{rest}")
-    raise ValueError(f"unsupported rpcx address {address!r} (host:port, tcp@host:port, unix@/path)")
+    raise ValueError(f"unsupported rpcx address {address!r} (host:port, tcp@host:port, quic@host:port, unix@/path)")
 
 
 class RpcxServer:

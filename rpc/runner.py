@@ -47,6 +47,8 @@ class RpcOptions:
     idle_timeout: float | None = None
     #: the ssl.SSLContext both listeners serve TLS with (None: clear)
     tls_context: Any = None
+    #: the certificate files (rustext.tls.ServerTls) of ``tls_context``: a QUIC listener loads them itself
+    tls_files: Any = None
     #: a separate HTTP gateway at (host, port)
     gateway: tuple[str, int] | None = None
     #: the grpc.aio Hello.Say peer at (host, port)
@@ -99,11 +101,13 @@ class RpcProcess(ServiceBase):
                 self._started_plugins.append(plugin)
             if o.listen:
                 from rpc.gateway import Gateway
-                from rpc.rpcx_server import RpcxServer
+                from rpc.rpcx_server import RpcxServer, endpoint_of
 
+                quic = endpoint_of(o.listen).kind == "quic"
                 self.listener = RpcxServer(self.server, o.listen,
-                                           gateway=Gateway(self.server.dispatcher) if o.http else None,
-                                           config=o.transport, idle_timeout=o.idle_timeout, tls=o.tls_context)
+                                           gateway=Gateway(self.server.dispatcher) if o.http and not quic else None,
+                                           config=o.transport, idle_timeout=o.idle_timeout,
+                                           tls=o.tls_files if quic else o.tls_context)
                 await self.listener.start()
             for side in self.server.attached:  # file transfer, streams: rpc.server.Server.attach
                 await side.start()

@@ -21,6 +21,12 @@ most ``processes × pool`` calls in flight where rpcx and gRPC multiplex all
 ``--tls`` adds ``rpcx-tls``: a second server, the same but serving rpcx over
 TLS (an ECDSA P-256 certificate of ``juggler tls dev-cert``), loaded the same
 way in the same rounds, so TLS's cost shows beside the plaintext figures.
+
+``--quic`` adds ``rpcx-quic``: a server serving rpcx over QUIC (``quic@``,
+the same certificate), loaded the same way in the same rounds (``--quic-n``
+calls per round: QUIC costs far more CPU per call, see the results page).
+
+    python benches/rpc/bench_rpcx.py --quic --tls --peers rpcx,rpcx-tls,rpcx-quic --rounds 5
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from rpc.examples import benchmark_request  # noqa: E402
 from rpc.message import SerializeType  # noqa: E402
 from tests.netutil import free_port, wait_for_port  # noqa: E402
 
-PEERS = ("rpcx", "rpcx-tls", "grpc.aio", "gateway")
+PEERS = ("rpcx", "rpcx-tls", "rpcx-quic", "grpc.aio", "gateway")
 
 
 def measure(peer: str, address: str, server_pid: int, *, calls: int, concurrency: int, processes: int,
@@ -98,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gateway-n", type=int, default=30_000, help="calls per gateway round; 0 = skip [%(default)s]")
     p.add_argument("--out", metavar="FILE", help="write the raw results (JSON) there")
     p.add_argument("--tls", action="store_true", help="also rpcx over TLS (a second server), in the same rounds")
+    p.add_argument("--quic", action="store_true", help="also rpcx over QUIC (a third server), in the same rounds")
+    p.add_argument("--quic-n", type=int, default=20_000, help="calls per rpcx-quic round [%(default)s]")
     p.add_argument("--peers", default="", help="only these peers, comma-separated (default: all)")
     a = p.parse_args(argv)
     ports = {"rpcx": free_port(), "grpc.aio": free_port(), "gateway": free_port()}
@@ -111,15 +119,28 @@ def main(argv: list[str] | None = None) -> int:
     if a.gateway_n:
         plan["gateway"] = (f"http://127.0.0.1:{ports['gateway']}", a.gateway_n)
     pids = {peer: server.pid for peer in plan}
-    tls_server = None
+    tls_server = quic_server = None
     client_tls = None
-    if a.tls:
+    if a.tls or a.quic:
         import tempfile
 
         from rustext.tls import ClientTls, write_dev_cert
 
         made = write_dev_cert(tempfile.mkdtemp(prefix="rpc-bench-tls-"))
         client_tls = ClientTls(ca=str(made.ca))
+    if a.quic:
+        quic_port = free_port()
+        quic_server = subprocess.Popen(
+            [sys.executable, "-m", "cli", "rpc", "serve", "--example", "bench",
+             "--listen", f"quic@127.0.0.1:{quic_port}", "--tls-cert", str(made.cert), "--tls-key", str(made.key)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        assert quic_server.stdout is not None
+        if "quic@" not in quic_server.stdout.readline():  # it says where it listens once it does
+            raise SystemExit("the QUIC server did not start")
+        plan["rpcx-quic"] = (f"quic@127.0.0.1:{quic_port}", a.quic_n)
+        pids["rpcx-quic"] = quic_server.pid
+    if a.tls:
         tls_port = free_port()
         tls_server = subprocess.Popen(
             [sys.executable, "-m", "cli", "rpc", "serve", "--example", "bench", "--no-http",
@@ -140,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             for peer in order[rnd % len(order):] + order[:rnd % len(order)]:
                 address, calls = plan[peer]
                 r = measure(peer, address, pids[peer], calls=calls, concurrency=a.c, processes=a.processes,
-                            pool=a.pool, tls=client_tls if peer == "rpcx-tls" else None)
+                            pool=a.pool, tls=client_tls if peer in ("rpcx-tls", "rpcx-quic") else None)
                 r["round"] = rnd
                 runs.append(r)
                 print(f"r{rnd} {peer:9} {r['calls_per_s']:9,.0f} calls/s  p99 {r['latency_ms']['p99']:6.2f} ms  "
@@ -148,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"  errors {r['errors']}  load {r['loadavg_before'][0]:.2f}", flush=True)
                 time.sleep(0.5)
     finally:
-        if tls_server is not None:
-            tls_server.send_signal(signal.SIGTERM)
-            tls_server.wait(timeout=20)
+        for extra in (tls_server, quic_server):
+            if extra is not None:
+                extra.send_signal(signal.SIGTERM)
+                extra.wait(timeout=20)
         server.send_signal(signal.SIGTERM)
         try:
             server.wait(timeout=20)

@@ -1,8 +1,10 @@
 """rpc.transport: a multiplexed, full-duplex transport (ListenRain-style).
 
 Map:
-- ``endpoint``    Endpoint: tcp://host:port, unix:///path, inproc://name (the pool key)
-- ``channels``    byte streams behind one interface: TCP, Unix, in-process (InProcNetwork)
+- ``endpoint``    Endpoint: tcp://host:port, quic://host:port, unix:///path, inproc://name (the pool key)
+- ``channelapi``  the Channel / Listener interface every byte stream implements
+- ``channels``    byte streams behind it: TCP, Unix, in-process (InProcNetwork); channel_for
+- ``quic``        QuicChannel: one bidirectional QUIC stream per connection (aioquic), as Go rpcx's quic tag
 - ``wire``        packet + message layer per protocol: rpcx (rustext codec), frame (rustext framing)
 - ``codec``       payload codecs by serialize type: raw, JSON, protobuf (by annotation),
                   msgpack; SerializeType; the one codec module of rpc too

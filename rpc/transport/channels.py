@@ -13,36 +13,11 @@ import asyncio
 import os
 import socket
 import ssl
-from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import Any
 
-from rustext.net import listen_error
-
+from rpc.transport.channelapi import Channel, Listener, ProtocolFactory
 from rpc.transport.endpoint import Endpoint
-
-ProtocolFactory = Callable[[], asyncio.Protocol]
-
-
-class Listener(ABC):
-    """A listening channel; ``endpoint`` is the bound address (real port for tcp:0)."""
-
-    endpoint: Endpoint
-
-    @abstractmethod
-    def close(self) -> None:
-        """Stop accepting (idempotent); existing connections are not touched."""
-
-    @abstractmethod
-    async def wait_closed(self) -> None: ...
-
-
-class Channel(ABC):
-    @abstractmethod
-    async def connect(self, endpoint: Endpoint, factory: ProtocolFactory) -> tuple[asyncio.BaseTransport, asyncio.Protocol]: ...
-
-    @abstractmethod
-    async def listen(self, endpoint: Endpoint, factory: ProtocolFactory) -> Listener: ...
+from rustext.net import listen_error
 
 
 class _ServerListener(Listener):
@@ -316,13 +291,19 @@ class InProcChannel(Channel):
         return listener
 
 
-def channel_for(endpoint: Endpoint, inproc: InProcNetwork | None = None, tls: ssl.SSLContext | None = None) -> Channel:
+def channel_for(endpoint: Endpoint, inproc: InProcNetwork | None = None, tls: Any = None) -> Channel:
     """The channel that serves ``endpoint`` (``inproc`` needs its network;
-    ``tls`` is for TCP endpoints only)."""
+    ``tls`` is an ``ssl`` context for TCP endpoints; for QUIC endpoints a
+    ``rustext.tls.ServerTls`` to listen, a ``ClientTls`` or client context to
+    connect)."""
     if endpoint.kind == "tcp":
         return TcpChannel(tls)
+    if endpoint.kind == "quic":
+        from rpc.transport.quic import QuicChannel
+
+        return QuicChannel(tls)
     if tls is not None:
-        raise ValueError(f"{endpoint}: TLS is for TCP endpoints only")
+        raise ValueError(f"{endpoint}: TLS is for TCP and QUIC endpoints only")
     if endpoint.kind == "unix":
         return UnixChannel()
     if inproc is None:

@@ -1,11 +1,12 @@
-"""Endpoints: the key of a transport (``tcp://host:port``, ``unix:///path``, ``inproc://name``)."""
+"""Endpoints: the key of a transport (``tcp://host:port``, ``quic://host:port``, ``unix:///path``,
+``inproc://name``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["tcp", "unix", "inproc"]
+Kind = Literal["tcp", "quic", "unix", "inproc"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,12 +24,13 @@ class Endpoint:
             return text
         scheme, sep, rest = text.partition("://")
         if not sep:
-            raise ValueError(f"endpoint {text!r}: expected tcp://host:port, unix:///path or inproc://name")
-        if scheme == "tcp":
+            raise ValueError(f"endpoint {text!r}: expected tcp://host:port, quic://host:port, unix:///path "
+                             "or inproc://name")
+        if scheme in ("tcp", "quic"):
             host, colon, port = rest.rpartition(":")
             if not colon or not port.isdigit():
-                raise ValueError(f"endpoint {text!r}: expected tcp://host:port")
-            return cls("tcp", host=host.strip("[]") or "127.0.0.1", port=int(port))
+                raise ValueError(f"endpoint {text!r}: expected {scheme}://host:port")
+            return cls(scheme, host=host.strip("[]") or "127.0.0.1", port=int(port))  # type: ignore[arg-type]
         if scheme == "unix":
             if not rest:
                 raise ValueError(f"endpoint {text!r}: empty unix socket path")
@@ -40,7 +42,7 @@ class Endpoint:
         raise ValueError(f"endpoint {text!r}: unknown scheme {scheme!r}")
 
     def __str__(self) -> str:
-        if self.kind == "tcp":
+        if self.kind in ("tcp", "quic"):
             host = f"[{self.host}]" if ":" in self.host else self.host
-            return f"tcp://{host}:{self.port}"
+            return f"{self.kind}://{host}:{self.port}"
         return f"{self.kind}://{self.path}"

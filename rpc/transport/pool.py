@@ -66,6 +66,7 @@ class TransportPool:
         inproc: InProcNetwork | None = None,
         rng: random.Random | None = None,
         tls: ClientTls | ssl.SSLContext | None = None,
+        quic_tls: ClientTls | None = None,
         on_connect: Callable[[Endpoint, Connection], Awaitable[None]] | None = None,
         on_disconnect: Callable[[Endpoint, Connection], None] | None = None,
     ) -> None:
@@ -73,6 +74,8 @@ class TransportPool:
         self.config = config or PoolConfig()
         #: client TLS context of every connection (TCP endpoints), built once
         self.tls = tls.context() if isinstance(tls, ClientTls) else tls
+        #: what QUIC endpoints verify with (their TLS is not ``ssl``'s): ``quic_tls``, or ``tls``
+        self.quic_tls: ClientTls | ssl.SSLContext | None = quic_tls or (tls if isinstance(tls, ClientTls) else self.tls)
         self._handler = handler  # answers requests the servers push to us
         #: awaited with each new connection before it is used; raising refuses it
         #: (the connection is closed and the attempt fails)
@@ -153,7 +156,7 @@ class TransportPool:
                 handler=self._handler,
                 inproc=self._inproc,
                 on_close=lambda c, exc: self._lost(ep, c),
-                tls=self.tls,
+                tls=self.quic_tls if ep.kind == "quic" else self.tls,
             )
         if self._closed:
             conn.close()

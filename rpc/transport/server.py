@@ -69,7 +69,9 @@ class TransportServer:
             raise TransportClosed("server is closed")
         loop = asyncio.get_running_loop()
         self._scheduler = DeadlineScheduler(loop, expire)
-        channel = channel_for(self.endpoint, self._inproc, self.tls)
+        # QUIC loads the certificate files itself (its TLS is not Python's ssl)
+        tls = self._tls_files if self.endpoint.kind == "quic" else self.tls
+        channel = channel_for(self.endpoint, self._inproc, tls)
         self._listener = await channel.listen(self.endpoint, self._make_connection)
         self.endpoint = self._listener.endpoint
         log.info("transport server listening on %s (protocol %s)", self.endpoint, self.protocol.name)
@@ -128,6 +130,10 @@ class TransportServer:
         the old certificate stays and ``TlsConfigError`` is raised."""
         if self._tls_files is None or self.tls is None:
             raise ValueError("this server was not given TLS certificate files")
+        reload = getattr(self._listener, "reload", None)
+        if self.endpoint.kind == "quic" and reload is not None:
+            reload()
+            return
         self._tls_files.reload(self.tls)
 
     async def __aenter__(self) -> TransportServer:

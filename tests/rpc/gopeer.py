@@ -22,9 +22,10 @@ from tests.netutil import free_port
 INTEROP = Path(__file__).parent / "interop"
 
 
-def build_go_peer(tmp_path_factory: pytest.TempPathFactory, module: str, what: str) -> Path:
-    """Build ``tests/rpc/interop/{module}`` and return the binary; ``what``
-    names the peer in the skip/fail message ("the rpcx-etcd interop peer")."""
+def build_go_peer(tmp_path_factory: pytest.TempPathFactory, module: str, what: str, tags: str = "") -> Path:
+    """Build ``tests/rpc/interop/{module}`` (with the build ``tags``) and return
+    the binary; ``what`` names the peer in the skip/fail message ("the
+    rpcx-etcd interop peer")."""
     go = shutil.which("go")
     if go is None:
         why = f"Go is not installed: {what} cannot be built"
@@ -32,8 +33,8 @@ def build_go_peer(tmp_path_factory: pytest.TempPathFactory, module: str, what: s
             pytest.fail(f"{why} (in CI the interop tests must run)")
         pytest.skip(why)
     out = tmp_path_factory.mktemp(module) / module
-    res = subprocess.run([go, "build", "-o", str(out), "."], cwd=INTEROP / module, capture_output=True, text=True,
-                         timeout=600, check=False, env={**os.environ, "CGO_ENABLED": "0"})
+    res = subprocess.run([go, "build", *(["-tags", tags] if tags else []), "-o", str(out), "."], cwd=INTEROP / module,
+                         capture_output=True, text=True, timeout=600, check=False, env={**os.environ, "CGO_ENABLED": "0"})
     assert res.returncode == 0, f"go build of {INTEROP / module} failed:\n{res.stderr}"
     return out
 

@@ -183,8 +183,9 @@ def test_addresses() -> None:
     assert endpoint_of("tcp@h:1") == Endpoint("tcp", host="h", port=1)
     assert endpoint_of("unix@/tmp/x.sock") == Endpoint("unix", path="/tmp/x.sock")
     assert endpoint_of("tcp://h:2") == Endpoint("tcp", host="h", port=2)
+    assert endpoint_of("quic@h:1") == Endpoint("quic", host="h", port=1)
     with pytest.raises(ValueError):
-        endpoint_of("quic@h:1")
+        endpoint_of("utp@h:1")
     assert address_of(Endpoint("tcp", host="h", port=1)) == "tcp@h:1"
     assert address_of(Endpoint("unix", path="/s")) == "unix@/s"
 
