@@ -117,8 +117,10 @@ async def _worker(cfg: FanoutConfig, n: int, publish: bool, pipe: Any) -> dict[s
 
     async def open_ws(on_frame: Any) -> _WsClient:
         ws = _WsClient(cfg.url, "juggler.0", on_frame)
-        await asyncio.wait_for(loop.create_connection(lambda: ws, ws.host, ws.port), cfg.open_timeout)
-        await asyncio.wait_for(ws.opened, cfg.open_timeout)
+        async with asyncio.timeout(cfg.open_timeout):  # not wait_for (3.11)
+            await loop.create_connection(lambda: ws, ws.host, ws.port)
+        async with asyncio.timeout(cfg.open_timeout):  # not wait_for (3.11)
+            await ws.opened
         return ws
 
     pub_ws = None

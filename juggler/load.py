@@ -390,10 +390,12 @@ async def _worker(cfg: LoadConfig, nconns: int, rate: float, counters: Any, star
         c = _Conn(counters, lat, template, float("inf"), cfg.timeout, closed_loop)
         try:
             ws = _WsClient(cfg.url, "juggler.0", c.on_frame)
-            await asyncio.wait_for(loop.create_connection(
-                lambda: ws, ws.host, ws.port, ssl=tls, server_hostname=ws.host if tls is not None else None,
-            ), cfg.open_timeout)
-            await asyncio.wait_for(ws.opened, cfg.open_timeout)
+            async with asyncio.timeout(cfg.open_timeout):  # not wait_for (3.11)
+                await loop.create_connection(
+                    lambda: ws, ws.host, ws.port, ssl=tls, server_hostname=ws.host if tls is not None else None,
+                )
+            async with asyncio.timeout(cfg.open_timeout):  # not wait_for (3.11)
+                await ws.opened
         except Exception as exc:
             counters[_ERRORS] += 1
             if isinstance(exc, ssl.SSLError):

@@ -2,7 +2,7 @@
 inner wait that ends in the same loop turn as a cancel of its caller, and the
 cancel is lost (fixed in 3.12, where it is built on ``asyncio.timeout``). A
 loop task that loses its cancel never ends, and whoever awaits it (an
-``aclose``) hangs. So rpc, seq, the balancer's control plane and the command
+``aclose``) hangs. So juggler, rpc, seq, the balancer's control plane and the command
 line use ``asyncio.timeout`` or ``asyncio.wait`` instead; this file holds them to it.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from rpc.discovery.base import heartbeat_loop
 
 ROOT = Path(__file__).resolve().parents[1]
-AUDITED = ("rpc", "seq", "balancer", "cli")
+AUDITED = ("juggler", "rpc", "seq", "balancer", "cli")
 
 
 def test_no_wait_for_where_a_lost_cancel_can_hang_a_close() -> None:

@@ -254,7 +254,8 @@ class ClusterRouter:
 
     async def _refresh(self) -> None:
         try:
-            await asyncio.wait_for(self._client.nodes_manager.initialize(), self.command_timeout)
+            async with asyncio.timeout(self.command_timeout):  # not wait_for (3.11)
+                await self._client.nodes_manager.initialize()
             self.refreshes += 1
             self._snapshot()
         except Exception as exc:

@@ -221,8 +221,10 @@ class BlockingPops:
                 try:
                     if not fut.done():
                         unblock = self.router.pool_for(keys[0]).execute("CLIENT", "UNBLOCK", client_id)
-                        await asyncio.wait_for(unblock, 2.0)
-                    reply = await asyncio.wait_for(asyncio.shield(fut), 2.0)
+                        async with asyncio.timeout(2.0):  # not wait_for (3.11)
+                            await unblock
+                    async with asyncio.timeout(2.0):  # not wait_for (3.11)
+                        reply = await asyncio.shield(fut)
                     if reply:
                         k, items = reply
                         leftovers.extend((k, item) for item in (items if isinstance(items, list) else [items]))

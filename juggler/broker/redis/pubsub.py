@@ -149,7 +149,8 @@ class PubSubFanout:
             sub.state = "subscribing"
             conn.send_push("PSUBSCRIBE" if pattern else "SUBSCRIBE", channel)
         try:
-            await asyncio.wait_for(asyncio.shield(barrier.fut), self.config.command_timeout)
+            async with asyncio.timeout(self.config.command_timeout):  # not wait_for (3.11)
+                await asyncio.shield(barrier.fut)
         except (BrokerError, TimeoutError) as exc:
             await self.unsubscribe(subscriber, channel, pattern)
             raise BrokerError(f"subscribe failed: {exc or 'no answer from Redis'}") from exc
@@ -165,7 +166,8 @@ class PubSubFanout:
         self._pings.append(barrier)
         conn.send_push("PING")
         try:
-            await asyncio.wait_for(asyncio.shield(barrier.fut), self.config.command_timeout)
+            async with asyncio.timeout(self.config.command_timeout):  # not wait_for (3.11)
+                await asyncio.shield(barrier.fut)
         except TimeoutError:
             barrier.callbacks.clear()
             raise BrokerError("subscribe failed: no answer from Redis") from None
@@ -206,7 +208,8 @@ class PubSubFanout:
         assert self._ready is not None
         if not (self.conn is not None and not self.conn.closed):
             try:
-                await asyncio.wait_for(self._ready.wait(), self.config.connect_timeout)
+                async with asyncio.timeout(self.config.connect_timeout):  # not wait_for (3.11)
+                    await self._ready.wait()
             except TimeoutError:
                 raise BrokerError("no pub-sub connection to Redis") from None
         assert self.conn is not None
@@ -279,7 +282,8 @@ class PubSubFanout:
         probe: _Barrier | None = None
         while True:
             try:
-                return await asyncio.wait_for(asyncio.shield(lost), self.config.pubsub_health_interval)
+                async with asyncio.timeout(self.config.pubsub_health_interval):  # not wait_for (3.11)
+                    return await asyncio.shield(lost)
             except TimeoutError:
                 pass
             if probe is not None and not probe.fut.done():

@@ -146,7 +146,8 @@ class ShardedPubSub:
         if chan.link is None and chan.retry is None:
             self._assign(chan)
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.command_timeout)
+            async with asyncio.timeout(self.command_timeout):  # not wait_for (3.11)
+                await asyncio.shield(fut)
         except TimeoutError:
             raise BrokerError(f"no answer to SSUBSCRIBE {channel} from Redis") from None
         finally:
@@ -333,7 +334,8 @@ class ShardedPubSub:
     async def _watch(self, link: _Link, conn: RespConnection, lost: asyncio.Future[Any]) -> Any:
         while True:
             try:
-                return await asyncio.wait_for(asyncio.shield(lost), self.health_interval)
+                async with asyncio.timeout(self.health_interval):  # not wait_for (3.11)
+                    return await asyncio.shield(lost)
             except TimeoutError:
                 pass
             if not link.probe_answered:
