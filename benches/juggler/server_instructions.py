@@ -37,6 +37,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benches.common import compare_instructions, free_port, instructions, under_callgrind, wait_port  # noqa: E402
 
 
+def wait_blocked(redis_port: int, timeout: float) -> None:
+    """Until two clients of Redis block on a pop (the server's results
+    listener and the callee's calls): the callee is ready."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        out = subprocess.run(["redis-cli", "-p", str(redis_port), "CLIENT", "LIST"], capture_output=True, text=True)
+        if out.stdout.count("cmd=blmpop") + out.stdout.count("cmd=brpop") >= 2:
+            return
+        time.sleep(1)
+    raise SystemExit(f"no callee blocked on Redis within {timeout:.0f}s")
+
+
 def run(tree: str, seconds: int, rate: int, process: str = "server") -> tuple[int, int]:
     """One lifetime of `process` (server or callee) under callgrind: (instructions, calls answered)."""
     redis_port, ws_port = free_port(), free_port()
@@ -56,9 +68,9 @@ def run(tree: str, seconds: int, rate: int, process: str = "server") -> tuple[in
         procs.append(subprocess.Popen(native, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         server = under_callgrind(counted, tree)
         procs.append(server)
-        wait_port(ws_port)
+        wait_port(ws_port, timeout=900)  # under callgrind, on a busy machine, start-up takes minutes
         if process == "callee":
-            time.sleep(60)  # the callee starts some fifty times slower under callgrind: let it block on its list
+            wait_blocked(redis_port, 900)  # the calls go out once it waits for them
         calls = 0
         if seconds:
             out = subprocess.run(

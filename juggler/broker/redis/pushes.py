@@ -138,9 +138,12 @@ def push_script_run(
     if len(items) == 1:
         ttl_key, ms, payload, _ = items[0]
         return PUSH_SCRIPT, (ttl_key, list_key), (ms, payload, cap)
-    keys = (list_key, *(it[0] for it in items))
-    argv = (cap, *(x for it in items for x in (it[1], it[2])))
-    return PUSH_MANY_SCRIPT, keys, argv
+    keys = [list_key]
+    argv: list[Any] = [cap]
+    for ttl_key, ms, payload, _ in items:  # a plain loop: no generator to resume per item
+        keys.append(ttl_key)
+        argv += (ms, payload)
+    return PUSH_MANY_SCRIPT, tuple(keys), tuple(argv)
 
 
 def fail_pushes(items: list[Any], exc: BrokerError) -> None:
