@@ -129,6 +129,7 @@ class Conn(asyncio.Protocol):
         #: this connection in the native fan-out (juggler.subscriptions), once connected
         self.hub_id: int | None = None
         self._held = False  # the fan-out hands our frames back: Python output is queued
+        self._native = False  # the fan-out may write to this socket (it has joined a subscription)
         self._outbox: deque[Outgoing] = deque()  # outgoing messages waiting for the middleware
         self._workers = 0  # worker tasks running (see _work)
         self._outbox_busy = False  # a worker is taking the outbox through the middleware
@@ -743,10 +744,22 @@ class Conn(asyncio.Protocol):
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
-            if not self._held and self.hub_id is not None:
+            if self._native and not self._held and self.hub_id is not None:
                 self._held = True  # the fan-out queues behind this frame
                 self.context.subscriptions.hold(self.hub_id, True)
         return True
+
+    def subscribing(self) -> None:
+        """The fan-out is about to write to this connection: from now on it is
+        held while Python output is queued, starting with what is queued now.
+        (Until then no hold is needed, which spares a call per frame.)"""
+        self._native = True
+        transport = self.transport
+        if not self._held and self.hub_id is not None and (
+            self._flush_scheduled or (transport is not None and transport.get_write_buffer_size() > 0)
+        ):
+            self._held = True
+            self.context.subscriptions.hold(self.hub_id, True)
 
     def write_rest(self, rest: bytes) -> None:
         """Bytes of native fan-out frames the kernel did not take: the transport
@@ -788,7 +801,7 @@ class Conn(asyncio.Protocol):
                 self._detach()
                 transport.close()
                 return
-        if self.hub_id is not None:
+        if self._native and self.hub_id is not None:
             # the fan-out writes natively again once the transport has nothing queued
             held = transport.get_write_buffer_size() > 0
             if held != self._held:

@@ -241,6 +241,7 @@ class Subscriptions:
             # queued before this join go out first, to the subscribers they had
             if self._batch:
                 self.flush()
+            conn.subscribing()
             self.hub.subscribe(conn.hub_id, sub.id)
 
     def _leave(self, conn: Conn, sub: _Sub) -> None:

@@ -443,7 +443,12 @@ class RespPool:
         self._closed = False
 
     def _pick(self) -> RespConnection | None:
-        live = [c for c in self._conns if not c.closed]
+        conns = self._conns
+        if len(conns) == 1:  # the common case, once per pipelined batch: no list, no min()
+            only = conns[0]
+            if not only.closed:
+                return None if only.pending > 64 and self.size > 1 else only
+        live = [c for c in conns if not c.closed]
         if len(live) != len(self._conns):
             self._conns = live
         if not live:

@@ -36,10 +36,13 @@ class Pusher:
         self._batch: dict[str, list[Item]] = {}
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def push(self, list_key: str, ttl_key: str, ttl_ms: int, payload: bytes) -> asyncio.Future[Any]:
         """Queue one item; the future gets the list's length, or fails."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:  # once: asking costs a getpid(2) per call
+            loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self._batch.setdefault(list_key, []).append((ttl_key, ttl_ms, payload, fut))
         if not self._flush_scheduled:
@@ -51,7 +54,7 @@ class Pusher:
         self._flush_scheduled = False
         groups, self._batch = self._batch, {}
         if groups:
-            task = asyncio.get_running_loop().create_task(self.push_groups(groups, self.cap))
+            task = self._loop.create_task(self.push_groups(groups, self.cap))  # type: ignore[union-attr]
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -135,9 +138,12 @@ def push_script_run(
     if len(items) == 1:
         ttl_key, ms, payload, _ = items[0]
         return PUSH_SCRIPT, (ttl_key, list_key), (ms, payload, cap)
-    keys = (list_key, *(it[0] for it in items))
-    argv = (cap, *(x for it in items for x in (it[1], it[2])))
-    return PUSH_MANY_SCRIPT, keys, argv
+    keys = [list_key]
+    argv: list[Any] = [cap]
+    for ttl_key, ms, payload, _ in items:  # a plain loop: no generator to resume per item
+        keys.append(ttl_key)
+        argv += (ms, payload)
+    return PUSH_MANY_SCRIPT, tuple(keys), tuple(argv)
 
 
 def fail_pushes(items: list[Any], exc: BrokerError) -> None:
