@@ -78,7 +78,7 @@ class LoadBalancer(ServiceBase):
             self._ocsp = OcspStapler(lambda: self._native)
             self._ocsp.sync([c.cert for c in self.config.tls.certificates])
         if self.config.acme is not None:
-            self._renewer = Renewer(self.config.acme, self._native, self._native.reload_tls)
+            self._renewer = Renewer(self.config.acme, self._native, self._certificate_renewed)
             self._renewer.start()
         scheme = "https" if self._native.tls else "http"
         redirect = self._native.redirect_address
@@ -344,6 +344,12 @@ class LoadBalancer(ServiceBase):
     def acme(self) -> Renewer | None:
         """The ACME renewal of this process (None without ``[acme]``): orders, failures, next attempt."""
         return self._renewer
+
+    def _certificate_renewed(self) -> None:
+        """ACME wrote a new certificate: serve it, and staple its own OCSP status."""
+        self._native.reload_tls()
+        if self._ocsp is not None and self.config.tls is not None:
+            self._ocsp.sync([c.cert for c in self.config.tls.certificates])
 
     def stats(self) -> dict[str, Any]:
         """The data plane's statistics, and ``dns``: per backend name,
