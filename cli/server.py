@@ -55,6 +55,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-burst", type=int, metavar="N", help="burst of --rate-limit")
     p.add_argument("--rate-limit-action", choices=("nack", "close"), help="over the rate: NACK 429 or close")
     p.add_argument("--max-inflight-calls", type=int, metavar="N", help="calls in flight per connection (0 = none)")
+    p.add_argument("--max-waiting-calls", type=int, metavar="N",
+                   help="calls waiting for their results, whole server (more: NACK 503; 0 = none)")
     p.add_argument("--max-subscriptions", type=int, metavar="N", help="subscriptions per connection (0 = none)")
     from cli.otel import add_otel_argument
 
@@ -149,7 +151,7 @@ def build_config(args: argparse.Namespace) -> Any:
     if getattr(args, "path", None):
         server_kw["path"] = args.path
     for flag in ("max_connections", "rate_limit", "rate_burst", "rate_limit_action", "max_inflight_calls",
-                 "max_subscriptions", "drain_timeout", "tls_cert", "tls_key", "tls_client_ca"):
+                 "max_waiting_calls", "max_subscriptions", "drain_timeout", "tls_cert", "tls_key", "tls_client_ca"):
         value = getattr(args, flag, None)
         if value is not None:
             server_kw[flag] = value

@@ -20,6 +20,7 @@ section; unknown keys are errors (a typo must not be silently ignored)::
     answer_expired_calls = true # an error RES for a call whose timeout passed without a result
     max_pending = 1024          # messages queued per connection before reading pauses
     max_concurrent_messages = 16  # messages of one connection handled at once (ACKs stay in order)
+    max_waiting_calls = 0       # calls ACKed and waiting for their RES, whole server (more: NACK 503), 0 = none
     max_subscriptions = 1000    # channels + patterns per connection (more: NACK 500), 0 = none
     max_write_buffer = 16777216 # bytes buffered per connection before it is closed
     close_timeout = 5           # seconds to drain connections at shutdown
@@ -134,6 +135,10 @@ class ServerConfig:
     rate_limit_action: str = "nack"
     #: CALLs of one connection ACKed and waiting for their RES (more: NACK 429); 0 = none
     max_inflight_calls: int = 0
+    #: CALLs this server has ACKed and are waiting for their RES, all connections together (more:
+    #: NACK 503 ``server overloaded``); 0 = none. Set it to what the callees serve within a call's
+    #: timeout, and a load beyond their capacity is refused at once instead of timing out
+    max_waiting_calls: int = 0
     #: server messages queued for one connection behind its handler chain before it is dropped
     max_outbound: int = 4096
     #: at shutdown, seconds in-flight calls get to be answered before connections close (1001)
@@ -186,7 +191,8 @@ class ServerConfig:
             raise ValueError("tls_client_ca needs tls_cert and tls_key")
         if self.rate_limit_action not in ("nack", "close"):
             raise ValueError('rate_limit_action must be "nack" or "close"')
-        for name in ("max_connections", "rate_limit", "rate_burst", "max_inflight_calls", "drain_timeout"):
+        for name in ("max_connections", "rate_limit", "rate_burst", "max_inflight_calls", "max_waiting_calls",
+                     "drain_timeout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.max_outbound < 1:

@@ -34,7 +34,7 @@ async def handle(conn: Any, msg: Any) -> None:
     if t >= EXTENSION_MIN:
         await conn.context.extensions[t](conn, msg)  # type: ignore[arg-type]
         return
-    verdict = session.admit(msg, conn.context.listener.draining, conn.inflight, subs)
+    verdict = session.admit(msg, conn.context.listener.draining, conn.inflight, subs, len(conn.context.pending))
     if verdict.__class__ is tuple:
         conn.nack(msg, *verdict)  # type: ignore[misc]
         return

@@ -6,7 +6,8 @@
   ``rate_limit_action = "close"``.
 - The other limits are counters checked where they apply (see
   ``juggler.conn``): ``max_connections`` (handshake refused with 503),
-  ``max_inflight_calls`` (CALL NACK 429), ``max_subscriptions`` (SUB NACK
+  ``max_inflight_calls`` (CALL NACK 429), ``max_waiting_calls`` (CALL NACK
+  503, all connections together), ``max_subscriptions`` (SUB NACK
   500, as before), and the outbound bounds of a slow consumer
   (``max_write_buffer`` bytes, ``max_outbound`` queued messages,
   ``write_timeout``: the connection is dropped).
@@ -22,7 +23,7 @@ __all__ = ["REASONS", "TokenBucket"]
 #: reasons of ``juggler_rejections_total`` (and of connection-close log lines)
 REASONS = (
     "max_connections", "draining", "unauthenticated", "origin", "unauthorized", "forbidden",
-    "rate_limited", "inflight_limit", "subscription_limit", "slow_consumer", "write_timeout",
+    "rate_limited", "inflight_limit", "overloaded", "subscription_limit", "slow_consumer", "write_timeout",
     # the HTTP fallback (juggler.fallback): a POST or reopened stream for no live session, a POST
     # to a session with max_pending messages queued (429)
     "unknown_session", "backpressure",

@@ -315,12 +315,13 @@ class Session:
     # --- deciding ---------------------------------------------------------------------------
 
     def admit(self, msg: ClientMessage, draining: bool, inflight: int,
-              channels: Channels | None = None) -> tuple[int, str] | int | None:
+              channels: Channels | None = None, waiting: int = 0) -> tuple[int, str] | int | None:
         """Whether `msg` may go to the broker: a refusal ``(code, text)`` to
         NACK, else None, or for a CALL its timeout in milliseconds.
         ``draining``: the server is shutting down; ``inflight``: this
         connection's calls waiting for their RES; ``channels``: what the
-        server's channels offer (history, join/leave notices), for a SUB."""
+        server's channels offer (history, join/leave notices), for a SUB;
+        ``waiting``: the calls of every connection waiting for their RES."""
         t = msg.type
         if t >= EXTENSION_MIN:
             return None  # its handler decides
@@ -339,6 +340,10 @@ class Session:
             if cap and inflight >= cap:
                 self._reject("inflight_limit")
                 return 429, f"too many calls in flight (max {cap})"
+            cap = cfg.max_waiting_calls
+            if cap and waiting >= cap:  # beyond what the callees serve in time: refused now, not timed out later
+                self._reject("overloaded")
+                return 503, f"server overloaded: {cap} calls waiting for their results"
             ms = call_timeout_ms(msg.timeout_ns, cfg.call_timeout_ms)
             if ms <= 0:
                 return 500, f"invalid call timeout: {msg.timeout_ns} ns"

@@ -1,8 +1,9 @@
 """Servers under ten times the load they can serve: the excess is answered
-explicitly and at once (the balancer's 503, the rpc server's "request rate limit exceeded"),
-never left to time out; memory stays bounded; service is back as soon as the
-load drops. Real processes: a balancer in front of a slow backend, a
-``juggler rpc serve`` with a rate limit."""
+explicitly and at once (the balancer's 503, the rpc server's "request rate limit exceeded",
+the juggler server's NACK 503), never left to time out; memory stays bounded;
+service is back as soon as the load drops. Real processes: a balancer in front
+of a slow backend, a ``juggler rpc serve`` with a rate limit, a ``juggler
+server`` on a real redis-server with a slow callee."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from juggler.client import connect
+from juggler.errors import CallNacked
 from rpc.client import Client
 from rpc.errors import ServiceError
 from rpc.rpcx_client import RpcxCaller
@@ -135,3 +139,57 @@ async def test_rpc_server_at_ten_times_its_rate_limit_refuses_the_excess_at_once
         assert server.poll() is None
     finally:
         stop(server)
+
+
+async def test_juggler_server_at_ten_times_its_callees_capacity_nacks_503_at_once(redis_url: str) -> None:
+    # capacity: a callee running 2 calls at a time of 100 ms each (20/s); the server lets 20 calls
+    # wait (a second of the callee's work); the load: 200 calls/s for 3 s over 10 connections
+    port = free_port()
+    callee = spawn([sys.executable, "-m", "cli", "callee", "--redis", redis_url, "--workers", "2"])
+    server = spawn([sys.executable, "-m", "cli", "server", "--redis", redis_url, "--listen", f"127.0.0.1:{port}",
+                    "--max-waiting-calls", "20"])
+    url = f"ws://127.0.0.1:{port}/ws"
+    try:
+        wait_for_port(port, timeout=30, proc=server)
+        async with connect(url) as warm:
+            assert await warm.call("test.delay", "1", timeout=10) == 1  # the callee is up
+        rss0 = rss_kib(server.pid)
+        outcomes: Counter[str] = Counter()
+        slowest_refusal = 0.0
+        clients = [await connect(url) for _ in range(10)]
+        try:
+            async def one(c: Any) -> None:
+                nonlocal slowest_refusal
+                t0 = time.monotonic()
+                try:
+                    await c.call("test.delay", "100", timeout=10)
+                    outcomes["ok"] += 1
+                except CallNacked as exc:
+                    outcomes[f"NACK {exc.code}"] += 1
+                    slowest_refusal = max(slowest_refusal, time.monotonic() - t0)
+                except Exception as exc:  # noqa: BLE001  (a timeout or anything else fails the test below)
+                    outcomes[type(exc).__name__] += 1
+
+            tasks = []
+            end = time.monotonic() + 3
+            while time.monotonic() < end:  # open loop: 10 calls every 50 ms, answered or not
+                tasks += [asyncio.ensure_future(one(c)) for c in clients]
+                await asyncio.sleep(0.05)
+            grown = rss_kib(server.pid) - rss0
+            async with asyncio.timeout(20):
+                await asyncio.gather(*tasks)
+            assert set(outcomes) <= {"ok", "NACK 503"}, outcomes  # every ACKed call got its result
+            assert outcomes["NACK 503"] > outcomes["ok"] > 0, outcomes  # the excess refused...
+            assert slowest_refusal < SLACK, slowest_refusal  # ...at once
+            assert grown < 32_000, f"grew by {grown} KiB under overload"
+            t0 = time.monotonic()
+            assert await clients[0].call("test.delay", "1", timeout=10) == 1
+            assert time.monotonic() - t0 < 1  # back at once
+        finally:
+            for c in clients:
+                await c.aclose()
+        assert server.poll() is None and callee.poll() is None
+    finally:
+        stop(server)
+        stop(callee)
+

@@ -323,3 +323,13 @@ def test_any_frames_give_items_or_an_end_never_an_exception(frames: list[bytes])
     assert sum(isinstance(i, CloseAfter) for i in items) <= 1
     if items and isinstance(items[-1], CloseAfter):
         assert not ended
+
+
+def test_admission_of_calls_beyond_what_the_server_lets_wait() -> None:
+    s, rejected = make(max_waiting_calls=3)
+    c = message(call(5_000_000_000))
+    assert s.admit(c, draining=False, inflight=0, waiting=2) == 5000
+    assert s.admit(c, draining=False, inflight=0, waiting=3) == (503, "server overloaded: 3 calls waiting for their results")
+    pub = message(rustext.build_pub(uid(), "news"))
+    assert s.admit(pub, draining=False, inflight=0, waiting=3) is None  # calls only
+    assert rejected == ["overloaded"]
