@@ -416,12 +416,12 @@ def report(result: dict[str, Any]) -> str:
     o = s["overload"]
     rec = "not within the run" if s["recovered_after_s"] is None else f"{s['recovered_after_s']} s"
     lines = [f"{result['product']}: capacity {s['capacity_per_s']}/s ({s['capacity']})",
-             f"  at 10x: offered {o['offered_per_s']}/s, served {o['served_per_s']}/s (p50 {o['served_p50_ms']} ms, "
-             f"p99 {o['served_p99_ms']} ms), refused {o['refused_per_s']}/s (p50 {o['refused_p50_ms']} ms, "
-             f"p99 {o['refused_p99_ms']} ms; {s['refusal']})",
-             f"  timeouts {s['timeouts']}, errors {s['errors']}; after the drop to {s['after_per_s']}/s: "
-             f"{s['refused_after_drop']} refused, "
-             f"p99 {s['after_p99_ms']} ms (calm: {s['calm_p99_ms']} ms), recovered in {rec}"]
+             (f"  at 10x: offered {o['offered_per_s']}/s, served {o['served_per_s']}/s (p50 {o['served_p50_ms']} ms, "
+              f"p99 {o['served_p99_ms']} ms), refused {o['refused_per_s']}/s (p50 {o['refused_p50_ms']} ms, "
+              f"p99 {o['refused_p99_ms']} ms; {s['refusal']})"),
+             (f"  timeouts {s['timeouts']}, errors {s['errors']}; after the drop to {s['after_per_s']}/s: "
+              f"{s['refused_after_drop']} refused, "
+              f"p99 {s['after_p99_ms']} ms (calm: {s['calm_p99_ms']} ms), recovered in {rec}")]
     for role, r in s["rss"].items():
         lines.append(f"  {role:9} RSS {r['before_mib']} MiB before, {r['during_max_mib']} MiB at most under 10x, "
                      f"{r['after_mib']} MiB after")
