@@ -15,10 +15,12 @@ as an operator would, with a capacity that is known or measured:
 - balancer: `juggler balancer` with `max_connections = 4` in front of a
   backend that answers after 100 ms: 40 requests/s;
 - seq: a three-member cluster, NextID calls of one name to one member
-  (`--no-forward`) that lets 8 wait (`--max-pending 8`) and, under load, lets
-  a round wait 100 ms to batch more (`--linger-ms 100`, standing in for
-  far-away peers or a slow disk); its capacity is measured first, 8 calls at
-  a time back to back for 3 s.
+  (`--no-forward`) that lets 8 wait (`--max-pending 8`). It admits by the
+  number of calls waiting, not by their rate, and serves far more calls a
+  second than one Python client can send ten times over: its load is closed-
+  loop, callers that each send their next call once the last is answered,
+  4 (half), then 80 (ten times), then 4 again; its rate with 8 callers is
+  measured first.
 
 The load is open-loop (a request is sent when due, answered or not): half the
 capacity for ``--calm`` seconds (the unloaded latency), ten times it for
@@ -66,7 +68,9 @@ class Target:
     op: Callable[[], Awaitable[str]]
     how: str  # what the capacity is, for the report
     refusal: str  # what the refusal looks like
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: when set, the load is closed-loop: this many callers (what the server lets wait) is the
+    #: capacity, half as many the calm load, ten times as many the overload
+    callers: int = 0
 
 
 # -- the products -------------------------------------------------------------------------
@@ -201,7 +205,7 @@ async def start_seq(tmp: Path) -> Target:
 
     (tmp / "seq").mkdir()
     cluster = LocalCluster(3, root=str(tmp / "seq"))
-    cluster.start_all("--bootstrap", "--max-pending", "8", "--linger-ms", "100", "--no-forward")
+    cluster.start_all("--bootstrap", "--max-pending", "8", "--no-forward")
     await cluster.wait_ready(timeout=60)
     channel = grpc.aio.insecure_channel(cluster.addrs[0])
     stub = ApiStub(channel)
@@ -237,8 +241,8 @@ async def start_seq(tmp: Path) -> Target:
 
     procs = [m.proc for m in cluster.members if m.proc is not None]
     product = Product("seq", procs, {f"member{i}": p.pid for i, p in enumerate(procs)}, close_load=close)
-    return Target(product, served / 3, op, "measured: 8 calls at a time (--max-pending 8) of one name, back to back; "
-                  "--linger-ms 100", "RESOURCE_EXHAUSTED")
+    return Target(product, served / 3, op, "measured: 8 callers (--max-pending 8) of one name, back to back",
+                  "RESOURCE_EXHAUSTED", callers=8)
 
 
 STARTERS = {"juggler": start_juggler, "rpc": start_rpc, "balancer": start_balancer, "seq": start_seq}
@@ -254,7 +258,15 @@ class Outcome:
     kind: str  # ok, refused, timeout, error
 
 
-Rate = float | Callable[[list["Outcome"], float], float]
+@dataclass(frozen=True)
+class Callers:
+    """A closed loop: `n` callers, each sending its next request once its last is answered (the load
+    of a server that admits by the number of requests waiting rather than by their rate)."""
+
+    n: int
+
+
+Rate = float | Callers | Callable[[list["Outcome"], float], float]
 
 
 async def drive(target: Target, phases: list[tuple[str, float, Rate]], max_outstanding: int) -> dict[str, Any]:
@@ -295,8 +307,19 @@ async def drive(target: Target, phases: list[tuple[str, float, Rate]], max_outst
     bounds: list[dict[str, Any]] = []
     begin = 0.0
     for name, seconds, rate_of in phases:
+        if isinstance(rate_of, Callers):
+            bounds.append({"phase": name, "from": begin, "to": begin + seconds, "load": f"{rate_of.n} callers"})
+
+            async def caller(stop_at: float) -> None:
+                while (now := time.monotonic() - t0) < stop_at:
+                    sent.append(now)
+                    await one()
+
+            await asyncio.gather(*(caller(begin + seconds) for _ in range(rate_of.n)))
+            begin += seconds
+            continue
         rate = rate_of if isinstance(rate_of, float) else rate_of(outcomes, begin)
-        bounds.append({"phase": name, "from": begin, "to": begin + seconds, "rate": round(rate, 1)})
+        bounds.append({"phase": name, "from": begin, "to": begin + seconds, "load": f"{rate:.1f}/s"})
         due_n = 0
         while (now := time.monotonic() - t0) < begin + seconds:
             target_n = int((now - begin) * rate)
@@ -374,7 +397,7 @@ def summarize(target: Target, run: dict[str, Any], rows: list[dict[str, Any]]) -
                      "refused_per_s": round(count("refused", over_b) / over_s, 1),
                      "served_p50_ms": lat("ok", over_b, 0.5), "served_p99_ms": lat("ok", over_b, 0.99),
                      "refused_p50_ms": lat("refused", over_b, 0.5), "refused_p99_ms": lat("refused", over_b, 0.99)},
-        "calm_per_s": calm_b["rate"], "after_per_s": after_b["rate"],
+        "calm_load": calm_b["load"], "after_load": after_b["load"],
         "calm_p99_ms": calm_p99, "after_p99_ms": lat("ok", after_b, 0.99),
         "refused_after_drop": count("refused", after_b),
         "recovered_after_s": recovered,
@@ -396,8 +419,13 @@ async def overload(name: str, calm: float, over: float, after: float, max_outsta
             served = sum(1 for o in outcomes if o.kind == "ok" and now - over <= o.sent < now) / over
             return min(cap, served) / 2
 
-        run = await drive(target, [("calm", calm, cap / 2), ("overload", over, 10 * cap), ("after", after, half)],
-                          max_outstanding)
+        phases: list[tuple[str, float, Rate]] = [("calm", calm, cap / 2), ("overload", over, 10 * cap),
+                                                 ("after", after, half)]
+        if target.callers:
+            n = target.callers
+            phases = [("calm", calm, Callers(n // 2)), ("overload", over, Callers(10 * n)),
+                      ("after", after, Callers(n // 2))]
+        run = await drive(target, phases, max_outstanding)
         alive = {role: Path(f"/proc/{pid}").exists() for role, pid in target.product.watched.items()}
         rows = per_second(run)
         return {"product": name, "calm_s": calm, "overload_s": over, "after_s": after, "loadavg": loadavg(),
@@ -419,7 +447,7 @@ def report(result: dict[str, Any]) -> str:
              (f"  at 10x: offered {o['offered_per_s']}/s, served {o['served_per_s']}/s (p50 {o['served_p50_ms']} ms, "
               f"p99 {o['served_p99_ms']} ms), refused {o['refused_per_s']}/s (p50 {o['refused_p50_ms']} ms, "
               f"p99 {o['refused_p99_ms']} ms; {s['refusal']})"),
-             (f"  timeouts {s['timeouts']}, errors {s['errors']}; after the drop to {s['after_per_s']}/s: "
+             (f"  timeouts {s['timeouts']}, errors {s['errors']}; after the drop to {s['after_load']}: "
               f"{s['refused_after_drop']} refused, "
               f"p99 {s['after_p99_ms']} ms (calm: {s['calm_p99_ms']} ms), recovered in {rec}")]
     for role, r in s["rss"].items():
