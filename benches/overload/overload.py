@@ -25,9 +25,9 @@ as an operator would, with a capacity that is known or measured:
 The load is open-loop (a request is sent when due, answered or not): half the
 capacity for ``--calm`` seconds (the unloaded latency), ten times it for
 ``--overload`` seconds, half of it again (or of what was served under
-overload, when less) for ``--after`` seconds. Every second
-records what was offered, served, refused, timed out or failed, the p50/p99
-latency of the served and of the refused, and the server's resident memory.
+overload, when less) for ``--after`` seconds. Every second records what was
+offered, served, refused, timed out or failed, the p50/p99 latency of the
+served and of the refused, and the server's resident memory.
 The time to recover is the end of the first second after the drop whose
 requests are none refused and served with a p99 back to the calm level (at
 most twice it, plus 5 ms). ``tests/test_overload_bench.py`` runs this for a
@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benches.common import free_port, loadavg, save  # noqa: E402
-from benches.soak.soak import PRODUCTS, Product, juggler_cmd, percentile, rss_kib, spawn, stop, wait_port  # noqa: E402
+from benches.soak.soak import (  # noqa: E402
+    PRODUCTS,
+    Product,
+    juggler_cmd,
+    percentile,
+    rss_kib,
+    spawn,
+    stop,
+    wait_port,
+)
 
 #: seconds a request may take before it counts as timed out (every server answers well within it)
 TIMEOUT = 10.0
@@ -209,11 +218,8 @@ async def start_seq(tmp: Path) -> Target:
     await cluster.wait_ready(timeout=60)
     channel = grpc.aio.insecure_channel(cluster.addrs[0])
     stub = ApiStub(channel)
-    n = 0
 
     async def op() -> str:
-        nonlocal n
-        n += 1
         try:
             await stub.NextID(pb.NextIDRequest(name="overload", range_size=1), timeout=TIMEOUT)
             return "ok"
