@@ -157,6 +157,7 @@ def test_server_flags_build_the_config() -> None:
         "server", "--redis-cluster", "redis://127.0.0.1:7000,redis://127.0.0.1:7001",
         "--redis-pubsub", "redis://127.0.0.1:6380/0", "--max-connections", "5", "--rate-limit", "10",
         "--rate-burst", "20", "--rate-limit-action", "close", "--max-inflight-calls", "3",
+        "--max-waiting-calls", "50",
         "--max-subscriptions", "7", "--drain-timeout", "2.5", "--jwt-secret", "k", "--allowed-origin",
         "https://a.test", "--allowed-origin", "https://*.b.test", "--anonymous",
         "--set", "server.max_outbound=99", "--set", 'auth.issuer="me"', "--set", "redis.cluster_retry_timeout=4",
@@ -165,6 +166,7 @@ def test_server_flags_build_the_config() -> None:
     s = cfg.server
     assert (s.max_connections, s.rate_limit, s.rate_burst, s.rate_limit_action) == (5, 10.0, 20, "close")
     assert (s.max_inflight_calls, s.max_subscriptions, s.drain_timeout, s.max_outbound) == (3, 7, 2.5, 99)
+    assert s.max_waiting_calls == 50
     assert cfg.redis.cluster == ("redis://127.0.0.1:7000", "redis://127.0.0.1:7001")
     assert cfg.redis.cluster_retry_timeout == 4
     assert cfg.pubsub.url == "redis://127.0.0.1:6380/0" and cfg.pubsub.cluster == ()
