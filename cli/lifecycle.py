@@ -15,12 +15,16 @@ plus :meth:`Service.draining` for the message) on the running loop: the
 first signal calls its ``drain()``, the second its ``abort()``. Batch tools
 (benchmarks, load generators) have the same two-step Ctrl-C through
 ``rustext.interrupt``.
+
+With ``gc_threshold``, :func:`serve` also settles Python's cyclic garbage
+collector once the service has started (:func:`settle_collector`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -28,10 +32,13 @@ from typing import Protocol, TypeVar
 
 from rustext.net import ListenError, raise_open_files_limit
 
-__all__ = ["Service", "StartError", "serve"]
+__all__ = ["GC_THRESHOLD", "Service", "StartError", "serve", "settle_collector"]
 
 #: seconds a drain gets to finish once aborted (the second signal)
 ABORT_GRACE = 5.0
+
+#: the first-generation threshold a server runs with by default (Python's is 700)
+GC_THRESHOLD = 10_000
 
 S = TypeVar("S", bound="Service")
 
@@ -110,6 +117,29 @@ async def _race(aw: Awaitable[object], event: asyncio.Event) -> bool:
     return False
 
 
+def settle_collector(threshold: int) -> None:
+    """Once a server has started: collect, freeze what survived (the imports,
+    the configuration, the listeners: never garbage, so no later collection
+    walks them) and raise the first generation's threshold to `threshold`.
+
+    Why: a full collection walks every tracked object, and while thousands of
+    clients connect the growing heap triggers one after another (seven over
+    10,000 websocket connections, each a pause of the event loop). The first generation counts container objects
+    allocated minus those freed, which a request path that frees what it
+    allocates barely moves, so a higher threshold leaves that path as it is
+    and makes the full collections of a growing heap rare.
+    Memory stays bounded: cyclic garbage waits for at most ``threshold``
+    net allocations instead of 700. 0 leaves the collector as Python set it.
+    """
+    if threshold < 0:
+        raise ValueError(f"the collector's threshold must be 0 or more, got {threshold}")
+    if threshold == 0:
+        return
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(threshold, *gc.get_threshold()[1:])
+
+
 def say(prog: str, message: str) -> None:
     print(f"{prog}: {message}", file=sys.stderr, flush=True)
 
@@ -121,12 +151,14 @@ async def serve(
     ready: Callable[[S], None] | None = None,
     reload: Callable[[S], None] | None = None,
     wait: Callable[[S], Awaitable[object]] | None = None,
+    gc_threshold: int = 0,
 ) -> int:
     """Start a service, serve until a signal (or until ``wait(service)``
     returns: the service ended by itself), drain, stop; returns the exit status
     (after ``wait`` returned: 1, or the int it returned, e.g. 0 for a planned end).
 
-    ``ready`` runs once started (the start-up line); ``reload`` on SIGHUP.
+    ``ready`` runs once started (the start-up line); ``reload`` on SIGHUP;
+    ``gc_threshold`` (0: none) is given to :func:`settle_collector` just before ``ready``.
     """
     loop = asyncio.get_running_loop()
     raise_open_files_limit()  # thousands of connections: not the distribution's 1024
@@ -149,6 +181,7 @@ async def serve(
             say(prog, "stopped while starting")
             return 130
         service = holder[0]
+        settle_collector(gc_threshold)
         if ready is not None:
             ready(service)
         ended = False

@@ -224,6 +224,7 @@ def test_callee_apps_are_found_in_the_current_directory(tmp_path: Path, redis_ur
         (["server", "--redis", "http://x"], "unsupported Redis URL scheme"),
         (["server", "--bogus"], "unrecognized arguments: --bogus"),
         (["tls", "dev-cert"], "the following arguments are required: --out"),
+        (["server", "--gc-threshold", "-1"], "--gc-threshold: expected an integer of 0 or more, got '-1'"),
     ],
 )
 def test_user_mistakes_are_one_line_and_status_2(args: list[str], says: str) -> None:
@@ -308,3 +309,73 @@ def test_rpc_bench_stops_early_with_its_report_and_no_child() -> None:
         assert b.wait(timeout=60) == 130, b.stderr()
         assert "(stopped early)" in b.stdout() and "throughput" in b.stdout()
         assert _all_gone(kids), [open(f"/proc/{k}/cmdline").read() for k in kids if _alive(k)]
+
+
+# -- the garbage collector, settled once a server has started -------------------------
+
+
+@contextmanager
+def _collector_restored() -> Iterator[None]:
+    """The test process's collector as it was, whatever the test did to it."""
+    import gc
+
+    saved = gc.get_threshold()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*saved)
+
+
+def test_settle_collector_freezes_and_raises_the_first_threshold() -> None:
+    import gc
+
+    from cli.lifecycle import settle_collector
+
+    with _collector_restored():
+        before = gc.get_threshold()
+        settle_collector(0)  # 0: Python's settings untouched
+        assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+        settle_collector(12_345)
+        assert gc.get_threshold() == (12_345, *before[1:])
+        assert gc.get_freeze_count() > 0
+        with pytest.raises(ValueError, match="0 or more"):
+            settle_collector(-1)
+
+
+def test_serve_settles_the_collector_before_ready() -> None:
+    import asyncio
+    import gc
+
+    from cli.lifecycle import serve
+
+    class Idle:
+        async def drain(self, timeout: float | None = None) -> None:
+            return None
+
+        def abort(self) -> None:
+            return None
+
+    async def start() -> Idle:
+        return Idle()
+
+    seen: list[int] = []
+
+    def ready(_: Idle) -> None:
+        seen.extend((gc.get_threshold()[0], gc.get_freeze_count()))
+        os.kill(os.getpid(), signal.SIGINT)  # handled by serve(): the drain, then status 0
+
+    with _collector_restored():
+        status = asyncio.run(serve("test", start, ready=ready, gc_threshold=4_321))
+    assert status == 0
+    assert seen[0] == 4_321 and seen[1] > 0
+
+
+def test_a_server_starts_and_stops_with_either_collector_setting() -> None:
+    """With --gc-threshold N and with 0 (Python's defaults) the server starts and drains as usual."""
+    for threshold in ("20000", "0"):
+        port = free_port()
+        with running(juggler("server", "--listen", f"127.0.0.1:{port}", "--gc-threshold", threshold)) as r:
+            wait_for_port(port)
+            r.signal(signal.SIGINT)
+            assert r.wait(timeout=30) == 0, r.stderr()
