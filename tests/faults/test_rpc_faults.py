@@ -1,5 +1,5 @@
 """The rpc client under faults: real ``juggler rpc serve`` processes, real
-registries (redis-server, etcd, ZooKeeper), toxiproxy between the client and them.
+registries (redis-server, etcd, ZooKeeper, Consul), toxiproxy between the client and them.
 
 Promises checked (docs/rpc/client.md, "Under faults"): a call to a server
 that stops answering fails with ``CallTimeout`` within its deadline; a
@@ -28,6 +28,7 @@ import pytest
 
 from rpc.client import Client
 from rpc.discovery.base import WatchingDiscovery
+from rpc.discovery.consul import ConsulDiscovery
 from rpc.discovery.etcd import EtcdDiscovery
 from rpc.discovery.redis import RedisDiscovery
 from rpc.discovery.zookeeper import ZooKeeperDiscovery
@@ -39,6 +40,7 @@ from tests.faults.conftest import fd_count
 from tests.faults.toxiproxy import Toxiproxy
 from tests.netutil import free_port, start_redis, wait_for_port, wait_until
 from tests.rpc.conftest import start_etcd
+from tests.rpc.consul_fixture import start_consul
 from tests.rpc.zookeeper_fixture import start_zookeeper
 
 OUTAGE = float(os.environ.get("FAULTS_REGISTRY_OUTAGE", "2"))
@@ -145,10 +147,10 @@ async def test_a_half_open_connection_is_found_by_the_heartbeat_and_replaced(
     assert s.proc.poll() is None
 
 
-@pytest.fixture(params=["redis", "etcd", "zookeeper"])
+@pytest.fixture(params=["redis", "etcd", "zookeeper", "consul"])
 def registry(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     """(kind, HOST:PORT) of a real registry of its own."""
-    starts = {"redis": start_redis, "etcd": start_etcd, "zookeeper": start_zookeeper}
+    starts = {"redis": start_redis, "etcd": start_etcd, "zookeeper": start_zookeeper, "consul": start_consul}
     server = starts[request.param]()
     yield request.param, f"127.0.0.1:{server.port}"
     server.stop(timeout=10)
@@ -160,6 +162,8 @@ def _discovery(kind: str, through: str) -> WatchingDiscovery:
         return RedisDiscovery(f"redis://{through}/0", "Arith", refresh_interval=0.2)
     if kind == "zookeeper":
         return ZooKeeperDiscovery(through, "Arith", refresh_interval=0.2, timeout=1.0)
+    if kind == "consul":
+        return ConsulDiscovery(through, "Arith", refresh_interval=0.2)
     return EtcdDiscovery(f"http://{through}", "Arith", refresh_interval=0.2)
 
 
@@ -168,7 +172,7 @@ async def test_a_registry_gone_leaves_the_last_known_servers_in_use(
     """Gone twice: refusing connections, then silent (nothing gets through, nothing is closed)."""
     kind, address = registry
     flag = {"redis": ["--redis", f"redis://{address}/0"], "etcd": ["--etcd", f"http://{address}"],
-            "zookeeper": ["--zookeeper", address]}[kind]
+            "zookeeper": ["--zookeeper", address], "consul": ["--consul", address]}[kind]
     a, b = servers(*flag), servers(*flag)
     link = toxiproxy.link(f"rpc-{kind}", address)
     disc = _discovery(kind, link.address)
