@@ -7,7 +7,9 @@ half-open connection is found by the heartbeat and closed, its calls failing
 with a retryable ``TransportError`` before their deadline, and the client
 reconnects once the path is back; a registry that is gone (refusing, or
 silent) leaves the client with its last known servers and calls keep
-succeeding; the servers do not crash and their descriptors come back.
+succeeding, also when the servers lost it too for longer than their entries
+live (the registry expired them meanwhile, and lists them again at their next
+heartbeat); the servers do not crash and their descriptors come back.
 
 ``FAULTS_REGISTRY_OUTAGE`` (seconds, default 2) is how long the registry stays
 gone: set it to 60 for "a registry gone for a minute".
@@ -16,12 +18,13 @@ gone: set it to 60 for "a registry gone for a minute".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,7 +35,7 @@ from rpc.discovery.consul import ConsulDiscovery
 from rpc.discovery.etcd import EtcdDiscovery
 from rpc.discovery.redis import RedisDiscovery
 from rpc.discovery.zookeeper import ZooKeeperDiscovery
-from rpc.errors import CallTimeout, TransportError
+from rpc.errors import CallTimeout, RegistryError, TransportError
 from rpc.failmode import FailMode
 from rpc.rpcx_client import RpcxCaller
 from rpc.xclient import XClient, XClientOptions
@@ -215,3 +218,71 @@ async def test_a_registry_gone_leaves_the_last_known_servers_in_use(
         async with asyncio.timeout(10):
             await disc.aclose()
     assert a.proc.poll() is None
+
+
+#: per registry: the servers' --ttl (s), and how long after a server's last heartbeat the registry has
+#: surely dropped its entry (Consul keeps a session up to twice its TTL, which is half the entry's)
+EXPIRY = {"redis": (2.0, 2.0), "consul": (20.0, 20.0)}
+
+
+@pytest.mark.parametrize("kind", ["redis", pytest.param("consul", marks=pytest.mark.slow)])  # Consul: 20 s at least
+async def test_a_registry_gone_for_the_servers_too_does_not_empty_the_client(
+        kind: str, toxiproxy: Toxiproxy, servers: Callable[..., RpcServer]) -> None:
+    """Servers and client lose the registry for longer than the servers' entries live: the registry
+    expires them meanwhile and lists them again only at their next heartbeat; the client keeps using
+    them throughout, calls keep succeeding, and it follows the registry again afterwards."""
+    ttl, expiry = EXPIRY[kind]
+    server = start_redis() if kind == "redis" else start_consul()
+    address = f"127.0.0.1:{server.port}"
+    link = toxiproxy.link(f"rpc-all-{kind}", address)
+    flag = ["--redis", f"redis://{link.address}/0"] if kind == "redis" else ["--consul", link.address]
+    a, b = servers(*flag, "--ttl", str(ttl)), servers(*flag, "--ttl", str(ttl))
+    disc, direct = _discovery(kind, link.address), _discovery(kind, address)
+    await disc.start()
+    options = XClientOptions(fail_mode=FailMode.FAILOVER, retries=2, timeout=DEADLINE)
+    both = {f"tcp@{a.address}", f"tcp@{b.address}"}
+    try:
+        async with RpcxCaller() as caller, XClient("Arith", disc, caller, options=options) as xc:
+            await wait_until(lambda: set(disc.servers()) == both, 10, what="both servers discovered")
+            calls = 0
+
+            async def call_and_check() -> None:
+                nonlocal calls
+                assert set(disc.servers()) == both, disc.servers()
+                assert await xc.call("Mul", {"A": calls, "B": 2}) == {"C": 2 * calls}
+                calls += 1
+
+            link.disable()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < expiry + 1:  # the servers' entries expire meanwhile
+                await call_and_check()
+                await asyncio.sleep(0.05)
+
+            async def registered() -> set[str]:
+                with contextlib.suppress(RegistryError):
+                    return set(await direct._fetch())
+                return {"?"}
+
+            await wait_until(lambda: _empty(registered()), expiry, what="the entries expired in the registry")
+            link.enable()
+            t0 = time.monotonic()
+            while await registered() != both:  # the registry empty, then the servers' next heartbeats
+                await call_and_check()
+                assert time.monotonic() - t0 < ttl + 10, "the servers did not register again"
+                await asyncio.sleep(0.05)
+            assert disc.fetch_errors > 0
+            await call_and_check()
+            b.stop()  # unregisters: the discovery follows the registry again
+            await wait_until(lambda: list(disc.servers()) == [f"tcp@{a.address}"], 10,
+                             what=lambda: f"b's removal seen (servers: {disc.servers()})")
+    finally:
+        async with asyncio.timeout(10):
+            await disc.aclose()
+            await direct._close_backend()
+        server.stop(timeout=10)
+        shutil.rmtree(server.dir, ignore_errors=True)
+    assert a.proc.poll() is None
+
+
+async def _empty(servers: Awaitable[set[str]]) -> bool:
+    return not await servers
