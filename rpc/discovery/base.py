@@ -205,6 +205,8 @@ class WatchingDiscovery(Discovery):
         self.outage_grace = outage_grace
         self.cache = cache
         self._failing = False  # the last fetch failed
+        self._fetches = 0  # fetches begun, and the number of the last one begun that succeeded
+        self._last_success = 0
         self._held: dict[str, str] = {}  # servers left out by the first answer after an outage, still in use
         self._held_until = 0.0
         self._clock = time.monotonic  # (the tests' own clock replaces it)
@@ -247,13 +249,18 @@ class WatchingDiscovery(Discovery):
 
     async def refresh(self) -> bool:
         """Fetch now; True when it succeeded."""
+        self._fetches += 1
+        started = self._fetches
         try:
             servers = await self._fetch()
         except RegistryError as exc:
             self.fetch_errors += 1
-            self._failing = True
+            # a fetch that began before the last success (a slow one, overtaken) says nothing of the registry now
+            if started > self._last_success:
+                self._failing = True
             log.warning("registry fetch failed (keeping %d known server(s)): %s", len(self._servers), exc)
             return False
+        self._last_success = max(self._last_success, started)
         await self._accept(self._after_outage(servers))
         return True
 

@@ -41,7 +41,7 @@ from rpc.rpcx_client import RpcxCaller
 from rpc.xclient import XClient, XClientOptions
 from tests.faults.conftest import fd_count
 from tests.faults.toxiproxy import Toxiproxy
-from tests.netutil import free_port, start_redis, wait_for_port, wait_until
+from tests.netutil import LogLines, free_port, start_redis, wait_until
 from tests.rpc.conftest import start_etcd
 from tests.rpc.consul_fixture import start_consul
 from tests.rpc.zookeeper_fixture import start_zookeeper
@@ -63,8 +63,13 @@ class RpcServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cli", "rpc", "serve", "--listen", f"127.0.0.1:{self.port}",
              "--example", "arith", "--ttl", "30", *registry],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_port(self.port, timeout=30, proc=self.proc)
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert self.proc.stdout is not None
+        self.log = LogLines(self.proc.stdout, "juggler rpc serve")
+        self.log.wait("rpc serve: ", 30)  # its start line: listening, and registered
+
+    def output(self) -> str:
+        return "\n".join(self.log.log[-40:])
 
     @property
     def address(self) -> str:
@@ -78,6 +83,7 @@ class RpcServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
+        self.log.close()
 
 
 @pytest.fixture
@@ -268,8 +274,10 @@ async def test_a_registry_gone_for_the_servers_too_does_not_empty_the_client(
             t0 = time.monotonic()
             while await registered() != both:  # the registry empty, then the servers' next heartbeats
                 await call_and_check()
-                assert time.monotonic() - t0 < ttl + 10, "the servers did not register again"
+                assert time.monotonic() - t0 < ttl + 10, \
+                    f"the servers did not register again:\n{a.output()}\n{b.output()}"
                 await asyncio.sleep(0.05)
+            assert await disc.refresh()  # the discovery sees them listed again: it follows the registry now
             assert disc.fetch_errors > 0
             await call_and_check()
             b.stop()  # unregisters: the discovery follows the registry again

@@ -105,3 +105,32 @@ async def test_no_grace_follows_the_registry_at_once() -> None:
     assert await d.refresh() and d.servers() == {}
     with pytest.raises(ValueError):
         Scripted(grace=-1)
+
+
+class Overtaken(Scripted):
+    """The first fetch hangs until the test lets it fail; the others answer at once."""
+
+    def __init__(self) -> None:
+        super().__init__(grace=30)
+        self.release = asyncio.Event()
+        self.slow = True
+
+    async def _fetch(self) -> dict[str, str]:
+        if self.slow:
+            self.slow = False
+            await self.release.wait()
+            raise RegistryUnavailable("timed out")
+        return await super()._fetch()
+
+
+async def test_a_slow_fetch_failing_after_a_later_success_is_no_outage() -> None:
+    d = Overtaken()
+    d._servers = {A: "", B: ""}
+    d.answer = {A: "", B: ""}
+    slow = asyncio.ensure_future(d.refresh())
+    await asyncio.sleep(0)  # the slow fetch begun
+    assert await d.refresh()  # a later one succeeds
+    d.release.set()
+    assert not await asyncio.wait_for(slow, 5)  # then the slow one fails
+    d.answer = {A: ""}  # B unregisters: followed at once, no outage came in between
+    assert await d.refresh() and set(d.servers()) == {A}
