@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import getpass
 import os
-import queue
 import shutil
 import signal
 import subprocess
-import threading
-import time
 
 import pytest
 
-from tests.netutil import free_port
+from tests.netutil import LogLines, free_port
 
 
 class Dnsmasq:
@@ -36,8 +33,6 @@ class Dnsmasq:
         self.hosts_file = hosts_file
         self._write(hosts or {})
         self.port = port or free_port()
-        self._lines: queue.Queue[str] = queue.Queue()
-        self.log: list[str] = []
         self.proc = subprocess.Popen(
             [exe, "--no-daemon", "--conf-file=/dev/null", f"--port={self.port}", "--listen-address=127.0.0.1",
              "--bind-interfaces", "--no-resolv", "--no-hosts", "--no-negcache", f"--addn-hosts={hosts_file}",
@@ -45,31 +40,18 @@ class Dnsmasq:
              *(f"--srv-host={s}" for s in srv)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        assert self.proc.stderr is not None
+        self._log = LogLines(self.proc.stderr, "dnsmasq")
+        self.log = self._log.log
         self.wait_log(f"read {hosts_file}", 20)  # read before the first query is served
 
     @property
     def nameserver(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self._lines.put(line.rstrip("\n"))
-
     def wait_log(self, needle: str, timeout: float = 10.0) -> str:
         """The next log line containing ``needle`` (earlier ones are consumed)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                line = self._lines.get(timeout=max(0.0, left))
-            except queue.Empty:
-                raise AssertionError(f"dnsmasq did not log {needle!r} within {timeout} s; log: {self.log}") from None
-            self.log.append(line)
-            if needle in line:
-                return line
+        return self._log.wait(needle, timeout)
 
     def set_hosts(self, hosts: dict[str, list[str]]) -> None:
         """Replace the hosts file and wait until dnsmasq has read it again."""
@@ -92,6 +74,4 @@ class Dnsmasq:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
-        self._reader.join(timeout=10)  # it ends at EOF, now that the process is gone
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+        self._log.close()

@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import queue
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -78,6 +80,43 @@ def wait_for_port(port: int, timeout: float = 10.0, proc: subprocess.Popen | Non
         except OSError:
             time.sleep(0.02)
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+class LogLines:
+    """The lines a process writes to ``stream`` (its stdout or stderr, opened in
+    text mode), read by a thread of their own: every line is kept in ``log``,
+    and ``wait(needle)`` returns the next one containing ``needle`` -- how a
+    test knows a process got somewhere from its own log, never from a sleep."""
+
+    def __init__(self, stream: IO[str], name: str) -> None:
+        self.name = name
+        self.log: list[str] = []
+        self._stream = stream
+        self._lines: queue.Queue[str] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self._stream:
+            self.log.append(line.rstrip("\n"))
+            self._lines.put(line.rstrip("\n"))
+
+    def wait(self, needle: str, timeout: float = 10.0) -> str:
+        """The next line containing ``needle`` (the lines before it are passed over)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"{self.name} did not log {needle!r} within {timeout} s; log: "
+                                     f"{self.log[-30:]}") from None
+            if needle in line:
+                return line
+
+    def close(self) -> None:
+        """Once the process is gone: wait for the reader (it ends at EOF), close the stream."""
+        self._reader.join(timeout=10)
+        self._stream.close()
 
 
 @dataclass

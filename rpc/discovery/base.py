@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Protocol
 
@@ -182,17 +183,33 @@ class WatchingDiscovery(Discovery):
     registry cannot be reached (else ``start`` raises ``RegistryUnavailable``).
     Every successful fetch is written to the cache.
 
+    A registry the servers could not reach either expires their entries
+    meanwhile (a TTL, a lease, a session), and lists them again only at their
+    next heartbeat. So the first answer after an outage does not drop a known
+    server at once: servers it leaves out are kept ``outage_grace`` seconds
+    more (0: dropped at once), unless a later answer lists them again.
+
     Subclasses implement ``_fetch()`` and ``_watch(changed)`` (a long-running
     coroutine that sets ``changed`` on a change notification and returns or
     raises when its connection ends; it is restarted with backoff).
     """
 
-    def __init__(self, *, refresh_interval: float = 0.5, cache: FileCache | None = None) -> None:
+    def __init__(self, *, refresh_interval: float = 0.5, cache: FileCache | None = None,
+                 outage_grace: float = 30.0) -> None:
         super().__init__()
         if refresh_interval <= 0:
             raise ValueError("refresh_interval must be > 0")
+        if outage_grace < 0:
+            raise ValueError("outage_grace must be >= 0")
         self.refresh_interval = refresh_interval
+        self.outage_grace = outage_grace
         self.cache = cache
+        self._failing = False  # the last fetch failed
+        self._fetches = 0  # fetches begun, and the number of the last one begun that succeeded
+        self._last_success = 0
+        self._held: dict[str, str] = {}  # servers left out by the first answer after an outage, still in use
+        self._held_until = 0.0
+        self._clock = time.monotonic  # (the tests' own clock replaces it)
         self.from_cache = False  # the servers in use came from the cache (registry unreachable)
         self._changed = asyncio.Event()
         self._saving = asyncio.Lock()
@@ -232,14 +249,41 @@ class WatchingDiscovery(Discovery):
 
     async def refresh(self) -> bool:
         """Fetch now; True when it succeeded."""
+        self._fetches += 1
+        started = self._fetches
         try:
             servers = await self._fetch()
         except RegistryError as exc:
             self.fetch_errors += 1
+            # a fetch that began before the last success (a slow one, overtaken) says nothing of the registry now
+            if started > self._last_success:
+                self._failing = True
             log.warning("registry fetch failed (keeping %d known server(s)): %s", len(self._servers), exc)
             return False
-        await self._accept(servers)
+        self._last_success = max(self._last_success, started)
+        await self._accept(self._after_outage(servers))
         return True
+
+    def _after_outage(self, servers: dict[str, str]) -> dict[str, str]:
+        """``servers`` plus the known ones the first answer after an outage left
+        out, for ``outage_grace`` seconds (see the class doc)."""
+        now = self._clock()
+        if self._failing:
+            self._failing = False
+            missing = {a: m for a, m in self._servers.items() if a not in servers}
+            if missing and self.outage_grace > 0:
+                log.warning("registry back without %d server(s) it listed before its outage (their entries may have "
+                            "expired meanwhile): keeping them %gs for their next heartbeat", len(missing),
+                            self.outage_grace)
+                self._held, self._held_until = missing, now + self.outage_grace
+        if not self._held:
+            return servers
+        if now >= self._held_until:
+            log.info("dropping %d server(s) the registry did not list again after its outage", len(self._held))
+            self._held = {}
+            return servers
+        self._held = {a: m for a, m in self._held.items() if a not in servers}
+        return {**self._held, **servers}
 
     async def _accept(self, servers: dict[str, str]) -> None:
         self.from_cache = False

@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
 import ssl
 import subprocess
-import threading
-import time
 import urllib.request
 
 import pytest
 
-from tests.netutil import wait_for_port
+from tests.netutil import LogLines, wait_for_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INSTALL = os.path.join(ROOT, "scripts", "install-pebble")
@@ -67,10 +64,9 @@ class Pebble:
         env = {**os.environ, "PEBBLE_VA_NOSLEEP": "1", "PEBBLE_WFE_NONCEREJECT": "0", "PEBBLE_AUTHZREUSE": "0"}
         self.proc = subprocess.Popen([exe, "-config", path, "-dnsserver", dns], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, env=env)
-        self.log: list[str] = []
-        self._lines: queue.Queue[str] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        assert self.proc.stdout is not None
+        self._log = LogLines(self.proc.stdout, "pebble")
+        self.log = self._log.log
         self.wait_log("ACME directory available at", 30)
         # logged just before each listener binds
         wait_for_port(port, 10, self.proc)
@@ -80,22 +76,8 @@ class Pebble:
     def directory(self) -> str:
         return f"https://127.0.0.1:{self.port}/dir"
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.log.append(line.rstrip("\n"))
-            self._lines.put(line.rstrip("\n"))
-
     def wait_log(self, needle: str, timeout: float = 10.0) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"pebble did not log {needle!r} within {timeout} s; log: "
-                                     f"{self.log[-30:]}") from None
-            if needle in line:
-                return line
+        return self._log.wait(needle, timeout)
 
     def root(self, dest: str) -> str:
         """Pebble's issuing root (it changes with each run) written to ``dest``."""
@@ -119,6 +101,4 @@ class Pebble:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
-        self._reader.join(timeout=10)  # it ends at EOF, now that the process is gone
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        self._log.close()

@@ -5,6 +5,11 @@ joined with ``redis-cli --cluster create ... --cluster-replicas 1
 --cluster-yes``; ready once every node reports ``cluster_state:ok`` and
 agrees on the slot map. ``cluster-node-timeout`` is short (1 s) so a killed
 master's replica is promoted within a few seconds.
+
+With ``announce``, each node announces another client port (a fault proxy in
+front of it: ``cluster-announce-port``), so that clients reach every node,
+through redirections and the slot map too, at that port; the cluster bus
+stays direct. The helpers below speak to the nodes directly.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +35,17 @@ class Node:
     dir: str
     proc: subprocess.Popen | None = None
     scheme: str = "redis"
+    #: the client port the node announces to the cluster (a proxy's), if not its own
+    announce_port: int | None = None
+
+    @property
+    def public_port(self) -> int:
+        """The port clients reach the node at (the slot map and redirections name it)."""
+        return self.announce_port or self.port
 
     @property
     def url(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.public_port}"
 
 
 @dataclass
@@ -73,27 +86,33 @@ class RedisCluster:
             "--cluster-node-timeout", str(self.node_timeout_ms),
             "--cluster-require-full-coverage", "no", "--cluster-replica-validity-factor", "0",
         ]
+        if node.announce_port is not None:
+            args += ["--cluster-announce-ip", "127.0.0.1", "--cluster-announce-port", str(node.announce_port),
+                     "--cluster-announce-bus-port", str(node.bus_port)]
         node.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_port(node.port, proc=node.proc)
 
     @classmethod
     def create(cls, masters: int = 3, replicas: int = 1, timeout: float = 60.0,
-               tls: tuple[Leaf, str] | None = None) -> RedisCluster:
+               tls: tuple[Leaf, str] | None = None, announce: Callable[[Node], int] | None = None) -> RedisCluster:
         """``tls``: (the nodes' certificate, the CA file) for a cluster spoken to
-        over TLS only (``rediss://`` seeds)."""
+        over TLS only (``rediss://`` seeds). ``announce(node)``: the client port
+        ``node`` announces (e.g. a proxy to ``node.port`` made there and then)."""
         cluster = cls(tls=tls)
         scheme = "rediss" if tls else "redis"
         try:
             for _ in range(masters * (1 + replicas)):
                 node = Node(port=free_port(), bus_port=free_port(), dir=tempfile.mkdtemp(prefix="redis-cluster-"),
                             scheme=scheme)
+                if announce is not None:
+                    node.announce_port = announce(node)
                 cluster._start_node(node)
                 cluster.nodes.append(node)
             cli = shutil.which("redis-cli")
             assert cli is not None, "redis-cli is not installed"
             tls_cli = ["--tls", "--cacert", tls[1]] if tls else []
             subprocess.run(
-                [cli, *tls_cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in cluster.nodes),
+                [cli, *tls_cli, "--cluster", "create", *(f"127.0.0.1:{n.public_port}" for n in cluster.nodes),
                  "--cluster-replicas", str(replicas), "--cluster-yes"],
                 check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout,
             )
@@ -113,10 +132,15 @@ class RedisCluster:
 
     # state ----------------------------------------------------------------
 
+    def node_at(self, port: int) -> Node:
+        """The node whose own or announced port is ``port``."""
+        return next(n for n in self.nodes if port in (n.port, n.public_port))
+
     def command(self, port: int, *args: str, timeout: float = 2.0) -> str:
+        """``args`` run on the node at ``port`` (its own or its announced one), spoken to directly."""
         import redis
 
-        r = redis.Redis(host="127.0.0.1", port=port, socket_timeout=timeout, socket_connect_timeout=timeout,
+        r = redis.Redis(host="127.0.0.1", port=self.node_at(port).port, socket_timeout=timeout, socket_connect_timeout=timeout,
                         decode_responses=True, **self._client_kw())
         try:
             return r.execute_command(*args)  # type: ignore[no-any-return]
@@ -186,8 +210,8 @@ class RedisCluster:
         raise TimeoutError(f"cluster not ok after {timeout}s: {last}")
 
     def kill(self, port: int) -> Node:
-        """SIGKILL the node on `port`."""
-        node = next(n for n in self.nodes if n.port == port)
+        """SIGKILL the node on `port` (its own or its announced one)."""
+        node = self.node_at(port)
         assert node.proc is not None
         node.proc.send_signal(signal.SIGKILL)
         node.proc.wait(timeout=5)

@@ -43,6 +43,14 @@ class ConsulServer(ServerProcess):
         """``127.0.0.1:PORT`` of its HTTP API, as Go's plugin and our CLI are given it."""
         return f"127.0.0.1:{self.port}"
 
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the agent, then close the pipe of its output once the copying thread has read it all."""
+        super().stop(timeout)
+        if self.copier is not None:
+            self.copier.join(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
 
 def _unavailable(why: str) -> None:
     if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
@@ -106,8 +114,4 @@ def consul_server() -> Iterator[ConsulServer]:
     server = start_consul()
     yield server
     server.stop(timeout=10)
-    if server.copier is not None:
-        server.copier.join(timeout=10)  # the agent's output ends with it: then its pipe can be closed
-    if server.proc.stdout is not None:
-        server.proc.stdout.close()
     shutil.rmtree(server.dir, ignore_errors=True)
