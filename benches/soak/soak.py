@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import random
 import shutil
@@ -314,6 +315,8 @@ async def soak(name: str, duration: float, rate: float, sample: float, concurren
     window = Window()
     samples: list[dict[str, Any]] = []
     ops = errors = 0
+    #: errors by kind: a failed operation's exception type, or an operation the load skipped
+    kinds: collections.Counter[str] = collections.Counter()
     slots = asyncio.Semaphore(concurrency)  # open loop, but never an unbounded pile of waiting operations
     tasks: set[asyncio.Task[None]] = set()
     assert product.op is not None
@@ -327,6 +330,7 @@ async def soak(name: str, duration: float, rate: float, sample: float, concurren
         except Exception as exc:  # noqa: BLE001  (counted and reported: a soak sees every kind)
             window.errors += 1
             window.last_error = f"{type(exc).__name__}: {exc}"[:200]
+            kinds[type(exc).__name__] += 1
             errors += 1
         finally:
             ops += 1
@@ -352,6 +356,7 @@ async def soak(name: str, duration: float, rate: float, sample: float, concurren
         await slots.acquire()
         await one()
     ops = errors = 0
+    kinds.clear()
     window.take()
     start = time.monotonic()
     take_sample(0.0)
@@ -370,6 +375,7 @@ async def soak(name: str, duration: float, rate: float, sample: float, concurren
             if slots.locked():  # the server is behind: the operation is skipped and counted as an error
                 window.errors += 1
                 window.last_error = f"more than {concurrency} operations in flight"
+                kinds["skipped: too many in flight"] += 1
                 errors += 1
                 continue
             await slots.acquire()
@@ -387,6 +393,7 @@ async def soak(name: str, duration: float, rate: float, sample: float, concurren
         stop(product)
         shutil.rmtree(tmp, ignore_errors=True)
     return {"product": name, "duration_s": duration, "rate": rate, "ops": ops, "errors": errors,
+            "error_kinds": dict(kinds),
             "alive_at_end": alive, "samples": samples, "idle_after": idle,
             "summary": summarize(samples, product.watched)}
 
@@ -435,7 +442,8 @@ def summarize(samples: list[dict[str, Any]], watched: dict[str, int]) -> dict[st
 
 def report(result: dict[str, Any]) -> str:
     lines = [f"{result['product']}: {result['ops']:,} operations in {result['duration_s']:.0f}s at "
-             f"{result['rate']:.0f}/s, {result['errors']} errors"]
+             f"{result['rate']:.0f}/s, {result['errors']} errors"
+             + (f" ({', '.join(f'{k}: {n}' for k, n in result['error_kinds'].items())})" if result.get("error_kinds") else "")]
     for role, s in result["summary"].items():
         if isinstance(s, dict) and "rss_mib_end" in s:
             idle = result["idle_after"].get(role, {}).get("fds", "?")
