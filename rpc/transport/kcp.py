@@ -145,6 +145,16 @@ class KcpSession:
         #: a segment was sent ``dead_link`` times unacknowledged: the peer is gone
         self.dead = False
 
+    def resume(self, rcv_nxt: int, snd_nxt: int) -> None:
+        """Start a fresh session in the middle of a conversation the peer
+        still has: expect its segment ``rcv_nxt`` next and number ours from
+        ``snd_nxt`` (the ``una`` it sends: what it expects from us). For a
+        listener that forgot an idle session (or restarted) while the peer
+        kept it: every earlier segment was acknowledged, so the byte stream
+        resumes where it stopped."""
+        self.rcv_nxt = rcv_nxt & 0xFFFFFFFF
+        self.snd_una = self.snd_nxt = snd_nxt & 0xFFFFFFFF
+
     # --- the application's side
     def send(self, data: bytes | bytearray | memoryview) -> None:
         """Queue bytes to send; they leave with the next ``flush``/``update``.

@@ -139,10 +139,10 @@ class PacketCodec:
         return body[FEC_HEADER_PLUS2:FEC_HEADER + size]
 
 
-def first_segment(segments: bytes) -> tuple[int, int, int] | None:
-    """``(conv, cmd, sn)`` of the first segment, or ``None`` if there is no
-    whole header: what a listener looks at to open a session."""
+def first_segment(segments: bytes) -> tuple[int, int, int, int] | None:
+    """``(conv, cmd, sn, una)`` of the first segment, or ``None`` if there is
+    no whole header: what a listener looks at to open a session."""
     if len(segments) < 24:
         return None
-    conv, cmd, _frg, _wnd, _ts, sn = struct.unpack_from("<IBBHII", segments)
-    return conv, cmd, sn
+    conv, cmd, _frg, _wnd, _ts, sn, una = struct.unpack_from("<IBBHIII", segments)
+    return conv, cmd, sn, una

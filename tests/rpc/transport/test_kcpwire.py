@@ -94,7 +94,7 @@ def test_bad_datagrams_are_typed_errors_and_parity_is_skipped() -> None:
 
 
 def test_first_segment() -> None:
-    assert first_segment(b"\x01\0\0\0\x51\0\x20\0" + b"\0" * 4 + b"\x05\0\0\0" + b"\0" * 8) == (1, 81, 5)
+    assert first_segment(b"\x01\0\0\0\x51\0\x20\0" + b"\0" * 4 + b"\x05\0\0\0\x07\0\0\0" + b"\0" * 4) == (1, 81, 5, 7)
     assert first_segment(b"short") is None
 
 
