@@ -331,15 +331,15 @@ class KcpSession:
             ts_flush = now
         if diff(now, ts_flush) >= 0:
             return now
-        wait = diff(ts_flush, now)
+        wait = min(diff(ts_flush, now), self.settings.interval)
         for seg in self.snd_buf:
-            if seg.acked:
-                continue
-            d = diff(seg.resendts, now)
-            if d <= 0:
-                return now
-            wait = min(wait, d)
-        return (now + min(wait, self.settings.interval)) & 0xFFFFFFFF
+            if not seg.acked:
+                d = (seg.resendts - now) & 0xFFFFFFFF  # diff(), inlined (hot loop)
+                if d == 0 or d >= 0x80000000:
+                    return now
+                if d < wait:
+                    wait = d
+        return (now + wait) & 0xFFFFFFFF
 
     # --- output
     def flush(self, now: int, *, ack_only: bool = False) -> None:
@@ -409,7 +409,7 @@ class KcpSession:
             elif seg.fastack >= resent or (seg.fastack > 0 and new == 0):
                 seg.rto = self.rto  # fast (or early) retransmit
                 fast += 1
-            elif diff(now, seg.resendts) >= 0:
+            elif (now - seg.resendts) & 0xFFFFFFFF < 0x80000000:  # now >= resendts, inlined (hot loop)
                 seg.rto += self.rto // 2 if s.nodelay else self.rto
                 lost += 1
             else:

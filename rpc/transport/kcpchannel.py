@@ -34,7 +34,7 @@ import contextlib
 import logging
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rpc.transport.channelapi import Channel, Listener, ProtocolFactory
@@ -94,7 +94,11 @@ class KcpTransport(asyncio.Transport):
         self.peer = peer
         self._codec = PacketCodec(options.crypt, options.data_shards, options.parity_shards)
         self._t0 = loop.time()
-        self.session = KcpSession(conv, options.settings, reserved=self._codec.overhead, now=self._now())
+        # acknowledgements "at once" leave at the end of this loop turn rather than inside input():
+        # a reply written in the same turn then carries them (one datagram, not two)
+        self._ack_soon = options.settings.ack_nodelay
+        settings = replace(options.settings, ack_nodelay=False)
+        self.session = KcpSession(conv, settings, reserved=self._codec.overhead, now=self._now())
         self._protocol = protocol
         self._own_socket = own_socket
         self._on_gone = on_gone
@@ -124,6 +128,8 @@ class KcpTransport(asyncio.Transport):
         self._last_heard = self._loop.time()
         self.session.input(segments, self._now())
         self._deliver()
+        if self._ack_soon and self.session._acks and self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush_writes)
         self._after_io()
 
     def _deliver(self) -> None:
@@ -159,6 +165,8 @@ class KcpTransport(asyncio.Transport):
         s = self.session
         if not (s.snd_buf or s.snd_queue or s._acks or s._probe or s.readable()):
             return  # nothing to retransmit or acknowledge: no timer until the next datagram or write
+        if self._timer is not None and self._timer_at <= self._loop.time() + s.settings.interval / 1000:
+            return  # due within an interval already, before any new segment's RTO (30 ms at least)
         now = self._now()
         due = self._loop.time() + ((s.check(now) - now) & 0xFFFFFFFF) / 1000
         if self._timer is None or due < self._timer_at - 0.0005:
@@ -199,7 +207,8 @@ class KcpTransport(asyncio.Transport):
             self._protocol.pause_writing()
 
     def _flush_writes(self) -> None:
-        """Like kcp-go's ``Write``: what was written this loop turn leaves now, not at the next interval."""
+        """Like kcp-go's ``Write``: what was written this loop turn leaves now,
+        not at the next interval, with the acknowledgements due."""
         self._flush_handle = None
         if not self.lost:
             self.session.flush(self._now())
