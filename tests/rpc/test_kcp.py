@@ -219,3 +219,33 @@ async def test_a_session_the_server_forgot_resumes_where_the_client_is() -> None
             assert resumed.transport is not None
             assert resumed.transport.session.rcv_nxt > 20  # type: ignore[attr-defined]
     await server.dispatcher.aclose()
+
+
+async def test_garbage_datagrams_are_dropped_and_the_server_keeps_serving() -> None:
+    """Random datagrams, datagrams of another key, and well-sealed datagrams
+    (right key, right checksum) carrying random segments, from many source
+    ports: none opens a working session or stops the listener."""
+    import random
+    import socket
+
+    from rpc.transport.kcpwire import PacketCodec
+
+    rng = random.Random(7)
+    server = arith_server()
+    async with RpcxServer(server, "kcp@127.0.0.1:0", kcp=RPCX) as rpcx:
+        target = (rpcx.endpoint.host, rpcx.endpoint.port)
+        sealed = PacketCodec(RPCX.crypt)
+        foreign = PacketCodec(KcpCrypt.from_passphrase("other"))
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(8)]
+        try:
+            for i in range(600):
+                body = rng.randbytes(rng.randrange(0, 200))
+                kind = i % 3
+                dgram = body if kind == 0 else (foreign if kind == 1 else sealed).encode(body)
+                socks[i % len(socks)].sendto(dgram, target)
+        finally:
+            for s in socks:
+                s.close()
+        async with Client(rpcx.address, RpcxCaller(kcp=RPCX), close_caller=True) as client:
+            assert await client.call("Arith", "Mul", {"A": 6, "B": 7}, timeout=5) == {"C": 42}
+    await server.dispatcher.aclose()
