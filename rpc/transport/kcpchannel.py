@@ -58,10 +58,14 @@ class KcpOptions:
     shards) and how our side behaves. rpcx's defaults: AES with the key both
     sides derive from one passphrase, 10 data and 3 parity shards."""
 
+    #: the block crypt both ends share: ``KcpCrypt.from_passphrase("rpcx-key")`` as rpcx's examples,
+    #: ``KcpCrypt(key=...)`` for a raw AES key, ``KcpCrypt(cipher="none")`` for kcp-go's none crypt
     crypt: KcpCrypt
-    #: FEC shards of kcp-go's packet layer (rpcx hard-codes 10 and 3); 0 and 0: no FEC header
+    #: FEC data shards of kcp-go's packet layer, as the peer's (Go rpcx hard-codes 10)
     data_shards: int = 10
+    #: FEC parity shards, as the peer's (Go rpcx: 3; none are sent); 0 for either: no FEC header
     parity_shards: int = 3
+    #: how our side behaves (windows, intervals, stream mode); need not match the peer's
     settings: KcpSettings = field(default_factory=KcpSettings)
     #: seconds without any datagram from the peer after which a session is dropped
     idle_timeout: float = 300.0

@@ -62,9 +62,11 @@ class KcpCrypt:
     key (kcp-go's ``NewAESBlockCrypt``) or ``none`` (``NewNoneBlockCrypt``:
     checksummed, not encrypted). Other kcp-go ciphers are not available."""
 
+    #: ``aes`` or ``none``
     cipher: str = "aes"
+    #: the AES key (16, 24 or 32 bytes); empty for ``none``
     key: bytes = field(default=b"", repr=False)
-    _aes: Any = field(default=None, init=False, repr=False, compare=False)
+    _aes: Any = field(default=None, init=False, repr=False, compare=False, metadata={"internal": True})
 
     def __post_init__(self) -> None:
         if self.cipher == "aes" and len(self.key) not in (16, 24, 32):
