@@ -26,7 +26,7 @@ from rpc.rpcx_client import RpcxCaller
 from rpc.transport.kcp import KcpSettings
 from rpc.transport.kcpchannel import KcpOptions
 from rpc.transport.kcpwire import KcpCrypt
-from tests.netutil import free_port
+from tests.netutil import free_port, wait_until
 from tests.rpc.gopeer import build_go_peer
 from tests.rpc.test_rpcx_e2e import Served, serve
 
@@ -46,8 +46,8 @@ def go_env(stream: str, acknodelay: str, **extra: str) -> dict[str, str]:
     return {**os.environ, "KCP_STREAM": stream, "KCP_ACK_NODELAY": acknodelay, **extra}
 
 
-def start_go_server(go_peer: Path, env: dict[str, str]) -> tuple[str, subprocess.Popen[str]]:
-    addr = f"127.0.0.1:{free_port()}"
+def start_go_server(go_peer: Path, env: dict[str, str], addr: str = "") -> tuple[str, subprocess.Popen[str]]:
+    addr = addr or f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen([str(go_peer), "server", addr], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, env=env)
     assert proc.stdout is not None
@@ -160,5 +160,29 @@ async def test_a_go_kcp_server_killed_fails_the_next_call_within_its_deadline(go
         # closed, the session lingers for acknowledgements that never come, then is forgotten
         assert conn.transport is not None
         await asyncio.wait_for(conn.transport.wait_closed(), 5)  # type: ignore[attr-defined]
+    finally:
+        stop(proc)
+
+
+async def test_our_client_recovers_from_a_go_kcp_server_restart(go_peer: Path) -> None:
+    """A restarted Go server does not know our conversation and drops it
+    unacknowledged: our session is declared dead after ``dead_link``
+    transmissions, the pool opens a new one, and calls go through again."""
+    address, proc = start_go_server(go_peer, go_env("1", "1"))
+    caller = RpcxCaller(kcp=KcpOptions(crypt=KcpCrypt.from_passphrase("rpcx-key")))
+    try:
+        async with Client(address, caller, close_caller=True) as client:
+            for i in range(40):  # past kcp-go's 32-segment receive window: a new Go session cannot take them
+                assert await client.call("Arith", "Mul", {"A": 6, "B": i}, timeout=5) == {"C": 6 * i}
+            stop(proc)
+            _, proc = start_go_server(go_peer, go_env("1", "1"), address.removeprefix("kcp@"))
+
+            async def called() -> bool:
+                try:
+                    return await client.call("Arith", "Mul", {"A": 6, "B": 7}, timeout=1) == {"C": 42}
+                except (CallTimeout, TransportError):
+                    return False
+
+            await wait_until(called, timeout=30)
     finally:
         stop(proc)
