@@ -56,7 +56,9 @@ def test_kcp_addresses_and_endpoints() -> None:
     RPCX,
     KcpOptions(crypt=KcpCrypt.from_passphrase("rpcx-key"), settings=KcpSettings(stream=True)),
     KcpOptions(crypt=KcpCrypt(cipher="none"), data_shards=0, parity_shards=0),
-], ids=["aes-message", "aes-stream", "none-nofec"])
+    KcpOptions(crypt=KcpCrypt(key=bytes(range(16))), settings=KcpSettings(ack_nodelay=False, nodelay=False,
+                                                                          no_cwnd=False, interval=20)),
+], ids=["aes-message", "aes-stream", "none-nofec", "aes128-delayed-acks-cwnd"])
 async def test_our_client_calls_our_server_over_kcp(options: KcpOptions) -> None:
     server = arith_server()
     async with RpcxServer(server, "kcp@127.0.0.1:0", kcp=options) as rpcx:
@@ -246,6 +248,34 @@ async def test_garbage_datagrams_are_dropped_and_the_server_keeps_serving() -> N
         finally:
             for s in socks:
                 s.close()
+        async with Client(rpcx.address, RpcxCaller(kcp=RPCX), close_caller=True) as client:
+            assert await client.call("Arith", "Mul", {"A": 6, "B": 7}, timeout=5) == {"C": 42}
+    await server.dispatcher.aclose()
+
+
+async def test_nobody_listening_fails_the_call_at_once() -> None:
+    """No handshake, but a connected UDP socket hears the port unreachable:
+    the call fails long before its deadline."""
+    from tests.netutil import free_port
+
+    async with Client(f"kcp@127.0.0.1:{free_port()}", RpcxCaller(kcp=RPCX), close_caller=True) as client:
+        started = time.monotonic()
+        with pytest.raises(TransportError):
+            await client.call("Arith", "Mul", {"A": 6, "B": 7}, timeout=5)
+        assert time.monotonic() - started < 2
+
+
+async def test_kcp_over_ipv6() -> None:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    server = arith_server()
+    async with RpcxServer(server, "kcp@[::1]:0", kcp=RPCX) as rpcx:
+        assert rpcx.address.startswith("kcp@[::1]:")
         async with Client(rpcx.address, RpcxCaller(kcp=RPCX), close_caller=True) as client:
             assert await client.call("Arith", "Mul", {"A": 6, "B": 7}, timeout=5) == {"C": 42}
     await server.dispatcher.aclose()
