@@ -24,6 +24,8 @@ def add_kcp_arguments(p: argparse.ArgumentParser) -> None:
                    help="FEC data shards, as the peer's (Go rpcx: 10) [%(default)s]")
     g.add_argument("--kcp-parity-shards", type=int, default=3, metavar="N",
                    help="FEC parity shards, as the peer's (Go rpcx: 3; none are sent) [%(default)s]")
+    g.add_argument("--kcp-idle-timeout", type=float, default=300.0, metavar="S",
+                   help="drop a KCP session that hears nothing that long [%(default)s]")
     g.add_argument("--kcp-stream", action="store_true",
                    help="send in stream mode (writes packed into full segments); Go peers read either mode")
 
@@ -62,5 +64,7 @@ def kcp_options(args: argparse.Namespace, *, required: bool) -> Any:
         return None
     if not (0 <= args.kcp_data_shards <= 255 and 0 <= args.kcp_parity_shards <= 255):
         raise ValueError("--kcp-data-shards and --kcp-parity-shards: expected 0..255")
+    if args.kcp_idle_timeout <= 0:
+        raise ValueError("--kcp-idle-timeout must be > 0")
     return KcpOptions(crypt=crypt, data_shards=args.kcp_data_shards, parity_shards=args.kcp_parity_shards,
-                      settings=KcpSettings(stream=args.kcp_stream))
+                      settings=KcpSettings(stream=args.kcp_stream), idle_timeout=args.kcp_idle_timeout)

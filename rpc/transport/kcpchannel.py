@@ -373,6 +373,7 @@ class KcpListener(Listener, asyncio.DatagramProtocol):
                 session = self._open(addr, head[0])
                 if head[2] != 0:  # a conversation we forgot (idle, or restarted): resume it
                     session.session.resume(head[2], head[3])
+                    log.debug("KCP conversation %d of %s resumed at segment %d", head[0], addr, head[2])
             session.datagram(segments)
         except KcpPacketError as exc:
             log.debug("dropped a datagram from %s: %s", addr, exc)

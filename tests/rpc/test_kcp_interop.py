@@ -186,3 +186,18 @@ async def test_our_client_recovers_from_a_go_kcp_server_restart(go_peer: Path) -
             await wait_until(called, timeout=30)
     finally:
         stop(proc)
+
+
+def test_a_go_client_idle_longer_than_our_server_keeps_its_session_resumes(go_peer: Path) -> None:
+    """Our server drops a session silent for 0.5 s; the Go client (no
+    heartbeats) keeps it and calls again after 1.5 s: the listener resumes
+    the conversation at the client's sequence numbers."""
+    ours: Served = serve("--example", "arith", "--kcp-key", "rpcx-key", "--kcp-idle-timeout", "0.5",
+                         listen="kcp@127.0.0.1:0")
+    try:
+        addr = ours.address.removeprefix("kcp@")
+        for stream in ("0", "1"):
+            res = go_client(go_peer, addr, "6", "7", "3", env=go_env(stream, stream, PAUSE_MS="1500"))
+            assert res.returncode == 0 and res.stdout.strip() == '{"C":42}', res.stderr
+    finally:
+        ours.stop()

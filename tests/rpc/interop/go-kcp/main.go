@@ -10,7 +10,8 @@
 // for AES (KCP_KEY default "rpcx-key", KCP_SALT default "rpcx-salt"); KCP_CRYPT=none uses
 // kcp-go's no-op block crypt. KCP_STREAM=1 puts each session in stream mode and
 // KCP_ACK_NODELAY=1 acknowledges at once, as the plugins of rpcx's examples do (both default off:
-// kcp-go's own defaults, message mode and delayed acknowledgements).
+// kcp-go's own defaults, message mode and delayed acknowledgements). PAUSE_MS makes the client
+// wait that long between calls (a client idle longer than the server keeps its session).
 package main
 
 import (
@@ -136,8 +137,12 @@ func main() {
 		xc := client.NewXClient("Arith", client.Failfast, client.RandomSelect, d, opt)
 		xc.SetPlugins(pc)
 		defer xc.Close()
+		pause, _ := strconv.Atoi(os.Getenv("PAUSE_MS"))
 		reply := &Reply{}
 		for i := 0; i < n; i++ {
+			if i > 0 && pause > 0 {
+				time.Sleep(time.Duration(pause) * time.Millisecond)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			err := xc.Call(ctx, "Mul", &Args{A: a, B: b + i - (n - 1)}, reply)
 			cancel()
