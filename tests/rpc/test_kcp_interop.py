@@ -4,8 +4,10 @@ shards): a Go client → our server and our client → a Go server, a few
 hundred calls each, with the Go sessions in message mode (kcp-go's default)
 and in stream mode (rpcx's examples), acknowledging at once or not, with our
 side in either send mode; AES with rpcx's example key and kcp-go's "none"
-crypt; another key gets nothing; a Go server killed fails the next call
-within its deadline. Without ``go`` the tests are skipped on a developer's
+crypt; another key gets nothing; both directions through a lossy, reordering
+link (``tests/rpc/lossyudp.py``); a Go server killed fails the next call
+within its deadline, a restarted one is reached again; a Go client idle past
+our server's session timeout resumes. Without ``go`` the tests are skipped on a developer's
 machine and fail in CI (``CI=true``)."""
 
 from __future__ import annotations
@@ -200,4 +202,49 @@ def test_a_go_client_idle_longer_than_our_server_keeps_its_session_resumes(go_pe
             res = go_client(go_peer, addr, "6", "7", "3", env=go_env(stream, stream, PAUSE_MS="1500"))
             assert res.returncode == 0 and res.stdout.strip() == '{"C":42}', res.stderr
     finally:
+        ours.stop()
+
+
+@pytest.mark.parametrize("ours_stream", [False, True], ids=["ours-message", "ours-stream"])
+async def test_calls_to_a_go_kcp_server_through_a_lossy_link(go_peer: Path, ours_stream: bool) -> None:
+    """10% of the datagrams lost each way, 5% duplicated, up to 20 ms of
+    jitter (reordering): our retransmissions and kcp-go's recover, and every
+    call, small or of hundreds of segments, gets its reply."""
+    from tests.rpc.lossyudp import LossyUdpRelay
+
+    address, proc = start_go_server(go_peer, go_env("1", "1"))
+    host, _, port = address.removeprefix("kcp@").rpartition(":")
+    relay = LossyUdpRelay((host, int(port)), loss=0.1, dup=0.05, jitter=0.02, seed=5)
+    try:
+        front = await relay.start()
+        options = KcpOptions(crypt=KcpCrypt.from_passphrase("rpcx-key"), settings=KcpSettings(stream=ours_stream))
+        async with Client(f"kcp@{front[0]}:{front[1]}", RpcxCaller(kcp=options), close_caller=True) as client:
+            replies = await asyncio.gather(*(client.call("Arith", "Mul", {"A": 6, "B": i}, timeout=20)
+                                             for i in range(100)))
+            assert replies == [{"C": 6 * i} for i in range(100)]
+            big = "x" * 100_000
+            assert await client.call("Arith", "Mul", {"A": 2, "B": 3, "pad": big}, timeout=20) == {"C": 6}
+        assert relay.dropped > 10  # the link did lose datagrams
+    finally:
+        relay.close()
+        stop(proc)
+
+
+async def test_a_go_kcp_client_calls_our_server_through_a_lossy_link(go_peer: Path) -> None:
+    from tests.rpc.lossyudp import LossyUdpRelay
+
+    ours: Served = serve("--example", "arith", "--kcp-key", "rpcx-key", listen="kcp@127.0.0.1:0")
+    host, _, port = ours.address.removeprefix("kcp@").rpartition(":")
+    relay = LossyUdpRelay((host, int(port)), loss=0.1, dup=0.05, jitter=0.02, seed=6)
+    try:
+        front = await relay.start()
+        proc = await asyncio.create_subprocess_exec(
+            str(go_peer), "client", f"{front[0]}:{front[1]}", "6", "7", "100", stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=go_env("0", "0"))
+        out, err = await asyncio.wait_for(proc.communicate(), 90)
+        assert proc.returncode == 0, err.decode()
+        assert out.decode().strip() == '{"C":42}'
+        assert relay.dropped > 10
+    finally:
+        relay.close()
         ours.stop()
