@@ -337,7 +337,7 @@ class KcpSession:
                 d = (seg.resendts - now) & 0xFFFFFFFF  # diff(), inlined (hot loop)
                 if d == 0 or d >= 0x80000000:
                     return now
-                if d < wait:
+                if d < wait:  # noqa: PLR1730 - not min(): the hot loop
                     wait = d
         return (now + wait) & 0xFFFFFFFF
 

@@ -17,7 +17,6 @@ import os
 import selectors
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,13 +70,6 @@ def stop(proc: subprocess.Popen[str]) -> None:
         proc.stdout.close()
 
 
-@pytest.fixture(params=GO_MODES, ids=GO_IDS)
-def go_kcp_server(request: pytest.FixtureRequest, go_peer: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    address, proc = start_go_server(go_peer, go_env(*request.param))
-    try:
-        yield address, proc
-    finally:
-        stop(proc)
 
 
 def go_client(go_peer: Path, addr: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -104,7 +96,7 @@ def test_go_kcp_client_with_our_stream_mode_and_the_none_crypt(go_peer: Path) ->
         res = go_client(go_peer, addr, "6", "7", "300", env=go_env("0", "0", KCP_CRYPT="none"))
         assert res.returncode == 0 and res.stdout.strip() == '{"C":42}', res.stderr
         # a Go client with AES gets no answer from a server without it
-        res = go_client(go_peer, addr, "6", "7", env=go_env("0", "0"))
+        res = go_client(go_peer, addr, "6", "7", env=go_env("0", "0", TIMEOUT_MS="1000"))
         assert res.returncode != 0 and "call failed" in res.stderr
     finally:
         ours.stop()
@@ -114,25 +106,30 @@ def test_go_kcp_client_with_another_key_gets_no_answer(go_peer: Path) -> None:
     ours: Served = serve("--example", "arith", "--kcp-key", "rpcx-key", listen="kcp@127.0.0.1:0")
     try:
         addr = ours.address.removeprefix("kcp@")
-        res = go_client(go_peer, addr, "6", "7", env=go_env("1", "1", KCP_KEY="another-key"))
+        res = go_client(go_peer, addr, "6", "7", env=go_env("1", "1", KCP_KEY="another-key", TIMEOUT_MS="1000"))
         assert res.returncode != 0 and "call failed" in res.stderr
     finally:
         ours.stop()
 
 
-@pytest.mark.parametrize("ours_stream", [False, True], ids=["ours-message", "ours-stream"])
-async def test_our_client_calls_a_go_kcp_server(go_kcp_server: tuple[str, subprocess.Popen[str]],
+@pytest.mark.parametrize(("stream", "acknodelay", "ours_stream"),
+                         [(*mode, ours) for mode, ours in zip(GO_MODES, (False, True, False, True))],
+                         ids=[f"{go}-ours-{'stream' if i % 2 else 'message'}" for i, go in enumerate(GO_IDS)])
+async def test_our_client_calls_a_go_kcp_server(go_peer: Path, stream: str, acknodelay: str,
                                                 ours_stream: bool) -> None:
-    address, _ = go_kcp_server
-    options = KcpOptions(crypt=KcpCrypt.from_passphrase("rpcx-key"), settings=KcpSettings(stream=ours_stream))
-    async with Client(address, RpcxCaller(pool=2, kcp=options), close_caller=True) as client:
-        for i in range(300):
-            assert await client.call("Arith", "Mul", {"A": 6, "B": i}, timeout=5) == {"C": 6 * i}
-        replies = await asyncio.gather(*(client.call("Arith", "Add", {"A": i, "B": 1}, timeout=10)
-                                         for i in range(200)))
-        assert replies == [{"C": i + 1} for i in range(200)]
-        big = "x" * 200_000  # ~150 segments each way, beyond kcp-go's 32-segment windows
-        assert await client.call("Arith", "Mul", {"A": 2, "B": 3, "pad": big}, timeout=10) == {"C": 6}
+    address, proc = start_go_server(go_peer, go_env(stream, acknodelay))
+    try:
+        options = KcpOptions(crypt=KcpCrypt.from_passphrase("rpcx-key"), settings=KcpSettings(stream=ours_stream))
+        async with Client(address, RpcxCaller(pool=2, kcp=options), close_caller=True) as client:
+            for i in range(300):
+                assert await client.call("Arith", "Mul", {"A": 6, "B": i}, timeout=5) == {"C": 6 * i}
+            replies = await asyncio.gather(*(client.call("Arith", "Add", {"A": i, "B": 1}, timeout=10)
+                                             for i in range(200)))
+            assert replies == [{"C": i + 1} for i in range(200)]
+            big = "x" * 200_000  # ~150 segments each way, beyond kcp-go's 32-segment windows
+            assert await client.call("Arith", "Mul", {"A": 2, "B": 3, "pad": big}, timeout=10) == {"C": 6}
+    finally:
+        stop(proc)
 
 
 async def test_our_client_calls_a_go_kcp_server_with_the_none_crypt(go_peer: Path) -> None:

@@ -11,7 +11,8 @@
 // kcp-go's no-op block crypt. KCP_STREAM=1 puts each session in stream mode and
 // KCP_ACK_NODELAY=1 acknowledges at once, as the plugins of rpcx's examples do (both default off:
 // kcp-go's own defaults, message mode and delayed acknowledgements). PAUSE_MS makes the client
-// wait that long between calls (a client idle longer than the server keeps its session).
+// wait that long between calls (a client idle longer than the server keeps its session);
+// TIMEOUT_MS is each call's deadline (default 5000).
 package main
 
 import (
@@ -138,12 +139,13 @@ func main() {
 		xc.SetPlugins(pc)
 		defer xc.Close()
 		pause, _ := strconv.Atoi(os.Getenv("PAUSE_MS"))
+		timeout, _ := strconv.Atoi(env("TIMEOUT_MS", "5000"))
 		reply := &Reply{}
 		for i := 0; i < n; i++ {
 			if i > 0 && pause > 0 {
 				time.Sleep(time.Duration(pause) * time.Millisecond)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(timeout)*time.Millisecond)
 			err := xc.Call(ctx, "Mul", &Args{A: a, B: b + i - (n - 1)}, reply)
 			cancel()
 			if err != nil {
