@@ -218,3 +218,29 @@ def test_garbage_input_is_a_typed_error_or_accepted(data: bytes, now: int) -> No
         pass
     s.flush(now)
     s.recv()
+
+
+_SEGMENT = st.tuples(st.sampled_from([81, 82, 83, 84]), st.integers(0, 255), st.integers(0, 65535),
+                     st.integers(0, 2**32 - 1), st.integers(0, 40), st.integers(0, 40), st.binary(max_size=64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(_SEGMENT, min_size=1, max_size=6), max_size=20))
+def test_well_formed_segments_with_any_numbers_keep_the_session_consistent(datagrams: list[list[tuple]]) -> None:
+    """Segments of our conversation with arbitrary commands, windows, times,
+    sequence numbers and acknowledgements (a confused or hostile peer): no
+    error, the send state stays ordered, what is delivered comes in order."""
+    s = KcpSession(5, KcpSettings(receive_window=16))
+    for i in range(30):
+        s.send(bytes([i]) * 10)
+    s.flush(0)
+    for now, segments in enumerate(datagrams, start=1):
+        dgram = b"".join(struct.pack("<IBBHIIII", 5, cmd, frg, wnd, ts, sn, una, len(data)) + data
+                         for cmd, frg, wnd, ts, sn, una, data in segments)
+        s.input(dgram, now * 7)
+        s.update(now * 7)
+        s.take_output()
+        s.recv()
+        assert 0 <= (s.snd_nxt - s.snd_una) & 0xFFFFFFFF <= s.settings.send_window
+        assert all((b.sn - a.sn) & 0xFFFFFFFF == 1 for a, b in zip(s.snd_buf, list(s.snd_buf)[1:]))
+        assert all((seg.sn - s.rcv_nxt) & 0xFFFFFFFF < 2**31 for seg in s.rcv_buf)  # none already delivered
