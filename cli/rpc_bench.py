@@ -13,6 +13,7 @@ from typing import Any
 
 from cli.otel import add_otel_argument
 from cli.rpc_route import TARGET_HELP, add_route_arguments, route_of
+from cli.kcp import add_kcp_arguments, kcp_options, uses_kcp
 from cli.tls import add_client_tls_arguments, client_tls
 
 DESCRIPTION = ("Benchmark client: -n calls from -c concurrent callers, then rpcx-benchmark's report "
@@ -30,7 +31,7 @@ EPILOG = """examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("address", metavar="ADDR|REGISTRY",
-                   help=f"host:port or quic@host:port (rpcx), http://host:port (gateway), inproc:NAME, or {TARGET_HELP}")
+                   help=f"host:port, quic@host:port or kcp@host:port (rpcx), http://host:port (gateway), inproc:NAME, or {TARGET_HELP}")
     p.add_argument("-c", "--concurrency", type=int, default=100, help="concurrent callers (default 100)")
     p.add_argument("-n", "--total", type=int, default=100_000, help="total calls (default 100000)")
     p.add_argument("--pool", type=int, default=10, help="connections per client process (default 10)")
@@ -41,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls", action="store_true",
                    help="rpcx over TLS, verified against the system's trust store (implied by --tls-ca, --insecure)")
     add_client_tls_arguments(p, "TLS servers (rpcx, https:// gateways)")
+    add_kcp_arguments(p)
     add_route_arguments(p)
     add_otel_argument(p)
 
@@ -67,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         route = route_of(args, args.address)
         tls = client_tls(args, force=args.tls)
+        kcp = kcp_options(args, required=uses_kcp(args.address))
     except (TlsConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -93,10 +96,11 @@ def run(args: argparse.Namespace) -> int:
 
         target = BenchTarget(args.address, "Hello", "Say", SerializeType.PROTOBUF,
                              benchmark_request().SerializeToString(), pool=args.pool, timeout=args.timeout, tls=tls,
-                             route=route, setup_tracing=setup_tracing)
+                             kcp=kcp, route=route, setup_tracing=setup_tracing)
     else:
         target = BenchTarget(args.address, "Arith", "Mul", SerializeType.JSON, b'{"A":7,"B":6}',
-                             pool=args.pool, timeout=args.timeout, tls=tls, route=route, setup_tracing=setup_tracing)
+                             pool=args.pool, timeout=args.timeout, tls=tls, kcp=kcp, route=route,
+                             setup_tracing=setup_tracing)
     if route is not None:
         problem = _check_route(route, target.service)
         if problem:

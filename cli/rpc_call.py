@@ -22,6 +22,7 @@ from typing import Any
 
 from cli.otel import add_otel_argument
 from cli.rpc_route import TARGET_HELP, add_route_arguments, route_of
+from cli.kcp import add_kcp_arguments, kcp_options, uses_kcp
 from cli.tls import add_client_tls_arguments, client_tls
 
 DESCRIPTION = ("Call one method of an rpcx server, an HTTP gateway or a server found in a registry, "
@@ -33,6 +34,7 @@ EPILOG = """examples:
   juggler rpc call http://127.0.0.1:8080 Arith.Add '{"A":1,"B":2}' --codec msgpack --timeout 2
   juggler rpc call 127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem   # rpcx over TLS
   juggler rpc call quic@127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem   # rpcx over QUIC
+  juggler rpc call kcp@127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}' --kcp-key rpcx-key      # rpcx over KCP
   juggler rpc call https://127.0.0.1:8080 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem
   juggler rpc call etcd://127.0.0.1:2379/rpcx Arith.Mul '{"A":6,"B":7}'   # a server registered in etcd
   juggler rpc call redis://127.0.0.1:6379/rpcx Arith.Mul '{"A":6,"B":7}' --selector roundrobin --fail-mode failover
@@ -47,7 +49,7 @@ EPILOG = """examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("address", metavar="ADDR|REGISTRY",
-                   help=f"host:port, tcp@host:port or quic@host:port (rpcx), http://host:port (gateway), or {TARGET_HELP}")
+                   help=f"host:port, tcp@host:port, quic@host:port or kcp@host:port (rpcx), http://host:port (gateway), or {TARGET_HELP}")
     p.add_argument("target", metavar="Service.Method")
     p.add_argument("args", metavar="JSON", nargs="?", default="null", help="the argument as JSON (default null)")
     p.add_argument("--codec", choices=("json", "msgpack"), default="json", help="payload codec (default json)")
@@ -58,6 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls", action="store_true",
                    help="rpcx over TLS, verified against the system's trust store (implied by --tls-ca, --insecure)")
     add_client_tls_arguments(p, "TLS servers (rpcx, https:// gateways)")
+    add_kcp_arguments(p)
     add_route_arguments(p)
 
 
@@ -126,9 +129,11 @@ async def call(args: argparse.Namespace) -> int:
 
     try:
         tls = client_tls(args, force=args.tls)
+        kcp = kcp_options(args, required=uses_kcp(args.address))
         route = route_of(args, args.address)
         # a registry's servers are rpcx servers (tcp@host:port), as rpc serve registers them
-        caller, close = await open_caller("tcp@registry" if route is not None else args.address, tls=tls)
+        caller, close = await open_caller("tcp@registry" if route is not None else args.address, tls=tls,
+                                           kcp=kcp)
     except (LookupError, ValueError, TlsConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -156,8 +161,12 @@ async def call(args: argparse.Namespace) -> int:
 async def _explain(address: str, exc: BaseException, *, tls: bool) -> None:
     """A line more when an rpcx server could not be reached because its port
     is of the other kind (TLS dialled in clear, or clear dialled with TLS)."""
-    from rpc.errors import TransportError
+    from rpc.errors import CallTimeout, TransportError
 
+    if isinstance(exc, (CallTimeout, TransportError)) and address.startswith(("kcp@", "kcp://")):
+        print("(error) KCP has no handshake: a server that is not there, or that uses another --kcp-key, "
+              "--kcp-crypt or shards, looks the same (no reply)", file=sys.stderr)
+        return
     if not isinstance(exc, TransportError) or "://" in address or address.startswith(("unix@", "inproc")):
         return
     from cli.tls import other_kind_hint
@@ -184,8 +193,10 @@ async def _traced_call(args: argparse.Namespace, service: str, method: str, valu
 
     try:
         tls = client_tls(args, force=args.tls)
+        kcp = kcp_options(args, required=uses_kcp(args.address))
         route = route_of(args, args.address)
-        caller, close = await open_caller("tcp@registry" if route is not None else args.address, tls=tls)
+        caller, close = await open_caller("tcp@registry" if route is not None else args.address, tls=tls,
+                                           kcp=kcp)
     except (LookupError, ValueError, TlsConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cli.kcp import add_kcp_arguments, kcp_options, uses_kcp
 from cli.otel import add_otel_argument
 from cli.tls import add_server_tls_arguments, server_tls
 
@@ -36,6 +37,8 @@ EPILOG = """examples:
   juggler rpc call 127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem
   juggler rpc serve --listen quic@127.0.0.1:8972 --example arith --tls-cert certs/cert.pem --tls-key certs/key.pem
   juggler rpc call quic@127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}' --tls-ca certs/ca.pem   # rpcx over QUIC
+  juggler rpc serve --listen kcp@127.0.0.1:8972 --example arith --kcp-key rpcx-key
+  juggler rpc call kcp@127.0.0.1:8972 Arith.Mul '{"A":6,"B":7}' --kcp-key rpcx-key   # rpcx over KCP (Go: -tags kcp)
   juggler rpc serve --listen 0.0.0.0:8972 --example arith --file-transfer /srv/files --file-transfer-listen 0.0.0.0:8973
       # rpcx's _filetransfer service (Go: XClient.SendFile / DownloadFile), files kept in /srv/files
       # rpcx over TLS (and https:// on the same port); certificates: juggler tls dev-cert --out certs
@@ -44,8 +47,8 @@ EPILOG = """examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", metavar="HOST:PORT",
-                   help="rpcx protocol listener: HOST:PORT, tcp@HOST:PORT, quic@HOST:PORT (needs --tls-cert) "
-                        "or unix@/path (HTTP gateway requests on a TCP port are answered too)")
+                   help="rpcx protocol listener: HOST:PORT, tcp@HOST:PORT, quic@HOST:PORT (needs --tls-cert), "
+                        "kcp@HOST:PORT (needs --kcp-key) or unix@/path (HTTP gateway requests on a TCP port are answered too)")
     p.add_argument("--no-http", action="store_true", help="do not answer HTTP on the --listen port")
     p.add_argument("--max-message", type=int, default=64 << 20, metavar="BYTES",
                    help="largest rpcx message and largest inflated gzip payload accepted (default 64 MiB)")
@@ -74,6 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="interface of /metrics (default 127.0.0.1, as every metrics endpoint of the suite; 0.0.0.0 for all)")
     p.add_argument("--access-log", action="store_true", help="log one line per request")
     add_otel_argument(p)
+    add_kcp_arguments(p)
     reg = p.add_mutually_exclusive_group()
     reg.add_argument("--redis", metavar="URL",
                      help="register in this Redis registry (Go rpcx's key layout: its clients find this server)")
@@ -184,6 +188,11 @@ async def serve(args: argparse.Namespace) -> int:
             raise ValueError("QUIC always encrypts: give --tls-cert and --tls-key with a quic@ listener")
         if args.tls_client_ca and args.listen and args.listen.startswith(("quic@", "quic://")):
             raise ValueError("--tls-client-ca: mutual TLS is not available over QUIC (serve it over TCP)")
+        kcp = kcp_options(args, required=uses_kcp(args.listen))
+        if tls is not None and uses_kcp(args.listen):
+            raise ValueError("TLS is for TCP and QUIC listeners: a kcp@ listener encrypts with its --kcp-key")
+        if kcp is not None and not uses_kcp(args.listen):
+            raise ValueError("the --kcp-* options are for a kcp@HOST:PORT listener")
         gateway_at = _hostport(args.gateway, "--gateway") if args.gateway else None
         grpc_at = _hostport(args.grpc, "--grpc") if args.grpc else None
         config = None
@@ -312,7 +321,7 @@ async def serve(args: argparse.Namespace) -> int:
 
     options = RpcOptions(
         listen=args.listen, http=not args.no_http, transport=config, idle_timeout=args.idle_timeout,
-        tls_context=tls_context, tls_files=tls, gateway=gateway_at, grpc=grpc_at,
+        tls_context=tls_context, tls_files=tls, kcp=kcp, gateway=gateway_at, grpc=grpc_at,
         metrics=(metrics, args.metrics_host, args.metrics_port) if metrics is not None else None,
         advertise=args.advertise, drain_timeout=args.shutdown_timeout,
         started_plugins=(jwt_plugin,) if jwt_plugin is not None else (),
@@ -347,6 +356,11 @@ async def serve(args: argparse.Namespace) -> int:
 
                 client_options, note = client_ca_option(args.tls_cert)
                 client_options = client_options or " --tls"
+            if kcp is not None:
+                client_options = (" --kcp-crypt none" if args.kcp_crypt == "none" else
+                                  " --kcp-key-hex KEY" if args.kcp_key_hex else
+                                  " --kcp-key PASSPHRASE" if args.kcp_salt == "rpcx-salt" else
+                                  " --kcp-key PASSPHRASE --kcp-salt SALT")
             addr = r.listener.address.removeprefix("tcp@")
             target, arg = ("Arith.Mul", "'{\"A\": 6, \"B\": 7}'") if args.example == "arith" else \
                 ("Service.Method", "'JSON'")

@@ -74,8 +74,8 @@ async def other_kind_hint(address: str, *, tls: bool, use_tls: str, use_plain: s
     (rustext.tls.speaks_tls): for the failure path of commands only."""
     from rustext.tls import speaks_tls
 
-    if address.startswith(("quic@", "quic://")):
-        return ""  # QUIC is always TLS, on UDP: there is no other kind to probe for
+    if address.startswith(("quic@", "quic://", "kcp@", "kcp://")):
+        return ""  # QUIC is always TLS and KCP never is, both on UDP: there is no other kind to probe for
     hostport = address.removeprefix("tcp@")
     host, sep, port = hostport.rpartition(":")
     if not sep or not port.isdigit():

@@ -48,6 +48,8 @@ class BenchTarget:
     timeout: float | None = 10.0
     #: rpcx over TLS / how https:// is verified (``rustext.tls.ClientTls``; picklable, for client processes)
     tls: Any = None
+    #: the block crypt of kcp@ addresses (``rpc.transport.kcpchannel.KcpOptions``; picklable)
+    kcp: Any = None
     #: call through a registry (``rpc.discovery.url.RegistryRoute``) with an XClient instead of ``address``
     route: Any = None
     #: trace every call with OpenTelemetry (``rpc.tracing.TracingClientPlugin``): this sets up the
@@ -193,7 +195,7 @@ async def bench_target(
     stack = contextlib.AsyncExitStack()
     # a registry's servers are rpcx servers (tcp@host:port)
     caller, close = await open_caller("tcp@registry" if target.route else target.address, pool=target.pool,
-                                      tls=target.tls)
+                                      tls=target.tls, kcp=target.kcp)
     stack.push_async_callback(close)
     template = Message(
         service_path=target.service,

@@ -10,7 +10,8 @@
 
 ``open_caller(address, pool=, tls=)`` returns ``(caller, aclose)``; ``tls``
 (a ``rustext.tls.ClientTls``) makes rpcx connections TLS and verifies
-``https://`` gateways.
+``https://`` gateways; ``kcp`` (an ``rpc.transport.kcpchannel.KcpOptions``)
+is the block crypt of ``kcp@host:port`` addresses.
 """
 
 from __future__ import annotations
@@ -57,10 +58,10 @@ async def _grpc(address: str, pool: int, tls: Any = None) -> tuple[Caller, Close
     return caller, caller.aclose
 
 
-async def _rpcx(address: str, pool: int, tls: Any = None) -> tuple[Caller, Closer]:
+async def _rpcx(address: str, pool: int, tls: Any = None, kcp: Any = None) -> tuple[Caller, Closer]:
     from rpc.rpcx_client import RpcxCaller
 
-    caller = RpcxCaller(pool=pool, tls=tls)
+    caller = RpcxCaller(pool=pool, tls=tls, kcp=kcp)
     return caller, caller.aclose
 
 
@@ -77,7 +78,7 @@ def scheme_of(address: str) -> str:
     return "rpcx"
 
 
-async def open_caller(address: str, *, pool: int = 1, tls: Any = None) -> tuple[Caller, Closer]:
+async def open_caller(address: str, *, pool: int = 1, tls: Any = None, kcp: Any = None) -> tuple[Caller, Closer]:
     scheme = scheme_of(address)
     factory = SCHEMES.get(scheme)
     if factory is None:
@@ -86,4 +87,6 @@ async def open_caller(address: str, *, pool: int = 1, tls: Any = None) -> tuple[
         )
     if tls is not None and scheme in ("inproc", "grpc"):
         raise ValueError(f"TLS options do not apply to {scheme} addresses")
+    if scheme == "rpcx":
+        return await _rpcx(address, pool, tls, kcp)
     return await factory(address, pool, tls)

@@ -65,6 +65,7 @@ class RpcxCaller:
         connect_timeout: float = 5.0,
         on_push: Callable[[Message], Any] | None = None,
         tls: Any = None,
+        kcp: Any = None,
         plugins: Any = (),
     ) -> None:
         if pool < 1:
@@ -84,7 +85,7 @@ class RpcxCaller:
         self.plugins = as_container(plugins)
         self._pools = [
             TransportPool("rpcx", config=config, handler=self._on_request, tls=ctx,
-                          quic_tls=tls if hasattr(tls, "context") else None,
+                          quic_tls=tls if hasattr(tls, "context") else None, kcp=kcp,
                           on_connect=self._conn_open, on_disconnect=self._conn_close)
             for _ in range(pool)
         ]

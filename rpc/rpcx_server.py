@@ -279,16 +279,17 @@ def _unused_handler(conn: Connection, msg: Any) -> None:  # pragma: no cover - n
 
 
 def address_of(endpoint: Endpoint) -> str:
-    """The rpcx address of an endpoint: ``tcp@host:port`` / ``quic@host:port`` / ``unix@/path``."""
-    if endpoint.kind in ("tcp", "quic"):
+    """The rpcx address of an endpoint: ``tcp@host:port`` / ``quic@host:port`` / ``kcp@host:port`` /
+    ``unix@/path``."""
+    if endpoint.kind in ("tcp", "quic", "kcp"):
         host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
         return f"{endpoint.kind}@{host}:{endpoint.port}"
     return f"{endpoint.kind}@{endpoint.path}"
 
 
 def endpoint_of(address: str) -> Endpoint:
-    """``host:port``, ``tcp@host:port``, ``quic@host:port``, ``unix@/path``,
-    or a transport endpoint (``tcp://``, ``quic://``, ``unix://``) → Endpoint."""
+    """``host:port``, ``tcp@host:port``, ``quic@host:port``, ``kcp@host:port``, ``unix@/path``,
+    or a transport endpoint (``tcp://``, ``quic://``, ``kcp://``, ``unix://``) → Endpoint."""
     if "://" in address:
         return Endpoint.parse(address)
     scheme, at, rest = address.partition("@")
@@ -296,11 +297,12 @@ def endpoint_of(address: str) -> Endpoint:
         scheme, rest = "tcp", address
     if scheme in ("tcp", "tcp4", "tcp6"):
         return Endpoint.parse(f"tcp://{rest}")
-    if scheme == "quic":
-        return Endpoint.parse(f"quic://{rest}")
+    if scheme in ("quic", "kcp"):
+        return Endpoint.parse(f"{scheme}://{rest}")
     if scheme == "unix":
         return Endpoint.parse(f"unix://{rest}")
-    raise ValueError(f"unsupported rpcx address {address!r} (host:port, tcp@host:port, quic@host:port, unix@/path)")
+    raise ValueError(f"unsupported rpcx address {address!r} (host:port, tcp@host:port, quic@host:port, kcp@host:port, "
+                     "unix@/path)")
 
 
 class RpcxServer:
@@ -314,6 +316,8 @@ class RpcxServer:
     ``tls`` (an ``rustext.tls.ServerTls`` or a server ``ssl.SSLContext``)
     serves rpcx and HTTP over TLS on the port; ``reload_tls()`` picks up new
     certificate files without touching established connections.
+    ``kcp`` (an ``rpc.transport.kcpchannel.KcpOptions``) is what a
+    ``kcp@host:port`` endpoint needs: its block crypt, shards and tuning.
     """
 
     def __init__(
@@ -325,6 +329,7 @@ class RpcxServer:
         gateway: Any = None,
         idle_timeout: float | None = None,
         tls: Any = None,
+        kcp: Any = None,
     ) -> None:
         if idle_timeout is not None and idle_timeout <= 0:
             raise ValueError("idle_timeout must be > 0 or None")
@@ -342,6 +347,7 @@ class RpcxServer:
             on_connection=self._on_connection,
             connection_factory=self._make,
             tls=tls,
+            kcp=kcp,
         )
 
     def _make(self, *args: Any, **kwargs: Any) -> RpcxServerConnection:

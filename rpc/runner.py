@@ -49,6 +49,8 @@ class RpcOptions:
     tls_context: Any = None
     #: the certificate files (rustext.tls.ServerTls) of ``tls_context``: a QUIC listener loads them itself
     tls_files: Any = None
+    #: the block crypt, shards and tuning of a kcp@ listener (rpc.transport.kcpchannel.KcpOptions)
+    kcp: Any = None
     #: a separate HTTP gateway at (host, port)
     gateway: tuple[str, int] | None = None
     #: the grpc.aio Hello.Say peer at (host, port)
@@ -103,11 +105,13 @@ class RpcProcess(ServiceBase):
                 from rpc.gateway import Gateway
                 from rpc.rpcx_server import RpcxServer, endpoint_of
 
-                quic = endpoint_of(o.listen).kind == "quic"
+                kind = endpoint_of(o.listen).kind
+                quic = kind == "quic"
+                http = o.http and kind not in ("quic", "kcp")  # HTTP is answered on TCP ports only
                 self.listener = RpcxServer(self.server, o.listen,
-                                           gateway=Gateway(self.server.dispatcher) if o.http and not quic else None,
+                                           gateway=Gateway(self.server.dispatcher) if http else None,
                                            config=o.transport, idle_timeout=o.idle_timeout,
-                                           tls=o.tls_files if quic else o.tls_context)
+                                           tls=o.tls_files if quic else o.tls_context, kcp=o.kcp)
                 await self.listener.start()
             for side in self.server.attached:  # file transfer, streams: rpc.server.Server.attach
                 await side.start()

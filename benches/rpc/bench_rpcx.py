@@ -27,6 +27,10 @@ the same certificate), loaded the same way in the same rounds (``--quic-n``
 calls per round: QUIC costs far more CPU per call, see the results page).
 
     python benches/rpc/bench_rpcx.py --quic --tls --peers rpcx,rpcx-tls,rpcx-quic --rounds 5
+
+``--kcp`` adds ``rpcx-kcp``: a server serving rpcx over KCP (``kcp@``, AES
+with the key of rpcx's examples, 10 + 3 shards as Go rpcx), loaded the same
+way in the same rounds (``--kcp-n`` calls per round).
 """
 
 from __future__ import annotations
@@ -50,13 +54,13 @@ from rpc.examples import benchmark_request  # noqa: E402
 from rpc.message import SerializeType  # noqa: E402
 from tests.netutil import free_port, wait_for_port  # noqa: E402
 
-PEERS = ("rpcx", "rpcx-tls", "rpcx-quic", "grpc.aio", "gateway")
+PEERS = ("rpcx", "rpcx-tls", "rpcx-quic", "rpcx-kcp", "grpc.aio", "gateway")
 
 
 def measure(peer: str, address: str, server_pid: int, *, calls: int, concurrency: int, processes: int,
-            pool: int, tls: Any = None) -> dict[str, Any]:
+            pool: int, tls: Any = None, kcp: Any = None) -> dict[str, Any]:
     target = BenchTarget(address, "Hello", "Say", SerializeType.PROTOBUF,
-                         benchmark_request().SerializeToString(), pool=pool, tls=tls)
+                         benchmark_request().SerializeToString(), pool=pool, tls=tls, kcp=kcp)
     load0 = loadavg()
     cpu0 = proc_cpu_seconds(server_pid)
     result = run_bench(target, concurrency=concurrency, total=calls, processes=processes)
@@ -106,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tls", action="store_true", help="also rpcx over TLS (a second server), in the same rounds")
     p.add_argument("--quic", action="store_true", help="also rpcx over QUIC (a third server), in the same rounds")
     p.add_argument("--quic-n", type=int, default=20_000, help="calls per rpcx-quic round [%(default)s]")
+    p.add_argument("--kcp", action="store_true", help="also rpcx over KCP (another server), in the same rounds")
+    p.add_argument("--kcp-n", type=int, default=20_000, help="calls per rpcx-kcp round [%(default)s]")
     p.add_argument("--peers", default="", help="only these peers, comma-separated (default: all)")
     a = p.parse_args(argv)
     ports = {"rpcx": free_port(), "grpc.aio": free_port(), "gateway": free_port()}
@@ -119,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.gateway_n:
         plan["gateway"] = (f"http://127.0.0.1:{ports['gateway']}", a.gateway_n)
     pids = {peer: server.pid for peer in plan}
-    tls_server = quic_server = None
+    tls_server = quic_server = kcp_server = None
+    kcp = None
     client_tls = None
     if a.tls or a.quic:
         import tempfile
@@ -140,6 +147,22 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("the QUIC server did not start")
         plan["rpcx-quic"] = (f"quic@127.0.0.1:{quic_port}", a.quic_n)
         pids["rpcx-quic"] = quic_server.pid
+    if a.kcp:
+        from rpc.transport.kcpchannel import KcpOptions
+        from rpc.transport.kcpwire import KcpCrypt
+
+        kcp = KcpOptions(crypt=KcpCrypt.from_passphrase("rpcx-key"))
+        kcp_port = free_port()
+        kcp_server = subprocess.Popen(
+            [sys.executable, "-m", "cli", "rpc", "serve", "--example", "bench",
+             "--listen", f"kcp@127.0.0.1:{kcp_port}", "--kcp-key", "rpcx-key"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        assert kcp_server.stdout is not None
+        if "kcp@" not in kcp_server.stdout.readline():  # it says where it listens once it does
+            raise SystemExit("the KCP server did not start")
+        plan["rpcx-kcp"] = (f"kcp@127.0.0.1:{kcp_port}", a.kcp_n)
+        pids["rpcx-kcp"] = kcp_server.pid
     if a.tls:
         tls_port = free_port()
         tls_server = subprocess.Popen(
@@ -161,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             for peer in order[rnd % len(order):] + order[:rnd % len(order)]:
                 address, calls = plan[peer]
                 r = measure(peer, address, pids[peer], calls=calls, concurrency=a.c, processes=a.processes,
-                            pool=a.pool, tls=client_tls if peer in ("rpcx-tls", "rpcx-quic") else None)
+                            pool=a.pool, tls=client_tls if peer in ("rpcx-tls", "rpcx-quic") else None,
+                            kcp=kcp if peer == "rpcx-kcp" else None)
                 r["round"] = rnd
                 runs.append(r)
                 print(f"r{rnd} {peer:9} {r['calls_per_s']:9,.0f} calls/s  p99 {r['latency_ms']['p99']:6.2f} ms  "
@@ -169,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"  errors {r['errors']}  load {r['loadavg_before'][0]:.2f}", flush=True)
                 time.sleep(0.5)
     finally:
-        for extra in (tls_server, quic_server):
+        for extra in (tls_server, quic_server, kcp_server):
             if extra is not None:
                 extra.send_signal(signal.SIGTERM)
                 extra.wait(timeout=20)

@@ -283,6 +283,13 @@ def config_groups() -> list[ConfigGroup]:
                         "`TransportServer(..., config=)` and `RpcxServer(..., config=)`."),
                 Section("rpc.transport.config.PoolConfig", "PoolConfig",
                         "`TransportPool(..., config=)` (and so `RpcxCaller`)."),
+                Section("rpc.transport.kcpchannel.KcpOptions", "KcpOptions",
+                        "`RpcxServer(..., kcp=)` and `RpcxCaller(..., kcp=)`: what `kcp@` addresses need."),
+                Section("rpc.transport.kcpwire.KcpCrypt", "KcpCrypt",
+                        "`KcpOptions(crypt=)`; `KcpCrypt.from_passphrase(passphrase, salt)` derives the key as "
+                        "rpcx's examples do."),
+                Section("rpc.transport.kcp.KcpSettings", "KcpSettings",
+                        "`KcpOptions(settings=)`: how our side of a KCP session behaves."),
                 Section("rpc.xclient.XClientOptions", "XClientOptions",
                         "`XClient(..., options=)`."),
                 Section("rpc.breaker.BreakerConfig", "BreakerConfig",

@@ -1,10 +1,13 @@
 """rpc.transport: a multiplexed, full-duplex transport (ListenRain-style).
 
 Map:
-- ``endpoint``    Endpoint: tcp://host:port, quic://host:port, unix:///path, inproc://name (the pool key)
+- ``endpoint``    Endpoint: tcp://host:port, quic://host:port, kcp://host:port, unix:///path, inproc://name (the pool key)
 - ``channelapi``  the Channel / Listener interface every byte stream implements
 - ``channels``    byte streams behind it: TCP, Unix, in-process (InProcNetwork); channel_for
 - ``quic``        QuicChannel: one bidirectional QUIC stream per connection (aioquic), as Go rpcx's quic tag
+- ``kcp``         KcpSession: kcp-go's ARQ, sans-I/O (segments, acks, retransmission, windows)
+- ``kcpwire``     kcp-go's packet layer, sans-I/O: AES-CFB block crypt, crc32, FEC data-shard framing
+- ``kcpchannel``  KcpChannel: KCP sessions on UDP as byte streams (KcpOptions: crypt, shards), as rpcx's kcp tag
 - ``wire``        packet + message layer per protocol: rpcx (rustext codec), frame (rustext framing)
 - ``codec``       payload codecs by serialize type: raw, JSON, protobuf (by annotation),
                   msgpack; SerializeType; the one codec module of rpc too

@@ -295,13 +295,17 @@ def channel_for(endpoint: Endpoint, inproc: InProcNetwork | None = None, tls: An
     """The channel that serves ``endpoint`` (``inproc`` needs its network;
     ``tls`` is an ``ssl`` context for TCP endpoints; for QUIC endpoints a
     ``rustext.tls.ServerTls`` to listen, a ``ClientTls`` or client context to
-    connect)."""
+    connect; for KCP endpoints the ``KcpOptions`` with its block crypt)."""
     if endpoint.kind == "tcp":
         return TcpChannel(tls)
     if endpoint.kind == "quic":
         from rpc.transport.quic import QuicChannel
 
         return QuicChannel(tls)
+    if endpoint.kind == "kcp":
+        from rpc.transport.kcpchannel import KcpChannel
+
+        return KcpChannel(tls)
     if tls is not None:
         raise ValueError(f"{endpoint}: TLS is for TCP and QUIC endpoints only")
     if endpoint.kind == "unix":

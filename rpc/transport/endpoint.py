@@ -1,12 +1,12 @@
-"""Endpoints: the key of a transport (``tcp://host:port``, ``quic://host:port``, ``unix:///path``,
-``inproc://name``)."""
+"""Endpoints: the key of a transport (``tcp://host:port``, ``quic://host:port``, ``kcp://host:port``,
+``unix:///path``, ``inproc://name``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["tcp", "quic", "unix", "inproc"]
+Kind = Literal["tcp", "quic", "kcp", "unix", "inproc"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,9 +24,9 @@ class Endpoint:
             return text
         scheme, sep, rest = text.partition("://")
         if not sep:
-            raise ValueError(f"endpoint {text!r}: expected tcp://host:port, quic://host:port, unix:///path "
-                             "or inproc://name")
-        if scheme in ("tcp", "quic"):
+            raise ValueError(f"endpoint {text!r}: expected tcp://host:port, quic://host:port, kcp://host:port, "
+                             "unix:///path or inproc://name")
+        if scheme in ("tcp", "quic", "kcp"):
             host, colon, port = rest.rpartition(":")
             if not colon or not port.isdigit():
                 raise ValueError(f"endpoint {text!r}: expected {scheme}://host:port")
@@ -42,7 +42,7 @@ class Endpoint:
         raise ValueError(f"endpoint {text!r}: unknown scheme {scheme!r}")
 
     def __str__(self) -> str:
-        if self.kind in ("tcp", "quic"):
+        if self.kind in ("tcp", "quic", "kcp"):
             host = f"[{self.host}]" if ":" in self.host else self.host
             return f"{self.kind}://{host}:{self.port}"
         return f"{self.kind}://{self.path}"

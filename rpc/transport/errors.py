@@ -9,11 +9,13 @@ TransportLayerError(Exception)
 ├── QueueFull                            the send queue is full and the policy is fail-fast
 ├── RemoteError                          the peer's handler failed (error text from the peer)
 ├── ProtocolError(…, ValueError)         the peer sent bad input (the connection is closed)
+│   └── KcpPacketError(ProtocolError)    a KCP datagram that does not decode (dropped, not fatal)
 └── CodecError(…, ValueError)            a payload could not be encoded or decoded (rpc.errors re-exports it)
 ```
 """
 
 from __future__ import annotations
+
 
 class TransportLayerError(Exception):
     """Root of every error raised by rpc.transport, the layer under rpc (seq
@@ -53,6 +55,12 @@ class RemoteError(TransportLayerError):
 class ProtocolError(TransportLayerError, ValueError):
     """Malformed or oversized input from the peer. The connection is closed;
     its in-flight requests fail with ConnectionLost caused by this."""
+
+
+class KcpPacketError(ProtocolError):
+    """A KCP datagram that does not decrypt, checksum or parse (``rpc.transport.kcpwire``,
+    ``rpc.transport.kcp``). UDP carries anyone's garbage: the driver drops the
+    datagram and keeps the session, so this never closes a connection."""
 
 
 class CodecError(TransportLayerError, ValueError):

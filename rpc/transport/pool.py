@@ -22,7 +22,7 @@ import logging
 import random
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rustext.tls import ClientTls, describe_ssl_error
 
@@ -33,6 +33,9 @@ from rpc.transport.endpoint import Endpoint
 from rpc.transport.errors import RequestTimeout, TransportClosed, TransportLayerError, Unavailable
 from rpc.transport.registry import ProtocolRegistry, TransportProtocol
 from rpc.transport.timer import DeadlineScheduler
+
+if TYPE_CHECKING:
+    from rpc.transport.kcpchannel import KcpOptions
 
 log = logging.getLogger("rpc.transport.pool")
 
@@ -67,6 +70,7 @@ class TransportPool:
         rng: random.Random | None = None,
         tls: ClientTls | ssl.SSLContext | None = None,
         quic_tls: ClientTls | None = None,
+        kcp: KcpOptions | None = None,
         on_connect: Callable[[Endpoint, Connection], Awaitable[None]] | None = None,
         on_disconnect: Callable[[Endpoint, Connection], None] | None = None,
     ) -> None:
@@ -76,6 +80,8 @@ class TransportPool:
         self.tls = tls.context() if isinstance(tls, ClientTls) else tls
         #: what QUIC endpoints verify with (their TLS is not ``ssl``'s): ``quic_tls``, or ``tls``
         self.quic_tls: ClientTls | ssl.SSLContext | None = quic_tls or (tls if isinstance(tls, ClientTls) else self.tls)
+        #: the block crypt and tuning of KCP endpoints
+        self.kcp = kcp
         self._handler = handler  # answers requests the servers push to us
         #: awaited with each new connection before it is used; raising refuses it
         #: (the connection is closed and the attempt fails)
@@ -156,7 +162,7 @@ class TransportPool:
                 handler=self._handler,
                 inproc=self._inproc,
                 on_close=lambda c, exc: self._lost(ep, c),
-                tls=self.quic_tls if ep.kind == "quic" else self.tls,
+                tls=self.quic_tls if ep.kind == "quic" else self.kcp if ep.kind == "kcp" else self.tls,
             )
         if self._closed:
             conn.close()

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rustext.tls import ServerTls
 
@@ -26,6 +26,9 @@ from rpc.transport.endpoint import Endpoint
 from rpc.transport.errors import TransportClosed
 from rpc.transport.registry import ProtocolRegistry, TransportProtocol
 from rpc.transport.timer import DeadlineScheduler
+
+if TYPE_CHECKING:
+    from rpc.transport.kcpchannel import KcpOptions
 
 log = logging.getLogger("rpc.transport.server")
 
@@ -43,11 +46,14 @@ class TransportServer:
         on_connection: Callable[[Connection], None] | None = None,
         connection_factory: Callable[..., Connection] = Connection,
         tls: ServerTls | ssl.SSLContext | None = None,
+        kcp: KcpOptions | None = None,
     ) -> None:
         self.endpoint = Endpoint.parse(endpoint)
         #: server TLS context (TCP endpoints); ``reload_tls()`` loads new files into it
         self._tls_files = tls if isinstance(tls, ServerTls) else None
         self.tls = tls.context() if isinstance(tls, ServerTls) else tls
+        #: the block crypt and tuning of a KCP endpoint
+        self.kcp = kcp
         self.protocol = (registry or ProtocolRegistry.default()).get(protocol)
         self.config = config or ServerConfig()
         self._handler = handler
@@ -70,7 +76,7 @@ class TransportServer:
         loop = asyncio.get_running_loop()
         self._scheduler = DeadlineScheduler(loop, expire)
         # QUIC loads the certificate files itself (its TLS is not Python's ssl)
-        tls = self._tls_files if self.endpoint.kind == "quic" else self.tls
+        tls = self._tls_files if self.endpoint.kind == "quic" else self.kcp if self.endpoint.kind == "kcp" else self.tls
         channel = channel_for(self.endpoint, self._inproc, tls)
         self._listener = await channel.listen(self.endpoint, self._make_connection)
         self.endpoint = self._listener.endpoint
