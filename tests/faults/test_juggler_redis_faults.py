@@ -93,8 +93,12 @@ async def test_redis_restarted_empty_calls_come_back_and_none_hangs(redis_behind
         await asyncio.sleep(0.5)
         since = t.loop.time()
         redis.proc.kill()  # SIGKILL: no persistence, so what was queued is gone
-        redis.proc.wait(timeout=10)
-        restarted = start_redis(port=redis.port)
+
+        def restart() -> RedisServer:  # blocking waits, off the event loop the callers run on
+            redis.proc.wait(timeout=10)
+            return start_redis(port=redis.port)
+
+        restarted = await asyncio.get_running_loop().run_in_executor(None, restart)
         redis.proc, redis.dir = restarted.proc, restarted.dir
         await asyncio.sleep(1.0)
     after = [c for c in t.of(ECHO[0], since + 0.5) if c.ok]
